@@ -1,0 +1,3 @@
+from tracekit.cli import entry
+
+entry()

@@ -1,0 +1,59 @@
+"""The ``tracekit`` command line (typer + rich).
+
+Thin on purpose: each command parses its arguments and calls a library
+function that tests can call too. Errors of the ``TracekitError`` family are
+caught once, here, and printed as one line (exit 2 for bad input, 1 otherwise).
+Heavy imports (torch, DuckDB) happen inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from tracekit.errors import TracekitError
+
+app = typer.Typer(
+    name="tracekit",
+    help="Trace-driven profiler and communication/compute overlap analyzer for distributed LLM jobs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+from tracekit.cli import commands as _commands  # noqa: E402,F401  (registers the commands)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (0 ok, 2 bad input/usage, 1 internal)."""
+    try:
+        app(args=argv, prog_name="tracekit", standalone_mode=False)
+    except TracekitError as exc:
+        print(f"tracekit: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except typer.Exit as exc:  # typer/click normal exits
+        return exc.exit_code
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except KeyboardInterrupt:
+        print("tracekit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            print("tracekit: aborted", file=sys.stderr)
+            return 1
+        if isinstance(exc, click.ClickException):
+            msg = exc.format_message().splitlines()[0] if exc.format_message() else str(exc)
+            ctx = getattr(exc, "ctx", None)
+            usage = f" (usage: {ctx.command_path} --help)" if ctx is not None else ""
+            print(f"tracekit: {msg}{usage}", file=sys.stderr)
+            return exc.exit_code
+        raise
+    return 0
+
+
+def entry() -> None:  # pragma: no cover - thin wrapper for console scripts
+    sys.exit(main())
