@@ -1,0 +1,202 @@
+"""Ingest: trace files → one run in the Parquet store.
+
+:func:`ingest_paths` is the single entry point (the CLI, the collectors and the
+tests call it). It expands directories into rank files, reads each with the
+reader for its format, links and classifies events, derives the collectives,
+and commits the run to the store atomically (``tracekit.store.Staging``).
+Nothing downstream knows which format a run came from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tracekit.errors import BadInputError, FileError
+
+KINETO_SUFFIXES = (".json", ".json.gz")
+_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.I)
+
+
+def rank_from_filename(path: str | Path) -> int | None:
+    """``rank-3.json``, ``rank3``, ``worker3``, ``rank_3`` → 3; None when the name has no rank."""
+    m = _RANK_RE.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Files to ingest: files as given, directories expanded to their trace files (sorted).
+
+    Raises FileError for a missing path or a directory without trace files,
+    BadInputError when nothing is given.
+    """
+    if not paths:
+        raise BadInputError("no input paths given")
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise FileError(p, "no such file or directory")
+        if p.is_dir():
+            found = sorted(
+                q for q in p.iterdir() if q.is_file() and q.name.endswith(KINETO_SUFFIXES + (".sqlite", ".log", ".txt"))
+            )
+            found = [q for q in found if not q.name.endswith(("run_config.json",))]
+            if not found:
+                raise FileError(p, "directory holds no trace files (*.json, *.json.gz)")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def _source_kind(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith((".json", ".json.gz", ".gz")):
+        return "kineto"
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+    if head.startswith(b"\x1f\x8b") or head.lstrip()[:1] in (b"{", b"["):
+        return "kineto"
+    if head.startswith(b"SQLite format 3"):
+        return "nsys"
+    return "nccl_tests"
+
+
+def _read_one(args):
+    """Worker: read one Kineto rank file into raw Parquet (runs in a subprocess)."""
+    path, out, patterns, digest = args
+    from tracekit.ingest.kineto import read_rank_file
+
+    regex = re.compile("|".join(f"(?:{p})" for p in patterns), re.I)
+    return read_rank_file(path, Path(out), regex, sha256=digest)
+
+
+def ingest_paths(
+    paths: Sequence[str | os.PathLike],
+    store=None,
+    *,
+    workload: str | None = None,
+    config: dict | None = None,
+    run_id: str | None = None,
+    replace: bool = False,
+    comm_patterns: Sequence[str] = (),
+    source: str | None = None,
+    jobs: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> str:
+    """Ingest trace files (one run; one file per rank) into ``store``; returns the run id.
+
+    ``paths``: files and/or directories of rank files (Kineto ``.json``/``.json.gz``).
+    ``store``: a path or :class:`tracekit.store.Store` (default: ``$TRACEKIT_STORE`` or
+    ``./tracekit-store``). ``comm_patterns``: extra regexes naming communication
+    kernels (custom all-reduce kernels), added to the built-in list.
+    Re-ingesting the same files (same sha256 set) returns the existing run unless
+    ``replace``. Raises FileError / BadInputError (store unchanged) on bad input.
+    """
+    from tracekit.store import Store, check_run_id
+
+    st = store if isinstance(store, Store) else Store(store)
+    files = expand_paths(paths)
+    kinds = {f: _source_kind(f) for f in files}
+    other = [f for f, k in kinds.items() if k != "kineto"]
+    if other:
+        k = kinds[other[0]]
+        raise FileError(other[0], f"{k} input is not supported by this version of tracekit ingest (Kineto JSON only)")
+    for p in comm_patterns:
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise BadInputError(f"--comm-pattern {p!r} is not a valid regular expression ({exc})") from None
+    if run_id is not None:
+        check_run_id(run_id)
+
+    from tracekit.ingest.kineto import BUILTIN_COMM_PATTERNS
+
+    patterns = list(BUILTIN_COMM_PATTERNS) + list(comm_patterns)
+    with st.staging() as stg:
+        raw_dir = stg.dir / "raw"
+        raw_dir.mkdir()
+        from tracekit.ingest.kineto import sha256_file
+
+        digests = [sha256_file(f) for f in files]
+        existing = st.find_by_sha256(digests)
+        if existing is not None and not replace and (run_id is None or run_id == existing):
+            return existing
+        tasks = [(str(f), str(raw_dir / f"file{i}.parquet"), patterns, d) for i, (f, d) in enumerate(zip(files, digests))]
+        if progress:
+            progress(f"reading {len(files)} file(s)")
+        njobs = jobs if jobs is not None else min(len(files), os.cpu_count() or 1, 4)
+        if njobs > 1 and len(files) > 1:
+            with ProcessPoolExecutor(max_workers=njobs) as ex:
+                results = list(ex.map(_read_one, tasks))
+        else:
+            results = [_read_one(t) for t in tasks]
+        ranks = _assign_ranks(results)
+        rid = run_id or _default_run_id(results, ranks)
+        if st.has_run(rid) and not replace:
+            raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
+        from tracekit.ingest.link import finish_run
+
+        if progress:
+            progress("linking events and deriving collectives")
+        finish_run(
+            stg.dir,
+            rid,
+            results,
+            ranks,
+            [t[1] for t in tasks],
+            workload=workload,
+            config=config or {},
+            source=source or "kineto",
+        )
+        stg.commit(rid, replace=replace)
+    return rid
+
+
+def _assign_ranks(results) -> list[int]:
+    """Rank of each file: distributedInfo.rank, else the file name, else 0 for a lone file."""
+    ranks: list[int | None] = []
+    for r in results:
+        di = r.meta.get("distributedInfo") if isinstance(r.meta, dict) else None
+        rk = di.get("rank") if isinstance(di, dict) else None
+        if not isinstance(rk, int):
+            rk = rank_from_filename(r.path)
+        ranks.append(rk)
+    if len(results) == 1 and ranks[0] is None:
+        results[0].warnings.append("no rank in the trace or its file name; taken as rank 0")
+        ranks[0] = 0
+    for r, rk in zip(results, ranks):
+        if rk is None:
+            raise FileError(r.path, "cannot tell which rank this file is (no distributedInfo.rank, no rank/worker number in its name)")
+    seen: dict[int, Path] = {}
+    for r, rk in zip(results, ranks):
+        if rk in seen:
+            raise FileError(r.path, f"claims rank {rk}, as does {seen[rk]}")
+        seen[rk] = r.path
+    return [int(x) for x in ranks]
+
+
+def _default_run_id(results, ranks) -> str:
+    stem = Path(results[0].path).name
+    for suf in (".json.gz", ".json", ".gz"):
+        if stem.endswith(suf):
+            stem = stem[: -len(suf)]
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:40] or "run"
+    return f"{stem}-{results[0].sha256[:8]}"
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+__all__ = ["ingest_paths", "expand_paths", "rank_from_filename"]

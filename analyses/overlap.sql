@@ -1,0 +1,95 @@
+-- overlap: communication hidden behind compute, per rank, per profiler step and per call.
+-- Depends on: events, ranks, intervals
+--
+-- Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted twice:
+--   comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
+--   overlap_ratio = overlap / comm (as HTA defines it; NULL, never NaN, when comm = 0),
+--   exposed_comm = comm − overlap.
+-- Intervals are events with class 'comm' / 'compute' (see tracekit.ingest.link). A window is the
+-- whole trace (grp = -1) or one profiler step (grp = step; GPU work belongs to the step that
+-- launched it).
+
+-- comm_islands / compute_islands: run_id, rank, grp, s, e — disjoint islands of the union, ns.
+CREATE OR REPLACE VIEW _comm_spans AS
+SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'comm'
+UNION ALL
+SELECT run_id, rank, step, ts_ns, ts_ns + dur_ns FROM events WHERE class = 'comm' AND step IS NOT NULL;
+
+CREATE OR REPLACE VIEW _compute_spans AS
+SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'compute'
+UNION ALL
+SELECT run_id, rank, step, ts_ns, ts_ns + dur_ns FROM events WHERE class = 'compute' AND step IS NOT NULL;
+
+CREATE OR REPLACE VIEW comm_islands AS SELECT * FROM merge_intervals('_comm_spans');
+CREATE OR REPLACE VIEW compute_islands AS SELECT * FROM merge_intervals('_compute_spans');
+CREATE OR REPLACE VIEW overlap_islands AS SELECT * FROM intersect_islands('comm_islands', 'compute_islands');
+
+-- overlap_windows: one row per (run_id, rank, grp) with any comm or compute, plus a whole-trace
+-- row for every rank.
+--
+-- run_id          VARCHAR  run
+-- rank            INTEGER  global rank
+-- grp             BIGINT   -1 = whole trace, else the profiler step number
+-- comm_ns         BIGINT   |∪ comm|, ns
+-- compute_ns      BIGINT   |∪ compute|, ns
+-- overlap_ns      BIGINT   |comm ∩ compute|, ns
+-- exposed_comm_ns BIGINT   comm − overlap, ns
+-- overlap_ratio   DOUBLE   overlap / comm; NULL when comm = 0
+CREATE OR REPLACE VIEW overlap_windows AS
+WITH keys AS (
+    SELECT run_id, rank, grp FROM comm_islands
+    UNION SELECT run_id, rank, grp FROM compute_islands
+    UNION SELECT run_id, rank, -1::BIGINT FROM ranks
+),
+cm AS (SELECT run_id, rank, grp, sum(e - s)::BIGINT AS v FROM comm_islands GROUP BY ALL),
+cp AS (SELECT run_id, rank, grp, sum(e - s)::BIGINT AS v FROM compute_islands GROUP BY ALL),
+ov AS (SELECT run_id, rank, grp, sum(e - s)::BIGINT AS v FROM overlap_islands GROUP BY ALL)
+SELECT k.run_id, k.rank, k.grp,
+       coalesce(cm.v, 0) AS comm_ns,
+       coalesce(cp.v, 0) AS compute_ns,
+       coalesce(ov.v, 0) AS overlap_ns,
+       coalesce(cm.v, 0) - coalesce(ov.v, 0) AS exposed_comm_ns,
+       CASE WHEN coalesce(cm.v, 0) > 0 THEN coalesce(ov.v, 0) / cm.v END AS overlap_ratio
+FROM keys k
+LEFT JOIN cm USING (run_id, rank, grp)
+LEFT JOIN cp USING (run_id, rank, grp)
+LEFT JOIN ov USING (run_id, rank, grp);
+
+-- overlap_by_rank: the whole-trace window of overlap_windows (columns as there, without grp).
+CREATE OR REPLACE VIEW overlap_by_rank AS
+SELECT run_id, rank, comm_ns, compute_ns, overlap_ns, exposed_comm_ns, overlap_ratio
+FROM overlap_windows WHERE grp = -1;
+
+-- overlap_by_step: per profiler step (columns as overlap_windows, grp renamed step).
+CREATE OR REPLACE VIEW overlap_by_step AS
+SELECT run_id, rank, grp AS step, comm_ns, compute_ns, overlap_ns, exposed_comm_ns, overlap_ratio
+FROM overlap_windows WHERE grp >= 0;
+
+-- collective_overlap: per communication span, the part of it covered by compute.
+--
+-- run_id           VARCHAR  run
+-- rank             INTEGER  global rank
+-- event_id         BIGINT   the comm span (events.event_id)
+-- name             VARCHAR  span name (kernel or gloo span)
+-- ts_ns            BIGINT   start, ns
+-- dur_ns           BIGINT   duration, ns
+-- overlap_ns       BIGINT   |span ∩ ∪ compute|, ns
+-- overlap_fraction DOUBLE   overlap_ns / dur_ns; NULL for zero-length spans
+CREATE OR REPLACE VIEW _compute_prefix AS
+SELECT * FROM island_prefix('compute_islands') WHERE grp = -1;
+
+CREATE OR REPLACE VIEW collective_overlap AS
+WITH calls AS (
+    SELECT run_id, rank, event_id, name, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'comm'
+),
+cs AS (
+    SELECT c.*, coalesce(p.cum_before + least(c.s, p.e) - p.s, 0) AS cov_s
+    FROM calls c ASOF LEFT JOIN _compute_prefix p ON c.run_id = p.run_id AND c.rank = p.rank AND c.s >= p.s
+),
+ce AS (
+    SELECT x.*, coalesce(p.cum_before + least(x.e, p.e) - p.s, 0) AS cov_e
+    FROM cs x ASOF LEFT JOIN _compute_prefix p ON x.run_id = p.run_id AND x.rank = p.rank AND x.e >= p.s
+)
+SELECT run_id, rank, event_id, name, s AS ts_ns, e - s AS dur_ns, (cov_e - cov_s)::BIGINT AS overlap_ns,
+       CASE WHEN e > s THEN (cov_e - cov_s) / (e - s) END AS overlap_fraction
+FROM ce;

@@ -1,0 +1,421 @@
+"""From collective-related events to rows of the ``collectives`` table.
+
+Inputs are the metadata rows the Kineto reader kept (``RankFile.comm_meta``:
+communication kernels and the CPU ops ``record_param_comms`` / ``nccl:*`` /
+``c10d::*`` / ``gloo:*`` with their args) and, for GPU traces, each comm
+kernel's launch call (thread and time on the CPU). This module decides, per
+communication span, which collective it was and how many bytes it moved:
+
+1. metadata on the kernel itself (``Collective name``, ``In msg nelems``...) →
+   ``meta_source = kernel_args``;
+2. else the innermost enclosing ``record_param_comms`` of its launch, on the
+   launching thread, with metadata → ``record_param_comms``;
+3. else the enclosing ``nccl:*`` (then ``c10d::*``) op's ``Input Dims`` and
+   ``Input type`` → ``cpu_op_dims``;
+4. else the kernel name (``ncclKernel_AllReduce_...``) → ``name_only``;
+   SendRecv / Generic kernels with no metadata stay *unattributed* (op null).
+
+Sizes follow nccl-tests' ``S`` (../shared/reference/alpha-beta.md, "Collectives
+on k ranks"): the all-reduce buffer, the all-gather *output*, the
+reduce-scatter *input*, the all-to-all send buffer. ``wire_bytes`` is the
+least a rank must send for the op (the reference's lower bounds):
+``2(k−1)/k·S`` for all-reduce, ``(k−1)/k·S`` for all-gather/reduce-scatter/
+gather/scatter and even all-to-all; for uneven all-to-all the sum of the
+rank's input splits except its own chunk; ``S`` for broadcast, reduce, send;
+0 for recv and barrier.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections import defaultdict
+from typing import Any
+
+from tracekit.ingest.kineto import parse_split_list
+
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "float4": 4, "single": 4,
+    "double": 8, "float64": 8,
+    "half": 2, "float16": 2, "bfloat16": 2, "c10::bfloat16": 2, "c10::half": 2,
+    "int": 4, "int32": 4, "uint32": 4,
+    "long": 8, "int64": 8, "uint64": 8,
+    "short": 2, "int16": 2, "uint16": 2,
+    "char": 1, "int8": 1, "byte": 1, "uint8": 1, "bool": 1, "unsigned char": 1, "signed char": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "complexfloat": 8, "complexdouble": 16, "c10::complex<float>": 8, "c10::complex<double>": 16,
+}
+
+CANONICAL_OPS = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+    "reduce", "gather", "scatter", "send", "recv", "barrier",
+)
+_OP_KEYS = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoallv": "all_to_all",
+    "broadcast": "broadcast",
+    "bcast": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "send": "send",
+    "recv": "recv",
+    "barrier": "barrier",
+}
+_SUFFIXES = ("coalesced", "intotensor", "tensor", "base", "single", "")
+_PREFIXES = ("nccl", "rccl", "c10d", "gloo", "msccl")
+
+BUS_FACTOR_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"}
+
+
+def canonical_op(text: Any) -> str | None:
+    """Collective names in any spelling → canonical op, or None.
+
+    ``nccl:_all_gather_base``, ``_allgather_base``, ``allgather_into_tensor_coalesced``
+    → ``all_gather``; ``c10d::alltoall_base_`` → ``all_to_all``; SendRecv/Generic → None.
+    """
+    if not text:
+        return None
+    s = re.sub(r"[^a-z]", "", str(text).lower())
+    for p in _PREFIXES:
+        if s.startswith(p):
+            s = s[len(p):]
+            break
+    changed = True
+    while changed:
+        changed = False
+        for suf in _SUFFIXES[:-1]:
+            if s.endswith(suf) and len(s) > len(suf):
+                s = s[: -len(suf)]
+                changed = True
+    return _OP_KEYS.get(s)
+
+
+_KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)(?:_([A-Z]+))?(?:_([A-Z0-9]+))?", re.I)
+
+
+def parse_kernel_name(name: str) -> tuple[str | None, str | None, str | None]:
+    """``ncclKernel_AllReduce_RING_LL_Sum_float`` → ("all_reduce", "RING", "LL") (algo/proto informational)."""
+    m = _KERNEL_RE.search(name or "")
+    if not m:
+        return None, None, None
+    kind, algo, proto = m.group(1), m.group(2), m.group(3)
+    op = canonical_op(kind)
+    if algo and not algo.isupper():
+        algo = None
+    return op, algo, proto
+
+
+def dtype_bytes(dtype: Any) -> int | None:
+    if dtype is None:
+        return None
+    return DTYPE_BYTES.get(str(dtype).strip().lower())
+
+
+def parse_ranks(v: Any) -> list[int] | None:
+    if v is None:
+        return None
+    if isinstance(v, list):
+        return [int(x) for x in v if isinstance(x, int)]
+    nums, _ = parse_split_list(v)
+    return nums
+
+
+def _numel(dims: Any) -> int | None:
+    if not isinstance(dims, list) or not dims:
+        return None
+    first = dims[0]
+    if not isinstance(first, list) or not first or not all(isinstance(x, int) for x in first):
+        return None
+    return int(math.prod(first))
+
+
+def size_bytes_for(op: str | None, in_nelems, out_nelems, nbytes: int | None) -> int | None:
+    """nccl-tests S from element counts: all-gather uses the output, the rest the input (or the larger)."""
+    if nbytes is None:
+        return None
+    i = in_nelems if isinstance(in_nelems, int) else None
+    o = out_nelems if isinstance(out_nelems, int) else None
+    if op == "all_gather":
+        n = o if o is not None else None
+    elif op in ("reduce_scatter", "all_reduce", "all_to_all"):
+        n = i if i is not None else o
+    else:
+        n = max([x for x in (i, o) if x is not None], default=None)
+    return None if n is None else n * nbytes
+
+
+def wire_bytes_for(op: str | None, size: int | None, group_size: int | None, in_splits, my_index, nbytes) -> int | None:
+    """Bytes this rank must put on the wire (see module docstring)."""
+    if op is None or size is None:
+        return None
+    k = group_size or 1
+    if op == "all_reduce":
+        return round(2 * (k - 1) / k * size)
+    if op == "all_to_all" and in_splits and my_index is not None and 0 <= my_index < len(in_splits) and nbytes:
+        return (sum(in_splits) - in_splits[my_index]) * nbytes
+    if op in ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all"):
+        return round((k - 1) / k * size)
+    if op in ("broadcast", "reduce", "send"):
+        return size
+    return 0
+
+
+class _OpIndex:
+    """CPU comm ops of one thread, sorted by start, for 'which ops enclose this launch'."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = sorted(rows, key=lambda r: (r["ts_ns"], -r["dur_ns"]))
+        self.starts = [r["ts_ns"] for r in self.rows]
+
+    def enclosing(self, ts: int, end: int) -> list[dict]:
+        """Ops with start ≤ ts and end ≥ end, innermost (latest start) first."""
+        i = bisect.bisect_right(self.starts, ts)
+        out = []
+        j = i - 1
+        looked = 0
+        while j >= 0 and looked < 64:
+            r = self.rows[j]
+            if r["ts_ns"] + r["dur_ns"] >= end:
+                out.append(r)
+            j -= 1
+            looked += 1
+        return out
+
+
+def _has_meta(r: dict) -> bool:
+    return r.get("collective") is not None or isinstance(r.get("in_nelems"), int)
+
+
+def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
+    """Pick op and sizes for one comm span; returns a partial collectives row."""
+    name_op, algo, proto = parse_kernel_name(kernel["name"])
+    if kernel.get("gpu") is False:
+        name_op = canonical_op(kernel["name"])
+    src = None
+    meta = None
+    if _has_meta(kernel):
+        src, meta = "kernel_args", kernel
+    else:
+        for r in enclosing:
+            if r["name"] == "record_param_comms" and _has_meta(r):
+                src, meta = "record_param_comms", r
+                break
+    op = None
+    dims_row = None
+    named_ops = [r for r in enclosing if r["name"] != "record_param_comms"]
+    for r in named_ops:  # innermost nccl:* first, then c10d::*
+        o = canonical_op(r["name"])
+        if o is not None:
+            if op is None:
+                op = o
+            if dims_row is None and _numel(r.get("input_dims")) is not None and r["name"].startswith(("nccl:", "rccl:", "gloo:")):
+                dims_row = r
+    if dims_row is None:
+        for r in named_ops:
+            if _numel(r.get("input_dims")) is not None and canonical_op(r["name"]) is not None:
+                dims_row = r
+                break
+    if meta is not None and canonical_op(meta.get("collective")) is not None:
+        op = canonical_op(meta.get("collective"))
+    if op is None:
+        op = name_op
+    row: dict = dict(op=op, algo=algo, proto=proto, approx=False)
+    if meta is not None:
+        nb = dtype_bytes(meta.get("dtype"))
+        row.update(
+            meta_source=src,
+            dtype=None if meta.get("dtype") is None else str(meta.get("dtype")),
+            size_bytes=size_bytes_for(op, meta.get("in_nelems"), meta.get("out_nelems"), nb),
+            group_size=meta.get("group_size") if isinstance(meta.get("group_size"), int) else None,
+            pg_name=_pg_name(meta),
+            pg_ranks=parse_ranks(meta.get("pg_ranks")),
+            seq=meta.get("seq") if isinstance(meta.get("seq"), int) else None,
+            in_splits_raw=meta.get("in_split"),
+            out_splits_raw=meta.get("out_split"),
+            nbytes=nb,
+        )
+        if row["size_bytes"] is None and dims_row is not None:
+            meta = None  # fall through to dims
+    if meta is None and dims_row is not None:
+        types = dims_row.get("input_type")
+        dt = types[0] if isinstance(types, list) and types else None
+        nb = dtype_bytes(dt)
+        nel = _numel(dims_row.get("input_dims"))
+        row.update(
+            meta_source="cpu_op_dims",
+            dtype=None if dt is None else str(dt),
+            size_bytes=None if (nb is None or nel is None) else nel * nb,
+            group_size=None,
+            pg_name=None,
+            pg_ranks=None,
+            seq=None,
+            in_splits_raw=None,
+            out_splits_raw=None,
+            nbytes=nb,
+            all_gather_shard=(op == "all_gather"),
+        )
+    if "meta_source" not in row:
+        row.update(meta_source="name_only", dtype=None, size_bytes=None, group_size=None, pg_name=None,
+                   pg_ranks=None, seq=None, in_splits_raw=None, out_splits_raw=None, nbytes=None)
+    return row
+
+
+def _pg_name(meta: dict) -> str | None:
+    v = meta.get("pg_name")
+    if v is None:
+        v = meta.get("pg_id")
+    return None if v is None else str(v)
+
+
+def build_collectives(
+    run_id: str,
+    rank: int,
+    comm_meta: list[dict],
+    launches: dict[int, tuple[int, int, int, int]],
+    *,
+    world_size: int,
+    pg_config: dict[str, list[int]],
+    cpu_only: bool,
+) -> list[dict]:
+    """Rows of the collectives table for one rank.
+
+    ``launches`` maps a comm kernel's event_id → (pid, tid, launch ts, launch end)
+    of its runtime launch call; kernels missing from it were launched outside the
+    capture. ``pg_config`` maps process-group name → global ranks (from
+    ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;
+    :func:`assign_seq` derives it across ranks.
+    """
+    cpu_ops = [r for r in comm_meta if not r["gpu"] and not (cpu_only and r["name"].startswith("gloo:"))]
+    by_thread: dict = defaultdict(list)
+    for r in cpu_ops:
+        by_thread[(r["device"], r["track"])].append(r)
+    index = {k: _OpIndex(v) for k, v in by_thread.items()}
+
+    if cpu_only:
+        spans = sorted((r for r in comm_meta if r["name"].startswith("gloo:")), key=lambda r: r["ts_ns"])
+        issuers = _cpu_issuers(cpu_ops)
+        used: dict = defaultdict(int)
+    else:
+        spans = [r for r in comm_meta if r["gpu"]]
+
+    rows = []
+    for sp in spans:
+        issue_ts = None
+        if cpu_only:
+            enclosing = [sp] if _numel(sp.get("input_dims")) is not None else []
+            op = canonical_op(sp["name"])
+            lst = issuers.get(op, [])
+            k = used[op]
+            if k < len(lst):
+                issuer = lst[k]
+                used[op] += 1
+                issue_ts = issuer["ts_ns"]
+                enclosing = enclosing + [issuer]
+            res = _resolve(dict(sp, gpu=False), enclosing)
+        else:
+            la = launches.get(sp["event_id"])
+            enclosing = []
+            if la is not None:
+                pid, tid, lts, lend = la
+                issue_ts = lts
+                idx = index.get((pid, tid))
+                if idx is not None:
+                    enclosing = idx.enclosing(lts, lend)
+            res = _resolve(sp, enclosing)
+            if la is None and res["meta_source"] == "name_only":
+                res["launch_outside_capture"] = True
+        rows.append(_finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config))
+    return rows
+
+
+def _cpu_issuers(cpu_ops: list[dict]) -> dict[str, list[dict]]:
+    """Per op, the CPU calls that issued gloo work, in order (record_param_comms preferred)."""
+    rpc = [r for r in cpu_ops if r["name"] == "record_param_comms" and canonical_op(r.get("collective"))]
+    out: dict = defaultdict(list)
+    if rpc:
+        for r in sorted(rpc, key=lambda r: r["ts_ns"]):
+            out[canonical_op(r.get("collective"))].append(r)
+        return out
+    for r in sorted(cpu_ops, key=lambda r: r["ts_ns"]):
+        if r["name"].startswith("c10d::"):
+            op = canonical_op(r["name"])
+            if op:
+                out[op].append(r)
+    return out
+
+
+def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
+    op = res["op"]
+    pg_name = res.get("pg_name")
+    pg_ranks = res.get("pg_ranks")
+    if not pg_ranks and pg_name is not None and pg_name in pg_config:
+        pg_ranks = pg_config[pg_name]
+    if pg_name is None:
+        pg_name = "0" if "0" in pg_config else "default"
+        if not pg_ranks:
+            pg_ranks = pg_config.get(pg_name)
+    group_size = res.get("group_size")
+    approx = bool(res.get("approx"))
+    if group_size is None and pg_ranks:
+        group_size = len(pg_ranks)
+    if group_size is None:
+        group_size = world_size
+        if res.get("all_gather_shard"):
+            approx = True
+    if not pg_ranks:
+        pg_ranks = list(range(world_size)) if group_size == world_size else None
+    size = res.get("size_bytes")
+    if res.get("all_gather_shard") and size is not None:
+        size = size * group_size
+    in_splits, a1 = parse_split_list(res.get("in_splits_raw"))
+    out_splits, a2 = parse_split_list(res.get("out_splits_raw"))
+    approx = approx or a1 or a2
+    my_index = pg_ranks.index(rank) if pg_ranks and rank in pg_ranks else None
+    nb = res.get("nbytes")
+    wire = wire_bytes_for(op, size, group_size, in_splits if not a1 else None, my_index, nb)
+    if op == "all_to_all" and in_splits and a1 and nb:
+        wire = round((group_size - 1) / group_size * size) if size is not None else None
+    return dict(
+        run_id=run_id,
+        rank=rank,
+        event_id=sp["event_id"],
+        pg_name=pg_name,
+        pg_ranks=pg_ranks,
+        group_size=group_size,
+        seq=res.get("seq"),
+        op=op,
+        dtype=res.get("dtype"),
+        size_bytes=size,
+        wire_bytes=wire,
+        in_splits=in_splits,
+        out_splits=out_splits,
+        peer=None,
+        algo=res.get("algo"),
+        proto=res.get("proto"),
+        ts_ns=sp["ts_ns"],
+        dur_ns=sp["dur_ns"],
+        meta_source=res["meta_source"],
+        approx=approx,
+        issue_ts_ns=issue_ts if issue_ts is not None else sp["ts_ns"],
+    )
+
+
+def assign_seq(rows: list[dict]) -> None:
+    """Fill a missing ``seq`` per (rank, pg_name) by issue order (the CPU's call order).
+
+    Rows whose op is unknown get no seq: they cannot be matched across ranks.
+    A rank whose trace carries ``Seq`` keeps it.
+    """
+    groups: dict = defaultdict(list)
+    for r in rows:
+        if r["seq"] is None and r["op"] is not None:
+            groups[(r["rank"], r["pg_name"])].append(r)
+    for lst in groups.values():
+        lst.sort(key=lambda r: (r["issue_ts_ns"], r["ts_ns"], r["event_id"]))
+        for i, r in enumerate(lst):
+            r["seq"] = i

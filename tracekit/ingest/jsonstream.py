@@ -1,0 +1,369 @@
+"""Streaming reader for Chrome/Kineto trace JSON: bounded chunks of ``traceEvents``.
+
+A Kineto trace is one JSON object whose ``traceEvents`` array holds every
+event; the other top-level keys (``distributedInfo``, ``deviceProperties``,
+``baseTimeNanoseconds``, ...) may come before or after it. Parsing the whole
+document at once costs memory proportional to the file and, in Python,
+superlinear time (DESIGN.md, "Performance facts"). This module instead reads
+decompressed bytes in blocks and cuts the array between two events:
+
+* a cut after byte ``p`` is accepted only when ``[`` + bytes[start:p] + ``]``
+  decodes as a JSON array of objects. Because the previous cut was at array
+  depth, a prefix that decodes is made of whole events, so the check is exact
+  (a ``},`` inside a string or a nested object never passes it);
+* candidates are tried from the end of the buffer backwards, ``},`` first (the
+  way every known exporter writes the separator).
+
+Chunks that do not decode are retried after repairing the defects real
+exporters produce: invalid UTF-8 (decoded with replacement characters) and bare
+``inf`` / ``-inf`` / ``NaN`` / ``Infinity`` tokens (read as null).
+
+Errors are ``FileError`` naming the file and the problem (truncated gzip,
+not JSON, no ``traceEvents`` array, array never closed).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgspec
+
+from tracekit.errors import FileError
+
+BLOCK = 8 << 20  # bytes of decompressed JSON per chunk (~30-60k events)
+_MAX_CUT_TRIES = 6
+
+
+class Ev(msgspec.Struct, gc=False):
+    """One trace event; ``args`` stays raw JSON until somebody needs it."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class ExactEv(msgspec.Struct, gc=False):
+    """Like :class:`Ev` but ``ts``/``dur`` kept as their JSON text, for exact ns."""
+
+    ph: Any = None
+    ts: msgspec.Raw = msgspec.Raw(b"null")
+    dur: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_EV_LIST = msgspec.json.Decoder(list[Ev])
+_EXACT_LIST = msgspec.json.Decoder(list[ExactEv])
+_ANY = msgspec.json.Decoder()
+
+_BARE_CONST = re.compile(rb"(?<=[:\[,\s])(-?)(?:Infinity|inf|NaN|nan)(?=\s*[,\]}])")
+_WS = b" \t\r\n"
+
+
+@dataclass
+class Chunk:
+    """A run of whole events and the exact bytes they were decoded from."""
+
+    events: list  # list[Ev]
+    text: bytes  # b"[" + events + b"]", after any repair
+    repaired: list[str] = field(default_factory=list)
+
+    def exact(self) -> list:
+        """The same events with ts/dur as raw JSON text (for exact ns conversion)."""
+        return _EXACT_LIST.decode(self.text)
+
+
+def _open(path: Path):
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+class _Reader:
+    """Decompressed bytes of a file in blocks, with errors turned into FileError."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fh = _open(path)
+        self.consumed = 0
+        self.eof = False
+
+    def read(self, n: int = BLOCK) -> bytes:
+        if self.eof:
+            return b""
+        try:
+            data = self.fh.read(n)
+        except EOFError:
+            raise FileError(
+                self.path, f"truncated gzip stream after {self.consumed:,} bytes of JSON (file incomplete?)"
+            ) from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise FileError(self.path, f"corrupt gzip data after {self.consumed:,} bytes ({exc})") from None
+        if not data:
+            self.eof = True
+        self.consumed += len(data)
+        return data
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _repair(text: bytes) -> tuple[bytes, list[str]]:
+    notes = []
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        text = text.decode("utf-8", "replace").encode("utf-8")
+        notes.append("invalid UTF-8 replaced")
+    fixed, n = _BARE_CONST.subn(b"null", text)
+    if n:
+        notes.append(f"{n} bare inf/NaN token(s) read as null")
+        text = fixed
+    return text, notes
+
+
+def _decode_events(body: bytes) -> Chunk | None:
+    """Decode ``[body]`` as events, repairing known defects; None if not whole events."""
+    text = b"[" + body + b"]"
+    try:
+        return Chunk(_EV_LIST.decode(text), text)
+    except msgspec.ValidationError:
+        return _decode_mixed(text, [])
+    except msgspec.DecodeError:
+        pass
+    text2, notes = _repair(text)
+    if not notes:
+        return None
+    try:
+        return Chunk(_EV_LIST.decode(text2), text2, notes)
+    except msgspec.ValidationError:
+        return _decode_mixed(text2, notes)
+    except msgspec.DecodeError:
+        return None
+
+
+def _decode_mixed(text: bytes, notes: list[str]) -> Chunk | None:
+    """An array with non-object items: keep the objects, note the rest."""
+    try:
+        items = _ANY.decode(text)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(items, list):
+        return None
+    objs = [x for x in items if isinstance(x, dict)]
+    dropped = len(items) - len(objs)
+    clean = msgspec.json.encode(objs)
+    try:
+        evs = _EV_LIST.decode(clean)
+    except msgspec.ValidationError:
+        return None
+    return Chunk(evs, clean, notes + [f"{dropped} non-object item(s) in traceEvents skipped"])
+
+
+def _skip_ws(buf: bytes, i: int) -> int:
+    n = len(buf)
+    while i < n and buf[i] in _WS:
+        i += 1
+    return i
+
+
+class TraceStream:
+    """Iterate a Chrome/Kineto JSON trace as chunks of events plus its metadata.
+
+    ``meta`` (the top-level keys other than ``traceEvents``) is complete once
+    iteration has finished: keys written after the array are read at the end.
+    """
+
+    def __init__(self, path: str | Path, block: int = BLOCK):
+        self.path = Path(path)
+        self.block = block
+        self.meta: dict = {}
+        self.notes: list[str] = []
+
+    def __iter__(self) -> Iterator[Chunk]:
+        if not self.path.exists():
+            raise FileError(self.path, "no such file")
+        if self.path.is_dir():
+            raise FileError(self.path, "is a directory, expected a trace file")
+        rd = _Reader(self.path)
+        try:
+            yield from self._run(rd)
+        finally:
+            rd.close()
+
+    # -- phases ------------------------------------------------------------------
+
+    def _run(self, rd: _Reader) -> Iterator[Chunk]:
+        buf = rd.read(self.block)
+        if not buf.strip():
+            while not rd.eof and not buf.strip():
+                buf += rd.read(self.block)
+            if not buf.strip():
+                raise FileError(self.path, "empty file")
+        if buf.startswith(b"\xef\xbb\xbf"):
+            buf = buf[3:]
+        i = _skip_ws(buf, 0)
+        first = buf[i : i + 1]
+        if first == b"[":  # bare JSON-array form of the Chrome trace format
+            body = buf[i + 1 :]
+            self._array_closed_by = b""
+        elif first == b"{":
+            body = yield from self._header(rd, buf)
+            self._array_closed_by = b"}"
+        else:
+            raise FileError(self.path, f"not a JSON trace (starts with {buf[i:i+16]!r})")
+        yield from self._events(rd, body)
+
+    def _header(self, rd: _Reader, buf: bytes):
+        """Find ``"traceEvents": [`` at the top level; returns the bytes after ``[``."""
+        start = 0
+        key = b'"traceEvents"'
+        while True:
+            j = buf.find(key, start)
+            if j < 0:
+                if rd.eof:
+                    self._no_events(buf)
+                start = max(0, len(buf) - len(key))
+                more = rd.read(self.block)
+                if not more and rd.eof:
+                    self._no_events(buf)
+                buf += more
+                continue
+            k = _skip_ws(buf, j + len(key))
+            if k >= len(buf) and not rd.eof:
+                buf += rd.read(self.block)
+                continue
+            if buf[k : k + 1] != b":":
+                start = j + 1
+                continue
+            k = _skip_ws(buf, k + 1)
+            if k >= len(buf) and not rd.eof:
+                buf += rd.read(self.block)
+                continue
+            if buf[k : k + 1] != b"[":
+                raise FileError(self.path, "traceEvents is not an array")
+            head = buf[:j] + b'"traceEvents":[]}'
+            try:
+                meta = _ANY.decode(head)
+            except msgspec.DecodeError:
+                head2, notes = _repair(head)
+                try:
+                    meta = _ANY.decode(head2)
+                    self.notes.extend(notes)
+                except msgspec.DecodeError:
+                    start = j + 1  # the key was inside a string
+                    continue
+            meta.pop("traceEvents", None)
+            self.meta.update(meta)
+            return buf[k + 1 :]
+        yield  # pragma: no cover  (makes this a generator for `yield from`)
+
+    def _no_events(self, buf: bytes):
+        try:
+            doc = _ANY.decode(buf)
+        except msgspec.DecodeError as exc:
+            if buf.lstrip().startswith(b"{") and not buf.rstrip().endswith(b"}"):
+                raise FileError(self.path, "truncated JSON: the document ends early (file incomplete?)") from None
+            raise FileError(self.path, f"not valid JSON ({exc})") from None
+        kind = type(doc).__name__
+        raise FileError(self.path, f"no traceEvents array: a JSON {kind}, not a Kineto/Chrome trace")
+
+    def _events(self, rd: _Reader, buf: bytes) -> Iterator[Chunk]:
+        while True:
+            while not rd.eof and len(buf) < self.block:
+                more = rd.read(self.block)
+                if not more:
+                    break
+                buf += more
+            if rd.eof:
+                yield from self._tail(buf)
+                return
+            cut = self._cut(buf)
+            if cut is None:
+                # No whole event decodes in this much text: read more (a huge
+                # event), unless that is already far more than any event.
+                if len(buf) > 16 * self.block:
+                    raise FileError(self.path, f"malformed JSON in traceEvents near byte {rd.consumed - len(buf):,}")
+                more = rd.read(self.block)
+                if not more:
+                    yield from self._tail(buf)
+                    return
+                buf += more
+                continue
+            chunk, nxt = cut
+            self.notes.extend(chunk.repaired)
+            yield chunk
+            buf = buf[nxt:]
+
+    def _cut(self, buf: bytes):
+        """The longest prefix of whole events followed by a comma; (chunk, next index) or None."""
+        lim = len(buf)
+        tries = 0
+        while tries < _MAX_CUT_TRIES:
+            p = buf.rfind(b"},", 0, lim)
+            if p < 0:
+                return None
+            lim = p
+            tries += 1
+            ch = _decode_events(buf[: p + 1])
+            if ch is not None:
+                return ch, p + 2
+        return None
+
+    def _tail(self, buf: bytes) -> Iterator[Chunk]:
+        """The last events, the closing ``]`` and any top-level keys after it."""
+        closer = self._array_closed_by
+        lim = len(buf)
+        while True:
+            r = buf.rfind(b"]", 0, lim)
+            if r < 0:
+                raise FileError(self.path, "truncated JSON: traceEvents array is never closed (file incomplete?)")
+            lim = r
+            rest = buf[r + 1 :].strip(_WS)
+            trailing: dict | None = None
+            if closer == b"":
+                if rest:
+                    continue
+                trailing = {}
+            else:
+                if not rest.endswith(b"}"):
+                    continue
+                inner = rest[:-1].strip(_WS)
+                if inner == b"":
+                    trailing = {}
+                elif inner.startswith(b","):
+                    try:
+                        trailing = _ANY.decode(b"{" + inner[1:] + b"}")
+                    except msgspec.DecodeError:
+                        fixed, notes = _repair(b"{" + inner[1:] + b"}")
+                        try:
+                            trailing = _ANY.decode(fixed)
+                        except msgspec.DecodeError:
+                            continue
+                    if not isinstance(trailing, dict):
+                        continue
+                else:
+                    continue
+            body = buf[:r].strip(_WS)
+            if body.endswith(b","):  # a trailing comma, as some exporters write
+                body = body[:-1]
+                self.notes.append("trailing comma after the last event")
+            if body:
+                ch = _decode_events(body)
+                if ch is None:
+                    # maybe the ']' we found closes something inside the last event
+                    continue
+                self.notes.extend(ch.repaired)
+                yield ch
+            self.meta.update(trailing)
+            return

@@ -1,0 +1,206 @@
+"""Second pass of an ingest: link, classify and step-assign events; write the run's tables.
+
+Runs in DuckDB over the raw rows the readers wrote (never the whole trace in
+Python memory):
+
+* ``launch_event_id``: a GPU event's runtime launch call on the CPU (the
+  ``cudaLaunchKernel``/``hipLaunchKernel``... event with the same correlation id);
+* ``class`` (DESIGN.md, "Classifying events"): ``comm`` for communication
+  kernels (metadata or name) and, on CPU-only traces, the ``gloo:*`` spans;
+  ``compute`` for other kernels and, on CPU-only traces, the ``cpu_op`` events
+  of threads that do no communication; ``memory`` for memcpy/memset; ``sync``
+  for ``cuda_sync`` and Stream/Event/Device synchronize calls; ``cpu`` for other
+  CPU events; ``other`` for the rest of the GPU tracks;
+* ``step``: the ``ProfilerStep#N`` window holding the event (GPU work: the
+  window holding its launch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracekit import SCHEMA_VERSION
+from tracekit.ingest.collectives import assign_seq, build_collectives
+from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
+
+_SYNC_NAME = "(?i)(stream|event|device|context)synchronize|cuda_sync|hip(stream|event|device)synchronize"
+
+
+def _sql_str(s: str) -> str:
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+def finish_run(stage: Path, run_id, results, ranks, raw_files, *, workload, config, source) -> None:
+    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet into ``stage``."""
+    import duckdb
+
+    world_size = _world_size(results, ranks)
+    pg_config = _pg_config(results)
+    (stage / "events").mkdir()
+    con = duckdb.connect(":memory:")
+    con.execute("SET preserve_insertion_order = false")
+    all_rows: list[dict] = []
+    rank_rows = []
+    for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
+        cpu_only = not rf.has_gpu
+        steps = rf.steps or [(-1, -1, 0, 0)]
+        con.execute("CREATE OR REPLACE TEMP TABLE steps(step BIGINT, ts BIGINT, e BIGINT)")
+        con.executemany("INSERT INTO steps VALUES (?, ?, ?)", [(s[0], s[2], s[3]) for s in steps])
+        src = f"read_parquet({_sql_str(raw)})"
+        out = stage / "events" / f"rank={rank}.parquet"
+        con.execute(
+            f"""
+            COPY (
+              WITH raw AS (SELECT * FROM {src}),
+              launch AS (
+                SELECT correlation, event_id AS launch_id, ts_ns AS launch_ts FROM raw
+                WHERE category IN ('runtime', 'driver') AND correlation IS NOT NULL
+                QUALIFY row_number() OVER (PARTITION BY correlation ORDER BY (category = 'runtime') DESC, event_id) = 1
+              ),
+              comm_threads AS (
+                SELECT DISTINCT device, track FROM raw WHERE track_kind = 'cpu_thread' AND is_comm
+              ),
+              linked AS (
+                SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
+                       (ct.track IS NOT NULL) AS on_comm_thread
+                FROM raw r
+                LEFT JOIN launch l ON r.track_kind = 'gpu_stream' AND r.correlation = l.correlation
+                LEFT JOIN comm_threads ct ON r.track_kind = 'cpu_thread' AND r.device = ct.device AND r.track = ct.track
+              )
+              SELECT {_sql_str(run_id)} AS run_id, CAST({rank} AS INTEGER) AS rank, x.event_id, x.track_kind,
+                     x.device, x.track, x.category, x.name, x.ts_ns, x.dur_ns, x.correlation, x.external_id,
+                     x.launch_id AS launch_event_id,
+                     CASE
+                       WHEN x.is_comm THEN 'comm'
+                       WHEN x.category = 'sync' OR regexp_matches(x.name, {_sql_str(_SYNC_NAME)}) THEN 'sync'
+                       WHEN x.category = 'kernel' THEN 'compute'
+                       WHEN x.category IN ('memcpy', 'memset') THEN 'memory'
+                       WHEN x.track_kind = 'gpu_stream' THEN 'other'
+                       WHEN {str(cpu_only).upper()} AND x.category = 'cpu_op' AND NOT x.on_comm_thread
+                            AND NOT (x.name LIKE 'c10d::%' OR x.name LIKE 'nccl:%' OR x.name LIKE 'gloo:%'
+                                     OR x.name = 'record_param_comms')
+                         THEN 'compute'
+                       ELSE 'cpu'
+                     END AS class,
+                     CASE WHEN x.step_ts < s.e THEN s.step END AS step
+              FROM linked x ASOF LEFT JOIN steps s ON x.step_ts >= s.ts
+              ORDER BY x.track_kind, x.device, x.track, x.ts_ns
+            ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd)
+            """
+        )
+        launches = {}
+        if not cpu_only:
+            for eid, pid, tid, lts, ldur in con.execute(
+                f"""
+                WITH raw AS (SELECT * FROM {src}),
+                launch AS (
+                  SELECT correlation, device, track, ts_ns, dur_ns FROM raw
+                  WHERE category IN ('runtime', 'driver') AND correlation IS NOT NULL
+                  QUALIFY row_number() OVER (PARTITION BY correlation ORDER BY (category = 'runtime') DESC, event_id) = 1
+                )
+                SELECT k.event_id, l.device, l.track, l.ts_ns, l.dur_ns
+                FROM raw k JOIN launch l USING (correlation) WHERE k.is_comm AND k.track_kind = 'gpu_stream'
+                """
+            ).fetchall():
+                launches[eid] = (pid, tid, lts, lts + ldur)
+        rows = build_collectives(
+            run_id, rank, rf.comm_meta, launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only
+        )
+        all_rows.extend(rows)
+        warnings = list(dict.fromkeys(rf.warnings))
+        if rf.quarantined:
+            warnings.append(f"{rf.quarantined} event(s) quarantined (missing or non-positive ts, negative dur)")
+        if rf.events == 0:
+            warnings.append("metadata only: the file holds no complete events")
+        n_unattr = sum(1 for r in rows if r["op"] is None)
+        if n_unattr:
+            warnings.append(f"{n_unattr} communication span(s) unattributed (no collective metadata anywhere)")
+        if not rows and rf.events:
+            warnings.append("no communication in this rank's trace")
+        di = rf.meta.get("distributedInfo") if isinstance(rf.meta.get("distributedInfo"), dict) else {}
+        rank_rows.append(
+            dict(
+                run_id=run_id,
+                rank=rank,
+                host=str(rf.meta.get("host_name") or di.get("host") or "") or None,
+                source_path=str(Path(rf.path).resolve()),
+                source_sha256=rf.sha256,
+                clock_offset_ns=0,
+                clock_offset_err_ns=0,
+                events=rf.events,
+                events_quarantined=rf.quarantined,
+                warnings=warnings,
+            )
+        )
+        Path(raw).unlink(missing_ok=True)
+    con.close()
+    assign_seq(all_rows)
+    pq.write_table(
+        pa.Table.from_pylist(all_rows, schema=COLLECTIVES_SCHEMA), stage / "collectives.parquet", **PARQUET_OPTS
+    )
+    pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
+    run_row = _run_row(run_id, results, all_rows, world_size, workload, config, source)
+    pq.write_table(pa.Table.from_pylist([run_row], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
+    try:
+        (stage / "raw").rmdir()
+    except OSError:
+        pass
+
+
+def _world_size(results, ranks) -> int:
+    ws = 0
+    for r in results:
+        di = r.meta.get("distributedInfo")
+        if isinstance(di, dict) and isinstance(di.get("world_size"), int):
+            ws = max(ws, di["world_size"])
+    return max(ws, max(ranks) + 1 if ranks else 1, len(results))
+
+
+def _pg_config(results) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r in results:
+        di = r.meta.get("distributedInfo")
+        if not isinstance(di, dict):
+            continue
+        for pg in di.get("pg_config") or []:
+            if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list):
+                out[str(pg["pg_name"])] = [int(x) for x in pg["ranks"] if isinstance(x, int)]
+    return out
+
+
+def _run_row(run_id, results, rows, world_size, workload, config, source) -> dict:
+    from datetime import datetime, timezone
+
+    meta = results[0].meta if results else {}
+    di = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    dev = meta.get("deviceProperties")
+    device_name = None
+    if isinstance(dev, list) and dev and isinstance(dev[0], dict):
+        device_name = dev[0].get("name")
+    backend = di.get("backend")
+    if isinstance(device_name, str) and ("AMD" in device_name or "Instinct" in device_name) and backend == "nccl":
+        backend = "rccl"
+    if not isinstance(backend, str) or not backend:
+        if any(r.get("algo") or r.get("proto") for r in rows):
+            backend = "nccl"
+        elif rows and all(r.get("algo") is None for r in rows) and not (isinstance(dev, list) and dev):
+            backend = "gloo"
+        else:
+            backend = config.get("backend") or "unknown"
+    return dict(
+        run_id=run_id,
+        created_at=datetime.now(timezone.utc),
+        source=source,
+        workload=workload or config.get("workload") or "external",
+        backend=backend,
+        world_size=world_size,
+        torch_version=config.get("torch_version") or meta.get("pytorch_version"),
+        nccl_version=di.get("nccl_version"),
+        device_name=device_name or config.get("device_name"),
+        config=json.dumps(config, sort_keys=True, default=str),
+        schema_version=SCHEMA_VERSION,
+    )

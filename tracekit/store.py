@@ -1,0 +1,303 @@
+"""The Parquet store: one directory per run, DuckDB views over all of them.
+
+Layout (``<store>`` defaults to ``./tracekit-store``; ``--store`` or the
+``TRACEKIT_STORE`` environment variable change it)::
+
+    <store>/runs/<run_id>/run.parquet          1 row: the ``runs`` table
+    <store>/runs/<run_id>/ranks.parquet        1 row per rank
+    <store>/runs/<run_id>/events/rank=<r>.parquet
+    <store>/runs/<run_id>/collectives.parquet  1 row per collective call per rank
+    <store>/.staging/                          private to writers
+
+Writes are atomic: a run is assembled in ``.staging`` and renamed into
+``runs/`` as a whole, so an interrupted or failed ingest leaves the store as it
+was. Every run row carries ``schema_version``; a reader refuses a store whose
+major version is newer than this tracekit's (``StoreError``).
+
+The column contract is in ``../shared/DESIGN.md`` ("The store"); the Arrow
+schemas below are its executable form.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+
+from tracekit import SCHEMA_VERSION
+from tracekit.errors import StoreError
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+RUNS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("source", pa.string()),  # kineto / nsys / nccl_tests / collector name
+        ("workload", pa.string()),  # tp / ep / pp / disagg_kv / sweep / external
+        ("backend", pa.string()),  # nccl / rccl / gloo / unknown
+        ("world_size", pa.int32()),
+        ("torch_version", pa.string()),
+        ("nccl_version", pa.string()),
+        ("device_name", pa.string()),
+        ("config", pa.string()),  # JSON text
+        ("schema_version", pa.string()),
+    ]
+)
+
+RANKS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("host", pa.string()),
+        ("source_path", pa.string()),
+        ("source_sha256", pa.string()),
+        ("clock_offset_ns", pa.int64()),
+        ("clock_offset_err_ns", pa.int64()),
+        ("events", pa.int64()),
+        ("events_quarantined", pa.int64()),
+        ("warnings", pa.list_(pa.string())),
+    ]
+)
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("event_id", pa.int64()),  # unique within (run, rank); file order
+        ("track_kind", pa.string()),  # gpu_stream / cpu_thread
+        ("device", pa.int64()),  # GPU index, or process id for CPU threads
+        ("track", pa.int64()),  # stream id or thread id
+        ("category", pa.string()),  # kernel, memcpy, memset, sync, cpu_op, user_annotation, runtime, ...
+        ("name", pa.string()),
+        ("ts_ns", pa.int64()),  # start, ns on the run's common clock
+        ("dur_ns", pa.int64()),  # duration, ns
+        ("correlation", pa.int64()),
+        ("external_id", pa.int64()),
+        ("launch_event_id", pa.int64()),  # GPU work -> the runtime launch call on the CPU
+        ("class", pa.string()),  # compute / comm / memory / sync / cpu / other
+        ("step", pa.int64()),  # profiler step number or null
+    ]
+)
+
+COLLECTIVES_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("event_id", pa.int64()),  # the span that communicated (NCCL kernel / gloo span)
+        ("pg_name", pa.string()),
+        ("pg_ranks", pa.list_(pa.int32())),
+        ("group_size", pa.int32()),
+        ("seq", pa.int64()),
+        ("op", pa.string()),  # canonical op, null when unattributed
+        ("dtype", pa.string()),
+        ("size_bytes", pa.int64()),  # nccl-tests S
+        ("wire_bytes", pa.int64()),  # bytes this rank must put on the wire
+        ("in_splits", pa.list_(pa.int64())),
+        ("out_splits", pa.list_(pa.int64())),
+        ("peer", pa.int32()),
+        ("algo", pa.string()),
+        ("proto", pa.string()),
+        ("ts_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("meta_source", pa.string()),  # kernel_args / record_param_comms / cpu_op_dims / name_only
+        ("approx", pa.bool_()),
+        ("issue_ts_ns", pa.int64()),  # when the CPU issued it (launch or op start); orders seq
+    ]
+)
+
+TABLES = {
+    "runs": ("run.parquet", RUNS_SCHEMA),
+    "ranks": ("ranks.parquet", RANKS_SCHEMA),
+    "events": ("events/*.parquet", EVENTS_SCHEMA),
+    "collectives": ("collectives.parquet", COLLECTIVES_SCHEMA),
+}
+
+PARQUET_OPTS = dict(compression="zstd", compression_level=3)
+
+
+def default_store_path() -> Path:
+    """The store directory: ``$TRACEKIT_STORE`` if set, else ``./tracekit-store``."""
+    return Path(os.environ.get("TRACEKIT_STORE") or "tracekit-store")
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is a safe directory name, else raise StoreError."""
+    if not RUN_ID_RE.match(run_id or ""):
+        raise StoreError(
+            f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 128 characters)"
+        )
+    return run_id
+
+
+def _major(version: str) -> int:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return 10**6  # unparsable: treat as newer
+
+
+class Store:
+    """A tracekit store directory.
+
+    ``Store(path)`` does not create anything; writers call :meth:`staging`.
+    Raises StoreError when the path exists but is not a directory.
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else default_store_path()
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"{self.path}: store path exists and is not a directory")
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.path / "runs"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / check_run_id(run_id)
+
+    def run_ids(self) -> list[str]:
+        """Run ids present in the store, sorted by name."""
+        if not self.runs_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.runs_dir.iterdir() if p.is_dir() and (p / "run.parquet").exists())
+
+    def has_run(self, run_id: str) -> bool:
+        return (self.run_dir(run_id) / "run.parquet").exists()
+
+    # -- writing -----------------------------------------------------------------
+
+    def staging(self) -> "Staging":
+        """A private directory to assemble one run in; see :class:`Staging`."""
+        return Staging(self)
+
+    # -- reading -----------------------------------------------------------------
+
+    def connect(self, *, analyses: bool = True, read_only_check: bool = True):
+        """A DuckDB connection with the store's tables as views, and the analyses loaded.
+
+        Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
+        files; when the store holds no run they are empty with the right columns.
+        Raises StoreError if a run was written by a newer major schema version.
+        """
+        import duckdb
+
+        con = duckdb.connect(database=":memory:")
+        con.execute("SET preserve_insertion_order = false")
+        ids = self.run_ids()
+        for table, (pattern, schema) in TABLES.items():
+            files = []
+            for rid in ids:
+                files.extend(sorted(str(p) for p in self.run_dir(rid).glob(pattern)))
+            if files:
+                lst = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+                con.execute(
+                    f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{lst}], union_by_name = true)"
+                )
+            else:
+                empty = schema.empty_table()
+                con.register(f"__empty_{table}", empty)
+                con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM __empty_{table}")
+        if read_only_check and ids:
+            newest = con.execute("SELECT schema_version FROM runs").fetchall()
+            mine = _major(SCHEMA_VERSION)
+            for (ver,) in newest:
+                if _major(ver) > mine:
+                    raise StoreError(
+                        f"{self.path}: written by a newer tracekit (schema {ver}, this one reads {SCHEMA_VERSION}); upgrade tracekit"
+                    )
+        if analyses:
+            from analyses import load_analyses
+
+            load_analyses(con)
+        return con
+
+    def latest_run_id(self) -> str:
+        """The most recently created run; StoreError when the store is empty."""
+        ids = self.run_ids()
+        if not ids:
+            raise StoreError(f"{self.path}: no runs in the store (run `tracekit ingest` or `tracekit collect` first)")
+        import pyarrow.parquet as pq
+
+        best = None
+        for rid in ids:
+            t = pq.read_table(self.run_dir(rid) / "run.parquet", columns=["created_at"])
+            created = t.column("created_at")[0].as_py()
+            if best is None or created > best[0]:
+                best = (created, rid)
+        return best[1]
+
+    def find_by_sha256(self, digests: Iterable[str]) -> str | None:
+        """The run whose ranks came from exactly these source files (by sha256), if any."""
+        want = sorted(digests)
+        import pyarrow.parquet as pq
+
+        for rid in self.run_ids():
+            f = self.run_dir(rid) / "ranks.parquet"
+            if not f.exists():
+                continue
+            have = sorted(x for x in pq.read_table(f, columns=["source_sha256"]).column(0).to_pylist() if x)
+            if have and have == want:
+                return rid
+        return None
+
+
+class Staging:
+    """A staging directory for one run, renamed into the store on :meth:`commit`.
+
+    Use as a context manager: leaving the block without ``commit`` (an error, an
+    interrupt) deletes the staging directory and leaves the store unchanged.
+    """
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.dir: Path | None = None
+
+    def __enter__(self) -> "Staging":
+        self._created_store = not self.store.path.exists()
+        root = self.store.path / ".staging"
+        root.mkdir(parents=True, exist_ok=True)
+        self.dir = root / uuid.uuid4().hex
+        self.dir.mkdir()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.dir is not None and self.dir.exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        root = self.store.path / ".staging"
+        try:
+            root.rmdir()  # only when empty
+        except OSError:
+            pass
+        if self._created_store and self.store.path.exists() and not any(self.store.path.iterdir()):
+            try:
+                self.store.path.rmdir()  # we created it for nothing
+            except OSError:
+                pass
+
+    def commit(self, run_id: str, *, replace: bool = False) -> Path:
+        """Move the staged run into ``runs/<run_id>`` atomically; returns its path.
+
+        With ``replace`` an existing run of that id is swapped out (the old one
+        is moved aside first, then removed). Raises StoreError if the id exists
+        and ``replace`` is false.
+        """
+        assert self.dir is not None
+        dest = self.store.run_dir(run_id)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        old = None
+        if dest.exists():
+            if not replace:
+                raise StoreError(f"run {run_id!r} already exists in {self.store.path} (use --replace or another --run-id)")
+            old = self.dir.parent / (uuid.uuid4().hex + ".old")
+            os.rename(dest, old)
+        os.rename(self.dir, dest)
+        self.dir = None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return dest
