@@ -178,18 +178,19 @@ class Store:
 
     # -- reading -----------------------------------------------------------------
 
-    def connect(self, *, analyses: bool = True, read_only_check: bool = True):
+    def connect(self, *, run_ids: list[str] | None = None, analyses: bool = True, read_only_check: bool = True):
         """A DuckDB connection with the store's tables as views, and the analyses loaded.
 
         Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
-        files; when the store holds no run they are empty with the right columns.
+        files of every run, or only of ``run_ids`` (faster for one run's report);
+        when there is no run they are empty with the right columns.
         Raises StoreError if a run was written by a newer major schema version.
         """
         import duckdb
 
         con = duckdb.connect(database=":memory:")
         con.execute("SET preserve_insertion_order = false")
-        ids = self.run_ids()
+        ids = self.run_ids() if run_ids is None else [check_run_id(r) for r in run_ids]
         for table, (pattern, schema) in TABLES.items():
             files = []
             for rid in ids:

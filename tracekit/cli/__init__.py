@@ -8,6 +8,7 @@ Heavy imports (torch, DuckDB) happen inside the commands that need them.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -51,7 +52,20 @@ def main(argv: list[str] | None = None) -> int:
             usage = f" (usage: {ctx.command_path} --help)" if ctx is not None else ""
             print(f"tracekit: {msg}{usage}", file=sys.stderr)
             return exc.exit_code
-        raise
+        if os.environ.get("TRACEKIT_DEBUG"):
+            raise
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None:
+            where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(
+            f"tracekit: internal error: {type(exc).__name__}: {first}{where} (set TRACEKIT_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -1,6 +1,17 @@
-"""Registration of the top-level commands on the typer app."""
+"""Registration of the top-level commands on the typer app.
+
+Each command parses arguments and calls a library function; heavy imports
+(DuckDB, pyarrow) happen inside the command bodies.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
 
 from tracekit.cli import app
 from tracekit.cli import collect as _collect
@@ -8,3 +19,130 @@ from tracekit.cli import predict as _predict
 
 app.add_typer(_collect.app, name="collect")
 app.add_typer(_predict.app, name="predict")
+
+StoreOpt = typer.Option(None, "--store", help="Store directory (default: $TRACEKIT_STORE or ./tracekit-store).")
+
+
+def _store(path: Optional[Path]):
+    from tracekit.store import Store
+
+    return Store(path)
+
+
+def _progress_printer():
+    """A status callback: a rich spinner line on a terminal, silent when piped."""
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return lambda msg: console.print(f"[dim]… {msg}[/dim]")
+
+
+@app.command()
+def ingest(
+    paths: List[Path] = typer.Argument(..., help="Kineto .json/.json.gz files, or directories of rank files."),
+    store: Optional[Path] = StoreOpt,
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run (default: from the files)."),
+    replace: bool = typer.Option(False, "--replace", help="Replace a run with the same id or the same files."),
+    workload: Optional[str] = typer.Option(None, "--workload", help="Workload label (tp, ep, pp, disagg_kv, sweep, external)."),
+    comm_pattern: List[str] = typer.Option([], "--comm-pattern", help="Extra regex naming communication kernels (repeatable)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Rank files read in parallel (default: cores, at most 4)."),
+    analyze: bool = typer.Option(False, "--analyze", help="Print the report after ingesting."),
+) -> None:
+    """Ingest traces (one run; one file per rank) into the Parquet store."""
+    from tracekit.ingest import ingest_paths
+
+    st = _store(store)
+    rid = ingest_paths(
+        [str(p) for p in paths], st, run_id=run_id, replace=replace, workload=workload,
+        comm_patterns=comm_pattern, jobs=jobs, progress=_progress_printer(),
+    )
+    typer.echo(f"run {rid} in {st.path}")
+    if analyze:
+        from tracekit.report import build_report, print_report
+
+        print_report(build_report(st, rid))
+
+
+@app.command()
+def analyze(
+    run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the newest run)."),
+    store: Optional[Path] = StoreOpt,
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """The report for a run: collectives, overlap per rank, stragglers."""
+    from tracekit.report import build_report, print_report, report_json
+
+    rep = build_report(_store(store), run)
+    if json_out:
+        typer.echo(report_json(rep))
+    else:
+        print_report(rep)
+
+
+@app.command()
+def runs(
+    store: Optional[Path] = StoreOpt,
+    json_out: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """List the runs in the store."""
+    import json
+
+    st = _store(store)
+    con = st.connect(analyses=False)
+    cur = con.execute(
+        "SELECT r.run_id, r.created_at, r.workload, r.source, r.backend, r.world_size, "
+        "count(k.rank) AS ranks, sum(k.events) AS events "
+        "FROM runs r LEFT JOIN ranks k USING (run_id) GROUP BY ALL ORDER BY r.created_at"
+    )
+    cols = [d[0] for d in cur.description]
+    rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"runs in {st.path}")
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*["" if r[c] is None else str(r[c]) for c in cols])
+    Console().print(t)
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="SQL over the views: runs, ranks, events, collectives, collective_instances, ..."),
+    store: Optional[Path] = StoreOpt,
+    json_out: bool = typer.Option(False, "--json", help="Print rows as JSON."),
+) -> None:
+    """Run SQL against the store's tables and analysis views."""
+    import json
+
+    import duckdb
+
+    from tracekit.errors import BadInputError
+
+    con = _store(store).connect()
+    try:
+        cur = con.execute(query)
+    except duckdb.Error as exc:
+        raise BadInputError(f"SQL error: {str(exc).splitlines()[0]}") from None
+    if cur.description is None:
+        return
+    cols = [d[0] for d in cur.description]
+    rows = cur.fetchall()
+    if json_out:
+        typer.echo(json.dumps([dict(zip(cols, r)) for r in rows], indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table()
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*["NULL" if v is None else str(v) for v in r])
+    Console(width=max(120, os.get_terminal_size().columns if sys.stdout.isatty() else 200)).print(t)

@@ -138,7 +138,7 @@ def ingest_paths(
         else:
             results = [_read_one(t) for t in tasks]
         ranks = _assign_ranks(results)
-        rid = run_id or _default_run_id(results, ranks)
+        rid = run_id or _default_run_id(paths, results)
         if st.has_run(rid) and not replace:
             raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
         from tracekit.ingest.link import finish_run
@@ -182,8 +182,10 @@ def _assign_ranks(results) -> list[int]:
     return [int(x) for x in ranks]
 
 
-def _default_run_id(results, ranks) -> str:
-    stem = Path(results[0].path).name
+def _default_run_id(paths, results) -> str:
+    """``<directory or file stem>-<sha256 prefix of the first file>``."""
+    first = Path(paths[0])
+    stem = first.name if (len(paths) == 1 and first.is_dir()) else Path(results[0].path).name
     for suf in (".json.gz", ".json", ".gz"):
         if stem.endswith(suf):
             stem = stem[: -len(suf)]

@@ -1,0 +1,229 @@
+"""The report for one run: plain data first (:func:`build_report`), then rendering.
+
+``build_report`` returns a JSON-ready dict (times in ns unless a key says
+otherwise, bandwidths in GB/s with GB = 1e9); ``print_report`` renders it with
+rich tables; ``tracekit analyze --json`` prints the dict itself. No torch import
+on this path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from tracekit.store import Store
+
+TOP_STRAGGLERS = 10
+
+
+def _rows(con, sql: str, params: list | None = None) -> list[dict]:
+    cur = con.execute(sql, params or [])
+    cols = [d[0] for d in cur.description]
+    out = []
+    for rec in cur.fetchall():
+        row = {}
+        for c, v in zip(cols, rec):
+            if isinstance(v, float) and not math.isfinite(v):
+                v = None
+            row[c] = v
+        out.append(row)
+    return out
+
+
+def build_report(store: Store | str | None = None, run_id: str | None = None) -> dict[str, Any]:
+    """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
+
+    Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings),
+    ``collectives`` (per op: count, bytes, median sync time, busbw, total wait),
+    ``unattributed`` (comm spans with no collective), ``instances`` (matching
+    health), ``overlap_by_rank``, ``overlap_by_step``, ``stragglers`` (worst
+    instances by skew) and ``straggler_ranks``, ``warnings``.
+    Raises StoreError when the store is empty or the run is unknown.
+    """
+    from tracekit.errors import StoreError
+
+    st = store if isinstance(store, Store) else Store(store)
+    if run_id is None:
+        run_id = st.latest_run_id()
+    elif not st.has_run(run_id):
+        known = ", ".join(st.run_ids()[:8]) or "none"
+        raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
+    con = st.connect(run_ids=[run_id])
+    p = [run_id]
+    run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
+    try:
+        run["config"] = json.loads(run.get("config") or "{}")
+    except ValueError:
+        pass
+    run["created_at"] = str(run.get("created_at"))
+    ranks = _rows(
+        con,
+        "SELECT rank, host, source_path, events, events_quarantined, clock_offset_ns, clock_offset_err_ns, warnings "
+        "FROM ranks WHERE run_id = ? ORDER BY rank",
+        p,
+    )
+    by_op = _rows(
+        con,
+        """
+        WITH w AS (SELECT pg_name, seq, sum(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL)
+        SELECT b.op, count(*) AS count, sum(b.size_bytes) AS total_bytes,
+               median(b.size_bytes) AS median_size_bytes, median(b.sync_time_ns) AS median_sync_time_ns,
+               median(b.busbw_gbps) AS median_busbw_gbps, median(b.algbw_gbps) AS median_algbw_gbps,
+               sum(w.wait_ns) AS total_wait_ns,
+               count(*) FILTER (WHERE NOT i.complete) AS incomplete,
+               count(*) FILTER (WHERE i.disagree) AS disagreeing
+        FROM collective_bandwidth b
+        JOIN collective_instances i USING (run_id, pg_name, seq)
+        LEFT JOIN w USING (pg_name, seq)
+        WHERE b.run_id = ?
+        GROUP BY b.op ORDER BY count(*) DESC, b.op
+        """,
+        [run_id, run_id],
+    )
+    per_rank_calls = _rows(
+        con,
+        """
+        SELECT rank, op, count(*) AS calls, sum(size_bytes) AS bytes, sum(wire_bytes) AS wire_bytes
+        FROM collectives WHERE run_id = ? GROUP BY ALL ORDER BY rank, op
+        """,
+        p,
+    )
+    unattributed = _rows(
+        con,
+        "SELECT rank, count(*) AS spans, sum(dur_ns) AS dur_ns FROM collectives WHERE run_id = ? AND op IS NULL GROUP BY rank ORDER BY rank",
+        p,
+    )
+    inst = _rows(
+        con,
+        """
+        SELECT count(*) AS instances, count(*) FILTER (WHERE complete) AS complete,
+               count(*) FILTER (WHERE NOT complete) AS incomplete, count(*) FILTER (WHERE disagree) AS disagreeing
+        FROM collective_instances WHERE run_id = ?
+        """,
+        p,
+    )[0]
+    overlap_rank = _rows(con, "SELECT * EXCLUDE (run_id) FROM overlap_by_rank WHERE run_id = ? ORDER BY rank", p)
+    overlap_step = _rows(con, "SELECT * EXCLUDE (run_id) FROM overlap_by_step WHERE run_id = ? ORDER BY step, rank", p)
+    stragglers = _rows(
+        con,
+        f"""
+        SELECT pg_name, seq, op, size_bytes, group_size, straggler, skew_ns, sync_time_ns
+        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1
+        ORDER BY skew_ns DESC, pg_name, seq LIMIT {TOP_STRAGGLERS}
+        """,
+        p,
+    )
+    straggler_ranks = _rows(
+        con,
+        """
+        SELECT straggler AS rank, count(*) AS times_last, sum(skew_ns) AS wait_caused_ns
+        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1
+        GROUP BY straggler ORDER BY wait_caused_ns DESC
+        """,
+        p,
+    )
+    warnings = []
+    for r in ranks:
+        for w in r.get("warnings") or []:
+            warnings.append(f"rank {r['rank']}: {w}")
+    for o in overlap_rank:
+        if o["overlap_ratio"] is None:
+            warnings.append(f"rank {o['rank']}: no communication, overlap_ratio is null")
+    if inst["incomplete"]:
+        warnings.append(
+            f"{inst['incomplete']} collective instance(s) incomplete: recorded by fewer ranks than their group size"
+            + (" (only some ranks' traces were ingested)" if len(ranks) < (run.get("world_size") or 0) else "")
+        )
+    if inst["disagreeing"]:
+        warnings.append(f"{inst['disagreeing']} collective instance(s) where ranks disagree on op or size")
+    con.close()
+    return dict(
+        run=run,
+        ranks=ranks,
+        collectives=by_op,
+        calls_by_rank=per_rank_calls,
+        unattributed=unattributed,
+        instances=inst,
+        overlap_by_rank=overlap_rank,
+        overlap_by_step=overlap_step,
+        stragglers=stragglers,
+        straggler_ranks=straggler_ranks,
+        warnings=warnings,
+    )
+
+
+def report_json(report: dict) -> str:
+    """The report as JSON text (NaN/inf never appear: they are null in the dict)."""
+    return json.dumps(report, indent=2, default=str, allow_nan=False)
+
+
+# -- rendering --------------------------------------------------------------------
+
+
+def _us(ns) -> str:
+    return "—" if ns is None else f"{ns / 1e3:,.1f}"
+
+
+def _ms(ns) -> str:
+    return "—" if ns is None else f"{ns / 1e6:,.3f}"
+
+
+def _bytes(b) -> str:
+    if b is None:
+        return "—"
+    b = float(b)
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(b) >= f:
+            return f"{b / f:,.2f} {unit}"
+    return f"{b:,.0f} B"
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x, fmt="{:,.2f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def print_report(report: dict, console=None) -> None:
+    """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = console or Console()
+    run = report["run"]
+    con.print(
+        f"[bold]run[/bold] {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
+        f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
+    )
+    t = Table(title="Collectives (per op, matched instances; sync time = after the last rank arrived)")
+    for col in ("op", "count", "total bytes", "median size", "median sync µs", "median busbw GB/s", "total wait ms", "incomplete"):
+        t.add_column(col, justify="right" if col != "op" else "left")
+    for r in report["collectives"]:
+        t.add_row(
+            r["op"], str(r["count"]), _bytes(r["total_bytes"]), _bytes(r["median_size_bytes"]),
+            _us(r["median_sync_time_ns"]), _num(r["median_busbw_gbps"]), _ms(r["total_wait_ns"]), str(r["incomplete"]),
+        )
+    if report["unattributed"]:
+        n = sum(u["spans"] for u in report["unattributed"])
+        t.caption = f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here"
+    con.print(t)
+    t = Table(title="Overlap per rank (whole trace)")
+    for col in ("rank", "comm ms", "compute ms", "overlap ms", "exposed comm ms", "overlap ratio"):
+        t.add_column(col, justify="right")
+    for r in report["overlap_by_rank"]:
+        t.add_row(str(r["rank"]), _ms(r["comm_ns"]), _ms(r["compute_ns"]), _ms(r["overlap_ns"]),
+                  _ms(r["exposed_comm_ns"]), _pct(r["overlap_ratio"]))
+    con.print(t)
+    if report["stragglers"]:
+        t = Table(title=f"Worst stragglers (top {TOP_STRAGGLERS} instances by skew)")
+        for col in ("op", "pg", "seq", "size", "straggler rank", "skew µs", "sync µs"):
+            t.add_column(col, justify="right" if col not in ("op", "pg") else "left")
+        for r in report["stragglers"]:
+            t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), _bytes(r["size_bytes"]), str(r["straggler"]),
+                      _us(r["skew_ns"]), _us(r["sync_time_ns"]))
+        con.print(t)
+    for w in report["warnings"]:
+        con.print(f"[yellow]warning:[/yellow] {w}")
