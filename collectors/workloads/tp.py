@@ -1,0 +1,468 @@
+"""The tensor-parallel (TP) workload: a Megatron-style transformer on N ranks.
+
+Each layer, on every rank (N = world size, the rank holds heads/N heads and
+ffn/N MLP columns):
+
+    h = RMSNorm(x)
+    q, k, v = h @ Wqkv_r.T                 column-parallel QKV (the rank's heads)
+    a = causal_attention(q, k, v)          over the rank's heads only
+    x = x + all_reduce(a @ Wo_r.T)         row-parallel output projection   (all-reduce 1)
+    h = RMSNorm(x)
+    g, u = h @ Wgu_r.T                     column-parallel gate/up
+    x = x + all_reduce((silu(g) * u) @ Wd_r.T)   row-parallel down          (all-reduce 2)
+
+and a final RMSNorm. The forward runs under ``torch.no_grad()`` (inference
+style), so a step issues exactly ``2 × layers`` all-reduces of
+``batch × seq × hidden`` elements each, and nothing else communicates inside
+the profiled steps.
+
+Every rank builds the full model from the seed (identical weights on every
+rank, no broadcast needed) and slices its shard. After the run every rank
+recomputes the forward single-process with the full weights and compares; a
+mismatch beyond the dtype's tolerance fails the job (a wrong TP makes every
+measurement meaningless).
+
+Public API: :class:`TPConfig`, :func:`run_tp`; the model functions
+(:func:`init_weights`, :func:`shard_weights`, :func:`forward`, ...) are
+importable for tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from collectors import launch as _launch
+from tracekit.errors import BadInputError, TracekitError
+
+DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+#: The TP-vs-single-process check, per dtype. float32: elementwise
+#: |tp − ref| ≤ atol + rtol·|ref| (observed errors ~1e-6). Half precisions: the
+#: relative RMS error ‖tp − ref‖₂ / ‖ref‖₂ ≤ rel_rms; elementwise bounds do not
+#: work there because the all-reduce rounds each partial sum to bf16/fp16 and the
+#: error grows with depth (bf16: ~0.6% at 2 layers, ~2% at 24; a structural TP
+#: bug — wrong shard, missing all-reduce — gives tens of percent).
+TOLERANCE: dict[str, dict[str, float]] = {
+    "float32": {"atol": 1e-4, "rtol": 1e-4},
+    "bfloat16": {"rel_rms": 4e-2},
+    "float16": {"rel_rms": 1e-2},
+}
+
+
+class TPMismatchError(TracekitError):
+    """The TP output differs from the single-process forward beyond tolerance (exit 1)."""
+
+
+@dataclass
+class TPConfig:
+    """Options of the TP workload. ``steps=None`` means wait + warmup + active;
+    ``ffn=None`` means 8/3 × hidden rounded up to a multiple of 64 (Llama-like)."""
+
+    ranks: int = 2
+    layers: int = 4
+    hidden: int = 512
+    heads: int = 8
+    ffn: int | None = None
+    seq: int = 128
+    batch: int = 4
+    steps: int | None = None
+    dtype: str = "float32"
+    backend: str = "auto"
+    seed: int = 0
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    out: str | None = None
+    eps: float = 1e-6
+    timeout_s: float = 300.0
+    #: testing only: "corrupt_shard" perturbs the last rank's weights (the TP check
+    #: must then fail); "raise" makes the last rank raise before profiling
+    fault: str | None = None
+
+    def resolved(self) -> "TPConfig":
+        """A validated copy with `steps`, `ffn` and `dtype` filled in / canonical.
+        Raises BadInputError (one line) for an impossible configuration.
+        Does not look at the backend (see :func:`collectors.launch.resolve_backend`)."""
+        c = dataclasses.replace(self)
+        _launch.validate_ranks(c.ranks)
+        for name in ("layers", "hidden", "heads", "seq", "batch"):
+            v = getattr(c, name)
+            if not isinstance(v, int) or v < 1:
+                raise BadInputError(f"{name} must be a positive integer, got {v}")
+        if c.heads % c.ranks:
+            raise BadInputError(f"heads ({c.heads}) must be divisible by ranks ({c.ranks}): each rank holds heads/ranks heads")
+        if c.hidden % c.heads:
+            raise BadInputError(f"hidden ({c.hidden}) must be divisible by heads ({c.heads})")
+        c.dtype = _DTYPE_ALIASES.get(c.dtype, c.dtype)
+        if c.dtype not in DTYPES:
+            raise BadInputError(f"unsupported dtype {self.dtype!r} (choose one of {', '.join(DTYPES)})")
+        if c.ffn is None:
+            c.ffn = -(-8 * c.hidden // 3 // 64) * 64
+        if not isinstance(c.ffn, int) or c.ffn < 1:
+            raise BadInputError(f"ffn must be a positive integer, got {c.ffn}")
+        if c.ffn % c.ranks:
+            raise BadInputError(f"ffn ({c.ffn}) must be divisible by ranks ({c.ranks})")
+        c.steps = _launch.validate_schedule(c.wait, c.warmup, c.active, c.steps)
+        if c.backend not in _launch.BACKENDS:
+            raise BadInputError(f"unknown backend {c.backend!r} (choose one of {', '.join(_launch.BACKENDS)})")
+        if c.fault not in (None, "corrupt_shard", "raise"):
+            raise BadInputError(f"unknown fault {c.fault!r}")
+        if c.timeout_s <= 0:
+            raise BadInputError(f"timeout_s must be positive, got {c.timeout_s}")
+        return c
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPES[_DTYPE_ALIASES.get(self.dtype, self.dtype)]
+
+    @property
+    def all_reduce_bytes(self) -> int:
+        """Bytes of each all-reduce (nccl-tests S): batch × seq × hidden × dtype bytes."""
+        return self.batch * self.seq * self.hidden * self.dtype_bytes
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        _DTYPE_ALIASES.get(name, name)
+    ]
+
+
+def init_weights(cfg: TPConfig, device="cpu") -> dict[str, Any]:
+    """The full (unsharded) model, built deterministically from ``cfg.seed``.
+
+    Returns {"layers": [per-layer dict], "final_norm": (H,)}, each layer with
+    attn_norm (H,), wq/wk/wv/wo (H, H), mlp_norm (H,), w_gate/w_up (F, H),
+    w_down (H, F); linear weights ~ N(0, 1/fan_in), norms 1 + N(0, 0.1²).
+    Drawn in float32 on the CPU (identical on every rank and machine), then cast.
+    """
+    import torch
+
+    cfg = cfg if cfg.ffn is not None else cfg.resolved()
+    H, F = cfg.hidden, cfg.ffn
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed)
+    dt = torch_dtype(cfg.dtype)
+
+    def lin(out_f: int, in_f: int):
+        return (torch.randn(out_f, in_f, generator=g) / in_f**0.5).to(device=device, dtype=dt)
+
+    def norm():
+        return (1.0 + 0.1 * torch.randn(H, generator=g)).to(device=device, dtype=dt)
+
+    layers = []
+    for _ in range(cfg.layers):
+        layers.append(
+            {
+                "attn_norm": norm(),
+                "wq": lin(H, H),
+                "wk": lin(H, H),
+                "wv": lin(H, H),
+                "wo": lin(H, H),
+                "mlp_norm": norm(),
+                "w_gate": lin(F, H),
+                "w_up": lin(F, H),
+                "w_down": lin(H, F),
+            }
+        )
+    return {"layers": layers, "final_norm": norm()}
+
+
+def make_input(cfg: TPConfig, device="cpu"):
+    """The input activations (batch, seq, hidden), from ``cfg.seed`` (same on every rank)."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed + 1_000_003)
+    x = torch.randn(cfg.batch, cfg.seq, cfg.hidden, generator=g)
+    return x.to(device=device, dtype=torch_dtype(cfg.dtype))
+
+
+def shard_weights(full: dict[str, Any], rank: int, world_size: int, heads: int) -> dict[str, Any]:
+    """Rank `rank`'s shard of `full` for a TP group of `world_size`.
+
+    Column-parallel (output rows split): wqkv = [wq; wk; wv] rows of the rank's
+    heads → (3H/N, H); w_gate_up = [w_gate; w_up] rows of the rank's ffn slice
+    → (2F/N, H). Row-parallel (input columns split): wo → (H, H/N),
+    w_down → (H, F/N). Norms are replicated. ``world_size=1`` gives the full model.
+    """
+    import torch
+
+    out_layers = []
+    for layer in full["layers"]:
+        H = layer["wq"].shape[0]
+        F = layer["w_gate"].shape[0]
+        hs, fs = H // world_size, F // world_size
+        rows = slice(rank * hs, (rank + 1) * hs)
+        frows = slice(rank * fs, (rank + 1) * fs)
+        out_layers.append(
+            {
+                "attn_norm": layer["attn_norm"],
+                "wqkv": torch.cat([layer["wq"][rows], layer["wk"][rows], layer["wv"][rows]]).contiguous(),
+                "wo": layer["wo"][:, rows].contiguous(),
+                "mlp_norm": layer["mlp_norm"],
+                "w_gate_up": torch.cat([layer["w_gate"][frows], layer["w_up"][frows]]).contiguous(),
+                "w_down": layer["w_down"][:, frows].contiguous(),
+                "local_heads": heads // world_size,
+            }
+        )
+    return {"layers": out_layers, "final_norm": full["final_norm"]}
+
+
+def rms_norm(x, weight, eps: float = 1e-6):
+    """RMSNorm, computed in float32 and cast back to x's dtype."""
+    import torch
+
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+def attention_partial(h, layer: dict[str, Any]):
+    """Column-parallel QKV → causal attention over the shard's heads → row-parallel
+    output projection. Returns this rank's partial sum (B, S, H), before all-reduce."""
+    import torch.nn.functional as Fn
+
+    B, S, _ = h.shape
+    nh = layer["local_heads"]
+    qkv = h @ layer["wqkv"].T  # (B, S, 3·nh·d)
+    q, k, v = qkv.chunk(3, dim=-1)
+    d = q.shape[-1] // nh
+    q, k, v = (t.reshape(B, S, nh, d).transpose(1, 2) for t in (q, k, v))  # (B, nh, S, d)
+    a = Fn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    a = a.transpose(1, 2).reshape(B, S, nh * d)
+    return a @ layer["wo"].T
+
+
+def mlp_partial(h, layer: dict[str, Any]):
+    """Column-parallel gate/up → SwiGLU → row-parallel down. Returns this rank's
+    partial sum (B, S, H), before all-reduce."""
+    import torch.nn.functional as Fn
+
+    g, u = (h @ layer["w_gate_up"].T).chunk(2, dim=-1)
+    return (Fn.silu(g) * u) @ layer["w_down"].T
+
+
+def forward(x, shard: dict[str, Any], all_reduce: Callable[[Any], Any] | None = None, eps: float = 1e-6):
+    """The transformer forward on one rank's `shard`; `all_reduce(t)` sums `t` in
+    place over the TP group (None: single process). Each layer's attention and
+    MLP run inside ``record_function`` ranges ``layer{i}.attention`` / ``layer{i}.mlp``."""
+    from torch.profiler import record_function
+
+    for i, layer in enumerate(shard["layers"]):
+        with record_function(f"layer{i}.attention"):
+            part = attention_partial(rms_norm(x, layer["attn_norm"], eps), layer)
+            if all_reduce is not None:
+                all_reduce(part)
+            x = x + part
+        with record_function(f"layer{i}.mlp"):
+            part = mlp_partial(rms_norm(x, layer["mlp_norm"], eps), layer)
+            if all_reduce is not None:
+                all_reduce(part)
+            x = x + part
+    return rms_norm(x, shard["final_norm"], eps)
+
+
+def compare(out, ref, dtype: str) -> dict[str, Any]:
+    """Check `out` against `ref` with :data:`TOLERANCE` for `dtype`. Returns
+    {"passed", "max_abs_err", "rel_rms_err", "criterion"}; non-finite output fails."""
+    import torch
+
+    dtype = _DTYPE_ALIASES.get(dtype, dtype)
+    tol = TOLERANCE[dtype]
+    o, r = out.float().cpu(), ref.float().cpu()
+    diff = o - r
+    max_abs = diff.abs().max().item() if o.numel() else 0.0
+    ref_norm = r.norm().item()
+    rel_rms = diff.norm().item() / ref_norm if ref_norm > 0 else diff.norm().item()
+    finite = bool(torch.isfinite(o).all())
+    if "rel_rms" in tol:
+        passed = finite and rel_rms <= tol["rel_rms"]
+        criterion = f"relative RMS error <= {tol['rel_rms']:g}"
+    else:
+        passed = finite and torch.allclose(o, r, atol=tol["atol"], rtol=tol["rtol"])
+        criterion = f"|tp - ref| <= {tol['atol']:g} + {tol['rtol']:g}*|ref| elementwise"
+    return {"passed": bool(passed), "max_abs_err": max_abs, "rel_rms_err": rel_rms, "criterion": criterion}
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
+    """What each rank process runs (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    device = ctx.device
+    full = init_weights(cfg, device=device)
+    shard = shard_weights(full, ctx.rank, ctx.world_size, cfg.heads)
+    x = make_input(cfg, device=device)
+    last = ctx.rank == ctx.world_size - 1
+    if cfg.fault == "raise" and last:
+        raise RuntimeError("injected fault (TPConfig.fault='raise')")
+    if cfg.fault == "corrupt_shard" and last:
+        shard["layers"][0]["w_down"].mul_(1.5)
+
+    def all_reduce(t) -> None:
+        dist.all_reduce(t)
+
+    # Everything that communicates for set-up happens here, before profiling starts.
+    dist.barrier()
+    schedule = _launch.ProfileSchedule(cfg.wait, cfg.warmup, cfg.active)
+    out_file = ctx.trace_path()
+    prof = _launch.make_profiler(schedule, out_file, use_cuda=ctx.is_cuda)
+    step_s: list[float] = []
+    out = None
+    with torch.no_grad(), prof:
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            out = forward(x, shard, all_reduce, cfg.eps)
+            if ctx.is_cuda:
+                torch.cuda.synchronize(device)
+            step_s.append(time.perf_counter() - t0)
+            prof.step()
+            if ctx.rank == 0:
+                ctx.progress(f"step {step + 1}/{cfg.steps}")
+    if not out_file.exists():
+        raise TracekitError(f"{out_file}: the profiler exported no trace")
+
+    if ctx.rank == 0:
+        ctx.progress("checking TP output against the single-process forward")
+    with torch.no_grad():
+        ref = forward(x, shard_weights(full, 0, 1, cfg.heads), None, cfg.eps)
+    check = compare(out, ref, cfg.dtype)
+    if not check["passed"]:
+        raise TPMismatchError(
+            f"TP output differs from the single-process forward: max abs error {check['max_abs_err']:.3g}, "
+            f"relative RMS error {check['rel_rms_err']:.3g} (needs {check['criterion']} for {cfg.dtype})"
+        )
+    return {
+        "rank": ctx.rank,
+        "max_abs_err": check["max_abs_err"],
+        "rel_rms_err": check["rel_rms_err"],
+        "criterion": check["criterion"],
+        "step_s": step_s,
+        "threads": torch.get_num_threads(),
+        "trace": out_file.name,
+        "trace_bytes": out_file.stat().st_size,
+    }
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def run_tp(config: TPConfig, on_progress: Callable[[str], None] | None = None) -> Path:
+    """Run the TP workload on ``config.ranks`` processes with the profiler on.
+
+    Returns the run folder (``<out>/tp-YYYYmmdd-HHMMSS-xxxx``, default out
+    ./tracekit-runs) holding ``rank{r}.pt.trace.json.gz`` per rank and
+    ``run_config.json``. Raises BadInputError for an impossible configuration,
+    RankFailedError when a rank fails (including a TP mismatch: "rank 0 failed:
+    TP output differs ... max abs error ...").
+    """
+    cfg = config.resolved()
+    backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
+    info = _launch.host_info()
+    run_dir = _launch.new_run_dir(cfg.out, "tp")
+    created = _dt.datetime.now(_dt.timezone.utc).astimezone()
+    t0 = time.perf_counter()
+    results = _launch.launch(
+        _tp_rank, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress
+    )
+    wall = time.perf_counter() - t0
+    write_run_config(run_dir, cfg, backend, info, results, wall, created)
+    return run_dir
+
+
+def build_run_config(
+    run_id: str,
+    cfg: TPConfig,
+    backend: str,
+    info: dict[str, Any],
+    results: list[dict[str, Any]],
+    wall_s: float,
+    created: _dt.datetime,
+) -> dict[str, Any]:
+    """The run_config.json document (see the README of fixtures/tp_2rank)."""
+    import statistics
+
+    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("out", "timeout_s", "fault")}
+    first_active = cfg.wait + cfg.warmup
+    active_steps = list(range(first_active, first_active + cfg.active))
+    per_rank_steps = [r["step_s"] for r in results]
+    after_first = [s for r in per_rank_steps for s in r[1:]]
+    active = [s for r in per_rank_steps for i, s in enumerate(r) if i in active_steps]
+    return {
+        "workload": "tp",
+        "run_id": run_id,
+        "created_at": created.isoformat(timespec="seconds"),
+        **options,
+        "head_dim": cfg.head_dim,
+        "world_size": cfg.ranks,
+        "backend": backend,
+        "dtype_bytes": cfg.dtype_bytes,
+        "torch_version": info["torch_version"],
+        "nccl_version": info.get("nccl_version"),
+        "python_version": info["python_version"],
+        "platform": info["platform"],
+        "device_name": info["device_name"],
+        "hostname": info["hostname"],
+        "cpu_count": info["cpu_count"],
+        "threads_per_rank": results[0]["threads"] if results else None,
+        "profiler": {
+            "wait": cfg.wait,
+            "warmup": cfg.warmup,
+            "active": cfg.active,
+            "repeat": 1,
+            "record_shapes": True,
+            "activities": ["CPU", "CUDA"] if backend == "nccl" else ["CPU"],
+            # ProfilerStep#N numbering: step indices (0-based) inside the active window
+            "active_steps": active_steps,
+        },
+        "expected": {
+            "all_reduce_per_step": 2 * cfg.layers,
+            "all_reduce_per_rank_active": 2 * cfg.layers * cfg.active,
+            "all_reduce_bytes": cfg.all_reduce_bytes,
+            "all_reduce_elems": cfg.batch * cfg.seq * cfg.hidden,
+        },
+        "tp_check": {
+            "passed": True,
+            "max_abs_err": max(r["max_abs_err"] for r in results),
+            "rel_rms_err": max(r["rel_rms_err"] for r in results),
+            "per_rank_max_abs_err": [r["max_abs_err"] for r in results],
+            "criterion": results[0]["criterion"],
+            **TOLERANCE[cfg.dtype],
+            "reference": "single-process forward with the full weights, on every rank",
+        },
+        "timing": {
+            "job_wall_s": round(wall_s, 3),
+            "clock": "time.perf_counter around each forward step, per rank; warmup/active steps include profiler overhead",
+            # median over all ranks and steps except the first (cold) step
+            "step_wall_s": [[round(s, 6) for s in r] for r in per_rank_steps],
+            "median_step_s": round(statistics.median(after_first), 6) if after_first else None,
+            "median_active_step_s": round(statistics.median(active), 6) if active else None,
+        },
+        "traces": [r["trace"] for r in results],
+    }
+
+
+def write_run_config(run_dir: Path, cfg, backend, info, results, wall_s, created) -> Path:
+    doc = build_run_config(run_dir.name, cfg, backend, info, results, wall_s, created)
+    path = run_dir / "run_config.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
