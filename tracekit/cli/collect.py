@@ -1,5 +1,102 @@
-"""`tracekit collect WORKLOAD`: run a built-in real workload with the profiler on, then ingest it (placeholder)."""
+"""`tracekit collect WORKLOAD`: run a built-in real workload on N ranks with the
+profiler on, then ingest its traces and print the report.
+
+Thin: the work is in ``collectors`` (``collectors.workloads.tp.run_tp``),
+``tracekit.ingest.ingest_paths`` and ``tracekit.report``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
-app = typer.Typer(help="Run a built-in real workload (tp, ...) on N ranks with the profiler on, then ingest it.", no_args_is_help=True)
+app = typer.Typer(
+    help="Run a built-in real workload (tp, ...) on N ranks with the profiler on, then ingest it.",
+    no_args_is_help=True,
+)
+
+
+def default_store() -> str:
+    return os.environ.get("TRACEKIT_STORE") or "tracekit-store"
+
+
+@app.command("tp")
+def tp(
+    ranks: int = typer.Option(2, "--ranks", help="Tensor-parallel ranks (processes), 1-8."),
+    layers: int = typer.Option(4, "--layers", help="Transformer layers."),
+    hidden: int = typer.Option(512, "--hidden", help="Hidden size."),
+    heads: int = typer.Option(8, "--heads", help="Attention heads (divisible by --ranks)."),
+    ffn: Optional[int] = typer.Option(None, "--ffn", help="MLP inner size (default: 8/3 x hidden, rounded up to 64)."),
+    seq: int = typer.Option(128, "--seq", help="Sequence length."),
+    batch: int = typer.Option(4, "--batch", help="Batch size."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Forward steps (default: wait + warmup + active)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    backend: str = typer.Option("auto", "--backend", help="auto (nccl with CUDA, else gloo), gloo or nccl."),
+    wait: int = typer.Option(1, "--wait", help="Profiler schedule: steps skipped."),
+    warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
+    active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
+    out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder."),
+    store: Optional[str] = typer.Option(
+        None, "--store", help="Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
+    ),
+    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the traces and print the report."),
+) -> None:
+    """Megatron-style tensor-parallel transformer (two all-reduces per layer), profiled on every rank."""
+    from collectors.workloads.tp import TPConfig, run_tp
+
+    config = TPConfig(
+        ranks=ranks,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        ffn=ffn,
+        seq=seq,
+        batch=batch,
+        steps=steps,
+        dtype=dtype,
+        backend=backend,
+        seed=seed,
+        wait=wait,
+        warmup=warmup,
+        active=active,
+        out=str(out),
+    )
+    cfg = config.resolved()  # bad options fail here, before anything starts
+    store = store or default_store()
+    title = (
+        f"tp: {cfg.ranks} ranks, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
+        f"seq {cfg.seq}, batch {cfg.batch}, {cfg.dtype}"
+    )
+    run_dir = _run_with_status(lambda progress: run_tp(cfg, on_progress=progress), title)
+    config_dict = json.loads((run_dir / "run_config.json").read_text())
+    check = config_dict["tp_check"]
+    print(
+        f"{title}: {run_dir} (TP check passed, max abs error {check['max_abs_err']:.3g}; "
+        f"job {config_dict['timing']['job_wall_s']:.1f} s)",
+        file=sys.stderr,
+    )
+    if not ingest:
+        return
+
+    from tracekit.ingest import ingest_paths
+    from tracekit.report import build_report, print_report
+
+    run_id = ingest_paths([str(run_dir)], store=store, workload="tp", config=config_dict, run_id=run_dir.name)
+    print_report(build_report(store, run_id))
+
+
+def _run_with_status(job, title: str):
+    """Run ``job(progress)``; on a terminal, show a rich status line fed by `progress`."""
+    if not sys.stdout.isatty():
+        return job(None)
+    from rich.console import Console
+
+    console = Console()
+    with console.status(f"{title}: starting ranks") as status:
+        return job(lambda text: status.update(f"{title}: {text}"))
