@@ -33,6 +33,9 @@ class FileError(BadInputError):
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
 
+    def __reduce__(self):  # survive pickling across worker processes
+        return (type(self), (self.path, self.problem))
+
 
 class StoreError(BadInputError):
     """The store is missing, unreadable, or written by a newer tracekit."""

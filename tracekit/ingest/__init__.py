@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 from tracekit.errors import BadInputError, FileError
 
 KINETO_SUFFIXES = (".json", ".json.gz")
+PARALLEL_MIN_BYTES = 32 << 20  # below this, worker start-up costs more than it saves
 _RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.I)
 
 
@@ -132,8 +133,12 @@ def ingest_paths(
         if progress:
             progress(f"reading {len(files)} file(s)")
         njobs = jobs if jobs is not None else min(len(files), os.cpu_count() or 1, 4)
-        if njobs > 1 and len(files) > 1:
-            with ProcessPoolExecutor(max_workers=njobs) as ex:
+        big = sum(f.stat().st_size for f in files) > PARALLEL_MIN_BYTES
+        if njobs > 1 and len(files) > 1 and (big or jobs is not None):
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("forkserver")
+            with ProcessPoolExecutor(max_workers=njobs, mp_context=ctx) as ex:
                 results = list(ex.map(_read_one, tasks))
         else:
             results = [_read_one(t) for t in tasks]

@@ -196,10 +196,15 @@ class TraceStream:
         if self.path.is_dir():
             raise FileError(self.path, "is a directory, expected a trace file")
         rd = _Reader(self.path)
+        n_events = 0
         try:
-            yield from self._run(rd)
+            for ch in self._run(rd):
+                n_events += len(ch.events)
+                yield ch
         finally:
             rd.close()
+        if n_events == 0 and any("non-object" in n for n in self.notes):
+            raise FileError(self.path, "not a trace: traceEvents holds no event objects")
 
     # -- phases ------------------------------------------------------------------
 

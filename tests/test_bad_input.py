@@ -1,0 +1,118 @@
+"""Bad input exits 2 with one line naming the file and the problem, and leaves the store unchanged."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from tests.conftest import FIXTURES, store_snapshot
+from tracekit.cli import main
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store that already holds one good run, so 'unchanged' means something."""
+    s = tmp_path / "store"
+    assert main(["ingest", str(FIXTURES / "handmade" / "two_rank"), "--store", str(s), "--run-id", "good"]) == 0
+    return s
+
+
+def _good_trace_bytes() -> bytes:
+    return (FIXTURES / "handmade" / "two_rank" / "rank0.json").read_bytes()
+
+
+def _cases(tmp_path):
+    good = _good_trace_bytes()
+    gz = gzip.compress(good * 1)
+    cases = {}
+    p = tmp_path / "truncated.json.gz"
+    p.write_bytes(gz[: len(gz) // 2])
+    cases["truncated gzip"] = (p, "truncated gzip")
+    p = tmp_path / "notatrace.json"
+    p.write_text(json.dumps({"hello": [1, 2, 3]}))
+    cases["json not a trace"] = (p, "no traceEvents")
+    p = tmp_path / "list.json"
+    p.write_text(json.dumps([1, 2, 3]))
+    cases["array of numbers"] = (p, "not")
+    p = tmp_path / "empty"
+    p.mkdir()
+    cases["empty directory"] = (p, "no trace files")
+    cases["missing path"] = (tmp_path / "nope.json", "no such file")
+    p = tmp_path / "empty.json"
+    p.write_bytes(b"")
+    cases["empty file"] = (p, "empty file")
+    p = tmp_path / "garbage.json"
+    p.write_bytes(bytes(range(256)) * 4)
+    cases["binary garbage"] = (p, "not a JSON trace")
+    p = tmp_path / "cut.json"
+    p.write_bytes(good[: len(good) * 2 // 3])
+    cases["truncated json"] = (p, "truncated JSON")
+    return cases
+
+
+CASE_NAMES = [
+    "truncated gzip", "json not a trace", "array of numbers", "empty directory", "missing path",
+    "empty file", "binary garbage", "truncated json",
+]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_bad_input_exit_2_one_line_store_unchanged(tmp_path, store, capsys, case):
+    path, fragment = _cases(tmp_path)[case]
+    before = store_snapshot(store)
+    capsys.readouterr()
+    rc = main(["ingest", str(path), "--store", str(store)])
+    out = capsys.readouterr()
+    assert rc == 2
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert lines[0].startswith("tracekit: ")
+    assert path.name in lines[0]
+    assert fragment in lines[0]
+    assert store_snapshot(store) == before
+
+
+def test_bad_input_into_new_store_creates_nothing(tmp_path, capsys):
+    s = tmp_path / "fresh"
+    p = tmp_path / "x.json"
+    p.write_text("{}")
+    assert main(["ingest", str(p), "--store", str(s)]) == 2
+    assert not s.exists()
+
+
+def test_second_rank_file_bad_leaves_store_unchanged(tmp_path, store, capsys):
+    """One good rank file and one truncated one: nothing of the run is written."""
+    d = tmp_path / "ranks"
+    d.mkdir()
+    (d / "rank0.json").write_bytes(_good_trace_bytes())
+    (d / "rank1.json").write_bytes(_good_trace_bytes()[:300])
+    before = store_snapshot(store)
+    assert main(["ingest", str(d), "--store", str(store)]) == 2
+    assert "rank1.json" in capsys.readouterr().err
+    assert store_snapshot(store) == before
+
+
+def test_reingest_same_files_is_noop(tmp_path, store, capsys):
+    before = store_snapshot(store)
+    assert main(["ingest", str(FIXTURES / "handmade" / "two_rank"), "--store", str(store)]) == 0
+    assert "run good" in capsys.readouterr().out
+    assert store_snapshot(store) == before
+
+
+def test_duplicate_rank_is_an_error(tmp_path, capsys):
+    d = tmp_path / "dup"
+    d.mkdir()
+    (d / "a.json").write_bytes(_good_trace_bytes())
+    (d / "b.json").write_bytes(_good_trace_bytes().replace(b'"traceName": "rank0"', b'"traceName": "copy"'))
+    assert main(["ingest", str(d), "--store", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "claims rank 0" in err and "a.json" in err and "b.json" in err
+
+
+def test_analyze_unknown_run_and_empty_store(tmp_path, store, capsys):
+    assert main(["analyze", "--store", str(store), "--run", "nope"]) == 2
+    assert "not in" in capsys.readouterr().err
+    assert main(["analyze", "--store", str(tmp_path / "none")]) == 2
+    assert "no runs" in capsys.readouterr().err
