@@ -69,13 +69,19 @@ def cuda_available() -> bool:
 
 
 def resolve_backend(backend: str, ranks: int) -> str:
-    """'auto' → 'nccl' when CUDA is present, else 'gloo'. Raises BadInputError for
-    an unknown backend, nccl without CUDA, or more nccl ranks than GPUs."""
+    """'auto' → 'nccl' when CUDA is present with a GPU per rank, else 'gloo' (CPU).
+    Raises BadInputError for an unknown backend, nccl without CUDA, or more nccl
+    ranks than GPUs."""
     if backend not in BACKENDS:
         raise BadInputError(f"unknown backend {backend!r} (choose one of {', '.join(BACKENDS)})")
     has_cuda = cuda_available()
     if backend == "auto":
-        backend = "nccl" if has_cuda else "gloo"
+        if has_cuda:
+            import torch
+
+            backend = "nccl" if torch.cuda.device_count() >= ranks else "gloo"
+        else:
+            backend = "gloo"
     if backend == "nccl":
         if not has_cuda:
             raise BadInputError("backend 'nccl' needs CUDA, but no CUDA device is available (use --backend gloo)")

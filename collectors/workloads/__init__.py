@@ -1,0 +1,1 @@
+"""Built-in real workloads, one module each (``tp``: Megatron-style tensor parallel)."""

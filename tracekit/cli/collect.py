@@ -73,7 +73,7 @@ def tp(
         f"tp: {cfg.ranks} ranks, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
         f"seq {cfg.seq}, batch {cfg.batch}, {cfg.dtype}"
     )
-    run_dir = _run_with_status(lambda progress: run_tp(cfg, on_progress=progress), title)
+    run_dir = _run_with_status(lambda progress: run_tp(cfg, on_progress=progress), f"tp on {cfg.ranks} ranks")
     config_dict = json.loads((run_dir / "run_config.json").read_text())
     check = config_dict["tp_check"]
     print(
