@@ -192,15 +192,17 @@ def print_report(report: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = console or Console()
+    import sys
+
+    con = console or Console(width=None if sys.stdout.isatty() else 120)
     run = report["run"]
     con.print(
         f"[bold]run[/bold] {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
         f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
     )
-    t = Table(title="Collectives (per op, matched instances; sync time = after the last rank arrived)")
+    t = Table(title="Collectives per op (matched instances; sync = after the last rank arrived)")
     for col in ("op", "count", "total bytes", "median size", "median sync µs", "median busbw GB/s", "total wait ms", "incomplete"):
-        t.add_column(col, justify="right" if col != "op" else "left")
+        t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
     for r in report["collectives"]:
         t.add_row(
             r["op"], str(r["count"]), _bytes(r["total_bytes"]), _bytes(r["median_size_bytes"]),

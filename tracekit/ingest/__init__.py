@@ -119,6 +119,11 @@ def ingest_paths(
 
     from tracekit.ingest.kineto import BUILTIN_COMM_PATTERNS
 
+    if config is None:
+        config = _collector_config(paths)
+    if workload is None and config:
+        workload = config.get("workload")
+
     patterns = list(BUILTIN_COMM_PATTERNS) + list(comm_patterns)
     with st.staging() as stg:
         raw_dir = stg.dir / "raw"
@@ -162,6 +167,22 @@ def ingest_paths(
         )
         stg.commit(rid, replace=replace)
     return rid
+
+
+def _collector_config(paths) -> dict | None:
+    """The ``run_config.json`` a tracekit collector left beside the rank files, if any."""
+    import json
+
+    for p in paths:
+        p = Path(p)
+        f = (p if p.is_dir() else p.parent) / "run_config.json"
+        if f.is_file():
+            try:
+                cfg = json.loads(f.read_text())
+            except (OSError, ValueError) as exc:
+                raise FileError(f, f"not valid JSON ({exc})") from None
+            return cfg if isinstance(cfg, dict) else None
+    return None
 
 
 def _assign_ranks(results) -> list[int]:
