@@ -1,0 +1,135 @@
+"""The α–β model: the single implementation of every predicted number in tracekit.
+
+Pure Python (numpy only for the fit), no I/O. Implements
+../shared/reference/alpha-beta.md exactly:
+
+- :mod:`~tracekit.model.units`: parse/format bytes (decimal KB/MB/GB, binary
+  KiB/MiB/GiB), per-direction bandwidths (bits → bytes, ``bidirectional``
+  halved) and times;
+- :mod:`~tracekit.model.links`: :class:`Link`, ``LINK_PRESETS``, T(n) = α + n/β,
+  n½ = α·β, achieved fraction n/(n + α·β);
+- :mod:`~tracekit.model.collectives`: per-algorithm collective times
+  (:class:`Prediction`), :func:`predict_collective`, hierarchical all-reduce;
+- :mod:`~tracekit.model.bandwidth`: nccl-tests algbw / busbw and the bus factor
+  (plain scalar functions, usable as DuckDB UDFs);
+- :mod:`~tracekit.model.overlap`: no overlap, chunked pipelining, layer-by-layer
+  transfer, two-batch overlap, pipeline-parallel decode;
+- :mod:`~tracekit.model.fit`: α and β fitted from measurements (relative-error
+  weighted, robust).
+
+Units everywhere: bytes, seconds, bytes/second per direction. Bad values
+raise :class:`tracekit.errors.BadInputError`.
+"""
+
+from tracekit.model.bandwidth import algbw, busbw, busbw_factor
+from tracekit.model.collectives import (
+    ALGORITHMS,
+    Coefficients,
+    HierarchicalPrediction,
+    Prediction,
+    algorithm_coefficients,
+    applicable_algorithms,
+    hierarchical_all_reduce,
+    nvls_all_reduce_time,
+    p2p_time,
+    pairwise_all_to_all_time,
+    predict_collective,
+    rabenseifner_all_reduce_time,
+    recursive_doubling_all_reduce_time,
+    ring_all_gather_time,
+    ring_all_reduce_time,
+    ring_broadcast_time,
+    ring_reduce_scatter_time,
+    tree_all_reduce_time,
+    tree_broadcast_time,
+    verdict,
+)
+from tracekit.model.fit import AlphaBetaFit, fit_alpha_beta, fit_unweighted
+from tracekit.model.links import (
+    DEFAULT_EFFICIENCY,
+    LINK_PRESETS,
+    Link,
+    LinkPreset,
+    achieved_fraction,
+    custom_link,
+    link_from_preset,
+    message_time,
+    n_half,
+)
+from tracekit.model.ops import CANONICAL_OPS, canonical_op
+from tracekit.model.overlap import (
+    ChunkedOverlap,
+    LayerTransfer,
+    PipelineDecode,
+    TwoBatchOverlap,
+    best_chunks,
+    chunked_overlap,
+    layer_transfer,
+    no_overlap_time,
+    pp_decode,
+    two_batch_overlap,
+)
+from tracekit.model.units import (
+    format_bandwidth,
+    format_bytes,
+    format_time,
+    parse_bandwidth,
+    parse_bytes,
+    parse_time,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "AlphaBetaFit",
+    "CANONICAL_OPS",
+    "ChunkedOverlap",
+    "Coefficients",
+    "DEFAULT_EFFICIENCY",
+    "HierarchicalPrediction",
+    "LINK_PRESETS",
+    "LayerTransfer",
+    "Link",
+    "LinkPreset",
+    "PipelineDecode",
+    "Prediction",
+    "TwoBatchOverlap",
+    "achieved_fraction",
+    "algbw",
+    "algorithm_coefficients",
+    "applicable_algorithms",
+    "best_chunks",
+    "busbw",
+    "busbw_factor",
+    "canonical_op",
+    "chunked_overlap",
+    "custom_link",
+    "fit_alpha_beta",
+    "fit_unweighted",
+    "format_bandwidth",
+    "format_bytes",
+    "format_time",
+    "hierarchical_all_reduce",
+    "layer_transfer",
+    "link_from_preset",
+    "message_time",
+    "n_half",
+    "no_overlap_time",
+    "nvls_all_reduce_time",
+    "p2p_time",
+    "pairwise_all_to_all_time",
+    "parse_bandwidth",
+    "parse_bytes",
+    "parse_time",
+    "pp_decode",
+    "predict_collective",
+    "rabenseifner_all_reduce_time",
+    "recursive_doubling_all_reduce_time",
+    "ring_all_gather_time",
+    "ring_all_reduce_time",
+    "ring_broadcast_time",
+    "ring_reduce_scatter_time",
+    "tree_all_reduce_time",
+    "tree_broadcast_time",
+    "two_batch_overlap",
+    "verdict",
+]
