@@ -129,6 +129,14 @@ _AVG_BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<v>[0-9.eE+-]+)")
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}$")
 _INT = re.compile(r"[+-]?\d+$")
 
+_PARAM_FIELDS = (
+    (re.compile(r"\bminBytes\s+(\d+)"), "min_bytes"),
+    (re.compile(r"\bmaxBytes\s+(\d+)"), "max_bytes"),
+    (re.compile(r"\bwarmup iters:\s*(\d+)"), "warmup_iters"),
+    (re.compile(r"(?<!warmup )(?<!agg )\biters:\s*(\d+)"), "iters"),
+    (re.compile(r"\bvalidation:\s*(\d+)"), "validation"),
+)
+
 _HALF_BASE = ("time", "algbw", "busbw", "wrong")
 _PER_ITER = ("i_min", "i_max", "i_p99", "i_cv%")
 
@@ -208,6 +216,7 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
     current_op: str | None = None
     first_op: str | None = None
     first_group: tuple[int, str] | None = None
+    first_layout, first_columns = "current", ()
     avg_busbw: float | None = None
     nccl_version: str | None = None
     filename_op = _op_from_filename(p)
@@ -254,14 +263,8 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
                     rank_entries = {}
                     header = None
                 params = {"n_threads": int(m.group("nthread")), "n_gpus": int(m.group("ngpus"))}
-                for key, name in (
-                    ("minBytes", "min_bytes"),
-                    ("maxBytes", "max_bytes"),
-                    ("warmup iters:", "warmup_iters"),
-                    ("iters:", "iters"),
-                    ("validation:", "validation"),
-                ):
-                    mm = re.search(r"(?<![A-Za-z])" + re.escape(key) + r"\s*(\d+)", m.group("rest"))
+                for pattern, name in _PARAM_FIELDS:
+                    mm = pattern.search(m.group("rest"))
                     if mm:
                         params[name] = int(mm.group(1))
                 continue
@@ -325,6 +328,7 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
                 first_test_name = test_name
                 first_params = dict(params)
                 first_ranks = dict(rank_entries)
+                first_layout, first_columns = header[3], columns
         group = section_group()
         if group is None:
             raise FileError(
@@ -378,8 +382,8 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
         dtype=dtypes.pop() if len(dtypes) == 1 else None,
         group_size=first_group[0],
         group_size_source=first_group[1],
-        layout=header[3] if header is not None else "current",
-        columns=columns,
+        layout=first_layout,
+        columns=first_columns,
         rows=tuple(rows),
         ranks=tuple(sorted((first_ranks or {}).values())),
         params=first_params or {},

@@ -1,0 +1,215 @@
+"""The nccl-tests log parser, on the real superbench logs and on small hand-written logs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tracekit.errors import FileError
+from tracekit.ingest.nccl_tests import parse_nccl_tests
+from tracekit.model import busbw
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SUPERBENCH = SHARED / "traces" / "superbench_nccl_tests_a100x8"
+
+# Current nccl-tests layout, 4 MPI processes with one GPU each (so nThread × nGpus = 1 but the
+# rank lines say 4). Written by hand; algbw = S/t/1e9 and busbw = algbw · 2·3/4, worked out as
+# 1048576 B / 25.10 µs = 41.78 GB/s → ×1.5 = 62.66; 134217728 B / 520.3 µs = 257.96 → 386.94.
+CURRENT_ALL_REDUCE = """\
+# nccl-tests version 2.17.6 nccl-headers=22703 nccl-library=22703
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 128(factor) warmup iters: 1 iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid  40001 on     node01 device  0 [0000:18:00] NVIDIA H100 80GB HBM3
+#  Rank  1 Group  0 Pid  40002 on     node01 device  1 [0000:2a:00] NVIDIA H100 80GB HBM3
+#  Rank  2 Group  0 Pid  40003 on     node01 device  2 [0000:3a:00] NVIDIA H100 80GB HBM3
+#  Rank  3 Group  0 Pid  40004 on     node01 device  3 [0000:5d:00] NVIDIA H100 80GB HBM3
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)
+           8             2     float     sum      -1    18.52    0.00    0.00       0    18.06    0.00    0.00       0
+node01:40001:40001 [0] NCCL INFO Channel 00/32 : 0 1 2 3
+     1048576        262144     float     sum      -1    25.10   41.78   62.66       0    24.87   42.16   63.24       0
+   134217728      33554432     float     sum      -1    520.3  257.96  386.94       0    519.8  258.21  387.32     N/A
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 149.969
+#
+# Collective test concluded: all_reduce_perf
+"""
+
+# Current layout with the timestamp column, no rank lines (truncated log) and no
+# "Collective test starting" line: the op comes from the file name, the group from nThread × nGpus.
+# reduce_scatter on 4: busbw = algbw · 3/4; 65536 B / 30.15 µs = 2.17 GB/s → 1.63.
+TIMESTAMPED_REDUCE_SCATTER = """\
+# nThread 1 nGpus 4 minBytes 65536 maxBytes 16777216 step: 256(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 0 graph: 0
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong           timestamp
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)         %Y-%m-%d %H:%M:%S
+
+       65536          4096     float     sum      -1    30.15    2.17    1.63    N/A    29.90    2.19    1.64    N/A  2025-03-01 10:15:02
+node02:77:77 [1] NCCL WARN something harmless
+    16777216       1048576     float     sum      -1    95.42  175.82  131.87    N/A    94.80  176.97  132.73    N/A  2025-03-01 10:15:03
+"""
+
+
+def _decimals(token: str) -> int:
+    return len(token.split(".")[1]) if "." in token else 0
+
+
+def _check_busbw_matches_print(path: Path, log) -> int:
+    """Recompute busbw from size and the printed time with the model's factor; compare at printed precision.
+
+    nccl-tests computes busbw from the unrounded time and prints both rounded, so the printed busbw
+    must lie within busbw(t ± half a unit of t's last digit) widened by half a unit of its own last digit.
+    """
+    lines = path.read_text().splitlines()
+    checked = 0
+    for row in log.rows:
+        tokens = lines[row.line - 1].split()
+        if len(tokens) >= 2 and tokens[-2].count("-") == 2:  # trailing timestamp
+            tokens = tokens[:-2]
+        for half in (tokens[-8:-4], tokens[-4:]):
+            t_txt, _algbw_txt, busbw_txt = half[0], half[1], half[2]
+            t = float(t_txt)
+            h_t = 0.5 * 10 ** -_decimals(t_txt)
+            h_b = 0.5 * 10 ** -_decimals(busbw_txt)
+            hi = busbw(log.op, row.size_bytes, (t - h_t) * 1e-6, log.group_size)
+            lo = busbw(log.op, row.size_bytes, (t + h_t) * 1e-6, log.group_size)
+            printed = float(busbw_txt)
+            assert lo - h_b - 1e-9 <= printed <= hi + h_b + 1e-9, (path.name, row.line, half, lo, hi)
+            checked += 1
+    return checked
+
+
+SUPERBENCH_FILES = {
+    # file: (op, layout columns between type and time, rows, zero-size rows) — counted by hand
+    "nccl_allreduce.log": ("all_reduce", ("redop",), 34, 2),
+    "nccl_allgather.log": ("all_gather", (), 34, 5),
+    "nccl_alltoall.log": ("all_to_all", ("redop",), 34, 5),
+    "nccl_broadcast.log": ("broadcast", ("root",), 34, 2),
+    "nccl_reduce.log": ("reduce", ("redop", "root"), 34, 2),
+    "nccl_reducescatter.log": ("reduce_scatter", ("redop",), 34, 5),
+}
+
+
+def _superbench(name: str) -> Path:
+    if not SUPERBENCH.is_dir():
+        pytest.skip(f"needs the shared real traces at {SUPERBENCH} (absent in a fresh clone)")
+    return SUPERBENCH / name
+
+
+@pytest.mark.parametrize("name", sorted(SUPERBENCH_FILES))
+def test_superbench_logs(name):
+    op, middle, n_rows, n_zero = SUPERBENCH_FILES[name]
+    path = _superbench(name)
+    log = parse_nccl_tests(path)
+    assert log.op == op and log.op_source == "filename"
+    assert log.layout == "legacy"
+    assert log.group_size == 8 and log.group_size_source == "rank_lines"
+    assert [r[0] for r in log.ranks] == list(range(8)) and log.ranks[0][3] == "A100-SXM4-40GB"
+    assert log.dtype == "float"
+    assert log.params["n_gpus"] == 8 and log.params["max_bytes"] == 8589934592 and log.params["iters"] == 20
+    assert log.columns[3 : 3 + len(middle)] == middle
+    assert len(log.rows) == n_rows
+    assert sum(r.size_bytes == 0 for r in log.rows) == n_zero
+    assert log.rows[-1].size_bytes == 8 * 2**30
+    assert all(r.oop_wrong is None and r.ip_wrong is None for r in log.rows)  # 'N/A'
+    assert _check_busbw_matches_print(path, log) == 2 * n_rows
+
+
+def test_superbench_details():
+    ar = parse_nccl_tests(_superbench("nccl_allreduce.log"))
+    # line 16 is 'hostname:3442:3442 [0] NCCL INFO Launch mode Parallel', so rows start at 17
+    first, last = ar.rows[0], ar.rows[-1]
+    assert (first.line, first.size_bytes, first.count, first.redop, first.root) == (17, 0, 0, "sum", None)
+    assert (first.oop_time_us, first.ip_time_us) == (35.20, 34.05)
+    assert (last.line, last.size_bytes, last.count) == (50, 8589934592, 2147483648)
+    assert (last.oop_time_us, last.oop_algbw, last.oop_busbw) == (63896.0, 134.44, 235.26)
+    assert (last.ip_time_us, last.ip_algbw, last.ip_busbw) == (63959.0, 134.30, 235.03)
+    assert ar.avg_busbw == 68.4048
+    # the old alltoall prints an empty redop field under a 'redop' header
+    a2a = parse_nccl_tests(_superbench("nccl_alltoall.log"))
+    assert all(r.redop is None and r.root is None for r in a2a.rows)
+    assert a2a.rows[0].line == 16 and a2a.rows[0].oop_time_us == 1.63
+    red = parse_nccl_tests(_superbench("nccl_reduce.log"))
+    assert all(r.redop == "sum" and r.root == 0 for r in red.rows)
+    bc = parse_nccl_tests(_superbench("nccl_broadcast.log"))
+    assert all(r.redop is None and r.root == 0 for r in bc.rows)
+
+
+def test_current_layout(tmp_path):
+    path = tmp_path / "h100.log"  # the name says nothing: the op comes from the header
+    path.write_text(CURRENT_ALL_REDUCE)
+    log = parse_nccl_tests(path)
+    assert (log.op, log.op_source, log.test_name) == ("all_reduce", "header", "all_reduce_perf")
+    assert (log.group_size, log.group_size_source) == (4, "rank_lines")
+    assert log.params["n_threads"] == 1 and log.params["n_gpus"] == 1
+    assert (log.params["warmup_iters"], log.params["iters"], log.params["validation"]) == (1, 20, 1)
+    assert log.layout == "current" and log.nccl_version == "2.17.6"
+    assert log.ranks[3] == (3, "node01", 3, "NVIDIA H100 80GB HBM3")
+    assert len(log.rows) == 3
+    r = log.rows[1]
+    assert (r.size_bytes, r.count, r.dtype, r.redop, r.root) == (1048576, 262144, "float", "sum", -1)
+    assert (r.oop_time_us, r.oop_algbw, r.oop_busbw, r.oop_wrong) == (25.10, 41.78, 62.66, 0)
+    assert (r.ip_time_us, r.ip_algbw, r.ip_busbw, r.ip_wrong) == (24.87, 42.16, 63.24, 0)
+    assert log.rows[2].ip_wrong is None  # N/A
+    assert log.avg_busbw == 149.969
+    assert _check_busbw_matches_print(path, log) == 6
+
+
+def test_timestamp_column_filename_op_and_thread_count(tmp_path):
+    path = tmp_path / "reduce_scatter_perf_h100.txt"
+    path.write_text(TIMESTAMPED_REDUCE_SCATTER)
+    log = parse_nccl_tests(path)
+    assert (log.op, log.op_source) == ("reduce_scatter", "filename")
+    assert (log.group_size, log.group_size_source) == (4, "nthreads_ngpus")
+    assert [r.size_bytes for r in log.rows] == [65536, 16777216]
+    assert log.rows[1].ip_busbw == 132.73 and log.rows[1].ip_wrong is None
+    assert _check_busbw_matches_print(path, log) == 4
+    # an explicit op wins over the file name
+    assert parse_nccl_tests(path, op="allgather").op == "all_gather"
+
+
+def test_not_an_nccl_tests_log(tmp_path):
+    kineto = tmp_path / "rank0.json"
+    kineto.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "ncclKernel", "ts": 1, "dur": 2}]}))
+    with pytest.raises(FileError, match="not an nccl-tests log") as err:
+        parse_nccl_tests(kineto)
+    assert str(err.value).startswith(str(kineto)) and "\n" not in str(err.value)
+    empty = tmp_path / "allreduce.log"
+    empty.write_text("")
+    with pytest.raises(FileError, match="not an nccl-tests log"):
+        parse_nccl_tests(empty)
+    binary = tmp_path / "allreduce.bin"
+    binary.write_bytes(b"\x1f\x8b\x08\x00" + bytes(100))
+    with pytest.raises(FileError, match="not an nccl-tests log"):
+        parse_nccl_tests(binary)
+
+
+def test_header_without_rows_and_unknown_op(tmp_path):
+    header_only = "\n".join(CURRENT_ALL_REDUCE.splitlines()[:13]) + "\n"
+    failed = tmp_path / "all_reduce.log"
+    failed.write_text(header_only)
+    with pytest.raises(FileError, match="no result rows"):
+        parse_nccl_tests(failed)
+    nameless = tmp_path / "results.log"
+    nameless.write_text(TIMESTAMPED_REDUCE_SCATTER)
+    with pytest.raises(FileError, match="which collective"):
+        parse_nccl_tests(nameless)
+    assert parse_nccl_tests(nameless, op="reduce_scatter").op == "reduce_scatter"
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileError, match="cannot read"):
+        parse_nccl_tests(tmp_path / "nope.log")
+
+
+def test_malformed_row(tmp_path):
+    bad = CURRENT_ALL_REDUCE.replace("    25.10   41.78", "    fast   41.78")
+    path = tmp_path / "all_reduce.log"
+    path.write_text(bad)
+    with pytest.raises(FileError, match="line 16: bad time 'fast'"):
+        parse_nccl_tests(path)

@@ -1,0 +1,312 @@
+"""Fitting α and β of a link from measured collective times.
+
+Given samples (bytes n_i, seconds t_i) of one collective on one group size,
+fit the line t = a + b·n, then read α and β off the algorithm's
+coefficients: with T = A·α + B·D/β (:func:`tracekit.model.collectives.algorithm_coefficients`),
+α = a/A and β = B/b; e.g. ring all-reduce on k ranks has a = 2(k−1)·α and
+b = 2(k−1)/(k·β). n½ = α·β. (Reference, "Fitting α and β from measurements".)
+
+The fit weights relative error: it minimises Σ((t_i − a − b·n_i)/t_i)²
+(weighted least squares with weights 1/t_i²), so that 1 KB messages count as
+much as 1 GB ones. A plain least-squares fit over 1 KB–1 GB is dominated by
+the largest messages and gets α badly wrong; :func:`fit_unweighted` is kept
+for that comparison.
+
+Samples excluded, each with its reason:
+- ``warmup``: the first sample (the first call on a communicator can include
+  connection setup and be 10⁴× slower) when ``warmup_first``;
+- ``empty``: zero-byte samples when ``drop_empty`` (NCCL returns almost at
+  once for a count of 0, so such a call measures launch overhead, not α:
+  in the superbench nccl-tests all_to_all log a 0 B call takes 1.3 µs and a
+  32 B one 89 µs);
+- ``outlier``: points the robust rule flags. After each fit, with r_i the
+  relative residuals (t_i − a − b·n_i)/t_i of the kept points, med their
+  median and σ = 1.4826·MAD (the normal-consistent median absolute
+  deviation), a sample is an outlier when |r_i − med| > max(k·σ, floor)
+  (k = ``outlier_k`` = 5, floor = ``outlier_floor`` = 2 % so that noiseless
+  data is not trimmed to nothing). The rule is re-applied to every
+  non-warm-up, non-empty sample against the new fit (so a point can come
+  back) until the kept set stops changing, at most 20 rounds.
+
+If the weighted fit's intercept comes out negative (α < 0 is not a link),
+it is refitted through the origin (a = 0, b = Σ(n/t)/Σ((n/t)²)) and
+``intercept_clamped`` is set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from tracekit.errors import BadInputError
+from tracekit.model.collectives import algorithm_coefficients, _check_model_op, _check_algo
+from tracekit.model.links import Link, custom_link
+
+__all__ = ["AlphaBetaFit", "fit_alpha_beta", "fit_unweighted"]
+
+_MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class AlphaBetaFit:
+    """α, β and n½ fitted from (bytes, seconds) samples of one collective.
+
+    a_s, b_s_per_byte: the fitted line t = a + b·bytes (seconds, seconds/byte);
+    alpha_s = a/A, beta_Bps = B/b, n_half_bytes = α·β through the
+    algorithm's coefficients A, B (alpha_coeff, beta_coeff);
+    n_samples, n_used, n_dropped: counts; dropped: (index, reason) pairs,
+    reason one of warmup / empty / outlier; used: per-sample flag;
+    residuals: per-sample relative residual (t − a − b·n)/t, in input
+    order (dropped samples included, so their distance shows);
+    residual_spread: root mean square of the used residuals (the fit's
+    typical relative error); residual_max_abs: the largest |used residual|;
+    method: ``relative_wls`` or ``ols``.
+    """
+
+    op: str
+    algo: str
+    group_size: int
+    method: str
+    alpha_s: float
+    beta_Bps: float
+    n_half_bytes: float
+    a_s: float
+    b_s_per_byte: float
+    alpha_coeff: float
+    beta_coeff: float
+    n_samples: int
+    n_used: int
+    n_dropped: int
+    residual_spread: float
+    residual_max_abs: float
+    intercept_clamped: bool
+    dropped: tuple[tuple[int, str], ...] = field(default=())
+    used: tuple[bool, ...] = field(default=())
+    residuals: tuple[float, ...] = field(default=())
+
+    def predict_s(self, size_bytes: float) -> float:
+        """The fitted line's time for ``size_bytes``: a + b·n, seconds."""
+        return self.a_s + self.b_s_per_byte * float(size_bytes)
+
+    def link(self, name: str | None = None) -> Link:
+        """The fitted α/β as a Link (for predictions under the run's own link).
+
+        Raises BadInputError when the fit gave α < 0 (only possible for the
+        unweighted fit).
+        """
+        return custom_link(self.alpha_s, self.beta_Bps, name=name or f"fitted {self.op} k={self.group_size}")
+
+    def to_dict(self) -> dict:
+        """Snake-case dict (seconds, bytes, bytes/s); ``dropped`` as a list of {index, reason}."""
+        return {
+            "op": self.op,
+            "algo": self.algo,
+            "group_size": self.group_size,
+            "method": self.method,
+            "alpha_s": self.alpha_s,
+            "beta_Bps": self.beta_Bps,
+            "n_half_bytes": self.n_half_bytes,
+            "a_s": self.a_s,
+            "b_s_per_byte": self.b_s_per_byte,
+            "alpha_coeff": self.alpha_coeff,
+            "beta_coeff": self.beta_coeff,
+            "n_samples": self.n_samples,
+            "n_used": self.n_used,
+            "n_dropped": self.n_dropped,
+            "residual_spread": self.residual_spread,
+            "residual_max_abs": self.residual_max_abs,
+            "intercept_clamped": self.intercept_clamped,
+            "dropped": [{"index": i, "reason": r} for i, r in self.dropped],
+            "used": list(self.used),
+            "residuals": list(self.residuals),
+        }
+
+
+def _samples(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        n = np.asarray(sizes_bytes, dtype=float).reshape(-1)
+        t = np.asarray(times_s, dtype=float).reshape(-1)
+    except (TypeError, ValueError):
+        raise BadInputError("bad fit samples: sizes and times must be numbers") from None
+    if n.shape != t.shape:
+        raise BadInputError(f"bad fit samples: {n.size} sizes but {t.size} times")
+    if not np.all(np.isfinite(n)) or np.any(n < 0):
+        raise BadInputError("bad fit samples: sizes must be finite numbers of bytes >= 0")
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise BadInputError("bad fit samples: times must be finite numbers of seconds > 0")
+    return n, t
+
+
+def _initial_mask(n: np.ndarray, warmup_first: bool, drop_empty: bool) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    keep = np.ones(n.size, dtype=bool)
+    reasons: list[tuple[int, str]] = []
+    if warmup_first and n.size:
+        keep[0] = False
+        reasons.append((0, "warmup"))
+    if drop_empty:
+        for i in np.flatnonzero(n == 0):
+            if keep[i]:
+                keep[i] = False
+                reasons.append((int(i), "empty"))
+    return keep, reasons
+
+
+def _check_enough(n: np.ndarray, mask: np.ndarray) -> None:
+    if np.unique(n[mask]).size < 2:
+        raise BadInputError(
+            f"cannot fit α and β: {int(mask.sum())} usable samples with "
+            f"{np.unique(n[mask]).size} distinct size(s); need at least 2 distinct sizes"
+        )
+
+
+def _wls(n: np.ndarray, t: np.ndarray) -> tuple[float, float, bool]:
+    """Minimise Σ((t − a − b·n)/t)²; (a, b, clamped)."""
+    x = np.column_stack([1.0 / t, n / t])
+    scale = np.linalg.norm(x, axis=0)
+    scale[scale == 0] = 1.0
+    coef, *_ = np.linalg.lstsq(x / scale, np.ones_like(t), rcond=None)
+    a, b = (coef / scale).tolist()
+    if a < 0:
+        u = n / t
+        denom = float(np.dot(u, u))
+        b = float(u.sum() / denom) if denom > 0 else 0.0
+        return 0.0, b, True
+    return a, b, False
+
+
+def _ols(n: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    x = np.column_stack([np.ones_like(n), n])
+    scale = np.linalg.norm(x, axis=0)
+    scale[scale == 0] = 1.0
+    coef, *_ = np.linalg.lstsq(x / scale, t, rcond=None)
+    a, b = (coef / scale).tolist()
+    return a, b
+
+
+def _result(
+    op: str,
+    algo: str,
+    k: int,
+    method: str,
+    n: np.ndarray,
+    t: np.ndarray,
+    mask: np.ndarray,
+    dropped: list[tuple[int, str]],
+    a: float,
+    b: float,
+    clamped: bool,
+) -> AlphaBetaFit:
+    coeffs = algorithm_coefficients(op, algo, k)
+    if not b > 0:
+        raise BadInputError(
+            f"cannot fit β for {op}: the fitted time does not grow with size (slope {b:.3g} s/B); "
+            "the samples need sizes well into the bandwidth-bound range"
+        )
+    alpha = a / coeffs.alpha_coeff
+    beta = coeffs.beta_coeff / b
+    r = (t - (a + b * n)) / t
+    used_r = r[mask]
+    return AlphaBetaFit(
+        op=op,
+        algo=algo,
+        group_size=k,
+        method=method,
+        alpha_s=alpha,
+        beta_Bps=beta,
+        n_half_bytes=alpha * beta,
+        a_s=a,
+        b_s_per_byte=b,
+        alpha_coeff=coeffs.alpha_coeff,
+        beta_coeff=coeffs.beta_coeff,
+        n_samples=int(n.size),
+        n_used=int(mask.sum()),
+        n_dropped=int(n.size - mask.sum()),
+        residual_spread=float(np.sqrt(np.mean(used_r**2))),
+        residual_max_abs=float(np.max(np.abs(used_r))),
+        intercept_clamped=clamped,
+        dropped=tuple(sorted(dropped)),
+        used=tuple(bool(v) for v in mask),
+        residuals=tuple(float(v) for v in r),
+    )
+
+
+def fit_alpha_beta(
+    sizes_bytes: Sequence[float],
+    times_s: Sequence[float],
+    op: str,
+    group_size: int,
+    algo: str = "ring",
+    warmup_first: bool = True,
+    drop_empty: bool = True,
+    outlier_k: float | None = 5.0,
+    outlier_floor: float = 0.02,
+) -> AlphaBetaFit:
+    """Fit α and β from samples of ``op`` on ``group_size`` ranks run with ``algo``.
+
+    sizes_bytes: the nccl-tests S of each sample, bytes; times_s: each
+    sample's time, seconds (for a trace: the instance's sync time), in the
+    order they were taken. Minimises Σ((t_i − a − b·n_i)/t_i)² over the kept
+    samples, drops warm-up / empty / outlier samples as the module docstring
+    describes (``outlier_k=None`` turns the robust rule off), then α = a/A,
+    β = B/b, n½ = α·β with A, B from ``algorithm_coefficients(op, algo, k)``
+    (ring all-reduce: a = 2(k−1)α, b = 2(k−1)/(k·β)).
+
+    Returns an AlphaBetaFit. Raises BadInputError for mismatched or bad
+    samples, fewer than 2 distinct sizes left, a non-positive fitted slope,
+    an unknown op/algo, or a group size the algorithm cannot run on.
+    """
+    canon = _check_model_op(op)
+    a_name = _check_algo(canon, algo)
+    algorithm_coefficients(canon, a_name, group_size)  # validate k before any work
+    k = int(group_size)
+    n, t = _samples(sizes_bytes, times_s)
+    candidates, dropped = _initial_mask(n, warmup_first, drop_empty)
+    _check_enough(n, candidates)
+    if outlier_k is not None and (not math.isfinite(outlier_k) or outlier_k <= 0):
+        raise BadInputError(f"bad outlier_k {outlier_k!r}: expected a positive number or None")
+
+    mask = candidates.copy()
+    a, b, clamped = _wls(n[mask], t[mask])
+    if outlier_k is not None:
+        for _ in range(20):
+            r = (t - (a + b * n)) / t
+            med = float(np.median(r[mask]))
+            sigma = _MAD_TO_SIGMA * float(np.median(np.abs(r[mask] - med)))
+            threshold = max(outlier_k * sigma, outlier_floor)
+            new_mask = candidates & (np.abs(r - med) <= threshold)
+            if np.array_equal(new_mask, mask) or np.unique(n[new_mask]).size < 2:
+                break
+            mask = new_mask
+            a, b, clamped = _wls(n[mask], t[mask])
+        dropped = dropped + [(int(i), "outlier") for i in np.flatnonzero(candidates & ~mask)]
+    return _result(canon, a_name, k, "relative_wls", n, t, mask, dropped, a, b, clamped)
+
+
+def fit_unweighted(
+    sizes_bytes: Sequence[float],
+    times_s: Sequence[float],
+    op: str,
+    group_size: int,
+    algo: str = "ring",
+    warmup_first: bool = True,
+    drop_empty: bool = True,
+) -> AlphaBetaFit:
+    """Plain (unweighted) least squares t = a + b·n, for comparison with :func:`fit_alpha_beta`.
+
+    Same sample drops as the weighted fit except the robust rule; minimises
+    Σ(t_i − a − b·n_i)², which the largest messages dominate, so α (and a
+    at small sizes) comes out badly wrong over a 1 KB–1 GB sweep, possibly
+    negative (reported as is). Raises BadInputError as fit_alpha_beta does.
+    """
+    canon = _check_model_op(op)
+    a_name = _check_algo(canon, algo)
+    algorithm_coefficients(canon, a_name, group_size)
+    k = int(group_size)
+    n, t = _samples(sizes_bytes, times_s)
+    mask, dropped = _initial_mask(n, warmup_first, drop_empty)
+    _check_enough(n, mask)
+    a, b = _ols(n[mask], t[mask])
+    return _result(canon, a_name, k, "ols", n, t, mask, dropped, a, b, False)
