@@ -1,5 +1,425 @@
-"""`tracekit predict`: the α–β calculator (placeholder, filled by the model work)."""
+"""`tracekit predict`: the α–β calculator for people planning a layout.
+
+Thin: parses the options, calls :mod:`tracekit.model`, prints a rich table or
+(``--json``) one JSON object with snake_case keys, times in seconds and sizes
+in bytes. Bad values raise BadInputError, which the CLI boundary prints as one
+line with exit code 2.
+
+Forms:
+  tracekit predict all_reduce --bytes 100MB --ranks 4 --link nvlink4 [--algo ring|...|all] [--json]
+  (also all_gather, reduce_scatter, all_to_all, broadcast, send; --alpha/--beta override the preset)
+  tracekit predict all_reduce --bytes 1GB --nodes 4 --gpus-per-node 8 --link-in nvlink4 --link-out ib_ndr \
+      --algo hierarchical
+  tracekit predict overlap --compute 1ms --comm 1ms --chunks 8|best --alpha-chunk 10us | --two-batch
+  tracekit predict transfer --bytes 1.342GB --link ib_ndr --nics 8 [--layers 80]
+  tracekit predict pp-decode --stages 8 --microbatches 8 --stage-time 1ms --transfer 0.1ms --tokens 100
+  tracekit predict links
+"""
+
+import json
+from typing import Callable, Optional
 
 import typer
 
-app = typer.Typer(help="The α–β calculator: collective times per algorithm, hierarchical, overlap models.", no_args_is_help=True)
+from tracekit.errors import BadInputError
+from tracekit import model
+from tracekit.model import format_bandwidth as _fbw
+from tracekit.model import format_bytes as _fb
+from tracekit.model import format_time as _ft
+
+app = typer.Typer(
+    help="The α–β calculator: collective times per algorithm, hierarchical, overlap models.",
+    no_args_is_help=True,
+)
+
+_COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
+
+
+def _emit_json(payload: dict) -> None:
+    typer.echo(json.dumps(payload, indent=2))
+
+
+def _console():
+    """A rich console; when output is not a terminal (pipes, tests) it is 140 columns, not rich's 80."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=140)
+
+
+def _table(title: str, columns: list[str], caption: Optional[str] = None):
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    return table
+
+
+def _int(value: Optional[str], option: str, minimum: int = 1) -> Optional[int]:
+    """An integer option read here (not by typer) so a bad value is a one-line BadInputError."""
+    if value is None:
+        return None
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise BadInputError(f"bad {option} {value!r}: expected an integer >= {minimum}") from None
+    return n
+
+
+def _float(value: str, option: str) -> float:
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise BadInputError(f"bad {option} {value!r}: expected a number") from None
+
+
+def _resolve_link(
+    link: Optional[str], alpha: Optional[str], beta: Optional[str], efficiency: float, option: str = "--link"
+) -> model.Link:
+    """A preset (with --alpha/--beta overriding either part), or a custom link from both."""
+    a = model.parse_time(alpha) if alpha is not None else None
+    b = model.parse_bandwidth(beta) if beta is not None else None
+    if link is not None:
+        return model.link_from_preset(link, efficiency=efficiency).with_overrides(alpha_s=a, beta_Bps=b)
+    if a is not None and b is not None:
+        return model.custom_link(a, b)
+    raise BadInputError(
+        f"no link: give {option} PRESET ({', '.join(model.LINK_PRESETS)}) or both --alpha and --beta"
+    )
+
+
+def _link_caption(link: model.Link) -> str:
+    return f"{link.name}: α {_ft(link.alpha_s)}, β {_fbw(link.beta_Bps)}, n½ {_fb(link.n_half_bytes)}"
+
+
+def _prediction_rows(table, preds: list[model.Prediction], label: Callable[[model.Prediction], str]) -> None:
+    for p in preds:
+        table.add_row(
+            label(p),
+            _ft(p.time_s),
+            _ft(p.alpha_term_s),
+            _ft(p.beta_term_s),
+            str(p.steps),
+            _fb(p.bytes_per_rank_sent),
+            p.verdict,
+        )
+
+
+def _run_collective(
+    op: str,
+    size: str,
+    ranks: Optional[int],
+    link: Optional[str],
+    alpha: Optional[str],
+    beta: Optional[str],
+    efficiency: float,
+    algo: Optional[str],
+    nodes: Optional[int],
+    gpus_per_node: Optional[int],
+    link_in: Optional[str],
+    link_out: Optional[str],
+    as_json: bool,
+) -> None:
+    size_bytes = model.parse_bytes(size)
+    hierarchical = algo is not None and algo.strip().lower() == "hierarchical"
+    if hierarchical:
+        _run_hierarchical(
+            op, size_bytes, ranks, link, alpha, beta, efficiency, nodes, gpus_per_node, link_in, link_out, as_json
+        )
+        return
+    if nodes is not None or gpus_per_node is not None or link_in is not None or link_out is not None:
+        raise BadInputError("--nodes, --gpus-per-node, --link-in and --link-out go with --algo hierarchical")
+    if ranks is None:
+        if op != "send":
+            raise BadInputError(f"{op} needs --ranks K (the group size)")
+        ranks = 2
+    the_link = _resolve_link(link, alpha, beta, efficiency)
+    result = model.predict_collective(op, size_bytes, ranks, the_link, algo=algo)
+    preds = result if isinstance(result, list) else [result]
+    skipped = []
+    if algo is not None and algo.strip().lower() == "all":
+        ran = {p.algo for p in preds}
+        skipped = [
+            {"algo": a, "reason": f"needs a power-of-two number of ranks, got {ranks}"}
+            for a in model.ALGORITHMS[op]
+            if a not in ran
+        ]
+    if as_json:
+        _emit_json(
+            {
+                "op": op,
+                "size_bytes": size_bytes,
+                "ranks": ranks,
+                "link": the_link.to_dict(),
+                "predictions": [p.to_dict() for p in preds],
+                "skipped": skipped,
+            }
+        )
+        return
+    caption = _link_caption(the_link)
+    if skipped:
+        caption += "; skipped: " + ", ".join(f"{s['algo']} ({s['reason']})" for s in skipped)
+    table = _table(
+        f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks",
+        ["algorithm", "time", "α term", "β term", "steps", "sent/rank", "verdict"],
+        caption,
+    )
+    _prediction_rows(table, preds, lambda p: p.algo)
+    _console().print(table)
+
+
+def _run_hierarchical(
+    op: str,
+    size_bytes: float,
+    ranks: Optional[int],
+    link: Optional[str],
+    alpha: Optional[str],
+    beta: Optional[str],
+    efficiency: float,
+    nodes: Optional[int],
+    gpus_per_node: Optional[int],
+    link_in: Optional[str],
+    link_out: Optional[str],
+    as_json: bool,
+) -> None:
+    if op != "all_reduce":
+        raise BadInputError(f"--algo hierarchical is an all_reduce algorithm, not one for {op}")
+    if link is not None or alpha is not None or beta is not None:
+        raise BadInputError("--algo hierarchical takes --link-in and --link-out presets, not --link/--alpha/--beta")
+    missing = [
+        name
+        for name, value in (
+            ("--nodes", nodes),
+            ("--gpus-per-node", gpus_per_node),
+            ("--link-in", link_in),
+            ("--link-out", link_out),
+        )
+        if value is None
+    ]
+    if missing:
+        raise BadInputError(f"--algo hierarchical needs {', '.join(missing)}")
+    assert nodes is not None and gpus_per_node is not None and link_in is not None and link_out is not None
+    if ranks is not None and ranks != nodes * gpus_per_node:
+        raise BadInputError(f"--ranks {ranks} disagrees with --nodes {nodes} × --gpus-per-node {gpus_per_node}")
+    lin = model.link_from_preset(link_in, efficiency=efficiency)
+    lout = model.link_from_preset(link_out, efficiency=efficiency)
+    h = model.hierarchical_all_reduce(size_bytes, nodes, gpus_per_node, lin, lout)
+    if as_json:
+        payload = h.to_dict()
+        payload["link_in"] = lin.to_dict()
+        payload["link_out"] = lout.to_dict()
+        _emit_json(payload)
+        return
+    table = _table(
+        f"all_reduce of {_fb(size_bytes)} per rank on {nodes} nodes × {gpus_per_node} GPUs",
+        ["phase", "ranks", "bytes", "link", "time", "α term", "β term", "verdict"],
+        f"in: {_link_caption(lin)} | out: {_link_caption(lout)}",
+    )
+    def row(label: str, ranks: int, size: float, link_name: str, r) -> None:
+        table.add_row(
+            label, str(ranks), _fb(size), link_name, _ft(r.time_s), _ft(r.alpha_term_s), _ft(r.beta_term_s), r.verdict
+        )
+
+    for label, p in zip(("1 reduce-scatter (intra)", "2 all-reduce (inter)", "3 all-gather (intra)"), h.phases):
+        row(label, p.ranks, p.size_bytes, p.link, p)
+    row("hierarchical total", nodes * gpus_per_node, size_bytes, "", h)
+    row("flat ring", h.flat_ring.ranks, h.flat_ring.size_bytes, h.flat_ring.link, h.flat_ring)
+    console = _console()
+    console.print(table)
+    if h.speedup_vs_flat is not None:
+        console.print(f"hierarchical is {h.speedup_vs_flat:.3g}× the speed of the flat ring")
+
+
+def _make_collective_command(op: str):
+    def command(
+        size: str = typer.Option(..., "--bytes", help="Bytes per rank (nccl-tests S), e.g. 100MB, 1GiB."),
+        ranks: Optional[str] = typer.Option(None, "--ranks", help="Group size k."),
+        link: Optional[str] = typer.Option(None, "--link", help=f"Link preset: {', '.join(model.LINK_PRESETS)}."),
+        alpha: Optional[str] = typer.Option(None, "--alpha", help="Override α, e.g. 2us."),
+        beta: Optional[str] = typer.Option(None, "--beta", help="Override effective β per direction, e.g. 360GB/s."),
+        efficiency: str = typer.Option(
+            str(model.DEFAULT_EFFICIENCY), "--efficiency", help="Effective/nominal bandwidth of presets."
+        ),
+        algo: Optional[str] = typer.Option(
+            None,
+            "--algo",
+            help=f"{'|'.join(model.ALGORITHMS[op])}|all" + ("|hierarchical" if op == "all_reduce" else ""),
+        ),
+        nodes: Optional[str] = typer.Option(None, "--nodes", help="Hierarchical: number of nodes N."),
+        gpus_per_node: Optional[str] = typer.Option(None, "--gpus-per-node", help="Hierarchical: GPUs per node G."),
+        link_in: Optional[str] = typer.Option(None, "--link-in", help="Hierarchical: intra-node link preset."),
+        link_out: Optional[str] = typer.Option(None, "--link-out", help="Hierarchical: inter-node link preset."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON (seconds, bytes)."),
+    ) -> None:
+        _run_collective(
+            op,
+            size,
+            _int(ranks, "--ranks"),
+            link,
+            alpha,
+            beta,
+            _float(efficiency, "--efficiency"),
+            algo,
+            _int(nodes, "--nodes"),
+            _int(gpus_per_node, "--gpus-per-node"),
+            link_in,
+            link_out,
+            as_json,
+        )
+
+    command.__doc__ = f"Predict {op} time per algorithm (time, α and β terms, steps, bytes sent, verdict)."
+    command.__name__ = f"predict_{op}"
+    return command
+
+
+for _op in _COLLECTIVE_OPS:
+    _cmd = _make_collective_command(_op)
+    app.command(_op)(_cmd)
+    app.command(_op.replace("_", "-"), hidden=True)(_cmd)
+
+
+@app.command("overlap")
+def overlap(
+    compute: str = typer.Option(..., "--compute", help="Compute time c, e.g. 1ms."),
+    comm: str = typer.Option(..., "--comm", help="Communication time a of the same work, e.g. 1ms."),
+    chunks: Optional[str] = typer.Option(None, "--chunks", help="Chunk count n, or 'best' to search 1..--max-chunks."),
+    alpha_chunk: str = typer.Option("0s", "--alpha-chunk", help="Extra cost α_c of each chunk's message, e.g. 10us."),
+    max_chunks: str = typer.Option("4096", "--max-chunks", help="Search limit for --chunks best."),
+    two_batch: bool = typer.Option(False, "--two-batch", help="Two-batch overlap instead of chunking."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (seconds)."),
+) -> None:
+    """Chunked pipelining T(n) = c/n + (a/n + α_c) + (n−1)·max(c/n, a/n + α_c), or two-batch overlap."""
+    c = model.parse_time(compute)
+    a = model.parse_time(comm)
+    if two_batch:
+        if chunks is not None:
+            raise BadInputError("choose --chunks (chunked pipelining) or --two-batch, not both")
+        tb = model.two_batch_overlap(c, a)
+        payload = {**tb.to_dict(), "no_overlap_s": model.no_overlap_time(c, a)}
+        if as_json:
+            _emit_json(payload)
+            return
+        table = _table("two-batch overlap: max(a, c) + min(a, c)/2", ["", "time"])
+        table.add_row("no overlap (c + a)", _ft(tb.serial_time_s))
+        table.add_row("two-batch overlap", _ft(tb.time_s))
+        table.add_row("hidden", _ft(tb.hidden_comm_s))
+        _console().print(table)
+        return
+    if chunks is None:
+        raise BadInputError("give --chunks N (or 'best') with --alpha-chunk, or --two-batch")
+    ac = model.parse_time(alpha_chunk)
+    searched = chunks.strip().lower() == "best"
+    if searched:
+        result = model.best_chunks(c, a, ac, max_chunks=_int(max_chunks, "--max-chunks"))
+    else:
+        try:
+            n = int(chunks)
+        except ValueError:
+            raise BadInputError(f"bad --chunks {chunks!r}: expected an integer >= 1 or 'best'") from None
+        result = model.chunked_overlap(c, a, n, ac)
+    payload = {**result.to_dict(), "no_overlap_s": model.no_overlap_time(c, a), "searched": searched}
+    if searched:
+        payload["max_chunks"] = _int(max_chunks, "--max-chunks")
+    if as_json:
+        _emit_json(payload)
+        return
+    title = f"chunked pipelining, {'best n = ' if searched else 'n = '}{result.chunks}, α_c = {_ft(ac)}"
+    table = _table(title, ["", "time"])
+    table.add_row("no overlap (c + a)", _ft(result.serial_time_s))
+    table.add_row(f"chunked, n = {result.chunks}", _ft(result.time_s))
+    table.add_row("exposed beyond compute", _ft(result.exposed_comm_s))
+    table.add_row("hidden", _ft(result.hidden_comm_s))
+    _console().print(table)
+
+
+@app.command("transfer")
+def transfer(
+    size: str = typer.Option(..., "--bytes", help="Total bytes to ship, e.g. 1.342GB."),
+    link: Optional[str] = typer.Option(None, "--link", help=f"Link preset: {', '.join(model.LINK_PRESETS)}."),
+    alpha: Optional[str] = typer.Option(None, "--alpha", help="Override α, e.g. 5us."),
+    beta: Optional[str] = typer.Option(None, "--beta", help="Override effective β per NIC, e.g. 40GB/s."),
+    efficiency: str = typer.Option(
+        str(model.DEFAULT_EFFICIENCY), "--efficiency", help="Effective/nominal bandwidth of presets."
+    ),
+    nics: str = typer.Option("1", "--nics", help="Parallel NICs (multiply β)."),
+    layers: str = typer.Option("1", "--layers", help="Layers L shipped one by one as they are computed."),
+    layer_compute: Optional[str] = typer.Option(
+        None,
+        "--layer-compute",
+        help="Compute time of one layer; when shorter than a layer's transfer, transfers queue.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (seconds, bytes)."),
+) -> None:
+    """Exposed time of a bulk transfer (α + bytes/β') vs layer by layer (α + (bytes/L)/β'), β' = nics·β."""
+    size_bytes = model.parse_bytes(size)
+    the_link = _resolve_link(link, alpha, beta, _float(efficiency, "--efficiency"))
+    s_l = model.parse_time(layer_compute) if layer_compute is not None else None
+    r = model.layer_transfer(
+        size_bytes, the_link, layers=_int(layers, "--layers"), nics=_int(nics, "--nics"), layer_compute_s=s_l
+    )
+    if as_json:
+        _emit_json({**r.to_dict(), "link": the_link.to_dict()})
+        return
+    table = _table(
+        f"shipping {_fb(size_bytes)} over {r.nics} × {the_link.name} ({_fbw(r.effective_Bps)})",
+        ["", "exposed time"],
+        _link_caption(the_link),
+    )
+    table.add_row("bulk, after compute", _ft(r.bulk_s))
+    table.add_row(f"layer by layer, L = {r.layers} ({_fb(r.per_layer_bytes)} each)", _ft(r.layered_exposed_s))
+    table.add_row("saved", _ft(r.saved_s))
+    _console().print(table)
+
+
+@app.command("pp-decode")
+def pp_decode(
+    stages: str = typer.Option(..., "--stages", help="Pipeline stages p."),
+    microbatches: str = typer.Option(..., "--microbatches", help="Micro-batches m in flight."),
+    stage_time: str = typer.Option(..., "--stage-time", help="Time s of one stage for one micro-batch, e.g. 1ms."),
+    transfer_time: str = typer.Option("0s", "--transfer", help="Time x of one inter-stage transfer, e.g. 0.1ms."),
+    tokens: str = typer.Option(..., "--tokens", help="Tokens T decoded per sequence."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (seconds)."),
+) -> None:
+    """Pipeline-parallel decode: token interval, mean time per token (with the fill) and utilisation."""
+    r = model.pp_decode(
+        _int(stages, "--stages"),
+        _int(microbatches, "--microbatches"),
+        model.parse_time(stage_time),
+        model.parse_time(transfer_time),
+        _int(tokens, "--tokens"),
+    )
+    if as_json:
+        _emit_json(r.to_dict())
+        return
+    table = _table(
+        f"decode on {r.stages} stages, {r.microbatches} micro-batches, {r.tokens} tokens",
+        ["", "value"],
+        "round = max(m·s, p·s + (p−1)·x); total = (T−1)·round + (m−1)·s + p·s + (p−1)·x",
+    )
+    table.add_row("token interval lower bound p·s + (p−1)·x", _ft(r.token_latency_s))
+    table.add_row("steady-state round (time between tokens)", _ft(r.round_s))
+    table.add_row("total", _ft(r.total_s))
+    table.add_row("mean time per token (incl. fill)", _ft(r.mean_time_per_token_s))
+    table.add_row("utilisation", "n/a" if r.utilisation is None else f"{r.utilisation:.1%}")
+    table.add_row("steady-state utilisation", "n/a" if r.steady_utilisation is None else f"{r.steady_utilisation:.1%}")
+    fill = "n/a" if r.microbatches_to_fill is None else str(r.microbatches_to_fill)
+    table.add_row("micro-batches to keep every stage busy", fill)
+    _console().print(table)
+
+
+@app.command("links")
+def links(
+    efficiency: str = typer.Option(str(model.DEFAULT_EFFICIENCY), "--efficiency", help="Effective/nominal bandwidth."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (seconds, bytes/s)."),
+) -> None:
+    """The link presets: nominal and effective β per direction, α, n½."""
+    eff = _float(efficiency, "--efficiency")
+    rows = [model.link_from_preset(name, efficiency=eff) for name in model.LINK_PRESETS]
+    if as_json:
+        _emit_json({"links": [l.to_dict() for l in rows]})
+        return
+    table = _table("link presets (β per GPU per direction)", ["preset", "what", "nominal", "effective β", "α", "n½"])
+    for l in rows:
+        table.add_row(l.name, l.description, _fbw(l.nominal_Bps), _fbw(l.beta_Bps), _ft(l.alpha_s), _fb(l.n_half_bytes))
+    _console().print(table)
