@@ -41,6 +41,7 @@ from tracekit.model import (
     ring_all_reduce_time,
     ring_broadcast_time,
     ring_reduce_scatter_time,
+    scatter_allgather_broadcast_time,
     tree_all_reduce_time,
     tree_broadcast_time,
     two_batch_overlap,
@@ -225,8 +226,12 @@ def test_broadcast():
     p = tree_broadcast_time(D, 8, NV4)
     assert close(p.alpha_term_s, 6 * US) and close(p.beta_term_s, 3e8 / 3.6e11) and p.steps == 3
     # scatter + ring all-gather k=8: (3 + 7)·2 µs = 20 µs; 2·7/8·1e8/3.6e11 = 486.111 µs
-    p = ring_broadcast_time(D, 8, NV4)
+    p = scatter_allgather_broadcast_time(D, 8, NV4)
     assert close(p.alpha_term_s, 20 * US) and close(p.beta_term_s, 1.75e8 / 3.6e11) and p.steps == 10
+    # pipelined ring k=8: 7·2 µs = 14 µs; D/β = 1e8/3.6e11 = 277.778 µs; D bytes sent (busbw factor 1)
+    p = ring_broadcast_time(D, 8, NV4)
+    assert close(p.alpha_term_s, 14 * US) and close(p.beta_term_s, 1e8 / 3.6e11) and p.steps == 7
+    assert close(p.bytes_per_rank_sent, D)
 
 
 @pytest.mark.parametrize("k", [2, 4, 8, 16, 64, 1024])

@@ -213,3 +213,14 @@ def test_malformed_row(tmp_path):
     path.write_text(bad)
     with pytest.raises(FileError, match="line 16: bad time 'fast'"):
         parse_nccl_tests(path)
+
+
+def test_concatenated_runs_keep_their_own_op_and_group(tmp_path):
+    # A sweep script appending two tests to one file: the second is an all_gather on 2 ranks.
+    lines = CURRENT_ALL_REDUCE.replace("all_reduce_perf", "all_gather_perf").splitlines(keepends=True)
+    second = "".join(line for line in lines if "Rank  2" not in line and "Rank  3" not in line)
+    path = tmp_path / "sweep.log"
+    path.write_text(CURRENT_ALL_REDUCE + second)
+    log = parse_nccl_tests(path)
+    assert (log.op, log.group_size) == ("all_reduce", 4)  # the first test's
+    assert [(r.op, r.group_size) for r in log.rows] == [("all_reduce", 4)] * 3 + [("all_gather", 2)] * 3

@@ -64,6 +64,13 @@ def test_other_ops(capsys, op):
         assert p["time_s"] == pytest.approx(30e-6)
 
 
+def test_broadcast_algorithms(capsys):
+    data = run_json(capsys, "broadcast", "--bytes", "100MB", "--ranks", "8", "--link", "nvlink4", "--algo", "all")
+    assert [p["algo"] for p in data["predictions"]] == ["ring", "tree", "scatter_allgather"]
+    # pipelined ring: 7·2 µs + 1e8/3.6e11 s = 14 µs + 277.778 µs
+    assert data["predictions"][0]["time_s"] == pytest.approx(14e-6 + 1e8 / 3.6e11)
+
+
 def test_alpha_beta_override(capsys):
     # --alpha alone overrides only α: 2·3·1 µs = 6 µs, β stays 360 GB/s
     data = run_json(capsys, "all_reduce", "--bytes", "100MB", "--ranks", "4", "--link", "nvlink4", "--alpha", "1us")

@@ -13,8 +13,10 @@ Communication Operations in MPICH", IJHPCA 19(1), 2005 (recursive doubling,
 Rabenseifner's halving/doubling, binomial trees, scatter + all-gather
 broadcast, pairwise exchange); Patarasuk & Yuan, "Bandwidth optimal
 all-reduce algorithms for clusters of workstations", JPDC 69(2), 2009 (ring
-all-reduce and its lower bound); ../shared/reference/alpha-beta.md (the table
-tracekit implements exactly).
+all-reduce and its lower bound); Patarasuk, Faraj & Yuan, "Pipelined
+broadcast on Ethernet switched clusters", IPDPS 2006 (pipelined chain
+broadcast); ../shared/reference/alpha-beta.md (the table tracekit implements
+exactly; broadcast is not in it and is defined here).
 
 Units: sizes in bytes, times in seconds, β in bytes/s per direction.
 """
@@ -47,6 +49,7 @@ __all__ = [
     "p2p_time",
     "tree_broadcast_time",
     "ring_broadcast_time",
+    "scatter_allgather_broadcast_time",
     "hierarchical_all_reduce",
     "verdict",
 ]
@@ -56,7 +59,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_gather": ("ring",),
     "reduce_scatter": ("ring",),
     "all_to_all": ("pairwise",),
-    "broadcast": ("ring", "tree"),
+    "broadcast": ("ring", "tree", "scatter_allgather"),
     "send": ("p2p",),
 }
 """The algorithms the model has for each op; the first is the op's default."""
@@ -157,23 +160,23 @@ def _check_model_op(op: str) -> str:
 def algorithm_coefficients(op: str, algo: str, ranks: int) -> Coefficients:
     """The (A, B) of T = A·α + B·D/β for ``algo`` running ``op`` on k = ``ranks`` ranks.
 
-    ========================== ============== ============== ===============================
-    op / algo                  A (steps)      B              source
-    ========================== ============== ============== ===============================
-    all_reduce ring            2(k−1)         2(k−1)/k       Patarasuk & Yuan 2009
-    all_reduce rec. doubling   log₂k          log₂k          Thakur et al. 2005
-    all_reduce rabenseifner    2·log₂k        2(k−1)/k       Thakur et al. 2005
-    all_reduce tree            2·⌈log₂k⌉      2·⌈log₂k⌉      binomial reduce + broadcast,
-                                                             not pipelined (Thakur 2005)
-    all_reduce nvls            2              1              in-switch (NVLS / SHARP)
-    all_gather, reduce_scatter k−1            (k−1)/k        ring (Thakur 2005, P&Y 2009)
-      ring
-    all_to_all pairwise        k−1            (k−1)/k        pairwise exchange (Thakur 2005)
-    broadcast tree             ⌈log₂k⌉        ⌈log₂k⌉        binomial tree (Thakur 2005)
-    broadcast ring             ⌈log₂k⌉ + k−1  2(k−1)/k       scatter + ring all-gather
-                                                             (van de Geijn; Thakur 2005)
-    send p2p                   1              1              one message
-    ========================== ============== ============== ===============================
+    op / algo                     A (steps)      B           source
+    ----------------------------  -------------  ----------  ----------------------------------
+    all_reduce ring               2(k−1)         2(k−1)/k    Patarasuk & Yuan 2009
+    all_reduce recursive_doubling log₂k          log₂k       Thakur et al. 2005
+    all_reduce rabenseifner       2·log₂k        2(k−1)/k    Thakur et al. 2005
+    all_reduce tree               2·⌈log₂k⌉      2·⌈log₂k⌉   binomial reduce + broadcast, not
+                                                             pipelined (Thakur et al. 2005)
+    all_reduce nvls               2              1           in-switch (NVLS / SHARP)
+    all_gather ring               k−1            (k−1)/k     Thakur et al. 2005; P&Y 2009
+    reduce_scatter ring           k−1            (k−1)/k     Thakur et al. 2005; P&Y 2009
+    all_to_all pairwise           k−1            (k−1)/k     pairwise exchange (Thakur 2005)
+    broadcast ring                k−1            1           pipelined chain, many-chunk limit
+                                                             (NCCL; Patarasuk et al. 2006)
+    broadcast tree                ⌈log₂k⌉        ⌈log₂k⌉     binomial tree (Thakur et al. 2005)
+    broadcast scatter_allgather   ⌈log₂k⌉ + k−1  2(k−1)/k    binomial scatter + ring all-gather
+                                                             (van de Geijn; Thakur et al. 2005)
+    send p2p                      1              1           one message
 
     The tree uses ⌈log₂k⌉ levels, which is the reference's log₂k when k is a
     power of two. ``ranks`` is ignored for send (any k >= 1 is accepted).
@@ -211,9 +214,11 @@ def _coefficients(op: str, algo: str, k: int) -> Coefficients:
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return Coefficients(k - 1, float(k - 1), (k - 1) / k)
     if op == "broadcast":
+        if algo == "ring":
+            return Coefficients(k - 1, float(k - 1), 1.0 if k > 1 else 0.0)
         if algo == "tree":
             return Coefficients(lg, float(lg), float(lg))
-        if algo == "ring":
+        if algo == "scatter_allgather":
             return Coefficients(lg + k - 1, float(lg + k - 1), 2.0 * (k - 1) / k)
     if op == "send":
         return Coefficients(1, 1.0, 1.0)
@@ -350,15 +355,28 @@ def tree_broadcast_time(size_bytes: float, ranks: int, link: Link) -> Prediction
 
 
 def ring_broadcast_time(size_bytes: float, ranks: int, link: Link) -> Prediction:
+    """Pipelined ring (chain) broadcast of D bytes, as NCCL runs it: T = (k−1)·α + D/β.
+
+    The root cuts the buffer into many chunks and each rank forwards every
+    chunk to the next: the first chunk needs k−1 hops, after which the whole
+    buffer streams through every link once (Patarasuk, Faraj & Yuan, IPDPS
+    2006, pipelined broadcast). This is the many-chunk limit: it leaves out
+    the α each further chunk costs, so it is a lower bound at mid sizes. Each
+    rank sends D bytes, which is why nccl-tests' broadcast busbw factor is 1.
+    Raises BadInputError if k < 2 or D < 0.
+    """
+    return _predict_one("broadcast", "ring", size_bytes, ranks, link)
+
+
+def scatter_allgather_broadcast_time(size_bytes: float, ranks: int, link: Link) -> Prediction:
     """Broadcast as a binomial scatter then a ring all-gather (van de Geijn), D bytes.
 
     T = (⌈log₂k⌉ + k − 1)·α + 2(k−1)/k · D/β: the scatter sends (k−1)/k·D
     from the root in ⌈log₂k⌉ steps, the ring all-gather another (k−1)/k·D in
     k−1 steps (Thakur, Rabenseifner & Gropp, IJHPCA 2005, long-message
-    broadcast). The bandwidth-bound algorithm, in the role NCCL's pipelined
-    ring plays. Raises BadInputError if k < 2 or D < 0.
+    broadcast in MPICH). Raises BadInputError if k < 2 or D < 0.
     """
-    return _predict_one("broadcast", "ring", size_bytes, ranks, link)
+    return _predict_one("broadcast", "scatter_allgather", size_bytes, ranks, link)
 
 
 def applicable_algorithms(op: str, ranks: int) -> list[str]:
@@ -378,7 +396,7 @@ def predict_collective(
 
     ``algo``: one of ``ALGORITHMS[op]`` (all_reduce: ring, recursive_doubling,
     rabenseifner, tree, nvls; all_gather / reduce_scatter: ring; all_to_all:
-    pairwise; broadcast: ring, tree; send: p2p), None for the op's default
+    pairwise; broadcast: ring, tree, scatter_allgather; send: p2p), None for the op's default
     (the first), or ``'all'`` for a list over every algorithm that can run on
     k ranks (power-of-two-only algorithms are left out for other k).
     Returns one Prediction, or a list for ``'all'``.
