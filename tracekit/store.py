@@ -82,6 +82,8 @@ EVENTS_SCHEMA = pa.schema(
         ("launch_event_id", pa.int64()),  # GPU work -> the runtime launch call on the CPU
         ("class", pa.string()),  # compute / comm / memory / sync / cpu / other
         ("step", pa.int64()),  # profiler step number or null
+        ("clipped", pa.bool_()),  # overlapped the next op on its GPU stream; cut to its start
+        ("clipped_ns", pa.int64()),  # how much was cut, ns (0 when not clipped)
     ]
 )
 

@@ -41,17 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         print("tracekit: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
-            print("tracekit: aborted", file=sys.stderr)
-            return 1
-        if isinstance(exc, click.ClickException):
-            msg = exc.format_message().splitlines()[0] if exc.format_message() else str(exc)
-            ctx = getattr(exc, "ctx", None)
-            usage = f" (usage: {ctx.command_path} --help)" if ctx is not None else ""
-            print(f"tracekit: {msg}{usage}", file=sys.stderr)
-            return exc.exit_code
+        code = _usage_error(exc)
+        if code is not None:
+            return code
         if os.environ.get("TRACEKIT_DEBUG"):
             raise
         where = ""
@@ -67,6 +59,39 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def _click_kinds():
+    import click
+
+    kinds = [click.ClickException]
+    aborts = [click.exceptions.Abort, typer.Abort]
+    try:  # typer >= 0.29 vendors its own click
+        from typer._click import exceptions as tce
+
+        kinds.append(tce.ClickException)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(kinds), tuple(aborts)
+
+
+def _usage_error(exc: Exception) -> int | None:
+    """Print a click/typer usage error as one line and return its exit code; None if not one."""
+    kinds, aborts = _click_kinds()
+    if isinstance(exc, aborts):
+        print("tracekit: aborted", file=sys.stderr)
+        return 1
+    if not isinstance(exc, kinds):
+        return None
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        print(ctx.get_help())
+        return 2
+    text = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    msg = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    usage = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+    print(f"tracekit: {msg}{usage}", file=sys.stderr)
+    return int(getattr(exc, "exit_code", 2) or 2)
 
 
 def entry() -> None:  # pragma: no cover - thin wrapper for console scripts

@@ -48,6 +48,9 @@ def ingest(
     workload: Optional[str] = typer.Option(None, "--workload", help="Workload label (tp, ep, pp, disagg_kv, sweep, external)."),
     comm_pattern: List[str] = typer.Option([], "--comm-pattern", help="Extra regex naming communication kernels (repeatable)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Rank files read in parallel (default: cores, at most 4)."),
+    align: Optional[str] = typer.Option(
+        None, "--align", help="Clock alignment: none | host | collectives (default: collectives when hosts differ)."
+    ),
     analyze: bool = typer.Option(False, "--analyze", help="Print the report after ingesting."),
 ) -> None:
     """Ingest traces (one run; one file per rank) into the Parquet store."""
@@ -56,7 +59,7 @@ def ingest(
     st = _store(store)
     rid = ingest_paths(
         [str(p) for p in paths], st, run_id=run_id, replace=replace, workload=workload,
-        comm_patterns=comm_pattern, jobs=jobs, progress=_progress_printer(),
+        comm_patterns=comm_pattern, jobs=jobs, align=align, progress=_progress_printer(),
     )
     typer.echo(f"run {rid} in {st.path}")
     if analyze:

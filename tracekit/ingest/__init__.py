@@ -89,6 +89,7 @@ def ingest_paths(
     comm_patterns: Sequence[str] = (),
     source: str | None = None,
     jobs: int | None = None,
+    align: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> str:
     """Ingest trace files (one run; one file per rank) into ``store``; returns the run id.
@@ -98,7 +99,9 @@ def ingest_paths(
     ``./tracekit-store``). ``comm_patterns``: extra regexes naming communication
     kernels (custom all-reduce kernels), added to the built-in list.
     Re-ingesting the same files (same sha256 set) returns the existing run unless
-    ``replace``. Raises FileError / BadInputError (store unchanged) on bad input.
+    ``replace``. ``align``: clock alignment across hosts, ``none`` | ``host`` |
+    ``collectives`` (default: collectives when the ranks' hosts differ, else none).
+    Raises FileError / BadInputError (store unchanged) on bad input.
     """
     from tracekit.store import Store, check_run_id
 
@@ -164,6 +167,7 @@ def ingest_paths(
             workload=workload,
             config=config or {},
             source=source or "kineto",
+            align=align,
         )
         stg.commit(rid, replace=replace)
     return rid

@@ -33,7 +33,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from tracekit.ingest.kineto import parse_split_list
+from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, parse_split_list
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float4": 4, "single": 4,
@@ -100,10 +100,18 @@ def canonical_op(text: Any) -> str | None:
 _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)(?:_([A-Z]+))?(?:_([A-Z0-9]+))?", re.I)
 
 
+_CUSTOM_ALL_REDUCE = re.compile("|".join(CUSTOM_ALL_REDUCE_PATTERNS), re.I)
+
+
 def parse_kernel_name(name: str) -> tuple[str | None, str | None, str | None]:
-    """``ncclKernel_AllReduce_RING_LL_Sum_float`` → ("all_reduce", "RING", "LL") (algo/proto informational)."""
+    """``ncclKernel_AllReduce_RING_LL_Sum_float`` → ("all_reduce", "RING", "LL") (algo/proto informational).
+
+    Custom all-reduce kernels of inference engines (``cross_device_reduce_*``...) → ("all_reduce", None, None).
+    """
     m = _KERNEL_RE.search(name or "")
     if not m:
+        if _CUSTOM_ALL_REDUCE.search(name or ""):
+            return "all_reduce", None, None
         return None, None, None
     kind, algo, proto = m.group(1), m.group(2), m.group(3)
     op = canonical_op(kind)

@@ -139,7 +139,7 @@ def _decode_events(body: bytes) -> Chunk | None:
         return Chunk(_EV_LIST.decode(text), text)
     except msgspec.ValidationError:
         return _decode_mixed(text, [])
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         pass
     text2, notes = _repair(text)
     if not notes:
@@ -148,7 +148,7 @@ def _decode_events(body: bytes) -> Chunk | None:
         return Chunk(_EV_LIST.decode(text2), text2, notes)
     except msgspec.ValidationError:
         return _decode_mixed(text2, notes)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None
 
 
@@ -156,7 +156,7 @@ def _decode_mixed(text: bytes, notes: list[str]) -> Chunk | None:
     """An array with non-object items: keep the objects, note the rest."""
     try:
         items = _ANY.decode(text)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None
     if not isinstance(items, list):
         return None
@@ -260,12 +260,12 @@ class TraceStream:
             head = buf[:j] + b'"traceEvents":[]}'
             try:
                 meta = _ANY.decode(head)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, UnicodeDecodeError):
                 head2, notes = _repair(head)
                 try:
                     meta = _ANY.decode(head2)
                     self.notes.extend(notes)
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, UnicodeDecodeError):
                     start = j + 1  # the key was inside a string
                     continue
             meta.pop("traceEvents", None)
@@ -276,7 +276,7 @@ class TraceStream:
     def _no_events(self, buf: bytes):
         try:
             doc = _ANY.decode(buf)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             if buf.lstrip().startswith(b"{") and not buf.rstrip().endswith(b"}"):
                 raise FileError(self.path, "truncated JSON: the document ends early (file incomplete?)") from None
             raise FileError(self.path, f"not valid JSON ({exc})") from None
@@ -349,11 +349,11 @@ class TraceStream:
                 elif inner.startswith(b","):
                     try:
                         trailing = _ANY.decode(b"{" + inner[1:] + b"}")
-                    except msgspec.DecodeError:
+                    except (msgspec.DecodeError, UnicodeDecodeError):
                         fixed, notes = _repair(b"{" + inner[1:] + b"}")
                         try:
                             trailing = _ANY.decode(fixed)
-                        except msgspec.DecodeError:
+                        except (msgspec.DecodeError, UnicodeDecodeError):
                             continue
                     if not isinstance(trailing, dict):
                         continue

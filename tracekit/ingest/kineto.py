@@ -61,15 +61,12 @@ GPU_CATEGORIES = frozenset({"kernel", "memcpy", "memset", "sync", "gpu_user_anno
 _ARGS_NEEDED = GPU_CATEGORIES | {"runtime", "driver"}
 
 # Communication by name (DESIGN.md "Classifying events"); metadata decides first.
-BUILTIN_COMM_PATTERNS = (
-    r"nccl",
-    r"rccl",
-    r"^gloo:",
+CUSTOM_ALL_REDUCE_PATTERNS = (
     r"cross_device_reduce",  # vLLM / SGLang custom all-reduce
     r"custom_?all_?reduce",
-    r"one_?shot_?all_?reduce|two_?shot_?all_?reduce",
-    r"msccl",
+    r"(?:one|two)_?shot_?all_?reduce",
 )
+BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:", r"msccl") + CUSTOM_ALL_REDUCE_PATTERNS
 _COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:")
 
 _MAX_EXACT_FLOAT_US = float(2**52) / 1000.0
@@ -424,5 +421,5 @@ def read_rank_file(
 def _decode_args(raw) -> KArgs:
     try:
         return _KARGS.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         return _EMPTY_ARGS

@@ -34,9 +34,17 @@ def _sql_str(s: str) -> str:
     return "'" + str(s).replace("'", "''") + "'"
 
 
-def finish_run(stage: Path, run_id, results, ranks, raw_files, *, workload, config, source) -> None:
-    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet into ``stage``."""
+def finish_run(
+    stage: Path, run_id, results, ranks, raw_files, *, workload, config, source, align: str | None = None
+) -> None:
+    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet into ``stage``.
+
+    ``align``: ``none`` | ``host`` | ``collectives`` (default: collectives when the
+    ranks' hosts differ, else none); see :func:`tracekit.ingest.clocks.estimate_offsets`.
+    """
     import duckdb
+
+    from tracekit.ingest.clocks import choose_alignment, estimate_offsets
 
     world_size = _world_size(results, ranks)
     pg_config = _pg_config(results)
@@ -45,75 +53,56 @@ def finish_run(stage: Path, run_id, results, ranks, raw_files, *, workload, conf
     con.execute("SET preserve_insertion_order = false")
     all_rows: list[dict] = []
     rank_rows = []
+    hosts = {}
     for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
         cpu_only = not rf.has_gpu
         steps = rf.steps or [(-1, -1, 0, 0)]
         con.execute("CREATE OR REPLACE TEMP TABLE steps(step BIGINT, ts BIGINT, e BIGINT)")
         con.executemany("INSERT INTO steps VALUES (?, ?, ?)", [(s[0], s[2], s[3]) for s in steps])
-        src = f"read_parquet({_sql_str(raw)})"
         out = stage / "events" / f"rank={rank}.parquet"
-        con.execute(
-            f"""
-            COPY (
-              WITH raw AS (SELECT * FROM {src}),
-              launch AS (
-                SELECT correlation, event_id AS launch_id, ts_ns AS launch_ts FROM raw
-                WHERE category IN ('runtime', 'driver') AND correlation IS NOT NULL
-                QUALIFY row_number() OVER (PARTITION BY correlation ORDER BY (category = 'runtime') DESC, event_id) = 1
-              ),
-              comm_threads AS (
-                SELECT DISTINCT device, track FROM raw WHERE track_kind = 'cpu_thread' AND is_comm
-              ),
-              linked AS (
-                SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
-                       (ct.track IS NOT NULL) AS on_comm_thread
-                FROM raw r
-                LEFT JOIN launch l ON r.track_kind = 'gpu_stream' AND r.correlation = l.correlation
-                LEFT JOIN comm_threads ct ON r.track_kind = 'cpu_thread' AND r.device = ct.device AND r.track = ct.track
-              )
-              SELECT {_sql_str(run_id)} AS run_id, CAST({rank} AS INTEGER) AS rank, x.event_id, x.track_kind,
-                     x.device, x.track, x.category, x.name, x.ts_ns, x.dur_ns, x.correlation, x.external_id,
-                     x.launch_id AS launch_event_id,
-                     CASE
-                       WHEN x.is_comm THEN 'comm'
-                       WHEN x.category = 'sync' OR regexp_matches(x.name, {_sql_str(_SYNC_NAME)}) THEN 'sync'
-                       WHEN x.category = 'kernel' THEN 'compute'
-                       WHEN x.category IN ('memcpy', 'memset') THEN 'memory'
-                       WHEN x.track_kind = 'gpu_stream' THEN 'other'
-                       WHEN {str(cpu_only).upper()} AND x.category = 'cpu_op' AND NOT x.on_comm_thread
-                            AND NOT (x.name LIKE 'c10d::%' OR x.name LIKE 'nccl:%' OR x.name LIKE 'gloo:%'
-                                     OR x.name = 'record_param_comms')
-                         THEN 'compute'
-                       ELSE 'cpu'
-                     END AS class,
-                     CASE WHEN x.step_ts < s.e THEN s.step END AS step
-              FROM linked x ASOF LEFT JOIN steps s ON x.step_ts >= s.ts
-              ORDER BY x.track_kind, x.device, x.track, x.ts_ns
-            ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd)
-            """
-        )
+        con.execute(_events_sql(run_id, rank, raw, out, cpu_only))
+        ev = f"read_parquet({_sql_str(out)})"
+        # comm spans after clipping, with their launch call (GPU) for op attribution
+        spans = {}
         launches = {}
-        if not cpu_only:
-            for eid, pid, tid, lts, ldur in con.execute(
-                f"""
-                WITH raw AS (SELECT * FROM {src}),
-                launch AS (
-                  SELECT correlation, device, track, ts_ns, dur_ns FROM raw
-                  WHERE category IN ('runtime', 'driver') AND correlation IS NOT NULL
-                  QUALIFY row_number() OVER (PARTITION BY correlation ORDER BY (category = 'runtime') DESC, event_id) = 1
-                )
-                SELECT k.event_id, l.device, l.track, l.ts_ns, l.dur_ns
-                FROM raw k JOIN launch l USING (correlation) WHERE k.is_comm AND k.track_kind = 'gpu_stream'
-                """
-            ).fetchall():
+        for eid, ts, dur, pid, tid, lts, ldur in con.execute(
+            f"""
+            SELECT k.event_id, k.ts_ns, k.dur_ns, l.device, l.track, l.ts_ns, l.dur_ns
+            FROM {ev} k LEFT JOIN {ev} l ON k.launch_event_id = l.event_id
+            WHERE k.class = 'comm'
+            """
+        ).fetchall():
+            spans[eid] = (ts, dur)
+            if lts is not None:
                 launches[eid] = (pid, tid, lts, lts + ldur)
+        for m in rf.comm_meta:
+            if m["event_id"] in spans:
+                m["ts_ns"], m["dur_ns"] = spans[m["event_id"]]
         rows = build_collectives(
             run_id, rank, rf.comm_meta, launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only
         )
         all_rows.extend(rows)
+        n_clipped, max_clip, n_skew, max_skew = con.execute(
+            f"""
+            SELECT (SELECT count(*) FROM {ev} WHERE clipped), (SELECT max(clipped_ns) FROM {ev} WHERE clipped),
+                   count(*), max(l.ts_ns - k.ts_ns)
+            FROM {ev} k JOIN {ev} l ON k.launch_event_id = l.event_id
+            WHERE k.track_kind = 'gpu_stream' AND k.ts_ns < l.ts_ns
+            """
+        ).fetchone()
         warnings = list(dict.fromkeys(rf.warnings))
         if rf.quarantined:
             warnings.append(f"{rf.quarantined} event(s) quarantined (missing or non-positive ts, negative dur)")
+        if n_clipped:
+            warnings.append(
+                f"{n_clipped} GPU event(s) overlapped the next on their stream by more than {CLIP_TOLERANCE_NS} ns "
+                f"and were clipped to its start (largest cut {max_clip / 1e3:.3f} µs)"
+            )
+        if n_skew:
+            warnings.append(
+                f"{n_skew} GPU event(s) start before their own launch call (largest skew {max_skew / 1e3:.3f} µs): "
+                "CPU and GPU clocks disagree"
+            )
         if rf.events == 0:
             warnings.append("metadata only: the file holds no complete events")
         n_unattr = sum(1 for r in rows if r["op"] is None)
@@ -122,11 +111,13 @@ def finish_run(stage: Path, run_id, results, ranks, raw_files, *, workload, conf
         if not rows and rf.events:
             warnings.append("no communication in this rank's trace")
         di = rf.meta.get("distributedInfo") if isinstance(rf.meta.get("distributedInfo"), dict) else {}
+        host = str(rf.meta.get("host_name") or di.get("host") or "") or None
+        hosts[rank] = host
         rank_rows.append(
             dict(
                 run_id=run_id,
                 rank=rank,
-                host=str(rf.meta.get("host_name") or di.get("host") or "") or None,
+                host=host,
                 source_path=str(Path(rf.path).resolve()),
                 source_sha256=rf.sha256,
                 clock_offset_ns=0,
@@ -137,18 +128,97 @@ def finish_run(stage: Path, run_id, results, ranks, raw_files, *, workload, conf
             )
         )
         Path(raw).unlink(missing_ok=True)
-    con.close()
     assign_seq(all_rows)
+    mode = choose_alignment(align, hosts)
+    offsets = estimate_offsets(all_rows, sorted(hosts), hosts, mode)
+    for rr in rank_rows:
+        off, err, note = offsets.get(rr["rank"], (0, 0, None))
+        rr["clock_offset_ns"], rr["clock_offset_err_ns"] = off, err
+        if note:
+            rr["warnings"].append(note)
+        if off:
+            f = stage / "events" / f"rank={rr['rank']}.parquet"
+            tmp = f.with_suffix(".shifting")
+            con.execute(
+                f"COPY (SELECT * REPLACE (ts_ns + {int(off)} AS ts_ns) FROM read_parquet({_sql_str(f)})) "
+                f"TO {_sql_str(tmp)} (FORMAT parquet, COMPRESSION zstd)"
+            )
+            tmp.replace(f)
+    for r in all_rows:
+        off = offsets.get(r["rank"], (0, 0, None))[0]
+        if off:
+            r["ts_ns"] += off
+            r["issue_ts_ns"] += off
+    con.close()
     pq.write_table(
         pa.Table.from_pylist(all_rows, schema=COLLECTIVES_SCHEMA), stage / "collectives.parquet", **PARQUET_OPTS
     )
     pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
     run_row = _run_row(run_id, results, all_rows, world_size, workload, config, source)
+    run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
     pq.write_table(pa.Table.from_pylist([run_row], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
     try:
         (stage / "raw").rmdir()
     except OSError:
         pass
+
+
+CLIP_TOLERANCE_NS = 100
+"""Overlaps of consecutive GPU ops on one stream up to this are clock noise, not clipped."""
+
+
+def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> str:
+    """COPY statement: raw rows → final events rows (launch link, clipping, class, step)."""
+    src = f"read_parquet({_sql_str(raw)})"
+    return f"""
+    COPY (
+      WITH raw AS (SELECT * FROM {src}),
+      launch AS (
+        SELECT correlation, event_id AS launch_id, ts_ns AS launch_ts FROM raw
+        WHERE category IN ('runtime', 'driver') AND correlation IS NOT NULL
+        QUALIFY row_number() OVER (PARTITION BY correlation ORDER BY (category = 'runtime') DESC, event_id) = 1
+      ),
+      comm_threads AS (
+        SELECT DISTINCT device, track FROM raw WHERE track_kind = 'cpu_thread' AND is_comm
+      ),
+      linked AS (
+        SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
+               (ct.track IS NOT NULL) AS on_comm_thread,
+               CASE WHEN r.track_kind = 'gpu_stream' AND r.category IN ('kernel', 'memcpy', 'memset')
+                    THEN lead(r.ts_ns) OVER (PARTITION BY r.track_kind = 'gpu_stream' AND r.category IN ('kernel', 'memcpy', 'memset'),
+                                                      r.device, r.track ORDER BY r.ts_ns, r.event_id)
+               END AS next_ts
+        FROM raw r
+        LEFT JOIN launch l ON r.track_kind = 'gpu_stream' AND r.correlation = l.correlation
+        LEFT JOIN comm_threads ct ON r.track_kind = 'cpu_thread' AND r.device = ct.device AND r.track = ct.track
+      ),
+      clipped AS (
+        SELECT *, (next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}) AS clipped,
+               CASE WHEN next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}
+                    THEN ts_ns + dur_ns - greatest(next_ts, ts_ns) ELSE 0 END AS clipped_ns
+        FROM linked
+      )
+      SELECT {_sql_str(run_id)} AS run_id, CAST({rank} AS INTEGER) AS rank, x.event_id, x.track_kind,
+             x.device, x.track, x.category, x.name, x.ts_ns, x.dur_ns - x.clipped_ns AS dur_ns,
+             x.correlation, x.external_id, x.launch_id AS launch_event_id,
+             CASE
+               WHEN x.is_comm THEN 'comm'
+               WHEN x.category = 'sync' OR regexp_matches(x.name, {_sql_str(_SYNC_NAME)}) THEN 'sync'
+               WHEN x.category = 'kernel' THEN 'compute'
+               WHEN x.category IN ('memcpy', 'memset') THEN 'memory'
+               WHEN x.track_kind = 'gpu_stream' THEN 'other'
+               WHEN {str(cpu_only).upper()} AND x.category = 'cpu_op' AND NOT x.on_comm_thread
+                    AND NOT (x.name LIKE 'c10d::%' OR x.name LIKE 'nccl:%' OR x.name LIKE 'gloo:%'
+                             OR x.name = 'record_param_comms')
+                 THEN 'compute'
+               ELSE 'cpu'
+             END AS class,
+             CASE WHEN x.step_ts < s.e THEN s.step END AS step,
+             x.clipped, x.clipped_ns
+      FROM clipped x ASOF LEFT JOIN steps s ON x.step_ts >= s.ts
+      ORDER BY x.track_kind, x.device, x.track, x.ts_ns
+    ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd)
+    """
 
 
 def _world_size(results, ranks) -> int:

@@ -1,0 +1,164 @@
+"""Each defect real exporters produce, on its hand-made fixture (fixtures/defects/, see NOTE.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tracekit.cli import main
+from tracekit.ingest import ingest_paths, rank_from_filename
+from tracekit.ingest.kineto import text_to_ns
+from tracekit.store import Store
+
+D = FIXTURES / "defects"
+
+
+def ingest(tmp_path, name, **kw):
+    store = Store(tmp_path / "store")
+    rid = ingest_paths([D / name], store, **kw)
+    return store.connect(), rid
+
+
+def test_bare_inf_nan_tokens_are_read(tmp_path):
+    con, _ = ingest(tmp_path, "inf_nan.json")
+    assert con.execute("SELECT count(*) FROM events").fetchone() == (3,)
+    (warnings,) = con.execute("SELECT warnings FROM ranks").fetchone()
+    assert "3 bare inf/NaN token(s) read as null" in warnings
+
+
+def test_ts_zero_events_are_quarantined_not_the_start(tmp_path):
+    con, _ = ingest(tmp_path, "ts_zero.json")
+    assert con.execute("SELECT events, events_quarantined FROM ranks").fetchone() == (2, 2)
+    # the trace starts at the first real kernel, 1,000,000 µs = 1e9 ns
+    assert con.execute("SELECT min(ts_ns), list(name ORDER BY ts_ns) FROM events").fetchone() == (
+        1_000_000_000, ["gemm_a", "gemm_b"]
+    )
+
+
+def test_ts_from_decimal_text_is_exact(tmp_path):
+    con, _ = ingest(tmp_path, "ts_text.json")
+    rows = con.execute("SELECT name, ts_ns, dur_ns FROM events ORDER BY ts_ns").fetchall()
+    assert rows == [
+        ("aten::add", 12_345_678_901_234_567, 1_001),  # 17 significant digits, float in JSON
+        ("aten::mm", 1_712_195_495_519_689_047, 12_500),  # a string ts
+        ("aten::relu", 1_712_195_495_519_700_999, 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, ns",
+    [("1712195495519689.047", 1712195495519689047), ('"12.5"', 12500), ("-3.25", -3250), ("1e3", 1_000_000),
+     ("null", None), ("inf", None), ("abc", None), ("0.0006", 1), ("0.0005", 0)],
+)
+def test_text_to_ns(text, ns):
+    assert text_to_ns(text) == ns
+
+
+def test_keys_after_trace_events(tmp_path):
+    store = Store(tmp_path / "s")
+    from tracekit.ingest.kineto import read_rank_file
+    import re
+
+    rf = read_rank_file(D / "keys_after_events.json", tmp_path / "raw.parquet", re.compile("nccl"))
+    assert rf.meta["baseTimeNanoseconds"] == 1700000000000000000
+    assert rf.meta["distributedInfo"]["rank"] == 5
+    assert rf.meta["traceName"] == 'x ] } , " tricky'
+    con, _ = ingest(tmp_path, "keys_after_events.json")
+    assert con.execute("SELECT rank, events FROM ranks").fetchone() == (5, 1)
+    del store
+
+
+def test_invalid_utf8_names_are_kept_with_replacement(tmp_path):
+    con, _ = ingest(tmp_path, "bad_utf8.json")
+    names = [r[0] for r in con.execute("SELECT name FROM events ORDER BY ts_ns").fetchall()]
+    assert names == ["aten::\ufffd\ufffdweird", "aten::fine"]
+
+
+def test_overlapping_kernels_clipped_and_noise_tolerated(tmp_path):
+    con, _ = ingest(tmp_path, "overlapping_kernels.json")
+    rows = con.execute("SELECT name, ts_ns, dur_ns, clipped, clipped_ns FROM events ORDER BY ts_ns").fetchall()
+    assert rows == [
+        ("k1", 1_000_000_000, 10_000, True, 5_000),  # [0, 15] µs overlaps k2 at 10 µs by 5 µs: cut
+        ("k2", 1_000_010_000, 10_000, False, 0),  # overlaps k3 by 50 ns: clock noise, kept
+        ("k3", 1_000_019_950, 5_000, False, 0),
+    ]
+    (w,) = con.execute("SELECT warnings FROM ranks").fetchone()
+    assert any("1 GPU event(s) overlapped" in x for x in w)
+
+
+def test_kernel_before_its_launch_is_kept_with_warning(tmp_path):
+    con, _ = ingest(tmp_path, "kernel_before_launch.json")
+    assert con.execute("SELECT count(*) FROM events WHERE name = 'early_kernel' AND launch_event_id IS NOT NULL").fetchone() == (1,)
+    (w,) = con.execute("SELECT warnings FROM ranks").fetchone()
+    assert any("start before their own launch call (largest skew 3.000 µs)" in x for x in w)
+
+
+def test_sync_is_never_compute(tmp_path):
+    """NCCL [0,100] µs; other stream: sync [0,100] + GEMM [60,100] → overlap 40 %."""
+    con, _ = ingest(tmp_path, "sync_not_compute.json")
+    assert con.execute("SELECT class FROM events WHERE name = 'Stream Sync'").fetchone() == ("sync",)
+    assert con.execute("SELECT overlap_ratio FROM overlap_by_rank").fetchone()[0] == pytest.approx(0.4, abs=1e-12)
+
+
+def test_all_to_all_split_sizes(tmp_path):
+    con, _ = ingest(tmp_path, "alltoall_splits.json")
+    rows = con.execute("SELECT op, size_bytes, wire_bytes, in_splits, approx FROM collectives ORDER BY ts_ns").fetchall()
+    # rank 0 of 4, input splits [11, 12, 13, 14] elements: sends 12 + 13 + 14 = 39 elements × 4 B
+    assert rows[0] == ("all_to_all", 50 * 4, 39 * 4, [11, 12, 13, 14], False)
+    # a split list cut by the profiler after 30 entries: approx, wire from the even-split bound
+    assert rows[1][0] == "all_to_all" and rows[1][4] is True and rows[1][2] == round(3 / 4 * 64 * 4)
+    # "[]" means even splits: (k−1)/k · S = 3/4 · 192
+    assert rows[2] == ("all_to_all", 48 * 4, 144, [], False)
+
+
+@pytest.mark.parametrize("name, rank", [("rank-3.json", 3), ("rank3.json", 3), ("worker3.pt.trace.json", 3),
+                                        ("rank_3.json.gz", 3), ("trace.json", None), ("myrank7.json", None)])
+def test_rank_from_filename(name, rank):
+    assert rank_from_filename(name) == rank
+
+
+def test_ranks_from_file_names_and_metadata_only_rank(tmp_path):
+    con, _ = ingest(tmp_path, "rank_names")
+    rows = con.execute("SELECT rank, events, warnings FROM ranks ORDER BY rank").fetchall()
+    assert [(r, n) for r, n, _ in rows] == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 0)]
+    assert any("metadata only" in w for w in rows[4][2])
+
+
+def test_custom_all_reduce_builtin_and_user_pattern(tmp_path):
+    con, _ = ingest(tmp_path, "custom_allreduce.json")
+    assert con.execute("SELECT name FROM events WHERE class = 'comm'").fetchall() == [
+        ("void vllm::cross_device_reduce_1stage<float, 2>(...)",)
+    ]
+    assert con.execute("SELECT op FROM collectives").fetchall() == [("all_reduce",)]
+    store = Store(tmp_path / "s2")
+    ingest_paths([D / "custom_allreduce.json"], store, comm_patterns=[r"fancy_allreduce"])
+    con2 = store.connect()
+    assert con2.execute("SELECT count(*) FROM events WHERE class = 'comm'").fetchone() == (2,)
+    # comm by a user's pattern, no metadata: counted in overlap, unattributed
+    assert con2.execute("SELECT count(*) FROM collectives WHERE op IS NULL").fetchone() == (1,)
+
+
+def test_bad_comm_pattern_exits_2(tmp_path, capsys):
+    assert main(["ingest", str(D / "custom_allreduce.json"), "--store", str(tmp_path / "s"), "--comm-pattern", "("]) == 2
+    assert "--comm-pattern" in capsys.readouterr().err
+
+
+def test_clock_alignment_across_hosts(tmp_path):
+    """Rank 1's clock reads 5,000 µs ahead; its ends match rank 0's except one 200 µs outlier."""
+    con, _ = ingest(tmp_path, "two_hosts")
+    assert con.execute("SELECT rank, host, clock_offset_ns, clock_offset_err_ns FROM ranks ORDER BY rank").fetchall() == [
+        (0, "node-a", 0, 0), (1, "node-b", -5_000_000, 1)
+    ]
+    # after alignment rank 1 arrives 2 µs after rank 0, except instance 2 where it straggles by 42 µs
+    rows = con.execute("SELECT seq, straggler, skew_ns FROM collective_instances ORDER BY seq").fetchall()
+    assert rows == [(0, 1, 2_000), (1, 1, 2_000), (2, 1, 42_000), (3, 1, 2_000), (4, 1, 2_000)]
+
+
+def test_clock_alignment_can_be_turned_off(tmp_path):
+    con, _ = ingest(tmp_path, "two_hosts", align="none")
+    assert con.execute("SELECT max(abs(clock_offset_ns)) FROM ranks").fetchone() == (0,)
+    assert con.execute("SELECT min(skew_ns) FROM collective_instances").fetchone() == (5_002_000,)
+
+
+def test_bad_align_value(tmp_path, capsys):
+    assert main(["ingest", str(D / "two_hosts"), "--store", str(tmp_path / "s"), "--align", "sideways"]) == 2
