@@ -17,13 +17,32 @@ _DEPENDS = re.compile(r"^--\s*Depends on:\s*(.*)$", re.M)
 _CREATES = re.compile(r"CREATE\s+OR\s+REPLACE\s+(?:VIEW|MACRO|TABLE)\s+([A-Za-z_][A-Za-z0-9_]*)", re.I)
 
 
+PYTHON_ANALYSES = ("fit",)
+"""Analyses computed in Python (``analyses/<name>.py`` with DEPENDS, CREATES and ``create(con)``)."""
+
+
 def modules() -> dict[str, str]:
-    """name → SQL text of every analysis module shipped in this package."""
+    """name → SQL text of every analysis module shipped in this package.
+
+    A Python analysis appears as a pseudo-SQL text made of its ``Depends on`` and
+    ``CREATE`` lines, so that ordering treats both kinds alike.
+    """
     out = {}
     for f in resources.files(__package__).iterdir():
         if f.name.endswith(".sql"):
             out[f.name[:-4]] = f.read_text(encoding="utf-8")
+    for name in PYTHON_ANALYSES:
+        mod = _py_module(name)
+        out[name] = "-- Depends on: " + ", ".join(mod.DEPENDS) + "\n" + "".join(
+            f"-- CREATE OR REPLACE TABLE {obj}\n" for obj in mod.CREATES
+        )
     return out
+
+
+def _py_module(name: str):
+    import importlib
+
+    return importlib.import_module(f"{__package__}.{name}")
 
 
 def load_order(mods: dict[str, str] | None = None) -> list[str]:
@@ -70,24 +89,98 @@ def load_order(mods: dict[str, str] | None = None) -> list[str]:
     return order
 
 
+_KERNEL_ALGOS = {"RING": "ring", "TREE": "tree", "NVLS": "nvls", "NVLSTREE": "nvls"}
+
+
 def register_udfs(con) -> None:
-    """Register the model functions the SQL uses (``tk_busbw_factor(op, n) → DOUBLE``...)."""
-    from tracekit.model import busbw_factor
+    """Register the model functions the SQL uses; each returns NULL where the model has no answer.
 
-    def _factor(op, n):
-        if op is None or n is None:
+    tk_busbw_factor(op, n) → DOUBLE            nccl-tests bus-bandwidth factor
+    tk_model_algo(op, kernel_algo, n) → VARCHAR the algorithm to model (kernel's if modelled, else default)
+    tk_alpha_coeff(op, algo, n) → DOUBLE       A of T = A·α + B·D/β
+    tk_beta_coeff(op, algo, n) → DOUBLE        B of T = A·α + B·D/β
+    tk_link_alpha(preset) → DOUBLE             preset α, s
+    tk_link_beta(preset) → DOUBLE              preset effective β, bytes/s
+    tk_best_algo(op, D, n, α, β, sw) → VARCHAR fastest applicable algorithm under (α, β); in-switch
+                                               (nvls) only when sw (an NVLink/NVSwitch preset)
+    tk_best_time(op, D, n, α, β, sw) → DOUBLE  its time, s
+    """
+    from tracekit.errors import TracekitError
+    from tracekit.model import (
+        ALGORITHMS,
+        algorithm_coefficients,
+        applicable_algorithms,
+        busbw_factor,
+        custom_link,
+        link_from_preset,
+        predict_collective,
+    )
+
+    import functools
+
+    def safe(fn):
+        @functools.wraps(fn)
+        def wrapped(*args):
+            if any(a is None for a in args):
+                return None
+            try:
+                return fn(*args)
+            except (TracekitError, ValueError, ZeroDivisionError):
+                return None
+
+        return wrapped
+
+    def model_algo(op, kernel_algo, n):
+        algos = ALGORITHMS.get(op)
+        if not algos:
             return None
-        try:
-            return float(busbw_factor(op, int(n)))
-        except Exception:
-            return None
+        cand = _KERNEL_ALGOS.get(str(kernel_algo or "").upper())
+        if cand in algos and cand in applicable_algorithms(op, int(n)):
+            return cand
+        return algos[0]
 
-    con.create_function("tk_busbw_factor", _factor, ["VARCHAR", "INTEGER"], "DOUBLE", null_handling="special")
+    def best(op, size, n, alpha, beta, in_switch):
+        link = custom_link(alpha, beta)
+        preds = predict_collective(op, float(size), int(n), link, algo="all")
+        if not in_switch:  # NVLS/SHARP needs switch hardware the fit cannot vouch for
+            preds = [p for p in preds if p.algo != "nvls"] or preds
+        return min(preds, key=lambda p: p.time_s)
+
+    def reg(name, fn, args, ret, nulls=False):
+        con.create_function(name, fn if nulls else safe(fn), args, ret, null_handling="special")
+
+    reg("tk_busbw_factor", lambda op, n: float(busbw_factor(op, int(n))), ["VARCHAR", "INTEGER"], "DOUBLE")
+    con.create_function(
+        "tk_model_algo", lambda op, ka, n: None if op is None or n is None else model_algo(op, ka, n),
+        ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR", null_handling="special",
+    )
+    reg("tk_alpha_coeff", lambda op, a, n: float(algorithm_coefficients(op, a, int(n)).alpha_coeff),
+        ["VARCHAR", "VARCHAR", "INTEGER"], "DOUBLE")
+    reg("tk_beta_coeff", lambda op, a, n: float(algorithm_coefficients(op, a, int(n)).beta_coeff),
+        ["VARCHAR", "VARCHAR", "INTEGER"], "DOUBLE")
+    reg("tk_link_alpha", lambda name: link_from_preset(name).alpha_s, ["VARCHAR"], "DOUBLE")
+    reg("tk_link_beta", lambda name: link_from_preset(name).beta_Bps, ["VARCHAR"], "DOUBLE")
+    reg("tk_best_algo", lambda op, d, n, a, b, sw: best(op, d, n, a, b, sw).algo,
+        ["VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "DOUBLE", "BOOLEAN"], "VARCHAR")
+    reg("tk_best_time", lambda op, d, n, a, b, sw: best(op, d, n, a, b, sw).time_s,
+        ["VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "DOUBLE", "BOOLEAN"], "DOUBLE")
 
 
-def load_analyses(con) -> None:
-    """Create every analysis view/macro on a DuckDB connection that has the base tables."""
+def load_analyses(con, link: str | None = None) -> None:
+    """Create every analysis view/macro/table on a DuckDB connection that has the base tables.
+
+    ``link``: the preset the verdicts compare with (sets the DuckDB variable ``tk_link``).
+    Raises BadInputError for an unknown preset.
+    """
+    if link is not None:
+        from tracekit.model import link_from_preset
+
+        link_from_preset(link)  # validates, one-line BadInputError otherwise
+    con.execute("SET VARIABLE tk_link = ?", [link])
     register_udfs(con)
     mods = modules()
     for name in load_order(mods):
-        con.execute(mods[name])
+        if name in PYTHON_ANALYSES:
+            _py_module(name).create(con)
+        else:
+            con.execute(mods[name])

@@ -31,14 +31,16 @@ def _rows(con, sql: str, params: list | None = None) -> list[dict]:
     return out
 
 
-def build_report(store: Store | str | None = None, run_id: str | None = None) -> dict[str, Any]:
+def build_report(store: Store | str | None = None, run_id: str | None = None, link: str | None = None) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings),
     ``collectives`` (per op: count, bytes, median sync time, busbw, total wait),
     ``unattributed`` (comm spans with no collective), ``instances`` (matching
     health), ``overlap_by_rank``, ``overlap_by_step``, ``stragglers`` (worst
-    instances by skew) and ``straggler_ranks``, ``warnings``.
+    instances by skew) and ``straggler_ranks``, ``fit`` (α, β, n½ per op from
+    alpha_beta_fit), ``verdicts`` (counts per op and verdict), ``furthest_from_model``
+    (lowest efficiency), ``link`` (the preset compared with, or None), ``warnings``.
     Raises StoreError when the store is empty or the run is unknown.
     """
     from tracekit.errors import StoreError
@@ -49,7 +51,7 @@ def build_report(store: Store | str | None = None, run_id: str | None = None) ->
     elif not st.has_run(run_id):
         known = ", ".join(st.run_ids()[:8]) or "none"
         raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
-    con = st.connect(run_ids=[run_id])
+    con = st.connect(run_ids=[run_id], link=link)
     p = [run_id]
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
     try:
@@ -123,6 +125,32 @@ def build_report(store: Store | str | None = None, run_id: str | None = None) ->
         """,
         p,
     )
+    fit = _rows(
+        con,
+        "SELECT op, group_size, algo, source, n_samples, n_used, n_dropped, n_warmup, alpha_s, beta_gbps, "
+        "n_half_bytes, residual_spread, residual_max_abs, min_size_bytes, max_size_bytes, status "
+        "FROM alpha_beta_fit WHERE run_id = ? ORDER BY op, group_size",
+        p,
+    )
+    verdicts = _rows(
+        con,
+        "SELECT op, verdict, verdict_basis, count(*) AS count, median(efficiency) AS median_efficiency, "
+        "median(efficiency_link) AS median_efficiency_link "
+        "FROM collective_verdicts WHERE run_id = ? GROUP BY ALL ORDER BY op, verdict",
+        p,
+    )
+    furthest = _rows(
+        con,
+        f"""
+        SELECT pg_name, seq, op, size_bytes, group_size, sync_time_ns, skew_ns, verdict, verdict_basis,
+               coalesce(fit_predicted_ns, link_predicted_ns) AS predicted_ns,
+               coalesce(efficiency, efficiency_link) AS efficiency, best_algo, best_predicted_ns
+        FROM collective_verdicts
+        WHERE run_id = ? AND coalesce(efficiency, efficiency_link) IS NOT NULL
+        ORDER BY coalesce(efficiency, efficiency_link) ASC, pg_name, seq LIMIT {TOP_STRAGGLERS}
+        """,
+        p,
+    )
     warnings = []
     for r in ranks:
         for w in r.get("warnings") or []:
@@ -149,6 +177,10 @@ def build_report(store: Store | str | None = None, run_id: str | None = None) ->
         overlap_by_step=overlap_step,
         stragglers=stragglers,
         straggler_ranks=straggler_ranks,
+        link=link,
+        fit=fit,
+        verdicts=verdicts,
+        furthest_from_model=furthest,
         warnings=warnings,
     )
 
@@ -226,6 +258,32 @@ def print_report(report: dict, console=None) -> None:
         for r in report["stragglers"]:
             t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), _bytes(r["size_bytes"]), str(r["straggler"]),
                       _us(r["skew_ns"]), _us(r["sync_time_ns"]))
+        con.print(t)
+    if report.get("fit"):
+        t = Table(title="α–β fit per op (this run's sync times; weighted by relative error)")
+        for col in ("op", "k", "samples used", "α µs", "β GB/s", "n½", "residual spread", "status"):
+            t.add_column(col, justify="left" if col in ("op", "status") else "right", no_wrap=(col == "op"))
+        for r in report["fit"]:
+            t.add_row(r["op"], str(r["group_size"]), f"{r['n_used']}/{r['n_samples']}",
+                      _num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6, "{:,.2f}"), _num(r["beta_gbps"]),
+                      _bytes(r["n_half_bytes"]), _pct(r["residual_spread"]), r["status"])
+        con.print(t)
+    if report.get("verdicts"):
+        basis = f"fit, else {report['link']}" if report.get("link") else "fit (use --link PRESET to compare with a link)"
+        t = Table(title=f"Verdicts (model basis: {basis})")
+        for col in ("op", "verdict", "basis", "count", "median efficiency"):
+            t.add_column(col, justify="right" if col in ("count", "median efficiency") else "left")
+        for r in report["verdicts"]:
+            eff = r["median_efficiency"] if r["median_efficiency"] is not None else r["median_efficiency_link"]
+            t.add_row(r["op"], r["verdict"] or "no model", r["verdict_basis"] or "—", str(r["count"]), _num(eff))
+        con.print(t)
+    if report.get("furthest_from_model"):
+        t = Table(title="Furthest from the model (lowest predicted/measured)")
+        for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "best algo"):
+            t.add_column(col, justify="left" if col in ("op", "verdict", "best algo") else "right")
+        for r in report["furthest_from_model"]:
+            t.add_row(r["op"], str(r["seq"]), _bytes(r["size_bytes"]), _us(r["sync_time_ns"]), _us(r["predicted_ns"]),
+                      _num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
         con.print(t)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")

@@ -180,7 +180,10 @@ class Store:
 
     # -- reading -----------------------------------------------------------------
 
-    def connect(self, *, run_ids: list[str] | None = None, analyses: bool = True, read_only_check: bool = True):
+    def connect(
+        self, *, run_ids: list[str] | None = None, analyses: bool = True, read_only_check: bool = True,
+        link: str | None = None,
+    ):
         """A DuckDB connection with the store's tables as views, and the analyses loaded.
 
         Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
@@ -217,7 +220,7 @@ class Store:
         if analyses:
             from analyses import load_analyses
 
-            load_analyses(con)
+            load_analyses(con, link=link)
         return con
 
     def latest_run_id(self) -> str:

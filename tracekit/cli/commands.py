@@ -73,11 +73,12 @@ def analyze(
     run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the newest run)."),
     store: Optional[Path] = StoreOpt,
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    link: Optional[str] = typer.Option(None, "--link", help="Also compare every collective with this link preset (nvlink4, ib_ndr, ...)."),
 ) -> None:
-    """The report for a run: collectives, overlap per rank, stragglers."""
+    """The report for a run: collectives, overlap, stragglers, α–β fit and verdicts."""
     from tracekit.report import build_report, print_report, report_json
 
-    rep = build_report(_store(store), run)
+    rep = build_report(_store(store), run, link=link)
     if json_out:
         typer.echo(report_json(rep))
     else:
