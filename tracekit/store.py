@@ -110,6 +110,9 @@ COLLECTIVES_SCHEMA = pa.schema(
         ("meta_source", pa.string()),  # kernel_args / record_param_comms / cpu_op_dims / name_only
         ("approx", pa.bool_()),
         ("issue_ts_ns", pa.int64()),  # when the CPU issued it (launch or op start); orders seq
+        ("log_algbw_gbps", pa.float64()),  # nccl-tests runs: the log's own algbw, GB/s
+        ("log_busbw_gbps", pa.float64()),  # nccl-tests runs: the log's own busbw, GB/s
+        ("in_place", pa.bool_()),  # nccl-tests runs: the in-place column
     ]
 )
 
@@ -135,6 +138,16 @@ def check_run_id(run_id: str) -> str:
             f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 128 characters)"
         )
     return run_id
+
+
+def combined_digest(digests: Iterable[str]) -> str:
+    """One sha256 standing for several source files (a run whose single rank row covers many files)."""
+    import hashlib
+
+    ds = sorted(digests)
+    if len(ds) == 1:
+        return ds[0]
+    return hashlib.sha256("\n".join(ds).encode()).hexdigest()
 
 
 def _major(version: str) -> int:
@@ -248,7 +261,7 @@ class Store:
             if not f.exists():
                 continue
             have = sorted(x for x in pq.read_table(f, columns=["source_sha256"]).column(0).to_pylist() if x)
-            if have and have == want:
+            if have and (have == want or have == [combined_digest(want)]):
                 return rid
         return None
 
