@@ -150,9 +150,16 @@ def register_udfs(con) -> None:
         con.create_function(name, fn if nulls else safe(fn), args, ret, null_handling="special")
 
     reg("tk_busbw_factor", lambda op, n: float(busbw_factor(op, int(n))), ["VARCHAR", "INTEGER"], "DOUBLE")
+    def model_algo_or_none(op, ka, n):
+        if op is None or n is None:
+            return None
+        try:
+            return model_algo(op, ka, n)
+        except (TracekitError, ValueError):
+            return None
+
     con.create_function(
-        "tk_model_algo", lambda op, ka, n: None if op is None or n is None else model_algo(op, ka, n),
-        ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR", null_handling="special",
+        "tk_model_algo", model_algo_or_none, ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR", null_handling="special"
     )
     reg("tk_alpha_coeff", lambda op, a, n: float(algorithm_coefficients(op, a, int(n)).alpha_coeff),
         ["VARCHAR", "VARCHAR", "INTEGER"], "DOUBLE")

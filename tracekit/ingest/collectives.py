@@ -33,7 +33,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, parse_split_list
+from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float4": 4, "single": 4,
@@ -130,7 +130,7 @@ def parse_ranks(v: Any) -> list[int] | None:
     if v is None:
         return None
     if isinstance(v, list):
-        return [int(x) for x in v if isinstance(x, int)]
+        return [x for x in v if int_or_none(x, 0, 2**31 - 1) is not None]
     nums, _ = parse_split_list(v)
     return nums
 
@@ -139,17 +139,18 @@ def _numel(dims: Any) -> int | None:
     if not isinstance(dims, list) or not dims:
         return None
     first = dims[0]
-    if not isinstance(first, list) or not first or not all(isinstance(x, int) for x in first):
+    if not isinstance(first, list) or not first or not all(int_or_none(x, 0) is not None for x in first):
         return None
-    return int(math.prod(first))
+    n = math.prod(first)
+    return n if n <= 2**62 else None
 
 
 def size_bytes_for(op: str | None, in_nelems, out_nelems, nbytes: int | None) -> int | None:
     """nccl-tests S from element counts: all-gather uses the output, the rest the input (or the larger)."""
     if nbytes is None:
         return None
-    i = in_nelems if isinstance(in_nelems, int) else None
-    o = out_nelems if isinstance(out_nelems, int) else None
+    i = int_or_none(in_nelems, 0, 2**53)
+    o = int_or_none(out_nelems, 0, 2**53)
     if op == "all_gather":
         n = o if o is not None else None
     elif op in ("reduce_scatter", "all_reduce", "all_to_all"):
@@ -198,7 +199,7 @@ class _OpIndex:
 
 
 def _has_meta(r: dict) -> bool:
-    return r.get("collective") is not None or isinstance(r.get("in_nelems"), int)
+    return isinstance(r.get("collective"), str) or int_or_none(r.get("in_nelems"), 0) is not None
 
 
 def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
@@ -241,10 +242,10 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             meta_source=src,
             dtype=None if meta.get("dtype") is None else str(meta.get("dtype")),
             size_bytes=size_bytes_for(op, meta.get("in_nelems"), meta.get("out_nelems"), nb),
-            group_size=meta.get("group_size") if isinstance(meta.get("group_size"), int) else None,
+            group_size=int_or_none(meta.get("group_size"), 1, 2**31 - 1),
             pg_name=_pg_name(meta),
             pg_ranks=parse_ranks(meta.get("pg_ranks")),
-            seq=meta.get("seq") if isinstance(meta.get("seq"), int) else None,
+            seq=int_or_none(meta.get("seq"), 0),
             in_splits_raw=meta.get("in_split"),
             out_splits_raw=meta.get("out_split"),
             nbytes=nb,

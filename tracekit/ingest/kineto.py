@@ -141,13 +141,21 @@ META_FIELDS = (
 )
 
 
+INT64_MAX = 2**63 - 1
+
+
+def int_or_none(v: Any, lo: int = -INT64_MAX, hi: int = INT64_MAX) -> int | None:
+    """``v`` if it is a JSON integer (not a bool) within [lo, hi], else None."""
+    return v if type(v) is int and lo <= v <= hi else None
+
+
 def _as_int(v: Any) -> int | None:
     if type(v) is int:
-        return v
-    if isinstance(v, float) and v == v and abs(v) < 9.2e18:
+        return v if -INT64_MAX <= v <= INT64_MAX else None
+    if type(v) is float and v == v and abs(v) < 9.2e18:
         return int(v)
     if isinstance(v, str):
-        m = re.search(r"-?\d+", v)
+        m = re.search(r"-?\d{1,18}", v)
         if m:
             return int(m.group())
     return None
@@ -213,11 +221,11 @@ def parse_split_list(v: Any) -> tuple[list[int] | None, bool]:
     if v is None:
         return None, False
     if isinstance(v, list):
-        vals = [x for x in v if isinstance(x, int)]
+        vals = [x for x in v if int_or_none(x, 0) is not None]
         return vals, len(vals) != len(v)
     s = str(v).strip()
     approx = "..." in s
-    nums = [int(x) for x in re.findall(r"-?\d+", s.replace("...", ""))]
+    nums = [int(x) for x in re.findall(r"-?\d+", s.replace("...", "")) if len(x) <= 18]
     return nums, approx
 
 

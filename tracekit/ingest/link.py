@@ -238,7 +238,7 @@ def _pg_config(results) -> dict[str, list[int]]:
             continue
         for pg in di.get("pg_config") or []:
             if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list):
-                out[str(pg["pg_name"])] = [int(x) for x in pg["ranks"] if isinstance(x, int)]
+                out[str(pg["pg_name"])] = [x for x in pg["ranks"] if type(x) is int and 0 <= x < 2**31]
     return out
 
 
