@@ -152,6 +152,15 @@ def _decode_events(body: bytes) -> Chunk | None:
         return None
 
 
+def _decode_error(body: bytes) -> str:
+    """msgspec's description of why ``[body]`` is not JSON (one line)."""
+    try:
+        _ANY.decode(b"[" + body + b"]")
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        return " ".join(str(exc).split())
+    return "not an array of event objects"
+
+
 def _decode_mixed(text: bytes, notes: list[str]) -> Chunk | None:
     """An array with non-object items: keep the objects, note the rest."""
     try:
@@ -329,9 +338,12 @@ class TraceStream:
         """The last events, the closing ``]`` and any top-level keys after it."""
         closer = self._array_closed_by
         lim = len(buf)
+        body_error = None
         while True:
             r = buf.rfind(b"]", 0, lim)
             if r < 0:
+                if body_error is not None:
+                    raise FileError(self.path, f"malformed JSON in traceEvents ({body_error})")
                 raise FileError(self.path, "truncated JSON: traceEvents array is never closed (file incomplete?)")
             lim = r
             rest = buf[r + 1 :].strip(_WS)
@@ -367,6 +379,8 @@ class TraceStream:
                 ch = _decode_events(body)
                 if ch is None:
                     # maybe the ']' we found closes something inside the last event
+                    if body_error is None:
+                        body_error = _decode_error(body)
                     continue
                 self.notes.extend(ch.repaired)
                 yield ch
