@@ -92,3 +92,20 @@ def test_collect_tp_end_to_end(tmp_path, capsys):
     assert con.execute("SELECT rank, count(*), max(size_bytes) FROM collectives GROUP BY rank ORDER BY rank").fetchall() == [
         (0, 8, 32768), (1, 8, 32768)
     ]
+
+
+def test_analyze_path_never_imports_torch(tp):
+    """`tracekit analyze` on an existing store must start fast: no torch import on that path."""
+    import subprocess
+    import sys
+
+    store, rid, _ = tp
+    code = (
+        "import sys; from tracekit.cli import main; "
+        f"rc = main(['analyze', '--store', {str(store.path)!r}, '--run', {rid!r}, '--json']); "
+        "sys.stderr.write('TORCH' if 'torch' in sys.modules else 'NO-TORCH'); sys.exit(rc)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.endswith("NO-TORCH")
+    assert json.loads(res.stdout)["run"]["run_id"] == rid
