@@ -232,6 +232,10 @@ def print_report(report: dict, console=None) -> None:
         f"[bold]run[/bold] {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
         f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
     )
+    offs = [r for r in report["ranks"] if r.get("clock_offset_ns")]
+    if offs:
+        con.print("clock offsets applied: " + ", ".join(
+            f"rank {r['rank']} {r['clock_offset_ns'] / 1e3:+,.1f} µs (± {r['clock_offset_err_ns'] / 1e3:,.1f})" for r in offs))
     t = Table(title="Collectives per op (matched instances; sync = after the last rank arrived)")
     for col in ("op", "count", "total bytes", "median size", "median sync µs", "median busbw GB/s", "total wait ms", "incomplete"):
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
