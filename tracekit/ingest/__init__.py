@@ -70,11 +70,15 @@ def _source_kind(path: Path) -> str:
 
 
 def _read_one(args):
-    """Worker: read one Kineto rank file into raw Parquet (runs in a subprocess)."""
+    """Worker: read one rank file (Kineto JSON or Nsight Systems SQLite) into raw Parquet (runs in a subprocess)."""
     path, out, patterns, digest = args
     from tracekit.ingest.kineto import read_rank_file
 
     regex = re.compile("|".join(f"(?:{p})" for p in patterns), re.I)
+    if str(path).lower().endswith(".sqlite") or _source_kind(Path(path)) == "nsys":
+        from tracekit.ingest.nsys import read_nsys_file
+
+        return read_nsys_file(path, Path(out), regex, sha256=digest)
     return read_rank_file(path, Path(out), regex, sha256=digest)
 
 
@@ -107,11 +111,13 @@ def ingest_paths(
 
     st = store if isinstance(store, Store) else Store(store)
     files = expand_paths(paths)
-    kinds = {f: _source_kind(f) for f in files}
-    other = [f for f, k in kinds.items() if k != "kineto"]
+    kinds = {f: "nsys" if f.name.lower().endswith(".sqlite") else _source_kind(f) for f in files}
+    other = [f for f, k in kinds.items() if k not in ("kineto", "nsys")]
     if other:
         k = kinds[other[0]]
         raise FileError(other[0], f"{k} input is not supported by this version of tracekit ingest (Kineto JSON only)")
+    if source is None and all(k == "nsys" for k in kinds.values()):
+        source = "nsys"
     for p in comm_patterns:
         try:
             re.compile(p)
