@@ -49,12 +49,63 @@ def _cases(tmp_path):
     p = tmp_path / "cut.json"
     p.write_bytes(good[: len(good) * 2 // 3])
     cases["truncated json"] = (p, "truncated JSON")
+    p = tmp_path / "string.json"
+    p.write_text('"just a string"')
+    cases["top-level string"] = (p, "not a JSON trace")
+    p = tmp_path / "number.json"
+    p.write_text("42")
+    cases["top-level number"] = (p, "not a JSON trace")
+    p = tmp_path / "events_obj.json"
+    p.write_text('{"traceEvents": {"ph": "X"}}')
+    cases["traceEvents not an array"] = (p, "traceEvents is not an array")
+    p = tmp_path / "garbage.json.gz"
+    p.write_bytes(gzip.compress(bytes(range(256)) * 8))
+    cases["gzip of garbage"] = (p, "not a JSON trace")
+    p = tmp_path / "empty.json.gz"
+    p.write_bytes(gzip.compress(b""))
+    cases["gzip of nothing"] = (p, "empty file")
+    p = tmp_path / "badmagic.json.gz"
+    p.write_bytes(b"\x1f\x8b" + b"\x00" * 40)
+    cases["corrupt gzip header"] = (p, "gzip")
+    p = tmp_path / "unclosed.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}')
+    cases["array never closed"] = (p, "truncated JSON")
+    p = tmp_path / "bad_middle.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}, {"ph": "X" "ts": 2}]}')
+    cases["malformed event"] = (p, "malformed")
+    p = tmp_path / "numbers.json"
+    p.write_text('{"traceEvents": [1, 2, 3]}')
+    cases["events are numbers"] = (p, "no event objects")
+    p = tmp_path / "mixed"
+    p.mkdir()
+    (p / "rank0.json").write_bytes(good)
+    (p / "rank1.json").write_bytes(b"\x00garbage\xff" * 10)
+    cases["directory of mixed garbage"] = (p / "rank1.json", "not a JSON trace")
+    cases["directory of mixed garbage"] = (p, "rank1.json")
+    p = tmp_path / "norank"
+    p.mkdir()
+    bare = b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 5, "dur": 1}]}'
+    (p / "a.json").write_bytes(bare)
+    (p / "b.json").write_bytes(bare.replace(b'"a"', b'"b"'))
+    cases["ranks not identifiable"] = (p, "cannot tell which rank")
+    p = tmp_path / "notsqlite.sqlite"
+    p.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)
+    cases["sqlite that is not nsys"] = (p, "notsqlite.sqlite")
+    p = tmp_path / "notnccl.log"
+    p.write_text("hello\nthis is not an nccl-tests log\n")
+    cases["log that is not nccl-tests"] = (p, "not an nccl-tests log")
+    p = tmp_path / "notrace.json"
+    p.write_text('{"traceEvents": []')
+    cases["no closing brace"] = (p, "truncated JSON")
     return cases
 
 
 CASE_NAMES = [
     "truncated gzip", "json not a trace", "array of numbers", "empty directory", "missing path",
-    "empty file", "binary garbage", "truncated json",
+    "empty file", "binary garbage", "truncated json", "top-level string", "top-level number",
+    "traceEvents not an array", "gzip of garbage", "gzip of nothing", "corrupt gzip header",
+    "array never closed", "malformed event", "events are numbers", "directory of mixed garbage",
+    "ranks not identifiable", "sqlite that is not nsys", "log that is not nccl-tests", "no closing brace",
 ]
 
 

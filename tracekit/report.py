@@ -152,6 +152,13 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         p,
     )
     warnings = []
+    is_log = run.get("source") == "nccl_tests"
+    if is_log:
+        # one row per message size from rank 0's log: nothing to match, no timeline to overlap
+        overlap_rank, overlap_step, stragglers, straggler_ranks = [], [], [], []
+        inst = dict(inst, incomplete=0, complete=inst["instances"])
+        for r in by_op:
+            r["incomplete"] = 0
     for r in ranks:
         for w in r.get("warnings") or []:
             warnings.append(f"rank {r['rank']}: {w}")
@@ -248,13 +255,16 @@ def print_report(report: dict, console=None) -> None:
         n = sum(u["spans"] for u in report["unattributed"])
         t.caption = f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here"
     con.print(t)
+    if run.get("source") == "nccl_tests":
+        con.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
     t = Table(title="Overlap per rank (whole trace)")
     for col in ("rank", "comm ms", "compute ms", "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
-    for r in report["overlap_by_rank"]:
+    for r in report["overlap_by_rank"]:  # empty for nccl-tests runs
         t.add_row(str(r["rank"]), _ms(r["comm_ns"]), _ms(r["compute_ns"]), _ms(r["overlap_ns"]),
                   _ms(r["exposed_comm_ns"]), _pct(r["overlap_ratio"]))
-    con.print(t)
+    if report["overlap_by_rank"]:
+        con.print(t)
     if report["stragglers"]:
         t = Table(title=f"Worst stragglers (top {TOP_STRAGGLERS} instances by skew)")
         for col in ("op", "pg", "seq", "size", "straggler rank", "skew µs", "sync µs"):

@@ -94,17 +94,19 @@ def ingest_paths(
     source: str | None = None,
     jobs: int | None = None,
     align: str | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[..., None] | None = None,
 ) -> str:
     """Ingest trace files (one run; one file per rank) into ``store``; returns the run id.
 
-    ``paths``: files and/or directories of rank files (Kineto ``.json``/``.json.gz``).
+    ``paths``: files and/or directories of rank files (Kineto ``.json``/``.json.gz``,
+    Nsight Systems ``.sqlite``), or nccl-tests logs (all inputs of one kind).
     ``store``: a path or :class:`tracekit.store.Store` (default: ``$TRACEKIT_STORE`` or
     ``./tracekit-store``). ``comm_patterns``: extra regexes naming communication
     kernels (custom all-reduce kernels), added to the built-in list.
     Re-ingesting the same files (same sha256 set) returns the existing run unless
     ``replace``. ``align``: clock alignment across hosts, ``none`` | ``host`` |
     ``collectives`` (default: collectives when the ranks' hosts differ, else none).
+    ``progress``: see :mod:`tracekit.progress`.
     Raises FileError / BadInputError (store unchanged) on bad input.
     """
     from tracekit.store import Store, check_run_id
@@ -112,10 +114,10 @@ def ingest_paths(
     st = store if isinstance(store, Store) else Store(store)
     files = expand_paths(paths)
     kinds = {f: "nsys" if f.name.lower().endswith(".sqlite") else _source_kind(f) for f in files}
-    other = [f for f, k in kinds.items() if k not in ("kineto", "nsys")]
-    if other:
-        k = kinds[other[0]]
-        raise FileError(other[0], f"{k} input is not supported by this version of tracekit ingest (Kineto JSON only)")
+    logs = [f for f, k in kinds.items() if k == "nccl_tests"]
+    if logs and len(logs) != len(files):
+        other = next(f for f, k in kinds.items() if k != "nccl_tests")
+        raise FileError(logs[0], f"an nccl-tests log cannot share a run with traces such as {other.name}; ingest them apart")
     if source is None and all(k == "nsys" for k in kinds.values()):
         source = "nsys"
     for p in comm_patterns:
@@ -143,21 +145,41 @@ def ingest_paths(
         existing = st.find_by_sha256(digests)
         if existing is not None and not replace and (run_id is None or run_id == existing):
             return existing
+        if logs:
+            from tracekit.ingest.nccl_tests_run import build_nccl_tests_run
+
+            raw_dir.rmdir()
+            rid = run_id or _default_run_id(paths, None, digests)
+            if st.has_run(rid) and not replace:
+                raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
+            build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {})
+            stg.commit(rid, replace=replace)
+            return rid
         tasks = [(str(f), str(raw_dir / f"file{i}.parquet"), patterns, d) for i, (f, d) in enumerate(zip(files, digests))]
         if progress:
-            progress(f"reading {len(files)} file(s)")
+            progress(f"reading {len(files)} file(s)", total=len(files))
         njobs = jobs if jobs is not None else min(len(files), os.cpu_count() or 1, 4)
         big = sum(f.stat().st_size for f in files) > PARALLEL_MIN_BYTES
         if njobs > 1 and len(files) > 1 and (big or jobs is not None):
             import multiprocessing
+            from concurrent.futures import as_completed
 
             ctx = multiprocessing.get_context("forkserver")
             with ProcessPoolExecutor(max_workers=njobs, mp_context=ctx) as ex:
-                results = list(ex.map(_read_one, tasks))
+                futures = {ex.submit(_read_one, t): i for i, t in enumerate(tasks)}
+                results = [None] * len(tasks)
+                for fut in as_completed(futures):
+                    results[futures[fut]] = fut.result()
+                    if progress:
+                        progress(advance=1)
         else:
-            results = [_read_one(t) for t in tasks]
+            results = []
+            for t in tasks:
+                results.append(_read_one(t))
+                if progress:
+                    progress(advance=1)
         ranks = _assign_ranks(results)
-        rid = run_id or _default_run_id(paths, results)
+        rid = run_id or _default_run_id(paths, results, digests)
         if st.has_run(rid) and not replace:
             raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
         from tracekit.ingest.link import finish_run
@@ -218,15 +240,15 @@ def _assign_ranks(results) -> list[int]:
     return [int(x) for x in ranks]
 
 
-def _default_run_id(paths, results) -> str:
+def _default_run_id(paths, results, digests) -> str:
     """``<directory or file stem>-<sha256 prefix of the first file>``."""
     first = Path(paths[0])
-    stem = first.name if (len(paths) == 1 and first.is_dir()) else Path(results[0].path).name
+    stem = first.name if (len(paths) == 1 and first.is_dir()) else (Path(results[0].path).name if results else first.name)
     for suf in (".json.gz", ".json", ".gz"):
         if stem.endswith(suf):
             stem = stem[: -len(suf)]
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:40] or "run"
-    return f"{stem}-{results[0].sha256[:8]}"
+    return f"{stem}-{digests[0][:8]}"
 
 
 def now_utc() -> datetime:
