@@ -29,16 +29,6 @@ def _store(path: Optional[Path]):
     return Store(path)
 
 
-def _progress_printer():
-    """A status callback: a rich spinner line on a terminal, silent when piped."""
-    if not sys.stderr.isatty():
-        return None
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    return lambda msg: console.print(f"[dim]… {msg}[/dim]")
-
-
 @app.command()
 def ingest(
     paths: List[Path] = typer.Argument(..., help="Kineto .json/.json.gz files, or directories of rank files."),
@@ -55,12 +45,14 @@ def ingest(
 ) -> None:
     """Ingest traces (one run; one file per rank) into the Parquet store."""
     from tracekit.ingest import ingest_paths
+    from tracekit.progress import terminal_progress
 
     st = _store(store)
-    rid = ingest_paths(
-        [str(p) for p in paths], st, run_id=run_id, replace=replace, workload=workload,
-        comm_patterns=comm_pattern, jobs=jobs, align=align, progress=_progress_printer(),
-    )
+    with terminal_progress() as progress:
+        rid = ingest_paths(
+            [str(p) for p in paths], st, run_id=run_id, replace=replace, workload=workload,
+            comm_patterns=comm_pattern, jobs=jobs, align=align, progress=progress,
+        )
     typer.echo(f"run {rid} in {st.path}")
     if analyze:
         from tracekit.report import build_report, print_report
