@@ -100,3 +100,5 @@ def _run_with_status(job, title: str):
     console = Console()
     with console.status(f"{title}: starting ranks") as status:
         return job(lambda text: status.update(f"{title}: {text}"))
+
+from tracekit.cli import collect_sweep as _collect_sweep  # noqa: E402,F401

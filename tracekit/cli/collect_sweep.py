@@ -1,0 +1,68 @@
+"""`tracekit collect sweep`: the calibration sweep (collectors/workloads/sweep.py),
+then ingest and the report with this machine's fitted α, β and n½ per op.
+
+Registered on ``tracekit.cli.collect.app`` by an import at the end of that module.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tracekit.cli.collect import _run_with_status, app, default_store
+
+
+@app.command("sweep")
+def sweep(
+    ranks: int = typer.Option(2, "--ranks", help="Ranks (processes), 2-8."),
+    backend: str = typer.Option("auto", "--backend", help="auto (nccl with CUDA, else gloo), gloo or nccl."),
+    ops: str = typer.Option(
+        "all_reduce,all_gather,reduce_scatter,all_to_all,send_recv",
+        "--ops",
+        help="Comma-separated ops: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv.",
+    ),
+    min_bytes: str = typer.Option("1K", "--min-bytes", help="Smallest size S (bytes; K/M/G suffixes, binary)."),
+    max_bytes: str = typer.Option("64M", "--max-bytes", help="Largest size S (bytes; K/M/G suffixes, binary)."),
+    factor: int = typer.Option(4, "--factor", help="Each size is the previous one times this (integer >= 2)."),
+    iters: int = typer.Option(5, "--iters", help="Measured calls per (op, size)."),
+    warmup_iters: int = typer.Option(2, "--warmup-iters", help="Warm-up calls per (op, size), not in the trace."),
+    out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder."),
+    store: Optional[str] = typer.Option(
+        None, "--store", help="Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
+    ),
+    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the traces and print the report."),
+) -> None:
+    """Calibration sweep: every op over sizes min..max (×factor), for the α–β fit.
+
+    S is nccl-tests' size: the all-reduce buffer, the all-gather output, the
+    reduce-scatter input, the all-to-all send buffer, the send/recv message.
+    The defaults (1 KiB to 64 MiB, ×4, 5 calls after 2 warm-up calls) take
+    about 20 s on 2 CPU ranks over gloo; --max-bytes 16M roughly halves it.
+    """
+    from collectors.workloads.sweep import SweepConfig, run_sweep
+
+    cfg = SweepConfig(
+        ranks=ranks, backend=backend, ops=ops, min_bytes=min_bytes, max_bytes=max_bytes, factor=factor,
+        iters=iters, warmup_iters=warmup_iters, out=str(out),
+    ).resolved()  # bad options fail here, before anything starts
+    store = store or default_store()
+    run_dir = _run_with_status(lambda progress: run_sweep(cfg, on_progress=progress), f"sweep on {cfg.ranks} ranks")
+    config_dict = json.loads((run_dir / "run_config.json").read_text())
+    print(
+        f"sweep: {cfg.ranks} ranks, {', '.join(cfg.ops)}; {len(cfg.sizes)} sizes {cfg.sizes[0]:,}..{cfg.sizes[-1]:,} B, "
+        f"{cfg.iters} calls each after {cfg.warmup_iters} warm-up: {run_dir} "
+        f"(job {config_dict['timing']['job_wall_s']:.1f} s)",
+        file=sys.stderr,
+    )
+    if not ingest:
+        return
+
+    from tracekit.ingest import ingest_paths
+    from tracekit.report import build_report, print_report
+
+    run_id = ingest_paths([str(run_dir)], store=store, workload="sweep", config=config_dict, run_id=run_dir.name)
+    print_report(build_report(store, run_id))
