@@ -40,7 +40,9 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
     health), ``overlap_by_rank``, ``overlap_by_step``, ``stragglers`` (worst
     instances by skew) and ``straggler_ranks``, ``fit`` (α, β, n½ per op from
     alpha_beta_fit), ``verdicts`` (counts per op and verdict), ``furthest_from_model``
-    (lowest efficiency), ``link`` (the preset compared with, or None), ``warnings``.
+    (lowest efficiency), ``link`` (the preset compared with, or None),
+    ``measured_vs_model`` (per rank: measured vs predicted exposed communication per
+    step; α/β from --link, else the newest sweep run, else this run's fit), ``warnings``.
     Raises StoreError when the store is empty or the run is unknown.
     """
     from tracekit.errors import StoreError
@@ -51,7 +53,8 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
     elif not st.has_run(run_id):
         known = ", ".join(st.run_ids()[:8]) or "none"
         raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
-    con = st.connect(run_ids=[run_id], link=link)
+    sweep = st.latest_run_id("sweep", required=False)  # its α/β feed measured_vs_model
+    con = st.connect(run_ids=[run_id] + ([sweep] if sweep and sweep != run_id else []), link=link)
     p = [run_id]
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
     try:
@@ -151,6 +154,7 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         """,
         p,
     )
+    mvm = _rows(con, "SELECT * EXCLUDE (run_id) FROM measured_vs_model WHERE run_id = ? ORDER BY rank", p)
     warnings = []
     is_log = run.get("source") == "nccl_tests"
     if is_log:
@@ -188,6 +192,7 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         fit=fit,
         verdicts=verdicts,
         furthest_from_model=furthest,
+        measured_vs_model=mvm,
         warnings=warnings,
     )
 
@@ -298,6 +303,18 @@ def print_report(report: dict, console=None) -> None:
         for r in report["furthest_from_model"]:
             t.add_row(r["op"], str(r["seq"]), _bytes(r["size_bytes"]), _us(r["sync_time_ns"]), _us(r["predicted_ns"]),
                       _num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
+        con.print(t)
+    if report.get("measured_vs_model"):
+        t = Table(title="Measured vs model (per step, exposed communication)")
+        for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms", "model", "predicted comm ms",
+                    "predicted exposed ms", "gap", "α/β from"):
+            t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
+        for r in report["measured_vs_model"]:
+            gap = "—" if r["gap_ratio"] is None else f"{r['gap_ratio']:.2f}× ({r['larger']} larger)"
+            t.add_row(str(r["rank"]), _ms(r["compute_ns"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _ms(r["exposed_ns"]),
+                      r["model"], _ms(r["predicted_comm_ns"]), _ms(r["predicted_exposed_ns"]), gap, r["ab_source"] or "—")
+        notes = sorted({r["note"] for r in report["measured_vs_model"] if r.get("note")})
+        t.caption = "; ".join(notes)
         con.print(t)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")

@@ -236,19 +236,27 @@ class Store:
             load_analyses(con, link=link)
         return con
 
-    def latest_run_id(self) -> str:
-        """The most recently created run; StoreError when the store is empty."""
-        ids = self.run_ids()
-        if not ids:
-            raise StoreError(f"{self.path}: no runs in the store (run `tracekit ingest` or `tracekit collect` first)")
+    def latest_run_id(self, workload: str | None = None, required: bool = True) -> str | None:
+        """The most recently created run (of ``workload`` if given; nccl-tests runs excluded then).
+
+        StoreError when there is none and ``required``, else None.
+        """
         import pyarrow.parquet as pq
 
         best = None
-        for rid in ids:
-            t = pq.read_table(self.run_dir(rid) / "run.parquet", columns=["created_at"])
+        for rid in self.run_ids():
+            t = pq.read_table(self.run_dir(rid) / "run.parquet", columns=["created_at", "workload", "source"])
+            if workload is not None and (t.column("workload")[0].as_py() != workload
+                                         or t.column("source")[0].as_py() == "nccl_tests"):
+                continue
             created = t.column("created_at")[0].as_py()
             if best is None or created > best[0]:
                 best = (created, rid)
+        if best is None:
+            if not required:
+                return None
+            what = f"no {workload} runs" if workload else "no runs"
+            raise StoreError(f"{self.path}: {what} in the store (run `tracekit ingest` or `tracekit collect` first)")
         return best[1]
 
     def find_by_sha256(self, digests: Iterable[str]) -> str | None:

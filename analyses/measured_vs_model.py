@@ -1,0 +1,229 @@
+"""measured_vs_model: per run and rank, the measured overlap against what the α–β model predicts.
+
+Depends on: overlap_by_step, collectives, events, runs, alpha_beta_fit
+
+For every rank of every run, over the profiler steps that hold communication:
+measured compute, communication, overlap and exposed communication (means per
+step, from overlap_by_step), next to the model's prediction for the same
+layout. The model gets the measured compute time c of the step and predicts
+the communication time a of the step from the step's own collectives (op,
+size, group size as recorded) under α and β (T = A·α + B·D/β per call, from
+tracekit.model), then applies the overlap model of the workload
+(../shared/reference/alpha-beta.md, "Overlap models"):
+
+- ``tp`` with ``overlap_chunks`` n > 1 — chunked pipelining per all-reduce
+  piece: T(n) = c/n + (a/n + α_c) + (n−1)·max(c/n, a/n + α_c), with a the
+  piece's β term, α_c one message's α term; exposed = T(n) − c per piece;
+- ``ep`` with ``two_batch_overlap`` — T = max(a, c) + min(a, c)/2 per layer;
+  exposed = T − c;
+- ``disagg_kv`` with ``mode = layerwise`` — L layers, each layer's transfer
+  overlapping the next layer's compute: exposed = a/L + (L−1)·max(0, a/L − c/L)
+  (the reference's "only the last layer's transfer is exposed" when compute is
+  the longer; the max term covers the other case);
+- everything else (``tp`` unchunked, ``ep`` without two-batch overlap,
+  ``disagg_kv`` bulk, ``pp``, ``sweep``, external jobs) — no overlap: exposed = a.
+  For ``pp`` the row also carries the GPipe bubble fraction (p−1)/(m+p−1).
+
+α and β (per op and group size) come from, in order: the ``--link`` preset
+(DuckDB variable tk_link); the newest ``sweep`` run in the connection (fitted on
+this machine); the run's own alpha_beta_fit. A missing (op, k) falls back to
+the same source's fit for another op of that k, then any op (α and β are link
+properties in the model; the algorithm coefficients carry the op).
+send/recv are modelled as point-to-point messages (T = α + D/β).
+
+run_id               VARCHAR  run
+workload             VARCHAR  workload label
+rank                 INTEGER  global rank
+steps                INTEGER  profiler steps averaged
+compute_ns           DOUBLE   measured |∪ compute| per step, ns
+comm_ns              DOUBLE   measured |∪ comm| per step, ns
+overlap_ns           DOUBLE   measured |comm ∩ compute| per step, ns
+exposed_ns           DOUBLE   measured comm − overlap per step, ns
+model                VARCHAR  overlap model applied (no_overlap, chunked, two_batch, layerwise)
+predicted_comm_ns    DOUBLE   α–β time of the step's collectives, ns (per step)
+predicted_exposed_ns DOUBLE   exposed communication the overlap model predicts, ns (per step)
+alpha_s              DOUBLE   α used (of the step's first modelled op), s
+beta_Bps             DOUBLE   β used, bytes/s
+ab_source            VARCHAR  where α, β came from: link:<preset> / sweep:<run> / fit:<run>
+gap_ratio            DOUBLE   measured exposed / predicted exposed (NULL if predicted is 0)
+larger               VARCHAR  'measured' or 'model': which side is larger
+bubble_fraction      DOUBLE   pp only: (p−1)/(m+p−1)
+note                 VARCHAR  what the prediction assumed, in words
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pyarrow as pa
+
+DEPENDS = ("overlap_by_step", "collectives", "events", "runs", "alpha_beta_fit")
+CREATES = ("measured_vs_model",)
+
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()), ("workload", pa.string()), ("rank", pa.int32()), ("steps", pa.int32()),
+        ("compute_ns", pa.float64()), ("comm_ns", pa.float64()), ("overlap_ns", pa.float64()),
+        ("exposed_ns", pa.float64()), ("model", pa.string()), ("predicted_comm_ns", pa.float64()),
+        ("predicted_exposed_ns", pa.float64()), ("alpha_s", pa.float64()), ("beta_Bps", pa.float64()),
+        ("ab_source", pa.string()), ("gap_ratio", pa.float64()), ("larger", pa.string()),
+        ("bubble_fraction", pa.float64()), ("note", pa.string()),
+    ]
+)
+
+P2P = {"send", "recv"}
+
+
+class _AlphaBeta:
+    """(op, k) → (α, β, source) by the priority in the module docstring."""
+
+    def __init__(self, con, link: str | None):
+        self.link = link
+        self.fits: dict[str, dict] = defaultdict(dict)  # run_id → {(op, k): (α, β)}
+        for run_id, op, k, a, b in con.execute(
+            "SELECT run_id, op, group_size, alpha_s, beta_Bps FROM alpha_beta_fit WHERE status = 'ok'"
+        ).fetchall():
+            self.fits[run_id][(op, k)] = (a, b)
+        row = con.execute(
+            "SELECT run_id FROM runs WHERE workload = 'sweep' AND source <> 'nccl_tests' "
+            "ORDER BY created_at DESC LIMIT 1"
+        ).fetchone()
+        self.sweep = row[0] if row else None
+
+    def _pick(self, fits: dict, op: str, k: int):
+        key = ("send" if op in P2P else op, k)
+        if key in fits:
+            return fits[key]
+        same_k = [v for (o, kk), v in sorted(fits.items()) if kk == k]
+        if same_k:
+            return same_k[0]
+        return next(iter(sorted(fits.items())))[1] if fits else None
+
+    def get(self, run_id: str, op: str, k: int):
+        if self.link:
+            from tracekit.model import link_from_preset
+
+            lk = link_from_preset(self.link)
+            return lk.alpha_s, lk.beta_Bps, f"link:{self.link}"
+        if self.sweep and self.fits.get(self.sweep):
+            ab = self._pick(self.fits[self.sweep], op, k)
+            if ab:
+                return ab[0], ab[1], f"sweep:{self.sweep}"
+        if self.fits.get(run_id):
+            ab = self._pick(self.fits[run_id], op, k)
+            if ab:
+                return ab[0], ab[1], f"fit:{run_id}"
+        return None
+
+
+def _terms(op: str, size: int, k: int, alpha: float, beta: float) -> tuple[float, float] | None:
+    """(α term, β term) in seconds for one call, from tracekit.model's coefficients."""
+    from tracekit.errors import TracekitError
+    from tracekit.model import ALGORITHMS, algorithm_coefficients
+
+    mop = "send" if op in P2P else op
+    algos = ALGORITHMS.get(mop)
+    if not algos or size is None:
+        return None
+    try:
+        co = algorithm_coefficients(mop, algos[0], max(int(k or 2), 2 if mop != "send" else 1))
+    except TracekitError:
+        return None
+    return co.alpha_coeff * alpha, co.beta_coeff * size / beta
+
+
+def rows_for(con, link: str | None) -> list[dict]:
+    from tracekit.model import chunked_overlap, two_batch_overlap
+
+    ab = _AlphaBeta(con, link)
+    runs = {r[0]: (r[1], json.loads(r[2] or "{}")) for r in con.execute("SELECT run_id, workload, config FROM runs").fetchall()}
+    measured = defaultdict(list)
+    for run_id, rank, step, comp, comm, ov, exp in con.execute(
+        "SELECT run_id, rank, step, compute_ns, comm_ns, overlap_ns, exposed_comm_ns FROM overlap_by_step "
+        "WHERE comm_ns > 0"
+    ).fetchall():
+        measured[(run_id, rank)].append((step, comp, comm, ov, exp))
+    calls = defaultdict(list)
+    for run_id, rank, step, op, size, k in con.execute(
+        "SELECT c.run_id, c.rank, e.step, c.op, c.size_bytes, c.group_size FROM collectives c "
+        "JOIN events e USING (run_id, rank, event_id) WHERE e.step IS NOT NULL AND c.op IS NOT NULL"
+    ).fetchall():
+        calls[(run_id, rank, step)].append((op, size, k))
+    out = []
+    for (run_id, rank), steps in sorted(measured.items()):
+        if run_id not in runs or runs[run_id][0] == "sweep":
+            continue
+        workload, cfg = runs[run_id]
+        n = len(steps)
+        c = sum(s[1] for s in steps) / n * 1e-9
+        row = dict(run_id=run_id, workload=workload, rank=rank, steps=n, compute_ns=c * 1e9,
+                   comm_ns=sum(s[2] for s in steps) / n, overlap_ns=sum(s[3] for s in steps) / n,
+                   exposed_ns=sum(s[4] for s in steps) / n, model="no_overlap")
+        a_alpha = a_beta = 0.0
+        n_calls = 0
+        used = None
+        modelled = True
+        for st in steps:
+            for op, size, k in calls.get((run_id, rank, st[0]), []):
+                got = ab.get(run_id, op, k)
+                t = _terms(op, size, k, got[0], got[1]) if got else None
+                if t is None:
+                    modelled = False
+                    continue
+                used = used or got
+                a_alpha += t[0]
+                a_beta += t[1]
+                n_calls += 1
+        if used is None or not modelled:
+            row.update(note="no α/β for this run's collectives (run a sweep, or pass --link)" if used is None
+                       else "some collectives have no size or no model: not predicted")
+            out.append(row)
+            continue
+        a_alpha /= n
+        a_beta /= n
+        n_calls /= n
+        a = a_alpha + a_beta
+        row.update(alpha_s=used[0], beta_Bps=used[1], ab_source=used[2], predicted_comm_ns=a * 1e9)
+        exposed = a
+        note = "no overlap: every collective exposed"
+        chunks = int(cfg.get("overlap_chunks") or 1)
+        if workload == "tp" and chunks > 1 and n_calls:
+            pieces = max(1.0, n_calls / chunks)
+            cp, ap, ac = c / pieces, a_beta / pieces, a_alpha / n_calls
+            exposed = pieces * (chunked_overlap(cp, ap, chunks, ac).time_s - cp)
+            row["model"] = "chunked"
+            note = f"chunked pipelining, n = {chunks}, over {pieces:g} all-reduce pieces per step"
+        elif workload == "ep" and cfg.get("two_batch_overlap"):
+            layers = max(1, int(cfg.get("layers") or 1))
+            cp, ap = c / layers, a / layers
+            exposed = layers * (two_batch_overlap(cp, ap).time_s - cp)
+            row["model"] = "two_batch"
+            note = f"two-batch overlap per MoE layer ({layers} layers)"
+        elif workload in ("disagg_kv", "disagg-kv") and str(cfg.get("mode")) == "layerwise":
+            layers = max(1, int(cfg.get("layers") or 1))
+            al, cl = a / layers, c / layers
+            exposed = al + (layers - 1) * max(0.0, al - cl)
+            row["model"] = "layerwise"
+            note = f"layer-by-layer transfer over {layers} layers"
+        elif workload == "pp":
+            p = int(cfg.get("stages") or cfg.get("ranks") or 1)
+            m = int(cfg.get("microbatches") or 1)
+            row["bubble_fraction"] = (p - 1) / (m + p - 1) if m + p > 1 else 0.0
+            note = f"no overlap of the stage sends; GPipe bubble (p−1)/(m+p−1) with p = {p}, m = {m}"
+        row["predicted_exposed_ns"] = exposed * 1e9
+        if exposed > 0:
+            row["gap_ratio"] = row["exposed_ns"] / (exposed * 1e9)
+        row["larger"] = "measured" if row["exposed_ns"] >= exposed * 1e9 else "model"
+        row["note"] = note
+        out.append(row)
+    return out
+
+
+def create(con) -> None:
+    """Create the table ``measured_vs_model`` on ``con``."""
+    link = con.execute("SELECT getvariable('tk_link')").fetchone()[0]
+    tbl = pa.Table.from_pylist(rows_for(con, link), schema=SCHEMA)
+    con.register("__measured_vs_model", tbl)
+    con.execute("CREATE OR REPLACE TABLE measured_vs_model AS SELECT * FROM __measured_vs_model")
+    con.unregister("__measured_vs_model")
