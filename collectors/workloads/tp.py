@@ -16,6 +16,16 @@ style), so a step issues exactly ``2 × layers`` all-reduces of
 ``batch × seq × hidden`` elements each, and nothing else communicates inside
 the profiled steps.
 
+**Chunked overlap** (``overlap_chunks=N`` > 1, :func:`forward_chunked`): the
+``batch × seq`` token rows are cut into N equal chunks. In each layer the
+attention core runs on all tokens, then chunk c's output projection is
+computed and its all-reduce launched with ``async_op=True`` while chunk c+1's
+projection computes; the MLP then walks the chunks again, waiting for chunk
+c's attention all-reduce, computing chunk c's MLP (while later chunks'
+all-reduces are in flight) and launching its all-reduce asynchronously; the
+layer ends by waiting for the MLP all-reduces. A step then issues
+``2 × layers × N`` all-reduces of ``batch × seq × hidden / N`` elements.
+
 Every rank builds the full model from the seed (identical weights on every
 rank, no broadcast needed) and slices its shard. After the run every rank
 recomputes the forward single-process with the full weights and compares; a
@@ -82,6 +92,9 @@ class TPConfig:
     out: str | None = None
     eps: float = 1e-6
     timeout_s: float = 300.0
+    #: split the tokens into this many chunks whose all-reduces run asynchronously
+    #: while the next chunk computes (1: one blocking all-reduce per block)
+    overlap_chunks: int = 1
     #: testing only: "corrupt_shard" perturbs the last rank's weights (the TP check
     #: must then fail); "raise" makes the last rank raise before profiling
     fault: str | None = None
@@ -109,6 +122,13 @@ class TPConfig:
             raise BadInputError(f"ffn must be a positive integer, got {c.ffn}")
         if c.ffn % c.ranks:
             raise BadInputError(f"ffn ({c.ffn}) must be divisible by ranks ({c.ranks})")
+        n = c.overlap_chunks
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise BadInputError(f"overlap_chunks must be a positive integer, got {n}")
+        if (c.batch * c.seq) % n:
+            raise BadInputError(
+                f"overlap_chunks ({n}) must divide the tokens (batch x seq = {c.batch * c.seq}) into equal chunks"
+            )
         c.steps = _launch.validate_schedule(c.wait, c.warmup, c.active, c.steps)
         if c.backend not in _launch.BACKENDS:
             raise BadInputError(f"unknown backend {c.backend!r} (choose one of {', '.join(_launch.BACKENDS)})")
@@ -128,7 +148,13 @@ class TPConfig:
 
     @property
     def all_reduce_bytes(self) -> int:
-        """Bytes of each all-reduce (nccl-tests S): batch × seq × hidden × dtype bytes."""
+        """Bytes of each all-reduce (nccl-tests S): batch × seq × hidden × dtype bytes,
+        divided by ``overlap_chunks`` (each chunk is all-reduced on its own)."""
+        return self.block_bytes // max(1, self.overlap_chunks)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes a block (attention or MLP) all-reduces in all: batch × seq × hidden × dtype bytes."""
         return self.batch * self.seq * self.hidden * self.dtype_bytes
 
 
@@ -231,9 +257,9 @@ def rms_norm(x, weight, eps: float = 1e-6):
     return (y * weight.float()).to(x.dtype)
 
 
-def attention_partial(h, layer: dict[str, Any]):
-    """Column-parallel QKV → causal attention over the shard's heads → row-parallel
-    output projection. Returns this rank's partial sum (B, S, H), before all-reduce."""
+def attention_core(h, layer: dict[str, Any]):
+    """Column-parallel QKV → causal attention over the shard's heads, before the
+    output projection: (B, S, H) → (B, S, local_heads·head_dim)."""
     import torch.nn.functional as Fn
 
     B, S, _ = h.shape
@@ -243,8 +269,13 @@ def attention_partial(h, layer: dict[str, Any]):
     d = q.shape[-1] // nh
     q, k, v = (t.reshape(B, S, nh, d).transpose(1, 2) for t in (q, k, v))  # (B, nh, S, d)
     a = Fn.scaled_dot_product_attention(q, k, v, is_causal=True)
-    a = a.transpose(1, 2).reshape(B, S, nh * d)
-    return a @ layer["wo"].T
+    return a.transpose(1, 2).reshape(B, S, nh * d)
+
+
+def attention_partial(h, layer: dict[str, Any]):
+    """Column-parallel QKV → causal attention over the shard's heads → row-parallel
+    output projection. Returns this rank's partial sum (B, S, H), before all-reduce."""
+    return attention_core(h, layer) @ layer["wo"].T
 
 
 def mlp_partial(h, layer: dict[str, Any]):
@@ -274,6 +305,48 @@ def forward(x, shard: dict[str, Any], all_reduce: Callable[[Any], Any] | None = 
                 all_reduce(part)
             x = x + part
     return rms_norm(x, shard["final_norm"], eps)
+
+
+def forward_chunked(x, shard: dict[str, Any], all_reduce_async: Callable[[Any], Any], chunks: int, eps: float = 1e-6):
+    """The transformer forward with each block's all-reduce cut into `chunks` pieces
+    of the token rows (module docstring, "Chunked overlap").
+
+    `all_reduce_async(t)` starts summing `t` in place over the TP group and returns
+    a handle with ``.wait()`` (``dist.all_reduce(t, async_op=True)``); chunk c's
+    all-reduce is in flight while chunk c+1 computes. The batch × seq token rows
+    must divide evenly into `chunks`. Same ``record_function`` ranges as
+    :func:`forward`. Returns (B, S, H).
+    """
+    import torch
+    from torch.profiler import record_function
+
+    B, S, H = x.shape
+    T = B * S
+    if chunks < 1 or T % chunks:
+        raise BadInputError(f"overlap_chunks ({chunks}) must divide the tokens ({T}) into equal chunks")
+    n = T // chunks
+    spans = [slice(c * n, (c + 1) * n) for c in range(chunks)]
+    x = x.reshape(T, H)
+    for i, layer in enumerate(shard["layers"]):
+        with record_function(f"layer{i}.attention"):
+            a = attention_core(rms_norm(x, layer["attn_norm"], eps).reshape(B, S, H), layer).reshape(T, -1)
+            attn = []
+            for rows in spans:
+                part = a[rows] @ layer["wo"].T
+                attn.append((rows, part, all_reduce_async(part)))
+        with record_function(f"layer{i}.mlp"):
+            mlp = []
+            for rows, part, work in attn:
+                work.wait()
+                xc = x[rows] + part
+                out = mlp_partial(rms_norm(xc, layer["mlp_norm"], eps), layer)
+                mlp.append((xc, out, all_reduce_async(out)))
+            done = []
+            for xc, out, work in mlp:
+                work.wait()
+                done.append(xc + out)
+            x = torch.cat(done)
+    return rms_norm(x, shard["final_norm"], eps).reshape(B, S, H)
 
 
 def compare(out, ref, dtype: str) -> dict[str, Any]:
@@ -319,6 +392,14 @@ def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
     def all_reduce(t) -> None:
         dist.all_reduce(t)
 
+    def all_reduce_async(t):
+        return dist.all_reduce(t, async_op=True)
+
+    def step_forward():
+        if cfg.overlap_chunks > 1:
+            return forward_chunked(x, shard, all_reduce_async, cfg.overlap_chunks, cfg.eps)
+        return forward(x, shard, all_reduce, cfg.eps)
+
     # Everything that communicates for set-up happens here, before profiling starts.
     dist.barrier()
     schedule = _launch.ProfileSchedule(cfg.wait, cfg.warmup, cfg.active)
@@ -329,7 +410,7 @@ def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
     with torch.no_grad(), prof:
         for step in range(cfg.steps):
             t0 = time.perf_counter()
-            out = forward(x, shard, all_reduce, cfg.eps)
+            out = step_forward()
             if ctx.is_cuda:
                 torch.cuda.synchronize(device)
             step_s.append(time.perf_counter() - t0)
@@ -433,10 +514,13 @@ def build_run_config(
             "active_steps": active_steps,
         },
         "expected": {
-            "all_reduce_per_step": 2 * cfg.layers,
-            "all_reduce_per_rank_active": 2 * cfg.layers * cfg.active,
+            # per call: with overlap_chunks N each block's all-reduce is N calls of 1/N the size
+            "all_reduce_per_step": 2 * cfg.layers * cfg.overlap_chunks,
+            "all_reduce_per_rank_active": 2 * cfg.layers * cfg.active * cfg.overlap_chunks,
             "all_reduce_bytes": cfg.all_reduce_bytes,
-            "all_reduce_elems": cfg.batch * cfg.seq * cfg.hidden,
+            "all_reduce_elems": cfg.batch * cfg.seq * cfg.hidden // cfg.overlap_chunks,
+            "all_reduce_async": cfg.overlap_chunks > 1,
+            "block_all_reduce_bytes": cfg.block_bytes,
         },
         "tp_check": {
             "passed": True,

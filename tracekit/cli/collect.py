@@ -41,6 +41,9 @@ def tp(
     warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
     active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
+    overlap_chunks: int = typer.Option(
+        1, "--overlap-chunks", help="Split the tokens into N chunks; chunk i's all-reduce runs (async) while chunk i+1 computes."
+    ),
     out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder."),
     store: Optional[str] = typer.Option(
         None, "--store", help="Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
@@ -65,6 +68,7 @@ def tp(
         wait=wait,
         warmup=warmup,
         active=active,
+        overlap_chunks=overlap_chunks,
         out=str(out),
     )
     cfg = config.resolved()  # bad options fail here, before anything starts
@@ -72,6 +76,7 @@ def tp(
     title = (
         f"tp: {cfg.ranks} ranks, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
         f"seq {cfg.seq}, batch {cfg.batch}, {cfg.dtype}"
+        + (f", {cfg.overlap_chunks} overlap chunks" if cfg.overlap_chunks > 1 else "")
     )
     run_dir = _run_with_status(lambda progress: run_tp(cfg, on_progress=progress), f"tp on {cfg.ranks} ranks")
     config_dict = json.loads((run_dir / "run_config.json").read_text())
