@@ -107,3 +107,4 @@ def _run_with_status(job, title: str):
         return job(lambda text: status.update(f"{title}: {text}"))
 
 from tracekit.cli import collect_sweep as _collect_sweep  # noqa: E402,F401
+from tracekit.cli import collect_ep as _collect_ep  # noqa: E402,F401
