@@ -8,3 +8,16 @@ __version__ = "0.1.0"
 
 SCHEMA_VERSION = "1.0"
 """Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR."""
+
+
+def __getattr__(name: str):
+    """Lazy exports: ``tracekit.profile`` (context manager) and ``tracekit.step()``,
+    imported on first use so that ``import tracekit`` stays free of torch/DuckDB."""
+    if name in ("profile", "step"):
+        import importlib
+
+        mod = importlib.import_module("tracekit.profile")
+        # bind both names, replacing the submodule binding the import just made
+        globals().update(profile=mod.profile, step=mod.step)
+        return globals()[name]
+    raise AttributeError(f"module 'tracekit' has no attribute {name!r}")

@@ -16,6 +16,7 @@ import typer
 from tracekit.cli import app
 from tracekit.cli import collect as _collect
 from tracekit.cli import predict as _predict
+from tracekit.cli import profile as _profile  # noqa: F401  (registers `tracekit profile`)
 
 app.add_typer(_collect.app, name="collect")
 app.add_typer(_predict.app, name="predict")

@@ -1,0 +1,65 @@
+"""A small DDP training script, written the way users write them (no tracekit in it).
+
+    torchrun --nproc-per-node 2 ddp_train.py --steps 8
+
+Each step: a forward on a random batch, cross-entropy, backward (DDP all-reduces
+the gradients: one bucket for this small model), SGD step. ``--crash-rank R``
+makes rank R die hard (``os._exit``, as a segfault or an OOM kill would) right
+after its first optimizer step.
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=64, d_hidden=256, n_classes=10):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_hidden)
+        self.fc2 = nn.Linear(d_hidden, d_hidden)
+        self.head = nn.Linear(d_hidden, n_classes)
+
+    def forward(self, x):
+        return self.head(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--crash-rank", type=int, default=None)
+    args = parser.parse_args()
+
+    dist.init_process_group(backend="gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = DDP(MLP())
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    gen = torch.Generator().manual_seed(1234 + rank)
+
+    for step in range(args.steps):
+        x = torch.randn(args.batch, 64, generator=gen)
+        y = torch.randint(0, 10, (args.batch,), generator=gen)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == 0 and step % 4 == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if args.crash_rank == rank and step == 0:
+            print(f"rank {rank}: simulated crash after step 1", flush=True)
+            os._exit(3)
+
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

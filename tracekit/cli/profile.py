@@ -1,0 +1,109 @@
+"""`tracekit profile [OPTIONS] -- COMMAND ...`: profile a live job with no code change.
+
+Thin: the work is in ``collectors.profile.runner`` (run, gather, ingest) and
+``tracekit.report``. Everything after ``--`` is the job's command line, passed
+through untouched (its own options never reach tracekit's parser).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from typer.core import TyperCommand
+
+from tracekit.cli import app
+from tracekit.errors import BadInputError
+
+_META_KEY = "tracekit.profile.command"
+
+
+class _DashDashCommand(TyperCommand):
+    """Splits the arguments at the first ``--``: tracekit's options before, the job's command after."""
+
+    def parse_args(self, ctx, args):
+        args = list(args)
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta[_META_KEY] = args[i + 1 :]
+            args = args[:i]
+        else:
+            ctx.meta[_META_KEY] = None
+        return super().parse_args(ctx, args)
+
+
+HELP = (
+    'Profile a live job with no change to its code, then ingest it and print the report.\n\n'
+    "Runs COMMAND (e.g. `torchrun --nproc-per-node 2 train.py`, `python -m torch.distributed.run ...`, `python train.py`) with torch.profiler injected into every Python process it starts: a `sitecustomize` first on PYTHONPATH starts the profiler when torch.distributed is initialised, advances its schedule on every optimizer step (or on every `tracekit.step()` in loops without an optimizer), and writes each rank's trace after the active steps or at exit. The traces are then ingested as one run (workload `external`, the command recorded in its config) and the report is printed.\n\n"
+    "A job that exits non-zero still has what it wrote ingested; the run is marked partial and tracekit exits with the job's code. Ctrl-C stops the whole job (a second Ctrl-C forces it) and keeps what was written (exit 130).\n\n"
+    'Overhead: the profiler slows the steps it records (the run config gets `profiler_overhead_pct`: recorded vs idle steps of the same run, when the job runs at least 2 steps of each). To keep it low: a short --active window (2-3 steps are enough for a steady loop), no --with-stack (Python stacks are costly), --no-record-shapes when collective sizes are not needed (they are on gloo/CPU), and --wait to skip the start-up steps.'
+)
+
+
+@app.command(
+    "profile",
+    cls=_DashDashCommand,
+    help=HELP,
+    options_metavar="[OPTIONS] -- COMMAND [ARGS]...",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def profile(
+    ctx: typer.Context,
+    wait: int = typer.Option(1, "--wait", help="Profiler schedule: steps skipped first."),
+    warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
+    active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps per cycle (fewer = less overhead)."),
+    repeat: int = typer.Option(1, "--repeat", help="Profiler cycles (0 = until the job ends); cycles after the first are kept, not ingested."),
+    record_shapes: bool = typer.Option(
+        True, "--record-shapes/--no-record-shapes", help="Record op input shapes (gives collective sizes on gloo)."
+    ),
+    with_stack: bool = typer.Option(False, "--with-stack", help="Record Python stacks (costly)."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Store directory (default: $TRACEKIT_STORE or ./tracekit-store)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run (default: external-<date>-<time>-<hex>)."),
+    out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder with the raw traces."),
+) -> None:
+    from collectors.profile.runner import USAGE, JobFailedError, ProfileOptions, no_trace_message, profile_command
+
+    command = ctx.meta.get(_META_KEY)
+    if command is None or not command:
+        extra = f" (got {' '.join(ctx.args)!r} without --)" if ctx.args and command is None else ""
+        raise BadInputError(f"{USAGE}{extra}")
+    if ctx.args:
+        raise BadInputError(f"unexpected argument(s) before --: {' '.join(ctx.args)} ({USAGE})")
+    from tracekit.store import Store
+
+    st = Store(store)
+    opts = ProfileOptions(
+        wait=wait, warmup=warmup, active=active, repeat=repeat, record_shapes=record_shapes,
+        with_stack=with_stack, out=str(out), run_id=run_id,
+    )
+
+    def progress(msg: str) -> None:
+        print(f"tracekit profile: {msg}", file=sys.stderr, flush=True)
+
+    progress(f"running {' '.join(command)} with the profiler injected")
+    result, rid = profile_command(command, opts, store=st, on_progress=progress)
+    cfg = result.config
+    if rid is not None:
+        from tracekit.report import build_report, print_report
+
+        print_report(build_report(st, rid))
+        overhead = cfg.get("profiler_overhead_pct")
+        tail = f"; profiler overhead {overhead:+.1f}% per recorded step" if overhead is not None else ""
+        progress(
+            f"run {rid} in {st.path}: ranks {', '.join(map(str, sorted(result.traces)))} of {result.world_size} "
+            f"(traces in {result.run_dir}; job {result.wall_s:.1f} s){tail}"
+        )
+    for note in cfg.get("notes", []):
+        print(f"warning: {note}" if cfg.get("partial") else f"note: {note}", file=sys.stderr)
+    if rid is None:
+        raise JobFailedError(no_trace_message(result), result.exit_code or 1)
+    if cfg.get("partial"):
+        missing = cfg.get("missing_ranks") or []
+        miss = f"; no trace from rank(s) {', '.join(map(str, missing))}" if missing else ""
+        how = "was interrupted" if result.interrupted else f"exited with code {result.exit_code}"
+        msg = f"run {rid} is partial: the job {how}{miss}"
+        if result.exit_code:
+            raise JobFailedError(msg, result.exit_code)
+        print(f"warning: {msg}", file=sys.stderr)
