@@ -1,0 +1,271 @@
+"""Run-to-run diff: two runs side by side per collective op and message-size bucket.
+
+:func:`diff_runs` returns plain JSON-ready data (times in ns, bandwidths in GB/s with
+GB = 1e9); ``tracekit diff RUN_A RUN_B`` renders it (``--json`` prints it as is).
+
+Rows: one per (op, size bucket) present in either run. A bucket is the power-of-two range
+``[2^k, 2^(k+1))`` bytes holding the instance's nccl-tests size (size 0 is its own bucket,
+unknown sizes are ``unknown``). Per run and row:
+
+- ``count``: matched collective instances (collective_bandwidth);
+- ``median_sync_time_ns``, ``median_busbw_gbps``: medians over those instances;
+- ``wait_ns``: total time ranks waited for the last arrival (collective_waits, summed over
+  ranks and instances);
+- ``comm_ns``: the ranks' communication spans of those instances (wait + transfer), summed;
+  ``overlap_ns``: the part of them covered by compute (collective_overlap); ``exposed_comm_ns``
+  = comm − overlap; ``overlap_ratio`` = overlap / comm (None when comm is 0). Spans of different
+  instances on one rank may overlap each other, and the run's totals also hold unattributed
+  communication, so per-row times need not add up to the totals.
+
+``totals`` per run come from overlap_by_rank (sums over ranks of the whole-trace unions:
+comm, compute, overlap, exposed comm; overlap_ratio = overlap / comm), with the change B − A.
+Rows are ordered by the absolute change in ``comm_ns`` (the time the bucket costs), largest
+first, then by the relative change of the median sync time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tracekit.store import Store
+
+_ROW_SQL = """
+WITH calls AS (
+    SELECT c.run_id, c.rank, c.pg_name, c.seq, c.event_id, c.dur_ns,
+           coalesce(o.overlap_ns, 0) AS overlap_ns
+    FROM collectives c
+    LEFT JOIN collective_overlap o ON o.run_id = c.run_id AND o.rank = c.rank AND o.event_id = c.event_id
+    WHERE c.run_id = ? AND c.op IS NOT NULL AND c.seq IS NOT NULL
+),
+inst0 AS (
+    SELECT b.pg_name, b.seq, b.op, b.size_bytes, b.sync_time_ns, b.busbw_gbps,
+           floor(log2(greatest(b.size_bytes, 1)))::BIGINT AS k0
+    FROM collective_bandwidth b WHERE b.run_id = ?
+),
+inst AS (  -- bucket b holds [2^(b−1), 2^b); 0 holds size 0; log2 corrected for rounding near 2^k
+    SELECT * EXCLUDE (k0),
+           CASE WHEN size_bytes IS NULL THEN NULL
+                WHEN size_bytes <= 0 THEN 0
+                WHEN (1::HUGEINT << k0) > size_bytes THEN k0
+                WHEN (1::HUGEINT << (k0 + 1)) <= size_bytes THEN k0 + 2
+                ELSE k0 + 1 END AS bucket
+    FROM inst0
+),
+w AS (
+    SELECT pg_name, seq, sum(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL
+),
+sp AS (
+    SELECT pg_name, seq, sum(dur_ns) AS comm_ns, sum(overlap_ns) AS overlap_ns FROM calls GROUP BY ALL
+)
+SELECT i.op, i.bucket, count(*) AS count,
+       median(i.sync_time_ns) AS median_sync_time_ns,
+       median(i.busbw_gbps) AS median_busbw_gbps,
+       coalesce(sum(w.wait_ns), 0)::BIGINT AS wait_ns,
+       coalesce(sum(sp.comm_ns), 0)::BIGINT AS comm_ns,
+       coalesce(sum(sp.overlap_ns), 0)::BIGINT AS overlap_ns
+FROM inst i
+LEFT JOIN w USING (pg_name, seq)
+LEFT JOIN sp USING (pg_name, seq)
+GROUP BY i.op, i.bucket
+"""
+
+_METRICS = ("count", "median_sync_time_ns", "median_busbw_gbps", "wait_ns", "comm_ns", "overlap_ns",
+            "exposed_comm_ns", "overlap_ratio")
+_TOTALS = ("ranks", "comm_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "overlap_ratio")
+
+
+def size_bucket(size_bytes: int | None) -> dict[str, Any]:
+    """The power-of-two bucket of a size: {'lo_bytes', 'hi_bytes', 'label'} (hi exclusive).
+
+    ``size_bucket(131072)`` → lo 131072, hi 262144, label ``'128 KiB–256 KiB'``; 0 → the bucket
+    ``'0 B'``; None → ``'unknown'``.
+    """
+    if size_bytes is None:
+        return {"lo_bytes": None, "hi_bytes": None, "label": "unknown"}
+    if size_bytes <= 0:
+        return {"lo_bytes": 0, "hi_bytes": 1, "label": "0 B"}
+    k = int(size_bytes).bit_length() - 1
+    return _bucket_from_index(k + 1)
+
+
+def _bucket_from_index(b: int | None) -> dict[str, Any]:
+    if b is None:
+        return {"lo_bytes": None, "hi_bytes": None, "label": "unknown"}
+    if b == 0:
+        return {"lo_bytes": 0, "hi_bytes": 1, "label": "0 B"}
+    lo, hi = 1 << (b - 1), 1 << b
+    return {"lo_bytes": lo, "hi_bytes": hi, "label": f"{_binary(lo)}–{_binary(hi)}"}
+
+
+def _binary(n: int) -> str:
+    """Power-of-two byte counts with binary prefixes: 1024 → '1 KiB'."""
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f:
+            return f"{n / f:g} {unit}"
+    return f"{n} B"
+
+
+def _finite(x):
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _rows(con, run_id: str) -> dict[tuple, dict]:
+    cur = con.execute(_ROW_SQL, [run_id, run_id, run_id])
+    cols = [d[0] for d in cur.description]
+    out = {}
+    for rec in cur.fetchall():
+        r = {c: _finite(v) for c, v in zip(cols, rec)}
+        r["exposed_comm_ns"] = r["comm_ns"] - r["overlap_ns"]
+        r["overlap_ratio"] = r["overlap_ns"] / r["comm_ns"] if r["comm_ns"] > 0 else None
+        out[(r["op"], r["bucket"])] = r
+    return out
+
+
+def _totals(con, run_id: str) -> dict[str, Any]:
+    ranks, comm, compute, overlap, exposed = con.execute(
+        "SELECT count(*), coalesce(sum(comm_ns), 0), coalesce(sum(compute_ns), 0), coalesce(sum(overlap_ns), 0), "
+        "coalesce(sum(exposed_comm_ns), 0) FROM overlap_by_rank WHERE run_id = ?",
+        [run_id],
+    ).fetchone()
+    return dict(
+        ranks=int(ranks), comm_ns=int(comm), compute_ns=int(compute), overlap_ns=int(overlap),
+        exposed_comm_ns=int(exposed), overlap_ratio=(overlap / comm if comm else None),
+    )
+
+
+def _delta(a, b):
+    if a is None or b is None:
+        return None
+    return b - a
+
+
+def _rel(a, b):
+    if a is None or b is None or a == 0:
+        return None
+    return (b - a) / a
+
+
+def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, Any]:
+    """Compare run ``run_a`` (before) with ``run_b`` (after); both in ``store``.
+
+    Returns ``{'run_a': {...}, 'run_b': {...}, 'totals': {'a', 'b', 'delta'}, 'rows': [...]}``;
+    each row has ``op``, ``bucket`` (lo_bytes, hi_bytes, label), ``a`` and ``b`` (the metrics of
+    the module docstring, None where the run has no such collective), ``delta`` (B − A per
+    metric) and ``sync_time_change`` (relative change of the median sync time).
+    Raises StoreError when a run is not in the store.
+    """
+    from tracekit.errors import StoreError
+
+    st = store if isinstance(store, Store) else Store(store)
+    for rid in (run_a, run_b):
+        if not st.has_run(rid):
+            known = ", ".join(st.run_ids()[:8]) or "none"
+            raise StoreError(f"run {rid!r} is not in {st.path} (runs: {known})")
+    con = st.connect(run_ids=sorted({run_a, run_b}))
+    try:
+        meta = {}
+        for rid in (run_a, run_b):
+            rec = con.execute(
+                "SELECT run_id, workload, backend, world_size, device_name, config FROM runs WHERE run_id = ?", [rid]
+            ).fetchone()
+            meta[rid] = dict(zip(("run_id", "workload", "backend", "world_size", "device_name"), rec[:5]))
+        ra, rb = _rows(con, run_a), _rows(con, run_b)
+        ta, tb = _totals(con, run_a), _totals(con, run_b)
+    finally:
+        con.close()
+    rows = []
+    for key in set(ra) | set(rb):
+        a, b = ra.get(key), rb.get(key)
+        pick = lambda r: None if r is None else {m: r[m] for m in _METRICS}  # noqa: E731
+        pa_, pb = pick(a), pick(b)
+        za = pa_ or {m: 0 for m in ("count", "wait_ns", "comm_ns", "overlap_ns", "exposed_comm_ns")}
+        zb = pb or {m: 0 for m in ("count", "wait_ns", "comm_ns", "overlap_ns", "exposed_comm_ns")}
+        delta = {m: _delta(za.get(m), zb.get(m)) for m in _METRICS}
+        rows.append(
+            dict(
+                op=key[0], bucket=_bucket_from_index(key[1]), a=pa_, b=pb, delta=delta,
+                sync_time_change=_rel(za.get("median_sync_time_ns"), zb.get("median_sync_time_ns")),
+            )
+        )
+
+    def rank_key(r):
+        return (
+            -abs(r["delta"]["comm_ns"] or 0),
+            -abs(r["sync_time_change"] or 0),
+            r["op"],
+            r["bucket"]["lo_bytes"] if r["bucket"]["lo_bytes"] is not None else -1,
+        )
+
+    rows.sort(key=rank_key)
+    return dict(
+        run_a=meta[run_a],
+        run_b=meta[run_b],
+        totals=dict(a=ta, b=tb, delta={k: _delta(ta[k], tb[k]) for k in _TOTALS}),
+        rows=rows,
+    )
+
+
+def print_diff(diff: dict, console=None) -> None:
+    """Render a :func:`diff_runs` result as rich tables (A → B side by side, Δ after)."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    con = console or Console(width=None if sys.stdout.isatty() else 160)
+    a_id, b_id = diff["run_a"]["run_id"], diff["run_b"]["run_id"]
+    con.print(f"[bold]diff[/bold] A = {a_id} ({diff['run_a'].get('workload')}, {diff['run_a'].get('world_size')} ranks)"
+              f"  →  B = {b_id} ({diff['run_b'].get('workload')}, {diff['run_b'].get('world_size')} ranks)")
+    t = Table(title="Run totals (sums over ranks of the whole-trace overlap, overlap_by_rank)")
+    for col in ("", "A", "B", "Δ (B − A)"):
+        t.add_column(col, justify="left" if not col else "right")
+    ta, tb, td = diff["totals"]["a"], diff["totals"]["b"], diff["totals"]["delta"]
+    for key, label in (("comm_ns", "comm ms"), ("compute_ns", "compute ms"), ("overlap_ns", "overlap ms"),
+                       ("exposed_comm_ns", "exposed comm ms")):
+        t.add_row(label, _ms(ta[key]), _ms(tb[key]), _ms(td[key], signed=True))
+    t.add_row("overlap ratio", _pct(ta["overlap_ratio"]), _pct(tb["overlap_ratio"]),
+              _pp(td["overlap_ratio"]))
+    con.print(t)
+    t = Table(title="Per op and size bucket (largest change in time spent first)")
+    for col in ("op", "size", "count A→B", "median sync µs A→B", "Δ sync", "busbw GB/s A→B", "wait ms A→B",
+                "overlap A→B", "exposed ms A→B", "Δ comm ms"):
+        t.add_column(col, justify="left" if col in ("op", "size") else "right", no_wrap=col == "op")
+    for r in diff["rows"]:
+        a, b = r["a"] or {}, r["b"] or {}
+        t.add_row(
+            r["op"], r["bucket"]["label"],
+            f"{a.get('count', 0)} → {b.get('count', 0)}",
+            f"{_us(a.get('median_sync_time_ns'))} → {_us(b.get('median_sync_time_ns'))}",
+            _pct(r["sync_time_change"], signed=True),
+            f"{_num(a.get('median_busbw_gbps'))} → {_num(b.get('median_busbw_gbps'))}",
+            f"{_ms(a.get('wait_ns'))} → {_ms(b.get('wait_ns'))}",
+            f"{_pct(a.get('overlap_ratio'))} → {_pct(b.get('overlap_ratio'))}",
+            f"{_ms(a.get('exposed_comm_ns'))} → {_ms(b.get('exposed_comm_ns'))}",
+            _ms(r["delta"]["comm_ns"], signed=True),
+        )
+    con.print(t)
+
+
+def _ms(ns, signed=False) -> str:
+    if ns is None:
+        return "—"
+    return f"{ns / 1e6:+,.3f}" if signed else f"{ns / 1e6:,.3f}"
+
+
+def _us(ns) -> str:
+    return "—" if ns is None else f"{ns / 1e3:,.1f}"
+
+
+def _pct(x, signed=False) -> str:
+    if x is None:
+        return "—"
+    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
+
+
+def _pp(x) -> str:
+    return "—" if x is None else f"{100 * x:+.1f} pp"
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{x:,.2f}"
