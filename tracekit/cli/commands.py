@@ -67,11 +67,16 @@ def analyze(
     store: Optional[Path] = StoreOpt,
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     link: Optional[str] = typer.Option(None, "--link", help="Also compare every collective with this link preset (nvlink4, ib_ndr, ...)."),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report with plots to this file."),
 ) -> None:
     """The report for a run: collectives, overlap, stragglers, α–β fit and verdicts."""
     from tracekit.report import build_report, print_report, report_json
 
     rep = build_report(_store(store), run, link=link)
+    if html_out is not None:
+        from tracekit.html_report import write_html_report
+
+        typer.echo(f"wrote {write_html_report(_store(store), html_out, link=link, report=rep)}", err=True)
     if json_out:
         typer.echo(report_json(rep))
     else:
@@ -143,3 +148,6 @@ def sql(
     for r in rows:
         t.add_row(*["NULL" if v is None else str(v) for v in r])
     Console(width=max(120, os.get_terminal_size().columns if sys.stdout.isatty() else 200)).print(t)
+
+
+from tracekit.cli import export_diff as _export_diff  # noqa: E402,F401  (registers `export` and `diff`)

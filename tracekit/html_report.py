@@ -1,0 +1,974 @@
+"""The self-contained HTML report of one run (``tracekit analyze --html FILE``).
+
+Three layers, kept apart (STYLE.md: no plotting inside analysis code):
+
+1. :func:`html_data` gathers plain data: the :func:`tracekit.report.build_report` dict plus rows
+   read from the analysis views (collective_bandwidth, collective_verdicts, collective_waits,
+   comm/compute/overlap islands, alpha_beta_fit) and the model curves of
+   :func:`model_curves`, whose every number comes from :mod:`tracekit.model`;
+2. the ``*_figure`` functions turn that data into plotly figures, and :func:`report_tables`
+   into generic :class:`Table` objects (a title, typed columns, a list of rows);
+3. :func:`render_html` assembles one page: plotly's JavaScript is inlined once in the page head
+   (no CDN: the file opens offline), then each figure, the tables and the run's metadata.
+
+Units on the page: times in µs or ms, bandwidth in GB/s with GB = 10⁹ B, sizes in bytes with
+decimal prefixes (kB = 10³ B, MB = 10⁶ B). The page records any JavaScript error into the
+``#tk-js-errors`` element (shown when not empty) so a browser test can read it from the DOM.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tracekit.store import Store
+
+VERDICT_COLORS = {
+    "bandwidth-bound": "#2b8a3e",
+    "latency-bound": "#1c7ed6",
+    "skew-bound": "#e03131",
+    "no model": "#868e96",
+}
+PRESET_STYLES = ("dash", "dot", "dashdot", "longdash", "longdashdot")
+PRESET_COLORS = ("#7048e8", "#f08c00", "#0c8599", "#c2255c", "#5c940d")
+FIT_COLOR = "#212529"
+COMPUTE_COLOR = "#4c6ef5"
+COMM_WAIT_COLOR = "#ffc9c9"
+COMM_COLOR = "#e03131"
+OVERLAP_COLOR = "#2f9e44"
+FONT = dict(family="DejaVu Sans, Liberation Sans, Arial, sans-serif", size=14, color="#212529")
+
+MAX_TIMELINE_BARS = 20000
+"""Above this many bars the timeline keeps fewer steps, then a prefix of the window."""
+MAX_HEATMAP_INSTANCES = 1500
+"""Above this many instances the wait heatmap keeps those with the largest skew."""
+MAX_TIMELINE_RANKS = 16
+DEFAULT_PRESETS = {
+    "nccl": ("nvlink4", "pcie4", "ib_ndr"),
+    "rccl": ("nvlink4", "pcie4", "ib_ndr"),
+    "gloo": ("eth25", "eth100"),
+}
+FALLBACK_PRESETS = ("nvlink4", "ib_ndr", "eth100")
+
+
+# -- 1. data ------------------------------------------------------------------------------------
+
+
+def _rows(con, sql: str, params: Sequence | None = None) -> list[dict]:
+    cur = con.execute(sql, list(params or []))
+    cols = [d[0] for d in cur.description]
+    out = []
+    for rec in cur.fetchall():
+        r = {}
+        for c, v in zip(cols, rec):
+            if isinstance(v, float) and not math.isfinite(v):
+                v = None
+            r[c] = v
+        out.append(r)
+    return out
+
+
+def default_presets(backend: str | None, link: str | None = None) -> list[str]:
+    """Preset links drawn beside the fit: ``link`` if given, else a few typical of the backend."""
+    if link:
+        return [link]
+    return list(DEFAULT_PRESETS.get((backend or "").lower(), FALLBACK_PRESETS))
+
+
+def html_data(
+    store: Store | str | os.PathLike | None = None,
+    run_id: str | None = None,
+    link: str | None = None,
+    presets: Sequence[str] | None = None,
+    steps: int = 2,
+    report: dict | None = None,
+) -> dict[str, Any]:
+    """Everything the HTML page draws, as plain data (ns, bytes, GB/s).
+
+    Keys: ``report`` (:func:`tracekit.report.build_report`), ``bandwidth`` (one row per
+    collective instance with size, sync time, busbw, verdict), ``curves``
+    (:func:`model_curves`), ``timeline`` (:func:`_timeline`), ``waits`` (rank × instance wait
+    matrix), ``presets`` (the preset links drawn). ``steps``: how many profiler steps the
+    timeline shows (the first ones); ``report``: an already built report of the run (saves
+    building it again; ``run_id`` and ``link`` are then taken from it).
+    Raises StoreError for an empty store or unknown run.
+    """
+    from tracekit.report import build_report
+
+    st = store if isinstance(store, Store) else Store(store)
+    if report is None:
+        report = build_report(st, run_id, link=link)
+    else:
+        link = report.get("link")
+    rid = report["run"]["run_id"]
+    con = st.connect(run_ids=[rid], link=link)
+    try:
+        bandwidth = _rows(
+            con,
+            """
+            SELECT b.pg_name, b.seq, b.op, b.size_bytes, b.group_size, b.sync_time_ns, b.algbw_gbps, b.busbw_gbps,
+                   v.verdict, v.verdict_basis, coalesce(v.efficiency, v.efficiency_link) AS efficiency,
+                   coalesce(v.fit_predicted_ns, v.link_predicted_ns) AS predicted_ns, i.skew_ns, i.straggler
+            FROM collective_bandwidth b
+            JOIN collective_instances i USING (run_id, pg_name, seq)
+            LEFT JOIN collective_verdicts v USING (run_id, pg_name, seq)
+            WHERE b.run_id = ? AND b.busbw_gbps IS NOT NULL AND b.size_bytes > 0
+            ORDER BY b.op, b.size_bytes
+            """,
+            [rid],
+        )
+        fit = _rows(con, "SELECT * FROM alpha_beta_fit WHERE run_id = ? ORDER BY op, group_size", [rid])
+        timeline = _timeline(con, rid, steps)
+        waits = _wait_matrix(con, rid)
+    finally:
+        con.close()
+    names = list(presets) if presets is not None else default_presets(report["run"].get("backend"), link)
+    return dict(
+        report=report,
+        bandwidth=bandwidth,
+        curves=model_curves(bandwidth, fit, names),
+        fit=fit,
+        timeline=timeline,
+        waits=waits,
+        presets=names,
+    )
+
+
+def _log_grid(lo: float, hi: float, points: int = 80) -> list[float]:
+    a, b = math.log10(lo), math.log10(hi)
+    return [10 ** (a + (b - a) * i / (points - 1)) for i in range(points)]
+
+
+def model_curves(bandwidth: Sequence[dict], fit: Sequence[dict], presets: Sequence[str]) -> list[dict]:
+    """Predicted bus bandwidth vs size, per op: the run's α–β fit and each preset link.
+
+    Every number comes from :mod:`tracekit.model`: the time from ``predict_collective`` (the
+    fit's algorithm for fitted curves, the op's default algorithm for presets), the bus bandwidth
+    from ``busbw``, n½ from the link (α·β). Sizes span the measured ones (and each n½) with a
+    margin. Returns dicts: op, group_size, kind ('fit' / 'preset'), name, algo, sizes_bytes,
+    busbw_gbps, n_half_bytes, n_half_busbw_gbps, alpha_s, beta_gbps.
+    Ops the model has no algorithm for (reduce, gather, scatter, barrier) get no curve.
+    """
+    from tracekit.errors import TracekitError
+    from tracekit.model import busbw, custom_link, link_from_preset, predict_collective
+
+    by_op: dict[str, list[dict]] = {}
+    for r in bandwidth:
+        by_op.setdefault(r["op"], []).append(r)
+    links = []
+    for name in presets:
+        try:
+            links.append(link_from_preset(name))
+        except TracekitError:
+            continue
+    out = []
+
+    def curve(op, k, lnk, algo, kind, sizes):
+        ys = []
+        try:
+            for s in sizes:
+                p = predict_collective(op, s, k, lnk, algo=algo)
+                ys.append(busbw(op, s, p.time_s, k))
+            nh = lnk.n_half_bytes
+            pn = predict_collective(op, nh, k, lnk, algo=algo) if nh > 0 else None
+            nh_bw = busbw(op, nh, pn.time_s, k) if pn is not None and pn.time_s > 0 else None
+            used_algo = p.algo
+        except TracekitError:
+            return None
+        return dict(
+            op=op, group_size=k, kind=kind, name=lnk.name, algo=used_algo, sizes_bytes=list(sizes), busbw_gbps=ys,
+            n_half_bytes=nh, n_half_busbw_gbps=nh_bw, alpha_s=lnk.alpha_s, beta_gbps=lnk.beta_Bps / 1e9,
+        )
+
+    for op, rows in by_op.items():
+        counts: dict[int, int] = {}
+        for r in rows:
+            counts[r["group_size"]] = counts.get(r["group_size"], 0) + 1
+        k_main = max(counts, key=lambda k: (counts[k], k))
+        fits = [f for f in fit if f["op"] == op and f["status"] == "ok" and f["alpha_s"] is not None]
+        fit_links = []
+        for f in fits:
+            try:
+                fit_links.append((f, custom_link(f["alpha_s"], f["beta_Bps"], name="fit")))
+            except TracekitError:
+                continue
+        marks = [r["size_bytes"] for r in rows]
+        marks += [lk.n_half_bytes for _, lk in fit_links if lk.n_half_bytes > 0]
+        marks += [lk.n_half_bytes for lk in links if lk.n_half_bytes > 0]
+        lo = max(1.0, 10 ** math.floor(math.log10(min(marks) / 2)))
+        hi = 10 ** math.ceil(math.log10(max(marks) * 2))
+        sizes = _log_grid(lo, hi)
+        for f, lk in fit_links:
+            c = curve(op, f["group_size"], lk, f["algo"], "fit", sizes)
+            if c is not None:
+                out.append(c)
+        if k_main < 2 and op not in ("send", "recv"):
+            continue
+        for lk in links:
+            c = curve(op, k_main, lk, None, "preset", sizes)
+            if c is not None:
+                out.append(c)
+    return out
+
+
+def _pick_steps(con, run_id: str, steps: int) -> list[int]:
+    have = [r[0] for r in con.execute(
+        "SELECT DISTINCT step FROM overlap_by_step WHERE run_id = ? ORDER BY step", [run_id]).fetchall()]
+    return have[: max(1, steps)] if have else []
+
+
+def _timeline(con, run_id: str, steps: int) -> dict[str, Any]:
+    """Bars for the per-rank timeline of the first ``steps`` profiler steps (whole trace without steps).
+
+    Returns: steps (list; empty = whole trace), t0_ns (window start), t1_ns, ranks (shown),
+    compute / overlap (lists of {rank, s, e} islands, ns), comm (one per call: rank, s, e,
+    last_arrival_ns, wait_ns, op, size_bytes, instance, verdict, sync_time_ns; op None for
+    unattributed spans), note (why something was left out, or '').
+    """
+    chosen = _pick_steps(con, run_id, steps)
+    note = ""
+    ranks = [r[0] for r in con.execute("SELECT rank FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
+    if len(ranks) > MAX_TIMELINE_RANKS:
+        note = f"showing ranks {ranks[0]}–{ranks[MAX_TIMELINE_RANKS - 1]} of {len(ranks)}"
+        ranks = ranks[:MAX_TIMELINE_RANKS]
+
+    def load(step_list):
+        grps = step_list or [-1]
+        gl = ", ".join(str(int(g)) for g in grps)
+        rl = ", ".join(str(int(r)) for r in ranks) or "NULL"
+        isl = {}
+        for name in ("compute_islands", "overlap_islands"):
+            isl[name] = _rows(
+                con,
+                f"SELECT rank, min(s) AS s, max(e) AS e FROM (SELECT rank, s, e FROM {name} "
+                f"WHERE run_id = ? AND grp IN ({gl}) AND rank IN ({rl})) GROUP BY rank, s ORDER BY rank, s",
+                [run_id],
+            )
+        step_filter = "" if not step_list else f"AND e.step IN ({gl})"
+        comm = _rows(
+            con,
+            f"""
+            SELECT e.rank, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e, e.name,
+                   c.op, c.size_bytes, c.pg_name, c.seq, i.last_arrival_ns, w.wait_ns, i.sync_time_ns,
+                   i.straggler, v.verdict
+            FROM events e
+            LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
+            LEFT JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name AND i.seq = c.seq
+            LEFT JOIN collective_waits w ON w.run_id = c.run_id AND w.rank = c.rank AND w.event_id = c.event_id
+            LEFT JOIN collective_verdicts v ON v.run_id = c.run_id AND v.pg_name = c.pg_name AND v.seq = c.seq
+            WHERE e.run_id = ? AND e.class = 'comm' AND e.rank IN ({rl}) {step_filter}
+            ORDER BY e.rank, e.ts_ns
+            """,
+            [run_id],
+        )
+        return isl["compute_islands"], isl["overlap_islands"], comm
+
+    compute, overlap, comm = load(chosen)
+    if len(compute) + len(overlap) + 2 * len(comm) > MAX_TIMELINE_BARS and len(chosen) > 1:
+        chosen = chosen[:1]
+        compute, overlap, comm = load(chosen)
+    spans = [(x["s"], x["e"]) for x in compute + comm]
+    if not spans:
+        return dict(steps=chosen, t0_ns=0, t1_ns=0, ranks=ranks, compute=[], overlap=[], comm=[], note=note)
+    t0 = min(s for s, _ in spans)
+    t1 = max(e for _, e in spans)
+    total = len(compute) + len(overlap) + 2 * len(comm)
+    if total > MAX_TIMELINE_BARS:
+        starts = sorted(s for s, _ in spans)
+        cut = starts[int(len(starts) * MAX_TIMELINE_BARS / total) - 1]
+        compute = [x for x in compute if x["s"] <= cut]
+        overlap = [x for x in overlap if x["s"] <= cut]
+        comm = [x for x in comm if x["s"] <= cut]
+        t1 = max(x["e"] for x in compute + comm)
+        note = (note + "; " if note else "") + f"window cut to its first {(t1 - t0) / 1e6:,.1f} ms (too many bars)"
+    for x in comm:
+        x["instance"] = None if x["op"] is None or x["seq"] is None else f"{x['pg_name']}:{x['seq']}"
+    return dict(steps=chosen, t0_ns=t0, t1_ns=t1, ranks=ranks, compute=compute, overlap=overlap, comm=comm, note=note)
+
+
+def _wait_matrix(con, run_id: str) -> dict[str, Any]:
+    """Wait per rank and instance: instances (in order of last arrival), ranks, wait_ns[rank][instance]."""
+    inst = _rows(
+        con,
+        """
+        SELECT pg_name, seq, op, size_bytes, group_size, last_arrival_ns, skew_ns, sync_time_ns, straggler
+        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1
+        ORDER BY last_arrival_ns, pg_name, seq
+        """,
+        [run_id],
+    )
+    note = ""
+    if len(inst) > MAX_HEATMAP_INSTANCES:
+        keep = sorted(inst, key=lambda r: -(r["skew_ns"] or 0))[:MAX_HEATMAP_INSTANCES]
+        keys = {(r["pg_name"], r["seq"]) for r in keep}
+        note = f"the {MAX_HEATMAP_INSTANCES} instances with the largest skew of {len(inst)}"
+        inst = [r for r in inst if (r["pg_name"], r["seq"]) in keys]
+    index = {(r["pg_name"], r["seq"]): j for j, r in enumerate(inst)}
+    ranks = [r[0] for r in con.execute("SELECT rank FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
+    row_of = {r: i for i, r in enumerate(ranks)}
+    wait: list[list[float | None]] = [[None] * len(inst) for _ in ranks]
+    for pg, seq, rank, w in con.execute(
+        "SELECT pg_name, seq, rank, wait_ns FROM collective_waits WHERE run_id = ?", [run_id]
+    ).fetchall():
+        j = index.get((pg, seq))
+        i = row_of.get(rank)
+        if j is not None and i is not None:
+            wait[i][j] = w
+    for r in inst:
+        r["instance"] = f"{r['pg_name']}:{r['seq']}"
+    return dict(instances=inst, ranks=ranks, wait_ns=wait, note=note)
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def fmt_bytes(b) -> str:
+    """Decimal prefixes: 131072 → '131.1 kB'."""
+    if b is None:
+        return "—"
+    b = float(b)
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(b) >= f:
+            return f"{b / f:,.4g} {unit}"
+    return f"{b:,.0f} B"
+
+
+def fmt_us(ns) -> str:
+    return "—" if ns is None else f"{ns / 1e3:,.1f}"
+
+
+def fmt_ms(ns) -> str:
+    return "—" if ns is None else f"{ns / 1e6:,.3f}"
+
+
+def fmt_pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def fmt_num(x, digits: int = 2) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return f"{x:,.{digits}f}"
+
+
+def _time_unit(span_ns: float) -> tuple[str, float]:
+    """('ms', 1e6) for spans over 5 ms, else ('µs', 1e3)."""
+    return ("ms", 1e6) if span_ns > 5e6 else ("µs", 1e3)
+
+
+# -- 2. figures ---------------------------------------------------------------------------------
+
+
+def _layout(fig, title: str, height: int, **kw) -> None:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=18)),
+        font=FONT,
+        height=height,
+        template="plotly_white",
+        margin=dict(l=90, r=30, t=80, b=70),
+        hoverlabel=dict(font_size=13),
+        **kw,
+    )
+
+
+def bandwidth_figure(data: dict):
+    """Bus bandwidth vs message size per op (log–log): instances by verdict, fit and preset curves, n½."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    ops = sorted({r["op"] for r in data["bandwidth"]})
+    if not ops:
+        return None
+    cols = min(len(ops), 2)
+    nrows = math.ceil(len(ops) / cols)
+    fig = make_subplots(
+        rows=nrows, cols=cols, subplot_titles=[o.replace("_", "-") for o in ops],
+        horizontal_spacing=0.1, vertical_spacing=0.16 if nrows > 1 else 0.1,
+    )
+    shown = set()
+    preset_style = {name: i for i, name in enumerate(data["presets"])}
+    for n, op in enumerate(ops):
+        row, col = n // cols + 1, n % cols + 1
+        pts = [r for r in data["bandwidth"] if r["op"] == op]
+        for verdict in ("bandwidth-bound", "latency-bound", "skew-bound", "no model"):
+            sel = [r for r in pts if (r["verdict"] or "no model") == verdict]
+            if not sel:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[r["size_bytes"] for r in sel], y=[r["busbw_gbps"] for r in sel], mode="markers",
+                    name=f"measured: {verdict}", legendgroup=f"v-{verdict}", showlegend=verdict not in shown,
+                    marker=dict(color=VERDICT_COLORS[verdict], size=10, line=dict(color="white", width=1)),
+                    customdata=[[
+                        f"{r['pg_name']}:{r['seq']}", fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]),
+                        fmt_us(r["predicted_ns"]), fmt_num(r["efficiency"]), fmt_us(r["skew_ns"]), r["group_size"],
+                    ] for r in sel],
+                    hovertemplate=(
+                        "<b>%{customdata[0]}</b> " + op + " (k=%{customdata[6]})<br>size %{customdata[1]}"
+                        "<br>busbw %{y:.3g} GB/s<br>sync %{customdata[2]} µs, model %{customdata[3]} µs"
+                        "<br>efficiency %{customdata[4]}<br>skew %{customdata[5]} µs<br>" + verdict + "<extra></extra>"
+                    ),
+                ),
+                row=row, col=col,
+            )
+            shown.add(verdict)
+        for c in (c for c in data["curves"] if c["op"] == op):
+            if c["kind"] == "fit":
+                label = f"α–β fit (α {c['alpha_s'] * 1e6:.3g} µs, β {c['beta_gbps']:.3g} GB/s)"
+                line = dict(color=FIT_COLOR, width=3)
+                group = f"fit-{op}-{c['group_size']}"
+                showleg = True
+            else:
+                i = preset_style.get(c["name"], 0)
+                label = f"{c['name']} preset ({c['algo']})"
+                line = dict(color=PRESET_COLORS[i % len(PRESET_COLORS)], width=2, dash=PRESET_STYLES[i % len(PRESET_STYLES)])
+                group = f"preset-{c['name']}"
+                showleg = group not in shown
+                shown.add(group)
+            fig.add_trace(
+                go.Scatter(
+                    x=c["sizes_bytes"], y=c["busbw_gbps"], mode="lines", name=label if c["kind"] == "preset" else f"{op}: {label}",
+                    legendgroup=group, showlegend=showleg, line=line,
+                    hovertemplate=f"{label}<br>size %{{x:.3s}}B<br>busbw %{{y:.3g}} GB/s<extra></extra>",
+                ),
+                row=row, col=col,
+            )
+            if c["n_half_bytes"] > 0 and c["n_half_busbw_gbps"]:
+                fig.add_trace(
+                    go.Scatter(
+                        x=[c["n_half_bytes"]], y=[c["n_half_busbw_gbps"]], mode="markers",
+                        marker=dict(symbol="diamond", size=11, color=line["color"], line=dict(color="white", width=1)),
+                        name="n½ = α·β", legendgroup=group, showlegend=False,
+                        hovertemplate=f"n½ of {c['name']} = {fmt_bytes(c['n_half_bytes'])}<extra></extra>",
+                    ),
+                    row=row, col=col,
+                )
+            if c["kind"] == "fit" and c["n_half_bytes"] > 0:
+                # shapes take data values on a log axis, annotations take log10 of them
+                xref = "x" if n == 0 else f"x{n + 1}"
+                yref = "y domain" if n == 0 else f"y{n + 1} domain"
+                fig.add_shape(type="line", x0=c["n_half_bytes"], x1=c["n_half_bytes"], y0=0, y1=1, xref=xref, yref=yref,
+                              line=dict(color=FIT_COLOR, dash="dot", width=1.5))
+                fig.add_annotation(x=math.log10(c["n_half_bytes"]), y=0.02, xref=xref, yref=yref, yanchor="bottom",
+                                   xanchor="left", xshift=4,
+                                   text=f"fit n½ = {fmt_bytes(c['n_half_bytes'])}", showarrow=False,
+                                   font=dict(size=13), bgcolor="rgba(255,255,255,0.85)")
+        fig.update_xaxes(type="log", exponentformat="SI", dtick=1, title_text="message size S (bytes; k = 10³, M = 10⁶)",
+                         row=row, col=col, showline=True, linecolor="#adb5bd")
+        fig.update_yaxes(type="log", exponentformat="SI", dtick=1, title_text="bus bandwidth (GB/s, GB = 10⁹ B)",
+                         row=row, col=col, showline=True, linecolor="#adb5bd")
+    _layout(
+        fig, "Bus bandwidth vs message size (measured instances by verdict; α–β fit and preset links from the model)",
+        height=430 * nrows + 190,
+        # below the x-axis titles: 80 px under the plot area (paper coordinates are the plot area)
+        legend=dict(orientation="h", yanchor="top", y=-80 / (430 * nrows + 190 - 170 - 110), x=0, font=dict(size=13)),
+    )
+    fig.update_layout(margin=dict(b=170, t=110))
+    return fig
+
+
+def timeline_figure(data: dict):
+    """Per-rank timeline: compute, communication (waiting, then transfer) and their overlap."""
+    import plotly.graph_objects as go
+
+    tl = data["timeline"]
+    if not tl["ranks"] or tl["t1_ns"] <= tl["t0_ns"]:
+        return None
+    unit, f = _time_unit(tl["t1_ns"] - tl["t0_ns"])
+    t0 = tl["t0_ns"]
+    lanes = []
+    for r in tl["ranks"]:
+        lanes += [f"rank {r} · compute", f"rank {r} · comm", f"rank {r} · overlap"]
+    fig = go.Figure()
+
+    def bars(items, lane_of, color, name, width, hover, custom=None, text=None, **kw):
+        if not items:
+            return
+        fig.add_trace(
+            go.Bar(**kw,
+                base=[(x["s"] - t0) / f for x in items], x=[max(x["e"] - x["s"], 0) / f for x in items],
+                y=[lane_of(x) for x in items], orientation="h", name=name, marker=dict(color=color, line=dict(width=0)),
+                width=width, customdata=custom, hovertemplate=hover,
+                text=text, textposition="inside" if text else None, insidetextanchor="start",
+                textfont=dict(size=12, color="#212529"), cliponaxis=True,
+            )
+        )
+
+    bars(tl["compute"], lambda x: f"rank {x['rank']} · compute", COMPUTE_COLOR, "compute", 0.7,
+         f"compute %{{base:,.1f}}–%{{customdata[0]:,.1f}} {unit}<extra></extra>",
+         custom=[[(x["e"] - t0) / f] for x in tl["compute"]])
+    calls = tl["comm"]
+    hover_call = (
+        "<b>%{customdata[0]}</b><br>%{customdata[1]}<br>size %{customdata[2]}<br>wait %{customdata[3]} µs"
+        "<br>sync %{customdata[4]} µs<br>verdict %{customdata[5]}<br>straggler rank %{customdata[6]}<extra></extra>"
+    )
+    custom = [[
+        x["instance"] or "unattributed comm", x["op"] or (x["name"] or "")[:60], fmt_bytes(x["size_bytes"]),
+        fmt_us(x["wait_ns"]), fmt_us(x["sync_time_ns"]), x["verdict"] or "—",
+        "—" if x["straggler"] is None else x["straggler"],
+    ] for x in calls]
+    text = [("" if x["op"] is None else f"{x['op']} {fmt_bytes(x['size_bytes'])}") for x in calls]
+    lane = lambda x: f"rank {x['rank']} · comm"  # noqa: E731
+    bars(calls, lane, COMM_WAIT_COLOR, "comm: waiting for the last rank", 0.7, None, hoverinfo="skip")
+    xfer = []
+    for x in calls:
+        s = x["s"] if x["last_arrival_ns"] is None else max(x["s"], min(x["e"], x["last_arrival_ns"]))
+        xfer.append({"rank": x["rank"], "s": s, "e": x["e"]})
+    bars(xfer, lane, COMM_COLOR, "comm: transfer (after last arrival)", 0.7, None, hoverinfo="skip")
+    # on top: the whole call, transparent, carrying the label and the hover text
+    bars(calls, lane, "rgba(0,0,0,0)", "collective", 0.7, hover_call, custom=custom, text=text, showlegend=False)
+    bars(tl["overlap"], lambda x: f"rank {x['rank']} · overlap", OVERLAP_COLOR, "overlap (comm ∩ compute)", 0.7,
+         f"overlap %{{base:,.1f}}–%{{customdata[0]:,.1f}} {unit}<extra></extra>",
+         custom=[[(x["e"] - t0) / f] for x in tl["overlap"]])
+    steps = tl["steps"]
+    what = (("step " if len(steps) == 1 else "steps ") + ", ".join(str(s) for s in steps)) if steps else "whole trace"
+    title = f"Timeline per rank ({what}; hover a collective for op, size and wait)"
+    if tl["note"]:
+        title += f"<br><sup>{html.escape(tl['note'])}</sup>"
+    _layout(fig, title, height=max(360, 26 * len(lanes) + 190), barmode="overlay",
+            legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.99, xanchor="right", font=dict(size=13)),
+            uniformtext=dict(minsize=10, mode="hide"))
+    order = list(reversed(lanes))
+    fig.update_yaxes(categoryorder="array", categoryarray=order, title_text="", tickfont=dict(size=13),
+                     range=[-0.5, len(order) - 0.5])
+    for i, r in enumerate(tl["ranks"]):
+        if i % 2:  # a light band behind every other rank's three lanes
+            top = order.index(f"rank {r} · compute")
+            fig.add_shape(type="rect", xref="x domain", x0=0, x1=1, yref="y", y0=top - 2.5, y1=top + 0.5,
+                          fillcolor="#f1f3f5", line=dict(width=0), layer="below")
+    fig.update_xaxes(title_text=f"time since the window start ({unit}; t = 0 at {t0 / 1e9:.6f} s on the run clock)",
+                     range=[0, (tl["t1_ns"] - t0) / f], showgrid=True, zeroline=False)
+    fig.update_layout(margin=dict(t=110))
+    return fig
+
+
+def overlap_figure(data: dict):
+    """Communication, overlap and exposed communication per rank (whole trace) and per step."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rep = data["report"]
+    by_rank = rep["overlap_by_rank"]
+    by_step = rep["overlap_by_step"]
+    if not by_rank:
+        return None
+    peak = max([r["comm_ns"] or 0 for r in by_rank] + [1])
+    unit, f = _time_unit(peak)
+    series = (("comm_ns", "comm", COMM_COLOR), ("overlap_ns", "overlap (hidden by compute)", OVERLAP_COLOR),
+              ("exposed_comm_ns", "exposed comm", "#f59f00"))
+    cols = 2 if by_step else 1
+    fig = make_subplots(
+        rows=1, cols=cols, horizontal_spacing=0.08, column_widths=[0.45, 0.55] if cols == 2 else None,
+        subplot_titles=["per rank (whole trace)"] + (["per profiler step and rank"] if by_step else []),
+    )
+
+    def add(rows, x, col, showlegend):
+        for key, name, color in series:
+            fig.add_trace(
+                go.Bar(
+                    x=x, y=[(r[key] or 0) / f for r in rows], name=name, legendgroup=key, showlegend=showlegend,
+                    marker_color=color,
+                    customdata=[[fmt_pct(r["overlap_ratio"]), fmt_ms(r["compute_ns"])] for r in rows],
+                    hovertemplate=(name + ": %{y:,.2f} " + unit + "<br>overlap ratio %{customdata[0]}"
+                                   "<br>compute %{customdata[1]} ms<extra></extra>"),
+                ),
+                row=1, col=col,
+            )
+
+    add(by_rank, [f"rank {r['rank']}" for r in by_rank], 1, True)
+    if by_step:
+        add(by_step, [[f"step {r['step']}" for r in by_step], [f"r{r['rank']}" for r in by_step]], 2, False)
+    _layout(fig, "Communication hidden by compute: comm, overlap and exposed comm", height=490, barmode="group",
+            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    fig.update_yaxes(title_text=f"time ({unit})", row=1, col=1)
+    fig.update_layout(margin=dict(t=140))
+    return fig
+
+
+def wait_heatmap(data: dict):
+    """Rank × collective instance heatmap of wait time (µs); × marks the straggler (last arrival)."""
+    import plotly.graph_objects as go
+
+    w = data["waits"]
+    if not w["instances"]:
+        return None
+    inst = w["instances"]
+    xs = list(range(len(inst)))
+    z = [[None if v is None else v / 1e3 for v in row] for row in w["wait_ns"]]
+    custom = [[[i["instance"], i["op"], fmt_bytes(i["size_bytes"]), fmt_us(i["skew_ns"]), i["straggler"]] for i in inst]
+              for _ in w["ranks"]]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z, x=xs, y=[f"rank {r}" for r in w["ranks"]], colorscale="YlOrRd", zmin=0,
+            colorbar=dict(title=dict(text="wait (µs)", side="right")), customdata=custom, xgap=1, ygap=1,
+            hovertemplate=("%{y}, instance <b>%{customdata[0]}</b> (%{customdata[1]}, %{customdata[2]})"
+                           "<br>waited %{z:,.1f} µs for the last rank<br>straggler: rank %{customdata[4]}"
+                           "<br>skew %{customdata[3]} µs<extra></extra>"),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=xs, y=[f"rank {i['straggler']}" for i in inst], mode="markers", name="straggler (arrived last)",
+            marker=dict(symbol="x-thin", size=9, line=dict(width=2, color="#212529")), hoverinfo="skip",
+        )
+    )
+    many = len(inst) > 12
+    step = max(1, math.ceil(len(inst) / 24))
+    tickvals = xs[::step]
+    ticktext = [inst[i]["instance"] if many else f"{inst[i]['instance']}<br>{inst[i]['op'].replace('_', '-')}"
+                for i in tickvals]
+    title = "Wait for the last rank, per rank and collective instance (in order of last arrival)"
+    if w["note"]:
+        title += f"<br><sup>{html.escape(w['note'])}</sup>"
+    _layout(fig, title, height=max(340, 34 * len(w["ranks"]) + 220),
+            legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
+    fig.update_xaxes(tickvals=tickvals, ticktext=ticktext, tickangle=-45 if many else 0, showgrid=False,
+                     title_text="collective instance (process group:seq" + (")" if many else ", op)"),
+                     tickfont=dict(size=12))
+    fig.update_yaxes(autorange="reversed", showgrid=False)
+    return fig
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Column:
+    """One table column: ``key`` into the row dicts, ``label`` for the header, ``fmt`` to text."""
+
+    key: str
+    label: str
+    fmt: Callable[[Any], str] = lambda v: "—" if v is None else str(v)
+    numeric: bool = False
+
+
+@dataclass
+class Table:
+    """A titled table of plain rows, rendered as HTML. Extend the page by adding more of these."""
+
+    title: str
+    columns: list[Column]
+    rows: list[dict]
+    note: str = ""
+    id: str = ""
+
+
+_SUFFIX_FORMATS: tuple[tuple[str, bool, str, Callable[[Any], str]], ...] = (
+    # (key suffix, strip it from the label, unit added to the label, formatter)
+    ("_ns", True, " (µs)", fmt_us),
+    ("_bytes", True, "", fmt_bytes),
+    ("_gbps", True, " (GB/s)", fmt_num),
+    ("overlap_ratio", False, "", fmt_pct),
+    ("_fraction", False, "", fmt_pct),
+    ("_ratio", False, " (×)", lambda v: "—" if v is None else f"{v:,.2f}×"),
+    ("_s", True, " (µs)", lambda v: "—" if v is None else f"{v * 1e6:,.2f}"),
+    ("_Bps", True, " (GB/s)", lambda v: "—" if v is None else f"{v / 1e9:,.2f}"),
+)
+
+
+def infer_columns(rows: Sequence[dict]) -> list[Column]:
+    """Columns for arbitrary rows by key suffix: ``*_ns`` → µs, ``*_bytes`` → decimal bytes,
+    ``*_gbps`` and ``*_Bps`` → GB/s, ``overlap_ratio``/``*_fraction`` → %, other ``*_ratio`` → ×,
+    ``*_s`` → µs; other numbers as numbers, the rest as text."""
+    keys: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    cols = []
+    for k in keys:
+        for suffix, strip, unit, fmt in _SUFFIX_FORMATS:
+            if k.endswith(suffix):
+                base = k[: -len(suffix)] if strip else k
+                cols.append(Column(k, base.replace("_", " ") + unit, fmt, True))
+                break
+        else:
+            sample = next((r.get(k) for r in rows if r.get(k) is not None), None)
+            if isinstance(sample, (int, float)) and not isinstance(sample, bool):
+                cols.append(Column(k, k.replace("_", " "), fmt_num, True))
+            else:
+                cols.append(Column(k, k.replace("_", " ")))
+    return cols
+
+
+def report_tables(report: dict) -> list[Table]:
+    """The measured-vs-model tables of the page: verdicts per op, the α–β fit, the instances
+    furthest from the model, and any ``report['measured_vs_model']`` rows (a list of dicts, e.g.
+    a workload's measured-vs-predicted analysis), whose columns are inferred from their keys."""
+    tables = []
+    link = report.get("link")
+    basis = f"fit, else the {link} preset" if link else "the run's own α–β fit (analyze --link PRESET adds a preset)"
+    if report.get("verdicts"):
+        tables.append(Table(
+            "Verdicts and efficiency per op", [
+                Column("op", "op"), Column("verdict", "verdict", lambda v: v or "no model"),
+                Column("verdict_basis", "basis"), Column("count", "instances", fmt_num, True),
+                Column("median_efficiency", "median efficiency (fit)", fmt_num, True),
+                Column("median_efficiency_link", "median efficiency (preset)", fmt_num, True),
+            ], report["verdicts"],
+            note=f"efficiency = predicted / measured sync time (1 = as the model says, < 1 slower); model: {basis}.",
+            id="verdicts",
+        ))
+    if report.get("fit"):
+        tables.append(Table(
+            "α–β fit per op and group size", [
+                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("algo", "algorithm"),
+                Column("n_used", "samples used", fmt_num, True),
+                Column("alpha_s", "α (µs)", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
+                Column("beta_gbps", "β (GB/s)", fmt_num, True), Column("n_half_bytes", "n½", fmt_bytes, True),
+                Column("residual_spread", "residual spread", fmt_pct, True), Column("status", "status"),
+            ], report["fit"], id="fit",
+        ))
+    if report.get("furthest_from_model"):
+        tables.append(Table(
+            "Instances furthest from the model (lowest efficiency)", [
+                Column("op", "op"), Column("pg_name", "group"), Column("seq", "seq", fmt_num, True),
+                Column("size_bytes", "size", fmt_bytes, True), Column("sync_time_ns", "sync (µs)", fmt_us, True),
+                Column("predicted_ns", "predicted (µs)", fmt_us, True),
+                Column("efficiency", "efficiency", fmt_num, True), Column("skew_ns", "skew (µs)", fmt_us, True),
+                Column("verdict", "verdict"), Column("best_algo", "best algorithm"),
+            ], report["furthest_from_model"], id="furthest",
+        ))
+    extra = report.get("measured_vs_model")
+    if extra:
+        notes = sorted({str(r["note"]) for r in extra if r.get("note")})
+        cols = [c for c in infer_columns(extra) if c.key != "note"]
+        tables.append(Table(
+            "Measured vs model for the workload (per rank, means per profiler step)", cols, list(extra),
+            note="; ".join(notes), id="measured-vs-model",
+        ))
+    return tables
+
+
+def metadata_tables(report: dict) -> list[Table]:
+    """The run's metadata: the run row, and per rank host, source, events and clock offset."""
+    run = report["run"]
+    keys = ("run_id", "workload", "source", "backend", "world_size", "device_name", "torch_version", "nccl_version",
+            "created_at", "schema_version")
+    kv = [{"field": k.replace("_", " "), "value": "—" if run.get(k) is None else str(run.get(k))} for k in keys]
+    kv.append({"field": "ranks ingested", "value": str(len(report["ranks"]))})
+    t_run = Table("Run", [Column("field", "field"), Column("value", "value")], kv, id="run")
+    t_ranks = Table(
+        "Ranks", [
+            Column("rank", "rank", fmt_num, True), Column("host", "host"),
+            Column("source_path", "trace file", lambda v: "—" if not v else os.path.basename(str(v))),
+            Column("events", "events", fmt_num, True), Column("events_quarantined", "quarantined", fmt_num, True),
+            Column("clock_offset_ns", "clock offset (µs)", fmt_us, True),
+            Column("clock_offset_err_ns", "± (µs)", fmt_us, True),
+            Column("warnings", "warnings", lambda v: str(len(v or [])), True),
+        ], report["ranks"], id="ranks",
+    )
+    return [t_run, t_ranks]
+
+
+# -- 3. page ------------------------------------------------------------------------------------
+
+
+_CSS = """
+body { font-family: "DejaVu Sans", "Liberation Sans", Arial, sans-serif; font-size: 15px; color: #212529;
+       margin: 0; background: #f8f9fa; line-height: 1.45; }
+header { background: #212529; color: #f8f9fa; padding: 18px 32px; }
+header h1 { margin: 0 0 6px 0; font-size: 24px; }
+header .meta { font-size: 15px; color: #ced4da; }
+main { padding: 8px 32px 40px 32px; max-width: 1500px; }
+section { background: white; border: 1px solid #dee2e6; border-radius: 6px; margin: 18px 0; padding: 14px 18px; }
+h2 { font-size: 19px; margin: 4px 0 8px 0; }
+p.note { color: #495057; margin: 4px 0 10px 0; font-size: 14px; }
+table { border-collapse: collapse; font-size: 14px; margin: 6px 0 12px 0; }
+th, td { border-bottom: 1px solid #e9ecef; padding: 5px 12px; text-align: left; }
+th { background: #f1f3f5; font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.badges span { display: inline-block; padding: 4px 10px; border-radius: 12px; color: white; margin: 0 6px 6px 0;
+               font-size: 14px; font-weight: 600; }
+ul.warnings li { color: #862e9c; }
+#tk-js-errors { color: #c92a2a; background: #fff5f5; border: 1px solid #ffc9c9; padding: 8px; white-space: pre-wrap; }
+.figure { margin: 0; }
+.table-wrap { overflow-x: auto; }
+"""
+
+_ERROR_HOOK = """
+window.__tkErrors = [];
+(function () {
+  function show() {
+    var n = document.getElementById('tk-js-errors');
+    if (n && window.__tkErrors.length) { n.textContent = window.__tkErrors.join('\\n'); n.hidden = false; }
+  }
+  function record(msg) { window.__tkErrors.push(String(msg)); show(); }
+  window.addEventListener('error', function (e) {
+    record('error: ' + (e.message || e) + (e.filename ? ' at ' + e.filename + ':' + e.lineno : ''));
+  });
+  window.addEventListener('unhandledrejection', function (e) {
+    record('unhandled promise rejection: ' + ((e.reason && e.reason.message) || e.reason));
+  });
+  document.addEventListener('DOMContentLoaded', show);
+})();
+"""
+
+_DONE_HOOK = """
+(function () {
+  var figs = document.querySelectorAll('.plotly-graph-div');
+  var drawn = 0;
+  figs.forEach(function (d) { if (d.querySelector('.main-svg')) { drawn += 1; } });
+  var s = document.getElementById('tk-status');
+  if (s) { s.setAttribute('data-figures', String(figs.length)); s.setAttribute('data-drawn', String(drawn)); }
+})();
+"""
+
+
+def _table_html(t: Table) -> str:
+    head = "".join(f'<th class="{"num" if c.numeric else ""}">{html.escape(c.label)}</th>' for c in t.columns)
+    body = []
+    for r in t.rows:
+        cells = []
+        for c in t.columns:
+            try:
+                text = c.fmt(r.get(c.key))
+            except (TypeError, ValueError):
+                text = str(r.get(c.key))
+            cells.append(f'<td class="{"num" if c.numeric else ""}">{html.escape(str(text))}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    note = f'<p class="note">{html.escape(t.note)}</p>' if t.note else ""
+    ident = f' id="tk-table-{t.id}"' if t.id else ""
+    return (f'<h3>{html.escape(t.title)}</h3>{note}<div class="table-wrap"><table{ident}><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _figure_html(fig, name: str) -> str:
+    return fig.to_html(
+        full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
+        config={"displaylogo": False, "responsive": True, "toImageButtonOptions": {"filename": f"tracekit-{name}"}},
+    )
+
+
+FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
+    ("bandwidth", "Bandwidth vs message size", bandwidth_figure,
+     "Each dot is one collective instance: its size and its bus bandwidth over the sync time (after the last rank "
+     "arrived; nccl-tests conventions). Lines are the α–β model: the fit to this run's own instances, and preset "
+     "links for comparison. n½ = α·β is the size that reaches half of β."),
+    ("timeline", "Timeline", timeline_figure,
+     "Per rank: compute (union of compute kernels/ops), communication (light = waiting for the slowest rank, "
+     "dark = transfer after the last arrival) and where they overlap. Zoom with the mouse; double-click resets."),
+    ("overlap", "Overlap", overlap_figure,
+     "comm = |∪ comm|, overlap = |comm ∩ compute|, exposed = comm − overlap (DESIGN.md, Overlap)."),
+    ("waits", "Who waits for whom", wait_heatmap,
+     "Time each rank spent waiting for the last rank to arrive at each collective; × marks the straggler."),
+)
+
+
+def render_html(data: dict) -> str:
+    """The page for :func:`html_data` output: one self-contained HTML document (plotly inlined)."""
+    from plotly.offline import get_plotlyjs
+
+    rep = data["report"]
+    run = rep["run"]
+    sections = []
+    counts: dict[str, int] = {}
+    for r in rep.get("verdicts") or []:
+        key = r["verdict"] or "no model"
+        counts[key] = counts.get(key, 0) + r["count"]
+    badges = "".join(
+        f'<span style="background:{VERDICT_COLORS.get(k, "#868e96")}">{html.escape(k)}: {v}</span>'
+        for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+    )
+    tot = {k: sum((r[k] or 0) for r in rep["overlap_by_rank"]) for k in ("comm_ns", "overlap_ns", "exposed_comm_ns")}
+    ratio = tot["overlap_ns"] / tot["comm_ns"] if tot["comm_ns"] else None
+    glance = (
+        f'<section id="tk-summary"><h2>At a glance</h2><div class="badges">{badges or "no collectives"}</div>'
+        f'<p class="note">{sum(c["count"] for c in rep["collectives"])} matched collective instances; '
+        f'communication over all ranks {fmt_ms(tot["comm_ns"])} ms, of which {fmt_ms(tot["exposed_comm_ns"])} ms '
+        f'exposed (overlap ratio {fmt_pct(ratio)}).</p></section>'
+    )
+    sections.append(glance)
+    for name, title, build, note in FIGURES:
+        fig = build(data)
+        if fig is None:
+            body = '<p class="note">Nothing to draw for this run.</p>'
+        else:
+            body = f'<div class="figure">{_figure_html(fig, name)}</div>'
+        sections.append(
+            f'<section id="tk-sec-{name}"><h2>{html.escape(title)}</h2><p class="note">{html.escape(note)}</p>{body}</section>'
+        )
+    tables = report_tables(rep)
+    sections.append(
+        '<section id="tk-sec-model"><h2>Measured vs model</h2>'
+        + ("".join(_table_html(t) for t in tables) or '<p class="note">No collectives with a model.</p>')
+        + "</section>"
+    )
+    meta = "".join(_table_html(t) for t in metadata_tables(rep))
+    warns = rep.get("warnings") or []
+    warn_html = (
+        '<h3>Warnings</h3><ul class="warnings">' + "".join(f"<li>{html.escape(w)}</li>" for w in warns) + "</ul>"
+        if warns else '<p class="note">No warnings.</p>'
+    )
+    config = html.escape(json.dumps(run.get("config"), indent=2, default=str))
+    sections.append(
+        f'<section id="tk-sec-metadata"><h2>Run metadata</h2>{meta}{warn_html}'
+        f"<details><summary>configuration</summary><pre>{config}</pre></details></section>"
+    )
+    header = (
+        f"<header><h1>tracekit report — run {html.escape(str(run['run_id']))}</h1>"
+        f'<div class="meta">workload {html.escape(str(run.get("workload")))} · backend {html.escape(str(run.get("backend")))}'
+        f" · {run.get('world_size')} ranks ({len(rep['ranks'])} ingested) · {html.escape(str(run.get('device_name') or 'device unknown'))}"
+        f" · torch {html.escape(str(run.get('torch_version') or '—'))} · NCCL {html.escape(str(run.get('nccl_version') or '—'))}</div></header>"
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>tracekit report — {html.escape(str(run['run_id']))}</title>"
+        f"<style>{_CSS}</style><script>{_ERROR_HOOK}</script>"
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
+        f"{header}<main><pre id=\"tk-js-errors\" hidden></pre>{''.join(sections)}"
+        f'<div id="tk-status" hidden></div></main><script>{_DONE_HOOK}</script></body></html>\n'
+    )
+
+
+def _umask_mode(path: str) -> None:
+    """Give a mkstemp file (0600) the mode a plain open() would: 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
+def write_html_report(
+    store: Store | str | os.PathLike | None,
+    path: str | os.PathLike,
+    run_id: str | None = None,
+    link: str | None = None,
+    presets: Sequence[str] | None = None,
+    steps: int = 2,
+    report: dict | None = None,
+) -> Path:
+    """Write the HTML report of ``run_id`` (default: the newest) to ``path``; returns the path.
+
+    ``report``: an already built :func:`tracekit.report.build_report` dict of the run (reused).
+    Written to a temporary file beside ``path`` and renamed. Raises StoreError for an empty
+    store or unknown run, BadInputError for an unknown ``link``.
+    """
+    import tempfile
+
+    if link:
+        from tracekit.model import link_from_preset
+
+        link_from_preset(link)  # a bad name fails here, with the list of presets
+    page = render_html(html_data(store, run_id, link=link, presets=presets, steps=steps, report=report))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(page)
+        _umask_mode(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return out
