@@ -7,13 +7,16 @@
 -- run_id            VARCHAR  run the instance belongs to
 -- pg_name           VARCHAR  process group name
 -- seq               BIGINT   per-group sequence number (from the trace, else by issue order)
--- op                VARCHAR  canonical op (all_reduce, all_gather, ...); the most common over ranks
+-- op                VARCHAR  canonical op (all_reduce, all_gather, ...); the most common over ranks;
+--                            a matched send/recv pair is one 'send' instance
 -- dtype             VARCHAR  element type as the trace names it
 -- size_bytes        BIGINT   nccl-tests S for this op, bytes (max over ranks)
 -- group_size        INTEGER  ranks in the process group
 -- ranks_seen        INTEGER  ranks that recorded the call; < group_size means incomplete
 -- complete          BOOLEAN  ranks_seen = group_size
--- disagree          BOOLEAN  ranks recorded different ops or sizes for this (pg, seq)
+-- disagree          BOOLEAN  ranks recorded different ops or sizes for this (pg, seq) (send and
+--                            recv of one p2p pair agree; an all-to-all with uneven splits may
+--                            differ in size by rank)
 -- approx            BOOLEAN  some rank's size was inferred or truncated
 -- first_arrival_ns  BIGINT   earliest start over ranks, ns on the run clock
 -- last_arrival_ns   BIGINT   latest start over ranks, ns on the run clock
@@ -24,7 +27,8 @@
 -- straggler         INTEGER  global rank that arrived last (lowest rank on ties)
 CREATE OR REPLACE VIEW collective_instances AS
 WITH c AS (
-    SELECT * FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL
+    SELECT * REPLACE (CASE WHEN op = 'recv' THEN 'send' ELSE op END AS op)
+    FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL
 ),
 agg AS (
     SELECT run_id, pg_name, seq,
@@ -33,7 +37,9 @@ agg AS (
            max(size_bytes) AS size_bytes,
            max(group_size) AS group_size,
            count(DISTINCT rank)::INTEGER AS ranks_seen,
-           (count(DISTINCT op) > 1 OR count(DISTINCT size_bytes) > 1) AS disagree,
+           (count(DISTINCT op) > 1
+            OR count(DISTINCT size_bytes) FILTER (WHERE op <> 'all_to_all' OR in_splits IS NULL OR len(in_splits) = 0) > 1
+           ) AS disagree,
            bool_or(approx) AS approx,
            min(ts_ns) AS first_arrival_ns,
            max(ts_ns) AS last_arrival_ns,

@@ -1,7 +1,7 @@
 -- collective_samples: the (size, time) measurements the α–β fit uses, one per collective instance.
 -- Depends on: collective_instances, collectives, runs
 --
--- From traces: complete, agreeing instances with a known size > 0 and sync time > 0, the time
+-- From traces: complete, agreeing instances (barriers aside) with a known size > 0 and sync time > 0, the time
 -- being sync_time (after the last arrival, so waiting is excluded). From nccl-tests runs: every
 -- row (already an average over iterations after warm-up), the time being the log's.
 --
@@ -28,7 +28,7 @@ FROM collective_instances i
 JOIN runs r USING (run_id)
 JOIN first_seq f USING (run_id, pg_name)
 LEFT JOIN algo a USING (run_id, pg_name, seq)
-WHERE r.source <> 'nccl_tests' AND i.complete AND NOT i.disagree
+WHERE r.source <> 'nccl_tests' AND i.complete AND NOT i.disagree AND i.op <> 'barrier'
   AND i.size_bytes > 0 AND i.sync_time_ns > 0
 UNION ALL
 SELECT c.run_id, 'nccl_tests', c.pg_name, c.seq, c.op, c.algo, c.group_size, c.size_bytes,

@@ -100,8 +100,8 @@ COLLECTIVES_SCHEMA = pa.schema(
         ("dtype", pa.string()),
         ("size_bytes", pa.int64()),  # nccl-tests S
         ("wire_bytes", pa.int64()),  # bytes this rank must put on the wire
-        ("in_splits", pa.list_(pa.int64())),
-        ("out_splits", pa.list_(pa.int64())),
+        ("in_splits", pa.list_(pa.int64())),  # all-to-all input splits, elements per peer ([] = even)
+        ("out_splits", pa.list_(pa.int64())),  # all-to-all output splits, elements per peer
         ("peer", pa.int32()),
         ("algo", pa.string()),
         ("proto", pa.string()),

@@ -66,6 +66,7 @@ _OP_KEYS = {
     "scatter": "scatter",
     "send": "send",
     "recv": "recv",
+    "recvanysource": "recv",
     "barrier": "barrier",
 }
 _SUFFIXES = ("coalesced", "intotensor", "tensor", "base", "single", "")
@@ -82,7 +83,7 @@ def canonical_op(text: Any) -> str | None:
     """
     if not text:
         return None
-    s = re.sub(r"[^a-z]", "", str(text).lower())
+    s = re.sub(r"[^a-z0-9]", "", str(text).lower())
     for p in _PREFIXES:
         if s.startswith(p):
             s = s[len(p):]
@@ -198,6 +199,30 @@ class _OpIndex:
         return out
 
 
+def c10d_alltoall_splits(op_row: dict) -> tuple[list[int], list[int]] | None:
+    """(input splits, output splits) in ELEMENTS from a ``c10d::alltoall_base_`` call, or None.
+
+    Its inputs are (output, input, group, output_split_sizes, input_split_sizes, ...): the
+    split lists (``Concrete Inputs`` 3 and 4) count rows of the input/output tensors, so one
+    split element is a row of ∏ dims[1:] elements (``Input Dims`` 1 is the input tensor).
+    ``"[]"`` means even splits and gives two empty lists.
+    """
+    if not str(op_row.get("name", "")).startswith("c10d::alltoall_base"):
+        return None
+    ci, dims = op_row.get("concrete"), op_row.get("input_dims")
+    if not isinstance(ci, list) or len(ci) < 5 or not isinstance(dims, list) or len(dims) < 2:
+        return None
+    out_rows, a1 = parse_split_list(ci[3])
+    in_rows, a2 = parse_split_list(ci[4])
+    if out_rows is None or in_rows is None or a1 or a2:
+        return None
+    inp = dims[1]
+    if not isinstance(inp, list) or not inp or not all(int_or_none(x, 0) is not None for x in inp):
+        return None
+    row = math.prod(inp[1:]) if len(inp) > 1 else 1
+    return [x * row for x in in_rows], [x * row for x in out_rows]
+
+
 def _has_meta(r: dict) -> bool:
     return isinstance(r.get("collective"), str) or int_or_none(r.get("in_nelems"), 0) is not None
 
@@ -273,6 +298,12 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
     if "meta_source" not in row:
         row.update(meta_source="name_only", dtype=None, size_bytes=None, group_size=None, pg_name=None,
                    pg_ranks=None, seq=None, in_splits_raw=None, out_splits_raw=None, nbytes=None)
+    if op == "all_to_all" and row.get("in_splits_raw") is None:
+        for r in enclosing:
+            sp = c10d_alltoall_splits(r)
+            if sp is not None:
+                row["in_splits_raw"], row["out_splits_raw"] = sp
+                break
     return row
 
 
@@ -308,55 +339,97 @@ def build_collectives(
     index = {k: _OpIndex(v) for k, v in by_thread.items()}
 
     if cpu_only:
-        spans = sorted((r for r in comm_meta if r["name"].startswith("gloo:")), key=lambda r: r["ts_ns"])
-        issuers = _cpu_issuers(cpu_ops)
-        used: dict = defaultdict(int)
-    else:
-        spans = [r for r in comm_meta if r["gpu"]]
-
+        return _cpu_rows(run_id, rank, comm_meta, cpu_ops, world_size, pg_config)
+    spans = [r for r in comm_meta if r["gpu"]]
     rows = []
     for sp in spans:
         issue_ts = None
-        if cpu_only:
-            enclosing = [sp] if _numel(sp.get("input_dims")) is not None else []
-            op = canonical_op(sp["name"])
-            lst = issuers.get(op, [])
-            k = used[op]
-            if k < len(lst):
-                issuer = lst[k]
-                used[op] += 1
-                issue_ts = issuer["ts_ns"]
-                enclosing = enclosing + [issuer]
-            res = _resolve(dict(sp, gpu=False), enclosing)
-        else:
-            la = launches.get(sp["event_id"])
-            enclosing = []
-            if la is not None:
-                pid, tid, lts, lend = la
-                issue_ts = lts
-                idx = index.get((pid, tid))
-                if idx is not None:
-                    enclosing = idx.enclosing(lts, lend)
-            res = _resolve(sp, enclosing)
-            if la is None and res["meta_source"] == "name_only":
-                res["launch_outside_capture"] = True
+        la = launches.get(sp["event_id"])
+        enclosing = []
+        if la is not None:
+            pid, tid, lts, lend = la
+            issue_ts = lts
+            idx = index.get((pid, tid))
+            if idx is not None:
+                enclosing = idx.enclosing(lts, lend)
+        res = _resolve(sp, enclosing)
+        if la is None and res["meta_source"] == "name_only":
+            res["launch_outside_capture"] = True
         rows.append(_finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config))
     return rows
 
 
-def _cpu_issuers(cpu_ops: list[dict]) -> dict[str, list[dict]]:
-    """Per op, the CPU calls that issued gloo work, in order (record_param_comms preferred)."""
+# gloo runs some collectives as others: reduce-scatter as an all-reduce of the whole input.
+_GLOO_SPAN_OPS = {"reduce_scatter": ("reduce_scatter", "all_reduce"), "barrier": ("barrier", "all_reduce")}
+P2P_OPS = ("send", "recv")
+
+
+def _cpu_rows(run_id, rank, comm_meta, cpu_ops, world_size, pg_config) -> list[dict]:
+    """CPU-only (gloo) traces: each ``gloo:*`` span is a collective; the ``c10d::*`` call that
+    issued it (same order per op, first in first out) names the op and, for send/recv, the peer.
+
+    Issuers and spans are paired in issue order: issuer i takes the earliest unpaired span of a
+    compatible kind (its own op; for reduce-scatter and barrier also gloo's all-reduce). A p2p
+    call's span is the hull of the c10d call and its gloo span (the blocking wait is in the former).
+    """
+    from collections import deque
+
+    spans = sorted((r for r in comm_meta if r["name"].startswith("gloo:")), key=lambda r: r["ts_ns"])
+    queues: dict = defaultdict(deque)
+    for sp in spans:
+        queues[canonical_op(sp["name"])].append(sp)
+    issuer_of: dict = {}
+    for iss in _cpu_issuers(cpu_ops):
+        op = iss["_op"]
+        for kind in _GLOO_SPAN_OPS.get(op, (op,)):
+            if queues.get(kind):
+                issuer_of[queues[kind].popleft()["event_id"]] = iss
+                break
+    rows = []
+    for sp in spans:
+        iss = issuer_of.get(sp["event_id"])
+        enclosing = ([iss] if iss is not None else []) + ([sp] if _numel(sp.get("input_dims")) is not None else [])
+        res = _resolve(dict(sp, gpu=False), enclosing)
+        row = _finish_row(run_id, rank, sp, res, iss["ts_ns"] if iss else None, world_size, pg_config)
+        if iss is not None and res["op"] in P2P_OPS:
+            start = min(iss["ts_ns"], sp["ts_ns"])
+            end = max(iss["ts_ns"] + iss["dur_ns"], sp["ts_ns"] + sp["dur_ns"])
+            row.update(ts_ns=start, dur_ns=end - start)
+            peer = _p2p_peer(iss, row.get("pg_ranks"))
+            if peer is not None:
+                src, dst = (rank, peer) if res["op"] == "send" else (peer, rank)
+                row.update(peer=peer, pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2, seq=None,
+                           wire_bytes=row["size_bytes"] if res["op"] == "send" else 0)
+        rows.append(row)
+    return rows
+
+
+def _p2p_peer(issuer: dict, pg_ranks) -> int | None:
+    """The peer's global rank of a c10d send/recv: its third input (dst/src group rank)."""
+    ci = issuer.get("concrete")
+    if not isinstance(ci, list) or len(ci) < 3:
+        return None
+    try:
+        peer = int(str(ci[2]).strip())
+    except ValueError:
+        return None
+    if pg_ranks and 0 <= peer < len(pg_ranks):
+        return pg_ranks[peer]
+    return peer
+
+
+def _cpu_issuers(cpu_ops: list[dict]) -> list[dict]:
+    """The CPU calls that issued gloo work, in issue order, each with ``_op`` (record_param_comms
+    with a collective name when the trace has them, else the c10d::* ops)."""
     rpc = [r for r in cpu_ops if r["name"] == "record_param_comms" and canonical_op(r.get("collective"))]
-    out: dict = defaultdict(list)
     if rpc:
-        for r in sorted(rpc, key=lambda r: r["ts_ns"]):
-            out[canonical_op(r.get("collective"))].append(r)
-        return out
+        return [dict(r, _op=canonical_op(r.get("collective"))) for r in sorted(rpc, key=lambda r: r["ts_ns"])]
+    out = []
     for r in sorted(cpu_ops, key=lambda r: r["ts_ns"]):
         if r["name"].startswith("c10d::"):
             op = canonical_op(r["name"])
             if op:
-                out[op].append(r)
+                out.append(dict(r, _op=op))
     return out
 
 

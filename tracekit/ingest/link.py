@@ -178,8 +178,9 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> 
         WHERE category IN ('runtime', 'driver') AND correlation IS NOT NULL
         QUALIFY row_number() OVER (PARTITION BY correlation ORDER BY (category = 'runtime') DESC, event_id) = 1
       ),
-      comm_threads AS (
-        SELECT DISTINCT device, track FROM raw WHERE track_kind = 'cpu_thread' AND is_comm
+      comm_threads AS (  -- gloo's worker threads (gloo:send/recv run on the caller's thread)
+        SELECT DISTINCT device, track FROM raw
+        WHERE track_kind = 'cpu_thread' AND is_comm AND name NOT IN ('gloo:send', 'gloo:recv')
       ),
       linked AS (
         SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
@@ -203,6 +204,8 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> 
              x.correlation, x.external_id, x.launch_id AS launch_event_id,
              CASE
                WHEN x.is_comm THEN 'comm'
+               WHEN {str(cpu_only).upper()} AND x.name IN ('c10d::send', 'c10d::recv_', 'c10d::recv_any_source_')
+                 THEN 'comm'
                WHEN x.category = 'sync' OR regexp_matches(x.name, {_sql_str(_SYNC_NAME)}) THEN 'sync'
                WHEN x.category = 'kernel' THEN 'compute'
                WHEN x.category IN ('memcpy', 'memset') THEN 'memory'
