@@ -167,6 +167,7 @@ class Agent:
         self._finishing = False
         self._term_pending = False
         self.claimed: bool | None = None
+        self.stood_down = False
 
     # ------------------------------------------------------------------ events
 
@@ -179,6 +180,22 @@ class Agent:
         self.dist = True
         self.backend = str(dist.get_backend())
         self._start(dist.get_rank(), dist.get_world_size(), "init_process_group")
+
+    def on_foreign_profiler(self) -> None:
+        """The job starts a torch.profiler of its own: only one can run, so ours stands down
+        (writing what it recorded if inside an active window) and never starts again."""
+        if self.stood_down or os.getpid() != self.pid:
+            return
+        self.stood_down = True
+        self.notes.append(
+            "the job started its own torch.profiler: tracekit's injected profiler stood down "
+            f"after {self.steps} step(s) (only one profiler can run in a process)"
+        )
+        if self.prof is not None:
+            self.finish("the job's own profiler")
+        else:
+            self.finished = True
+            self._write_status()
 
     def on_optimizer_step(self, optimizer) -> None:
         if self.mode == "tracekit.step":
@@ -199,7 +216,7 @@ class Agent:
         self.step()
 
     def step(self) -> None:
-        if os.getpid() != self.pid or self.finished:
+        if os.getpid() != self.pid or self.finished or self.stood_down:
             return
         with self._lock:
             if self._busy:
@@ -389,6 +406,7 @@ class Agent:
             "traces": self.traces,
             "claimed": self.claimed,
             "stopped": self.stopped,
+            "stood_down": self.stood_down,
             "finished": self.finished,
             "exit_reason": self.exit_reason,
             "phase_at_stop": self.phase_at_stop,
@@ -500,6 +518,21 @@ def _hook_optimizer(module) -> None:
     module.register_optimizer_step_post_hook(post_hook)
 
 
+def _hook_profiler(module) -> None:
+    original = module.profile.start
+
+    @functools.wraps(original)
+    def start(self, *args, **kwargs):
+        if _AGENT is not None and self is not _AGENT.prof:
+            try:
+                _AGENT.on_foreign_profiler()
+            except Exception as exc:  # noqa: BLE001
+                _AGENT._note(f"standing down for the job's profiler failed: {type(exc).__name__}: {exc}")
+        return original(self, *args, **kwargs)
+
+    module.profile.start = start
+
+
 def install() -> None:
     """Set up the agent in this process (called by the injected sitecustomize)."""
     global _AGENT
@@ -511,7 +544,11 @@ def install() -> None:
     except ValueError:
         cfg = {}
     _AGENT = Agent(out_dir, cfg)
-    hooks = {"torch.distributed.distributed_c10d": _hook_c10d, "torch.optim.optimizer": _hook_optimizer}
+    hooks = {
+        "torch.distributed.distributed_c10d": _hook_c10d,
+        "torch.optim.optimizer": _hook_optimizer,
+        "torch.profiler.profiler": _hook_profiler,
+    }
     already = [name for name in hooks if name in sys.modules]
     for name in already:  # imported before us (unusual): hook in place
         hooks.pop(name)(sys.modules[name])

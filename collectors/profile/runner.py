@@ -409,7 +409,7 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
             if n.startswith("stopped (") and s.get("rank") in result.missing_ranks:
                 continue  # said above
             notes.append(f"rank {s.get('rank')}: {n}")
-        if not s.get("steps") and s.get("traces") == [] and s.get("finished"):
+        if not s.get("steps") and s.get("traces") == [] and s.get("finished") and not s.get("stood_down"):
             notes.append(
                 f"rank {s.get('rank')}: no step was seen (no optimizer step, no tracekit.step()); "
                 "call tracekit.step() once per iteration in loops without an optimizer"
@@ -524,7 +524,12 @@ def profile_command(
 def no_trace_message(result: JobResult) -> str:
     """One line saying why nothing could be ingested."""
     why = "no rank wrote a trace"
-    if not result.statuses:
+    if any(s.get("stood_down") for s in result.statuses):
+        why += (
+            ": the job runs its own torch.profiler (only one can run per process), so tracekit's stood down; "
+            "ingest the job's own traces with `tracekit ingest DIR`"
+        )
+    elif not result.statuses:
         why += (
             ": profiling starts when torch.distributed is initialised or at the first optimizer step / "
             "tracekit.step(), and the job reached neither (or its Python ignored PYTHONPATH, e.g. python -I)"
