@@ -223,12 +223,9 @@ def test_fixture_ingest_counts_and_fit(tmp_path):
         assert status == "ok" and alpha > 0 and beta > 0 and n_half > 0, (op, fit[op])
 
 
-@pytest.mark.xfail(
-    reason="ingest (cpu_only path) names gloo's reduce_scatter worker span 'gloo:all_reduce' as all_reduce: "
-    "torch 2.13 + gloo implements _reduce_scatter_base_ as an all-reduce of the input",
-    strict=False,
-)
 def test_fixture_reduce_scatter_ingested_as_reduce_scatter(tmp_path):
+    """gloo runs reduce-scatter as an all-reduce of the input (its worker span is named
+    gloo:all_reduce); ingest must still call it reduce_scatter, from the c10d op that issued it."""
     from tracekit.ingest import ingest_paths
     from tracekit.store import Store
 
@@ -278,3 +275,25 @@ def test_collect_sweep_end_to_end(tmp_path, capsys):
     # resolvable at these small sizes on a busy machine: that is the fit's call)
     fit = dict(con.execute("SELECT op, n_samples + n_warmup FROM alpha_beta_fit").fetchall())
     assert fit["all_reduce"] == 8 and fit["all_to_all"] == 8
+
+
+def test_fixture_send_recv_pairs_matched(tmp_path):
+    """Each send on rank 0 pairs with its recv on rank 1 into one complete instance, peers set."""
+    from tracekit.ingest import ingest_paths
+    from tracekit.store import Store
+
+    st = Store(tmp_path / "store")
+    rid = ingest_paths([str(FIXTURE)], store=st)
+    cfg = _config()
+    rows = st.connect().execute(
+        "SELECT size_bytes, count(*) FROM collective_instances WHERE run_id = ? AND op IN ('send', 'recv') "
+        "AND complete AND NOT disagree GROUP BY ALL ORDER BY ALL",
+        [rid],
+    ).fetchall()
+    assert rows == [(s, cfg["iters"]) for s in cfg["sizes"]]
+    peers = st.connect().execute(
+        "SELECT rank, op, peer, count(*) FROM collectives WHERE run_id = ? AND op IN ('send', 'recv') GROUP BY ALL",
+        [rid],
+    ).fetchall()
+    n = cfg["expected"]["calls_per_op_per_rank"]
+    assert sorted(peers) == [(0, "send", 1, n), (1, "recv", 0, n)]
