@@ -10,7 +10,8 @@
   that a double holds them exactly;
 - every collective carries its instance id (``pg:seq``), op, bytes, wait, sync time and verdict in
   ``args``; flow arrows (``ph: "s"`` → ``ph: "f"``, binding to the enclosing slice) chain the
-  instance's ranks in order of arrival, so the last arrow ends at the straggler.
+  instance's ranks in the order their slices start (the order of arrival when a call starts with
+  its span, so the last arrow then ends at the straggler).
 
 Slices on one track never partially overlap: the trace-event format lets ``X`` events on one
 thread nest, not cross. Events are laid out per track with :func:`nest_lanes`; one that would cross
@@ -222,11 +223,15 @@ def _write(con, run_id: str, out: Path) -> ExportStats:
                 stats.processes += 1
                 next_tid = _write_rank(con, run_id, pid, origin, coll, where, emit, stats, next_tid)
             for inst, calls in _instances(con, run_id):
-                placed = [(ts, rank, eid) for ts, rank, eid in calls if (rank, eid) in where]
+                # chain by the start of each rank's slice (normally the arrival order), so that no
+                # arrow points back in time even where a call's start differs from its span's
+                placed = sorted(
+                    (where[(rank, eid)][2], ts, rank, eid) for ts, rank, eid in calls if (rank, eid) in where
+                )
                 if len(placed) < 2:
                     continue
                 stats.instances_linked += 1
-                for (_, ra, ea), (_, rb, eb) in zip(placed, placed[1:]):
+                for (_, _, ra, ea), (_, _, rb, eb) in zip(placed, placed[1:]):
                     stats.flows += 1
                     pa_, ta, sa = where[(ra, ea)]
                     pb, tb, sb = where[(rb, eb)]

@@ -48,6 +48,8 @@ MAX_TIMELINE_BARS = 20000
 MAX_HEATMAP_INSTANCES = 1500
 """Above this many instances the wait heatmap keeps those with the largest skew."""
 MAX_TIMELINE_RANKS = 16
+MAX_STEP_RANK_GROUPS = 24
+"""Above this many (step, rank) groups the per-step overlap bars sum each step over its ranks."""
 DEFAULT_PRESETS = {
     "nccl": ("nvlink4", "pcie4", "ib_ndr"),
     "rccl": ("nvlink4", "pcie4", "ib_ndr"),
@@ -462,7 +464,7 @@ def bandwidth_figure(data: dict):
                                    font=dict(size=13), bgcolor="rgba(255,255,255,0.85)")
         fig.update_xaxes(type="log", exponentformat="SI", dtick=1, title_text="message size S (bytes; k = 10³, M = 10⁶)",
                          row=row, col=col, showline=True, linecolor="#adb5bd")
-        fig.update_yaxes(type="log", exponentformat="SI", dtick=1, title_text="bus bandwidth (GB/s, GB = 10⁹ B)",
+        fig.update_yaxes(type="log", exponentformat="power", dtick=1, title_text="bus bandwidth (GB/s, GB = 10⁹ B)",
                          row=row, col=col, showline=True, linecolor="#adb5bd")
     _layout(
         fig, "Bus bandwidth vs message size (measured instances by verdict; α–β fit and preset links from the model)",
@@ -583,8 +585,21 @@ def overlap_figure(data: dict):
             )
 
     add(by_rank, [f"rank {r['rank']}" for r in by_rank], 1, True)
-    if by_step:
+    if by_step and len(by_step) <= MAX_STEP_RANK_GROUPS:
         add(by_step, [[f"step {r['step']}" for r in by_step], [f"r{r['rank']}" for r in by_step]], 2, False)
+    elif by_step:  # too many (step, rank) groups to read: sum each step over its ranks
+        sums: dict[int, dict] = {}
+        for r in by_step:
+            t = sums.setdefault(r["step"], {"comm_ns": 0, "overlap_ns": 0, "exposed_comm_ns": 0, "compute_ns": 0})
+            for k in t:
+                t[k] += r[k] or 0
+        rows = []
+        for step in sorted(sums):
+            t = sums[step]
+            rows.append(dict(t, step=step, overlap_ratio=t["overlap_ns"] / t["comm_ns"] if t["comm_ns"] else None))
+        add(rows, [str(r["step"]) for r in rows], 2, False)
+        fig.layout.annotations[1].text = "per profiler step (sum over ranks)"
+        fig.update_xaxes(title_text="profiler step", type="category", row=1, col=2)
     _layout(fig, "Communication hidden by compute: comm, overlap and exposed comm", height=490, barmode="group",
             legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
     fig.update_yaxes(title_text=f"time ({unit})", row=1, col=1)
@@ -616,7 +631,8 @@ def wait_heatmap(data: dict):
     fig.add_trace(
         go.Scatter(
             x=xs, y=[f"rank {i['straggler']}" for i in inst], mode="markers", name="straggler (arrived last)",
-            marker=dict(symbol="x-thin", size=9, line=dict(width=2, color="#212529")), hoverinfo="skip",
+            marker=dict(symbol="x-thin", size=9 if len(inst) <= 40 else 6, line=dict(width=2 if len(inst) <= 40 else 1.5,
+                        color="#212529")), hoverinfo="skip",
         )
     )
     many = len(inst) > 12
@@ -879,11 +895,13 @@ def render_html(data: dict) -> str:
     )
     tot = {k: sum((r[k] or 0) for r in rep["overlap_by_rank"]) for k in ("comm_ns", "overlap_ns", "exposed_comm_ns")}
     ratio = tot["overlap_ns"] / tot["comm_ns"] if tot["comm_ns"] else None
+    line = f'{sum(c["count"] for c in rep["collectives"])} matched collective instances'
+    if rep["overlap_by_rank"]:
+        line += (f'; communication over all ranks {fmt_ms(tot["comm_ns"])} ms, of which '
+                 f'{fmt_ms(tot["exposed_comm_ns"])} ms exposed (overlap ratio {fmt_pct(ratio)})')
     glance = (
         f'<section id="tk-summary"><h2>At a glance</h2><div class="badges">{badges or "no collectives"}</div>'
-        f'<p class="note">{sum(c["count"] for c in rep["collectives"])} matched collective instances; '
-        f'communication over all ranks {fmt_ms(tot["comm_ns"])} ms, of which {fmt_ms(tot["exposed_comm_ns"])} ms '
-        f'exposed (overlap ratio {fmt_pct(ratio)}).</p></section>'
+        f'<p class="note">{html.escape(line)}.</p></section>'
     )
     sections.append(glance)
     for name, title, build, note in FIGURES:
