@@ -867,7 +867,8 @@ FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
     ("bandwidth", "Bandwidth vs message size", bandwidth_figure,
      "Each dot is one collective instance: its size and its bus bandwidth over the sync time (after the last rank "
      "arrived; nccl-tests conventions). Lines are the α–β model: the fit to this run's own instances, and preset "
-     "links for comparison. n½ = α·β is the size that reaches half of β."),
+     "links for comparison. n½ = α·β is the size that reaches half of β: ◆ marks it on each line, the dotted "
+     "line marks the fit's."),
     ("timeline", "Timeline", timeline_figure,
      "Per rank: compute (union of compute kernels/ops), communication (light = waiting for the slowest rank, "
      "dark = transfer after the last arrival) and where they overlap. Zoom with the mouse; double-click resets."),
