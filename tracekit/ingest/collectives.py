@@ -34,6 +34,7 @@ from collections import defaultdict
 from typing import Any
 
 from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
+from tracekit.model.ops import OP_ALIASES
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float4": 4, "single": 4,
@@ -49,26 +50,9 @@ DTYPE_BYTES = {
     "complexfloat": 8, "complexdouble": 16, "c10::complex<float>": 8, "c10::complex<double>": 16,
 }
 
-CANONICAL_OPS = (
-    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-    "reduce", "gather", "scatter", "send", "recv", "barrier",
-)
-_OP_KEYS = {
-    "allreduce": "all_reduce",
-    "allgather": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "alltoall": "all_to_all",
-    "alltoallv": "all_to_all",
-    "broadcast": "broadcast",
-    "bcast": "broadcast",
-    "reduce": "reduce",
-    "gather": "gather",
-    "scatter": "scatter",
-    "send": "send",
-    "recv": "recv",
-    "recvanysource": "recv",
-    "barrier": "barrier",
-}
+# Trace spellings with separators removed → canonical op: the model's table, except that a
+# SendRecv kernel or a p2p group implements other collectives (the launching op decides).
+_OP_KEYS = {k: v for k, v in OP_ALIASES.items() if k not in ("sendrecv", "p2p")} | {"recvanysource": "recv"}
 _SUFFIXES = ("coalesced", "intotensor", "tensor", "base", "single", "")
 _PREFIXES = ("nccl", "rccl", "c10d", "gloo", "msccl")
 

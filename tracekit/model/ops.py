@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tracekit.errors import BadInputError
 
-__all__ = ["CANONICAL_OPS", "canonical_op"]
+__all__ = ["CANONICAL_OPS", "OP_ALIASES", "canonical_op"]
 
 CANONICAL_OPS = (
     "all_reduce",
@@ -26,8 +26,8 @@ CANONICAL_OPS = (
 )
 
 # Spellings seen in nccl-tests binaries, torch.distributed and NCCL, with the
-# separators removed, mapped to the canonical name.
-_ALIASES = {
+# separators removed, mapped to the canonical name (the trace reader uses it too).
+OP_ALIASES = {
     "allreduce": "all_reduce",
     "allgather": "all_gather",
     "allgatherintotensor": "all_gather",
@@ -61,7 +61,7 @@ def canonical_op(name: str) -> str:
     if key.endswith("_perf"):
         key = key[: -len("_perf")]
     key = key.replace("_", "").replace("-", "").replace(" ", "")
-    op = _ALIASES.get(key)
+    op = OP_ALIASES.get(key)
     if op is None:
         raise BadInputError(f"unknown collective {raw!r}: expected one of {', '.join(CANONICAL_OPS)}")
     return op
