@@ -406,6 +406,7 @@ def launch(
     threads_per_rank: int | None = None,
     timeout_s: float = 300.0,
     on_progress: Callable[[str], None] | None = None,
+    rank_prefix: Callable[[int], list[str]] | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, payload)`` on `world_size` ranks, one process each; return the
     per-rank results (index = rank).
@@ -418,6 +419,12 @@ def launch(
     `timeout_s` bounds the process group's collectives and the whole job (twice
     that). Raises RankFailedError (exit 1) or BadInputError (exit 2) with the
     first failing rank's message; no rank process survives the call.
+
+    `rank_prefix(rank)`, when given, is put in front of each rank's command line
+    (e.g. an ``nsys profile ... -o rank{r}`` wrapper, see :mod:`collectors.nsys`);
+    the wrapper must pass stdin and the inherited report pipe on to the rank. After
+    a clean run the wrappers get up to `timeout_s` (instead of 30 s) to exit, so a
+    profiler can finish writing its report.
     """
     import subprocess
     import threading
@@ -463,7 +470,7 @@ def launch(
             log = open(log_path(run_dir, rank), "wb")
             try:
                 p = subprocess.Popen(
-                    [sys.executable, "-m", "collectors._rank", str(wfd)],
+                    [*(rank_prefix(rank) if rank_prefix else []), sys.executable, "-m", "collectors._rank", str(wfd)],
                     stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -519,7 +526,7 @@ def launch(
                 break
     finally:
         clean = not failures and len(outputs) == world_size
-        _stop_all(procs, wait_s=30.0 if clean else 0.0)
+        _stop_all(procs, wait_s=(max(30.0, timeout_s) if rank_prefix else 30.0) if clean else 0.0)
         for t in readers:
             t.join(timeout=1)
 
