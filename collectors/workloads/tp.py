@@ -32,6 +32,12 @@ recomputes the forward single-process with the full weights and compares; a
 mismatch beyond the dtype's tolerance fails the job (a wrong TP makes every
 measurement meaningless).
 
+**Profilers** (``profiler``): ``"torch"`` (default) records each rank with
+torch.profiler (``rank{r}.pt.trace.json.gz``); ``"nsys"`` runs each rank under
+its own ``nsys profile`` session instead (``rank{r}.sqlite`` + ``.nsys-rep``,
+see :mod:`collectors.nsys` and :func:`_nsys_steps`). Only one of them runs:
+both would use CUPTI.
+
 Public API: :class:`TPConfig`, :func:`run_tp`; the model functions
 (:func:`init_weights`, :func:`shard_weights`, :func:`forward`, ...) are
 importable for tests.
@@ -52,6 +58,7 @@ from collectors import launch as _launch
 from tracekit.errors import BadInputError, TracekitError
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PROFILERS = ("torch", "nsys")
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 #: The TP-vs-single-process check, per dtype. float32: elementwise
 #: |tp − ref| ≤ atol + rtol·|ref| (observed errors ~1e-6). Half precisions: the
@@ -95,6 +102,8 @@ class TPConfig:
     #: split the tokens into this many chunks whose all-reduces run asynchronously
     #: while the next chunk computes (1: one blocking all-reduce per block)
     overlap_chunks: int = 1
+    #: "torch" (torch.profiler, Kineto JSON) or "nsys" (each rank under nsys profile, SQLite)
+    profiler: str = "torch"
     #: testing only: "corrupt_shard" perturbs the last rank's weights (the TP check
     #: must then fail); "raise" makes the last rank raise before profiling
     fault: str | None = None
@@ -132,6 +141,8 @@ class TPConfig:
         c.steps = _launch.validate_schedule(c.wait, c.warmup, c.active, c.steps)
         if c.backend not in _launch.BACKENDS:
             raise BadInputError(f"unknown backend {c.backend!r} (choose one of {', '.join(_launch.BACKENDS)})")
+        if c.profiler not in PROFILERS:
+            raise BadInputError(f"unknown profiler {c.profiler!r} (choose one of {', '.join(PROFILERS)})")
         if c.fault not in (None, "corrupt_shard", "raise"):
             raise BadInputError(f"unknown fault {c.fault!r}")
         if c.timeout_s <= 0:
@@ -402,23 +413,28 @@ def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
 
     # Everything that communicates for set-up happens here, before profiling starts.
     dist.barrier()
-    schedule = _launch.ProfileSchedule(cfg.wait, cfg.warmup, cfg.active)
-    out_file = ctx.trace_path()
-    prof = _launch.make_profiler(schedule, out_file, use_cuda=ctx.is_cuda)
-    step_s: list[float] = []
-    out = None
-    with torch.no_grad(), prof:
-        for step in range(cfg.steps):
-            t0 = time.perf_counter()
-            out = step_forward()
-            if ctx.is_cuda:
-                torch.cuda.synchronize(device)
-            step_s.append(time.perf_counter() - t0)
-            prof.step()
-            if ctx.rank == 0:
-                ctx.progress(f"step {step + 1}/{cfg.steps}")
-    if not out_file.exists():
-        raise TracekitError(f"{out_file}: the profiler exported no trace")
+    if cfg.profiler == "nsys":
+        # nsys (which wraps this process) records; torch.profiler must stay off
+        step_s, out = _nsys_steps(ctx, cfg, step_forward)
+        out_file = None
+    else:
+        schedule = _launch.ProfileSchedule(cfg.wait, cfg.warmup, cfg.active)
+        out_file = ctx.trace_path()
+        prof = _launch.make_profiler(schedule, out_file, use_cuda=ctx.is_cuda)
+        step_s: list[float] = []
+        out = None
+        with torch.no_grad(), prof:
+            for step in range(cfg.steps):
+                t0 = time.perf_counter()
+                out = step_forward()
+                if ctx.is_cuda:
+                    torch.cuda.synchronize(device)
+                step_s.append(time.perf_counter() - t0)
+                prof.step()
+                if ctx.rank == 0:
+                    ctx.progress(f"step {step + 1}/{cfg.steps}")
+        if not out_file.exists():
+            raise TracekitError(f"{out_file}: the profiler exported no trace")
 
     if ctx.rank == 0:
         ctx.progress("checking TP output against the single-process forward")
@@ -437,9 +453,58 @@ def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
         "criterion": check["criterion"],
         "step_s": step_s,
         "threads": torch.get_num_threads(),
-        "trace": out_file.name,
-        "trace_bytes": out_file.stat().st_size,
+        # under nsys the SQLite is written by nsys after this process exits (run_tp fills the size)
+        "trace": out_file.name if out_file is not None else f"rank{ctx.rank}.sqlite",
+        "trace_bytes": out_file.stat().st_size if out_file is not None else None,
     }
+
+
+def _nsys_steps(ctx: _launch.RankContext, cfg: TPConfig, step_forward: Callable[[], Any]) -> tuple[list[float], Any]:
+    """Run the steps while ``nsys profile`` (the rank's parent) records; returns (step seconds, last output).
+
+    torch.profiler is not started: nsys and Kineto would both use CUPTI. Instead
+    every step is an NVTX range ``ProfilerStep#N`` (what the nsys reader takes as a
+    step), and on a GPU the active steps run under ``torch.autograd.profiler.emit_nvtx``
+    (one NVTX range per op, and the ``layer{i}.attention`` / ``layer{i}.mlp``
+    record_function ranges). On a GPU, cudaProfilerStart/Stop bracket the active
+    window (wait + warmup steps skipped, as torch.profiler's schedule does); run_tp
+    starts nsys with ``--capture-range=cudaProfilerApi`` then, so only those steps
+    are captured. On the CPU (gloo) nsys captures the whole process; NVTX needs a
+    CUDA build of torch, and without one the steps run unmarked.
+
+    Written and tested without a real nsys (none was available): on the CPU only.
+    """
+    import contextlib
+
+    import torch
+
+    device = ctx.device
+    nvtx = torch.version.cuda is not None
+    first_active = cfg.wait + cfg.warmup
+    last_active = first_active + cfg.active - 1
+    step_s: list[float] = []
+    out = None
+    with torch.no_grad():
+        for step in range(cfg.steps):
+            active = first_active <= step <= last_active
+            if ctx.is_cuda and step == first_active:
+                torch.cuda.synchronize(device)
+                torch.cuda.profiler.start()
+            t0 = time.perf_counter()
+            with contextlib.ExitStack() as marks:
+                if nvtx:
+                    marks.enter_context(torch.cuda.nvtx.range(f"ProfilerStep#{step}"))
+                if ctx.is_cuda and active:
+                    marks.enter_context(torch.autograd.profiler.emit_nvtx())
+                out = step_forward()
+                if ctx.is_cuda:
+                    torch.cuda.synchronize(device)
+            step_s.append(time.perf_counter() - t0)
+            if ctx.is_cuda and step == last_active:
+                torch.cuda.profiler.stop()
+            if ctx.rank == 0:
+                ctx.progress(f"step {step + 1}/{cfg.steps}")
+    return step_s, out
 
 
 # --------------------------------------------------------------------------- the job
@@ -453,17 +518,48 @@ def run_tp(config: TPConfig, on_progress: Callable[[str], None] | None = None) -
     ``run_config.json``. Raises BadInputError for an impossible configuration,
     RankFailedError when a rank fails (including a TP mismatch: "rank 0 failed:
     TP output differs ... max abs error ...").
+
+    With ``profiler="nsys"`` each rank runs under its own ``nsys profile``
+    (:func:`collectors.nsys.nsys_command`) and the folder holds ``rank{r}.sqlite``
+    (+ ``rank{r}.nsys-rep``) instead; no nsys on PATH is a BadInputError raised
+    before any folder or process is created. On a GPU the capture is limited to
+    the active steps (``--capture-range=cudaProfilerApi``, see :func:`_nsys_steps`).
     """
     cfg = config.resolved()
+    launch_kw: dict[str, Any] = {}
+    if cfg.profiler == "nsys":
+        from collectors.nsys import find_nsys
+
+        nsys = find_nsys()  # the clear error first: nothing created or started yet
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "tp")
+    if cfg.profiler == "nsys":
+        from collectors.nsys import nsys_command
+
+        capture = "cudaProfilerApi" if backend == "nccl" else None
+        base = run_dir.resolve()
+
+        def nsys_prefix(r: int) -> list[str]:
+            return nsys_command(nsys, base / f"rank{r}", capture_range=capture)
+
+        launch_kw["rank_prefix"] = nsys_prefix
+        info = {**info, "nsys": nsys, "nsys_command": nsys_command(nsys, "rank{r}", capture_range=capture)}
     created = _dt.datetime.now(_dt.timezone.utc).astimezone()
     t0 = time.perf_counter()
     results = _launch.launch(
-        _tp_rank, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress
+        _tp_rank, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress, **launch_kw
     )
     wall = time.perf_counter() - t0
+    if cfg.profiler == "nsys":
+        for r in results:
+            f = run_dir / r["trace"]
+            if not f.is_file():
+                raise TracekitError(
+                    f"{f}: nsys wrote no SQLite export for rank {r['rank']} "
+                    f"(its output is in {_launch.log_path(run_dir, r['rank'])})"
+                )
+            r["trace_bytes"] = f.stat().st_size
     write_run_config(run_dir, cfg, backend, info, results, wall, created)
     return run_dir
 
@@ -480,13 +576,15 @@ def build_run_config(
     """The run_config.json document (see the README of fixtures/tp_2rank)."""
     import statistics
 
-    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("out", "timeout_s", "fault")}
+    options = {
+        f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("out", "timeout_s", "fault", "profiler")
+    }
     first_active = cfg.wait + cfg.warmup
     active_steps = list(range(first_active, first_active + cfg.active))
     per_rank_steps = [r["step_s"] for r in results]
     after_first = [s for r in per_rank_steps for s in r[1:]]
     active = [s for r in per_rank_steps for i, s in enumerate(r) if i in active_steps]
-    return {
+    doc = {
         "workload": "tp",
         "run_id": run_id,
         "created_at": created.isoformat(timespec="seconds"),
@@ -540,6 +638,35 @@ def build_run_config(
             "median_active_step_s": round(statistics.median(active), 6) if active else None,
         },
         "traces": [r["trace"] for r in results],
+    }
+    if cfg.profiler == "nsys":
+        doc["profiler"] = _nsys_profiler_doc(cfg, backend, info, active_steps)
+        doc["timing"]["clock"] = "time.perf_counter around each forward step, per rank; active steps include NVTX overhead"
+    return doc
+
+
+def _nsys_profiler_doc(cfg: TPConfig, backend: str, info: dict[str, Any], active_steps: list[int]) -> dict[str, Any]:
+    """The run config's ``profiler`` entry for a run under nsys."""
+    from collectors.nsys import DEFAULT_TRACE
+
+    on_gpu = backend == "nccl"
+    return {
+        "tool": "nsys",
+        "nsys": info.get("nsys"),
+        "command": info.get("nsys_command"),
+        "trace": DEFAULT_TRACE,
+        "export": "sqlite",
+        "one_session_per_rank": True,
+        "wait": cfg.wait,
+        "warmup": cfg.warmup,
+        "active": cfg.active,
+        "capture": (
+            "active steps only (cudaProfilerStart/Stop, --capture-range=cudaProfilerApi)"
+            if on_gpu
+            else "the whole rank process (gloo: set-up, every step and the TP check are in the capture)"
+        ),
+        "nvtx": "ProfilerStep#N per step" + ("; emit_nvtx (per-op ranges) in the active steps" if on_gpu else ""),
+        "active_steps": active_steps,
     }
 
 

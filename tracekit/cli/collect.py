@@ -44,6 +44,12 @@ def tp(
     overlap_chunks: int = typer.Option(
         1, "--overlap-chunks", help="Split the tokens into N chunks; chunk i's all-reduce runs (async) while chunk i+1 computes."
     ),
+    profiler: str = typer.Option(
+        "torch",
+        "--profiler",
+        help="torch (torch.profiler, Kineto JSON per rank) or nsys (each rank under `nsys profile`, "
+        "rank{r}.sqlite; needs nsys on PATH).",
+    ),
     out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder."),
     store: Optional[str] = typer.Option(
         None, "--store", help="Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
@@ -69,14 +75,20 @@ def tp(
         warmup=warmup,
         active=active,
         overlap_chunks=overlap_chunks,
+        profiler=profiler,
         out=str(out),
     )
     cfg = config.resolved()  # bad options fail here, before anything starts
+    if cfg.profiler == "nsys":
+        from collectors.nsys import find_nsys
+
+        find_nsys()  # no nsys on PATH: one clear line, exit 2, nothing created
     store = store or default_store()
     title = (
         f"tp: {cfg.ranks} ranks, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
         f"seq {cfg.seq}, batch {cfg.batch}, {cfg.dtype}"
         + (f", {cfg.overlap_chunks} overlap chunks" if cfg.overlap_chunks > 1 else "")
+        + (", under nsys" if cfg.profiler == "nsys" else "")
     )
     run_dir = _run_with_status(lambda progress: run_tp(cfg, on_progress=progress), f"tp on {cfg.ranks} ranks")
     config_dict = json.loads((run_dir / "run_config.json").read_text())
