@@ -19,6 +19,14 @@ Failure handling:
   marker in its environment (``TRACEKIT_PROFILE_JOB``) or still in its process
   group — rank processes a launcher left behind — gets SIGTERM, then SIGKILL:
   no rank process outlives ``tracekit profile``.
+
+With ``ProfileOptions(nsys=True)`` (``tracekit profile --nsys``) no agent is
+injected: COMMAND runs as ``nsys profile ... -o <run_dir>/job COMMAND``
+(:func:`collectors.nsys.nsys_command`; nsys follows the child processes itself)
+and the one export, ``job.sqlite``, is what is gathered and ingested. One nsys
+session is one file, so all the job's processes (every rank) land in it and
+are ingested as one rank; the run config and the notes say so. Written and
+tested against a fake ``nsys`` only (no Nsight Systems where this was written).
 """
 
 from __future__ import annotations
@@ -73,6 +81,8 @@ class ProfileOptions:
     out: str | None = None
     run_id: str | None = None
     grace_s: float = 10.0
+    #: run the command under ``nsys profile`` instead of injecting torch.profiler
+    nsys: bool = False
 
     def validated(self) -> "ProfileOptions":
         for name in ("wait", "warmup", "repeat"):
@@ -114,6 +124,8 @@ class JobResult:
     missing_ranks: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    #: the ``nsys profile ...`` prefix the command ran under (empty: torch.profiler agent)
+    nsys_command: list[str] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:
@@ -255,10 +267,21 @@ def run_job(
     if not command:
         raise BadInputError(USAGE)
     opts = opts.validated()
+    prefix: list[str] = []
+    if opts.nsys:
+        from collectors.nsys import find_nsys
+
+        nsys = find_nsys()  # no nsys: a clear error before anything is created
     run_dir = _make_run_dir(opts)
     site_dir = _prepare_site_dir()
     marker = secrets.token_hex(8)
-    env = job_env(site_dir, run_dir, opts, marker)
+    if opts.nsys:
+        from collectors.nsys import nsys_command
+
+        prefix = nsys_command(nsys, run_dir.resolve() / "job")
+        env = {**os.environ, ENV_JOB: marker}  # no agent: nsys records
+    else:
+        env = job_env(site_dir, run_dir, opts, marker)
     kwargs: dict[str, Any] = {}
     if sys.version_info >= (3, 11):
         kwargs["process_group"] = 0
@@ -267,7 +290,7 @@ def run_job(
     created = _dt.datetime.now(_dt.timezone.utc).astimezone()
     t0 = time.perf_counter()
     try:
-        proc = subprocess.Popen(command, env=env, **kwargs)
+        proc = subprocess.Popen(prefix + list(command), env=env, **kwargs)
     except FileNotFoundError:
         shutil.rmtree(site_dir, ignore_errors=True)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -326,7 +349,7 @@ def run_job(
         code = 130
     result = JobResult(
         run_id=run_dir.name, run_dir=run_dir, command=list(command), exit_code=code,
-        interrupted=interrupted, wall_s=wall,
+        interrupted=interrupted, wall_s=wall, nsys_command=prefix,
     )
     gather(result, opts, created, leftovers)
     return result
@@ -345,6 +368,8 @@ def _rank_of_trace(name: str) -> int | None:
 
 def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, leftovers: list[int] = ()) -> None:
     """Fill `result` from the run folder: traces, agent statuses, missing ranks, notes, config."""
+    if opts.nsys:
+        return _gather_nsys(result, opts, created, leftovers)
     run_dir = result.run_dir
     statuses = []
     for f in sorted((run_dir / "logs").glob("agent.*.json")):
@@ -485,6 +510,65 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
     os.replace(tmp, path)
 
 
+def _gather_nsys(result: JobResult, opts: ProfileOptions, created: _dt.datetime, leftovers: list[int] = ()) -> None:
+    """`gather` for a job run under one nsys session: its one export, ``job.sqlite``."""
+    import socket
+
+    from collectors.nsys import DEFAULT_TRACE, sqlite_path
+
+    run_dir = result.run_dir
+    export = sqlite_path(run_dir / "job")
+    if export.is_file():
+        result.traces[0] = export
+        result.world_size = 1
+    notes = result.notes
+    if result.interrupted:
+        notes.append("interrupted (Ctrl-C): the job was stopped; what nsys exported is kept")
+    elif result.exit_code != 0:
+        notes.append(f"the job (under nsys) exited with code {result.exit_code}")
+    if result.traces:
+        notes.append(
+            f"nsys: one session for the whole job, so all its processes (every rank) are in one file, "
+            f"{export.name}, ingested as one rank; for one file per rank run each rank under its own nsys "
+            "with the rank in the output name (nsys expands %q{RANK}) and ingest those files"
+        )
+    if leftovers:
+        notes.append(f"{len(leftovers)} process(es) of the job were still running after it ended and were stopped")
+    partial = result.exit_code != 0 or result.interrupted or not result.traces
+    cfg: dict[str, Any] = {
+        "workload": "external",
+        "run_id": result.run_id,
+        "created_at": created.isoformat(timespec="seconds"),
+        "command": result.command,
+        "command_line": shlex.join(result.command),
+        "cwd": os.getcwd(),
+        "exit_code": result.exit_code,
+        "interrupted": result.interrupted,
+        "partial": partial,
+        "world_size": result.world_size,
+        "ranks_with_trace": sorted(result.traces),
+        "missing_ranks": [],
+        "hostname": socket.gethostname(),
+        "profiler": {
+            "tool": "nsys",
+            "nsys": result.nsys_command[0] if result.nsys_command else None,
+            "command": result.nsys_command,
+            "trace": DEFAULT_TRACE,
+            "export": "sqlite",
+            "capture": "the whole job, from start to exit",
+            "one_file_for_all_ranks": True,
+        },
+        "notes": notes,
+        "timing": {"job_wall_s": round(result.wall_s, 3)},
+        "traces": [p.name for _, p in sorted(result.traces.items())],
+    }
+    result.config = cfg
+    path = run_dir / "run_config.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(cfg, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
 # --------------------------------------------------------------------------- run + ingest
 
 
@@ -523,6 +607,11 @@ def profile_command(
 
 def no_trace_message(result: JobResult) -> str:
     """One line saying why nothing could be ingested."""
+    if result.nsys_command:
+        return (
+            f"nsys wrote no job.sqlite (the job ended before nsys captured anything, or nsys failed: "
+            f"see its output above); raw output in {result.run_dir}"
+        )
     why = "no rank wrote a trace"
     if any(s.get("stood_down") for s in result.statuses):
         why += (

@@ -38,6 +38,7 @@ HELP = (
     'Profile a live job with no change to its code, then ingest it and print the report.\n\n'
     "Runs COMMAND (e.g. `torchrun --nproc-per-node 2 train.py`, `python -m torch.distributed.run ...`, `python train.py`) with torch.profiler injected into every Python process it starts: a `sitecustomize` first on PYTHONPATH starts the profiler when torch.distributed is initialised, advances its schedule on every optimizer step (or on every `tracekit.step()` in loops without an optimizer), and writes each rank's trace after the active steps or at exit. The traces are then ingested as one run (workload `external`, the command recorded in its config) and the report is printed.\n\n"
     "A job that exits non-zero still has what it wrote ingested; the run is marked partial and tracekit exits with the job's code. Ctrl-C stops the whole job (a second Ctrl-C forces it) and keeps what was written (exit 130).\n\n"
+    "With --nsys the job runs under `nsys profile` (Nsight Systems, which must be on PATH) instead: no torch.profiler is injected, the schedule options do not apply, and nsys' one SQLite export of the whole job (job.sqlite, every process of the job in that one file) is ingested as one rank.\n\n"
     'Overhead: the profiler slows the steps it records (the run config gets `profiler_overhead_pct`: recorded vs idle steps of the same run, when the job runs at least 2 steps of each). To keep it low: a short --active window (2-3 steps are enough for a steady loop), no --with-stack (Python stacks are costly), --no-record-shapes when collective sizes are not needed (they are on gloo/CPU), and --wait to skip the start-up steps.'
 )
 
@@ -62,6 +63,9 @@ def profile(
     store: Optional[Path] = typer.Option(None, "--store", help="Store directory (default: $TRACEKIT_STORE or ./tracekit-store)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run (default: external-<date>-<time>-<hex>)."),
     out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder with the raw traces."),
+    nsys: bool = typer.Option(
+        False, "--nsys", help="Run the job under `nsys profile` (needs nsys on PATH) instead of injecting torch.profiler."
+    ),
 ) -> None:
     from collectors.profile.runner import USAGE, JobFailedError, ProfileOptions, no_trace_message, profile_command
 
@@ -71,18 +75,22 @@ def profile(
         raise BadInputError(f"{USAGE}{extra}")
     if ctx.args:
         raise BadInputError(f"unexpected argument(s) before --: {' '.join(ctx.args)} ({USAGE})")
+    if nsys:
+        from collectors.nsys import find_nsys
+
+        find_nsys()  # no nsys on PATH: one clear line, exit 2, nothing started
     from tracekit.store import Store
 
     st = Store(store)
     opts = ProfileOptions(
         wait=wait, warmup=warmup, active=active, repeat=repeat, record_shapes=record_shapes,
-        with_stack=with_stack, out=str(out), run_id=run_id,
+        with_stack=with_stack, out=str(out), run_id=run_id, nsys=nsys,
     )
 
     def progress(msg: str) -> None:
         print(f"tracekit profile: {msg}", file=sys.stderr, flush=True)
 
-    progress(f"running {' '.join(command)} with the profiler injected")
+    progress(f"running {' '.join(command)} " + ("under nsys profile" if nsys else "with the profiler injected"))
     result, rid = profile_command(command, opts, store=st, on_progress=progress)
     cfg = result.config
     if rid is not None:
@@ -91,12 +99,19 @@ def profile(
         print_report(build_report(st, rid))
         overhead = cfg.get("profiler_overhead_pct")
         tail = f"; profiler overhead {overhead:+.1f}% per recorded step" if overhead is not None else ""
-        progress(
-            f"run {rid} in {st.path}: ranks {', '.join(map(str, sorted(result.traces)))} of {result.world_size} "
-            f"(traces in {result.run_dir}; job {result.wall_s:.1f} s){tail}"
-        )
+        if nsys:
+            progress(
+                f"run {rid} in {st.path}: one nsys session, {result.traces[0].name}, ingested as one rank "
+                f"(raw output in {result.run_dir}; job {result.wall_s:.1f} s)"
+            )
+        else:
+            progress(
+                f"run {rid} in {st.path}: ranks {', '.join(map(str, sorted(result.traces)))} of {result.world_size} "
+                f"(traces in {result.run_dir}; job {result.wall_s:.1f} s){tail}"
+            )
     for note in cfg.get("notes", []):
-        print(f"warning: {note}" if cfg.get("partial") else f"note: {note}", file=sys.stderr)
+        warn = cfg.get("partial") or (nsys and note.startswith("nsys:"))  # one file for all ranks: a caveat
+        print(f"warning: {note}" if warn else f"note: {note}", file=sys.stderr)
     if rid is None:
         raise JobFailedError(no_trace_message(result), result.exit_code or 1)
     if cfg.get("partial"):
