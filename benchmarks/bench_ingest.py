@@ -8,7 +8,8 @@ are per process, start-up included):
   floor        gunzip + orjson.loads of every file (what any whole-document
                parser pays at least); also the same with gc.disable() ("floor, no GC")
   tracekit     `tracekit ingest FILES --store TMP`, then
-               `tracekit analyze --store TMP --json > /dev/null`
+               `tracekit analyze --store TMP --json > FILE` (kept only for its
+               per-rank overlap, set beside HTA's in --out)
   HTA          TraceAnalysis(trace_dir=DIR) + get_comm_comp_overlap(visualize=False)
                (benchmarks/hta_overlap.py in the HTA environment, see setup_hta.sh)
 
@@ -22,6 +23,10 @@ Seq, Python ids) offset by i × (largest id + 1), and ProfilerStep#N renumbered
 so that the copies read as consecutive steps. Replicas are written gzip level 1
 into a temporary directory (--workdir to keep and reuse them), never into the
 repository.
+
+Times are wall seconds (the fastest of --repeat runs); CPU seconds (user +
+system) are recorded too, as is the 1-minute load average after each run: on a
+shared machine, read wall times with the load beside them.
 
 Peak memory is the larger of (a) the peak RSS of the largest single process
 (wait4's ru_maxrss) and (b) the peak of the summed RSS of the process tree,
@@ -139,6 +144,8 @@ def measure(cmd: list[str], *, stdout=None, timeout: float | None = None, env=No
     return dict(
         cmd=cmd,
         wall_s=round(wall, 3),
+        cpu_s=round(ru.ru_utime + ru.ru_stime, 3),  # user + system, the process and its waited-for children
+        loadavg_1m=round(os.getloadavg()[0], 2),
         peak_mib=round(max(maxrss, peak_tree) / 2**20, 1),
         maxrss_mib=round(maxrss / 2**20, 1),
         tree_peak_mib=round(peak_tree / 2**20, 1),
@@ -252,9 +259,15 @@ def run_set(name: str, files: list[Path], trace_dir: Path, work: Path, args) -> 
         runs["floor_nogc"].append(measure([sys.executable, "-c", FLOOR_CODE, "nogc", *sfiles], timeout=args.timeout))
         shutil.rmtree(store, ignore_errors=True)
         runs["tk_ingest"].append(measure([*tk, "ingest", *sfiles, "--store", str(store)], timeout=args.timeout))
-        runs["tk_analyze"].append(
-            measure([*tk, "analyze", "--store", str(store), "--json"], stdout=os.devnull, timeout=args.timeout)
-        )
+        tk_out = work / f"{slug}.analyze.json"
+        m = measure([*tk, "analyze", "--store", str(store), "--json"], stdout=tk_out, timeout=args.timeout)
+        if m["rc"] == 0:
+            try:
+                rep = json.loads(tk_out.read_text())
+                res["tk_overlap"] = {str(r["rank"]): r["overlap_ratio"] for r in rep.get("overlap_by_rank", [])}
+            except (ValueError, KeyError, TypeError):
+                pass
+        runs["tk_analyze"].append(m)
         shutil.rmtree(store, ignore_errors=True)
         if run_hta:
             hta_out = work / f"{slug}.hta.json"
@@ -285,9 +298,11 @@ def _ok(m) -> bool:
 def _derive(r: dict) -> None:
     if _ok(r["tk_ingest"]) and _ok(r["tk_analyze"]):
         r["tk_total_s"] = round(r["tk_ingest"]["wall_s"] + r["tk_analyze"]["wall_s"], 3)
+        r["tk_total_cpu_s"] = round(r["tk_ingest"]["cpu_s"] + r["tk_analyze"]["cpu_s"], 3)
         r["tk_peak_mib"] = max(r["tk_ingest"]["peak_mib"], r["tk_analyze"]["peak_mib"])
         if _ok(r.get("hta")):
             r["hta_over_tk_time"] = round(r["hta"]["wall_s"] / r["tk_total_s"], 2)
+            r["hta_over_tk_cpu"] = round(r["hta"]["cpu_s"] / r["tk_total_cpu_s"], 2)
             r["hta_over_tk_mem"] = round(r["hta"]["peak_mib"] / r["tk_peak_mib"], 2)
         if _ok(r["floor"]):
             r["tk_over_floor"] = round(r["tk_total_s"] / r["floor"]["wall_s"], 2)
@@ -299,16 +314,18 @@ def _derive(r: dict) -> None:
 
 HEADER = (
     "| input | JSON MB | events | floor s / MiB | floor no-GC s / MiB | tracekit ingest s | analyze s "
-    "| tracekit total s / peak MiB | HTA s / peak MiB | HTA÷tk time | HTA÷tk mem | tk÷floor | tk÷floor no-GC |"
+    "| tracekit total s (CPU s) / peak MiB | HTA s (CPU s) / peak MiB | HTA÷tk time (CPU) | HTA÷tk mem "
+    "| tk÷floor | tk÷floor no-GC | load |"
 )
 
 
-def _sm(m) -> str:
+def _sm(m, cpu: bool = False) -> str:
     if not m:
         return "—"
     if m["rc"] != 0:
         return "timeout" if m.get("timed_out") else f"failed ({m['rc']})"
-    return f"{m['wall_s']:.2f} / {m['peak_mib']:.0f}"
+    c = f" ({m['cpu_s']:.1f})" if cpu else ""
+    return f"{m['wall_s']:.2f}{c} / {m['peak_mib']:.0f}"
 
 
 def _row(r: dict) -> str:
@@ -318,13 +335,22 @@ def _row(r: dict) -> str:
 
     mb = f"{r['json_bytes'] / 1e6:.0f}" if r.get("json_bytes") else "—"
     ev = f"{r['events']:,}" if r.get("events") else "—"
-    tk_tot = f"{r['tk_total_s']:.2f} / {r['tk_peak_mib']:.0f}" if "tk_total_s" in r else "failed"
+    if "tk_total_s" in r:
+        tk_tot = f"{r['tk_total_s']:.2f} ({r['tk_total_cpu_s']:.1f}) / {r['tk_peak_mib']:.0f}"
+    else:
+        tk_tot = "failed"
     ing = f"{r['tk_ingest']['wall_s']:.2f}" if _ok(r["tk_ingest"]) else "failed"
     ana = f"{r['tk_analyze']['wall_s']:.2f}" if _ok(r["tk_analyze"]) else "failed"
+    hta = _sm(r.get("hta"), cpu=True) if r.get("hta") is not None else "skipped"
+    ratio = "—"
+    if "hta_over_tk_time" in r:
+        ratio = f"{r['hta_over_tk_time']:.1f}× ({r['hta_over_tk_cpu']:.1f}×)"
+    loads = [r[k]["loadavg_1m"] for k in ("floor", "floor_nogc", "tk_ingest", "tk_analyze", "hta") if r.get(k)]
+    load = f"{max(loads):.1f}" if loads else "—"
     return (
         f"| {r['name']} | {mb} | {ev} | {_sm(r['floor'])} | {_sm(r['floor_nogc'])} | {ing} | {ana} | {tk_tot} "
-        f"| {_sm(r.get('hta')) if r.get('hta') is not None else 'skipped'} | {g('hta_over_tk_time', '{:.1f}×')} "
-        f"| {g('hta_over_tk_mem', '{:.1f}×')} | {g('tk_over_floor', '{:.2f}×')} | {g('tk_over_floor_nogc', '{:.2f}×')} |"
+        f"| {hta} | {ratio} | {g('hta_over_tk_mem', '{:.1f}×')} | {g('tk_over_floor', '{:.2f}×')} "
+        f"| {g('tk_over_floor_nogc', '{:.2f}×')} | {load} |"
     )
 
 
@@ -463,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{doc['date']} — {doc['machine']} — tracekit {rev}")
     print(HEADER)
-    print("|" + "---|" * HEADER.count(" | ") + "---|")
+    print("|" + "---|" * (HEADER.count(" | ") + 1))
     for r in results:
         print(_row(r))
     for line in _verdicts(results):

@@ -129,6 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--interval-ms", type=float, default=1.0)
+    ap.add_argument("--dump", type=Path, default=None, help="write every line's seconds as JSON here")
     args = ap.parse_args(argv)
 
     import duckdb
@@ -160,6 +161,11 @@ def main(argv=None) -> int:
     for w, s in sampler.lines.most_common(args.top):
         where = "(outside tracekit code)" if w is None else f"{w[0]}:{w[1]} {w[2]}"
         print(f"  {s:7.2f}  {where}")
+    if args.dump:
+        import json
+
+        rows = [dict(file=w[0], line=w[1], func=w[2], s=round(v, 4)) for w, v in sampler.lines.items() if w]
+        args.dump.write_text(json.dumps(dict(wall_s=wall, lines=rows, funcs=dict(sampler.funcs)), indent=1))
     print("\nDuckDB queries (exact seconds, by calling line)")
     for (w, head), s in queries.most_common(args.top):
         where = "?" if w is None else f"{w[0]}:{w[1]} {w[2]}"
