@@ -271,7 +271,8 @@ def run_set(name: str, files: list[Path], trace_dir: Path, work: Path, args) -> 
         shutil.rmtree(store, ignore_errors=True)
         if run_hta:
             hta_out = work / f"{slug}.hta.json"
-            m = measure([str(HTA_PY), str(HERE / "hta_overlap.py"), str(trace_dir)], stdout=hta_out, timeout=args.timeout)
+            hta_cmd = [str(HTA_PY), str(HERE / "hta_overlap.py"), str(trace_dir)]
+            m = measure(hta_cmd, stdout=hta_out, timeout=args.timeout)
             if m["rc"] == 0:
                 res["hta_overlap"] = json.loads(hta_out.read_text().strip().splitlines()[-1])
             runs["hta"].append(m)
@@ -370,7 +371,8 @@ def _verdicts(results: list[dict]) -> list[str]:
     lo, hi = min(reps, key=lambda r: r["k"]), max(reps, key=lambda r: r["k"])
     if hi["k"] > lo["k"]:
         out.append(
-            f"  tracekit peak memory ×{lo['k']} → ×{hi['k']}: {lo['tk_peak_mib']:.0f} → {hi['tk_peak_mib']:.0f} MiB "
+            f"  tracekit peak memory ×{lo['k']} → ×{hi['k']}: "
+            f"{lo['tk_peak_mib']:.0f} → {hi['tk_peak_mib']:.0f} MiB "
             f"({hi['tk_peak_mib'] / lo['tk_peak_mib']:.1f}× for {hi['k'] / lo['k']:.0f}× the input; target: flat)"
         )
     return out
@@ -409,7 +411,9 @@ def _tracekit_rev() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, nargs="*", default=[1, 4, 16], help="replication factors (default 1 4 16)")
-    ap.add_argument("--base", type=Path, default=DEFAULT_BASE, help="the trace to replicate (default: hta_ddp_v100_r1of2)")
+    ap.add_argument(
+        "--base", type=Path, default=DEFAULT_BASE, help="the trace to replicate (default: hta_ddp_v100_r1of2)"
+    )
     ap.add_argument(
         "--shared", nargs="*", default=DEFAULT_SHARED, help="folders under ../shared/traces to run as they are"
     )

@@ -153,7 +153,8 @@ def main(argv=None) -> int:
         sampler.join()
     duckdb.connect = real_connect
 
-    print(f"ingest wall {wall:.2f} s; RSS at start {rss0 / 2**20:.0f} MiB, peak {sampler.peak[0] / 2**20:.0f} MiB at {sampler.peak[1]}")
+    peak, at = sampler.peak
+    print(f"ingest wall {wall:.2f} s; RSS at start {rss0 / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB at {at}")
     print(f"\ntop {args.top} functions (inclusive seconds, tracekit frames only)")
     for fn, s in sampler.funcs.most_common(args.top):
         print(f"  {s:7.2f}  {fn}")

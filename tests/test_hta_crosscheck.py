@@ -66,7 +66,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TRACES, shared_trace
+from tests.conftest import REPO, shared_trace
 from tracekit.ingest import expand_paths, ingest_paths
 from tracekit.store import Store
 
@@ -223,12 +223,13 @@ def case(request, hta_python, tmp_path_factory):
         step_names = {
             e.get("name") for evs in docs.values() for e in evs if str(e.get("name", "")).startswith("ProfilerStep")
         }
+        n = len(step_names)
         indep = {
             rank: {
-                "default": hta_definition(evs, n_step_names=len(step_names), **DEFAULT),
-                "switched": hta_definition(evs, n_step_names=len(step_names), **SWITCHED),
-                "rounded_last_step_kept": hta_definition(evs, rounding=True, last_step=True, n_step_names=len(step_names)),
-                "neither": hta_definition(evs, rounding=False, last_step=None, n_step_names=len(step_names)),
+                "default": hta_definition(evs, n_step_names=n, **DEFAULT),
+                "switched": hta_definition(evs, n_step_names=n, **SWITCHED),
+                "rounded_last_step_kept": hta_definition(evs, rounding=True, last_step=True, n_step_names=n),
+                "neither": hta_definition(evs, rounding=False, last_step=None, n_step_names=n),
             }
             for rank, evs in docs.items()
         }
