@@ -22,7 +22,10 @@ tracekit.model), then applies the overlap model of the workload
   the longer; the max term covers the other case);
 - everything else (``tp`` unchunked, ``ep`` without two-batch overlap,
   ``disagg_kv`` bulk, ``pp``, ``sweep``, external jobs) — no overlap: exposed = a.
-  For ``pp`` the row also carries the GPipe bubble fraction (p−1)/(m+p−1).
+  For ``pp`` training the row also carries the GPipe bubble fraction (p−1)/(m+p−1);
+  for ``pp`` decode (``pp_decode``) its note gives the token interval the model
+  allows, p·s + (p−1)·x, with s the measured per-token stage compute and x one
+  activation message's α–β time.
 
 α and β (per op and group size) come from, in order: the ``--link`` preset
 (DuckDB variable tk_link); the newest ``sweep`` run in the connection (fitted on
@@ -39,7 +42,7 @@ compute_ns           DOUBLE   measured |∪ compute| per step, ns
 comm_ns              DOUBLE   measured |∪ comm| per step, ns
 overlap_ns           DOUBLE   measured |comm ∩ compute| per step, ns
 exposed_ns           DOUBLE   measured comm − overlap per step, ns
-model                VARCHAR  overlap model applied (no_overlap, chunked, two_batch, layerwise)
+model                VARCHAR  overlap model applied (no_overlap, chunked, two_batch, layerwise, pp_decode)
 predicted_comm_ns    DOUBLE   α–β time of the step's collectives, ns (per step)
 predicted_exposed_ns DOUBLE   exposed communication the overlap model predicts, ns (per step)
 alpha_s              DOUBLE   α used (of the step's first modelled op), s
@@ -133,6 +136,22 @@ def _terms(op: str, size: int, k: int, alpha: float, beta: float) -> tuple[float
     return co.alpha_coeff * alpha, co.beta_coeff * size / beta
 
 
+def _decode_stage_time(cfg: dict) -> float | None:
+    """pp decode: the median over stages of one micro-batch's per-token stage compute, s (run_config timing)."""
+    vals = [st.get("decode_per_microbatch_s") for st in (cfg.get("timing") or {}).get("stage_compute_s") or []
+            if isinstance(st, dict)]
+    vals = sorted(v for v in vals if isinstance(v, (int, float)) and v > 0)
+    return vals[len(vals) // 2] if vals else None
+
+
+def _decode_message_bytes(cfg: dict) -> int | None:
+    """pp decode: bytes of one activation message between stages during decode (run_config expected)."""
+    for m in (cfg.get("expected") or {}).get("messages") or []:
+        if isinstance(m, dict) and m.get("kind") == "activation" and m.get("phase") == "decode":
+            return m.get("bytes")
+    return None
+
+
 def rows_for(con, link: str | None) -> list[dict]:
     from tracekit.model import chunked_overlap, two_batch_overlap
 
@@ -206,6 +225,20 @@ def rows_for(con, link: str | None) -> list[dict]:
             exposed = al + (layers - 1) * max(0.0, al - cl)
             row["model"] = "layerwise"
             note = f"layer-by-layer transfer over {layers} layers"
+        elif workload == "pp" and str(cfg.get("mode")) == "decode":
+            p = int(cfg.get("stages") or cfg.get("ranks") or 1)
+            row["model"] = "pp_decode"
+            note = "decode: every token crosses all stages, its sends are on the critical path (no overlap)"
+            s_tok = _decode_stage_time(cfg)
+            msg = _decode_message_bytes(cfg)
+            if s_tok is not None and msg is not None:
+                x_t = _terms("send", msg, 2, used[0], used[1])
+                x = x_t[0] + x_t[1] if x_t else None
+                if x is not None:
+                    from tracekit.model import pp_decode
+
+                    r = pp_decode(p, 1, s_tok, x, 1).token_latency_s
+                    note += f"; token interval ≥ p·s + (p−1)·x = {r * 1e3:.3f} ms (s = {s_tok * 1e3:.3f} ms, x = {x * 1e6:.1f} µs)"
         elif workload == "pp":
             p = int(cfg.get("stages") or cfg.get("ranks") or 1)
             m = int(cfg.get("microbatches") or 1)

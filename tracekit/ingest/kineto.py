@@ -29,7 +29,7 @@ import zlib
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import msgspec
 import numpy as np
@@ -58,7 +58,6 @@ _CAT = {
     "cpu_instant_event": "cpu_instant_event",
 }
 GPU_CATEGORIES = frozenset({"kernel", "memcpy", "memset", "sync", "gpu_user_annotation"})
-_ARGS_NEEDED = GPU_CATEGORIES | {"runtime", "driver"}
 
 # Communication by name (DESIGN.md "Classifying events"); metadata decides first.
 CUSTOM_ALL_REDUCE_PATTERNS = (
@@ -117,8 +116,21 @@ class KArgs(msgspec.Struct, gc=False):
     gstride: Any = msgspec.field(default=None, name="Global rank stride")
 
 
+class IdArgs(msgspec.Struct, gc=False):
+    """The ``args`` of a runtime/driver call: only its ids are read."""
+
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    external_id_lc: Any = msgspec.field(default=None, name="external id")
+
+
 _KARGS = msgspec.json.Decoder(KArgs)
+_KARGS_LIST = msgspec.json.Decoder(list[Optional[KArgs]])
 _EMPTY_ARGS = KArgs()
+_IDS = msgspec.json.Decoder(IdArgs)
+_IDS_LIST = msgspec.json.Decoder(list[Optional[IdArgs]])
+_EMPTY_IDS = IdArgs()
+_LAUNCH_CATEGORIES = frozenset({"runtime", "driver"})
 
 META_FIELDS = (
     "collective",
@@ -270,151 +282,27 @@ def read_rank_file(
 ) -> RankFile:
     """Stream one Kineto file into ``out_parquet`` (RAW_SCHEMA rows); returns its :class:`RankFile`.
 
+    Per chunk, the common columns are built with list comprehensions and numpy;
+    only the events that need their ``args`` (GPU work, runtime calls,
+    collective-related CPU ops, profiler steps: a minority) are visited one by one.
     Raises FileError for unreadable or malformed input (see jsonstream).
     """
     path = Path(path)
     stream = TraceStream(path)
     rf = RankFile(path=path, sha256="", meta={})
     writer: pq.ParquetWriter | None = None
-    next_id = 0
-    cat_cache: dict = {}
-    comm_name_cache: dict = {}
+    state = _ChunkState(comm_regex)
     try:
         for chunk in stream:
-            evs = chunk.events
-            xs = []
-            for e in evs:
-                ph = e.ph
-                if ph == "X":
-                    xs.append(e)
-                elif ph == "M" and e.name == "thread_name":
-                    try:
-                        a = msgspec.json.decode(e.args)
-                        rf.thread_names[(_track_id(e.pid), _track_id(e.tid))] = str(a.get("name"))
-                    except Exception:
-                        pass
-            if not xs:
+            batch = _chunk_batch(chunk, rf, state)
+            if batch is None:
                 continue
-            n = len(xs)
-            exact_cache: list = []
-
-            def exact(_chunk=chunk, _cache=exact_cache):
-                if not _cache:
-                    _cache.append([ev for ev in _chunk.exact() if ev.ph == "X"])
-                return _cache[0]
-
-            ts_ns, ts_ok = _vector_ns([e.ts for e in xs], exact, "ts")
-            dur_ns, dur_ok = _vector_ns([e.dur for e in xs], exact, "dur")
-            cats = []
-            for e in xs:
-                c = e.cat
-                got = cat_cache.get(c) if isinstance(c, (str, type(None))) else None
-                if got is None:
-                    got = _canon_cat(c)
-                    if isinstance(c, (str, type(None))):
-                        cat_cache[c] = got
-                cats.append(got)
-            names = [e.name if type(e.name) is str else ("" if e.name is None else str(e.name)) for e in xs]
-
-            ids = np.arange(next_id, next_id + n, dtype=np.int64)
-            next_id += n
-            track_kind = []
-            device = np.empty(n, dtype=np.int64)
-            track = np.empty(n, dtype=np.int64)
-            corr = [None] * n
-            ext = [None] * n
-            is_comm = np.zeros(n, dtype=bool)
-            for i, e in enumerate(xs):
-                cat = cats[i]
-                name = names[i]
-                gpu = cat in GPU_CATEGORIES
-                args = None
-                if cat in _ARGS_NEEDED:
-                    args = _decode_args(e.args)
-                comm_name = comm_name_cache.get(name)
-                if comm_name is None:
-                    comm_name = bool(comm_regex.search(name)) if gpu or name.startswith("gloo:") else False
-                    comm_name_cache[name] = comm_name
-                cpu_comm = (not gpu) and (name.startswith(_COMM_CPU_PREFIX))
-                if cpu_comm or (name.startswith("ProfilerStep#") and cat == "user_annotation"):
-                    if args is None:
-                        args = _decode_args(e.args)
-                if gpu:
-                    track_kind.append("gpu_stream")
-                    dv = _as_int(args.device) if args is not None else None
-                    st = _as_int(args.stream) if args is not None else None
-                    device[i] = dv if dv is not None else _track_id(e.pid)
-                    track[i] = st if st is not None else _track_id(e.tid)
-                else:
-                    track_kind.append("cpu_thread")
-                    device[i] = _track_id(e.pid)
-                    track[i] = _track_id(e.tid)
-                if args is not None:
-                    corr[i] = _as_int(args.correlation)
-                    x = args.external_id if args.external_id is not None else args.external_id_lc
-                    ext[i] = _as_int(x)
-                    has_meta = args.collective is not None or args.in_nelems is not None
-                    if gpu and cat == "kernel" and (comm_name or has_meta):
-                        is_comm[i] = True
-                    if is_comm[i] or cpu_comm:
-                        row = {f: getattr(args, f) for f in META_FIELDS}
-                        if row["input_dims"] is None:
-                            row["input_dims"] = args.input_dims_lc
-                        row.update(
-                            event_id=int(ids[i]),
-                            name=name,
-                            category=cat,
-                            gpu=gpu,
-                            device=int(device[i]),
-                            track=int(track[i]),
-                            ts_ns=int(ts_ns[i]),
-                            dur_ns=int(dur_ns[i]),
-                            correlation=corr[i],
-                        )
-                        rf.comm_meta.append(row)
-                    if name.startswith("ProfilerStep#") and cat == "user_annotation":
-                        m = re.match(r"ProfilerStep#(\d+)", name)
-                        if m and ts_ok[i] and dur_ok[i]:
-                            rf.steps.append((int(m.group(1)), int(ids[i]), int(ts_ns[i]), int(ts_ns[i] + dur_ns[i])))
-                elif gpu and cat == "kernel" and comm_name:
-                    is_comm[i] = True
-                if cpu_comm and name.startswith("gloo:"):
-                    is_comm[i] = True
-            valid = ts_ok & dur_ok & (dur_ns >= 0) & (ts_ns > 0)
-            nbad = int(n - valid.sum())
-            if nbad:
-                rf.quarantined += nbad
-                # metadata rows of quarantined events must not survive either
-                bad_ids = set(ids[~valid].tolist())
-                if bad_ids:
-                    rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
-                    rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
-            if any(k == "gpu_stream" for k in track_kind):
-                rf.has_gpu = True
-            batch = pa.record_batch(
-                [
-                    pa.array(ids),
-                    pa.array(track_kind, pa.string()),
-                    pa.array(device),
-                    pa.array(track),
-                    pa.array(cats, pa.string()),
-                    pa.array(names, pa.string()),
-                    pa.array(ts_ns),
-                    pa.array(dur_ns),
-                    pa.array(corr, pa.int64()),
-                    pa.array(ext, pa.int64()),
-                    pa.array(is_comm),
-                ],
-                schema=RAW_SCHEMA,
-            )
-            if nbad:
-                batch = batch.filter(pa.array(valid))
             if writer is None:
                 writer = pq.ParquetWriter(out_parquet, RAW_SCHEMA, compression="zstd", compression_level=1)
             writer.write_batch(batch)
             rf.events += batch.num_rows
             if progress is not None:
-                progress(n)
+                progress(batch.num_rows)
     finally:
         if writer is not None:
             writer.close()
@@ -426,8 +314,190 @@ def read_rank_file(
     return rf
 
 
+class _ChunkState:
+    """What carries over from chunk to chunk: the next event id and per-name caches."""
+
+    def __init__(self, comm_regex: re.Pattern):
+        self.comm_regex = comm_regex
+        self.next_id = 0
+        self.cat_cache: dict = {}
+        self.comm_name_cache: dict = {}
+        self.name_flags: dict = {}
+
+    def category(self, c: Any) -> str:
+        try:
+            got = self.cat_cache.get(c)
+        except TypeError:  # unhashable (a list or object where a string belongs)
+            return _canon_cat(c)
+        if got is None:
+            got = self.cat_cache[c] = _canon_cat(c)
+        return got
+
+    def categories(self, raw: list) -> list[str]:
+        """Canonical categories of a chunk (a dict lookup per event, the cache filled first)."""
+        cc = self.cat_cache
+        try:
+            for c in set(raw) - cc.keys():
+                cc[c] = _canon_cat(c)
+        except TypeError:  # an unhashable category somewhere
+            return [self.category(c) for c in raw]
+        return [cc[c] for c in raw]
+
+    def special_names(self, names: list[str]) -> dict:
+        """name → True for names whose CPU events need their args (collective ops, profiler steps)."""
+        nc = self.name_flags
+        for nm in set(names) - nc.keys():
+            nc[nm] = nm.startswith(_COMM_CPU_PREFIX) or nm.startswith("ProfilerStep#")
+        return nc
+
+    def comm_name(self, name: str) -> bool:
+        got = self.comm_name_cache.get(name)
+        if got is None:
+            got = self.comm_name_cache[name] = bool(self.comm_regex.search(name))
+        return got
+
+
+def _ids(values: list) -> np.ndarray:
+    """pid/tid values → int64 track ids (fast path when all are plain ints)."""
+    try:
+        arr = np.asarray(values)
+        if arr.dtype.kind == "i" and arr.ndim == 1:
+            return arr.astype(np.int64)
+    except (ValueError, OverflowError):
+        pass
+    return np.fromiter((_track_id(v) for v in values), dtype=np.int64, count=len(values))
+
+
+def _chunk_batch(chunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
+    """One chunk of events → a RAW_SCHEMA batch (quarantined rows removed); fills ``rf`` on the side."""
+    xs = []
+    for e in chunk.events:
+        ph = e.ph
+        if ph == "X":
+            xs.append(e)
+        elif ph == "M" and e.name == "thread_name":
+            try:
+                a = msgspec.json.decode(e.args)
+                rf.thread_names[(_track_id(e.pid), _track_id(e.tid))] = str(a.get("name"))
+            except Exception:
+                pass
+    if not xs:
+        return None
+    n = len(xs)
+    exact_cache: list = []
+
+    def exact():
+        if not exact_cache:
+            exact_cache.append([ev for ev in chunk.exact() if ev.ph == "X"])
+        return exact_cache[0]
+
+    ts_ns, ts_ok = _vector_ns([e.ts for e in xs], exact, "ts")
+    dur_ns, dur_ok = _vector_ns([e.dur for e in xs], exact, "dur")
+    cats = st.categories([e.cat for e in xs])
+    names = [e.name if type(e.name) is str else ("" if e.name is None else str(e.name)) for e in xs]
+    ids = np.arange(st.next_id, st.next_id + n, dtype=np.int64)
+    st.next_id += n
+    gpu = [c in GPU_CATEGORIES for c in cats]
+    device = _ids([e.pid for e in xs])
+    track = _ids([e.tid for e in xs])
+    corr: list = [None] * n
+    ext: list = [None] * n
+    is_comm = np.zeros(n, dtype=bool)
+    # Runtime/driver calls (the bulk of the events that need args) only give their correlation
+    # and external ids: their args are decoded in one call per chunk.
+    launch_idx = [i for i, c in enumerate(cats) if c in _LAUNCH_CATEGORIES]
+    decoded = _decode_many([xs[i].args for i in launch_idx], _IDS_LIST, _IDS, _EMPTY_IDS)
+    c_vals = [a.correlation for a in decoded]
+    e_vals = [a.external_id if a.external_id is not None else a.external_id_lc for a in decoded]
+    if all(type(v) is int for v in c_vals) and all(type(v) is int for v in e_vals):
+        for i, c, x in zip(launch_idx, c_vals, e_vals):
+            corr[i] = c
+            ext[i] = x
+    else:
+        for i, c, x in zip(launch_idx, c_vals, e_vals):
+            corr[i] = _as_int(c)
+            ext[i] = _as_int(x)
+    flags = st.special_names(names)
+    special = [i for i, (c, nm) in enumerate(zip(cats, names)) if c in GPU_CATEGORIES or flags[nm]]
+    for i, args in zip(special, _decode_many([xs[i].args for i in special], _KARGS_LIST, _KARGS, _EMPTY_ARGS)):
+        cat = cats[i]
+        name = names[i]
+        is_gpu = gpu[i]
+        cpu_comm = not is_gpu and name.startswith(_COMM_CPU_PREFIX)
+        if is_gpu:
+            dv = _as_int(args.device)
+            sm = _as_int(args.stream)
+            if dv is not None:
+                device[i] = dv
+            if sm is not None:
+                track[i] = sm
+        corr[i] = _as_int(args.correlation)
+        x = args.external_id if args.external_id is not None else args.external_id_lc
+        ext[i] = _as_int(x)
+        if cat == "kernel" and (st.comm_name(name) or args.collective is not None or args.in_nelems is not None):
+            is_comm[i] = True
+        elif cpu_comm and name.startswith("gloo:"):
+            is_comm[i] = True
+        if is_comm[i] or cpu_comm:
+            row = {f: getattr(args, f) for f in META_FIELDS}
+            if row["input_dims"] is None:
+                row["input_dims"] = args.input_dims_lc
+            row.update(event_id=int(ids[i]), name=name, category=cat, gpu=is_gpu, device=int(device[i]),
+                       track=int(track[i]), ts_ns=int(ts_ns[i]), dur_ns=int(dur_ns[i]), correlation=corr[i])
+            rf.comm_meta.append(row)
+        if cat in ("user_annotation", "cpu_op") and name.startswith("ProfilerStep#"):
+            m = re.match(r"ProfilerStep#(\d+)", name)
+            if m and ts_ok[i] and dur_ok[i]:
+                rf.steps.append((int(m.group(1)), int(ids[i]), int(ts_ns[i]), int(ts_ns[i] + dur_ns[i])))
+    valid = ts_ok & dur_ok & (dur_ns >= 0) & (ts_ns > 0)
+    nbad = int(n - valid.sum())
+    if nbad:
+        rf.quarantined += nbad
+        bad_ids = set(ids[~valid].tolist())
+        rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
+        rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
+    if not rf.has_gpu and any(gpu):
+        rf.has_gpu = True
+    batch = pa.record_batch(
+        [
+            pa.array(ids),
+            pa.array(["gpu_stream" if g else "cpu_thread" for g in gpu], pa.string()),
+            pa.array(device),
+            pa.array(track),
+            pa.array(cats, pa.string()),
+            pa.array(names, pa.string()),
+            pa.array(ts_ns),
+            pa.array(dur_ns),
+            pa.array(corr, pa.int64()),
+            pa.array(ext, pa.int64()),
+            pa.array(is_comm),
+        ],
+        schema=RAW_SCHEMA,
+    )
+    return batch.filter(pa.array(valid)) if nbad else batch
+
+
 def _decode_args(raw) -> KArgs:
     try:
         return _KARGS.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
         return _EMPTY_ARGS
+
+
+def _decode_many(raws: list, list_decoder, one_decoder, empty) -> list:
+    """Decode many raw ``args`` objects in one call (one per item if any of them is odd).
+
+    A missing ``args`` is JSON null, and anything that is not an object decodes as ``empty``.
+    """
+    if not raws:
+        return []
+    try:
+        return [empty if a is None else a for a in list_decoder.decode(b"[" + b",".join(raws) + b"]")]
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+        out = []
+        for r in raws:
+            try:
+                out.append(one_decoder.decode(r))
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+                out.append(empty)
+        return out

@@ -18,6 +18,7 @@ Python memory):
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -51,6 +52,9 @@ def finish_run(
     (stage / "events").mkdir()
     con = duckdb.connect(":memory:")
     con.execute("SET preserve_insertion_order = false")
+    # Bounded memory: DuckDB spills to the staging directory instead of holding a whole rank.
+    con.execute(f"SET memory_limit = '{LINK_MEMORY_LIMIT}'")
+    con.execute(f"SET temp_directory = {_sql_str(stage / 'duckdb-tmp')}")
     all_rows: list[dict] = []
     rank_rows = []
     hosts = {}
@@ -157,11 +161,15 @@ def finish_run(
     run_row = _run_row(run_id, results, all_rows, world_size, workload, config, source)
     run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
     pq.write_table(pa.Table.from_pylist([run_row], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
+    shutil.rmtree(stage / "duckdb-tmp", ignore_errors=True)
     try:
         (stage / "raw").rmdir()
     except OSError:
         pass
 
+
+LINK_MEMORY_LIMIT = "512MB"
+"""DuckDB's memory budget for the link pass (it spills beyond it)."""
 
 CLIP_TOLERANCE_NS = 100
 """Overlaps of consecutive GPU ops on one stream up to this are clock noise, not clipped."""
@@ -182,16 +190,17 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> 
         SELECT DISTINCT device, track FROM raw
         WHERE track_kind = 'cpu_thread' AND is_comm AND name NOT IN ('gloo:send', 'gloo:recv')
       ),
+      gpu_ops AS (  -- the next op's start on the same GPU stream (kernels, memcpy, memset only)
+        SELECT event_id, lead(ts_ns) OVER (PARTITION BY device, track ORDER BY ts_ns, event_id) AS next_ts
+        FROM raw WHERE track_kind = 'gpu_stream' AND category IN ('kernel', 'memcpy', 'memset')
+      ),
       linked AS (
         SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
-               (ct.track IS NOT NULL) AS on_comm_thread,
-               CASE WHEN r.track_kind = 'gpu_stream' AND r.category IN ('kernel', 'memcpy', 'memset')
-                    THEN lead(r.ts_ns) OVER (PARTITION BY r.track_kind = 'gpu_stream' AND r.category IN ('kernel', 'memcpy', 'memset'),
-                                                      r.device, r.track ORDER BY r.ts_ns, r.event_id)
-               END AS next_ts
+               (ct.track IS NOT NULL) AS on_comm_thread, g.next_ts
         FROM raw r
         LEFT JOIN launch l ON r.track_kind = 'gpu_stream' AND r.correlation = l.correlation
         LEFT JOIN comm_threads ct ON r.track_kind = 'cpu_thread' AND r.device = ct.device AND r.track = ct.track
+        LEFT JOIN gpu_ops g ON r.event_id = g.event_id
       ),
       clipped AS (
         SELECT *, (next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}) AS clipped,
@@ -219,7 +228,6 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> 
              CASE WHEN x.step_ts < s.e THEN s.step END AS step,
              x.clipped, x.clipped_ns
       FROM clipped x ASOF LEFT JOIN steps s ON x.step_ts >= s.ts
-      ORDER BY x.track_kind, x.device, x.track, x.ts_ns
     ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd)
     """
 
