@@ -166,7 +166,7 @@ def rows_for(con, link: str | None) -> list[dict]:
     calls = defaultdict(list)
     for run_id, rank, step, op, size, k in con.execute(
         "SELECT c.run_id, c.rank, e.step, c.op, c.size_bytes, c.group_size FROM collectives c "
-        "JOIN events e USING (run_id, rank, event_id) WHERE e.step IS NOT NULL AND c.op IS NOT NULL"
+        "JOIN events e USING (run_id, rank, event_id) WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL"
     ).fetchall():
         calls[(run_id, rank, step)].append((op, size, k))
     out = []

@@ -25,7 +25,8 @@ CREATE OR REPLACE VIEW compute_islands AS SELECT * FROM merge_intervals('_comput
 CREATE OR REPLACE VIEW overlap_islands AS SELECT * FROM intersect_islands('comm_islands', 'compute_islands');
 
 -- overlap_windows: one row per (run_id, rank, grp) with any comm or compute, plus a whole-trace
--- row for every rank.
+-- row for every rank. A table, computed once per connection (the views below and the report
+-- read it several times).
 --
 -- run_id          VARCHAR  run
 -- rank            INTEGER  global rank
@@ -35,7 +36,7 @@ CREATE OR REPLACE VIEW overlap_islands AS SELECT * FROM intersect_islands('comm_
 -- overlap_ns      BIGINT   |comm ∩ compute|, ns
 -- exposed_comm_ns BIGINT   comm − overlap, ns
 -- overlap_ratio   DOUBLE   overlap / comm; NULL when comm = 0
-CREATE OR REPLACE VIEW overlap_windows AS
+CREATE OR REPLACE TABLE overlap_windows AS
 WITH keys AS (
     SELECT run_id, rank, grp FROM comm_islands
     UNION SELECT run_id, rank, grp FROM compute_islands
