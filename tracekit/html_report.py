@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tracekit.errors import BadInputError
 from tracekit.store import Store
 
 VERDICT_COLORS = {
@@ -975,9 +976,12 @@ def write_html_report(
         from tracekit.model import link_from_preset
 
         link_from_preset(link)  # a bad name fails here, with the list of presets
-    page = render_html(html_data(store, run_id, link=link, presets=presets, steps=steps, report=report))
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        raise BadInputError(f"{out}: is a directory; give the HTML file's name")
+    if not out.parent.is_dir():
+        raise BadInputError(f"{out}: its folder {out.parent} does not exist")
+    page = render_html(html_data(store, run_id, link=link, presets=presets, steps=steps, report=report))
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -274,6 +274,33 @@ class Store:
         return None
 
 
+OWNER_FILE = ".owner-pid"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_abandoned(root: Path) -> None:
+    """Delete staging directories left by writers that died (killed mid-ingest): their owner pid
+    is gone. Directories of live writers (concurrent ingests) are left alone."""
+    for d in root.iterdir():
+        if not d.is_dir():
+            continue
+        try:
+            pid = int((d / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue  # being created right now, or not ours
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class Staging:
     """A staging directory for one run, renamed into the store on :meth:`commit`.
 
@@ -288,9 +315,14 @@ class Staging:
     def __enter__(self) -> "Staging":
         self._created_store = not self.store.path.exists()
         root = self.store.path / ".staging"
-        root.mkdir(parents=True, exist_ok=True)
-        self.dir = root / uuid.uuid4().hex
-        self.dir.mkdir()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            _remove_abandoned(root)
+            self.dir = root / uuid.uuid4().hex
+            self.dir.mkdir()
+            (self.dir / OWNER_FILE).write_text(f"{os.getpid()}\n")
+        except OSError as exc:
+            raise StoreError(f"{self.store.path}: cannot write to the store ({exc.strerror or exc})") from None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -316,7 +348,11 @@ class Staging:
         """
         assert self.dir is not None
         dest = self.store.run_dir(run_id)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.store.path}: cannot write to the store ({exc.strerror or exc})") from None
+        (self.dir / OWNER_FILE).unlink(missing_ok=True)
         old = None
         if dest.exists():
             if not replace:

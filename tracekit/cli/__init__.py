@@ -29,7 +29,11 @@ from tracekit.cli import commands as _commands  # noqa: E402,F401  (registers th
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (0 ok, 2 bad input/usage, 1 internal)."""
     try:
-        app(args=argv, prog_name="tracekit", standalone_mode=False)
+        rv = app(args=argv, prog_name="tracekit", standalone_mode=False)
+        if isinstance(rv, int) and rv != 0:  # typer turns Ctrl-C into a return value of 130
+            if rv == 130:
+                print("tracekit: interrupted", file=sys.stderr)
+            return rv
     except TracekitError as exc:
         print(f"tracekit: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -62,15 +66,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _click_kinds():
-    import click
+    """Usage-error and abort classes of whichever click typer uses (its vendored copy in typer >= 0.29)."""
+    kinds: list = []
+    aborts: list = [typer.Abort]
+    try:
+        import click
 
-    kinds = [click.ClickException]
-    aborts = [click.exceptions.Abort, typer.Abort]
-    try:  # typer >= 0.29 vendors its own click
+        kinds.append(click.ClickException)
+        aborts.append(click.exceptions.Abort)
+    except ImportError:  # typer >= 0.29 no longer installs click
+        pass
+    try:
         from typer._click import exceptions as tce
 
         kinds.append(tce.ClickException)
-    except ImportError:  # pragma: no cover
+    except ImportError:  # pragma: no cover - older typer
         pass
     return tuple(kinds), tuple(aborts)
 

@@ -24,10 +24,26 @@ app.add_typer(_predict.app, name="predict")
 StoreOpt = typer.Option(None, "--store", help="Store directory (default: $TRACEKIT_STORE or ./tracekit-store).")
 
 
-def _store(path: Optional[Path]):
+def _store(path: Optional[Path], must_exist: bool = False):
+    from tracekit.errors import StoreError
     from tracekit.store import Store
 
-    return Store(path)
+    st = Store(path)
+    if must_exist and not st.path.is_dir():
+        raise StoreError(f"{st.path}: no store here (run `tracekit ingest` or `tracekit collect` first, or pass --store)")
+    return st
+
+
+def _print_rank_warnings(st, rid: str) -> None:
+    """The run's per-rank warnings on stderr (quarantined events, clipped kernels, no events...)."""
+    import pyarrow.parquet as pq
+
+    f = st.run_dir(rid) / "ranks.parquet"
+    if not f.exists():
+        return
+    for row in pq.read_table(f, columns=["rank", "warnings"]).to_pylist():
+        for w in row["warnings"] or []:
+            typer.echo(f"tracekit: warning: rank {row['rank']}: {w}", err=True)
 
 
 @app.command()
@@ -48,6 +64,10 @@ def ingest(
     from tracekit.ingest import ingest_paths
     from tracekit.progress import terminal_progress
 
+    from tracekit.errors import BadInputError
+
+    if jobs is not None and jobs < 1:
+        raise BadInputError(f"--jobs must be at least 1, got {jobs}")
     st = _store(store)
     with terminal_progress() as progress:
         rid = ingest_paths(
@@ -55,6 +75,7 @@ def ingest(
             comm_patterns=comm_pattern, jobs=jobs, align=align, progress=progress,
         )
     typer.echo(f"run {rid} in {st.path}")
+    _print_rank_warnings(st, rid)
     if analyze:
         from tracekit.report import build_report, print_report
 
@@ -91,7 +112,7 @@ def runs(
     """List the runs in the store."""
     import json
 
-    st = _store(store)
+    st = _store(store, must_exist=True)
     con = st.connect(analyses=False)
     cur = con.execute(
         "SELECT r.run_id, r.created_at, r.workload, r.source, r.backend, r.world_size, "
@@ -127,7 +148,18 @@ def sql(
 
     from tracekit.errors import BadInputError
 
-    con = _store(store).connect()
+    if not query.strip():
+        raise BadInputError("empty SQL query")
+    con = _store(store, must_exist=True).connect()
+    try:
+        statements = con.extract_statements(query)
+    except duckdb.Error as exc:
+        raise BadInputError(f"SQL error: {str(exc).splitlines()[0]}") from None
+    if len(statements) != 1:
+        raise BadInputError(f"give one SQL statement at a time (got {len(statements)})")
+    kind = statements[0].type
+    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+        raise BadInputError(f"tracekit sql only reads: SELECT or EXPLAIN, not {kind.name}")
     try:
         cur = con.execute(query)
     except duckdb.Error as exc:

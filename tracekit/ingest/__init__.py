@@ -44,16 +44,31 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
         if not p.exists():
             raise FileError(p, "no such file or directory")
         if p.is_dir():
-            found = sorted(
-                q for q in p.iterdir() if q.is_file() and q.name.endswith(KINETO_SUFFIXES + (".sqlite", ".log", ".txt"))
-            )
-            found = [q for q in found if not q.name.endswith(("run_config.json",))]
+            try:
+                entries = sorted(q for q in p.iterdir() if q.is_file())
+            except OSError as exc:
+                raise FileError(p, f"cannot list the directory ({exc.strerror or exc})") from None
+            found = [q for q in entries if q.name.endswith(KINETO_SUFFIXES + (".sqlite",))
+                     and q.name != "run_config.json"]
+            found += [q for q in entries if q.name.endswith((".log", ".txt")) and _looks_like_nccl_tests(q)]
             if not found:
-                raise FileError(p, "directory holds no trace files (*.json, *.json.gz)")
-            out.extend(found)
+                raise FileError(p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, nccl-tests logs)")
+            out.extend(sorted(found))
+        elif not p.is_file():
+            raise FileError(p, "not a regular file")
         else:
             out.append(p)
     return out
+
+
+def _looks_like_nccl_tests(path: Path) -> bool:
+    """A .log/.txt in a directory is taken only when it looks like nccl-tests output."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8192)
+    except OSError:
+        return False
+    return b"nThread" in head or b"out-of-place" in head
 
 
 def _source_kind(path: Path) -> str:
@@ -70,7 +85,18 @@ def _source_kind(path: Path) -> str:
 
 
 def _read_one(args):
-    """Worker: read one rank file (Kineto JSON or Nsight Systems SQLite) into raw Parquet (runs in a subprocess)."""
+    """Worker: read one rank file (Kineto JSON or Nsight Systems SQLite) into raw Parquet (runs in a subprocess).
+
+    OS-level read errors (permissions, I/O) become FileError naming the file."""
+    try:
+        return _read_one_unchecked(args)
+    except RecursionError:
+        raise FileError(args[0], "JSON nested too deeply to read") from None
+    except OSError as exc:
+        raise FileError(args[0], f"cannot read it ({exc.strerror or exc})") from None
+
+
+def _read_one_unchecked(args):
     path, out, patterns, digest = args
     from tracekit.ingest.kineto import read_rank_file
 
@@ -141,7 +167,12 @@ def ingest_paths(
         raw_dir.mkdir()
         from tracekit.ingest.kineto import sha256_file
 
-        digests = [sha256_file(f) for f in files]
+        digests = []
+        for f in files:
+            try:
+                digests.append(sha256_file(f))
+            except OSError as exc:
+                raise FileError(f, f"cannot read it ({exc.strerror or exc})") from None
         existing = st.find_by_sha256(digests)
         if existing is not None and not replace and (run_id is None or run_id == existing):
             return existing
@@ -217,15 +248,36 @@ def _collector_config(paths) -> dict | None:
     return None
 
 
+MAX_RANKS = 1 << 20
+
+
 def _assign_ranks(results) -> list[int]:
-    """Rank of each file: distributedInfo.rank, else the file name, else 0 for a lone file."""
+    """Rank of each file: distributedInfo.rank, else the file name, else 0 for a lone file.
+
+    Raises FileError for a rank that is negative or not below its file's world size, files
+    that disagree on the world size, two files claiming one rank, or a file whose rank
+    cannot be told.
+    """
     ranks: list[int | None] = []
+    worlds: dict[int, Path] = {}
     for r in results:
         di = r.meta.get("distributedInfo") if isinstance(r.meta, dict) else None
         rk = di.get("rank") if isinstance(di, dict) else None
-        if not isinstance(rk, int):
+        ws = di.get("world_size") if isinstance(di, dict) else None
+        if type(rk) is not int:
             rk = rank_from_filename(r.path)
+        if rk is not None and not 0 <= rk < MAX_RANKS:
+            raise FileError(r.path, f"claims rank {rk}: a rank must be in 0..{MAX_RANKS - 1}")
+        if type(ws) is int:
+            if not 1 <= ws <= MAX_RANKS:
+                raise FileError(r.path, f"claims world_size {ws}: must be in 1..{MAX_RANKS}")
+            if rk is not None and rk >= ws:
+                raise FileError(r.path, f"claims rank {rk} of a world of {ws} ranks")
+            worlds.setdefault(ws, r.path)
         ranks.append(rk)
+    if len(worlds) > 1:
+        (w1, f1), (w2, f2) = sorted(worlds.items())[:2]
+        raise FileError(f2, f"claims world_size {w2}, while {f1} claims {w1}: not one run?")
     if len(results) == 1 and ranks[0] is None:
         results[0].warnings.append("no rank in the trace or its file name; taken as rank 0")
         ranks[0] = 0

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import SCHEMA_VERSION
+from tracekit.errors import FileError
 from tracekit.ingest.collectives import assign_seq, build_collectives
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
 
@@ -134,6 +135,8 @@ def finish_run(
         Path(raw).unlink(missing_ok=True)
     assign_seq(all_rows)
     mode = choose_alignment(align, hosts)
+    if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
+        _check_one_timeline(con, stage, results, ranks)
     offsets = estimate_offsets(all_rows, sorted(hosts), hosts, mode)
     for rr in rank_rows:
         off, err, note = offsets.get(rr["rank"], (0, 0, None))
@@ -230,6 +233,31 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> 
       FROM clipped x ASOF LEFT JOIN steps s ON x.step_ts >= s.ts
     ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd)
     """
+
+
+def _check_one_timeline(con, stage: Path, results, ranks) -> None:
+    """Ranks of one run on one clock were profiled over a common window: their spans must share
+    some time. Files of different runs (or days) fail here instead of giving absurd waits.
+
+    Raises FileError naming the rank file that starts after another one ended.
+    """
+    spans = []
+    for rf, rank in zip(results, ranks):
+        f = stage / "events" / f"rank={rank}.parquet"
+        lo, hi = con.execute(f"SELECT min(ts_ns), max(ts_ns + dur_ns) FROM read_parquet({_sql_str(f)})").fetchone()
+        if lo is not None:
+            spans.append((lo, hi, rf.path))
+    if len(spans) < 2:
+        return
+    late = max(spans, key=lambda t: t[0])
+    early = min(spans, key=lambda t: t[1])
+    if late[0] > early[1]:
+        gap_s = (late[0] - early[1]) / 1e9
+        raise FileError(
+            late[2],
+            f"starts {gap_s:,.3f} s after {Path(early[2]).name} ends: not the same run "
+            "(or clocks of different hosts: try --align collectives)",
+        )
 
 
 def _world_size(results, ranks) -> int:

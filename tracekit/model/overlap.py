@@ -115,6 +115,10 @@ def chunked_overlap(compute_s: float, comm_s: float, chunks: int, alpha_chunk_s:
     )
 
 
+MAX_CHUNK_SEARCH = 1_000_000
+"""best_chunks searches 1..max_chunks exhaustively; beyond this it refuses (BadInputError)."""
+
+
 def best_chunks(compute_s: float, comm_s: float, alpha_chunk_s: float, max_chunks: int = 4096) -> ChunkedOverlap:
     """The chunk count n in 1..max_chunks that minimises T(n) of :func:`chunked_overlap`.
 
@@ -127,6 +131,8 @@ def best_chunks(compute_s: float, comm_s: float, alpha_chunk_s: float, max_chunk
     a = _seconds(comm_s, "communication time")
     ac = _seconds(alpha_chunk_s, "per-chunk α")
     top = _count(max_chunks, "max chunk count")
+    if top > MAX_CHUNK_SEARCH:
+        raise BadInputError(f"max chunk count {top:,} is too large: at most {MAX_CHUNK_SEARCH:,} are searched")
     best_n, best_t = 1, _chunked_time(c, a, 1, ac)
     for n in range(2, top + 1):
         t = _chunked_time(c, a, n, ac)
