@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Iterable
@@ -124,6 +125,7 @@ TABLES = {
 }
 
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)
+ANALYSIS_MEMORY_LIMIT = "512MB"
 
 
 def default_store_path() -> Path:
@@ -208,6 +210,9 @@ class Store:
 
         con = duckdb.connect(database=":memory:")
         con.execute("SET preserve_insertion_order = false")
+        # Bounded memory for analyses of big runs: DuckDB spills to a temporary folder beyond this.
+        con.execute(f"SET memory_limit = '{ANALYSIS_MEMORY_LIMIT}'")
+        con.execute("SET temp_directory = ?", [str(Path(tempfile.gettempdir()) / "tracekit-duckdb")])
         ids = self.run_ids() if run_ids is None else [check_run_id(r) for r in run_ids]
         for table, (pattern, schema) in TABLES.items():
             files = []

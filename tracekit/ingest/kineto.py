@@ -439,8 +439,9 @@ def _chunk_batch(chunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
         elif cpu_comm and name.startswith("gloo:"):
             is_comm[i] = True
         if is_comm[i] or cpu_comm:
-            row = {f: getattr(args, f) for f in META_FIELDS}
-            if row["input_dims"] is None:
+            # only the fields present: these rows are kept for the whole file
+            row = {f: v for f in META_FIELDS if (v := getattr(args, f)) is not None}
+            if "input_dims" not in row and args.input_dims_lc is not None:
                 row["input_dims"] = args.input_dims_lc
             row.update(event_id=int(ids[i]), name=name, category=cat, gpu=is_gpu, device=int(device[i]),
                        track=int(track[i]), ts_ns=int(ts_ns[i]), dur_ns=int(dur_ns[i]), correlation=corr[i])

@@ -171,7 +171,7 @@ def finish_run(
         pass
 
 
-LINK_MEMORY_LIMIT = "512MB"
+LINK_MEMORY_LIMIT = "256MB"
 """DuckDB's memory budget for the link pass (it spills beyond it)."""
 
 CLIP_TOLERANCE_NS = 100
