@@ -193,6 +193,9 @@ def _finish(proc: subprocess.Popen, what: str) -> dict[int, float | None]:
 def hta_python():
     if not HTA_PY.exists():
         pytest.skip(f"HTA environment {HTA_PY.parent.parent} is absent (make it with: bash benchmarks/setup_hta.sh)")
+    probe = subprocess.run([str(HTA_PY), "-c", "import hta.trace_analysis"], capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"HTA environment {HTA_PY.parent.parent} is incomplete (re-run bash benchmarks/setup_hta.sh)")
     return HTA_PY
 
 
