@@ -93,6 +93,89 @@ def resolve_backend(backend: str, ranks: int) -> str:
     return backend
 
 
+def validate_run_options(backend: str, timeout_s: float, fault: str | None = None, faults: tuple = (None,)) -> None:
+    """The checks every built-in workload's config ends with: backend, fault, timeout."""
+    if backend not in BACKENDS:
+        raise BadInputError(f"unknown backend {backend!r} (choose one of {', '.join(BACKENDS)})")
+    if fault not in faults:
+        raise BadInputError(f"unknown fault {fault!r}")
+    if timeout_s <= 0:
+        raise BadInputError(f"timeout_s must be positive, got {timeout_s}")
+
+
+def active_steps(wait: int, warmup: int, active: int) -> list[int]:
+    """ProfilerStep#N numbering: the step indices (0-based) inside the active window."""
+    first_active = wait + warmup
+    return list(range(first_active, first_active + active))
+
+
+def config_options(cfg, exclude: tuple[str, ...] = ("out", "timeout_s", "fault")) -> dict[str, Any]:
+    """A workload config's fields for its run_config.json, less `exclude`."""
+    import dataclasses
+
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in exclude}
+
+
+def run_config_base(
+    info: dict[str, Any], results: list[dict[str, Any]], backend: str, wait: int, warmup: int, active: int
+) -> dict[str, Any]:
+    """The versions/host fields and the torch ``profiler`` block of a built-in
+    workload's run_config.json (in this key order)."""
+    return {
+        "torch_version": info["torch_version"],
+        "nccl_version": info.get("nccl_version"),
+        "python_version": info["python_version"],
+        "platform": info["platform"],
+        "device_name": info["device_name"],
+        "hostname": info["hostname"],
+        "cpu_count": info["cpu_count"],
+        "threads_per_rank": results[0]["threads"] if results else None,
+        "profiler": {
+            "wait": wait,
+            "warmup": warmup,
+            "active": active,
+            "repeat": 1,
+            "record_shapes": True,
+            "activities": ["CPU", "CUDA"] if backend == "nccl" else ["CPU"],
+            "active_steps": active_steps(wait, warmup, active),
+        },
+    }
+
+
+def step_medians(per_rank_steps: list[list[float]], active: list[int]) -> dict[str, float | None]:
+    """``median_step_s`` (all ranks, every step but the first, cold one) and
+    ``median_active_step_s`` (all ranks, the steps in `active`)."""
+    import statistics
+
+    after_first = [s for r in per_rank_steps for s in r[1:]]
+    in_active = [s for r in per_rank_steps for i, s in enumerate(r) if i in active]
+    return {
+        "median_step_s": round(statistics.median(after_first), 6) if after_first else None,
+        "median_active_step_s": round(statistics.median(in_active), 6) if in_active else None,
+    }
+
+
+def timed_launch(
+    rank_fn: Callable, cfg, backend: str, run_dir: Path, on_progress=None, **launch_kw
+) -> tuple[list[dict[str, Any]], float, _dt.datetime]:
+    """:func:`launch` `rank_fn` on ``cfg.ranks`` ranks (``cfg.timeout_s``);
+    returns (results, job wall seconds, the local start time)."""
+    created = _dt.datetime.now(_dt.timezone.utc).astimezone()
+    t0 = time.perf_counter()
+    results = launch(rank_fn, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress, **launch_kw)
+    return results, time.perf_counter() - t0, created
+
+
+def write_json(path: Path, doc: dict[str, Any], indent: int = 2) -> Path:
+    """Write `doc` to `path` atomically (a temporary file, then a rename)."""
+    import json
+
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=indent) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def validate_ranks(ranks: int) -> None:
     if not isinstance(ranks, int) or ranks < 1 or ranks > MAX_RANKS:
         raise BadInputError(f"ranks must be between 1 and {MAX_RANKS}, got {ranks}")

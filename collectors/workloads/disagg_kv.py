@@ -85,7 +85,6 @@ from collectors.workloads.pp import (
     lm_head,
     positive,
     rel_error,
-    write_json,
 )
 from collectors.workloads.tp import DTYPES, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
@@ -156,12 +155,7 @@ class KVConfig:
         if isinstance(c.ffn, bool) or not isinstance(c.ffn, int) or c.ffn < 0:
             raise BadInputError(f"ffn must be a non-negative integer (0: no MLP), got {c.ffn}")
         c.steps = _launch.validate_schedule(c.wait, c.warmup, c.active, c.steps)
-        if c.backend not in _launch.BACKENDS:
-            raise BadInputError(f"unknown backend {c.backend!r} (choose one of {', '.join(_launch.BACKENDS)})")
-        if c.fault not in (None, "corrupt_kv", "raise"):
-            raise BadInputError(f"unknown fault {c.fault!r}")
-        if c.timeout_s <= 0:
-            raise BadInputError(f"timeout_s must be positive, got {c.timeout_s}")
+        _launch.validate_run_options(c.backend, c.timeout_s, c.fault, (None, "corrupt_kv", "raise"))
         return c
 
     @property
@@ -445,11 +439,8 @@ def run_disagg_kv(config: KVConfig, on_progress: Callable[[str], None] | None = 
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "disagg_kv")
-    created = _dt.datetime.now(_dt.timezone.utc).astimezone()
-    t0 = time.perf_counter()
-    results = _launch.launch(_kv_rank, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress)
-    wall = time.perf_counter() - t0
-    write_json(run_dir / "run_config.json", build_run_config(run_dir.name, cfg, backend, info, results, wall, created))
+    results, wall, created = _launch.timed_launch(_kv_rank, cfg, backend, run_dir, on_progress)
+    _launch.write_json(run_dir / "run_config.json", build_run_config(run_dir.name, cfg, backend, info, results, wall, created))
     return run_dir
 
 
@@ -459,9 +450,7 @@ def _median(values) -> float | None:
 
 def build_run_config(run_id, cfg: KVConfig, backend, info, results, wall_s, created) -> dict[str, Any]:
     """The run_config.json document (see fixtures/kv_bulk_2rank/NOTE.md)."""
-    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("out", "timeout_s", "fault")}
-    first_active = cfg.wait + cfg.warmup
-    active_steps = list(range(first_active, first_active + cfg.active))
+    options = _launch.config_options(cfg)
     L = cfg.layers
 
     def steady(values: list) -> list:  # the steps after the first (cold) one
@@ -492,23 +481,7 @@ def build_run_config(run_id, cfg: KVConfig, backend, info, results, wall_s, crea
         "dtype_bytes": cfg.dtype_bytes,
         "pairs": [list(p) for p in cfg.pairs],
         "role_of_rank": [r["role"] for r in results],
-        "torch_version": info["torch_version"],
-        "nccl_version": info.get("nccl_version"),
-        "python_version": info["python_version"],
-        "platform": info["platform"],
-        "device_name": info["device_name"],
-        "hostname": info["hostname"],
-        "cpu_count": info["cpu_count"],
-        "threads_per_rank": results[0]["threads"] if results else None,
-        "profiler": {
-            "wait": cfg.wait,
-            "warmup": cfg.warmup,
-            "active": cfg.active,
-            "repeat": 1,
-            "record_shapes": True,
-            "activities": ["CPU", "CUDA"] if backend == "nccl" else ["CPU"],
-            "active_steps": active_steps,
-        },
+        **_launch.run_config_base(info, results, backend, cfg.wait, cfg.warmup, cfg.active),
         "kv": {
             "bytes_per_layer": cfg.kv_bytes_per_layer,
             "bytes_per_layer_formula": "2 x batch x prompt_len x kv_heads x head_dim x dtype_bytes",

@@ -61,9 +61,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import functools
-import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,12 +159,7 @@ class EPConfig:
         if c.two_batch_overlap and c.batch < 2:
             raise BadInputError(f"two-batch overlap splits the batch in two halves: batch must be >= 2, got {c.batch}")
         c.steps = _launch.validate_schedule(c.wait, c.warmup, c.active, c.steps)
-        if c.backend not in _launch.BACKENDS:
-            raise BadInputError(f"unknown backend {c.backend!r} (choose one of {', '.join(_launch.BACKENDS)})")
-        if c.fault not in (None, "corrupt_expert", "raise"):
-            raise BadInputError(f"unknown fault {c.fault!r}")
-        if c.timeout_s <= 0:
-            raise BadInputError(f"timeout_s must be positive, got {c.timeout_s}")
+        _launch.validate_run_options(c.backend, c.timeout_s, c.fault, (None, "corrupt_expert", "raise"))
         return c
 
     @property
@@ -591,17 +584,9 @@ def run_ep(config: EPConfig, on_progress: Callable[[str], None] | None = None) -
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "ep")
-    created = _dt.datetime.now(_dt.timezone.utc).astimezone()
-    t0 = time.perf_counter()
-    results = _launch.launch(
-        _ep_rank, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress
-    )
-    wall = time.perf_counter() - t0
+    results, wall, created = _launch.timed_launch(_ep_rank, cfg, backend, run_dir, on_progress)
     doc = build_run_config(run_dir.name, cfg, backend, info, results, wall, created)
-    path = run_dir / "run_config.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+    _launch.write_json(run_dir / "run_config.json", doc, indent=1)
     return run_dir
 
 
@@ -644,11 +629,8 @@ def build_run_config(
     created: _dt.datetime,
 ) -> dict[str, Any]:
     """The run_config.json document (see fixtures/ep_2rank/NOTE.md)."""
-    import statistics
-
-    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("out", "timeout_s", "fault")}
-    first_active = cfg.wait + cfg.warmup
-    active_steps = list(range(first_active, first_active + cfg.active))
+    options = _launch.config_options(cfg)
+    active_steps = _launch.active_steps(cfg.wait, cfg.warmup, cfg.active)
     R, E, El = cfg.ranks, cfg.experts, cfg.experts_per_rank
     per_step = []  # one entry per (step, layer, micro-batch), every rank's splits
     expert_tokens = [[0] * E for _ in range(cfg.layers)]  # over the active steps, all ranks
@@ -670,8 +652,6 @@ def build_run_config(
     others = totals[1:]
     skew_measured = (totals[0] / (sum(others) / len(others))) if others and sum(others) else None
     per_rank_steps = [r["step_s"] for r in results]
-    after_first = [s for r in per_rank_steps for s in r[1:]]
-    active = [s for r in per_rank_steps for i, s in enumerate(r) if i in active_steps]
     return {
         "workload": "ep",
         "run_id": run_id,
@@ -685,23 +665,7 @@ def build_run_config(
         "microbatches": cfg.microbatches,
         "microbatch_batch_rows": cfg.microbatch_sizes(),
         "router_bias": skew_bias(E, cfg.top_k, cfg.skew),
-        "torch_version": info["torch_version"],
-        "nccl_version": info.get("nccl_version"),
-        "python_version": info["python_version"],
-        "platform": info["platform"],
-        "device_name": info["device_name"],
-        "hostname": info["hostname"],
-        "cpu_count": info["cpu_count"],
-        "threads_per_rank": results[0]["threads"] if results else None,
-        "profiler": {
-            "wait": cfg.wait,
-            "warmup": cfg.warmup,
-            "active": cfg.active,
-            "repeat": 1,
-            "record_shapes": True,
-            "activities": ["CPU", "CUDA"] if backend == "nccl" else ["CPU"],
-            "active_steps": active_steps,
-        },
+        **_launch.run_config_base(info, results, backend, cfg.wait, cfg.warmup, cfg.active),
         "expected": expected_counts(cfg),
         "measured": {
             "note": "splits are row counts (one row = one (token, slot) assignment = hidden × dtype_bytes bytes); "
@@ -728,8 +692,7 @@ def build_run_config(
             "job_wall_s": round(wall_s, 3),
             "clock": "time.perf_counter around each forward step, per rank; warmup/active steps include profiler overhead",
             "step_wall_s": [[round(s, 6) for s in r] for r in per_rank_steps],
-            "median_step_s": round(statistics.median(after_first), 6) if after_first else None,
-            "median_active_step_s": round(statistics.median(active), 6) if active else None,
+            **_launch.step_medians(per_rank_steps, active_steps),
         },
         "traces": [r["trace"] for r in results],
     }

@@ -62,9 +62,6 @@ for the disagg-kv workload.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import json
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -290,12 +287,7 @@ class PPConfig:
         if isinstance(c.ffn, bool) or not isinstance(c.ffn, int) or c.ffn < 0:
             raise BadInputError(f"ffn must be a non-negative integer (0: no MLP), got {c.ffn}")
         c.steps = _launch.validate_schedule(c.wait, c.warmup, c.active, c.steps)
-        if c.backend not in _launch.BACKENDS:
-            raise BadInputError(f"unknown backend {c.backend!r} (choose one of {', '.join(_launch.BACKENDS)})")
-        if c.fault not in (None, "corrupt_activation", "raise"):
-            raise BadInputError(f"unknown fault {c.fault!r}")
-        if c.timeout_s <= 0:
-            raise BadInputError(f"timeout_s must be positive, got {c.timeout_s}")
+        _launch.validate_run_options(c.backend, c.timeout_s, c.fault, (None, "corrupt_activation", "raise"))
         return c
 
     # ---- derived sizes
@@ -935,12 +927,9 @@ def run_pp(config: PPConfig, on_progress: Callable[[str], None] | None = None) -
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "pp")
-    created = _dt.datetime.now(_dt.timezone.utc).astimezone()
-    t0 = time.perf_counter()
-    results = _launch.launch(_pp_rank, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress)
-    wall = time.perf_counter() - t0
+    results, wall, created = _launch.timed_launch(_pp_rank, cfg, backend, run_dir, on_progress)
     doc = build_run_config(run_dir.name, cfg, backend, info, results, wall, created)
-    write_json(run_dir / "run_config.json", doc)
+    _launch.write_json(run_dir / "run_config.json", doc)
     return run_dir
 
 
@@ -963,9 +952,8 @@ def expected_messages(cfg: PPConfig) -> list[dict[str, Any]]:
 
 def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, created) -> dict[str, Any]:
     """The run_config.json document (see fixtures/pp_2rank/NOTE.md)."""
-    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("out", "timeout_s", "fault")}
-    first_active = cfg.wait + cfg.warmup
-    active_steps = list(range(first_active, first_active + cfg.active))
+    options = _launch.config_options(cfg)
+    active_steps = _launch.active_steps(cfg.wait, cfg.warmup, cfg.active)
     msgs = expected_messages(cfg)
     p, M = cfg.stages, cfg.microbatches
     sends_by_rank = [sum(m["count_per_step"] for m in msgs if m["src"] == r) for r in range(p)]
@@ -997,8 +985,6 @@ def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, crea
             row[f"{op}_per_microbatch_s"] = round(statistics.median(vals), 6)
             row[f"{op}_actions"] = len(vals)
         compute.append(row)
-    after_first = [s for r in results for s in r["step_s"][1:]]
-    active = [s for r in results for i, s in enumerate(r["step_s"]) if i in active_steps]
     return {
         "workload": "pp",
         "run_id": run_id,
@@ -1011,23 +997,7 @@ def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, crea
         "layers_per_stage": cfg.layers_per_stage,
         "head_dim": cfg.hidden // cfg.heads,
         "stage_of_rank": list(range(cfg.ranks)),
-        "torch_version": info["torch_version"],
-        "nccl_version": info.get("nccl_version"),
-        "python_version": info["python_version"],
-        "platform": info["platform"],
-        "device_name": info["device_name"],
-        "hostname": info["hostname"],
-        "cpu_count": info["cpu_count"],
-        "threads_per_rank": results[0]["threads"] if results else None,
-        "profiler": {
-            "wait": cfg.wait,
-            "warmup": cfg.warmup,
-            "active": cfg.active,
-            "repeat": 1,
-            "record_shapes": True,
-            "activities": ["CPU", "CUDA"] if backend == "nccl" else ["CPU"],
-            "active_steps": active_steps,
-        },
+        **_launch.run_config_base(info, results, backend, cfg.wait, cfg.warmup, cfg.active),
         "model": {
             "pipeline": "gpipe bubble fraction (p-1)/(M+p-1)" if cfg.mode == "train" else "decode token interval >= p*s + (p-1)*x",
             "bubble_fraction_ideal": (p - 1) / (M + p - 1) if cfg.mode == "train" else None,
@@ -1051,8 +1021,7 @@ def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, crea
             "job_wall_s": round(wall_s, 3),
             "clock": "time.perf_counter per rank; warmup/active steps include profiler overhead",
             "step_wall_s": [[round(s, 6) for s in r["step_s"]] for r in results],
-            "median_step_s": round(statistics.median(after_first), 6) if after_first else None,
-            "median_active_step_s": round(statistics.median(active), 6) if active else None,
+            **_launch.step_medians([r["step_s"] for r in results], active_steps),
             # median compute time of one action (one micro-batch through this stage), all steps
             "stage_compute_s": compute,
         },
@@ -1065,10 +1034,3 @@ def _program_summary(cfg: PPConfig, stage: int):
     if cfg.mode == "train":
         return " ".join(f"{a.op[0].upper()}{a.mb}" for a in prog)
     return len(prog)
-
-
-def write_json(path: Path, doc: dict[str, Any]) -> Path:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path

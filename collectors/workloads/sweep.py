@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
-import os
 import re
 import statistics
 import time
@@ -163,10 +161,7 @@ class SweepConfig:
             raise BadInputError(f"iters must be at least 1, got {c.iters}")
         if not isinstance(c.warmup_iters, int) or c.warmup_iters < 0:
             raise BadInputError(f"warmup-iters must be >= 0, got {c.warmup_iters}")
-        if c.backend not in _launch.BACKENDS:
-            raise BadInputError(f"unknown backend {c.backend!r} (choose one of {', '.join(_launch.BACKENDS)})")
-        if c.timeout_s <= 0:
-            raise BadInputError(f"timeout_s must be positive, got {c.timeout_s}")
+        _launch.validate_run_options(c.backend, c.timeout_s)
         c.sizes = sweep_sizes(c.min_bytes, c.max_bytes, c.factor, c.ranks)
         return c
 
@@ -372,17 +367,9 @@ def run_sweep(config: SweepConfig, on_progress: Callable[[str], None] | None = N
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "sweep")
-    created = _dt.datetime.now(_dt.timezone.utc).astimezone()
-    t0 = time.perf_counter()
-    results = _launch.launch(
-        _sweep_rank, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress
-    )
-    wall = time.perf_counter() - t0
+    results, wall, created = _launch.timed_launch(_sweep_rank, cfg, backend, run_dir, on_progress)
     doc = build_run_config(run_dir.name, cfg, backend, info, results, wall, created)
-    path = run_dir / "run_config.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    _launch.write_json(run_dir / "run_config.json", doc)
     return run_dir
 
 
@@ -397,6 +384,11 @@ def build_run_config(
 ) -> dict[str, Any]:
     """The run_config.json document of a sweep run."""
     blocks = cfg.blocks
+    base = _launch.run_config_base(info, results, backend, 0, 1, len(blocks))
+    base["profiler"]["note"] = (
+        "step 0 (all warm-up calls) is the profiler's warm-up step and is not in the trace; "
+        "step i >= 1 is blocks[i-1]: a barrier, then iters calls inside record_function sweep.<op>.<S>B"
+    )
     per_block = []
     for i, (op, size) in enumerate(blocks):
         times = [r["block_s"][i] for r in results if r["block_s"][i] is not None]
@@ -435,25 +427,7 @@ def build_run_config(
             "send_recv": "send/recv (blocking), even rank r -> r+1",
         },
         "blocks": [[op, size] for op, size in blocks],
-        "torch_version": info["torch_version"],
-        "nccl_version": info.get("nccl_version"),
-        "python_version": info["python_version"],
-        "platform": info["platform"],
-        "device_name": info["device_name"],
-        "hostname": info["hostname"],
-        "cpu_count": info["cpu_count"],
-        "threads_per_rank": results[0]["threads"] if results else None,
-        "profiler": {
-            "wait": 0,
-            "warmup": 1,
-            "active": len(blocks),
-            "repeat": 1,
-            "record_shapes": True,
-            "activities": ["CPU", "CUDA"] if backend == "nccl" else ["CPU"],
-            "active_steps": list(range(1, len(blocks) + 1)),
-            "note": "step 0 (all warm-up calls) is the profiler's warm-up step and is not in the trace; "
-            "step i >= 1 is blocks[i-1]: a barrier, then iters calls inside record_function sweep.<op>.<S>B",
-        },
+        **base,
         "expected": {
             "calls_per_rank": [expected_calls(cfg, r, cfg.ranks) for r in range(cfg.ranks)],
             "calls_per_op_per_rank": len(cfg.sizes) * cfg.iters,

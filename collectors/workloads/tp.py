@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -545,12 +543,7 @@ def run_tp(config: TPConfig, on_progress: Callable[[str], None] | None = None) -
 
         launch_kw["rank_prefix"] = nsys_prefix
         info = {**info, "nsys": nsys, "nsys_command": nsys_command(nsys, "rank{r}", capture_range=capture)}
-    created = _dt.datetime.now(_dt.timezone.utc).astimezone()
-    t0 = time.perf_counter()
-    results = _launch.launch(
-        _tp_rank, cfg.ranks, backend, run_dir, cfg, timeout_s=cfg.timeout_s, on_progress=on_progress, **launch_kw
-    )
-    wall = time.perf_counter() - t0
+    results, wall, created = _launch.timed_launch(_tp_rank, cfg, backend, run_dir, on_progress, **launch_kw)
     if cfg.profiler == "nsys":
         for r in results:
             f = run_dir / r["trace"]
@@ -574,16 +567,9 @@ def build_run_config(
     created: _dt.datetime,
 ) -> dict[str, Any]:
     """The run_config.json document (see the README of fixtures/tp_2rank)."""
-    import statistics
-
-    options = {
-        f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("out", "timeout_s", "fault", "profiler")
-    }
-    first_active = cfg.wait + cfg.warmup
-    active_steps = list(range(first_active, first_active + cfg.active))
+    options = _launch.config_options(cfg, exclude=("out", "timeout_s", "fault", "profiler"))
+    active_steps = _launch.active_steps(cfg.wait, cfg.warmup, cfg.active)
     per_rank_steps = [r["step_s"] for r in results]
-    after_first = [s for r in per_rank_steps for s in r[1:]]
-    active = [s for r in per_rank_steps for i, s in enumerate(r) if i in active_steps]
     doc = {
         "workload": "tp",
         "run_id": run_id,
@@ -593,24 +579,7 @@ def build_run_config(
         "world_size": cfg.ranks,
         "backend": backend,
         "dtype_bytes": cfg.dtype_bytes,
-        "torch_version": info["torch_version"],
-        "nccl_version": info.get("nccl_version"),
-        "python_version": info["python_version"],
-        "platform": info["platform"],
-        "device_name": info["device_name"],
-        "hostname": info["hostname"],
-        "cpu_count": info["cpu_count"],
-        "threads_per_rank": results[0]["threads"] if results else None,
-        "profiler": {
-            "wait": cfg.wait,
-            "warmup": cfg.warmup,
-            "active": cfg.active,
-            "repeat": 1,
-            "record_shapes": True,
-            "activities": ["CPU", "CUDA"] if backend == "nccl" else ["CPU"],
-            # ProfilerStep#N numbering: step indices (0-based) inside the active window
-            "active_steps": active_steps,
-        },
+        **_launch.run_config_base(info, results, backend, cfg.wait, cfg.warmup, cfg.active),
         "expected": {
             # per call: with overlap_chunks N each block's all-reduce is N calls of 1/N the size
             "all_reduce_per_step": 2 * cfg.layers * cfg.overlap_chunks,
@@ -634,8 +603,7 @@ def build_run_config(
             "clock": "time.perf_counter around each forward step, per rank; warmup/active steps include profiler overhead",
             # median over all ranks and steps except the first (cold) step
             "step_wall_s": [[round(s, 6) for s in r] for r in per_rank_steps],
-            "median_step_s": round(statistics.median(after_first), 6) if after_first else None,
-            "median_active_step_s": round(statistics.median(active), 6) if active else None,
+            **_launch.step_medians(per_rank_steps, active_steps),
         },
         "traces": [r["trace"] for r in results],
     }
@@ -672,8 +640,4 @@ def _nsys_profiler_doc(cfg: TPConfig, backend: str, info: dict[str, Any], active
 
 def write_run_config(run_dir: Path, cfg, backend, info, results, wall_s, created) -> Path:
     doc = build_run_config(run_dir.name, cfg, backend, info, results, wall_s, created)
-    path = run_dir / "run_config.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return _launch.write_json(run_dir / "run_config.json", doc)
