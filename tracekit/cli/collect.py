@@ -8,7 +8,6 @@ Thin: the work is in ``collectors`` (``collectors.workloads.tp.run_tp``),
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -21,8 +20,9 @@ app = typer.Typer(
 )
 
 
-def default_store() -> str:
-    return os.environ.get("TRACEKIT_STORE") or "tracekit-store"
+OUT_HELP = "Folder that receives the run folder."
+STORE_HELP = "Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
+INGEST_HELP = "Ingest the traces and print the report."
 
 
 @app.command("tp")
@@ -50,11 +50,9 @@ def tp(
         help="torch (torch.profiler, Kineto JSON per rank) or nsys (each rank under `nsys profile`, "
         "rank{r}.sqlite; needs nsys on PATH).",
     ),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder."),
-    store: Optional[str] = typer.Option(
-        None, "--store", help="Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
-    ),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the traces and print the report."),
+    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
 ) -> None:
     """Megatron-style tensor-parallel transformer (two all-reduces per layer), profiled on every rank."""
     from collectors.workloads.tp import TPConfig, run_tp
@@ -83,28 +81,38 @@ def tp(
         from collectors.nsys import find_nsys
 
         find_nsys()  # no nsys on PATH: one clear line, exit 2, nothing created
-    store = store or default_store()
     title = (
         f"tp: {cfg.ranks} ranks, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
         f"seq {cfg.seq}, batch {cfg.batch}, {cfg.dtype}"
         + (f", {cfg.overlap_chunks} overlap chunks" if cfg.overlap_chunks > 1 else "")
         + (", under nsys" if cfg.profiler == "nsys" else "")
     )
-    run_dir = _run_with_status(lambda progress: run_tp(cfg, on_progress=progress), f"tp on {cfg.ranks} ranks")
-    config_dict = json.loads((run_dir / "run_config.json").read_text())
+    run_dir, config_dict = run_workload(lambda progress: run_tp(cfg, on_progress=progress), f"tp on {cfg.ranks} ranks")
     check = config_dict["tp_check"]
     print(
         f"{title}: {run_dir} (TP check passed, max abs error {check['max_abs_err']:.3g}; "
         f"job {config_dict['timing']['job_wall_s']:.1f} s)",
         file=sys.stderr,
     )
-    if not ingest:
-        return
+    if ingest:
+        ingest_and_report(run_dir, "tp", config_dict, store)
 
+
+def run_workload(job, title: str) -> tuple[Path, dict]:
+    """Run ``job(progress)`` (see :func:`_run_with_status`); return its run
+    folder and the run_config.json it wrote."""
+    run_dir = _run_with_status(job, title)
+    return run_dir, json.loads((run_dir / "run_config.json").read_text())
+
+
+def ingest_and_report(run_dir: Path, workload: str, config_dict: dict, store: Optional[str]) -> None:
+    """Ingest `run_dir` into `store` (default: the store's default path) and print the report."""
     from tracekit.ingest import ingest_paths
     from tracekit.report import build_report, print_report
+    from tracekit.store import default_store_path
 
-    run_id = ingest_paths([str(run_dir)], store=store, workload="tp", config=config_dict, run_id=run_dir.name)
+    store = store or str(default_store_path())
+    run_id = ingest_paths([str(run_dir)], store=store, workload=workload, config=config_dict, run_id=run_dir.name)
     print_report(build_report(store, run_id))
 
 

@@ -6,14 +6,13 @@ Registered on the ``collect`` sub-app (imported at the end of
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tracekit.cli.collect import _run_with_status, app, default_store
+from tracekit.cli.collect import INGEST_HELP, OUT_HELP, STORE_HELP, app, ingest_and_report, run_workload
 
 
 @app.command("ep")
@@ -40,11 +39,9 @@ def ep(
     warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
     active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder."),
-    store: Optional[str] = typer.Option(
-        None, "--store", help="Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
-    ),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the traces and print the report."),
+    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
 ) -> None:
     """Expert-parallel MoE layers (top-k router, sharded experts, all-to-all on the router's uneven splits), profiled."""
     from collectors.workloads.ep import EPConfig, run_ep
@@ -72,15 +69,13 @@ def ep(
         out=str(out),
     )
     cfg = config.resolved()  # bad options fail here, before anything starts
-    store = store or default_store()
     title = (
         f"ep: {cfg.ranks} ranks, {cfg.layers} layers, {cfg.experts} experts top-{cfg.top_k}, hidden {cfg.hidden}, "
         f"{cfg.tokens_per_rank} tokens/rank, skew {cfg.skew:g}"
         + (", two-batch overlap" if cfg.two_batch_overlap else "")
         + f", {cfg.dtype}"
     )
-    run_dir = _run_with_status(lambda progress: run_ep(cfg, on_progress=progress), f"ep on {cfg.ranks} ranks")
-    config_dict = json.loads((run_dir / "run_config.json").read_text())
+    run_dir, config_dict = run_workload(lambda progress: run_ep(cfg, on_progress=progress), f"ep on {cfg.ranks} ranks")
     check = config_dict["ep_check"]
     measured = config_dict["measured"]["skew_measured"]
     print(
@@ -91,11 +86,5 @@ def ep(
         f"job {config_dict['timing']['job_wall_s']:.1f} s)",
         file=sys.stderr,
     )
-    if not ingest:
-        return
-
-    from tracekit.ingest import ingest_paths
-    from tracekit.report import build_report, print_report
-
-    run_id = ingest_paths([str(run_dir)], store=store, workload="ep", config=config_dict, run_id=run_dir.name)
-    print_report(build_report(store, run_id))
+    if ingest:
+        ingest_and_report(run_dir, "ep", config_dict, store)

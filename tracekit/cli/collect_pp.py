@@ -8,27 +8,13 @@ Thin: the work is in ``collectors.workloads.pp`` / ``collectors.workloads.disagg
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tracekit.cli.collect import _run_with_status, app, default_store
-
-_OUT_HELP = "Folder that receives the run folder."
-_STORE_HELP = "Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
-_INGEST_HELP = "Ingest the traces and print the report."
-
-
-def _ingest_and_report(run_dir: Path, workload: str, config_dict: dict, store: Optional[str]) -> None:
-    from tracekit.ingest import ingest_paths
-    from tracekit.report import build_report, print_report
-
-    store = store or default_store()
-    run_id = ingest_paths([str(run_dir)], store=store, workload=workload, config=config_dict, run_id=run_dir.name)
-    print_report(build_report(store, run_id))
+from tracekit.cli.collect import INGEST_HELP, OUT_HELP, STORE_HELP, app, ingest_and_report, run_workload
 
 
 @app.command("pp")
@@ -53,9 +39,9 @@ def pp(
     warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
     active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=_OUT_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=_STORE_HELP),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=_INGEST_HELP),
+    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
 ) -> None:
     """Pipeline-parallel transformer: activations (and gradients) sent stage to stage with isend/irecv."""
     from collectors.workloads.pp import PPConfig, run_pp
@@ -71,8 +57,7 @@ def pp(
         + (f", {cfg.schedule}" if cfg.mode == "train" else f", {cfg.tokens} tokens")
         + f", {cfg.dtype}"
     )
-    run_dir = _run_with_status(lambda progress: run_pp(cfg, on_progress=progress), f"pp on {cfg.ranks} ranks")
-    config_dict = json.loads((run_dir / "run_config.json").read_text())
+    run_dir, config_dict = run_workload(lambda progress: run_pp(cfg, on_progress=progress), f"pp on {cfg.ranks} ranks")
     check = config_dict["pp_check"]
     print(
         f"{title}: {run_dir} (check passed, max relative error {check['max_rel_rms_err']:.3g}; "
@@ -80,7 +65,7 @@ def pp(
         file=sys.stderr,
     )
     if ingest:
-        _ingest_and_report(run_dir, "pp", config_dict, store)
+        ingest_and_report(run_dir, "pp", config_dict, store)
 
 
 @app.command("disagg-kv")
@@ -104,9 +89,9 @@ def disagg_kv(
     warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
     active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and prompts."),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=_OUT_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=_STORE_HELP),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=_INGEST_HELP),
+    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
 ) -> None:
     """Disaggregated prefill/decode: prefill ranks ship each layer's KV cache to decode ranks (bulk or layer-wise)."""
     from collectors.workloads.disagg_kv import KVConfig, run_disagg_kv
@@ -120,11 +105,12 @@ def disagg_kv(
         f"disagg-kv {cfg.mode}: {len(cfg.pairs)} prefill/decode pair(s), {cfg.layers} layers, "
         f"{cfg.kv_bytes_per_layer:,} KV bytes per layer, {cfg.dtype}"
     )
-    run_dir = _run_with_status(lambda progress: run_disagg_kv(cfg, on_progress=progress), f"disagg-kv on {cfg.ranks} ranks")
-    config_dict = json.loads((run_dir / "run_config.json").read_text())
+    run_dir, config_dict = run_workload(
+        lambda progress: run_disagg_kv(cfg, on_progress=progress), f"disagg-kv on {cfg.ranks} ranks"
+    )
     print(
         f"{title}: {run_dir} (decode check passed; job {config_dict['timing']['job_wall_s']:.1f} s)",
         file=sys.stderr,
     )
     if ingest:
-        _ingest_and_report(run_dir, "disagg_kv", config_dict, store)
+        ingest_and_report(run_dir, "disagg_kv", config_dict, store)

@@ -6,14 +6,13 @@ Registered on ``tracekit.cli.collect.app`` by an import at the end of that modul
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tracekit.cli.collect import _run_with_status, app, default_store
+from tracekit.cli.collect import INGEST_HELP, OUT_HELP, STORE_HELP, app, ingest_and_report, run_workload
 
 
 @app.command("sweep")
@@ -30,11 +29,9 @@ def sweep(
     factor: int = typer.Option(4, "--factor", help="Each size is the previous one times this (integer >= 2)."),
     iters: int = typer.Option(5, "--iters", help="Measured calls per (op, size)."),
     warmup_iters: int = typer.Option(2, "--warmup-iters", help="Warm-up calls per (op, size), not in the trace."),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help="Folder that receives the run folder."),
-    store: Optional[str] = typer.Option(
-        None, "--store", help="Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
-    ),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the traces and print the report."),
+    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
 ) -> None:
     """Calibration sweep: every op over sizes min..max (×factor), for the α–β fit.
 
@@ -49,20 +46,12 @@ def sweep(
         ranks=ranks, backend=backend, ops=ops, min_bytes=min_bytes, max_bytes=max_bytes, factor=factor,
         iters=iters, warmup_iters=warmup_iters, out=str(out),
     ).resolved()  # bad options fail here, before anything starts
-    store = store or default_store()
-    run_dir = _run_with_status(lambda progress: run_sweep(cfg, on_progress=progress), f"sweep on {cfg.ranks} ranks")
-    config_dict = json.loads((run_dir / "run_config.json").read_text())
+    run_dir, config_dict = run_workload(lambda progress: run_sweep(cfg, on_progress=progress), f"sweep on {cfg.ranks} ranks")
     print(
         f"sweep: {cfg.ranks} ranks, {', '.join(cfg.ops)}; {len(cfg.sizes)} sizes {cfg.sizes[0]:,}..{cfg.sizes[-1]:,} B, "
         f"{cfg.iters} calls each after {cfg.warmup_iters} warm-up: {run_dir} "
         f"(job {config_dict['timing']['job_wall_s']:.1f} s)",
         file=sys.stderr,
     )
-    if not ingest:
-        return
-
-    from tracekit.ingest import ingest_paths
-    from tracekit.report import build_report, print_report
-
-    run_id = ingest_paths([str(run_dir)], store=store, workload="sweep", config=config_dict, run_id=run_dir.name)
-    print_report(build_report(store, run_id))
+    if ingest:
+        ingest_and_report(run_dir, "sweep", config_dict, store)
