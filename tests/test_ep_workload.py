@@ -362,7 +362,7 @@ def _splits(text: str) -> list[int]:
 def a2a_calls(doc: dict) -> list[dict]:
     """The all-to-alls of a rank's active window, in call order, from the trace alone:
     each c10d::alltoall_base_ with its dims, splits, async flag and enclosing
-    layer range, paired (by order) with its gloo:all_to_all span."""
+    layer range, paired (by order and shape) with its gloo:all_to_all span."""
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
     main_tid = steps[0]["tid"]
@@ -374,8 +374,14 @@ def a2a_calls(doc: dict) -> list[dict]:
     gloo = sorted((e for e in win if e["name"] == "gloo:all_to_all"), key=lambda e: e["ts"])
     assert all(e["tid"] == main_tid for e in c10d) and all(e["tid"] != main_tid for e in gloo)
     assert len(c10d) == len(gloo)
+    # gloo's two worker threads can start spans out of issue order under load: pair each call
+    # with the first unpaired span (in time order) whose tensor shape is its input's
+    pairs, left = [], list(gloo)
+    for c in c10d:
+        j = next((i for i, g in enumerate(left[:4]) if g["args"]["Input Dims"][0] == c["args"]["Input Dims"][1]), 0)
+        pairs.append((c, left.pop(j)))
     calls = []
-    for c, g in zip(c10d, gloo):
+    for c, g in pairs:
         a = c["args"]
         inside = [r["name"] for r in ranges if r["ts"] <= c["ts"] and c["ts"] + c["dur"] <= r["ts"] + r["dur"]]
         assert len(inside) == 1, inside

@@ -97,3 +97,26 @@ def test_tp_chunks_counts(tmp_path, rel):
     assert con.execute("SELECT rank, count(*), max(size_bytes) FROM collectives GROUP BY rank ORDER BY rank").fetchall() == [
         (0, 32, 32768), (1, 32, 32768)
     ]
+
+
+def test_worker_spans_out_of_issue_order_pair_by_shape(tmp_path):
+    """Two async all-to-alls issued A (100 rows) then B (60 rows); gloo's second worker thread
+    starts B's span first. Pairing by order alone would swap them; by shape it does not."""
+    def c10d(ts, rows, in_splits):
+        return {"ph": "X", "cat": "cpu_op", "name": "c10d::alltoall_base_", "pid": 1, "tid": 1, "ts": ts, "dur": 2.0,
+                "args": {"Input Dims": [[rows, 8], [rows, 8], [], [], [], [], []],
+                         "Input type": ["float", "float", "", "ScalarList", "ScalarList", "Scalar", "Scalar"],
+                         "Concrete Inputs": ["", "", "", str(in_splits), str(in_splits), "True", "-1"]}}
+
+    def span(ts, tid, rows):
+        return {"ph": "X", "cat": "user_annotation", "name": "gloo:all_to_all", "pid": 1, "tid": tid, "ts": ts,
+                "dur": 50.0, "args": {"Input Dims": [[rows, 8]], "Input type": ["float"]}}
+
+    evs = [c10d(1000.0, 100, [40, 60]), c10d(1005.0, 60, [30, 30]), span(1007.0, 3, 60), span(1010.0, 2, 100),
+           {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1020.0, "dur": 5.0}]
+    (tmp_path / "rank0.json").write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": evs}))
+    store = Store(tmp_path / "s")
+    ingest_paths([tmp_path / "rank0.json"], store)
+    rows = store.connect().execute("SELECT ts_ns, size_bytes, in_splits FROM collectives ORDER BY issue_ts_ns").fetchall()
+    # A: 100 rows × 8 floats = 3,200 B, its span starts at 1010 µs; B: 60 × 8 × 4 = 1,920 B at 1007 µs
+    assert rows == [(1_010_000, 3200, [320, 480]), (1_007_000, 1920, [240, 240])]

@@ -366,8 +366,21 @@ def _cpu_rows(run_id, rank, comm_meta, cpu_ops, world_size, pg_config) -> list[d
     for iss in _cpu_issuers(cpu_ops):
         op = iss["_op"]
         for kind in _GLOO_SPAN_OPS.get(op, (op,)):
-            if queues.get(kind):
-                issuer_of[queues[kind].popleft()["event_id"]] = iss
+            q = queues.get(kind)
+            if q:
+                # gloo's two worker threads may start spans out of issue order: among the next
+                # few spans of this kind take the first whose tensor shape is the issuer's
+                want = _issuer_payload_dims(iss)
+                pick = 0
+                if want is not None:
+                    for j in range(min(len(q), _PAIR_LOOKAHEAD)):
+                        dims = q[j].get("input_dims")
+                        if isinstance(dims, list) and dims and dims[0] == want:
+                            pick = j
+                            break
+                sp = q[pick]
+                del q[pick]
+                issuer_of[sp["event_id"]] = iss
                 break
     rows = []
     for sp in spans:
@@ -386,6 +399,26 @@ def _cpu_rows(run_id, rank, comm_meta, cpu_ops, world_size, pg_config) -> list[d
                            wire_bytes=row["size_bytes"] if res["op"] == "send" else 0)
         rows.append(row)
     return rows
+
+
+_PAIR_LOOKAHEAD = 4
+_OUT_IN_OPS = ("c10d::alltoall_base", "c10d::_allgather_base", "c10d::_reduce_scatter_base")
+
+
+def _issuer_payload_dims(issuer: dict) -> list | None:
+    """The dims of the tensor a c10d call hands to gloo (its input), as the gloo span records them.
+
+    (output, input) ops carry it second; TensorList ops (allreduce_, send, recv_) nest it in the first.
+    """
+    dims = issuer.get("input_dims")
+    if not isinstance(dims, list) or not dims:
+        return None
+    if str(issuer.get("name", "")).startswith(_OUT_IN_OPS):
+        return dims[1] if len(dims) > 1 and isinstance(dims[1], list) else None
+    first = dims[0]
+    if isinstance(first, list) and len(first) == 1 and isinstance(first[0], list):
+        return first[0]
+    return None
 
 
 def _p2p_peer(issuer: dict, pg_ranks) -> int | None:
