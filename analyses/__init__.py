@@ -96,6 +96,9 @@ def register_udfs(con) -> None:
     """Register the model functions the SQL uses; each returns NULL where the model has no answer.
 
     tk_busbw_factor(op, n) → DOUBLE            nccl-tests bus-bandwidth factor
+    tk_algbw(S, t_ns) → DOUBLE                 S / t in GB/s (NULL for t = 0)
+    tk_busbw(op, S, t_ns, n) → DOUBLE          algbw × factor, GB/s
+    tk_verdict(α term, β term) → VARCHAR       latency-bound when α term >= β term, else bandwidth-bound
     tk_model_algo(op, kernel_algo, n) → VARCHAR the algorithm to model (kernel's if modelled, else default)
     tk_alpha_coeff(op, algo, n) → DOUBLE       A of T = A·α + B·D/β
     tk_beta_coeff(op, algo, n) → DOUBLE        B of T = A·α + B·D/β
@@ -108,7 +111,10 @@ def register_udfs(con) -> None:
     from tracekit.errors import TracekitError
     from tracekit.model import (
         ALGORITHMS,
+        algbw,
         algorithm_coefficients,
+        busbw,
+        verdict,
         applicable_algorithms,
         busbw_factor,
         custom_link,
@@ -150,6 +156,10 @@ def register_udfs(con) -> None:
         con.create_function(name, fn if nulls else safe(fn), args, ret, null_handling="special")
 
     reg("tk_busbw_factor", lambda op, n: float(busbw_factor(op, int(n))), ["VARCHAR", "INTEGER"], "DOUBLE")
+    reg("tk_algbw", lambda d, t_ns: algbw(float(d), float(t_ns) * 1e-9), ["BIGINT", "DOUBLE"], "DOUBLE")
+    reg("tk_busbw", lambda op, d, t_ns, n: busbw(op, float(d), float(t_ns) * 1e-9, int(n)),
+        ["VARCHAR", "BIGINT", "DOUBLE", "INTEGER"], "DOUBLE")
+    reg("tk_verdict", lambda a, b: verdict(float(a), float(b)), ["DOUBLE", "DOUBLE"], "VARCHAR")
     def model_algo_or_none(op, ka, n):
         if op is None or n is None:
             return None

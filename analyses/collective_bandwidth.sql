@@ -3,7 +3,8 @@
 --
 -- algbw = S / t and busbw = algbw × factor(op, n), with S = size_bytes, t = sync_time, n = the
 -- process group's size (never the world size); factor from tracekit.model.busbw_factor
--- (../shared/reference/alpha-beta.md, "Bus bandwidth"). 1 byte/ns = 1 GB/s (GB = 1e9 B).
+-- (../shared/reference/alpha-beta.md, "Bus bandwidth"); both through tracekit.model (tk_algbw,
+-- tk_busbw). GB = 1e9 B.
 -- Instances with unknown size or non-positive sync time get NULL bandwidths.
 --
 -- run_id        VARCHAR  run
@@ -19,8 +20,7 @@
 --                        hierarchical algorithms may exceed it: not clipped)
 CREATE OR REPLACE VIEW collective_bandwidth AS
 SELECT run_id, pg_name, seq, op, size_bytes, group_size, sync_time_ns,
-       CASE WHEN size_bytes IS NOT NULL AND sync_time_ns > 0 THEN size_bytes / sync_time_ns END AS algbw_gbps,
+       tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps,
        tk_busbw_factor(op, group_size) AS bus_factor,
-       CASE WHEN size_bytes IS NOT NULL AND sync_time_ns > 0
-            THEN size_bytes / sync_time_ns * tk_busbw_factor(op, group_size) END AS busbw_gbps
+       tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps
 FROM collective_instances;

@@ -153,7 +153,12 @@ def _decode_message_bytes(cfg: dict) -> int | None:
 
 
 def rows_for(con, link: str | None) -> list[dict]:
-    from tracekit.model import chunked_overlap, two_batch_overlap
+    """The rows of ``measured_vs_model`` (columns and units in the module docstring) for every run
+    on ``con`` that has profiler steps with communication; sweeps are the reference, not rows.
+
+    ``link``: a preset name, which then supplies α and β for every prediction.
+    """
+    from tracekit.model import chunked_overlap, layered_exposed_time, pipeline_bubble_fraction, two_batch_overlap
 
     ab = _AlphaBeta(con, link)
     runs = {r[0]: (r[1], json.loads(r[2] or "{}")) for r in con.execute("SELECT run_id, workload, config FROM runs").fetchall()}
@@ -221,8 +226,7 @@ def rows_for(con, link: str | None) -> list[dict]:
             note = f"two-batch overlap per MoE layer ({layers} layers)"
         elif workload in ("disagg_kv", "disagg-kv") and str(cfg.get("mode")) == "layerwise":
             layers = max(1, int(cfg.get("layers") or 1))
-            al, cl = a / layers, c / layers
-            exposed = al + (layers - 1) * max(0.0, al - cl)
+            exposed = layered_exposed_time(a / layers, c / layers, layers)
             row["model"] = "layerwise"
             note = f"layer-by-layer transfer over {layers} layers"
         elif workload == "pp" and str(cfg.get("mode")) == "decode":
@@ -242,7 +246,7 @@ def rows_for(con, link: str | None) -> list[dict]:
         elif workload == "pp":
             p = int(cfg.get("stages") or cfg.get("ranks") or 1)
             m = int(cfg.get("microbatches") or 1)
-            row["bubble_fraction"] = (p - 1) / (m + p - 1) if m + p > 1 else 0.0
+            row["bubble_fraction"] = pipeline_bubble_fraction(max(1, p), max(1, m))
             note = f"no overlap of the stage sends; GPipe bubble (p−1)/(m+p−1) with p = {p}, m = {m}"
         row["predicted_exposed_ns"] = exposed * 1e9
         if exposed > 0:

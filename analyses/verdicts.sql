@@ -7,8 +7,10 @@
 --   fit:  α, β fitted on this run's own samples for (op, group size) (alpha_beta_fit, status 'ok');
 --   link: the preset named by the DuckDB variable tk_link (`tracekit analyze --link nvlink4`);
 --         NULL when unset.
--- The model algorithm is the one the kernel name reports when the model has it (RING → ring,
--- TREE → tree, NVLS → nvls), else the op's default (ring; pairwise for all-to-all; p2p for send).
+-- The link prediction uses the algorithm the kernel name reports when the model has it (RING → ring,
+-- TREE → tree, NVLS → nvls), else the op's default (ring; pairwise for all-to-all; p2p for send);
+-- the fit prediction uses the algorithm the fit derived α and β through (alpha_beta_fit.algo), so
+-- that it reproduces the fitted line.
 -- verdict: 'skew-bound' when the longest wait before the instance (skew) exceeds its sync time;
 -- else 'latency-bound' when the α term >= the β term, 'bandwidth-bound' otherwise — terms from the
 -- fit when there is one, else from the link (verdict_basis says which); NULL when neither applies.
@@ -19,7 +21,7 @@
 -- op                  VARCHAR  canonical op
 -- size_bytes          BIGINT   nccl-tests S, bytes
 -- group_size          INTEGER  k
--- model_algo          VARCHAR  algorithm the prediction assumes
+-- model_algo          VARCHAR  algorithm the link prediction assumes
 -- sync_time_ns        DOUBLE   measured transfer time after the last arrival, ns
 -- skew_ns             BIGINT   longest wait of any rank for the last one, ns
 -- fit_alpha_s         DOUBLE   fitted α, s (NULL without a fit)
@@ -47,13 +49,14 @@ i AS (
     FROM collective_instances i LEFT JOIN a USING (run_id, pg_name, seq)
 ),
 f AS (
-    SELECT run_id, op, group_size, alpha_s, beta_Bps FROM alpha_beta_fit WHERE status = 'ok'
+    SELECT run_id, op, group_size, algo AS fit_algo, alpha_s, beta_Bps FROM alpha_beta_fit WHERE status = 'ok'
 ),
 t AS (
     SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo, i.sync_time_ns, i.skew_ns,
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps,
-           tk_alpha_coeff(i.op, i.model_algo, i.group_size) * f.alpha_s * 1e9 AS fit_alpha_term_ns,
-           tk_beta_coeff(i.op, i.model_algo, i.group_size) * i.size_bytes / f.beta_Bps * 1e9 AS fit_beta_term_ns,
+           -- the fit's α, β are defined through its own algorithm's coefficients: predict with those
+           tk_alpha_coeff(i.op, f.fit_algo, i.group_size) * f.alpha_s * 1e9 AS fit_alpha_term_ns,
+           tk_beta_coeff(i.op, f.fit_algo, i.group_size) * i.size_bytes / f.beta_Bps * 1e9 AS fit_beta_term_ns,
            getvariable('tk_link') AS link,
            tk_alpha_coeff(i.op, i.model_algo, i.group_size) * tk_link_alpha(getvariable('tk_link')) * 1e9 AS link_alpha_term_ns,
            tk_beta_coeff(i.op, i.model_algo, i.group_size) * i.size_bytes
@@ -72,8 +75,8 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, model_algo, sync_time_n
        link, link_alpha_term_ns, link_beta_term_ns, link_predicted_ns,
        CASE
          WHEN skew_ns > sync_time_ns THEN 'skew-bound'
-         WHEN verdict_basis = 'fit' THEN CASE WHEN fit_alpha_term_ns >= fit_beta_term_ns THEN 'latency-bound' ELSE 'bandwidth-bound' END
-         WHEN verdict_basis = 'link' THEN CASE WHEN link_alpha_term_ns >= link_beta_term_ns THEN 'latency-bound' ELSE 'bandwidth-bound' END
+         WHEN verdict_basis = 'fit' THEN tk_verdict(fit_alpha_term_ns, fit_beta_term_ns)
+         WHEN verdict_basis = 'link' THEN tk_verdict(link_alpha_term_ns, link_beta_term_ns)
        END AS verdict,
        verdict_basis,
        CASE WHEN sync_time_ns > 0 THEN fit_predicted_ns / sync_time_ns END AS efficiency,

@@ -357,14 +357,24 @@ class Staging:
             dest.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"{self.store.path}: cannot write to the store ({exc.strerror or exc})") from None
-        (self.dir / OWNER_FILE).unlink(missing_ok=True)
         old = None
-        if dest.exists():
-            if not replace:
-                raise StoreError(f"run {run_id!r} already exists in {self.store.path} (use --replace or another --run-id)")
-            old = self.dir.parent / (uuid.uuid4().hex + ".old")
-            os.rename(dest, old)
-        os.rename(self.dir, dest)
+        try:
+            if dest.exists():
+                if not replace:
+                    raise StoreError(
+                        f"run {run_id!r} already exists in {self.store.path} (use --replace or another --run-id)"
+                    )
+                old = self.dir.parent / (uuid.uuid4().hex + ".old")
+                os.rename(dest, old)
+            try:
+                os.rename(self.dir, dest)
+            except OSError:
+                if old is not None:
+                    os.rename(old, dest)  # put the replaced run back
+                raise
+        except OSError as exc:
+            raise StoreError(f"{self.store.path}: cannot write the run into the store ({exc.strerror or exc})") from None
+        (dest / OWNER_FILE).unlink(missing_ok=True)
         self.dir = None
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

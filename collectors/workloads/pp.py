@@ -71,6 +71,7 @@ from typing import Any, Callable
 from collectors import launch as _launch
 from collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, rms_norm, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
+from tracekit.model import pipeline_bubble_fraction
 
 SCHEDULES = ("gpipe", "1f1b")
 MODES = ("train", "decode")
@@ -1000,7 +1001,7 @@ def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, crea
         **_launch.run_config_base(info, results, backend, cfg.wait, cfg.warmup, cfg.active),
         "model": {
             "pipeline": "gpipe bubble fraction (p-1)/(M+p-1)" if cfg.mode == "train" else "decode token interval >= p*s + (p-1)*x",
-            "bubble_fraction_ideal": (p - 1) / (M + p - 1) if cfg.mode == "train" else None,
+            "bubble_fraction_ideal": pipeline_bubble_fraction(p, M) if cfg.mode == "train" else None,
             # per stage, its actions in order: F3 = forward of micro-batch 3, B3 its backward
             # (train); decode: the number of (pass, micro-batch) actions
             "program_by_stage": [_program_summary(cfg, s) for s in range(p)],

@@ -169,7 +169,13 @@ def sql(
     cols = [d[0] for d in cur.description]
     rows = cur.fetchall()
     if json_out:
-        typer.echo(json.dumps([dict(zip(cols, r)) for r in rows], indent=2, default=str))
+        import math
+
+        def clean(v):  # JSON has no NaN/inf: null, as everywhere in tracekit
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        typer.echo(json.dumps([{c: clean(v) for c, v in zip(cols, r)} for r in rows], indent=2, default=str,
+                              allow_nan=False))
         return
     from rich.console import Console
     from rich.table import Table

@@ -6,8 +6,8 @@ once the last piece arrives), so for two ranks a and b the differences
 ``end_a − end_b`` over their common instances estimate b's clock offset
 relative to a. The median of those differences is the estimate (a straggler or
 a late-leaving rank moves single samples, not the median); its uncertainty is
-the scaled median absolute deviation ``1.4826·MAD/√n`` (the standard robust
-standard error of a median estimate under near-normal noise), at least 1 ns.
+the standard error of a median under near-normal noise, 1.2533·σ/√n, with σ
+estimated robustly as 1.4826·MAD, at least 1 ns.
 
 Offsets are relative to the lowest rank and propagate through ranks that share
 instances (breadth-first), so ranks that never meet the reference directly
@@ -53,7 +53,7 @@ def _pair_samples(rows: list[dict]) -> dict[tuple[int, int], list[int]]:
 def _robust(diffs: list[int]) -> tuple[int, int]:
     med = statistics.median(diffs)
     mad = statistics.median([abs(d - med) for d in diffs])
-    err = 1.4826 * mad / max(1, len(diffs)) ** 0.5
+    err = 1.2533 * 1.4826 * mad / max(1, len(diffs)) ** 0.5
     return round(med), max(1, round(err))
 
 

@@ -34,6 +34,7 @@ from collections import defaultdict
 from typing import Any
 
 from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
+from tracekit.model import busbw_factor
 from tracekit.model.ops import OP_ALIASES
 
 DTYPE_BYTES = {
@@ -106,12 +107,14 @@ def parse_kernel_name(name: str) -> tuple[str | None, str | None, str | None]:
 
 
 def dtype_bytes(dtype: Any) -> int | None:
+    """Bytes per element of a dtype as traces spell it (``Float``, ``c10::BFloat16``, ``long int``...); None if unknown."""
     if dtype is None:
         return None
     return DTYPE_BYTES.get(str(dtype).strip().lower())
 
 
 def parse_ranks(v: Any) -> list[int] | None:
+    """Process-group ranks from ``"[0, 1]"`` or ``[0, 1]``; None when absent."""
     if v is None:
         return None
     if isinstance(v, list):
@@ -146,16 +149,20 @@ def size_bytes_for(op: str | None, in_nelems, out_nelems, nbytes: int | None) ->
 
 
 def wire_bytes_for(op: str | None, size: int | None, group_size: int | None, in_splits, my_index, nbytes) -> int | None:
-    """Bytes this rank must put on the wire (see module docstring)."""
+    """Bytes this rank must put on the wire (see module docstring).
+
+    The even-split bounds are the nccl-tests bus factors times S (2(k−1)/k for all-reduce,
+    (k−1)/k for all-gather, reduce-scatter, gather, scatter and all-to-all), taken from
+    tracekit.model.busbw_factor. None when the op, the size or a needed group size is unknown.
+    """
     if op is None or size is None:
         return None
-    k = group_size or 1
-    if op == "all_reduce":
-        return round(2 * (k - 1) / k * size)
     if op == "all_to_all" and in_splits and my_index is not None and 0 <= my_index < len(in_splits) and nbytes:
         return (sum(in_splits) - in_splits[my_index]) * nbytes
-    if op in ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all"):
-        return round((k - 1) / k * size)
+    if op in BUS_FACTOR_OPS:
+        if not group_size:
+            return None
+        return round(busbw_factor(op, group_size) * size) if group_size > 1 else 0
     if op in ("broadcast", "reduce", "send"):
         return size
     return 0
@@ -479,8 +486,8 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
     my_index = pg_ranks.index(rank) if pg_ranks and rank in pg_ranks else None
     nb = res.get("nbytes")
     wire = wire_bytes_for(op, size, group_size, in_splits if not a1 else None, my_index, nb)
-    if op == "all_to_all" and in_splits and a1 and nb:
-        wire = round((group_size - 1) / group_size * size) if size is not None else None
+    if op == "all_to_all" and in_splits and a1 and nb:  # truncated splits: the even-split bound
+        wire = wire_bytes_for(op, size, group_size, None, None, nb)
     return dict(
         run_id=run_id,
         rank=rank,

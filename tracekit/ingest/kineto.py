@@ -69,6 +69,7 @@ BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:", r"msccl") + CUSTOM_ALL_RED
 _COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:")
 
 _MAX_EXACT_FLOAT_US = float(2**52) / 1000.0
+_MAX_INT_US = (2**63 - 1) // 1000
 
 RAW_SCHEMA = pa.schema(
     [
@@ -207,7 +208,9 @@ def _vector_ns(values: list, chunk_text_exact, which: str) -> tuple[np.ndarray, 
     except (ValueError, OverflowError):
         arr = np.asarray(values, dtype=object)
     if arr.dtype.kind == "i":
-        return arr.astype(np.int64) * 1000, np.ones(n, dtype=bool)
+        arr = arr.astype(np.int64)
+        ok = np.abs(arr) < _MAX_INT_US  # beyond, ×1000 would wrap int64: quarantined
+        return np.where(ok, arr, 0) * 1000, ok
     if arr.dtype.kind == "f":
         finite = np.isfinite(arr)
         if not finite.all() or (np.abs(arr[finite]).max(initial=0.0) < _MAX_EXACT_FLOAT_US):

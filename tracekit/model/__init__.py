@@ -66,7 +66,9 @@ from tracekit.model.overlap import (
     best_chunks,
     chunked_overlap,
     layer_transfer,
+    layered_exposed_time,
     no_overlap_time,
+    pipeline_bubble_fraction,
     pp_decode,
     two_batch_overlap,
 )
@@ -133,5 +135,7 @@ __all__ = [
     "tree_all_reduce_time",
     "tree_broadcast_time",
     "two_batch_overlap",
+    "layered_exposed_time",
+    "pipeline_bubble_fraction",
     "verdict",
 ]

@@ -141,6 +141,30 @@ def best_chunks(compute_s: float, comm_s: float, alpha_chunk_s: float, max_chunk
     return chunked_overlap(c, a, best_n, ac)
 
 
+def layered_exposed_time(transfer_per_layer_s: float, compute_per_layer_s: float, layers: int) -> float:
+    """Exposed transfer time when each of L layers ships its t_l while the next layer computes s_l.
+
+    exposed = t_l + (L−1)·max(0, t_l − s_l): only the last layer's transfer when compute is the
+    longer (reference, "Layer-by-layer transfer"), else the transfers queue up behind each other.
+    Seconds in, seconds out. Raises BadInputError for negative times or L < 1.
+    """
+    t = _seconds(transfer_per_layer_s, "per-layer transfer time")
+    c = _seconds(compute_per_layer_s, "per-layer compute time")
+    n = _count(layers, "layer count")
+    return t + (n - 1) * max(0.0, t - c)
+
+
+def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
+    """Idle fraction of a GPipe/1F1B pipeline step: (p−1)/(m+p−1) for p stages and m micro-batches.
+
+    Each stage is busy m of the m + p − 1 slots of a step (fill and drain take p − 1;
+    Huang et al., GPipe, NeurIPS 2019). Raises BadInputError for p < 1 or m < 1.
+    """
+    p = _count(stages, "stage count")
+    m = _count(microbatches, "micro-batch count")
+    return (p - 1) / (m + p - 1)
+
+
 @dataclass(frozen=True)
 class TwoBatchOverlap:
     """Two-batch overlap: time_s = max(a, c) + min(a, c)/2 versus serial_time_s = a + c."""
@@ -234,7 +258,7 @@ def layer_transfer(
     per_layer = d / n_layers
     t_l = link.alpha_s + per_layer / beta
     s_l = None if layer_compute_s is None else _seconds(layer_compute_s, "per-layer compute time")
-    exposed = t_l if s_l is None else t_l + (n_layers - 1) * max(0.0, t_l - s_l)
+    exposed = t_l if s_l is None else layered_exposed_time(t_l, s_l, n_layers)
     return LayerTransfer(
         size_bytes=d,
         link=link.name,
