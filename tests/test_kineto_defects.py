@@ -162,3 +162,16 @@ def test_clock_alignment_can_be_turned_off(tmp_path):
 
 def test_bad_align_value(tmp_path, capsys):
     assert main(["ingest", str(D / "two_hosts"), "--store", str(tmp_path / "s"), "--align", "sideways"]) == 2
+
+
+def test_integer_ts_too_large_for_ns_is_quarantined(tmp_path):
+    """An integer µs ts whose ×1000 would overflow int64 is quarantined, never wrapped."""
+    p = tmp_path / "rank0.json"
+    p.write_text('{"traceEvents": ['
+                 '{"ph": "X", "cat": "cpu_op", "name": "ok", "pid": 1, "tid": 1, "ts": 1000000, "dur": 5},'
+                 '{"ph": "X", "cat": "cpu_op", "name": "huge", "pid": 1, "tid": 1, "ts": 9300000000000000, "dur": 5}]}')
+    store = Store(tmp_path / "s")
+    ingest_paths([p], store)
+    con = store.connect()
+    assert con.execute("SELECT list(name), min(ts_ns) FROM events").fetchone() == (["ok"], 1_000_000_000)
+    assert con.execute("SELECT events_quarantined FROM ranks").fetchone() == (1,)

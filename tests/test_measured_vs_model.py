@@ -41,12 +41,81 @@ def test_without_any_alpha_beta_there_is_no_prediction(tp):
     assert "run a sweep" in rep["measured_vs_model"][0]["note"]
 
 
-def test_chunked_model_arithmetic():
-    """The chunked branch on numbers worked by hand, through the same model function."""
-    from tracekit.model import chunked_overlap
+ETH25_ALPHA, ETH25_BETA = 20e-6, 2.5e9  # reference table: 25 GbE, α 20 µs, β 3.125 GB/s × 0.8
 
-    # c = 1 ms, a (β part) = 1 ms, n = 4, α_c = 10 µs:
-    #   T = 0.25 + (0.25 + 0.01) + 3·max(0.25, 0.26) = 0.25 + 0.26 + 0.78 = 1.29 ms; exposed = 0.29 ms
-    got = chunked_overlap(1e-3, 1e-3, 4, 10e-6)
-    assert got.time_s == pytest.approx(1.29e-3)
-    assert got.time_s - 1e-3 == pytest.approx(0.29e-3)
+
+def _inputs(con, rid, rank):
+    """Measured per-step compute (s) and the step's calls, read from the store: the model's inputs."""
+    steps = con.execute(
+        "SELECT step, compute_ns FROM overlap_by_step WHERE run_id = ? AND rank = ? AND comm_ns > 0", [rid, rank]
+    ).fetchall()
+    calls = con.execute(
+        "SELECT c.op, c.size_bytes FROM collectives c JOIN events e USING (run_id, rank, event_id) "
+        "WHERE c.run_id = ? AND c.rank = ? AND e.step IN (SELECT unnest(?::BIGINT[]))",
+        [rid, rank, [s for s, _ in steps]],
+    ).fetchall()
+    return len(steps), sum(c for _, c in steps) / len(steps) * 1e-9, calls
+
+
+def _row(con, rid, rank):
+    return con.execute(
+        "SELECT model, predicted_comm_ns, predicted_exposed_ns FROM measured_vs_model WHERE run_id = ? AND rank = ?",
+        [rid, rank],
+    ).fetchone()
+
+
+@pytest.fixture(scope="module")
+def workloads(tmp_path_factory):
+    store = Store(tmp_path_factory.mktemp("mvm-w"))
+    rids = {name: ingest_paths([FIXTURES / rel], store, run_id=name) for name, rel in
+            [("chunks", "tp_chunks_2rank"), ("tbo", "ep_2rank/tbo"), ("kv", "kv_layerwise_2rank"), ("pp", "pp_2rank")]}
+    return store.connect(link="eth25"), rids
+
+
+def test_chunked_branch(workloads):
+    """tp --overlap-chunks 4: per step 16 all-reduces of 32,768 B (k = 2, ring): α term 2(k−1)α = 40 µs,
+    β term 2(k−1)/k·D/β = 13.1072 µs each. 16/4 = 4 pieces; per piece a = 4 × 13.1072 µs, α_c = 40 µs,
+    T(4) = c/4 + (a/4 + α_c) + 3·max(c/4, a/4 + α_c) with c the piece's compute; exposed = 4·(T − c)."""
+    con, rids = workloads
+    for rank in (0, 1):
+        n, c, calls = _inputs(con, "chunks", rank)
+        assert [(op, s) for op, s in calls].count(("all_reduce", 32768)) == len(calls) == 16 * n
+        cp, ap, ac = c / 4, 4 * 32768 / ETH25_BETA, 2 * ETH25_ALPHA
+        t = cp / 4 + (ap / 4 + ac) + 3 * max(cp / 4, ap / 4 + ac)
+        model, pred_comm, pred_exp = _row(con, "chunks", rank)
+        assert model == "chunked"
+        assert pred_comm == pytest.approx(16 * (40e-6 + 32768 / ETH25_BETA) * 1e9, rel=1e-9)
+        assert pred_exp == pytest.approx(4 * (t - cp) * 1e9, rel=1e-9)
+
+
+def test_two_batch_branch(workloads):
+    """ep --two-batch-overlap, 2 MoE layers: a = Σ all-to-all times of the step (pairwise, k = 2:
+    α + ½·S/β each); per layer T = max(a/2, c/2) + min(a/2, c/2)/2; exposed = 2·(T − c/2)."""
+    con, rids = workloads
+    for rank in (0, 1):
+        n, c, calls = _inputs(con, "tbo", rank)
+        a = sum(ETH25_ALPHA + 0.5 * s / ETH25_BETA for op, s in calls if op == "all_to_all") / n
+        al, cl = a / 2, c / 2
+        model, pred_comm, pred_exp = _row(con, "tbo", rank)
+        assert model == "two_batch"
+        assert pred_comm == pytest.approx(a * 1e9, rel=1e-9)
+        assert pred_exp == pytest.approx(2 * (max(al, cl) + min(al, cl) / 2 - cl) * 1e9, rel=1e-9)
+
+
+def test_layerwise_branch(workloads):
+    """disagg-kv layer-wise, L = 4: a = Σ p2p times of the step (α + S/β each);
+    exposed = a/L + (L−1)·max(0, a/L − c/L)."""
+    con, rids = workloads
+    for rank in (0, 1):
+        n, c, calls = _inputs(con, "kv", rank)
+        a = sum(ETH25_ALPHA + s / ETH25_BETA for op, s in calls) / n
+        model, pred_comm, pred_exp = _row(con, "kv", rank)
+        assert model == "layerwise"
+        assert pred_comm == pytest.approx(a * 1e9, rel=1e-9)
+        assert pred_exp == pytest.approx((a / 4 + 3 * max(0.0, a / 4 - c / 4)) * 1e9, rel=1e-9)
+
+
+def test_pp_bubble(workloads):
+    """pp train, 2 stages, 4 micro-batches: bubble (p−1)/(m+p−1) = 1/5."""
+    con, rids = workloads
+    assert con.execute("SELECT bubble_fraction FROM measured_vs_model WHERE run_id = 'pp'").fetchall() == [(0.2,), (0.2,)]

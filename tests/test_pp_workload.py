@@ -197,7 +197,9 @@ def test_gpipe_and_1f1b_compute_the_same_gradients():
     _, b = run_threaded(_small(schedule="1f1b"))
     ga = pp.named_tensors(a[0].params)
     gb = pp.named_tensors(b[0].params)
+    assert ga and ga.keys() == gb.keys()
     for k in ga:
+        assert ga[k].grad is not None and gb[k].grad is not None, k
         torch.testing.assert_close(ga[k].grad, gb[k].grad, atol=1e-6, rtol=1e-5)
 
 
