@@ -57,7 +57,8 @@ def _first_tensor_elems(dims) -> int:
 
 def test_parse_size():
     assert sweep.parse_size("1024") == 1024
-    assert sweep.parse_size("1K") == sweep.parse_size("1KiB") == sweep.parse_size("1kb") == 1024
+    assert sweep.parse_size("1K") == sweep.parse_size("1KiB") == 1024
+    assert sweep.parse_size("1KB") == 1000 and sweep.parse_size("16MB") == 16_000_000  # decimal, as in the model
     assert sweep.parse_size("16M") == 16 << 20
     assert sweep.parse_size("1G") == 1 << 30
     assert sweep.parse_size(4096) == 4096

@@ -78,13 +78,22 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from ``1024``, ``1K``, ``1KB``, ``1KiB``, ``16M``, ``1G`` (binary units: K = 1024).
-    Raises BadInputError for anything else."""
+    """Bytes from ``1024``, ``1K``/``1KiB`` (binary: the sweep's power-of-two sizes, K = 1024),
+    ``16M``/``16MiB``, ``1G``; ``1KB``, ``16MB`` are decimal, as everywhere in tracekit
+    (:func:`tracekit.model.parse_bytes`, ../shared/reference/alpha-beta.md "Units").
+    Raises BadInputError for anything else, or a fraction of a byte."""
     if isinstance(text, int) and not isinstance(text, bool):
         return text
     m = _SIZE_RE.match(str(text))
     if not m:
         raise BadInputError(f"bad size {text!r} (use bytes, or a number with K, M or G: 1K, 16M)")
+    if m.group(2) and m.group(3).lower() == "b":  # KB / MB / GB: decimal
+        from tracekit.model import parse_bytes
+
+        value = parse_bytes(str(text).strip().upper())
+        if value != int(value):
+            raise BadInputError(f"bad size {text!r}: not a whole number of bytes")
+        return int(value)
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value != int(value):
         raise BadInputError(f"bad size {text!r}: not a whole number of bytes")
