@@ -250,11 +250,14 @@ class Store:
 
         best = None
         for rid in self.run_ids():
-            t = pq.read_table(self.run_dir(rid) / "run.parquet", columns=["created_at", "workload", "source"])
+            # ParquetFile, not read_table (which imports pyarrow.dataset and pandas: ~0.25 s of startup);
+            # created_at compared as integer microseconds since the epoch (UTC), not as a Python
+            # datetime (converting a tz-aware timestamp imports pandas too)
+            t = pq.ParquetFile(self.run_dir(rid) / "run.parquet").read(columns=["created_at", "workload", "source"])
             if workload is not None and (t.column("workload")[0].as_py() != workload
                                          or t.column("source")[0].as_py() == "nccl_tests"):
                 continue
-            created = t.column("created_at")[0].as_py()
+            created = t.column("created_at").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())[0].as_py()
             if best is None or created > best[0]:
                 best = (created, rid)
         if best is None:
@@ -273,7 +276,7 @@ class Store:
             f = self.run_dir(rid) / "ranks.parquet"
             if not f.exists():
                 continue
-            have = sorted(x for x in pq.read_table(f, columns=["source_sha256"]).column(0).to_pylist() if x)
+            have = sorted(x for x in pq.ParquetFile(f).read(columns=["source_sha256"]).column(0).to_pylist() if x)
             if have and (have == want or have == [combined_digest(want)]):
                 return rid
         return None
