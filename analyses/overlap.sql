@@ -9,7 +9,9 @@
 -- whole trace (grp = -1) or one profiler step (grp = step; GPU work belongs to the step that
 -- launched it).
 
--- comm_islands / compute_islands: run_id, rank, grp, s, e — disjoint islands of the union, ns.
+-- comm_islands / compute_islands: run_id, rank, grp, s, e — disjoint islands of the union, ns;
+-- overlap_islands: the same columns, the pieces of comm ∩ compute. Views, evaluated only when
+-- queried (HTML plots, collective_overlap): overlap_windows does not need the islands.
 CREATE OR REPLACE VIEW _comm_spans AS
 SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'comm'
 UNION ALL
@@ -24,9 +26,19 @@ CREATE OR REPLACE VIEW comm_islands AS SELECT * FROM merge_intervals('_comm_span
 CREATE OR REPLACE VIEW compute_islands AS SELECT * FROM merge_intervals('_compute_spans');
 CREATE OR REPLACE VIEW overlap_islands AS SELECT * FROM intersect_islands('comm_islands', 'compute_islands');
 
+-- _overlap_spans: the comm and compute spans of both kinds of window, tagged in_a = is comm.
+CREATE OR REPLACE VIEW _overlap_spans AS
+SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e, class = 'comm' AS in_a
+FROM events WHERE class IN ('comm', 'compute')
+UNION ALL
+SELECT run_id, rank, step, ts_ns, ts_ns + dur_ns, class = 'comm'
+FROM events WHERE class IN ('comm', 'compute') AND step IS NOT NULL;
+
 -- overlap_windows: one row per (run_id, rank, grp) with any comm or compute, plus a whole-trace
 -- row for every rank. A table, computed once per connection (the views below and the report
--- read it several times).
+-- read it several times). The lengths come from union_lengths (one sort of the spans, no islands
+-- built): the same numbers as summing the islands of comm_islands, compute_islands and
+-- overlap_islands.
 --
 -- run_id          VARCHAR  run
 -- rank            INTEGER  global rank
@@ -37,24 +49,21 @@ CREATE OR REPLACE VIEW overlap_islands AS SELECT * FROM intersect_islands('comm_
 -- exposed_comm_ns BIGINT   comm − overlap, ns
 -- overlap_ratio   DOUBLE   overlap / comm; NULL when comm = 0
 CREATE OR REPLACE TABLE overlap_windows AS
-WITH keys AS (
-    SELECT run_id, rank, grp FROM comm_islands
-    UNION SELECT run_id, rank, grp FROM compute_islands
-    UNION SELECT run_id, rank, -1::BIGINT FROM ranks
+WITH len AS (
+    SELECT run_id, rank, grp, a_ns AS cm, b_ns AS cp, ab_ns AS ov FROM union_lengths('_overlap_spans')
 ),
-cm AS (SELECT run_id, rank, grp, sum(e - s)::BIGINT AS v FROM comm_islands GROUP BY ALL),
-cp AS (SELECT run_id, rank, grp, sum(e - s)::BIGINT AS v FROM compute_islands GROUP BY ALL),
-ov AS (SELECT run_id, rank, grp, sum(e - s)::BIGINT AS v FROM overlap_islands GROUP BY ALL)
+keys AS (
+    SELECT run_id, rank, grp FROM len
+    UNION SELECT run_id, rank, -1::BIGINT FROM ranks
+)
 SELECT k.run_id, k.rank, k.grp,
-       coalesce(cm.v, 0) AS comm_ns,
-       coalesce(cp.v, 0) AS compute_ns,
-       coalesce(ov.v, 0) AS overlap_ns,
-       coalesce(cm.v, 0) - coalesce(ov.v, 0) AS exposed_comm_ns,
-       CASE WHEN coalesce(cm.v, 0) > 0 THEN coalesce(ov.v, 0) / cm.v END AS overlap_ratio
+       coalesce(l.cm, 0) AS comm_ns,
+       coalesce(l.cp, 0) AS compute_ns,
+       coalesce(l.ov, 0) AS overlap_ns,
+       coalesce(l.cm, 0) - coalesce(l.ov, 0) AS exposed_comm_ns,
+       CASE WHEN coalesce(l.cm, 0) > 0 THEN coalesce(l.ov, 0) / l.cm END AS overlap_ratio
 FROM keys k
-LEFT JOIN cm USING (run_id, rank, grp)
-LEFT JOIN cp USING (run_id, rank, grp)
-LEFT JOIN ov USING (run_id, rank, grp);
+LEFT JOIN len l USING (run_id, rank, grp);
 
 -- overlap_by_rank: the whole-trace window of overlap_windows (columns as there, without grp).
 CREATE OR REPLACE VIEW overlap_by_rank AS
