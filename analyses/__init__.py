@@ -183,6 +183,28 @@ def register_udfs(con) -> None:
         ["VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "DOUBLE", "BOOLEAN"], "DOUBLE")
 
 
+_DUCKDB_TYPES = {"int32": "INTEGER", "int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR", "bool": "BOOLEAN"}
+_PY_CONVERT = {"int32": int, "int64": int, "double": float, "string": str, "bool": bool}
+
+
+def create_table_from_rows(con, name: str, schema, rows: list[dict]) -> None:
+    """``CREATE OR REPLACE TABLE name`` with ``schema``'s columns (a pyarrow schema of int32, int64,
+    double, string and bool fields) holding ``rows`` (dicts; a missing key is NULL), in order.
+
+    The values go to DuckDB as one typed list per column, unnested side by side, not through a
+    pyarrow table: building one from Python objects imports pandas (~0.15 s on every analyze).
+    """
+    names, types, cols = [], [], []
+    for field in schema:
+        t = str(field.type)
+        conv = _PY_CONVERT[t]
+        names.append(field.name)
+        types.append(_DUCKDB_TYPES[t])
+        cols.append([None if r.get(field.name) is None else conv(r[field.name]) for r in rows])
+    sel = ", ".join(f'unnest(?::{t}[]) AS "{n}"' for n, t in zip(names, types))
+    con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT {sel}", cols)
+
+
 def load_analyses(con, link: str | None = None) -> None:
     """Create every analysis view/macro/table on a DuckDB connection that has the base tables.
 

@@ -25,7 +25,9 @@
 -- sync_time_ns      DOUBLE   median over ranks of (end_r − last_arrival), ns: the transfer time the
 --                            α–β model predicts (a median of two ranks is their mean)
 -- straggler         INTEGER  global rank that arrived last (lowest rank on ties)
-CREATE OR REPLACE VIEW collective_instances AS
+--
+-- A table, computed once per connection: the fit, the verdicts, the waits and the report all read it.
+CREATE OR REPLACE TABLE collective_instances AS
 WITH c AS (
     SELECT * REPLACE (CASE WHEN op = 'recv' THEN 'send' ELSE op END AS op)
     FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL

@@ -93,7 +93,6 @@ def create(con) -> None:
     samples = con.execute(
         "SELECT run_id, source, op, group_size, algo, size_bytes, time_ns, warmup, seq FROM collective_samples"
     ).fetchall()
-    tbl = pa.Table.from_pylist(fit_rows(samples), schema=SCHEMA)
-    con.register("__alpha_beta_fit", tbl)
-    con.execute("CREATE OR REPLACE TABLE alpha_beta_fit AS SELECT * FROM __alpha_beta_fit")
-    con.unregister("__alpha_beta_fit")
+    from analyses import create_table_from_rows
+
+    create_table_from_rows(con, "alpha_beta_fit", SCHEMA, fit_rows(samples))

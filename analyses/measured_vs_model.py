@@ -260,7 +260,6 @@ def rows_for(con, link: str | None) -> list[dict]:
 def create(con) -> None:
     """Create the table ``measured_vs_model`` on ``con``."""
     link = con.execute("SELECT getvariable('tk_link')").fetchone()[0]
-    tbl = pa.Table.from_pylist(rows_for(con, link), schema=SCHEMA)
-    con.register("__measured_vs_model", tbl)
-    con.execute("CREATE OR REPLACE TABLE measured_vs_model AS SELECT * FROM __measured_vs_model")
-    con.unregister("__measured_vs_model")
+    from analyses import create_table_from_rows
+
+    create_table_from_rows(con, "measured_vs_model", SCHEMA, rows_for(con, link))

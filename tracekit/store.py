@@ -128,6 +128,9 @@ PARQUET_OPTS = dict(compression="zstd", compression_level=3)
 ANALYSIS_MEMORY_LIMIT = "512MB"
 
 
+_NS_PER_UNIT = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
 def default_store_path() -> Path:
     """The store directory: ``$TRACEKIT_STORE`` if set, else ``./tracekit-store``."""
     return Path(os.environ.get("TRACEKIT_STORE") or "tracekit-store")
@@ -251,13 +254,14 @@ class Store:
         best = None
         for rid in self.run_ids():
             # ParquetFile, not read_table (which imports pyarrow.dataset and pandas: ~0.25 s of startup);
-            # created_at compared as integer microseconds since the epoch (UTC), not as a Python
-            # datetime (converting a tz-aware timestamp imports pandas too)
+            # created_at compared as integer ns since the epoch, not as a Python datetime (converting
+            # a tz-aware timestamp imports pandas too; a cast imports pyarrow.compute)
             t = pq.ParquetFile(self.run_dir(rid) / "run.parquet").read(columns=["created_at", "workload", "source"])
             if workload is not None and (t.column("workload")[0].as_py() != workload
                                          or t.column("source")[0].as_py() == "nccl_tests"):
                 continue
-            created = t.column("created_at").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())[0].as_py()
+            ts = t.column("created_at")[0]
+            created = None if ts.value is None else ts.value * _NS_PER_UNIT[ts.type.unit]
             if best is None or created > best[0]:
                 best = (created, rid)
         if best is None:
