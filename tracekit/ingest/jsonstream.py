@@ -18,6 +18,14 @@ Chunks that do not decode are retried after repairing the defects real
 exporters produce: invalid UTF-8 (decoded with replacement characters) and bare
 ``inf`` / ``-inf`` / ``NaN`` / ``Infinity`` tokens (read as null).
 
+Fast path: where the C scanner :mod:`tracekit.ingest._kscan` is built (it is
+optional), the array is read with it instead, block by block, into
+:class:`FastChunk` records (no Python object per event), while a second thread
+decompresses the next block. The scanner is strict: at the first event it does
+not take (malformed JSON, invalid UTF-8, bare NaN, an id or time of an odd
+type...), the rest of the file goes through the cut-and-decode path above, which
+repairs or reports exactly as it always did.
+
 Errors are ``FileError`` naming the file and the problem (truncated gzip,
 not JSON, no ``traceEvents`` array, array never closed).
 """
@@ -25,7 +33,10 @@ not JSON, no ``traceEvents`` array, array never closed).
 from __future__ import annotations
 
 import gzip
+import os
+import queue
 import re
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +45,19 @@ from typing import Any, Iterator
 import msgspec
 
 from tracekit.errors import FileError
+
+try:  # the optional C scanner (setup.py); without it every chunk takes the msgspec path
+    from tracekit.ingest import _kscan
+except ImportError:  # pragma: no cover - exercised by TRACEKIT_NO_KSCAN in the tests
+    _kscan = None
+
+_SCAN_MORE, _SCAN_CLOSED, _SCAN_UNSUPPORTED = 0, 1, 2
+
+
+def fast_scanner_available() -> bool:
+    """True when the C scanner is built and not disabled by ``TRACEKIT_NO_KSCAN=1``."""
+    return _kscan is not None and os.environ.get("TRACEKIT_NO_KSCAN", "") in ("", "0")
+
 
 BLOCK = 8 << 20  # bytes of decompressed JSON per chunk (~30-60k events)
 _MAX_CUT_TRIES = 6
@@ -81,6 +105,16 @@ class Chunk:
         return _EXACT_LIST.decode(self.text)
 
 
+@dataclass
+class FastChunk:
+    """Events read by the C scanner: fixed-width records (see ``_kscan.c``), the distinct
+    strings their codes index, and the text their ``args`` offsets point into."""
+
+    records: bytes
+    strings: list
+    text: bytes
+
+
 def _open(path: Path):
     with open(path, "rb") as fh:
         magic = fh.read(2)
@@ -116,6 +150,56 @@ class _Reader:
 
     def close(self) -> None:
         self.fh.close()
+
+
+class _PrefetchReader:
+    """A :class:`_Reader` whose next blocks are decompressed by a second thread.
+
+    zlib releases the GIL while inflating, so decompression overlaps the scan.
+    At most ``depth`` blocks wait in the queue (bounded memory); an error in the
+    thread is raised by the ``read`` that reaches it.
+    """
+
+    def __init__(self, rd: _Reader, depth: int = 2):
+        self.rd = rd
+        self.path = rd.path
+        self.eof = False
+        self.consumed = 0
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._pump, name="tracekit-gunzip", daemon=True)
+        self._t.start()
+
+    def _pump(self) -> None:
+        try:
+            while not self._stop.is_set():
+                data = self.rd.read()
+                self._q.put(data)
+                if not data:
+                    return
+        except BaseException as exc:  # handed to the reading thread
+            self._q.put(exc)
+
+    def read(self, n: int = BLOCK) -> bytes:
+        if self.eof:
+            return b""
+        item = self._q.get()
+        if isinstance(item, BaseException):
+            self.eof = True
+            raise item
+        if not item:
+            self.eof = True
+        self.consumed += len(item)
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._t.is_alive():  # unblock a pump waiting on a full queue
+            try:
+                self._q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self.rd.close()
 
 
 def _repair(text: bytes) -> tuple[bytes, list[str]]:
@@ -193,11 +277,14 @@ class TraceStream:
     iteration has finished: keys written after the array are read at the end.
     """
 
-    def __init__(self, path: str | Path, block: int = BLOCK):
+    def __init__(self, path: str | Path, block: int = BLOCK, fast: bool = True):
         self.path = Path(path)
         self.block = block
+        self.fast = fast
         self.meta: dict = {}
         self.notes: list[str] = []
+        self.fast_events = 0  # events read by the C scanner
+        self.slow_from: int | None = None  # byte where the msgspec path took over, if it did
 
     def __iter__(self) -> Iterator[Chunk]:
         if not self.path.exists():
@@ -205,10 +292,12 @@ class TraceStream:
         if self.path.is_dir():
             raise FileError(self.path, "is a directory, expected a trace file")
         rd = _Reader(self.path)
+        if self.fast and fast_scanner_available():
+            rd = _PrefetchReader(rd)
         n_events = 0
         try:
             for ch in self._run(rd):
-                n_events += len(ch.events)
+                n_events += len(ch.events) if isinstance(ch, Chunk) else 1
                 yield ch
         finally:
             rd.close()
@@ -292,7 +381,54 @@ class TraceStream:
         kind = type(doc).__name__
         raise FileError(self.path, f"no traceEvents array: a JSON {kind}, not a Kineto/Chrome trace")
 
-    def _events(self, rd: _Reader, buf: bytes) -> Iterator[Chunk]:
+    def _events(self, rd, buf: bytes):
+        if self.fast and fast_scanner_available():
+            yield from self._events_fast(rd, buf)
+        else:
+            yield from self._events_slow(rd, buf)
+
+    def _events_fast(self, rd, buf: bytes):
+        """The array read by the C scanner; hands over to :meth:`_events_slow` at the first
+        event it does not take, and to :meth:`_tail` for what follows the array."""
+        while True:
+            while not rd.eof and len(buf) < self.block:
+                more = rd.read(self.block)
+                if not more:
+                    break
+                buf += more
+            status, off, records, strings, trailing_comma = _kscan.scan(buf, 0)
+            if records:
+                self.fast_events += len(records) // _kscan.RECORD_SIZE
+                yield FastChunk(records, strings, buf)
+            if status == _SCAN_CLOSED:
+                if trailing_comma:
+                    self.notes.append("trailing comma after the last event")
+                rest = [buf[off:]]
+                while not rd.eof:
+                    more = rd.read(self.block)
+                    if not more:
+                        break
+                    rest.append(more)
+                    if sum(len(r) for r in rest) > 16 * self.block:
+                        raise FileError(self.path, "malformed JSON after traceEvents (too much text after the array)")
+                yield from self._tail(b"".join(rest))  # only ']' and the keys after it are left
+                return
+            if status == _SCAN_UNSUPPORTED or rd.eof:
+                # something the scanner does not take (or a file that ends inside an event):
+                # the general reader repairs it or says exactly what is wrong
+                self.slow_from = rd.consumed - (len(buf) - off)
+                yield from self._events_slow(rd, buf[off:])
+                return
+            if off == 0 and len(buf) > 16 * self.block:
+                raise FileError(self.path, f"malformed JSON in traceEvents near byte {rd.consumed - len(buf):,}")
+            buf = buf[off:]
+            if off == 0:  # one event longer than the block: read more before scanning again
+                more = rd.read(self.block)
+                if not more:
+                    continue
+                buf += more
+
+    def _events_slow(self, rd, buf: bytes) -> Iterator[Chunk]:
         while True:
             while not rd.eof and len(buf) < self.block:
                 more = rd.read(self.block)

@@ -16,9 +16,15 @@ Field spellings handled (they changed across PyTorch versions): categories
 ``"stream 7"``.
 
 Times: Kineto writes µs with up to three decimals. They become int64 ns
-exactly: integers are multiplied by 1000; floats below 2^52/1000 µs are
-``round(x*1000)`` (provably exact for three decimals at that magnitude); any
-other value is converted from its decimal text.
+exactly. The C scanner converts the decimal text itself. The msgspec path
+multiplies integers by 1000 and takes ``round(x*1000)`` for floats below 2^41 µs;
+any other value is converted from its decimal text. Why 2^41: for x < 2^k the
+double nearest the text is off by at most 2^(k-53) µs = 500·2^(k-53) ns, and the
+product x*1000 adds at most half an ulp of a number below 2^(k+10), 2^(k-44) ns;
+the sum, about 2^(k-43) ns, must stay below 0.5 ns so the rounding lands on the
+true integer. k = 41 leaves a factor of 2 (0.25 ns). (The bound used to be
+2^52/1000 µs ≈ 2^42.03, which let 1 ns errors through: hta_nccl_parser's
+ts ≈ 4.46e12 µs lost up to 1 ns.)
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.errors import FileError
-from tracekit.ingest.jsonstream import TraceStream
+from tracekit.ingest.jsonstream import FastChunk, TraceStream
 
 # Canonical categories (store column `category`).
 _CAT = {
@@ -68,7 +74,7 @@ CUSTOM_ALL_REDUCE_PATTERNS = (
 BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:", r"msccl") + CUSTOM_ALL_REDUCE_PATTERNS
 _COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:")
 
-_MAX_EXACT_FLOAT_US = float(2**52) / 1000.0
+_MAX_EXACT_FLOAT_US = float(2**41)  # see the module docstring
 _MAX_INT_US = (2**63 - 1) // 1000
 
 RAW_SCHEMA = pa.schema(
@@ -297,7 +303,10 @@ def read_rank_file(
     state = _ChunkState(comm_regex)
     try:
         for chunk in stream:
-            batch = _chunk_batch(chunk, rf, state)
+            if isinstance(chunk, FastChunk):
+                batch = _fast_batch(chunk, rf, state)
+            else:
+                batch = _chunk_batch(chunk, rf, state)
             if batch is None:
                 continue
             if writer is None:
@@ -442,27 +451,16 @@ def _chunk_batch(chunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
         elif cpu_comm and name.startswith("gloo:"):
             is_comm[i] = True
         if is_comm[i] or cpu_comm:
-            # only the fields present: these rows are kept for the whole file
-            row = {f: v for f in META_FIELDS if (v := getattr(args, f)) is not None}
-            if "input_dims" not in row and args.input_dims_lc is not None:
-                row["input_dims"] = args.input_dims_lc
-            row.update(event_id=int(ids[i]), name=name, category=cat, gpu=is_gpu, device=int(device[i]),
-                       track=int(track[i]), ts_ns=int(ts_ns[i]), dur_ns=int(dur_ns[i]), correlation=corr[i])
-            rf.comm_meta.append(row)
+            rf.comm_meta.append(
+                _meta_row(args, int(ids[i]), name, cat, is_gpu, int(device[i]), int(track[i]),
+                          int(ts_ns[i]), int(dur_ns[i]), corr[i])
+            )
         if cat in ("user_annotation", "cpu_op") and name.startswith("ProfilerStep#"):
-            m = re.match(r"ProfilerStep#(\d+)", name)
-            if m and ts_ok[i] and dur_ok[i]:
-                rf.steps.append((int(m.group(1)), int(ids[i]), int(ts_ns[i]), int(ts_ns[i] + dur_ns[i])))
-    valid = ts_ok & dur_ok & (dur_ns >= 0) & (ts_ns > 0)
-    nbad = int(n - valid.sum())
-    if nbad:
-        rf.quarantined += nbad
-        bad_ids = set(ids[~valid].tolist())
-        rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
-        rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
+            _add_step(rf, name, int(ids[i]), ts_ok[i] and dur_ok[i], int(ts_ns[i]), int(dur_ns[i]))
     if not rf.has_gpu and any(gpu):
         rf.has_gpu = True
-    batch = pa.record_batch(
+    return _finish_batch(
+        rf, ids, ts_ns, ts_ok, dur_ns, dur_ok,
         [
             pa.array(ids),
             pa.array(["gpu_stream" if g else "cpu_thread" for g in gpu], pa.string()),
@@ -476,8 +474,38 @@ def _chunk_batch(chunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
             pa.array(ext, pa.int64()),
             pa.array(is_comm),
         ],
-        schema=RAW_SCHEMA,
     )
+
+
+def _meta_row(args: KArgs, event_id, name, cat, is_gpu, device, track, ts_ns, dur_ns, correlation) -> dict:
+    """The metadata row of a collective-related event: only the fields present (kept for the whole file)."""
+    row = {f: v for f in META_FIELDS if (v := getattr(args, f)) is not None}
+    if "input_dims" not in row and args.input_dims_lc is not None:
+        row["input_dims"] = args.input_dims_lc
+    row.update(event_id=event_id, name=name, category=cat, gpu=is_gpu, device=device,
+               track=track, ts_ns=ts_ns, dur_ns=dur_ns, correlation=correlation)
+    return row
+
+
+_STEP_RE = re.compile(r"ProfilerStep#(\d+)")
+
+
+def _add_step(rf: RankFile, name: str, event_id: int, ok: bool, ts_ns: int, dur_ns: int) -> None:
+    m = _STEP_RE.match(name)
+    if m and ok:
+        rf.steps.append((int(m.group(1)), event_id, ts_ns, ts_ns + dur_ns))
+
+
+def _finish_batch(rf: RankFile, ids, ts_ns, ts_ok, dur_ns, dur_ok, columns: list) -> pa.RecordBatch:
+    """Quarantine events with a missing/non-positive ts or a negative dur; the RAW_SCHEMA batch of the rest."""
+    valid = ts_ok & dur_ok & (dur_ns >= 0) & (ts_ns > 0)
+    nbad = int(len(valid) - valid.sum())
+    if nbad:
+        rf.quarantined += nbad
+        bad_ids = set(ids[~valid].tolist())
+        rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
+        rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
+    batch = pa.record_batch(columns, schema=RAW_SCHEMA)
     return batch.filter(pa.array(valid)) if nbad else batch
 
 
@@ -505,3 +533,167 @@ def _decode_many(raws: list, list_decoder, one_decoder, empty) -> list:
             except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
                 out.append(empty)
         return out
+
+
+# Fixed-width records of the C scanner (tracekit/ingest/_kscan.c, struct REC).
+REC_DTYPE = np.dtype(
+    [(f, "<i8") for f in ("ts", "dur", "pid", "tid", "a_s", "a_e", "corr", "ext_u", "ext_l", "dev", "strm")]
+    + [("cat", "<i4"), ("name", "<i4")]
+    + [(f, "u1") for f in ("ph", "pid_k", "tid_k", "ts_ok", "dur_ok", "fl", "pad0", "pad1")]
+)
+_F_CORR, _F_EXTU, _F_EXTL, _F_DEV, _F_STRM, _F_ODD, _F_COLL, _F_NELEM = 1, 2, 4, 8, 16, 32, 64, 128
+_PH_X, _PH_M = 1, 2
+_K_INT, _K_STR = 0, 1
+
+
+def _code_table(codes: np.ndarray, strings: list, fn, missing) -> np.ndarray:
+    """``fn(strings[c])`` for every code used (``missing`` for code -1), as an object array indexable by code+1."""
+    out = np.empty(len(strings) + 1, dtype=object)
+    out[0] = missing
+    for c in np.unique(codes).tolist():
+        if c >= 0:
+            out[c + 1] = fn(strings[c])
+    return out
+
+
+def _fast_ids(vals: np.ndarray, kinds: np.ndarray, strings: list) -> np.ndarray:
+    """pid/tid of scanner records → int64 track ids, as :func:`_track_id` gives them."""
+    out = vals.astype(np.int64, copy=True)
+    strs = kinds == _K_STR
+    if strs.any():
+        table = {c: _track_id(strings[c]) for c in np.unique(vals[strs]).tolist()}
+        out[strs] = [table[c] for c in vals[strs].tolist()]
+    none = (kinds != _K_INT) & ~strs
+    if none.any():
+        out[none] = _track_id(None)
+    return out
+
+
+def _slice_args(text: bytes, a_s: int, a_e: int) -> bytes:
+    return text[a_s:a_e] if a_s >= 0 else b"null"
+
+
+def _fast_batch(ch: FastChunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
+    """Scanner records → a RAW_SCHEMA batch; the same rows, ids and side results as :func:`_chunk_batch`.
+
+    Everything per event is numpy over the records; Python objects are made per
+    distinct string, and ``args`` are decoded (msgspec) only for collective-related
+    events, profiler steps' neighbours excepted, and for the rare event whose id
+    fields are not plain integers.
+    """
+    r = np.frombuffer(ch.records, REC_DTYPE)
+    strings = ch.strings
+    text = ch.text
+    ph = r["ph"]
+    for i in np.flatnonzero(ph == _PH_M).tolist():
+        c = int(r["name"][i])
+        if c >= 0 and strings[c] == "thread_name":
+            try:
+                a = msgspec.json.decode(_slice_args(text, int(r["a_s"][i]), int(r["a_e"][i])))
+                pid = _fast_ids(r["pid"][i : i + 1], r["pid_k"][i : i + 1], strings)[0]
+                tid = _fast_ids(r["tid"][i : i + 1], r["tid_k"][i : i + 1], strings)[0]
+                rf.thread_names[(int(pid), int(tid))] = str(a.get("name"))
+            except Exception:
+                pass
+    x = r[ph == _PH_X]
+    n = len(x)
+    if n == 0:
+        return None
+    cat_codes = x["cat"]
+    name_codes = x["name"]
+    cat_tab = _code_table(cat_codes, strings, st.category, _canon_cat(None))
+    cats_obj = cat_tab[cat_codes + 1]
+    name_tab = _code_table(name_codes, strings, lambda s: s, "")
+    gpu_tab = np.array([c in GPU_CATEGORIES for c in cat_tab.tolist()], dtype=bool)
+    launch_tab = np.array([c in _LAUNCH_CATEGORIES for c in cat_tab.tolist()], dtype=bool)
+    kernel_tab = np.array([c == "kernel" for c in cat_tab.tolist()], dtype=bool)
+    step_cat_tab = np.array([c in ("user_annotation", "cpu_op") for c in cat_tab.tolist()], dtype=bool)
+    names_used = [nm for nm in name_tab.tolist() if nm is not None]
+    flags = st.special_names(names_used)
+
+    def name_flag(fn) -> np.ndarray:
+        return np.array([nm is not None and fn(nm) for nm in name_tab.tolist()], dtype=bool)
+
+    special_tab = name_flag(lambda nm: flags[nm])
+    comm_cpu_tab = name_flag(lambda nm: nm.startswith(_COMM_CPU_PREFIX))
+    gloo_tab = name_flag(lambda nm: nm.startswith("gloo:"))
+    comm_name_tab = name_flag(st.comm_name)
+    step_name_tab = name_flag(lambda nm: nm.startswith("ProfilerStep#"))
+
+    ci = cat_codes + 1
+    ni = name_codes + 1
+    gpu = gpu_tab[ci]
+    ts_ns = x["ts"].copy()
+    dur_ns = x["dur"].copy()
+    ts_ok = x["ts_ok"].astype(bool)
+    dur_ok = x["dur_ok"].astype(bool)
+    ids = np.arange(st.next_id, st.next_id + n, dtype=np.int64)
+    st.next_id += n
+    device = _fast_ids(x["pid"], x["pid_k"], strings)
+    track = _fast_ids(x["tid"], x["tid_k"], strings)
+    fl = x["fl"]
+    # ids are read for runtime/driver calls and the events that need their args (GPU work,
+    # collective ops, profiler steps); other rows keep null, as in _chunk_batch
+    special = gpu | special_tab[ni]
+    want = launch_tab[ci] | special
+    has_corr = want & ((fl & _F_CORR) != 0)
+    ext_u = (fl & _F_EXTU) != 0
+    has_ext = want & (ext_u | ((fl & _F_EXTL) != 0))
+    ext_vals = np.where(ext_u, x["ext_u"], x["ext_l"])
+    dev_override = gpu & ((fl & _F_DEV) != 0)
+    strm_override = gpu & ((fl & _F_STRM) != 0)
+    device[dev_override] = x["dev"][dev_override]
+    track[strm_override] = x["strm"][strm_override]
+    corr = np.where(has_corr, x["corr"], 0)
+    ext = np.where(has_ext, ext_vals, 0)
+    corr_valid = has_corr.copy()
+    ext_valid = has_ext.copy()
+    # the rare event whose id fields are not plain integers: as _chunk_batch reads them
+    for i in np.flatnonzero(want & ((fl & _F_ODD) != 0)).tolist():
+        a = _decode_args(_slice_args(text, int(x["a_s"][i]), int(x["a_e"][i])))
+        c = _as_int(a.correlation)
+        e = _as_int(a.external_id if a.external_id is not None else a.external_id_lc)
+        corr_valid[i], corr[i] = c is not None, c or 0
+        ext_valid[i], ext[i] = e is not None, e or 0
+        if gpu[i]:
+            dv, sm = _as_int(a.device), _as_int(a.stream)
+            if dv is not None:
+                device[i] = dv
+            if sm is not None:
+                track[i] = sm
+    kernel = kernel_tab[ci]
+    is_comm = (kernel & (comm_name_tab[ni] | ((fl & (_F_COLL | _F_NELEM)) != 0))) | (~gpu & gloo_tab[ni])
+    cpu_comm = ~gpu & comm_cpu_tab[ni]
+    meta_idx = np.flatnonzero(is_comm | cpu_comm).tolist()
+    if meta_idx:
+        decoded = _decode_many(
+            [_slice_args(text, int(x["a_s"][i]), int(x["a_e"][i])) for i in meta_idx], _KARGS_LIST, _KARGS, _EMPTY_ARGS
+        )
+        for i, args in zip(meta_idx, decoded):
+            rf.comm_meta.append(
+                _meta_row(args, int(ids[i]), name_tab[ni[i]], cats_obj[i], bool(gpu[i]), int(device[i]),
+                          int(track[i]), int(ts_ns[i]), int(dur_ns[i]), int(corr[i]) if corr_valid[i] else None)
+            )
+    for i in np.flatnonzero(step_cat_tab[ci] & step_name_tab[ni]).tolist():
+        _add_step(rf, name_tab[ni[i]], int(ids[i]), bool(ts_ok[i] and dur_ok[i]), int(ts_ns[i]), int(dur_ns[i]))
+    if not rf.has_gpu and gpu.any():
+        rf.has_gpu = True
+    cat_arr = pa.array(cat_tab, pa.string())
+    name_arr = pa.array(name_tab, pa.string())
+    kind_arr = pa.array(["cpu_thread", "gpu_stream"], pa.string())
+    return _finish_batch(
+        rf, ids, ts_ns, ts_ok, dur_ns, dur_ok,
+        [
+            pa.array(ids),
+            kind_arr.take(pa.array(gpu.astype(np.int8))),
+            pa.array(device),
+            pa.array(track),
+            cat_arr.take(pa.array(ci)),
+            name_arr.take(pa.array(ni)),
+            pa.array(ts_ns),
+            pa.array(dur_ns),
+            pa.array(corr, pa.int64(), mask=~corr_valid),
+            pa.array(ext, pa.int64(), mask=~ext_valid),
+            pa.array(is_comm),
+        ],
+    )
