@@ -61,11 +61,10 @@ def finish_run(
     hosts = {}
     for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
         cpu_only = not rf.has_gpu
-        steps = rf.steps or [(-1, -1, 0, 0)]
-        con.execute("CREATE OR REPLACE TEMP TABLE steps(step BIGINT, ts BIGINT, e BIGINT)")
-        con.executemany("INSERT INTO steps VALUES (?, ?, ?)", [(s[0], s[2], s[3]) for s in steps])
         out = stage / "events" / f"rank={rank}.parquet"
-        con.execute(_events_sql(run_id, rank, raw, out, cpu_only))
+        with con.cursor() as rcon:
+            fn = _register_steps(rcon, rf.steps, f"tk_step_{rank}")
+            rcon.execute(_events_sql(run_id, rank, raw, out, cpu_only, fn))
         ev = f"read_parquet({_sql_str(out)})"
         # comm spans after clipping, with their launch call (GPU) for op attribution
         spans = {}
@@ -178,32 +177,43 @@ CLIP_TOLERANCE_NS = 100
 """Overlaps of consecutive GPU ops on one stream up to this are clock noise, not clipped."""
 
 
-def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> str:
-    """COPY statement: raw rows → final events rows (launch link, clipping, class, step)."""
+def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, step_fn: str) -> str:
+    """COPY statement: raw rows → final events rows (launch link, clipping, class, step).
+
+    Built to stream within LINK_MEMORY_LIMIT: the raw file is scanned once per use
+    (no materialised CTE of a whole rank), hash-join build sides hold only runtime
+    calls, GPU ops and comm threads, the sync-name regex runs once per distinct
+    name, and the profiler step comes from ``step_fn`` (a binary search over the
+    rank's few steps, registered by :func:`_register_steps`) instead of an ASOF join
+    that would sort every event.
+    """
     src = f"read_parquet({_sql_str(raw)})"
     return f"""
     COPY (
-      WITH raw AS (SELECT * FROM {src}),
-      launch AS (
-        SELECT correlation, event_id AS launch_id, ts_ns AS launch_ts FROM raw
+      WITH launch AS (
+        SELECT correlation, event_id AS launch_id, ts_ns AS launch_ts FROM {src}
         WHERE category IN ('runtime', 'driver') AND correlation IS NOT NULL
         QUALIFY row_number() OVER (PARTITION BY correlation ORDER BY (category = 'runtime') DESC, event_id) = 1
       ),
       comm_threads AS (  -- gloo's worker threads (gloo:send/recv run on the caller's thread)
-        SELECT DISTINCT device, track FROM raw
+        SELECT DISTINCT device, track FROM {src}
         WHERE track_kind = 'cpu_thread' AND is_comm AND name NOT IN ('gloo:send', 'gloo:recv')
       ),
       gpu_ops AS (  -- the next op's start on the same GPU stream (kernels, memcpy, memset only)
         SELECT event_id, lead(ts_ns) OVER (PARTITION BY device, track ORDER BY ts_ns, event_id) AS next_ts
-        FROM raw WHERE track_kind = 'gpu_stream' AND category IN ('kernel', 'memcpy', 'memset')
+        FROM {src} WHERE track_kind = 'gpu_stream' AND category IN ('kernel', 'memcpy', 'memset')
+      ),
+      sync_names AS (  -- Stream/Event/Device synchronize calls, by name
+        SELECT name FROM (SELECT DISTINCT name FROM {src}) WHERE regexp_matches(name, {_sql_str(_SYNC_NAME)})
       ),
       linked AS (
         SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
-               (ct.track IS NOT NULL) AS on_comm_thread, g.next_ts
-        FROM raw r
+               (ct.track IS NOT NULL) AS on_comm_thread, g.next_ts, (sn.name IS NOT NULL) AS sync_name
+        FROM {src} r
         LEFT JOIN launch l ON r.track_kind = 'gpu_stream' AND r.correlation = l.correlation
         LEFT JOIN comm_threads ct ON r.track_kind = 'cpu_thread' AND r.device = ct.device AND r.track = ct.track
         LEFT JOIN gpu_ops g ON r.event_id = g.event_id
+        LEFT JOIN sync_names sn ON r.name = sn.name
       ),
       clipped AS (
         SELECT *, (next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}) AS clipped,
@@ -218,7 +228,7 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> 
                WHEN x.is_comm THEN 'comm'
                WHEN {str(cpu_only).upper()} AND x.name IN ('c10d::send', 'c10d::recv_', 'c10d::recv_any_source_')
                  THEN 'comm'
-               WHEN x.category = 'sync' OR regexp_matches(x.name, {_sql_str(_SYNC_NAME)}) THEN 'sync'
+               WHEN x.category = 'sync' OR x.sync_name THEN 'sync'
                WHEN x.category = 'kernel' THEN 'compute'
                WHEN x.category IN ('memcpy', 'memset') THEN 'memory'
                WHEN x.track_kind = 'gpu_stream' THEN 'other'
@@ -228,11 +238,39 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool) -> 
                  THEN 'compute'
                ELSE 'cpu'
              END AS class,
-             CASE WHEN x.step_ts < s.e THEN s.step END AS step,
+             {step_fn}(x.step_ts) AS step,
              x.clipped, x.clipped_ns
-      FROM clipped x ASOF LEFT JOIN steps s ON x.step_ts >= s.ts
-    ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd)
+      FROM clipped x
+    ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)
     """
+
+
+def _register_steps(con, steps, name: str) -> str:
+    """Register ``name(ts BIGINT) -> BIGINT`` on ``con`` and return ``name``: the profiler step
+    whose window ``[start, end)`` holds ts, else NULL. ``steps``: (step, event_id, start_ns,
+    end_ns) tuples.
+
+    With several windows starting at or before ts, the one that starts last is taken
+    (what an ASOF join on start does); ts past its end gets NULL.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    order = sorted(steps, key=lambda s: (s[2], s[0]))
+    starts = np.array([s[2] for s in order], dtype=np.int64)
+    ends = np.array([s[3] for s in order], dtype=np.int64)
+    numbers = np.array([s[0] for s in order], dtype=np.int64)
+
+    def tk_step(ts: pa.Array) -> pa.Array:
+        t = ts.to_numpy(zero_copy_only=False)
+        i = np.searchsorted(starts, t, side="right") - 1
+        ok = i >= 0
+        j = np.where(ok, i, 0)
+        inside = ok & (t < ends[j]) if len(starts) else np.zeros(len(t), dtype=bool)
+        return pa.array(numbers[j] if len(starts) else np.zeros(len(t), dtype=np.int64), mask=~inside)
+
+    con.create_function(name, tk_step, ["BIGINT"], "BIGINT", type="arrow", null_handling="special", side_effects=False)
+    return name
 
 
 def _check_one_timeline(con, stage: Path, results, ranks) -> None:
