@@ -145,12 +145,29 @@ def register_udfs(con) -> None:
             return cand
         return algos[0]
 
-    def best(op, size, n, alpha, beta, in_switch):
+    def best_uncached(op, size, n, alpha, beta, in_switch):
         link = custom_link(alpha, beta)
         preds = predict_collective(op, float(size), int(n), link, algo="all")
         if not in_switch:  # NVLS/SHARP needs switch hardware the fit cannot vouch for
             preds = [p for p in preds if p.algo != "nvls"] or preds
         return min(preds, key=lambda p: p.time_s)
+
+    # predict_collective over every algorithm costs ~45 µs and tk_best_algo / tk_best_time ask it
+    # twice per instance with arguments that repeat (same op, size, k, α, β): remember the answers.
+    best_cache: dict = {}
+
+    def best(*args):
+        if any(type(a) is float and a == 0.0 for a in args):
+            return best_uncached(*args)  # 0.0 and -0.0 are one dict key but may give different results
+        try:
+            return best_cache[args]
+        except KeyError:
+            pass
+        got = best_uncached(*args)  # exceptions are not cached: safe() turns them into NULL each time
+        if len(best_cache) >= 1 << 16:
+            best_cache.clear()
+        best_cache[args] = got
+        return got
 
     def reg(name, fn, args, ret, nulls=False):
         con.create_function(name, fn if nulls else safe(fn), args, ret, null_handling="special")

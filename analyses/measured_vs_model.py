@@ -174,6 +174,9 @@ def rows_for(con, link: str | None) -> list[dict]:
         "JOIN events e USING (run_id, rank, event_id) WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL"
     ).fetchall():
         calls[(run_id, rank, step)].append((op, size, k))
+    # the same (op, size, k) recur in every step of every rank: look α, β and the terms up once
+    ab_memo: dict = {}
+    terms_memo: dict = {}
     out = []
     for (run_id, rank), steps in sorted(measured.items()):
         if run_id not in runs or runs[run_id][0] == "sweep":
@@ -190,8 +193,13 @@ def rows_for(con, link: str | None) -> list[dict]:
         modelled = True
         for st in steps:
             for op, size, k in calls.get((run_id, rank, st[0]), []):
-                got = ab.get(run_id, op, k)
-                t = _terms(op, size, k, got[0], got[1]) if got else None
+                key = (run_id, op, k)
+                got = ab_memo[key] if key in ab_memo else ab_memo.setdefault(key, ab.get(run_id, op, k))
+                if got:
+                    tkey = (op, size, k, got[0], got[1])
+                    t = terms_memo[tkey] if tkey in terms_memo else terms_memo.setdefault(tkey, _terms(*tkey))
+                else:
+                    t = None
                 if t is None:
                     modelled = False
                     continue

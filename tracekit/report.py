@@ -135,12 +135,19 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         "FROM alpha_beta_fit WHERE run_id = ? ORDER BY op, group_size",
         p,
     )
+    # collective_verdicts calls the model (Python UDFs) for every instance: evaluate it once for both queries
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE __report_verdicts AS "
+        "SELECT op, verdict, verdict_basis, efficiency, efficiency_link, pg_name, seq, size_bytes, group_size, "
+        "sync_time_ns, skew_ns, fit_predicted_ns, link_predicted_ns, best_algo, best_predicted_ns "
+        "FROM collective_verdicts WHERE run_id = ?",
+        p,
+    )
     verdicts = _rows(
         con,
         "SELECT op, verdict, verdict_basis, count(*) AS count, median(efficiency) AS median_efficiency, "
         "median(efficiency_link) AS median_efficiency_link "
-        "FROM collective_verdicts WHERE run_id = ? GROUP BY ALL ORDER BY op, verdict",
-        p,
+        "FROM __report_verdicts GROUP BY ALL ORDER BY op, verdict",
     )
     furthest = _rows(
         con,
@@ -148,11 +155,10 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         SELECT pg_name, seq, op, size_bytes, group_size, sync_time_ns, skew_ns, verdict, verdict_basis,
                coalesce(fit_predicted_ns, link_predicted_ns) AS predicted_ns,
                coalesce(efficiency, efficiency_link) AS efficiency, best_algo, best_predicted_ns
-        FROM collective_verdicts
-        WHERE run_id = ? AND coalesce(efficiency, efficiency_link) IS NOT NULL
+        FROM __report_verdicts
+        WHERE coalesce(efficiency, efficiency_link) IS NOT NULL
         ORDER BY coalesce(efficiency, efficiency_link) ASC, pg_name, seq LIMIT {TOP_STRAGGLERS}
         """,
-        p,
     )
     mvm = _rows(con, "SELECT * EXCLUDE (run_id) FROM measured_vs_model WHERE run_id = ? ORDER BY rank", p)
     warnings = []
