@@ -169,8 +169,10 @@ def register_udfs(con) -> None:
         best_cache[args] = got
         return got
 
-    def reg(name, fn, args, ret, nulls=False):
-        con.create_function(name, fn if nulls else safe(fn), args, ret, null_handling="special")
+    def reg(name, fn, args, ret):
+        # DuckDB's default null handling answers NULL for a NULL argument without calling Python (as
+        # safe() would answer): rows without a model (no fit, no --link) cost no Python call
+        con.create_function(name, safe(fn), args, ret, null_handling="default")
 
     reg("tk_busbw_factor", lambda op, n: float(busbw_factor(op, int(n))), ["VARCHAR", "INTEGER"], "DOUBLE")
     reg("tk_algbw", lambda d, t_ns: algbw(float(d), float(t_ns) * 1e-9), ["BIGINT", "DOUBLE"], "DOUBLE")
