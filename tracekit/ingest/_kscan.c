@@ -233,8 +233,11 @@ static int lex_string(const unsigned char *b, int64_t i, int64_t n, int64_t *end
                 }
                 if (v >= 0xDC00 && v <= 0xDFFF) return RS_BAD; /* lone low surrogate */
                 if (v >= 0xD800 && v <= 0xDBFF) {
+                    if (j + 6 >= n) return RS_NEED;
+                    if (b[j + 6] != '\\') return RS_BAD;
+                    if (j + 7 >= n) return RS_NEED;
+                    if (b[j + 7] != 'u') return RS_BAD;
                     if (j + 12 > n) return RS_NEED;
-                    if (b[j + 6] != '\\' || b[j + 7] != 'u') return RS_BAD;
                     int w = 0;
                     for (int t = 8; t < 12; t++) {
                         int hv = hexval(b[j + t]);
@@ -634,6 +637,8 @@ static int time_field(Scan *s, int64_t j, int64_t *end, int64_t *v, uint8_t *ok)
         if (r) return r;
         int q = num_to_ns(&x, v);
         if (q < 0) return RS_BAD;
+        /* an integer µs of 2^63/1000 or more is out of range, as in the msgspec path */
+        if (x.is_int && x.mant >= 9223372036854775ULL) q = 0;
         *ok = (uint8_t)q;
         if (!q) *v = 0;
         return RS_OK;

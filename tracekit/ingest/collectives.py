@@ -28,6 +28,8 @@ rank's input splits except its own chunk; ``S`` for broadcast, reduce, send;
 from __future__ import annotations
 
 import bisect
+import functools
+import itertools
 import math
 import re
 from collections import defaultdict
@@ -60,6 +62,9 @@ _PREFIXES = ("nccl", "rccl", "c10d", "gloo", "msccl")
 BUS_FACTOR_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"}
 
 
+_CANON_CACHE: dict[str, str | None] = {}
+
+
 def canonical_op(text: Any) -> str | None:
     """Collective names in any spelling → canonical op, or None.
 
@@ -68,6 +73,18 @@ def canonical_op(text: Any) -> str | None:
     """
     if not text:
         return None
+    if type(text) is str:
+        got = _CANON_CACHE.get(text, _CANON_CACHE)
+        if got is not _CANON_CACHE:
+            return got
+        if len(_CANON_CACHE) > 65536:
+            _CANON_CACHE.clear()
+        got = _CANON_CACHE[text] = _canonical_op(text)
+        return got
+    return _canonical_op(text)
+
+
+def _canonical_op(text: Any) -> str | None:
     s = re.sub(r"[^a-z0-9]", "", str(text).lower())
     for p in _PREFIXES:
         if s.startswith(p):
@@ -89,6 +106,7 @@ _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)(?:_([A-Z]+))?(
 _CUSTOM_ALL_REDUCE = re.compile("|".join(CUSTOM_ALL_REDUCE_PATTERNS), re.I)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_kernel_name(name: str) -> tuple[str | None, str | None, str | None]:
     """``ncclKernel_AllReduce_RING_LL_Sum_float`` → ("all_reduce", "RING", "LL") (algo/proto informational).
 
@@ -174,19 +192,21 @@ class _OpIndex:
     def __init__(self, rows: list[dict]):
         self.rows = sorted(rows, key=lambda r: (r["ts_ns"], -r["dur_ns"]))
         self.starts = [r["ts_ns"] for r in self.rows]
+        self.ends = [r["ts_ns"] + r["dur_ns"] for r in self.rows]
+        # max_end[j]: the latest end among rows[0..j]; once below `end`, no earlier op encloses
+        self.max_end = list(itertools.accumulate(self.ends, max))
 
     def enclosing(self, ts: int, end: int) -> list[dict]:
-        """Ops with start ≤ ts and end ≥ end, innermost (latest start) first."""
+        """Ops with start ≤ ts and end ≥ end, innermost (latest start) first (the 64 latest starts looked at)."""
         i = bisect.bisect_right(self.starts, ts)
         out = []
         j = i - 1
-        looked = 0
-        while j >= 0 and looked < 64:
-            r = self.rows[j]
-            if r["ts_ns"] + r["dur_ns"] >= end:
-                out.append(r)
+        lo = max(-1, j - 64)
+        ends, max_end, rows = self.ends, self.max_end, self.rows
+        while j > lo and max_end[j] >= end:
+            if ends[j] >= end:
+                out.append(rows[j])
             j -= 1
-            looked += 1
         return out
 
 

@@ -30,6 +30,8 @@ ts ≈ 4.46e12 µs lost up to 1 ns.)
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -299,9 +301,8 @@ def read_rank_file(
     path = Path(path)
     stream = TraceStream(path)
     rf = RankFile(path=path, sha256="", meta={})
-    writer: pq.ParquetWriter | None = None
     state = _ChunkState(comm_regex)
-    try:
+    with _BatchWriter(out_parquet) as writer:
         for chunk in stream:
             if isinstance(chunk, FastChunk):
                 batch = _fast_batch(chunk, rf, state)
@@ -309,21 +310,73 @@ def read_rank_file(
                 batch = _chunk_batch(chunk, rf, state)
             if batch is None:
                 continue
-            if writer is None:
-                writer = pq.ParquetWriter(out_parquet, RAW_SCHEMA, compression="zstd", compression_level=1)
-            writer.write_batch(batch)
+            writer.write(batch)
             rf.events += batch.num_rows
             if progress is not None:
                 progress(batch.num_rows)
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:
-        pq.write_table(RAW_SCHEMA.empty_table(), out_parquet)
     rf.meta = stream.meta
     rf.warnings.extend(stream.notes)
     rf.sha256 = sha256 or sha256_file(path)
     return rf
+
+
+class _BatchWriter:
+    """RAW_SCHEMA batches → one Parquet file, written by a second thread.
+
+    pyarrow releases the GIL while encoding and writing, so this overlaps the
+    next chunk's scan. At most two batches wait (bounded memory). An error in the
+    thread (a full disk...) is raised by the next ``write`` or by leaving the
+    ``with`` block. The file is uncompressed: it is staging, read once by the link pass.
+    """
+
+    def __init__(self, out: Path):
+        import queue
+        import threading
+
+        self.out = out
+        self._q: queue.Queue = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        self._t = threading.Thread(target=self._run, name="tracekit-raw-writer", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        writer = None
+        try:
+            while True:
+                batch = self._q.get()
+                if batch is None:
+                    break
+                if self._error is None:
+                    if writer is None:
+                        writer = pq.ParquetWriter(self.out, RAW_SCHEMA, compression="none")
+                    writer.write_batch(batch)
+            if writer is None:
+                pq.write_table(RAW_SCHEMA.empty_table(), self.out)
+        except BaseException as exc:  # handed to the reading thread
+            self._error = exc
+            while self._q.get() is not None:  # drain until the reader says it is done
+                pass
+        finally:
+            if writer is not None:
+                try:
+                    writer.close()
+                except BaseException as exc:
+                    self._error = self._error or exc
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._error is not None:
+            raise self._error
+        self._q.put(batch)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._q.put(None)
+        self._t.join()
+        if exc_type is None and self._error is not None:
+            raise self._error
+        return False
 
 
 class _ChunkState:
@@ -477,9 +530,13 @@ def _chunk_batch(chunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
     )
 
 
+_META_GET = operator.itemgetter(*[KArgs.__struct_fields__.index(f) for f in META_FIELDS])
+
+
 def _meta_row(args: KArgs, event_id, name, cat, is_gpu, device, track, ts_ns, dur_ns, correlation) -> dict:
     """The metadata row of a collective-related event: only the fields present (kept for the whole file)."""
-    row = {f: v for f in META_FIELDS if (v := getattr(args, f)) is not None}
+    vals = _META_GET(msgspec.structs.astuple(args))
+    row = dict(itertools.compress(zip(META_FIELDS, vals), map(operator.is_not, vals, itertools.repeat(None))))
     if "input_dims" not in row and args.input_dims_lc is not None:
         row["input_dims"] = args.input_dims_lc
     row.update(event_id=event_id, name=name, category=cat, gpu=is_gpu, device=device,
@@ -578,8 +635,7 @@ def _fast_batch(ch: FastChunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch 
 
     Everything per event is numpy over the records; Python objects are made per
     distinct string, and ``args`` are decoded (msgspec) only for collective-related
-    events, profiler steps' neighbours excepted, and for the rare event whose id
-    fields are not plain integers.
+    events and for the rare event whose id fields are not plain integers.
     """
     r = np.frombuffer(ch.records, REC_DTYPE)
     strings = ch.strings
@@ -664,22 +720,28 @@ def _fast_batch(ch: FastChunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch 
     kernel = kernel_tab[ci]
     is_comm = (kernel & (comm_name_tab[ni] | ((fl & (_F_COLL | _F_NELEM)) != 0))) | (~gpu & gloo_tab[ni])
     cpu_comm = ~gpu & comm_cpu_tab[ni]
-    meta_idx = np.flatnonzero(is_comm | cpu_comm).tolist()
-    if meta_idx:
+    meta_idx = np.flatnonzero(is_comm | cpu_comm)
+    if len(meta_idx):
+        sub = x[meta_idx]
         decoded = _decode_many(
-            [_slice_args(text, int(x["a_s"][i]), int(x["a_e"][i])) for i in meta_idx], _KARGS_LIST, _KARGS, _EMPTY_ARGS
+            [text[a:b] if a >= 0 else b"null" for a, b in zip(sub["a_s"].tolist(), sub["a_e"].tolist())],
+            _KARGS_LIST, _KARGS, _EMPTY_ARGS,
         )
-        for i, args in zip(meta_idx, decoded):
-            rf.comm_meta.append(
-                _meta_row(args, int(ids[i]), name_tab[ni[i]], cats_obj[i], bool(gpu[i]), int(device[i]),
-                          int(track[i]), int(ts_ns[i]), int(dur_ns[i]), int(corr[i]) if corr_valid[i] else None)
-            )
+        m_corr = np.where(corr_valid[meta_idx], corr[meta_idx], 0).tolist()
+        m_corr_ok = corr_valid[meta_idx].tolist()
+        cols = zip(decoded, ids[meta_idx].tolist(), name_tab[ni[meta_idx]].tolist(), cats_obj[meta_idx].tolist(),
+                   gpu[meta_idx].tolist(), device[meta_idx].tolist(), track[meta_idx].tolist(),
+                   ts_ns[meta_idx].tolist(), dur_ns[meta_idx].tolist(), m_corr, m_corr_ok)
+        rf.comm_meta.extend(
+            _meta_row(a, eid, nm, cat, g, dv, tr, ts, du, c if ok else None)
+            for a, eid, nm, cat, g, dv, tr, ts, du, c, ok in cols
+        )
     for i in np.flatnonzero(step_cat_tab[ci] & step_name_tab[ni]).tolist():
         _add_step(rf, name_tab[ni[i]], int(ids[i]), bool(ts_ok[i] and dur_ok[i]), int(ts_ns[i]), int(dur_ns[i]))
     if not rf.has_gpu and gpu.any():
         rf.has_gpu = True
-    cat_arr = pa.array(cat_tab, pa.string())
-    name_arr = pa.array(name_tab, pa.string())
+    cat_arr = pa.array(cat_tab.tolist(), pa.string())  # a list: an object ndarray would import pandas
+    name_arr = pa.array(name_tab.tolist(), pa.string())
     kind_arr = pa.array(["cpu_thread", "gpu_stream"], pa.string())
     return _finish_batch(
         rf, ids, ts_ns, ts_ok, dur_ns, dur_ok,

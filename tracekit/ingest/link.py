@@ -62,9 +62,8 @@ def finish_run(
     for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
         cpu_only = not rf.has_gpu
         out = stage / "events" / f"rank={rank}.parquet"
-        with con.cursor() as rcon:
-            fn = _register_steps(rcon, rf.steps, f"tk_step_{rank}")
-            rcon.execute(_events_sql(run_id, rank, raw, out, cpu_only, fn))
+        step, step_join = _step_expr(con, rf.steps, "x.step_ts", f"steps_{rank}")
+        con.execute(_events_sql(run_id, rank, raw, out, cpu_only, step, step_join))
         ev = f"read_parquet({_sql_str(out)})"
         # comm spans after clipping, with their launch call (GPU) for op attribution
         spans = {}
@@ -177,15 +176,17 @@ CLIP_TOLERANCE_NS = 100
 """Overlaps of consecutive GPU ops on one stream up to this are clock noise, not clipped."""
 
 
-def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, step_fn: str) -> str:
+def _events_sql(
+    run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, step: str, step_join: str = ""
+) -> str:
     """COPY statement: raw rows → final events rows (launch link, clipping, class, step).
 
     Built to stream within LINK_MEMORY_LIMIT: the raw file is scanned once per use
     (no materialised CTE of a whole rank), hash-join build sides hold only runtime
     calls, GPU ops and comm threads, the sync-name regex runs once per distinct
-    name, and the profiler step comes from ``step_fn`` (a binary search over the
-    rank's few steps, registered by :func:`_register_steps`) instead of an ASOF join
-    that would sort every event.
+    name, and the profiler step is the expression ``step`` over ``x.step_ts`` (with
+    ``step_join`` added to the FROM clause), from :func:`_step_expr`: a binary-search
+    CASE tree over the rank's steps instead of an ASOF join that sorts every event.
     """
     src = f"read_parquet({_sql_str(raw)})"
     return f"""
@@ -203,8 +204,9 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, ste
         SELECT event_id, lead(ts_ns) OVER (PARTITION BY device, track ORDER BY ts_ns, event_id) AS next_ts
         FROM {src} WHERE track_kind = 'gpu_stream' AND category IN ('kernel', 'memcpy', 'memset')
       ),
-      sync_names AS (  -- Stream/Event/Device synchronize calls, by name
-        SELECT name FROM (SELECT DISTINCT name FROM {src}) WHERE regexp_matches(name, {_sql_str(_SYNC_NAME)})
+      sync_names AS (  -- Stream/Event/Device synchronize calls, by name (every match contains one of the ILIKEs)
+        SELECT DISTINCT name FROM {src}
+        WHERE (name ILIKE '%synchronize%' OR name ILIKE '%cuda_sync%') AND regexp_matches(name, {_sql_str(_SYNC_NAME)})
       ),
       linked AS (
         SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
@@ -238,39 +240,42 @@ def _events_sql(run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, ste
                  THEN 'compute'
                ELSE 'cpu'
              END AS class,
-             {step_fn}(x.step_ts) AS step,
+             {step} AS step,
              x.clipped, x.clipped_ns
-      FROM clipped x
+      FROM clipped x {step_join}
     ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1)
     """
 
 
-def _register_steps(con, steps, name: str) -> str:
-    """Register ``name(ts BIGINT) -> BIGINT`` on ``con`` and return ``name``: the profiler step
-    whose window ``[start, end)`` holds ts, else NULL. ``steps``: (step, event_id, start_ns,
-    end_ns) tuples.
+STEP_TREE_MAX = 4096
+"""Up to this many profiler steps, an event's step is a binary-search CASE tree in SQL;
+beyond it, an ASOF join over a steps table (which sorts every event)."""
 
-    With several windows starting at or before ts, the one that starts last is taken
-    (what an ASOF join on start does); ts past its end gets NULL.
+
+def _step_expr(con, steps, ts: str, name: str) -> tuple[str, str]:
+    """SQL giving the profiler step of the event time ``ts``: (expression, extra FROM clause).
+
+    The step is the window ``[start, end)`` that starts last at or before ts, if ts is
+    before its end; otherwise NULL. ``steps``: (step, event_id, start_ns, end_ns) tuples.
+    Up to :data:`STEP_TREE_MAX` windows this is a balanced CASE tree (log2(n) comparisons
+    per event, no join); beyond, an ASOF join against temp table ``name`` made on ``con``.
     """
-    import numpy as np
-    import pyarrow as pa
-
     order = sorted(steps, key=lambda s: (s[2], s[0]))
-    starts = np.array([s[2] for s in order], dtype=np.int64)
-    ends = np.array([s[3] for s in order], dtype=np.int64)
-    numbers = np.array([s[0] for s in order], dtype=np.int64)
+    if not order:
+        return "CAST(NULL AS BIGINT)", ""
+    if len(order) > STEP_TREE_MAX:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name}(step BIGINT, ts BIGINT, e BIGINT)")
+        con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?)", [(s[0], s[2], s[3]) for s in order])
+        return f"CASE WHEN {ts} < s.e THEN s.step END", f"ASOF LEFT JOIN {name} s ON {ts} >= s.ts"
+    starts = [int(s[2]) for s in order]
 
-    def tk_step(ts: pa.Array) -> pa.Array:
-        t = ts.to_numpy(zero_copy_only=False)
-        i = np.searchsorted(starts, t, side="right") - 1
-        ok = i >= 0
-        j = np.where(ok, i, 0)
-        inside = ok & (t < ends[j]) if len(starts) else np.zeros(len(t), dtype=bool)
-        return pa.array(numbers[j] if len(starts) else np.zeros(len(t), dtype=np.int64), mask=~inside)
+    def tree(lo: int, hi: int) -> str:  # ts >= starts[lo] and (hi == n or ts < starts[hi])
+        if hi - lo == 1:
+            return f"CASE WHEN {ts} < {int(order[lo][3])} THEN CAST({int(order[lo][0])} AS BIGINT) END"
+        mid = (lo + hi) // 2
+        return f"CASE WHEN {ts} < {starts[mid]} THEN {tree(lo, mid)} ELSE {tree(mid, hi)} END"
 
-    con.create_function(name, tk_step, ["BIGINT"], "BIGINT", type="arrow", null_handling="special", side_effects=False)
-    return name
+    return f"CASE WHEN {ts} < {starts[0]} THEN CAST(NULL AS BIGINT) ELSE {tree(0, len(order))} END", ""
 
 
 def _check_one_timeline(con, stage: Path, results, ranks) -> None:

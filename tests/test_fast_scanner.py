@@ -1,0 +1,305 @@
+"""The C scanner (tracekit.ingest._kscan) against the msgspec reader it speeds up.
+
+The msgspec path (``TRACEKIT_NO_KSCAN=1``) is the reference: every store built
+with the scanner must equal, row for row, the store built without it; where the
+two ever differed, the right value is checked by hand (exact decimal ns).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import duckdb
+import msgspec
+import numpy as np
+import pytest
+
+from tests.conftest import FIXTURES, TRACES
+from tracekit.errors import FileError
+from tracekit.ingest import ingest_paths
+from tracekit.ingest import jsonstream
+from tracekit.ingest.jsonstream import Chunk, FastChunk, TraceStream, fast_scanner_available
+from tracekit.ingest.kineto import REC_DTYPE, text_to_ns
+
+kscan = pytest.importorskip("tracekit.ingest._kscan", reason="the C scanner is not built")
+
+
+def test_scanner_is_built_and_matches_the_record_layout():
+    # pip install builds it on this machine kind (gcc and Python headers are there); a
+    # silently missing scanner would make every ingest take the slow path
+    assert fast_scanner_available()
+    assert REC_DTYPE.itemsize == kscan.RECORD_SIZE == 104
+
+
+# -- the scanner itself --------------------------------------------------------------------
+
+
+def _scan(text: str | bytes):
+    b = text.encode() if isinstance(text, str) else text
+    st, off, recs, strings, tc = kscan.scan(b, 0)
+    return st, off, np.frombuffer(recs, REC_DTYPE), strings, tc
+
+
+def test_statuses_more_closed_unsupported():
+    st, off, r, _, _ = _scan('{"ph":"X","ts":1},{"ph":"X","ts":2}, {"ph":"X"')
+    assert (st, len(r)) == (0, 2)
+    assert off == len('{"ph":"X","ts":1},{"ph":"X","ts":2}, ')  # where the cut event starts
+    st, off, r, _, tc = _scan('{"ph":"X","ts":1}\n]\n, "traceName": "x"}')
+    assert (st, off, len(r), tc) == (1, 18, 1, 0)
+    st, off, r, _, tc = _scan('{"ph":"X","ts":1},\n]')
+    assert (st, len(r), tc) == (1, 1, 1)  # trailing comma reported
+    st, off, r, _, _ = _scan('{"ph":"X","ts":1},{"ph":"X","ts":NaN},{"ph":"X","ts":3}]')
+    assert (st, off, len(r)) == (2, 18, 1)  # stops at the NaN event, keeps the one before
+    st, off, r, _, _ = _scan('{"ph":"X","ts":1} {"ph":"X"}]')  # missing comma
+    assert (st, off, len(r)) == (2, 0, 0)
+    st, off, r, _, _ = _scan("  ]")
+    assert (st, off, len(r)) == (1, 2, 0)
+    # an event whose separator has not arrived yet is not taken
+    st, off, r, _, _ = _scan('{"ph":"X","ts":1}  ')
+    assert (st, off, len(r)) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "text,ns,ok",
+    [
+        ("1669783687464181", 1669783687464181000, 1),
+        ("4458676780056.763", 4458676780056763, 1),  # above 2^42 µs: a double cannot say this
+        ("1712195495533685.110", 1712195495533685110, 1),  # epoch µs with decimals (19 digits)
+        ("1.0005", 1000, 1),  # half to even, as Decimal
+        ("1.0015", 1002, 1),
+        ("1.5e3", 1500000, 1),
+        ("25E-1", 2500, 1),
+        ("-0", 0, 1),
+        ("0.0000001", 0, 1),
+        ("9223372036854774", 9223372036854774000, 1),
+        ("9223372036854775", 0, 0),  # (2^63-1)//1000 µs: out of range, as the msgspec path says
+        ("9223372036854775.9", 0, 0),  # x1000 overflows int64: not ok (quarantined)
+        ("null", 0, 0),
+    ],
+)
+def test_times_are_exact_decimal_ns(text, ns, ok):
+    st, _, r, _, _ = _scan('{"ph":"X","ts":%s,"dur":%s}]' % (text, text))
+    assert st == 1
+    assert (int(r["ts"][0]), int(r["ts_ok"][0])) == (ns, ok)
+    assert (int(r["dur"][0]), int(r["dur_ok"][0])) == (ns, ok)
+    if ok:
+        assert text_to_ns(text) == ns  # the msgspec path's exact converter agrees
+
+
+def test_strings_escapes_and_ids():
+    name = 'a\\"b\\\\c\\u00e9\\ud83d\\ude00\\n'
+    st, _, r, strings, _ = _scan(
+        '{"ph":"X","name":"%s","cat":"kernel","pid":"Traces","tid":"stream 7","ts":1,"dur":2,'
+        '"args":{"External id":5,"correlation":17,"device":3,"stream":7,"Collective name":"x","foo":[1,{"a":"]"}]}},'
+        '{"ph":"M","name":"thread_name","pid":12,"tid":-3,"args":{"name":"gloo"}}]' % name
+    )
+    assert st == 1
+    e = r[0]
+    assert strings[e["name"]] == json.loads('"%s"' % name)
+    assert strings[e["cat"]] == "kernel"
+    assert (e["pid_k"], strings[e["pid"]], e["tid_k"], strings[e["tid"]]) == (1, "Traces", 1, "stream 7")
+    assert (e["ext_u"], e["corr"], e["dev"], e["strm"]) == (5, 17, 3, 7)
+    assert e["fl"] == 1 | 2 | 8 | 16 | 64  # corr, External id, device, stream, Collective name
+    m = r[1]
+    assert (m["ph"], m["pid_k"], m["pid"], m["tid"]) == (2, 0, 12, -3)
+
+
+def test_odd_id_values_are_flagged_for_the_general_decoder():
+    st, _, r, _, _ = _scan('{"ph":"X","args":{"correlation":"77","External id":null,"external id":4}}]')
+    assert st == 1
+    assert r["fl"][0] & 32  # a string correlation: decoded with msgspec by the caller
+    assert r["fl"][0] & 4 and not r["fl"][0] & 2  # null "External id" falls back to "external id"
+    assert r["ext_l"][0] == 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"ph":"X","name":"\xff"}]',  # invalid UTF-8 in a name
+        b'{"ph":"X","args":{"s":"\xc3\x28"}}]',  # ... and in a value nobody reads
+        b'{"ph":"X","name":"\\ud800"}]',  # lone surrogate
+        b'{"ph":"X","name":"a\x01b"}]',  # raw control character
+        b'{"ph":"X","ts":"12.5"}]',  # a time given as a string (the msgspec path reads it exactly)
+        b'{"ph":"X","pid":1.5}]',
+        b'{"ph":"X","ts":Infinity}]',
+        b'{"ph":"X","args":' + b"[" * 300 + b"]" * 300 + b"}]",  # nesting beyond the scanner's depth
+        b'{"ph":"X","na\\u006de":"x"}]',  # an escaped key
+    ],
+)
+def test_what_the_scanner_does_not_take_goes_to_the_general_reader(bad):
+    st, off, r, _, _ = _scan(bad)
+    assert (st, off, len(r)) == (2, 0, 0)
+
+
+# -- whole files: scanner and msgspec path give the same events --------------------------
+
+
+def _events_of(path: Path, block: int, fast: bool, monkeypatch) -> list[tuple]:
+    monkeypatch.setenv("TRACEKIT_NO_KSCAN", "0" if fast else "1")
+    out = []
+    for ch in TraceStream(path, block=block):
+        if isinstance(ch, FastChunk):
+            for e in np.frombuffer(ch.records, REC_DTYPE).tolist():
+                d = dict(zip(REC_DTYPE.names, e))
+                a = ch.text[d["a_s"] : d["a_e"]] if d["a_s"] >= 0 else b"null"
+                name = ch.strings[d["name"]] if d["name"] >= 0 else None
+                out.append((d["ph"], name, d["ts"] if d["ts_ok"] else None, msgspec.json.decode(a)))
+        else:
+            assert isinstance(ch, Chunk)
+            for e in ch.events:
+                ph = 1 if e.ph == "X" else 2 if e.ph == "M" else 0
+                out.append((ph, e.name, text_to_ns(msgspec.json.encode(e.ts)), msgspec.json.decode(e.args)))
+    return out
+
+
+@pytest.mark.parametrize("block", [37, 256, 4096, 1 << 20])
+def test_block_boundaries_do_not_change_events(block, monkeypatch):
+    path = FIXTURES / "tp_2rank" / "rank0.pt.trace.json.gz"
+    ref = _events_of(path, 1 << 22, fast=False, monkeypatch=monkeypatch)
+    got = _events_of(path, block, fast=True, monkeypatch=monkeypatch)
+    assert len(got) == len(ref) > 500
+    assert got == ref
+
+
+def test_fallback_mid_file_keeps_every_event(tmp_path, monkeypatch):
+    evs = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 1000 + i, "dur": 1} for i in range(50)]
+    text = json.dumps({"traceEvents": evs}).replace('"ts": 1030', '"ts": NaN')
+    f = tmp_path / "t.json"
+    f.write_text(text)
+    s = TraceStream(f, block=300)
+    kinds = [type(ch).__name__ for ch in s]
+    assert "FastChunk" in kinds and "Chunk" in kinds  # scanner first, msgspec after the NaN
+    assert s.slow_from is not None
+    assert "1 bare inf/NaN token(s) read as null" in s.notes
+    got = _events_of(f, 300, fast=True, monkeypatch=monkeypatch)
+    assert [g[1] for g in got] == [f"op{i}" for i in range(50)]
+    assert got[30][2] is None and got[29][2] == 1029000
+
+
+def test_truncated_gzip_is_a_file_error_from_the_decompressing_thread(tmp_path):
+    raw = gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "ts": i, "dur": 1} for i in range(20000)]}).encode())
+    f = tmp_path / "cut.json.gz"
+    f.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(FileError, match="truncated gzip stream"):
+        for _ in TraceStream(f, block=4096):
+            pass
+
+
+# -- stores: scanner vs msgspec path, row for row ------------------------------------------
+
+_TARGETS = [
+    "fixtures/tp_2rank",
+    "fixtures/ep_2rank",
+    "fixtures/pp_2rank",
+    "fixtures/kv_layerwise_2rank",
+    "fixtures/handmade/two_rank",
+    "fixtures/defects/alltoall_splits.json",
+    "fixtures/defects/custom_allreduce.json",
+    "fixtures/defects/keys_after_events.json",
+    "fixtures/defects/overlapping_kernels.json",
+    "fixtures/defects/ts_zero.json",
+    "traces/param_dlrm_8rank_v100",
+    "traces/hta_nccl_parser_a100_r0of2",
+    "traces/hta_pyper_a100_r0of16",
+    "traces/hta_ws1_record_param_comms_v100",
+    "traces/tracelens_b200_r0of8",
+    "traces/hta_cpu_only_gloo/v_head",
+    "traces/kineto_legacy_2021/worker0.pt.trace.json.gz",
+    "traces/single_gpu_compute/mi250",
+]
+
+
+def _target(rel: str) -> Path:
+    if rel.startswith("traces/"):
+        p = TRACES / rel[len("traces/") :]
+        if not p.exists():
+            pytest.skip(f"../shared/{rel} is not available")
+        return p
+    return FIXTURES.parent / rel
+
+
+def _table_diff(a: Path, b: Path, pattern: str, exclude: str = "") -> tuple[int, int]:
+    con = duckdb.connect()
+    fa = sorted(str(p) for p in a.glob(pattern))
+    fb = sorted(str(p) for p in b.glob(pattern))
+    assert fa and len(fa) == len(fb)
+    qa = f"SELECT * {exclude} FROM read_parquet({fa}, hive_partitioning=false)"
+    qb = f"SELECT * {exclude} FROM read_parquet({fb}, hive_partitioning=false)"
+    n1 = con.execute(f"SELECT count(*) FROM ({qa} EXCEPT ALL {qb})").fetchone()[0]
+    n2 = con.execute(f"SELECT count(*) FROM ({qb} EXCEPT ALL {qa})").fetchone()[0]
+    return n1, n2
+
+
+@pytest.mark.parametrize("rel", _TARGETS)
+def test_store_with_scanner_equals_store_without(rel, tmp_path, monkeypatch):
+    src = _target(rel)
+    monkeypatch.setenv("TRACEKIT_NO_KSCAN", "1")
+    ingest_paths([src], tmp_path / "slow")
+    monkeypatch.setenv("TRACEKIT_NO_KSCAN", "0")
+    ingest_paths([src], tmp_path / "fast")
+    for pattern, excl in [
+        ("runs/*/events/*.parquet", ""),
+        ("runs/*/collectives.parquet", ""),
+        ("runs/*/ranks.parquet", ""),
+        ("runs/*/run.parquet", "EXCLUDE (created_at)"),
+    ]:
+        assert _table_diff(tmp_path / "fast", tmp_path / "slow", pattern, excl) == (0, 0), pattern
+
+
+def test_slow_path_exact_above_2_pow_42_us(tmp_path, monkeypatch):
+    # hta_nccl_parser's timestamps (~4.46e12 µs) sit between 2^42 µs and the old 2^52/1000
+    # bound, where round(x*1000) on a double is off by 1 ns; both paths must give the text
+    evs = [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 4458676780056.763, "dur": 1.5}]
+    f = tmp_path / "rank0.json"
+    f.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, '
+                 '"ts": 4458676780056.763, "dur": 1.5}]}')
+    assert evs[0]["ts"] * 1000 != 4458676780056763  # the double product really is off
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TRACEKIT_NO_KSCAN", flag)
+        store = tmp_path / f"s{flag}"
+        ingest_paths([f], store)
+        ts = duckdb.connect().execute(
+            f"SELECT ts_ns, dur_ns FROM read_parquet('{store}/runs/*/events/*.parquet')"
+        ).fetchall()
+        assert ts == [(4458676780056763, 1500)]
+
+
+def test_without_the_scanner_module_the_reader_still_works(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonstream, "_kscan", None)
+    assert not fast_scanner_available()
+    kinds = {type(ch).__name__ for ch in TraceStream(FIXTURES / "tp_2rank" / "rank1.pt.trace.json.gz")}
+    assert kinds == {"Chunk"}
+
+
+# -- link pass: the profiler step by CASE tree or by ASOF join ------------------------------
+
+
+def test_step_tree_equals_asof_join(tmp_path, monkeypatch):
+    import tracekit.ingest.link as link
+
+    src = FIXTURES / "tp_2rank"
+    ingest_paths([src], tmp_path / "tree")
+    monkeypatch.setattr(link, "STEP_TREE_MAX", 0)
+    ingest_paths([src], tmp_path / "asof")
+    assert _table_diff(tmp_path / "tree", tmp_path / "asof", "runs/*/events/*.parquet") == (0, 0)
+    n = duckdb.connect().execute(
+        f"SELECT count(DISTINCT step), count(*) FILTER (WHERE step IS NOT NULL) > 0 "
+        f"FROM read_parquet('{tmp_path}/tree/runs/*/events/*.parquet')"
+    ).fetchone()
+    assert n[0] >= 2 and n[1]
+
+
+def test_step_expr_boundaries():
+    import tracekit.ingest.link as link
+
+    steps = [(5, 0, 100, 200), (6, 1, 200, 250), (7, 2, 300, 400)]  # a gap 250..300
+    expr, join = link._step_expr(None, steps, "t", "unused")
+    assert join == ""
+    con = duckdb.connect()
+    got = con.execute(
+        f"SELECT t, {expr} FROM (VALUES (99), (100), (199), (200), (249), (250), (299), (300), (399), (400)) v(t) ORDER BY t"
+    ).fetchall()
+    assert got == [(99, None), (100, 5), (199, 5), (200, 6), (249, 6), (250, None), (299, None),
+                   (300, 7), (399, 7), (400, None)]
