@@ -303,3 +303,24 @@ def test_step_expr_boundaries():
     ).fetchall()
     assert got == [(99, None), (100, 5), (199, 5), (200, 6), (249, 6), (250, None), (299, None),
                    (300, 7), (399, 7), (400, None)]
+
+
+def test_spilled_comm_meta_gives_the_same_store(tmp_path, monkeypatch):
+    import tracekit.ingest.kineto as kineto
+
+    src = FIXTURES / "ep_2rank"
+    ingest_paths([src], tmp_path / "mem")
+    monkeypatch.setattr(kineto, "META_SPILL_ROWS", 3)  # spill after nearly every chunk
+    spilled = []
+    real = kineto.RankFile.spill_meta
+
+    def spy(self, path):
+        spilled.append(len(self.comm_meta))
+        real(self, path)
+
+    monkeypatch.setattr(kineto.RankFile, "spill_meta", spy)
+    ingest_paths([src], tmp_path / "spill")
+    assert sum(spilled) > 10
+    for pattern in ("runs/*/events/*.parquet", "runs/*/collectives.parquet", "runs/*/ranks.parquet"):
+        assert _table_diff(tmp_path / "mem", tmp_path / "spill", pattern) == (0, 0), pattern
+    assert not list((tmp_path / "spill").rglob("*.meta"))  # spill files do not outlive the ingest

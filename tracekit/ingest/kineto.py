@@ -266,6 +266,37 @@ class RankFile:
     steps: list[tuple[int, int, int, int]] = field(default_factory=list)  # (step, event_id, ts, end)
     thread_names: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    meta_spill: str | None = None  # file holding comm_meta rows moved out of memory (see spill_meta)
+
+    def spill_meta(self, path: Path) -> None:
+        """Append the in-memory ``comm_meta`` rows to ``path`` (msgpack frames) and drop them from memory.
+
+        Large traces keep ~10k such rows per 200k events; spilling them keeps the
+        reader's memory flat. :meth:`load_comm_meta` gives every row back, in order.
+        """
+        if not self.comm_meta:
+            return
+        data = _MSGPACK_ENC.encode(self.comm_meta)
+        with open(path, "ab") as fh:
+            fh.write(len(data).to_bytes(8, "little"))
+            fh.write(data)
+        self.meta_spill = str(path)
+        self.comm_meta = []
+
+    def load_comm_meta(self) -> list[dict]:
+        """Every comm_meta row (spilled ones first, then those still in memory), in file order."""
+        rows: list[dict] = []
+        if self.meta_spill:
+            with open(self.meta_spill, "rb") as fh:
+                while head := fh.read(8):
+                    rows.extend(_MSGPACK_DEC.decode(fh.read(int.from_bytes(head, "little"))))
+        return rows + self.comm_meta
+
+
+_MSGPACK_ENC = msgspec.msgpack.Encoder()
+_MSGPACK_DEC = msgspec.msgpack.Decoder(list[dict])
+META_SPILL_ROWS = 20_000
+"""comm_meta rows a reader keeps in memory before :meth:`RankFile.spill_meta`."""
 
 
 def sha256_file(path: str | Path) -> str:
@@ -312,8 +343,12 @@ def read_rank_file(
                 continue
             writer.write(batch)
             rf.events += batch.num_rows
+            if len(rf.comm_meta) >= META_SPILL_ROWS:
+                rf.spill_meta(out_parquet.with_suffix(".meta"))
             if progress is not None:
                 progress(batch.num_rows)
+    if rf.meta_spill:
+        rf.spill_meta(out_parquet.with_suffix(".meta"))
     rf.meta = stream.meta
     rf.warnings.extend(stream.notes)
     rf.sha256 = sha256 or sha256_file(path)

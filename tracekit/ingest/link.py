@@ -44,55 +44,57 @@ def finish_run(
     ``align``: ``none`` | ``host`` | ``collectives`` (default: collectives when the
     ranks' hosts differ, else none); see :func:`tracekit.ingest.clocks.estimate_offsets`.
     """
-    import duckdb
-
     from tracekit.ingest.clocks import choose_alignment, estimate_offsets
 
     world_size = _world_size(results, ranks)
     pg_config = _pg_config(results)
     (stage / "events").mkdir()
-    con = duckdb.connect(":memory:")
-    con.execute("SET preserve_insertion_order = false")
-    # Bounded memory: DuckDB spills to the staging directory instead of holding a whole rank.
-    con.execute(f"SET memory_limit = '{LINK_MEMORY_LIMIT}'")
-    con.execute(f"SET temp_directory = {_sql_str(stage / 'duckdb-tmp')}")
+    con = _link_connection(stage)
     all_rows: list[dict] = []
     rank_rows = []
     hosts = {}
     for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
         cpu_only = not rf.has_gpu
         out = stage / "events" / f"rank={rank}.parquet"
-        step, step_join = _step_expr(con, rf.steps, "x.step_ts", f"steps_{rank}")
-        con.execute(_events_sql(run_id, rank, raw, out, cpu_only, step, step_join))
-        ev = f"read_parquet({_sql_str(out)})"
-        # comm spans after clipping, with their launch call (GPU) for op attribution
-        spans = {}
-        launches = {}
-        for eid, ts, dur, pid, tid, lts, ldur in con.execute(
-            f"""
-            SELECT k.event_id, k.ts_ns, k.dur_ns, l.device, l.track, l.ts_ns, l.dur_ns
-            FROM {ev} k LEFT JOIN {ev} l ON k.launch_event_id = l.event_id
-            WHERE k.class = 'comm'
-            """
-        ).fetchall():
-            spans[eid] = (ts, dur)
-            if lts is not None:
-                launches[eid] = (pid, tid, lts, lts + ldur)
-        for m in rf.comm_meta:
+        # A connection of its own, closed before the collectives are built: DuckDB gives its
+        # memory back then, so the link pass and the metadata rows never peak together.
+        rcon = _link_connection(stage)
+        try:
+            step, step_join = _step_expr(rcon, rf.steps, "x.step_ts", f"steps_{rank}")
+            rcon.execute(_events_sql(run_id, rank, raw, out, cpu_only, step, step_join))
+            ev = f"read_parquet({_sql_str(out)})"
+            # comm spans after clipping, with their launch call (GPU) for op attribution
+            spans = {}
+            launches = {}
+            for eid, ts, dur, pid, tid, lts, ldur in rcon.execute(
+                f"""
+                SELECT k.event_id, k.ts_ns, k.dur_ns, l.device, l.track, l.ts_ns, l.dur_ns
+                FROM {ev} k LEFT JOIN {ev} l ON k.launch_event_id = l.event_id
+                WHERE k.class = 'comm'
+                """
+            ).fetchall():
+                spans[eid] = (ts, dur)
+                if lts is not None:
+                    launches[eid] = (pid, tid, lts, lts + ldur)
+            n_clipped, max_clip, n_skew, max_skew = rcon.execute(
+                f"""
+                SELECT (SELECT count(*) FROM {ev} WHERE clipped), (SELECT max(clipped_ns) FROM {ev} WHERE clipped),
+                       count(*), max(l.ts_ns - k.ts_ns)
+                FROM {ev} k JOIN {ev} l ON k.launch_event_id = l.event_id
+                WHERE k.track_kind = 'gpu_stream' AND k.ts_ns < l.ts_ns
+                """
+            ).fetchone()
+        finally:
+            rcon.close()
+        comm_meta = rf.load_comm_meta()
+        for m in comm_meta:
             if m["event_id"] in spans:
                 m["ts_ns"], m["dur_ns"] = spans[m["event_id"]]
         rows = build_collectives(
-            run_id, rank, rf.comm_meta, launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only
+            run_id, rank, comm_meta, launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only
         )
+        del comm_meta
         all_rows.extend(rows)
-        n_clipped, max_clip, n_skew, max_skew = con.execute(
-            f"""
-            SELECT (SELECT count(*) FROM {ev} WHERE clipped), (SELECT max(clipped_ns) FROM {ev} WHERE clipped),
-                   count(*), max(l.ts_ns - k.ts_ns)
-            FROM {ev} k JOIN {ev} l ON k.launch_event_id = l.event_id
-            WHERE k.track_kind = 'gpu_stream' AND k.ts_ns < l.ts_ns
-            """
-        ).fetchone()
         warnings = list(dict.fromkeys(rf.warnings))
         if rf.quarantined:
             warnings.append(f"{rf.quarantined} event(s) quarantined (missing or non-positive ts, negative dur)")
@@ -131,6 +133,8 @@ def finish_run(
             )
         )
         Path(raw).unlink(missing_ok=True)
+        if rf.meta_spill:
+            Path(rf.meta_spill).unlink(missing_ok=True)
     assign_seq(all_rows)
     mode = choose_alignment(align, hosts)
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
@@ -167,6 +171,17 @@ def finish_run(
         (stage / "raw").rmdir()
     except OSError:
         pass
+
+
+def _link_connection(stage: Path):
+    """An in-memory DuckDB for the link pass: bounded memory, spilling to the staging directory."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    con.execute("SET preserve_insertion_order = false")
+    con.execute(f"SET memory_limit = '{LINK_MEMORY_LIMIT}'")
+    con.execute(f"SET temp_directory = {_sql_str(stage / 'duckdb-tmp')}")
+    return con
 
 
 LINK_MEMORY_LIMIT = "256MB"
