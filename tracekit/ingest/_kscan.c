@@ -204,6 +204,14 @@ static int utf8_len(const unsigned char *b, int64_t i, int64_t n) {
     return k;
 }
 
+/* plain[c]: c can stand in a JSON string as itself, with no further check (printable ASCII
+ * other than '"' and '\\'). Filled once at import. */
+static unsigned char plain[256];
+
+static void init_tables(void) {
+    for (int c = 0; c < 256; c++) plain[c] = (c >= 0x20 && c < 0x80 && c != '"' && c != '\\');
+}
+
 /* A string starting at b[i] == '"'. Sets *end past the closing quote and *esc when it holds
  * escapes. RS_NEED if cut, RS_BAD if invalid (control char, bad escape, lone surrogate, bad UTF-8). */
 static int lex_string(const unsigned char *b, int64_t i, int64_t n, int64_t *end, int *esc) {
@@ -211,7 +219,8 @@ static int lex_string(const unsigned char *b, int64_t i, int64_t n, int64_t *end
     *esc = 0;
     while (1) {
         /* fast run over plain ASCII */
-        while (j < n && b[j] != '"' && b[j] != '\\' && b[j] >= 0x20 && b[j] < 0x80) j++;
+        while (j + 4 <= n && plain[b[j]] && plain[b[j + 1]] && plain[b[j + 2]] && plain[b[j + 3]]) j += 4;
+        while (j < n && plain[b[j]]) j++;
         if (j >= n) return RS_NEED;
         unsigned char c = b[j];
         if (c == '"') {
@@ -840,6 +849,7 @@ static struct PyModuleDef moddef = {
 };
 
 PyMODINIT_FUNC PyInit__kscan(void) {
+    init_tables();
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(REC)) < 0) return NULL;
