@@ -126,6 +126,8 @@ def test_odd_id_values_are_flagged_for_the_general_decoder():
         b'{"ph":"X","ts":Infinity}]',
         b'{"ph":"X","args":' + b"[" * 300 + b"]" * 300 + b"}]",  # nesting beyond the scanner's depth
         b'{"ph":"X","na\\u006de":"x"}]',  # an escaped key
+        b'{"ph":"X","args":{"Input Strides":[[1e16384]]}}]',  # beyond a double: msgspec refuses it
+        b'{"ph":"X","args":{"x":-18e307}}]',
     ],
 )
 def test_what_the_scanner_does_not_take_goes_to_the_general_reader(bad):
@@ -324,3 +326,35 @@ def test_spilled_comm_meta_gives_the_same_store(tmp_path, monkeypatch):
     for pattern in ("runs/*/events/*.parquet", "runs/*/collectives.parquet", "runs/*/ranks.parquet"):
         assert _table_diff(tmp_path / "mem", tmp_path / "spill", pattern) == (0, 0), pattern
     assert not list((tmp_path / "spill").rglob("*.meta"))  # spill files do not outlive the ingest
+
+
+def test_mutated_events_never_accepted_unless_valid_json():
+    """Random byte mutations of a real trace: whatever the scanner accepts is valid JSON
+    with exactly as many events as it reported, and it never reads past the buffer."""
+    import random
+
+    base = gzip.open(FIXTURES / "tp_2rank" / "rank0.pt.trace.json.gz").read()
+    body = base[base.index(b"[", base.index(b'"traceEvents"')) + 1 :][:20000]
+    toks = [b'"', b"\\", b"{", b"}", b"[", b"]", b",", b":", b"\\u", b"\\ud800", b"\xff", b"\xc3", b"1e",
+            b"-", b".", b"null", b"NaN", b" ", b"\n", b"0", b"9" * 25, b"1e999", b'"ts":', b'"args":']
+    rnd = random.Random(20261129)
+    accepted = 0
+    for _ in range(3000):
+        b = bytearray(body[: rnd.randrange(1, len(body))])
+        for _ in range(rnd.randrange(1, 6)):
+            p = rnd.randrange(len(b) + 1)
+            op = rnd.random()
+            if op < 0.4:
+                b[p:p] = rnd.choice(toks)
+            elif op < 0.7:
+                del b[p : p + rnd.randrange(1, 8)]
+            else:
+                b[p : p + 1] = bytes([rnd.randrange(256)])
+        st, off, recs, _, _ = kscan.scan(bytes(b), 0)
+        assert 0 <= off <= len(b) and len(recs) % kscan.RECORD_SIZE == 0
+        n = len(recs) // kscan.RECORD_SIZE
+        if n:
+            evs = msgspec.json.decode(b"[" + bytes(b[:off]).rstrip().rstrip(b",") + b"]")
+            assert len(evs) == n
+            accepted += n
+    assert accepted > 10000

@@ -41,7 +41,7 @@ def _print_rank_warnings(st, rid: str) -> None:
     f = st.run_dir(rid) / "ranks.parquet"
     if not f.exists():
         return
-    for row in pq.read_table(f, columns=["rank", "warnings"]).to_pylist():
+    for row in pq.ParquetFile(f).read(columns=["rank", "warnings"]).to_pylist():  # read_table imports pandas
         for w in row["warnings"] or []:
             typer.echo(f"tracekit: warning: rank {row['rank']}: {w}", err=True)
 

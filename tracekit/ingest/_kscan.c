@@ -342,6 +342,8 @@ typedef struct {
 
 static int lex_number(const unsigned char *b, int64_t i, int64_t n, int64_t *end, Num *x) {
     int64_t j = i;
+    int64_t nint = 0, nlz = 0, eval = 0; /* integer digits, fraction zeros before a nonzero, exponent */
+    int nz = 0;                          /* a nonzero digit seen */
     x->neg = 0;
     x->is_int = 1;
     x->big = 0;
@@ -352,9 +354,11 @@ static int lex_number(const unsigned char *b, int64_t i, int64_t n, int64_t *end
     if (b[j] == '0') {
         j++;
     } else if (b[j] >= '1' && b[j] <= '9') {
+        nz = 1;
         while (j < n && b[j] >= '0' && b[j] <= '9') {
             if (x->mant > (UINT64_MAX - 9) / 10) x->big = 1;
             else x->mant = x->mant * 10 + (uint64_t)(b[j] - '0');
+            nint++;
             j++;
         }
     } else {
@@ -366,6 +370,10 @@ static int lex_number(const unsigned char *b, int64_t i, int64_t n, int64_t *end
         if (j >= n) return RS_NEED;
         if (!(b[j] >= '0' && b[j] <= '9')) return RS_BAD;
         while (j < n && b[j] >= '0' && b[j] <= '9') {
+            if (!nz) {
+                if (b[j] == '0') nlz++;
+                else nz = 1;
+            }
             if (x->mant > (UINT64_MAX - 9) / 10) x->big = 1;
             else { x->mant = x->mant * 10 + (uint64_t)(b[j] - '0'); x->exp10--; }
             j++;
@@ -383,9 +391,16 @@ static int lex_number(const unsigned char *b, int64_t i, int64_t n, int64_t *end
             if (e < 100000) e = e * 10 + (b[j] - '0');
             j++;
         }
-        x->exp10 += eneg ? -e : e;
+        eval = eneg ? -e : e;
+        x->exp10 += eval;
     }
     if (j >= n) return RS_NEED; /* a number may go on in the next block */
+    if (!x->is_int && nz) {
+        /* a float beyond a double's range (about 1.8e308) is an error to the general reader:
+         * leave it to that reader, so that both paths take and refuse the same files */
+        int64_t mag = (nint > 0 ? nint - 1 : -(nlz + 1)) + eval;
+        if (mag >= 308) return RS_BAD;
+    }
     *end = j;
     return RS_OK;
 }

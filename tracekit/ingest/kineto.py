@@ -44,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracekit import _arrow
 from tracekit.errors import FileError
 from tracekit.ingest.jsonstream import FastChunk, TraceStream
 
@@ -598,7 +599,7 @@ def _finish_batch(rf: RankFile, ids, ts_ns, ts_ok, dur_ns, dur_ok, columns: list
         rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
         rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
     batch = pa.record_batch(columns, schema=RAW_SCHEMA)
-    return batch.filter(pa.array(valid)) if nbad else batch
+    return batch.filter(_arrow.bool_array(valid)) if nbad else batch
 
 
 def _decode_args(raw) -> KArgs:
@@ -775,22 +776,24 @@ def _fast_batch(ch: FastChunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch 
         _add_step(rf, name_tab[ni[i]], int(ids[i]), bool(ts_ok[i] and dur_ok[i]), int(ts_ns[i]), int(dur_ns[i]))
     if not rf.has_gpu and gpu.any():
         rf.has_gpu = True
-    cat_arr = pa.array(cat_tab.tolist(), pa.string())  # a list: an object ndarray would import pandas
-    name_arr = pa.array(name_tab.tolist(), pa.string())
-    kind_arr = pa.array(["cpu_thread", "gpu_stream"], pa.string())
+    # arrays from buffers (tracekit._arrow): pa.array would import pandas
+    i64 = pa.int64()
+    cat_arr = _arrow.string_array(cat_tab.tolist())
+    name_arr = _arrow.string_array(name_tab.tolist())
+    kind_arr = _arrow.string_array(["cpu_thread", "gpu_stream"])
     return _finish_batch(
         rf, ids, ts_ns, ts_ok, dur_ns, dur_ok,
         [
-            pa.array(ids),
-            kind_arr.take(pa.array(gpu.astype(np.int8))),
-            pa.array(device),
-            pa.array(track),
-            cat_arr.take(pa.array(ci)),
-            name_arr.take(pa.array(ni)),
-            pa.array(ts_ns),
-            pa.array(dur_ns),
-            pa.array(corr, pa.int64(), mask=~corr_valid),
-            pa.array(ext, pa.int64(), mask=~ext_valid),
-            pa.array(is_comm),
+            _arrow.from_numpy(ids, i64),
+            kind_arr.take(_arrow.from_numpy(gpu.astype(np.int32), pa.int32())),
+            _arrow.from_numpy(device, i64),
+            _arrow.from_numpy(track, i64),
+            cat_arr.take(_arrow.from_numpy(ci, pa.int32())),
+            name_arr.take(_arrow.from_numpy(ni, pa.int32())),
+            _arrow.from_numpy(ts_ns, i64),
+            _arrow.from_numpy(dur_ns, i64),
+            _arrow.from_numpy(corr, i64, corr_valid),
+            _arrow.from_numpy(ext, i64, ext_valid),
+            _arrow.bool_array(is_comm),
         ],
     )

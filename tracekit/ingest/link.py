@@ -21,10 +21,10 @@ import json
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import SCHEMA_VERSION
+from tracekit._arrow import table_from_rows
 from tracekit.errors import FileError
 from tracekit.ingest.collectives import assign_seq, build_collectives
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
@@ -160,12 +160,12 @@ def finish_run(
             r["issue_ts_ns"] += off
     con.close()
     pq.write_table(
-        pa.Table.from_pylist(all_rows, schema=COLLECTIVES_SCHEMA), stage / "collectives.parquet", **PARQUET_OPTS
+        table_from_rows(all_rows, COLLECTIVES_SCHEMA), stage / "collectives.parquet", **PARQUET_OPTS
     )
-    pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
+    pq.write_table(table_from_rows(rank_rows, RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
     run_row = _run_row(run_id, results, all_rows, world_size, workload, config, source)
     run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
-    pq.write_table(pa.Table.from_pylist([run_row], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
+    pq.write_table(table_from_rows([run_row], RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
     shutil.rmtree(stage / "duckdb-tmp", ignore_errors=True)
     try:
         (stage / "raw").rmdir()
