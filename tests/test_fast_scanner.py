@@ -358,3 +358,20 @@ def test_mutated_events_never_accepted_unless_valid_json():
             assert len(evs) == n
             accepted += n
     assert accepted > 10000
+
+
+def test_ts_given_as_lists_is_quarantined_not_a_crash(tmp_path, monkeypatch):
+    # found by the mutation property test: every ts of a chunk an empty list made numpy build a
+    # 2-D array in the msgspec path's vector conversion (IndexError)
+    from tracekit.ingest.kineto import _vector_ns
+
+    out, ok = _vector_ns([[]], lambda: [], "ts")
+    assert out.tolist() == [0] and ok.tolist() == [False]
+    f = tmp_path / "rank0.json"
+    f.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": [], "dur": 1}]}')
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TRACEKIT_NO_KSCAN", flag)
+        store = tmp_path / f"s{flag}"
+        ingest_paths([f], store)
+        q = duckdb.connect().execute(f"SELECT events, events_quarantined FROM read_parquet('{store}/runs/*/ranks.parquet')")
+        assert q.fetchall() == [(0, 1)]

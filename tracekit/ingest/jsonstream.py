@@ -46,6 +46,15 @@ import msgspec
 
 from tracekit.errors import FileError
 
+try:  # ISA-L's inflate: the same gzip, decompressed 3-5x faster than zlib (a dependency; zlib if absent)
+    from isal import igzip as _igzip
+    from isal import isal_zlib as _isal_zlib
+
+    _GZIP_ERRORS: tuple = (gzip.BadGzipFile, zlib.error, _isal_zlib.error, OSError)
+except ImportError:  # pragma: no cover
+    _igzip = None
+    _GZIP_ERRORS = (gzip.BadGzipFile, zlib.error, OSError)
+
 try:  # the optional C scanner (setup.py); without it every chunk takes the msgspec path
     from tracekit.ingest import _kscan
 except ImportError:  # pragma: no cover - exercised by TRACEKIT_NO_KSCAN in the tests
@@ -119,7 +128,7 @@ def _open(path: Path):
     with open(path, "rb") as fh:
         magic = fh.read(2)
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")
+        return _igzip.open(path, "rb") if _igzip is not None else gzip.open(path, "rb")
     return open(path, "rb")
 
 
@@ -141,7 +150,7 @@ class _Reader:
             raise FileError(
                 self.path, f"truncated gzip stream after {self.consumed:,} bytes of JSON (file incomplete?)"
             ) from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+        except _GZIP_ERRORS as exc:
             raise FileError(self.path, f"corrupt gzip data after {self.consumed:,} bytes ({exc})") from None
         if not data:
             self.eof = True
@@ -150,56 +159,6 @@ class _Reader:
 
     def close(self) -> None:
         self.fh.close()
-
-
-class _PrefetchReader:
-    """A :class:`_Reader` whose next blocks are decompressed by a second thread.
-
-    zlib releases the GIL while inflating, so decompression overlaps the scan.
-    At most ``depth`` blocks wait in the queue (bounded memory); an error in the
-    thread is raised by the ``read`` that reaches it.
-    """
-
-    def __init__(self, rd: _Reader, depth: int = 2):
-        self.rd = rd
-        self.path = rd.path
-        self.eof = False
-        self.consumed = 0
-        self._q: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._pump, name="tracekit-gunzip", daemon=True)
-        self._t.start()
-
-    def _pump(self) -> None:
-        try:
-            while not self._stop.is_set():
-                data = self.rd.read()
-                self._q.put(data)
-                if not data:
-                    return
-        except BaseException as exc:  # handed to the reading thread
-            self._q.put(exc)
-
-    def read(self, n: int = BLOCK) -> bytes:
-        if self.eof:
-            return b""
-        item = self._q.get()
-        if isinstance(item, BaseException):
-            self.eof = True
-            raise item
-        if not item:
-            self.eof = True
-        self.consumed += len(item)
-        return item
-
-    def close(self) -> None:
-        self._stop.set()
-        while self._t.is_alive():  # unblock a pump waiting on a full queue
-            try:
-                self._q.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        self.rd.close()
 
 
 def _repair(text: bytes) -> tuple[bytes, list[str]]:
@@ -270,6 +229,75 @@ def _skip_ws(buf: bytes, i: int) -> int:
     return i
 
 
+class _ScanPump:
+    """A thread that decompresses and scans blocks, queueing ("chunk", FastChunk) items.
+
+    It ends with one last item: ("closed", (trailing_comma, text from the array's ']'
+    on)), ("slow", text from the first event the scanner did not take), or ("error",
+    FileError). The reader is the pump's until then and the caller's after
+    :meth:`join`. At most ``depth`` chunks wait (bounded memory).
+    """
+
+    def __init__(self, stream: "TraceStream", rd, buf: bytes, depth: int = 2):
+        self.stream, self.rd, self.buf = stream, rd, buf
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="tracekit-scan", daemon=True)
+        self._t.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        rd, block, buf = self.rd, self.stream.block, self.buf
+        try:
+            while not self._stop.is_set():
+                while not rd.eof and len(buf) < block:
+                    more = rd.read(block)
+                    if not more:
+                        break
+                    buf += more
+                status, off, records, strings, trailing_comma = _kscan.scan(buf, 0)
+                if records and not self._put(("chunk", FastChunk(records, strings, buf))):
+                    return
+                if status == _SCAN_CLOSED:
+                    self._put(("closed", (trailing_comma, buf[off:])))
+                    return
+                if status == _SCAN_UNSUPPORTED or rd.eof:
+                    self._put(("slow", buf[off:]))
+                    return
+                if off == 0 and len(buf) > 16 * block:
+                    raise FileError(self.stream.path, f"malformed JSON in traceEvents near byte {rd.consumed - len(buf):,}")
+                buf = buf[off:]
+                if off == 0:  # one event longer than the block: read more before scanning again
+                    more = rd.read(block)
+                    if more:
+                        buf += more
+        except BaseException as exc:  # handed to the reading thread
+            self._put(("error", exc))
+
+    def get(self):
+        return self._q.get()
+
+    def join(self) -> None:
+        self._t.join()
+
+    def stop(self) -> None:
+        """End the thread early (the consumer stopped): unblock it and wait for it."""
+        self._stop.set()
+        while self._t.is_alive():
+            try:
+                self._q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
+
 class TraceStream:
     """Iterate a Chrome/Kineto JSON trace as chunks of events plus its metadata.
 
@@ -292,8 +320,6 @@ class TraceStream:
         if self.path.is_dir():
             raise FileError(self.path, "is a directory, expected a trace file")
         rd = _Reader(self.path)
-        if self.fast and fast_scanner_available():
-            rd = _PrefetchReader(rd)
         n_events = 0
         try:
             for ch in self._run(rd):
@@ -388,45 +414,42 @@ class TraceStream:
             yield from self._events_slow(rd, buf)
 
     def _events_fast(self, rd, buf: bytes):
-        """The array read by the C scanner; hands over to :meth:`_events_slow` at the first
-        event it does not take, and to :meth:`_tail` for what follows the array."""
-        while True:
-            while not rd.eof and len(buf) < self.block:
-                more = rd.read(self.block)
-                if not more:
-                    break
-                buf += more
-            status, off, records, strings, trailing_comma = _kscan.scan(buf, 0)
-            if records:
-                self.fast_events += len(records) // _kscan.RECORD_SIZE
-                yield FastChunk(records, strings, buf)
-            if status == _SCAN_CLOSED:
-                if trailing_comma:
-                    self.notes.append("trailing comma after the last event")
-                rest = [buf[off:]]
-                while not rd.eof:
-                    more = rd.read(self.block)
-                    if not more:
-                        break
-                    rest.append(more)
-                    if sum(len(r) for r in rest) > 16 * self.block:
-                        raise FileError(self.path, "malformed JSON after traceEvents (too much text after the array)")
-                yield from self._tail(b"".join(rest))  # only ']' and the keys after it are left
-                return
-            if status == _SCAN_UNSUPPORTED or rd.eof:
-                # something the scanner does not take (or a file that ends inside an event):
-                # the general reader repairs it or says exactly what is wrong
-                self.slow_from = rd.consumed - (len(buf) - off)
-                yield from self._events_slow(rd, buf[off:])
-                return
-            if off == 0 and len(buf) > 16 * self.block:
-                raise FileError(self.path, f"malformed JSON in traceEvents near byte {rd.consumed - len(buf):,}")
-            buf = buf[off:]
-            if off == 0:  # one event longer than the block: read more before scanning again
-                more = rd.read(self.block)
-                if not more:
+        """The array read by the C scanner on a second thread (decompress + scan, both
+        without the GIL), while this thread turns the records into rows. Hands over to
+        :meth:`_events_slow` at the first event the scanner does not take, and to
+        :meth:`_tail` for what follows the array."""
+        pump = _ScanPump(self, rd, buf)
+        try:
+            while True:
+                kind, item = pump.get()
+                if kind == "chunk":
+                    self.fast_events += len(item.records) // _kscan.RECORD_SIZE
+                    yield item
                     continue
-                buf += more
+                pump.join()
+                if kind == "error":
+                    raise item
+                if kind == "closed":
+                    trailing_comma, rest = item
+                    if trailing_comma:
+                        self.notes.append("trailing comma after the last event")
+                    rest = [rest]
+                    while not rd.eof:
+                        more = rd.read(self.block)
+                        if not more:
+                            break
+                        rest.append(more)
+                        if sum(len(r) for r in rest) > 16 * self.block:
+                            raise FileError(self.path, "malformed JSON after traceEvents (too much text after the array)")
+                    yield from self._tail(b"".join(rest))  # only ']' and the keys after it are left
+                    return
+                # "slow": something the scanner does not take (or a file that ends inside an
+                # event): the general reader repairs it or says exactly what is wrong
+                self.slow_from = rd.consumed - len(item)
+                yield from self._events_slow(rd, item)
+                return
+        finally:
+            pump.stop()
 
     def _events_slow(self, rd, buf: bytes) -> Iterator[Chunk]:
         while True:

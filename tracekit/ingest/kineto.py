@@ -215,7 +215,9 @@ def _vector_ns(values: list, chunk_text_exact, which: str) -> tuple[np.ndarray, 
     try:
         arr = np.asarray(values)
     except (ValueError, OverflowError):
-        arr = np.asarray(values, dtype=object)
+        arr = None
+    if arr is None or arr.ndim != 1:  # e.g. every ts of the chunk an (empty) list: not numbers
+        arr = np.fromiter(values, dtype=object, count=n)
     if arr.dtype.kind == "i":
         arr = arr.astype(np.int64)
         ok = np.abs(arr) < _MAX_INT_US  # beyond, ×1000 would wrap int64: quarantined
