@@ -63,7 +63,8 @@ def fit_rows(samples: list[tuple]) -> list[dict]:
         groups[(s[0], s[1], s[2], s[3])].append(s)
     rows = []
     for (run_id, source, op, k), lst in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
-        lst.sort(key=lambda s: (s[8] if s[8] is not None else 0))
+        # a total order (seq, then size and time): the regression's float sums must not depend on row order
+        lst.sort(key=lambda s: (s[8] if s[8] is not None else 0, s[5] if s[5] is not None else 0, s[6] or 0))
         warm = [s for s in lst if s[7]]
         use = [s for s in lst if not s[7]]
         algos = ALGORITHMS.get(op)

@@ -165,13 +165,15 @@ def rows_for(con, link: str | None) -> list[dict]:
     measured = defaultdict(list)
     for run_id, rank, step, comp, comm, ov, exp in con.execute(
         "SELECT run_id, rank, step, compute_ns, comm_ns, overlap_ns, exposed_comm_ns FROM overlap_by_step "
-        "WHERE comm_ns > 0"
+        "WHERE comm_ns > 0 ORDER BY run_id, rank, step"
     ).fetchall():
         measured[(run_id, rank)].append((step, comp, comm, ov, exp))
     calls = defaultdict(list)
     for run_id, rank, step, op, size, k in con.execute(
         "SELECT c.run_id, c.rank, e.step, c.op, c.size_bytes, c.group_size FROM collectives c "
-        "JOIN events e USING (run_id, rank, event_id) WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL"
+        "JOIN events e USING (run_id, rank, event_id) WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL "
+        # in time order: float sums and the step's "first" op must not depend on the join's row order
+        "ORDER BY c.run_id, c.rank, e.step, c.ts_ns, c.event_id"
     ).fetchall():
         calls[(run_id, rank, step)].append((op, size, k))
     # the same (op, size, k) recur in every step of every rank: look α, β and the terms up once
