@@ -20,11 +20,13 @@ exporters produce: invalid UTF-8 (decoded with replacement characters) and bare
 
 Fast path: where the C scanner :mod:`tracekit.ingest._kscan` is built (it is
 optional), the array is read with it instead, block by block, into
-:class:`FastChunk` records (no Python object per event), while a second thread
-decompresses the next block. The scanner is strict: at the first event it does
-not take (malformed JSON, invalid UTF-8, bare NaN, an id or time of an odd
-type...), the rest of the file goes through the cut-and-decode path above, which
-repairs or reports exactly as it always did.
+:class:`FastChunk` records (no Python object per event). A second thread
+decompresses (ISA-L, via ``isal``, when installed) and scans, both without the
+GIL, while the caller's thread turns the previous block's records into rows.
+The scanner is strict: at the first event it does not take (malformed JSON,
+invalid UTF-8, bare NaN, an id or time of an odd type, a float beyond a
+double...), the rest of the file goes through the cut-and-decode path above,
+which repairs or reports exactly as it always did.
 
 Errors are ``FileError`` naming the file and the problem (truncated gzip,
 not JSON, no ``traceEvents`` array, array never closed).
