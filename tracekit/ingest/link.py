@@ -267,9 +267,10 @@ def _events_sql(
     """
 
 
-STEP_TREE_MAX = 4096
+STEP_TREE_MAX = 512
 """Up to this many profiler steps, an event's step is a binary-search CASE tree in SQL;
-beyond it, an ASOF join over a steps table (which sorts every event)."""
+beyond it, an ASOF join over a steps table (which sorts every event). Binding the tree
+costs ~0.04 s at 512 steps and grows with it (0.6 s at 4096), evaluating it ~25 ns a row."""
 
 
 def _step_expr(con, steps, ts: str, name: str) -> tuple[str, str]:
