@@ -375,3 +375,92 @@ def test_ts_given_as_lists_is_quarantined_not_a_crash(tmp_path, monkeypatch):
         ingest_paths([f], store)
         q = duckdb.connect().execute(f"SELECT events, events_quarantined FROM read_parquet('{store}/runs/*/ranks.parquet')")
         assert q.fetchall() == [(0, 1)]
+
+
+# -- faults a break-it review found; each store checked by value, on both paths ---------------
+
+_EV = '{"ph":"X","cat":"cpu_op","name":"%s","pid":%s,"tid":1,"ts":%s,"dur":1}'
+
+
+def _two_paths(tmp_path, monkeypatch, text: str, name: str = "rank0.json"):
+    """Ingest ``text`` with and without the scanner; the stores must be equal. Returns the events rows
+    (name, device, ts_ns) and the ranks row (events, events_quarantined) of the scanner's store."""
+    f = tmp_path / name
+    f.write_text(text)
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TRACEKIT_NO_KSCAN", flag)
+        ingest_paths([f], tmp_path / f"s{flag}")
+    for pattern in ("runs/*/events/*.parquet", "runs/*/collectives.parquet", "runs/*/ranks.parquet"):
+        assert _table_diff(tmp_path / "s0", tmp_path / "s1", pattern) == (0, 0), pattern
+    con = duckdb.connect()
+    ev = con.execute(
+        f"SELECT name, device, ts_ns FROM read_parquet('{tmp_path}/s0/runs/*/events/*.parquet') ORDER BY event_id"
+    ).fetchall()
+    rk = con.execute(f"SELECT events, events_quarantined FROM read_parquet('{tmp_path}/s0/runs/*/ranks.parquet')")
+    return ev, rk.fetchone()
+
+
+def test_escaped_phase_is_still_a_complete_event(tmp_path, monkeypatch):
+    text = '{"traceEvents":[{"ph":"\\u0058","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":5,"dur":1}]}'
+    assert _two_paths(tmp_path, monkeypatch, text) == ([("a", 1, 5000)], (1, 0))
+
+
+def test_four_decimal_ts_is_exact_on_both_paths(tmp_path, monkeypatch):
+    # 539833777.3825 µs = 539833777382.5 ns: half to even gives ...382 (round(x*1000) on the double gave 383)
+    text = '{"traceEvents":[%s]}' % (_EV % ("a", 1, "539833777.3825"))
+    assert _two_paths(tmp_path, monkeypatch, text) == ([("a", 1, 539833777382)], (1, 0))
+
+
+def test_bool_ts_is_quarantined_and_bool_pid_is_not_one(tmp_path, monkeypatch):
+    import zlib
+
+    text = '{"traceEvents":[%s,%s]}' % (_EV % ("a", 1, 5), _EV % ("b", 1, "true"))
+    assert _two_paths(tmp_path, monkeypatch, text) == ([("a", 1, 5000)], (1, 1))
+    text = '{"traceEvents":[%s,%s]}' % (_EV % ("a", 1, 5), _EV % ("b", "true", 6))
+    (tmp_path / "p").mkdir()
+    ev, _ = _two_paths(tmp_path / "p", monkeypatch, text)
+    assert ev == [("a", 1, 5000), ("b", -(zlib.crc32(b"True") + 1), 6000)]
+
+
+def test_ids_and_steps_beyond_int64_are_not_internal_errors(tmp_path, monkeypatch):
+    import zlib
+
+    big = "100000000000000000000"
+    text = (
+        '{"traceEvents":[%s,%s,' % (_EV % ("a", big, 5), _EV % ("ProfilerStep#99999999999999999999", 1, 4))
+        + '{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":1,"ts":6,"dur":1,'
+        '"args":{"correlation":99999999999999999999999,"External id":1}},'
+        + '{"ph":"X","cat":"cpu_op","name":"end_overflows","pid":1,"tid":1,"ts":9000000000000000,"dur":9000000000000000}'
+        + "]}"
+    )
+    ev, rk = _two_paths(tmp_path, monkeypatch, text)
+    assert ("a", -(zlib.crc32(big.encode()) + 1), 5000) in ev
+    assert rk == (3, 1)  # ts + dur beyond int64 ns: quarantined
+    con = duckdb.connect()
+    assert con.execute(
+        f"SELECT correlation, step FROM read_parquet('{tmp_path}/s0/runs/*/events/*.parquet') WHERE name = 'cudaLaunchKernel'"
+    ).fetchall() == [(None, None)]
+
+
+def test_long_tail_of_keys_after_the_array(tmp_path, monkeypatch):
+    tail = ", ".join(f'"k{i}": []' for i in range(3000))
+    text = '{"traceEvents":[%s], %s, "distributedInfo": {"rank": 0}}' % (_EV % ("a", 1, 5), tail)
+    assert _two_paths(tmp_path, monkeypatch, text) == ([("a", 1, 5000)], (1, 0))
+
+
+def test_spilled_metadata_keeps_ints_beyond_64_bits(tmp_path, monkeypatch):
+    import tracekit.ingest.kineto as kineto
+
+    monkeypatch.setattr(kineto, "META_SPILL_ROWS", 1)
+    evs = []
+    for i in range(3):
+        evs.append('{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":7,"ts":%d,"dur":2,'
+                   '"args":{"correlation":%d}}' % (1000 + 10 * i, i))
+        evs.append('{"ph":"X","cat":"kernel","name":"ncclDevKernel_AllReduce_Sum_f32_RING_LL","pid":0,"tid":7,'
+                   '"ts":%d,"dur":3,"args":{"correlation":%d,"device":0,"stream":7,"Collective name":"allreduce",'
+                   '"In msg nelems":%s,"dtype":"Float","Group size":2}}' % (1005 + 10 * i, i, 10**23 if i == 1 else 256))
+    _two_paths(tmp_path, monkeypatch, '{"traceEvents":[%s]}' % ",".join(evs))
+    sizes = duckdb.connect().execute(
+        f"SELECT size_bytes FROM read_parquet('{tmp_path}/s0/runs/*/collectives.parquet') ORDER BY ts_ns"
+    ).fetchall()
+    assert sizes[0] == (1024,) and sizes[2] == (1024,) and len(sizes) == 3

@@ -10,11 +10,14 @@
  *   status  0 MORE:        buf ends inside an event; offset = where that event starts
  *           1 CLOSED:      the array's ']' is at offset
  *           2 UNSUPPORTED: the event at offset is something this scanner does not take
- *                          (malformed JSON, invalid UTF-8, bare NaN/inf, a string or
- *                          float where an id belongs, ...); the caller reads from offset
+ *                          (malformed JSON, invalid UTF-8, bare NaN/inf, a float beyond a
+ *                          double, a float or bool pid/tid, a ts/dur that is not a number,
+ *                          an escaped key or phase, ...); the caller reads from offset
  *                          with the general (msgspec) reader, which repairs or reports.
+ *                          (Args ids that are not plain integers are not refused: the
+ *                          record flags them, F_ODD, for the caller to decode.)
  *   records bytes of n fixed-width records (layout REC below, little-endian, native
- *           alignment; tracekit.ingest.fastscan.REC_DTYPE mirrors it)
+ *           alignment; tracekit.ingest.kineto.REC_DTYPE mirrors it)
  *   strings list of str: the distinct strings the records' string codes index
  *           (cat, name, and pid/tid given as strings)
  *   trailing_comma  1 when ']' followed a ',' (an exporter defect the reader notes)
@@ -703,8 +706,9 @@ static int parse_event(Scan *s, int64_t i, int64_t *end, REC *e) {
                 int64_t se;
                 int es2;
                 r = lex_string(b, j, n, &se, &es2);
+                if (!r && es2) r = RS_BAD; /* "\u0058" is "X" too: leave escaped phases to msgspec */
                 if (!r) {
-                    e->ph = (se - j == 3 && !es2) ? (b[j + 1] == 'X' ? 1 : b[j + 1] == 'M' ? 2 : 0) : 0;
+                    e->ph = (se - j == 3) ? (b[j + 1] == 'X' ? 1 : b[j + 1] == 'M' ? 2 : 0) : 0;
                     j = se;
                 }
             } else {

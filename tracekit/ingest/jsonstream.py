@@ -443,7 +443,9 @@ class TraceStream:
                         rest.append(more)
                         if sum(len(r) for r in rest) > 16 * self.block:
                             raise FileError(self.path, "malformed JSON after traceEvents (too much text after the array)")
-                    yield from self._tail(b"".join(rest))  # only ']' and the keys after it are left
+                    rest = b"".join(rest)
+                    if not self._after_array(rest[1:]):  # the scanner found the very ']'
+                        yield from self._tail(rest)  # the general reader says what is wrong
                     return
                 # "slow": something the scanner does not take (or a file that ends inside an
                 # event): the general reader repairs it or says exactly what is wrong
@@ -495,6 +497,36 @@ class TraceStream:
                 return ch, p + 2
         return None
 
+    def _after_array(self, after: bytes) -> bool:
+        """Read the top-level keys in ``after`` (the text after the array's closing ']').
+
+        True when that text closes the document properly (the keys go to ``meta``);
+        False otherwise, for :meth:`_tail` to report.
+        """
+        rest = after.strip(_WS)
+        if self._array_closed_by == b"":
+            return not rest
+        if not rest.endswith(b"}"):
+            return False
+        inner = rest[:-1].strip(_WS)
+        if not inner:
+            return True
+        if not inner.startswith(b","):
+            return False
+        doc = b"{" + inner[1:] + b"}"
+        try:
+            trailing = _ANY.decode(doc)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            fixed, notes = _repair(doc)
+            try:
+                trailing = _ANY.decode(fixed)
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                return False
+        if not isinstance(trailing, dict):
+            return False
+        self.meta.update(trailing)
+        return True
+
     def _tail(self, buf: bytes) -> Iterator[Chunk]:
         """The last events, the closing ``]`` and any top-level keys after it."""
         closer = self._array_closed_by
@@ -507,6 +539,13 @@ class TraceStream:
                     raise FileError(self.path, f"malformed JSON in traceEvents ({body_error})")
                 raise FileError(self.path, "truncated JSON: traceEvents array is never closed (file incomplete?)")
             lim = r
+            j = r - 1  # the last non-blank byte before this ']'
+            while j >= 0 and buf[j] in _WS:
+                j -= 1
+            if j >= 0 and buf[j] in b"[{:":
+                # this ']' closes something in the keys after the array, as no event list
+                # ends so; skipping it here keeps a long tail of keys linear, not quadratic
+                continue
             rest = buf[r + 1 :].strip(_WS)
             trailing: dict | None = None
             if closer == b"":

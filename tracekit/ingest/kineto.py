@@ -185,7 +185,7 @@ def _as_int(v: Any) -> int | None:
 
 def _track_id(v: Any) -> int:
     """Thread/stream/pid ids: ints as is; ``"stream 7"`` → 7; other text → a stable hash."""
-    if type(v) is int:
+    if type(v) is int and -INT64_MAX <= v <= INT64_MAX:
         return v
     i = _as_int(v)
     if i is not None:
@@ -212,6 +212,8 @@ def text_to_ns(text: bytes | str) -> int | None:
 def _vector_ns(values: list, chunk_text_exact, which: str) -> tuple[np.ndarray, np.ndarray]:
     """µs values → (int64 ns, valid mask), exact (see module docstring)."""
     n = len(values)
+    if any(type(v) is bool for v in values):  # numpy would read True as 1
+        values = [None if type(v) is bool else v for v in values]
     try:
         arr = np.asarray(values)
     except (ValueError, OverflowError):
@@ -228,7 +230,10 @@ def _vector_ns(values: list, chunk_text_exact, which: str) -> tuple[np.ndarray, 
             out = np.zeros(n, dtype=np.int64)
             ok = finite & (np.abs(np.where(finite, arr, 0)) < _MAX_EXACT_FLOAT_US)
             out[ok] = np.rint(arr[ok] * 1000.0).astype(np.int64)
-            if ok.all() or (finite == ok).all():
+            # rint is exact only for at most three decimals: keep it where ns/1000 rounds back
+            # to the very double read (below 2^41 µs a fourth decimal never does)
+            ok_back = out[ok].astype(np.float64) / 1000.0 == arr[ok]
+            if ok_back.all() and (ok.all() or (finite == ok).all()):
                 return out, ok
     # slow path: exact decimal text of every value
     exact = chunk_text_exact()
@@ -279,7 +284,10 @@ class RankFile:
         """
         if not self.comm_meta:
             return
-        data = _MSGPACK_ENC.encode(self.comm_meta)
+        try:
+            data = b"M" + _MSGPACK_ENC.encode(self.comm_meta)
+        except OverflowError:  # an int beyond 64 bits (msgpack has none): JSON keeps it
+            data = b"J" + msgspec.json.encode(self.comm_meta)
         with open(path, "ab") as fh:
             fh.write(len(data).to_bytes(8, "little"))
             fh.write(data)
@@ -292,12 +300,15 @@ class RankFile:
         if self.meta_spill:
             with open(self.meta_spill, "rb") as fh:
                 while head := fh.read(8):
-                    rows.extend(_MSGPACK_DEC.decode(fh.read(int.from_bytes(head, "little"))))
+                    data = fh.read(int.from_bytes(head, "little"))
+                    dec = _MSGPACK_DEC if data[:1] == b"M" else _JSON_ROWS_DEC
+                    rows.extend(dec.decode(memoryview(data)[1:]))
         return rows + self.comm_meta
 
 
 _MSGPACK_ENC = msgspec.msgpack.Encoder()
 _MSGPACK_DEC = msgspec.msgpack.Decoder(list[dict])
+_JSON_ROWS_DEC = msgspec.json.Decoder(list[dict])
 META_SPILL_ROWS = 20_000
 """comm_meta rows a reader keeps in memory before :meth:`RankFile.spill_meta`."""
 
@@ -464,7 +475,7 @@ def _ids(values: list) -> np.ndarray:
     """pid/tid values → int64 track ids (fast path when all are plain ints)."""
     try:
         arr = np.asarray(values)
-        if arr.dtype.kind == "i" and arr.ndim == 1:
+        if arr.dtype.kind == "i" and arr.ndim == 1 and not any(type(v) is bool for v in values):
             return arr.astype(np.int64)
     except (ValueError, OverflowError):
         pass
@@ -512,7 +523,7 @@ def _chunk_batch(chunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
     decoded = _decode_many([xs[i].args for i in launch_idx], _IDS_LIST, _IDS, _EMPTY_IDS)
     c_vals = [a.correlation for a in decoded]
     e_vals = [a.external_id if a.external_id is not None else a.external_id_lc for a in decoded]
-    if all(type(v) is int for v in c_vals) and all(type(v) is int for v in e_vals):
+    if all(type(v) is int and -INT64_MAX <= v <= INT64_MAX for v in itertools.chain(c_vals, e_vals)):
         for i, c, x in zip(launch_idx, c_vals, e_vals):
             corr[i] = c
             ext[i] = x
@@ -587,13 +598,14 @@ _STEP_RE = re.compile(r"ProfilerStep#(\d+)")
 
 def _add_step(rf: RankFile, name: str, event_id: int, ok: bool, ts_ns: int, dur_ns: int) -> None:
     m = _STEP_RE.match(name)
-    if m and ok:
+    if m and ok and int(m.group(1)) <= INT64_MAX and ts_ns <= INT64_MAX - max(dur_ns, 0):
         rf.steps.append((int(m.group(1)), event_id, ts_ns, ts_ns + dur_ns))
 
 
 def _finish_batch(rf: RankFile, ids, ts_ns, ts_ok, dur_ns, dur_ok, columns: list) -> pa.RecordBatch:
     """Quarantine events with a missing/non-positive ts or a negative dur; the RAW_SCHEMA batch of the rest."""
     valid = ts_ok & dur_ok & (dur_ns >= 0) & (ts_ns > 0)
+    valid &= ts_ns <= INT64_MAX - np.maximum(dur_ns, 0)  # the end, ts + dur, must be an int64 too
     nbad = int(len(valid) - valid.sum())
     if nbad:
         rf.quarantined += nbad
