@@ -503,6 +503,45 @@ static int skip_value(Scan *s, int64_t i, int64_t *end, int depth) {
 
 /* ---- events -------------------------------------------------------------------- */
 
+/* Object members. At b[*j], a member's key: lex "key" ':' and set k and kl (the raw key
+ * bytes, quotes excluded), esc (the key has escapes) and j (the value's first byte). */
+static int member_key(Scan *s, int64_t *j, const unsigned char **k, int64_t *kl, int *esc) {
+    const unsigned char *b = s->buf;
+    int64_t n = s->n;
+    if (b[*j] != '"') return RS_BAD;
+    int64_t ks = *j + 1;
+    int r = lex_string(b, *j, n, j, esc);
+    if (r) return r;
+    *k = b + ks;
+    *kl = (*j - 1) - ks;
+    *j = skip_ws(b, *j, n);
+    if (*j >= n) return RS_NEED;
+    if (b[*j] != ':') return RS_BAD;
+    *j = skip_ws(b, *j + 1, n);
+    if (*j >= n) return RS_NEED;
+    return RS_OK;
+}
+
+#define RS_CLOSED 3
+
+/* After a member's value at b[*j]: RS_OK with *j at the next member after ',', RS_CLOSED with
+ * *end past the object's '}', or RS_NEED / RS_BAD. */
+static int member_next(Scan *s, int64_t *j, int64_t *end) {
+    const unsigned char *b = s->buf;
+    int64_t n = s->n;
+    *j = skip_ws(b, *j, n);
+    if (*j >= n) return RS_NEED;
+    if (b[*j] == ',') {
+        *j = skip_ws(b, *j + 1, n);
+        return *j >= n ? RS_NEED : RS_OK;
+    }
+    if (b[*j] == '}') {
+        *end = *j + 1;
+        return RS_CLOSED;
+    }
+    return RS_BAD;
+}
+
 #define KEYIS(p, len, lit) ((len) == (int64_t)sizeof(lit) - 1 && memcmp((p), (lit), sizeof(lit) - 1) == 0)
 
 /* An integer-valued args field: sets *v and bit on a plain int64, F_ODD on another non-null value. */
@@ -546,19 +585,11 @@ static int parse_args(Scan *s, int64_t i, int64_t *end, REC *e) {
     if (j >= n) return RS_NEED;
     if (b[j] == '}') { *end = j + 1; e->a_e = *end; return RS_OK; }
     while (1) {
-        if (b[j] != '"') return RS_BAD;
-        int esc, r;
-        int64_t ks = j + 1, ke;
-        r = lex_string(b, j, n, &j, &esc);
+        const unsigned char *k;
+        int64_t kl;
+        int esc;
+        int r = member_key(s, &j, &k, &kl, &esc);
         if (r) return r;
-        ke = j - 1;
-        j = skip_ws(b, j, n);
-        if (j >= n) return RS_NEED;
-        if (b[j] != ':') return RS_BAD;
-        j = skip_ws(b, j + 1, n);
-        if (j >= n) return RS_NEED;
-        const unsigned char *k = b + ks;
-        int64_t kl = ke - ks;
         if (esc) {
             /* an escaped key might spell one of ours: leave the event to the general reader */
             return RS_BAD;
@@ -585,19 +616,12 @@ static int parse_args(Scan *s, int64_t i, int64_t *end, REC *e) {
             r = skip_value(s, j, &j, 2);
         }
         if (r) return r;
-        j = skip_ws(b, j, n);
-        if (j >= n) return RS_NEED;
-        if (b[j] == ',') {
-            j = skip_ws(b, j + 1, n);
-            if (j >= n) return RS_NEED;
-            continue;
-        }
-        if (b[j] == '}') {
-            *end = j + 1;
+        r = member_next(s, &j, end);
+        if (r == RS_CLOSED) {
             e->a_e = *end;
             return RS_OK;
         }
-        return RS_BAD;
+        if (r) return r;
     }
 }
 
@@ -687,20 +711,12 @@ static int parse_event(Scan *s, int64_t i, int64_t *end, REC *e) {
     if (j >= n) return RS_NEED;
     if (b[j] == '}') { *end = j + 1; return RS_OK; }
     while (1) {
-        if (b[j] != '"') return RS_BAD;
-        int esc, r;
-        int64_t ks = j + 1, ke;
-        r = lex_string(b, j, n, &j, &esc);
+        const unsigned char *k;
+        int64_t kl;
+        int esc;
+        int r = member_key(s, &j, &k, &kl, &esc);
         if (r) return r;
         if (esc) return RS_BAD;
-        ke = j - 1;
-        j = skip_ws(b, j, n);
-        if (j >= n) return RS_NEED;
-        if (b[j] != ':') return RS_BAD;
-        j = skip_ws(b, j + 1, n);
-        if (j >= n) return RS_NEED;
-        const unsigned char *k = b + ks;
-        int64_t kl = ke - ks;
         if (KEYIS(k, kl, "ph")) {
             if (b[j] == '"') {
                 int64_t se;
@@ -733,15 +749,9 @@ static int parse_event(Scan *s, int64_t i, int64_t *end, REC *e) {
             r = skip_value(s, j, &j, 1);
         }
         if (r) return r;
-        j = skip_ws(b, j, n);
-        if (j >= n) return RS_NEED;
-        if (b[j] == ',') {
-            j = skip_ws(b, j + 1, n);
-            if (j >= n) return RS_NEED;
-            continue;
-        }
-        if (b[j] == '}') { *end = j + 1; return RS_OK; }
-        return RS_BAD;
+        r = member_next(s, &j, end);
+        if (r == RS_CLOSED) return RS_OK;
+        if (r) return r;
     }
 }
 

@@ -177,6 +177,19 @@ def _repair(text: bytes) -> tuple[bytes, list[str]]:
     return text, notes
 
 
+def _decode_repaired(doc: bytes):
+    """``(value, notes)``: ``doc`` decoded as JSON, after :func:`_repair` if it needs it; None if not JSON."""
+    try:
+        return _ANY.decode(doc), []
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        pass
+    fixed, notes = _repair(doc)
+    try:
+        return _ANY.decode(fixed), notes
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+
+
 def _decode_events(body: bytes) -> Chunk | None:
     """Decode ``[body]`` as events, repairing known defects; None if not whole events."""
     text = b"[" + body + b"]"
@@ -383,17 +396,12 @@ class TraceStream:
                 continue
             if buf[k : k + 1] != b"[":
                 raise FileError(self.path, "traceEvents is not an array")
-            head = buf[:j] + b'"traceEvents":[]}'
-            try:
-                meta = _ANY.decode(head)
-            except (msgspec.DecodeError, UnicodeDecodeError):
-                head2, notes = _repair(head)
-                try:
-                    meta = _ANY.decode(head2)
-                    self.notes.extend(notes)
-                except (msgspec.DecodeError, UnicodeDecodeError):
-                    start = j + 1  # the key was inside a string
-                    continue
+            got = _decode_repaired(buf[:j] + b'"traceEvents":[]}')
+            if got is None:
+                start = j + 1  # the key was inside a string
+                continue
+            meta, notes = got
+            self.notes.extend(notes)
             meta.pop("traceEvents", None)
             self.meta.update(meta)
             return buf[k + 1 :]
@@ -513,18 +521,10 @@ class TraceStream:
             return True
         if not inner.startswith(b","):
             return False
-        doc = b"{" + inner[1:] + b"}"
-        try:
-            trailing = _ANY.decode(doc)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            fixed, notes = _repair(doc)
-            try:
-                trailing = _ANY.decode(fixed)
-            except (msgspec.DecodeError, UnicodeDecodeError):
-                return False
-        if not isinstance(trailing, dict):
+        got = _decode_repaired(b"{" + inner[1:] + b"}")
+        if got is None or not isinstance(got[0], dict):
             return False
-        self.meta.update(trailing)
+        self.meta.update(got[0])
         return True
 
     def _tail(self, buf: bytes) -> Iterator[Chunk]:
@@ -559,16 +559,10 @@ class TraceStream:
                 if inner == b"":
                     trailing = {}
                 elif inner.startswith(b","):
-                    try:
-                        trailing = _ANY.decode(b"{" + inner[1:] + b"}")
-                    except (msgspec.DecodeError, UnicodeDecodeError):
-                        fixed, notes = _repair(b"{" + inner[1:] + b"}")
-                        try:
-                            trailing = _ANY.decode(fixed)
-                        except (msgspec.DecodeError, UnicodeDecodeError):
-                            continue
-                    if not isinstance(trailing, dict):
+                    got = _decode_repaired(b"{" + inner[1:] + b"}")
+                    if got is None or not isinstance(got[0], dict):
                         continue
+                    trailing = got[0]
                 else:
                     continue
             body = buf[:r].strip(_WS)
