@@ -19,6 +19,8 @@ Torch is imported lazily so that importing this module stays cheap.
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as _dt
 import os
 import pickle
@@ -91,6 +93,30 @@ def resolve_backend(backend: str, ranks: int) -> str:
         if ranks > n:
             raise BadInputError(f"backend 'nccl' with {ranks} ranks needs {ranks} GPUs, found {n}")
     return backend
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """The options every built-in model workload (tp, ep, pp, disagg-kv) shares; each
+    workload's config subclasses it and adds its model's own fields after these.
+
+    ``steps=None`` means wait + warmup + active. ``wait``/``warmup``/``active`` are the
+    torch.profiler schedule, ``out`` the run folder (default: a new one under
+    ``tracekit-runs/``), ``eps`` the norm epsilon, ``timeout_s`` the limit of the whole
+    job, ``fault`` a testing-only fault the workload documents (None: none).
+    """
+
+    steps: int | None = None
+    dtype: str = "float32"
+    backend: str = "auto"
+    seed: int = 0
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    out: str | None = None
+    eps: float = 1e-6
+    timeout_s: float = 300.0
+    fault: str | None = None
 
 
 def validate_run_options(backend: str, timeout_s: float, fault: str | None = None, faults: tuple = (None,)) -> None:

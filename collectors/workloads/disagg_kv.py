@@ -100,7 +100,7 @@ class KVMismatchError(TracekitError):
 
 
 @dataclass
-class KVConfig:
+class KVConfig(_launch.RunOptions):
     """Options of the disagg-kv workload. ``steps=None`` means wait + warmup +
     active; ``ffn=None`` means 8/3 × hidden rounded up to 64, ``ffn=0`` no MLP."""
 
@@ -116,19 +116,8 @@ class KVConfig:
     batch: int = 2
     decode_tokens: int = 8
     mode: str = "layerwise"
-    steps: int | None = None
-    dtype: str = "float32"
-    backend: str = "auto"
-    seed: int = 0
-    wait: int = 1
-    warmup: int = 1
-    active: int = 3
-    out: str | None = None
-    eps: float = 1e-6
-    timeout_s: float = 300.0
-    #: testing only: "corrupt_kv" scales the V half of layer 0's KV message before
-    #: sending (the decode check must then fail); "raise" makes the last rank raise
-    fault: str | None = None
+    # fault (from RunOptions), testing only: "corrupt_kv" scales the V half of layer 0's KV message before
+    # sending (the decode check must then fail); "raise" makes the last rank raise
 
     def resolved(self) -> "KVConfig":
         """A validated copy with steps, ffn and dtype filled in / canonical. Raises

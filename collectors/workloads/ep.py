@@ -86,7 +86,7 @@ class EPMismatchError(TracekitError):
 
 
 @dataclass
-class EPConfig:
+class EPConfig(_launch.RunOptions):
     """Options of the EP workload. ``steps=None`` means wait + warmup + active;
     ``ffn=None`` means 2 × hidden (each expert's SwiGLU inner size)."""
 
@@ -102,19 +102,8 @@ class EPConfig:
     skew: float = 1.0
     two_batch_overlap: bool = False
     attention: bool = True
-    steps: int | None = None
-    dtype: str = "float32"
-    backend: str = "auto"
-    seed: int = 0
-    wait: int = 1
-    warmup: int = 1
-    active: int = 3
-    out: str | None = None
-    eps: float = 1e-6
-    timeout_s: float = 300.0
-    #: testing only: "corrupt_expert" perturbs one expert's weights on the last
-    #: rank (the check must then fail); "raise" makes the last rank raise
-    fault: str | None = None
+    # fault (from RunOptions), testing only: "corrupt_expert" perturbs one expert's weights on the last
+    # rank (the check must then fail); "raise" makes the last rank raise
 
     def resolved(self) -> "EPConfig":
         """A validated copy with `steps`, `ffn` and `dtype` filled in / canonical.

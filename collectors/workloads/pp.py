@@ -218,7 +218,7 @@ def greedy(logits):
 
 
 @dataclass
-class PPConfig:
+class PPConfig(_launch.RunOptions):
     """Options of the PP workload. ``stages=None`` means ``ranks`` (one stage per
     rank); ``steps=None`` means wait + warmup + active; ``ffn=None`` means 8/3 ×
     hidden rounded up to 64. ``seq`` is the training sequence length, or the
@@ -237,19 +237,8 @@ class PPConfig:
     schedule: str = "gpipe"
     mode: str = "train"
     tokens: int = 8
-    steps: int | None = None
-    dtype: str = "float32"
-    backend: str = "auto"
-    seed: int = 0
-    wait: int = 1
-    warmup: int = 1
-    active: int = 3
-    out: str | None = None
-    eps: float = 1e-6
-    timeout_s: float = 300.0
-    #: testing only: "corrupt_activation" scales stage 0's first outgoing message
-    #: of every step by 1.5 (the check must then fail); "raise" makes the last rank raise
-    fault: str | None = None
+    # fault (from RunOptions), testing only: "corrupt_activation" scales stage 0's first outgoing message
+    # of every step by 1.5 (the check must then fail); "raise" makes the last rank raise
 
     def resolved(self) -> "PPConfig":
         """A validated copy with stages, steps, ffn and dtype filled in / canonical.

@@ -76,7 +76,7 @@ class TPMismatchError(TracekitError):
 
 
 @dataclass
-class TPConfig:
+class TPConfig(_launch.RunOptions):
     """Options of the TP workload. ``steps=None`` means wait + warmup + active;
     ``ffn=None`` means 8/3 × hidden rounded up to a multiple of 64 (Llama-like)."""
 
@@ -87,24 +87,13 @@ class TPConfig:
     ffn: int | None = None
     seq: int = 128
     batch: int = 4
-    steps: int | None = None
-    dtype: str = "float32"
-    backend: str = "auto"
-    seed: int = 0
-    wait: int = 1
-    warmup: int = 1
-    active: int = 3
-    out: str | None = None
-    eps: float = 1e-6
-    timeout_s: float = 300.0
     #: split the tokens into this many chunks whose all-reduces run asynchronously
     #: while the next chunk computes (1: one blocking all-reduce per block)
     overlap_chunks: int = 1
     #: "torch" (torch.profiler, Kineto JSON) or "nsys" (each rank under nsys profile, SQLite)
     profiler: str = "torch"
-    #: testing only: "corrupt_shard" perturbs the last rank's weights (the TP check
-    #: must then fail); "raise" makes the last rank raise before profiling
-    fault: str | None = None
+    # fault (from RunOptions), testing only: "corrupt_shard" perturbs the last rank's weights (the TP check
+    # must then fail); "raise" makes the last rank raise before profiling
 
     def resolved(self) -> "TPConfig":
         """A validated copy with `steps`, `ffn` and `dtype` filled in / canonical.

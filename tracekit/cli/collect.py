@@ -24,6 +24,18 @@ OUT_HELP = "Folder that receives the run folder."
 STORE_HELP = "Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
 INGEST_HELP = "Ingest the traces and print the report."
 
+# Options the model workloads (tp, ep, pp, disagg-kv) share: collectors.launch.RunOptions
+STEPS_OPT = typer.Option(None, "--steps", help="Forward steps (default: wait + warmup + active).")
+DTYPE_OPT = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16.")
+BACKEND_OPT = typer.Option("auto", "--backend", help="auto (nccl with CUDA, else gloo), gloo or nccl.")
+WAIT_OPT = typer.Option(1, "--wait", help="Profiler schedule: steps skipped.")
+WARMUP_OPT = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded).")
+ACTIVE_OPT = typer.Option(3, "--active", help="Profiler schedule: recorded steps.")
+SEED_OPT = typer.Option(0, "--seed", help="Seed of the weights and inputs.")
+OUT_OPT = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP)
+STORE_OPT = typer.Option(None, "--store", help=STORE_HELP)
+INGEST_OPT = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP)
+
 
 @app.command("tp")
 def tp(
@@ -34,13 +46,13 @@ def tp(
     ffn: Optional[int] = typer.Option(None, "--ffn", help="MLP inner size (default: 8/3 x hidden, rounded up to 64)."),
     seq: int = typer.Option(128, "--seq", help="Sequence length."),
     batch: int = typer.Option(4, "--batch", help="Batch size."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Forward steps (default: wait + warmup + active)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
-    backend: str = typer.Option("auto", "--backend", help="auto (nccl with CUDA, else gloo), gloo or nccl."),
-    wait: int = typer.Option(1, "--wait", help="Profiler schedule: steps skipped."),
-    warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
-    active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
+    steps: Optional[int] = STEPS_OPT,
+    dtype: str = DTYPE_OPT,
+    backend: str = BACKEND_OPT,
+    wait: int = WAIT_OPT,
+    warmup: int = WARMUP_OPT,
+    active: int = ACTIVE_OPT,
+    seed: int = SEED_OPT,
     overlap_chunks: int = typer.Option(
         1, "--overlap-chunks", help="Split the tokens into N chunks; chunk i's all-reduce runs (async) while chunk i+1 computes."
     ),
@@ -50,9 +62,9 @@ def tp(
         help="torch (torch.profiler, Kineto JSON per rank) or nsys (each rank under `nsys profile`, "
         "rank{r}.sqlite; needs nsys on PATH).",
     ),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
+    out: Path = OUT_OPT,
+    store: Optional[str] = STORE_OPT,
+    ingest: bool = INGEST_OPT,
 ) -> None:
     """Megatron-style tensor-parallel transformer (two all-reduces per layer), profiled on every rank."""
     from collectors.workloads.tp import TPConfig, run_tp

@@ -12,7 +12,10 @@ from typing import Optional
 
 import typer
 
-from tracekit.cli.collect import INGEST_HELP, OUT_HELP, STORE_HELP, app, ingest_and_report, run_workload
+from tracekit.cli.collect import (
+    ACTIVE_OPT, BACKEND_OPT, DTYPE_OPT, INGEST_OPT, OUT_OPT, SEED_OPT, STEPS_OPT, STORE_OPT, WAIT_OPT, WARMUP_OPT,
+    app, ingest_and_report, run_workload,
+)
 
 
 @app.command("ep")
@@ -32,16 +35,16 @@ def ep(
         help="Split each batch in two halves; one half's all-to-all runs (async) while the other computes.",
     ),
     attention: bool = typer.Option(True, "--attention/--no-attention", help="Include the replicated attention block."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Forward steps (default: wait + warmup + active)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
-    backend: str = typer.Option("auto", "--backend", help="auto (nccl with CUDA, else gloo), gloo or nccl."),
-    wait: int = typer.Option(1, "--wait", help="Profiler schedule: steps skipped."),
-    warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
-    active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
+    steps: Optional[int] = STEPS_OPT,
+    dtype: str = DTYPE_OPT,
+    backend: str = BACKEND_OPT,
+    wait: int = WAIT_OPT,
+    warmup: int = WARMUP_OPT,
+    active: int = ACTIVE_OPT,
+    seed: int = SEED_OPT,
+    out: Path = OUT_OPT,
+    store: Optional[str] = STORE_OPT,
+    ingest: bool = INGEST_OPT,
 ) -> None:
     """Expert-parallel MoE layers (top-k router, sharded experts, all-to-all on the router's uneven splits), profiled."""
     from collectors.workloads.ep import EPConfig, run_ep

@@ -14,7 +14,10 @@ from typing import Optional
 
 import typer
 
-from tracekit.cli.collect import INGEST_HELP, OUT_HELP, STORE_HELP, app, ingest_and_report, run_workload
+from tracekit.cli.collect import (
+    ACTIVE_OPT, BACKEND_OPT, DTYPE_OPT, INGEST_OPT, OUT_OPT, SEED_OPT, STORE_OPT, WAIT_OPT, WARMUP_OPT,
+    app, ingest_and_report, run_workload,
+)
 
 
 @app.command("pp")
@@ -33,15 +36,15 @@ def pp(
     mode: str = typer.Option("train", "--mode", help="train (forward + backward) or decode (prefill + greedy decode)."),
     tokens: int = typer.Option(8, "--tokens", help="Decode steps per generation (decode mode)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Steps (default: wait + warmup + active)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
-    backend: str = typer.Option("auto", "--backend", help="auto (nccl with CUDA, else gloo), gloo or nccl."),
-    wait: int = typer.Option(1, "--wait", help="Profiler schedule: steps skipped."),
-    warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
-    active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the weights and inputs."),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
+    dtype: str = DTYPE_OPT,
+    backend: str = BACKEND_OPT,
+    wait: int = WAIT_OPT,
+    warmup: int = WARMUP_OPT,
+    active: int = ACTIVE_OPT,
+    seed: int = SEED_OPT,
+    out: Path = OUT_OPT,
+    store: Optional[str] = STORE_OPT,
+    ingest: bool = INGEST_OPT,
 ) -> None:
     """Pipeline-parallel transformer: activations (and gradients) sent stage to stage with isend/irecv."""
     from collectors.workloads.pp import PPConfig, run_pp
@@ -83,15 +86,15 @@ def disagg_kv(
     decode_tokens: int = typer.Option(8, "--decode-tokens", help="Tokens the decode rank generates per request."),
     mode: str = typer.Option("layerwise", "--mode", help="layerwise (send each layer's KV as it is computed) or bulk (after the prefill)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Requests (steps) (default: wait + warmup + active)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
-    backend: str = typer.Option("auto", "--backend", help="auto (nccl with CUDA, else gloo), gloo or nccl."),
-    wait: int = typer.Option(1, "--wait", help="Profiler schedule: steps skipped."),
-    warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
-    active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps."),
+    dtype: str = DTYPE_OPT,
+    backend: str = BACKEND_OPT,
+    wait: int = WAIT_OPT,
+    warmup: int = WARMUP_OPT,
+    active: int = ACTIVE_OPT,
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and prompts."),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
+    out: Path = OUT_OPT,
+    store: Optional[str] = STORE_OPT,
+    ingest: bool = INGEST_OPT,
 ) -> None:
     """Disaggregated prefill/decode: prefill ranks ship each layer's KV cache to decode ranks (bulk or layer-wise)."""
     from collectors.workloads.disagg_kv import KVConfig, run_disagg_kv

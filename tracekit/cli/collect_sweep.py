@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from tracekit.cli.collect import INGEST_HELP, OUT_HELP, STORE_HELP, app, ingest_and_report, run_workload
+from tracekit.cli.collect import INGEST_OPT, OUT_OPT, STORE_OPT, app, ingest_and_report, run_workload
 
 
 @app.command("sweep")
@@ -29,9 +29,9 @@ def sweep(
     factor: int = typer.Option(4, "--factor", help="Each size is the previous one times this (integer >= 2)."),
     iters: int = typer.Option(5, "--iters", help="Measured calls per (op, size)."),
     warmup_iters: int = typer.Option(2, "--warmup-iters", help="Warm-up calls per (op, size), not in the trace."),
-    out: Path = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP),
+    out: Path = OUT_OPT,
+    store: Optional[str] = STORE_OPT,
+    ingest: bool = INGEST_OPT,
 ) -> None:
     """Calibration sweep: every op over sizes min..max (×factor), for the α–β fit.
 
