@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from tracekit import _arrow
 from tracekit.store import COLLECTIVES_SCHEMA, RANKS_SCHEMA, RUNS_SCHEMA
@@ -62,3 +63,19 @@ def _repo():
     from tests.conftest import REPO
 
     return REPO
+
+
+@pytest.mark.parametrize("type_", [pa.int64(), pa.int32(), pa.bool_()])
+def test_to_numpy_reads_values_and_nulls_of_sliced_arrays(type_):
+    vals = [True, None, False, True, None, True, False, False, True, None, True] if type_ == pa.bool_() else \
+        [5, None, -7, 2**31 - 1, None, 0, 3, -2**31, 9, None, 1]
+    arr = pa.array(vals, type_)
+    for lo, hi in [(0, 11), (1, 11), (3, 10), (9, 11), (2, 2)]:
+        got, valid = _arrow.to_numpy(arr.slice(lo, hi - lo))
+        want = vals[lo:hi]
+        assert [None if (valid is not None and not v) else x.item() for x, v in
+                zip(got, valid if valid is not None else [True] * len(got))] == want
+        assert [x.item() for x in got] == [0 if w is None else w for w in want]
+        assert (valid is None) == all(w is not None for w in want)
+    with pytest.raises(TypeError):
+        _arrow.to_numpy(pa.array(["a"]))

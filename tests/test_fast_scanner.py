@@ -275,38 +275,6 @@ def test_without_the_scanner_module_the_reader_still_works(tmp_path, monkeypatch
     assert kinds == {"Chunk"}
 
 
-# -- link pass: the profiler step by CASE tree or by ASOF join ------------------------------
-
-
-def test_step_tree_equals_asof_join(tmp_path, monkeypatch):
-    import tracekit.ingest.link as link
-
-    src = FIXTURES / "tp_2rank"
-    ingest_paths([src], tmp_path / "tree")
-    monkeypatch.setattr(link, "STEP_TREE_MAX", 0)
-    ingest_paths([src], tmp_path / "asof")
-    assert _table_diff(tmp_path / "tree", tmp_path / "asof", "runs/*/events/*.parquet") == (0, 0)
-    n = duckdb.connect().execute(
-        f"SELECT count(DISTINCT step), count(*) FILTER (WHERE step IS NOT NULL) > 0 "
-        f"FROM read_parquet('{tmp_path}/tree/runs/*/events/*.parquet')"
-    ).fetchone()
-    assert n[0] >= 2 and n[1]
-
-
-def test_step_expr_boundaries():
-    import tracekit.ingest.link as link
-
-    steps = [(5, 0, 100, 200), (6, 1, 200, 250), (7, 2, 300, 400)]  # a gap 250..300
-    expr, join = link._step_expr(None, steps, "t", "unused")
-    assert join == ""
-    con = duckdb.connect()
-    got = con.execute(
-        f"SELECT t, {expr} FROM (VALUES (99), (100), (199), (200), (249), (250), (299), (300), (399), (400)) v(t) ORDER BY t"
-    ).fetchall()
-    assert got == [(99, None), (100, 5), (199, 5), (200, 6), (249, 6), (250, None), (299, None),
-                   (300, 7), (399, 7), (400, None)]
-
-
 def test_spilled_comm_meta_gives_the_same_store(tmp_path, monkeypatch):
     import tracekit.ingest.kineto as kineto
 
@@ -326,6 +294,69 @@ def test_spilled_comm_meta_gives_the_same_store(tmp_path, monkeypatch):
     for pattern in ("runs/*/events/*.parquet", "runs/*/collectives.parquet", "runs/*/ranks.parquet"):
         assert _table_diff(tmp_path / "mem", tmp_path / "spill", pattern) == (0, 0), pattern
     assert not list((tmp_path / "spill").rglob("*.meta"))  # spill files do not outlive the ingest
+
+
+@pytest.mark.parametrize("rel", ["fixtures/ep_2rank", "fixtures/defects/alltoall_splits.json",
+                                 "traces/hta_nccl_parser_a100_r0of2", "traces/param_dlrm_8rank_v100"])
+def test_metadata_rows_read_back_frame_by_frame_give_the_same_store(rel, tmp_path, monkeypatch):
+    """Collectives built from spill frames of 3 rows with one frame decoded at a time (every
+    row access out of order re-reads a frame) equal those built from rows in memory."""
+    import tracekit.ingest.kineto as kineto
+
+    src = _target(rel)
+    ingest_paths([src], tmp_path / "mem")
+    real = kineto.RankFile.meta_rows
+    frames = []
+
+    def tiny_frames(self, times=None):
+        rows = self.load_comm_meta()
+        path = tmp_path / f"respill{len(frames)}.meta"
+        self.comm_meta, self.meta_spill = [], None
+        for i in range(0, len(rows), 3):
+            self.comm_meta = rows[i : i + 3]
+            self.spill_meta(path)
+        frames.append(len(rows))
+        return real(self, times)
+
+    monkeypatch.setattr(kineto.RankFile, "meta_rows", tiny_frames)
+    monkeypatch.setattr(kineto, "META_FRAME_CACHE", 1)
+    ingest_paths([src], tmp_path / "frames")
+    assert sum(frames) >= 3
+    for pattern in ("runs/*/events/*.parquet", "runs/*/collectives.parquet", "runs/*/ranks.parquet"):
+        assert _table_diff(tmp_path / "mem", tmp_path / "frames", pattern) == (0, 0), pattern
+
+
+def test_meta_rows_columns_and_rows_in_any_order(tmp_path, monkeypatch):
+    import random
+
+    import tracekit.ingest.kineto as kineto
+
+    monkeypatch.setattr(kineto, "META_FRAME_CACHE", 2)
+    rf = kineto.RankFile(path=tmp_path / "x", sha256="", meta={})
+    want = []
+    for i in range(50):
+        row = dict(event_id=10 * i, name=f"op{i % 4}", gpu=i % 3 == 0, device=i % 2, track=None if i % 5 == 0 else 7,
+                   ts_ns=1000 + i, dur_ns=5 * i, input_dims=[[i, 2]])
+        want.append(dict(row))
+        rf.comm_meta.append(row)
+        if i % 7 == 6 and i < 40:
+            rf.spill_meta(tmp_path / "m.meta")
+    times = {30: (1, 2), 470: (3, 4)}  # rows 3 (spilled) and 47 (still in memory)
+    for w in want:
+        if w["event_id"] in times:
+            w["ts_ns"], w["dur_ns"] = times[w["event_id"]]
+    m = rf.meta_rows(times)
+    assert len(m) == 50 and len(m._frame_at) == 5
+    assert m.event_id.tolist() == [w["event_id"] for w in want]
+    assert m.ts_ns.tolist() == [w["ts_ns"] for w in want] and m.dur_ns.tolist() == [w["dur_ns"] for w in want]
+    assert m.gpu.tolist() == [w["gpu"] for w in want]
+    assert [m.names[k] for k in m.name] == [w["name"] for w in want]
+    assert [m.threads[k] for k in m.thread] == [(w["device"], w["track"]) for w in want]
+    order = list(range(50)) * 2
+    random.Random(1).shuffle(order)
+    for i in order:
+        assert m.row(i) == want[i]
+    assert m.names_where(lambda nm: nm == "op1").tolist() == [i % 4 == 1 for i in range(50)]
 
 
 def test_mutated_events_never_accepted_unless_valid_json():

@@ -99,6 +99,32 @@ def _epoch_us(v: _dt.datetime) -> int:
     return (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
 
 
+def _bits(buf, offset: int, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")[offset : offset + n].astype(bool)
+
+
+def to_numpy(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """(values, validity or None when there are no nulls) of an int32/int64/bool array.
+
+    ``Array.to_numpy`` imports pandas; this reads the buffers. Null slots hold 0 / False.
+    Raises TypeError for other types.
+    """
+    n, off = len(arr), arr.offset
+    bufs = arr.buffers()
+    valid = _bits(bufs[0], off, n) if arr.null_count and bufs[0] is not None else None
+    t = arr.type
+    if pa.types.is_boolean(t):
+        vals = _bits(bufs[1], off, n) if n else np.zeros(0, dtype=bool)
+    elif pa.types.is_int64(t) or pa.types.is_int32(t):
+        dt = np.int64 if pa.types.is_int64(t) else np.int32
+        vals = np.frombuffer(bufs[1], dtype=dt, count=n, offset=off * np.dtype(dt).itemsize) if n else np.zeros(0, dt)
+    else:
+        raise TypeError(f"to_numpy: no reader for Arrow type {t}")
+    if valid is not None:
+        vals = np.where(valid, vals, 0).astype(vals.dtype)
+    return vals, valid
+
+
 def table_from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
     """``pa.Table.from_pylist(rows, schema=schema)`` without pandas (a missing key is null)."""
     cols = [column([r.get(f.name) for r in rows], f.type) for f in schema]

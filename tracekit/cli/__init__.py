@@ -11,9 +11,14 @@ from __future__ import annotations
 import os
 import sys
 
-import typer
+# Before anything imports pyarrow: its C++ default pool is read from the environment
+# once. The system allocator gives freed memory back where mimalloc (the default)
+# keeps it per thread; see tracekit/_memory.py.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
-from tracekit.errors import TracekitError
+import typer  # noqa: E402
+
+from tracekit.errors import TracekitError  # noqa: E402
 
 app = typer.Typer(
     name="tracekit",

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
+from tracekit._memory import release_free_memory
 from tracekit.errors import BadInputError, FileError
 
 KINETO_SUFFIXES = (".json", ".json.gz")
@@ -186,7 +187,7 @@ def ingest_paths(
             build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {})
             stg.commit(rid, replace=replace)
             return rid
-        tasks = [(str(f), str(raw_dir / f"file{i}.parquet"), patterns, d) for i, (f, d) in enumerate(zip(files, digests))]
+        tasks = [(str(f), str(raw_dir / f"file{i}.arrows"), patterns, d) for i, (f, d) in enumerate(zip(files, digests))]
         if progress:
             progress(f"reading {len(files)} file(s)", total=len(files))
         njobs = jobs if jobs is not None else min(len(files), os.cpu_count() or 1, 4)
@@ -215,6 +216,7 @@ def ingest_paths(
             raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
         from tracekit.ingest.link import finish_run
 
+        release_free_memory()  # what the reader freed, before the link pass allocates
         if progress:
             progress("linking events and deriving collectives")
         finish_run(

@@ -27,13 +27,16 @@ rank's input splits except its own chunk; ``S`` for broadcast, reduce, send;
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import math
 import re
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from tracekit import _arrow
 
 from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
 from tracekit.model import busbw_factor
@@ -187,25 +190,30 @@ def wire_bytes_for(op: str | None, size: int | None, group_size: int | None, in_
 
 
 class _OpIndex:
-    """CPU comm ops of one thread, sorted by start, for 'which ops enclose this launch'."""
+    """CPU comm ops of one thread, sorted by start, for 'which ops enclose this launch'.
 
-    def __init__(self, rows: list[dict]):
-        self.rows = sorted(rows, key=lambda r: (r["ts_ns"], -r["dur_ns"]))
-        self.starts = [r["ts_ns"] for r in self.rows]
-        self.ends = [r["ts_ns"] + r["dur_ns"] for r in self.rows]
+    ``rows``: their indices in ``meta`` (a :class:`~tracekit.ingest.kineto.MetaRows`).
+    """
+
+    def __init__(self, meta, rows: np.ndarray):
+        ts, dur = meta.ts_ns[rows], meta.dur_ns[rows]
+        order = np.lexsort((-dur, ts))  # by start, the longer first; stable (file order) on ties
+        self.rows = rows[order]
+        self.starts = ts[order]
+        self.ends = self.starts + dur[order]
         # max_end[j]: the latest end among rows[0..j]; once below `end`, no earlier op encloses
-        self.max_end = list(itertools.accumulate(self.ends, max))
+        self.max_end = np.maximum.accumulate(self.ends) if len(self.ends) else self.ends
 
-    def enclosing(self, ts: int, end: int) -> list[dict]:
-        """Ops with start ≤ ts and end ≥ end, innermost (latest start) first (the 64 latest starts looked at)."""
-        i = bisect.bisect_right(self.starts, ts)
+    def enclosing(self, ts: int, end: int) -> list[int]:
+        """Rows of ops with start ≤ ts and end ≥ end, innermost (latest start) first (the 64 latest starts looked at)."""
+        i = int(np.searchsorted(self.starts, ts, side="right"))
         out = []
         j = i - 1
         lo = max(-1, j - 64)
         ends, max_end, rows = self.ends, self.max_end, self.rows
         while j > lo and max_end[j] >= end:
             if ends[j] >= end:
-                out.append(rows[j])
+                out.append(int(rows[j]))
             j -= 1
         return out
 
@@ -328,32 +336,35 @@ def _pg_name(meta: dict) -> str | None:
 def build_collectives(
     run_id: str,
     rank: int,
-    comm_meta: list[dict],
+    meta,
     launches: dict[int, tuple[int, int, int, int]],
     *,
     world_size: int,
     pg_config: dict[str, list[int]],
     cpu_only: bool,
-) -> list[dict]:
-    """Rows of the collectives table for one rank.
+) -> Iterator[dict]:
+    """Rows of the collectives table for one rank, in the order of the comm spans in the file.
 
+    ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.kineto.MetaRows`).
     ``launches`` maps a comm kernel's event_id → (pid, tid, launch ts, launch end)
     of its runtime launch call; kernels missing from it were launched outside the
     capture. ``pg_config`` maps process-group name → global ranks (from
     ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;
-    :func:`assign_seq` derives it across ranks.
+    :func:`assign_seq` derives it per rank.
     """
-    cpu_ops = [r for r in comm_meta if not r["gpu"] and not (cpu_only and r["name"].startswith("gloo:"))]
-    by_thread: dict = defaultdict(list)
-    for r in cpu_ops:
-        by_thread[(r["device"], r["track"])].append(r)
-    index = {k: _OpIndex(v) for k, v in by_thread.items()}
-
+    cpu = ~meta.gpu
     if cpu_only:
-        return _cpu_rows(run_id, rank, comm_meta, cpu_ops, world_size, pg_config)
-    spans = [r for r in comm_meta if r["gpu"]]
-    rows = []
-    for sp in spans:
+        cpu &= ~meta.names_where(lambda nm: nm.startswith("gloo:"))
+    cpu_rows = np.flatnonzero(cpu)
+    if cpu_only:
+        yield from _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config)
+        return
+    by_thread = meta.thread[cpu_rows]
+    order = np.argsort(by_thread, kind="stable")
+    groups = np.split(cpu_rows[order], np.flatnonzero(np.diff(by_thread[order])) + 1) if len(cpu_rows) else []
+    index = {meta.threads[int(meta.thread[g[0]])]: _OpIndex(meta, g) for g in groups}
+    for i in np.flatnonzero(meta.gpu).tolist():
+        sp = meta.row(i)
         issue_ts = None
         la = launches.get(sp["event_id"])
         enclosing = []
@@ -362,12 +373,11 @@ def build_collectives(
             issue_ts = lts
             idx = index.get((pid, tid))
             if idx is not None:
-                enclosing = idx.enclosing(lts, lend)
+                enclosing = [meta.row(j) for j in idx.enclosing(lts, lend)]
         res = _resolve(sp, enclosing)
         if la is None and res["meta_source"] == "name_only":
             res["launch_outside_capture"] = True
-        rows.append(_finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config))
-    return rows
+        yield _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config)
 
 
 # gloo runs some collectives as others: reduce-scatter as an all-reduce of the whole input.
@@ -375,7 +385,7 @@ _GLOO_SPAN_OPS = {"reduce_scatter": ("reduce_scatter", "all_reduce"), "barrier":
 P2P_OPS = ("send", "recv")
 
 
-def _cpu_rows(run_id, rank, comm_meta, cpu_ops, world_size, pg_config) -> list[dict]:
+def _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config) -> Iterator[dict]:
     """CPU-only (gloo) traces: each ``gloo:*`` span is a collective; the ``c10d::*`` call that
     issued it (same order per op, first in first out) names the op and, for send/recv, the peer.
 
@@ -385,33 +395,35 @@ def _cpu_rows(run_id, rank, comm_meta, cpu_ops, world_size, pg_config) -> list[d
     """
     from collections import deque
 
-    spans = sorted((r for r in comm_meta if r["name"].startswith("gloo:")), key=lambda r: r["ts_ns"])
+    gloo = np.flatnonzero(meta.names_where(lambda nm: nm.startswith("gloo:")))
+    spans = gloo[np.argsort(meta.ts_ns[gloo], kind="stable")].tolist()
+    span_op = [canonical_op(nm) for nm in meta.names]
     queues: dict = defaultdict(deque)
-    for sp in spans:
-        queues[canonical_op(sp["name"])].append(sp)
+    for j in spans:
+        queues[span_op[meta.name[j]]].append(j)
     issuer_of: dict = {}
-    for iss in _cpu_issuers(cpu_ops):
-        op = iss["_op"]
+    for j, op in _cpu_issuers(meta, cpu_rows):
         for kind in _GLOO_SPAN_OPS.get(op, (op,)):
             q = queues.get(kind)
             if q:
                 # gloo's two worker threads may start spans out of issue order: among the next
                 # few spans of this kind take the first whose tensor shape is the issuer's
-                want = _issuer_payload_dims(iss)
+                want = _issuer_payload_dims(meta.row(j))
                 pick = 0
                 if want is not None:
-                    for j in range(min(len(q), _PAIR_LOOKAHEAD)):
-                        dims = q[j].get("input_dims")
+                    for k in range(min(len(q), _PAIR_LOOKAHEAD)):
+                        dims = meta.row(q[k]).get("input_dims")
                         if isinstance(dims, list) and dims and dims[0] == want:
-                            pick = j
+                            pick = k
                             break
                 sp = q[pick]
                 del q[pick]
-                issuer_of[sp["event_id"]] = iss
+                issuer_of[sp] = j
                 break
-    rows = []
-    for sp in spans:
-        iss = issuer_of.get(sp["event_id"])
+    for j in spans:
+        sp = meta.row(j)
+        k = issuer_of.get(j)
+        iss = meta.row(k) if k is not None else None
         enclosing = ([iss] if iss is not None else []) + ([sp] if _numel(sp.get("input_dims")) is not None else [])
         res = _resolve(dict(sp, gpu=False), enclosing)
         row = _finish_row(run_id, rank, sp, res, iss["ts_ns"] if iss else None, world_size, pg_config)
@@ -424,8 +436,7 @@ def _cpu_rows(run_id, rank, comm_meta, cpu_ops, world_size, pg_config) -> list[d
                 src, dst = (rank, peer) if res["op"] == "send" else (peer, rank)
                 row.update(peer=peer, pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2, seq=None,
                            wire_bytes=row["size_bytes"] if res["op"] == "send" else 0)
-        rows.append(row)
-    return rows
+        yield row
 
 
 _PAIR_LOOKAHEAD = 4
@@ -462,19 +473,20 @@ def _p2p_peer(issuer: dict, pg_ranks) -> int | None:
     return peer
 
 
-def _cpu_issuers(cpu_ops: list[dict]) -> list[dict]:
-    """The CPU calls that issued gloo work, in issue order, each with ``_op`` (record_param_comms
-    with a collective name when the trace has them, else the c10d::* ops)."""
-    rpc = [r for r in cpu_ops if r["name"] == "record_param_comms" and canonical_op(r.get("collective"))]
+def _cpu_issuers(meta, cpu_rows: np.ndarray) -> list[tuple[int, str]]:
+    """The CPU calls that issued gloo work, in issue order, as (row, op): record_param_comms with a
+    collective name when the trace has them, else the c10d::* ops."""
+    by_ts = cpu_rows[np.argsort(meta.ts_ns[cpu_rows], kind="stable")]
+    rpc_name = meta.names_where(lambda nm: nm == "record_param_comms")
+    rpc = []
+    for j in by_ts[rpc_name[by_ts]].tolist():
+        op = canonical_op(meta.row(j).get("collective"))
+        if op:
+            rpc.append((j, op))
     if rpc:
-        return [dict(r, _op=canonical_op(r.get("collective"))) for r in sorted(rpc, key=lambda r: r["ts_ns"])]
-    out = []
-    for r in sorted(cpu_ops, key=lambda r: r["ts_ns"]):
-        if r["name"].startswith("c10d::"):
-            op = canonical_op(r["name"])
-            if op:
-                out.append(dict(r, _op=op))
-    return out
+        return rpc
+    op_of = [canonical_op(nm) if nm.startswith("c10d::") else None for nm in meta.names]
+    return [(j, op_of[meta.name[j]]) for j in by_ts.tolist() if op_of[meta.name[j]]]
 
 
 def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
@@ -533,17 +545,46 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
     )
 
 
-def assign_seq(rows: list[dict]) -> None:
+def assign_seq(table: pa.Table) -> pa.Table:
     """Fill a missing ``seq`` per (rank, pg_name) by issue order (the CPU's call order).
 
-    Rows whose op is unknown get no seq: they cannot be matched across ranks.
-    A rank whose trace carries ``Seq`` keeps it.
+    ``table``: collectives rows (COLLECTIVES_SCHEMA). Rows whose op is unknown get no
+    seq: they cannot be matched across ranks. A rank whose trace carries ``Seq`` keeps it.
+    Order within a group: issue_ts_ns, then ts_ns, then event_id; seq counts from 0.
     """
-    groups: dict = defaultdict(list)
-    for r in rows:
-        if r["seq"] is None and r["op"] is not None:
-            groups[(r["rank"], r["pg_name"])].append(r)
-    for lst in groups.values():
-        lst.sort(key=lambda r: (r["issue_ts_ns"], r["ts_ns"], r["event_id"]))
-        for i, r in enumerate(lst):
-            r["seq"] = i
+    n = table.num_rows
+    if n == 0:
+        return table
+    seq, seq_ok = _arrow.to_numpy(table.column("seq").combine_chunks())
+    todo = ~_valid_mask(seq_ok, n) & _not_null(table.column("op"))
+    if not todo.any():
+        return table
+    rank = _arrow.to_numpy(table.column("rank").combine_chunks())[0].astype(np.int64)
+    pg = table.column("pg_name").combine_chunks().dictionary_encode()
+    pg_code, pg_ok = _arrow.to_numpy(pg.indices)
+    pg_code = np.where(_valid_mask(pg_ok, n), pg_code, -1).astype(np.int64)
+    issue = _arrow.to_numpy(table.column("issue_ts_ns").combine_chunks())[0]
+    ts = _arrow.to_numpy(table.column("ts_ns").combine_chunks())[0]
+    eid = _arrow.to_numpy(table.column("event_id").combine_chunks())[0]
+    rows = np.flatnonzero(todo)
+    order = rows[np.lexsort((eid[rows], ts[rows], issue[rows], pg_code[rows], rank[rows]))]
+    key_r, key_p = rank[order], pg_code[order]
+    new_group = np.ones(len(order), dtype=bool)
+    new_group[1:] = (key_r[1:] != key_r[:-1]) | (key_p[1:] != key_p[:-1])
+    group_start = np.maximum.accumulate(np.where(new_group, np.arange(len(order)), 0))
+    out = seq.copy()
+    out[order] = np.arange(len(order)) - group_start
+    valid = _valid_mask(seq_ok, n) | todo
+    i = table.schema.get_field_index("seq")
+    return table.set_column(i, table.schema.field(i), _arrow.from_numpy(out, pa.int64(), valid))
+
+
+def _valid_mask(ok: np.ndarray | None, n: int) -> np.ndarray:
+    return np.ones(n, dtype=bool) if ok is None else ok
+
+
+def _not_null(col) -> np.ndarray:
+    arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    if arr.null_count == 0:
+        return np.ones(len(arr), dtype=bool)
+    return _arrow._bits(arr.buffers()[0], arr.offset, len(arr))

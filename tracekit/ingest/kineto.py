@@ -3,7 +3,7 @@
 One rank file at a time: :func:`read_rank_file` reads the file with
 :class:`~tracekit.ingest.jsonstream.TraceStream`, turns every complete event
 (``ph == "X"``) into a row of the store's ``events`` shape, and appends the rows
-to a Parquet file as it goes, so memory holds one chunk of events at a time.
+to a staging file (Arrow IPC) as it goes, so memory holds one chunk of events at a time.
 What needs cross-event context (launch links, class, profiler step, the
 collectives) is computed afterwards by :mod:`tracekit.ingest.link` over the
 written rows; only the few collective-related events keep their metadata here
@@ -29,6 +29,7 @@ ts ≈ 4.46e12 µs lost up to 1 ns.)
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import operator
@@ -80,14 +81,15 @@ _COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:")
 _MAX_EXACT_FLOAT_US = float(2**41)  # see the module docstring
 _MAX_INT_US = (2**63 - 1) // 1000
 
+_DICT = pa.dictionary(pa.int32(), pa.string())
 RAW_SCHEMA = pa.schema(
     [
         ("event_id", pa.int64()),
-        ("track_kind", pa.string()),
+        ("track_kind", _DICT),
         ("device", pa.int64()),
         ("track", pa.int64()),
-        ("category", pa.string()),
-        ("name", pa.string()),
+        ("category", _DICT),
+        ("name", _DICT),
         ("ts_ns", pa.int64()),
         ("dur_ns", pa.int64()),
         ("correlation", pa.int64()),
@@ -95,6 +97,24 @@ RAW_SCHEMA = pa.schema(
         ("is_comm", pa.bool_()),
     ]
 )
+"""Rows of the readers' staging files (Arrow IPC streams, one per rank file, read by the link pass).
+String columns are dictionary-encoded (a dictionary per batch)."""
+
+_STAGE_IPC = pa.ipc.IpcWriteOptions()
+"""Staging files are uncompressed IPC: the link pass reads them four times (0.04 s per 2M rows,
+0.1 s with zstd); they take ~70 B per event on disk while the rank is linked."""
+
+
+def raw_batch(columns: list) -> pa.RecordBatch:
+    """A RAW_SCHEMA batch from its columns; plain string columns are dictionary-encoded."""
+    cols = [c.dictionary_encode() if pa.types.is_string(c.type) and pa.types.is_dictionary(f.type) else c
+            for c, f in zip(columns, RAW_SCHEMA)]
+    return pa.record_batch(cols, schema=RAW_SCHEMA)
+
+
+def open_stage_writer(out: Path):
+    """An Arrow IPC stream writer of RAW_SCHEMA batches into ``out`` (close() it)."""
+    return pa.ipc.new_stream(str(out), RAW_SCHEMA, options=_STAGE_IPC)
 
 
 class KArgs(msgspec.Struct, gc=False):
@@ -262,7 +282,7 @@ def parse_split_list(v: Any) -> tuple[list[int] | None, bool]:
 
 @dataclass
 class RankFile:
-    """What one rank file yielded, besides the rows written to Parquet."""
+    """What one rank file yielded, besides the rows written to its staging file."""
 
     path: Path
     sha256: str
@@ -297,20 +317,136 @@ class RankFile:
     def load_comm_meta(self) -> list[dict]:
         """Every comm_meta row (spilled ones first, then those still in memory), in file order."""
         rows: list[dict] = []
-        if self.meta_spill:
-            with open(self.meta_spill, "rb") as fh:
-                while head := fh.read(8):
-                    data = fh.read(int.from_bytes(head, "little"))
-                    dec = _MSGPACK_DEC if data[:1] == b"M" else _JSON_ROWS_DEC
-                    rows.extend(dec.decode(memoryview(data)[1:]))
+        for _off, _size, frame in self._frames():
+            rows.extend(frame)
         return rows + self.comm_meta
+
+    def _frames(self):
+        """(offset, size, rows) of each spilled frame, in order."""
+        if not self.meta_spill:
+            return
+        with open(self.meta_spill, "rb") as fh:
+            while head := fh.read(8):
+                size = int.from_bytes(head, "little")
+                off = fh.tell()
+                yield off, size, _decode_frame(fh.read(size))
+
+    def meta_rows(self, times: dict | None = None) -> "MetaRows":
+        """The comm_meta rows as :class:`MetaRows` (columns in memory, the rows themselves on demand)."""
+        return MetaRows(self, times or {})
+
+
+def _decode_frame(data: bytes) -> list[dict]:
+    dec = _MSGPACK_DEC if data[:1] == b"M" else _JSON_ROWS_DEC
+    return dec.decode(memoryview(data)[1:])
+
+
+META_FRAME_CACHE = 4
+"""Decoded spill frames :class:`MetaRows` keeps (the ones used last)."""
+
+
+class MetaRows:
+    """Every comm_meta row of a rank file by index (file order), without holding them all.
+
+    One pass over the spill frames (:meth:`RankFile.spill_meta`) keeps only numpy
+    columns, one entry per row: ``event_id``, ``gpu`` (bool), ``ts_ns``, ``dur_ns``,
+    ``name`` (an index into ``names``) and ``thread`` (an index into ``threads``, the
+    distinct (device, track) pairs). :meth:`row` gives a row's dict: rows the reader
+    still held come from memory, spilled ones from their frame, decoded when first
+    needed; the :data:`META_FRAME_CACHE` frames used last stay decoded, so a pass in
+    file order decodes each frame once. ``times`` (event_id → (ts_ns, dur_ns)) replace
+    those rows' times (clipped GPU spans), in the columns and in the dicts.
+
+    Memory: ~40 B per row plus at most META_FRAME_CACHE frames of META_SPILL_ROWS rows.
+    """
+
+    def __init__(self, rf: RankFile, times: dict):
+        self._path = rf.meta_spill
+        self._times = times
+        self.names: list[str] = []
+        self.threads: list[tuple] = []
+        name_ix: dict = {}
+        thread_ix: dict = {}
+        self._frame_at: list[tuple[int, int, int]] = []  # (first row, file offset, size)
+        cols: list = []
+        first = 0
+
+        def add(rows: list[dict]) -> None:
+            n = len(rows)
+            eid = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=n)
+            gpu = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
+            ts = np.fromiter((r["ts_ns"] for r in rows), dtype=np.int64, count=n)
+            dur = np.fromiter((r["dur_ns"] for r in rows), dtype=np.int64, count=n)
+            for k, e in enumerate(eid.tolist()):
+                t = times.get(e)
+                if t is not None:
+                    ts[k], dur[k] = t
+            name = np.fromiter((name_ix.setdefault(r["name"], len(name_ix)) for r in rows), dtype=np.int32, count=n)
+            thread = np.fromiter((thread_ix.setdefault((r["device"], r["track"]), len(thread_ix)) for r in rows),
+                                 dtype=np.int32, count=n)
+            cols.append((eid, gpu, ts, dur, name, thread))
+
+        for off, size, frame in rf._frames():
+            self._frame_at.append((first, off, size))
+            add(frame)
+            first += len(frame)
+        self._tail_first = first
+        self._tail = rf.comm_meta
+        add(self._tail)
+        self.names = list(name_ix)
+        self.threads = list(thread_ix)
+        self.event_id, self.gpu, self.ts_ns, self.dur_ns, self.name, self.thread = (
+            np.concatenate(c) for c in zip(*cols)
+        )
+        self._firsts = [f[0] for f in self._frame_at]
+        self._cache: dict = {}
+        self._lo = self._hi = 0  # rows [lo, hi) are those of frame list _cur, the last one used
+        self._cur: list = []
+        self._retime(self._tail)
+
+    def __len__(self) -> int:
+        return len(self.event_id)
+
+    def names_where(self, fn) -> np.ndarray:
+        """Per row: ``fn(name)`` (evaluated once per distinct name)."""
+        table = np.array([bool(fn(nm)) for nm in self.names] + [False], dtype=bool)
+        return table[self.name]
+
+    def row(self, i: int) -> dict:
+        """The dict of row ``i``, with its replaced times (the same dict object while its frame is cached)."""
+        i = int(i)
+        if self._lo <= i < self._hi:
+            return self._cur[i - self._lo]
+        if i >= self._tail_first:
+            return self._tail[i - self._tail_first]
+        k = bisect.bisect_right(self._firsts, i) - 1
+        first, off, size = self._frame_at[k]
+        frame = self._cache.pop(k, None)
+        if frame is None:
+            with open(self._path, "rb") as fh:
+                fh.seek(off)
+                frame = _decode_frame(fh.read(size))
+            self._retime(frame)
+            if len(self._cache) >= META_FRAME_CACHE:
+                self._cache.pop(next(iter(self._cache)))
+        self._cache[k] = frame  # most recently used last
+        self._lo, self._hi, self._cur = first, first + len(frame), frame
+        return frame[i - first]
+
+    def _retime(self, rows: list[dict]) -> None:
+        times = self._times
+        if times:
+            for r in rows:
+                t = times.get(r["event_id"])
+                if t is not None:
+                    r["ts_ns"], r["dur_ns"] = t
 
 
 _MSGPACK_ENC = msgspec.msgpack.Encoder()
 _MSGPACK_DEC = msgspec.msgpack.Decoder(list[dict])
 _JSON_ROWS_DEC = msgspec.json.Decoder(list[dict])
-META_SPILL_ROWS = 20_000
-"""comm_meta rows a reader keeps in memory before :meth:`RankFile.spill_meta`."""
+META_SPILL_ROWS = 4096
+"""comm_meta rows a reader keeps in memory before :meth:`RankFile.spill_meta` (one spill frame)."""
 
 
 def sha256_file(path: str | Path) -> str:
@@ -334,9 +470,9 @@ def _canon_cat(c: Any) -> str:
 
 
 def read_rank_file(
-    path: str | Path, out_parquet: Path, comm_regex: re.Pattern, progress=None, sha256: str | None = None
+    path: str | Path, out_stage: Path, comm_regex: re.Pattern, progress=None, sha256: str | None = None
 ) -> RankFile:
-    """Stream one Kineto file into ``out_parquet`` (RAW_SCHEMA rows); returns its :class:`RankFile`.
+    """Stream one Kineto file into the staging file ``out_stage`` (RAW_SCHEMA rows); returns its :class:`RankFile`.
 
     Per chunk, the common columns are built with list comprehensions and numpy;
     only the events that need their ``args`` (GPU work, runtime calls,
@@ -347,7 +483,7 @@ def read_rank_file(
     stream = TraceStream(path)
     rf = RankFile(path=path, sha256="", meta={})
     state = _ChunkState(comm_regex)
-    with _BatchWriter(out_parquet) as writer:
+    with _BatchWriter(out_stage) as writer:
         for chunk in stream:
             if isinstance(chunk, FastChunk):
                 batch = _fast_batch(chunk, rf, state)
@@ -358,11 +494,11 @@ def read_rank_file(
             writer.write(batch)
             rf.events += batch.num_rows
             if len(rf.comm_meta) >= META_SPILL_ROWS:
-                rf.spill_meta(out_parquet.with_suffix(".meta"))
+                rf.spill_meta(out_stage.with_suffix(".meta"))
             if progress is not None:
                 progress(batch.num_rows)
     if rf.meta_spill:
-        rf.spill_meta(out_parquet.with_suffix(".meta"))
+        rf.spill_meta(out_stage.with_suffix(".meta"))
     rf.meta = stream.meta
     rf.warnings.extend(stream.notes)
     rf.sha256 = sha256 or sha256_file(path)
@@ -370,19 +506,25 @@ def read_rank_file(
 
 
 class _BatchWriter:
-    """RAW_SCHEMA batches → one Parquet file, written by a second thread.
+    """Record batches → one file, written by a second thread.
 
     pyarrow releases the GIL while encoding and writing, so this overlaps the
-    next chunk's scan. At most two batches wait (bounded memory). An error in the
-    thread (a full disk...) is raised by the next ``write`` or by leaving the
-    ``with`` block. The file is uncompressed: it is staging, read once by the link pass.
+    work on the next batch. At most two batches wait (bounded memory). An error in
+    the thread (a full disk...) is raised by the next ``write`` or by leaving the
+    ``with`` block. By default a staging file (RAW_SCHEMA, :func:`open_stage_writer`);
+    with ``schema``, a Parquet file: ``options`` go to ``pq.ParquetWriter``,
+    ``row_group_size`` to each ``write_batch``.
     """
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, schema: pa.Schema | None = None, options: dict | None = None,
+                 row_group_size: int | None = None):
         import queue
         import threading
 
         self.out = out
+        self.schema = schema
+        self.options = options or {}
+        self.row_group_size = row_group_size
         self._q: queue.Queue = queue.Queue(maxsize=2)
         self._error: BaseException | None = None
         self._t = threading.Thread(target=self._run, name="tracekit-raw-writer", daemon=True)
@@ -397,10 +539,13 @@ class _BatchWriter:
                     break
                 if self._error is None:
                     if writer is None:
-                        writer = pq.ParquetWriter(self.out, RAW_SCHEMA, compression="none")
-                    writer.write_batch(batch)
+                        writer = self._open()
+                    if self.schema is None:
+                        writer.write_batch(batch)
+                    else:
+                        writer.write_batch(batch, row_group_size=self.row_group_size)
             if writer is None:
-                pq.write_table(RAW_SCHEMA.empty_table(), self.out)
+                writer = self._open()
         except BaseException as exc:  # handed to the reading thread
             self._error = exc
             while self._q.get() is not None:  # drain until the reader says it is done
@@ -411,6 +556,11 @@ class _BatchWriter:
                     writer.close()
                 except BaseException as exc:
                     self._error = self._error or exc
+
+    def _open(self):
+        if self.schema is None:
+            return open_stage_writer(self.out)
+        return pq.ParquetWriter(self.out, self.schema, **self.options)
 
     def write(self, batch: pa.RecordBatch) -> None:
         if self._error is not None:
@@ -612,7 +762,7 @@ def _finish_batch(rf: RankFile, ids, ts_ns, ts_ok, dur_ns, dur_ok, columns: list
         bad_ids = set(ids[~valid].tolist())
         rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
         rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
-    batch = pa.record_batch(columns, schema=RAW_SCHEMA)
+    batch = raw_batch(columns)
     return batch.filter(_arrow.bool_array(valid)) if nbad else batch
 
 
@@ -661,6 +811,14 @@ def _code_table(codes: np.ndarray, strings: list, fn, missing) -> np.ndarray:
         if c >= 0:
             out[c + 1] = fn(strings[c])
     return out
+
+
+def _dict_column(index: np.ndarray, table: np.ndarray) -> pa.DictionaryArray:
+    """Rows' values ``table[index]`` as a dictionary array holding only the values used."""
+    used, inv = np.unique(index, return_inverse=True)
+    return pa.DictionaryArray.from_arrays(
+        _arrow.from_numpy(inv.reshape(-1).astype(np.int32), pa.int32()), _arrow.string_array(table[used].tolist())
+    )
 
 
 def _fast_ids(vals: np.ndarray, kinds: np.ndarray, strings: list) -> np.ndarray:
@@ -792,18 +950,16 @@ def _fast_batch(ch: FastChunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch 
         rf.has_gpu = True
     # arrays from buffers (tracekit._arrow): pa.array would import pandas
     i64 = pa.int64()
-    cat_arr = _arrow.string_array(cat_tab.tolist())
-    name_arr = _arrow.string_array(name_tab.tolist())
     kind_arr = _arrow.string_array(["cpu_thread", "gpu_stream"])
     return _finish_batch(
         rf, ids, ts_ns, ts_ok, dur_ns, dur_ok,
         [
             _arrow.from_numpy(ids, i64),
-            kind_arr.take(_arrow.from_numpy(gpu.astype(np.int32), pa.int32())),
+            pa.DictionaryArray.from_arrays(_arrow.from_numpy(gpu.astype(np.int32), pa.int32()), kind_arr),
             _arrow.from_numpy(device, i64),
             _arrow.from_numpy(track, i64),
-            cat_arr.take(_arrow.from_numpy(ci, pa.int32())),
-            name_arr.take(_arrow.from_numpy(ni, pa.int32())),
+            _dict_column(ci, cat_tab),
+            _dict_column(ni, name_tab),
             _arrow.from_numpy(ts_ns, i64),
             _arrow.from_numpy(dur_ns, i64),
             _arrow.from_numpy(corr, i64, corr_valid),

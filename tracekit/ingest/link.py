@@ -1,7 +1,7 @@
 """Second pass of an ingest: link, classify and step-assign events; write the run's tables.
 
-Runs in DuckDB over the raw rows the readers wrote (never the whole trace in
-Python memory):
+Per rank, :func:`tracekit.ingest.eventlink.link_rank` streams the staging rows the
+reader wrote into the final events file (never the whole trace in memory):
 
 * ``launch_event_id``: a GPU event's runtime launch call on the CPU (the
   ``cudaLaunchKernel``/``hipLaunchKernel``... event with the same correlation id);
@@ -21,15 +21,17 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracekit import SCHEMA_VERSION
+from tracekit import SCHEMA_VERSION, _arrow
+from tracekit._memory import release_free_memory
 from tracekit._arrow import table_from_rows
 from tracekit.errors import FileError
 from tracekit.ingest.collectives import assign_seq, build_collectives
+from tracekit.ingest.eventlink import CLIP_TOLERANCE_NS, link_rank
+from tracekit.ingest.kineto import _BatchWriter
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
-
-_SYNC_NAME = "(?i)(stream|event|device|context)synchronize|cuda_sync|hip(stream|event|device)synchronize"
 
 
 def _sql_str(s: str) -> str:
@@ -49,52 +51,25 @@ def finish_run(
     world_size = _world_size(results, ranks)
     pg_config = _pg_config(results)
     (stage / "events").mkdir()
-    con = _link_connection(stage)
-    all_rows: list[dict] = []
+    tables: list = []  # per rank: its collectives rows (COLLECTIVES_SCHEMA)
     rank_rows = []
     hosts = {}
+    extent = {}
     for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
         cpu_only = not rf.has_gpu
         out = stage / "events" / f"rank={rank}.parquet"
-        # A connection of its own, closed before the collectives are built: DuckDB gives its
-        # memory back then, so the link pass and the metadata rows never peak together.
-        rcon = _link_connection(stage)
-        try:
-            step, step_join = _step_expr(rcon, rf.steps, "x.step_ts", f"steps_{rank}")
-            rcon.execute(_events_sql(run_id, rank, raw, out, cpu_only, step, step_join))
-            ev = f"read_parquet({_sql_str(out)})"
-            # comm spans after clipping, with their launch call (GPU) for op attribution
-            spans = {}
-            launches = {}
-            for eid, ts, dur, pid, tid, lts, ldur in rcon.execute(
-                f"""
-                SELECT k.event_id, k.ts_ns, k.dur_ns, l.device, l.track, l.ts_ns, l.dur_ns
-                FROM {ev} k LEFT JOIN {ev} l ON k.launch_event_id = l.event_id
-                WHERE k.class = 'comm'
-                """
-            ).fetchall():
-                spans[eid] = (ts, dur)
-                if lts is not None:
-                    launches[eid] = (pid, tid, lts, lts + ldur)
-            n_clipped, max_clip, n_skew, max_skew = rcon.execute(
-                f"""
-                SELECT (SELECT count(*) FROM {ev} WHERE clipped), (SELECT max(clipped_ns) FROM {ev} WHERE clipped),
-                       count(*), max(l.ts_ns - k.ts_ns)
-                FROM {ev} k JOIN {ev} l ON k.launch_event_id = l.event_id
-                WHERE k.track_kind = 'gpu_stream' AND k.ts_ns < l.ts_ns
-                """
-            ).fetchone()
-        finally:
-            rcon.close()
-        comm_meta = rf.load_comm_meta()
-        for m in comm_meta:
-            if m["event_id"] in spans:
-                m["ts_ns"], m["dur_ns"] = spans[m["event_id"]]
+        lk = link_rank(raw, out, run_id, rank, cpu_only, rf.steps, _BatchWriter)
+        release_free_memory()
+        n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
+        extent[rank] = (lk.ts_lo, lk.ts_hi)
+        meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
-            run_id, rank, comm_meta, launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only
+            run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only
         )
-        del comm_meta
-        all_rows.extend(rows)
+        table = assign_seq(_rows_to_table(rows))
+        del meta, lk
+        release_free_memory()
+        tables.append(table)
         warnings = list(dict.fromkeys(rf.warnings))
         if rf.quarantined:
             warnings.append(f"{rf.quarantined} event(s) quarantined (missing or non-positive ts, negative dur)")
@@ -110,10 +85,10 @@ def finish_run(
             )
         if rf.events == 0:
             warnings.append("metadata only: the file holds no complete events")
-        n_unattr = sum(1 for r in rows if r["op"] is None)
+        n_unattr = table.column("op").null_count
         if n_unattr:
             warnings.append(f"{n_unattr} communication span(s) unattributed (no collective metadata anywhere)")
-        if not rows and rf.events:
+        if not table.num_rows and rf.events:
             warnings.append("no communication in this rank's trace")
         di = rf.meta.get("distributedInfo") if isinstance(rf.meta.get("distributedInfo"), dict) else {}
         host = str(rf.meta.get("host_name") or di.get("host") or "") or None
@@ -135,17 +110,19 @@ def finish_run(
         Path(raw).unlink(missing_ok=True)
         if rf.meta_spill:
             Path(rf.meta_spill).unlink(missing_ok=True)
-    assign_seq(all_rows)
     mode = choose_alignment(align, hosts)
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
-        _check_one_timeline(con, stage, results, ranks)
-    offsets = estimate_offsets(all_rows, sorted(hosts), hosts, mode)
+        _check_one_timeline(extent, results, ranks)
+    offsets = estimate_offsets(_light_rows(tables) if mode != "none" else [], sorted(hosts), hosts, mode)
+    con = None
     for rr in rank_rows:
         off, err, note = offsets.get(rr["rank"], (0, 0, None))
         rr["clock_offset_ns"], rr["clock_offset_err_ns"] = off, err
         if note:
             rr["warnings"].append(note)
         if off:
+            if con is None:
+                con = _shift_connection(stage)
             f = stage / "events" / f"rank={rr['rank']}.parquet"
             tmp = f.with_suffix(".shifting")
             con.execute(
@@ -153,17 +130,12 @@ def finish_run(
                 f"TO {_sql_str(tmp)} (FORMAT parquet, COMPRESSION zstd)"
             )
             tmp.replace(f)
-    for r in all_rows:
-        off = offsets.get(r["rank"], (0, 0, None))[0]
-        if off:
-            r["ts_ns"] += off
-            r["issue_ts_ns"] += off
-    con.close()
-    pq.write_table(
-        table_from_rows(all_rows, COLLECTIVES_SCHEMA), stage / "collectives.parquet", **PARQUET_OPTS
-    )
+    if con is not None:
+        con.close()
+    coll = pa.concat_tables([_shifted(t, offsets) for t in tables]) if tables else COLLECTIVES_SCHEMA.empty_table()
+    pq.write_table(coll, stage / "collectives.parquet", **PARQUET_OPTS)
     pq.write_table(table_from_rows(rank_rows, RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
-    run_row = _run_row(run_id, results, all_rows, world_size, workload, config, source)
+    run_row = _run_row(run_id, results, _algo_proto(coll), world_size, workload, config, source)
     run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
     pq.write_table(table_from_rows([run_row], RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
     shutil.rmtree(stage / "duckdb-tmp", ignore_errors=True)
@@ -173,142 +145,77 @@ def finish_run(
         pass
 
 
-def _link_connection(stage: Path):
-    """An in-memory DuckDB for the link pass: bounded memory, spilling to the staging directory."""
+COLLECTIVES_CHUNK = 4096
+"""Collectives rows built as dicts before they become columns."""
+
+
+def _rows_to_table(rows) -> pa.Table:
+    """Collectives rows (dicts, any iterable) → one COLLECTIVES_SCHEMA table, COLLECTIVES_CHUNK rows at a time."""
+    parts, chunk = [], []
+    for r in rows:
+        chunk.append(r)
+        if len(chunk) >= COLLECTIVES_CHUNK:
+            parts.append(table_from_rows(chunk, COLLECTIVES_SCHEMA))
+            chunk = []
+    if chunk or not parts:
+        parts.append(table_from_rows(chunk, COLLECTIVES_SCHEMA))
+    return pa.concat_tables(parts).combine_chunks()
+
+
+def _light_rows(tables):
+    """(rank, pg_name, seq, op, ts_ns, dur_ns) dicts of every collectives row, for the clock alignment."""
+    cols = ("rank", "pg_name", "seq", "op", "ts_ns", "dur_ns")
+    for t in tables:
+        yield from t.select(list(cols)).to_pylist()
+
+
+def _shifted(table: pa.Table, offsets: dict) -> pa.Table:
+    """``table`` (one rank's collectives) with its clock offset added to ts_ns and issue_ts_ns."""
+    if not table.num_rows:
+        return table
+    rank = table.column("rank")[0].as_py()
+    off = offsets.get(rank, (0, 0, None))[0]
+    if not off:
+        return table
+    for name in ("ts_ns", "issue_ts_ns"):
+        i = table.schema.get_field_index(name)
+        vals, ok = _arrow.to_numpy(table.column(i).combine_chunks())
+        table = table.set_column(i, table.schema.field(i), _arrow.from_numpy(vals + int(off), pa.int64(), ok))
+    return table
+
+
+def _algo_proto(table: pa.Table) -> list[dict]:
+    """The distinct (algo, proto) pairs of the collectives rows, as dicts (for _run_row)."""
+    seen = {(r["algo"], r["proto"]) for r in table.select(["algo", "proto"]).to_pylist()}
+    return [dict(algo=a, proto=p) for a, p in sorted(seen, key=str)]
+
+
+def _shift_connection(stage: Path):
+    """An in-memory DuckDB for shifting events files by a clock offset: bounded memory, spilling to
+    the staging directory."""
     import duckdb
 
     con = duckdb.connect(":memory:")
     con.execute("SET preserve_insertion_order = false")
-    con.execute(f"SET memory_limit = '{LINK_MEMORY_LIMIT}'")
+    con.execute(f"SET memory_limit = '{SHIFT_MEMORY_LIMIT}'")
     con.execute(f"SET temp_directory = {_sql_str(stage / 'duckdb-tmp')}")
     return con
 
 
-LINK_MEMORY_LIMIT = "256MB"
-"""DuckDB's memory budget for the link pass (it spills beyond it)."""
-
-EVENTS_ROW_GROUP = 32_768
-"""Rows per Parquet row group of events files. DuckDB's writer buffers a row group per
-thread; at its default (122,880 rows of up to ~500-byte kernel names) that buffer was
-most of the link pass's memory on large ranks (x16: 60 MB more at peak, and slower)."""
-
-CLIP_TOLERANCE_NS = 100
-"""Overlaps of consecutive GPU ops on one stream up to this are clock noise, not clipped."""
+SHIFT_MEMORY_LIMIT = "256MB"
+"""DuckDB's memory budget when events files are rewritten with a clock offset (it spills beyond it)."""
 
 
-def _events_sql(
-    run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, step: str, step_join: str = ""
-) -> str:
-    """COPY statement: raw rows → final events rows (launch link, clipping, class, step).
-
-    Built to stream within LINK_MEMORY_LIMIT: the raw file is scanned once per use
-    (no materialised CTE of a whole rank), hash-join build sides hold only runtime
-    calls, GPU ops and comm threads, the sync-name regex runs once per distinct
-    name, and the profiler step is the expression ``step`` over ``x.step_ts`` (with
-    ``step_join`` added to the FROM clause), from :func:`_step_expr`: a binary-search
-    CASE tree over the rank's steps instead of an ASOF join that sorts every event.
-    """
-    src = f"read_parquet({_sql_str(raw)})"
-    return f"""
-    COPY (
-      WITH launch AS (
-        SELECT correlation, event_id AS launch_id, ts_ns AS launch_ts FROM {src}
-        WHERE category IN ('runtime', 'driver') AND correlation IS NOT NULL
-        QUALIFY row_number() OVER (PARTITION BY correlation ORDER BY (category = 'runtime') DESC, event_id) = 1
-      ),
-      comm_threads AS (  -- gloo's worker threads (gloo:send/recv run on the caller's thread)
-        SELECT DISTINCT device, track FROM {src}
-        WHERE track_kind = 'cpu_thread' AND is_comm AND name NOT IN ('gloo:send', 'gloo:recv')
-      ),
-      gpu_ops AS (  -- the next op's start on the same GPU stream (kernels, memcpy, memset only)
-        SELECT event_id, lead(ts_ns) OVER (PARTITION BY device, track ORDER BY ts_ns, event_id) AS next_ts
-        FROM {src} WHERE track_kind = 'gpu_stream' AND category IN ('kernel', 'memcpy', 'memset')
-      ),
-      sync_names AS (  -- Stream/Event/Device synchronize calls, by name (every match contains one of the ILIKEs)
-        SELECT DISTINCT name FROM {src}
-        WHERE (name ILIKE '%synchronize%' OR name ILIKE '%cuda_sync%') AND regexp_matches(name, {_sql_str(_SYNC_NAME)})
-      ),
-      linked AS (
-        SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
-               (ct.track IS NOT NULL) AS on_comm_thread, g.next_ts, (sn.name IS NOT NULL) AS sync_name
-        FROM {src} r
-        LEFT JOIN launch l ON r.track_kind = 'gpu_stream' AND r.correlation = l.correlation
-        LEFT JOIN comm_threads ct ON r.track_kind = 'cpu_thread' AND r.device = ct.device AND r.track = ct.track
-        LEFT JOIN gpu_ops g ON r.event_id = g.event_id
-        LEFT JOIN sync_names sn ON r.name = sn.name
-      ),
-      clipped AS (
-        SELECT *, (next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}) AS clipped,
-               CASE WHEN next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}
-                    THEN ts_ns + dur_ns - greatest(next_ts, ts_ns) ELSE 0 END AS clipped_ns
-        FROM linked
-      )
-      SELECT {_sql_str(run_id)} AS run_id, CAST({rank} AS INTEGER) AS rank, x.event_id, x.track_kind,
-             x.device, x.track, x.category, x.name, x.ts_ns, x.dur_ns - x.clipped_ns AS dur_ns,
-             x.correlation, x.external_id, x.launch_id AS launch_event_id,
-             CASE
-               WHEN x.is_comm THEN 'comm'
-               WHEN {str(cpu_only).upper()} AND x.name IN ('c10d::send', 'c10d::recv_', 'c10d::recv_any_source_')
-                 THEN 'comm'
-               WHEN x.category = 'sync' OR x.sync_name THEN 'sync'
-               WHEN x.category = 'kernel' THEN 'compute'
-               WHEN x.category IN ('memcpy', 'memset') THEN 'memory'
-               WHEN x.track_kind = 'gpu_stream' THEN 'other'
-               WHEN {str(cpu_only).upper()} AND x.category = 'cpu_op' AND NOT x.on_comm_thread
-                    AND NOT (x.name LIKE 'c10d::%' OR x.name LIKE 'nccl:%' OR x.name LIKE 'gloo:%'
-                             OR x.name = 'record_param_comms')
-                 THEN 'compute'
-               ELSE 'cpu'
-             END AS class,
-             {step} AS step,
-             x.clipped, x.clipped_ns
-      FROM clipped x {step_join}
-    ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1, ROW_GROUP_SIZE {EVENTS_ROW_GROUP})
-    """
-
-
-STEP_TREE_MAX = 512
-"""Up to this many profiler steps, an event's step is a binary-search CASE tree in SQL;
-beyond it, an ASOF join over a steps table (which sorts every event). Binding the tree
-costs ~0.04 s at 512 steps and grows with it (0.6 s at 4096), evaluating it ~25 ns a row."""
-
-
-def _step_expr(con, steps, ts: str, name: str) -> tuple[str, str]:
-    """SQL giving the profiler step of the event time ``ts``: (expression, extra FROM clause).
-
-    The step is the window ``[start, end)`` that starts last at or before ts, if ts is
-    before its end; otherwise NULL. ``steps``: (step, event_id, start_ns, end_ns) tuples.
-    Up to :data:`STEP_TREE_MAX` windows this is a balanced CASE tree (log2(n) comparisons
-    per event, no join); beyond, an ASOF join against temp table ``name`` made on ``con``.
-    """
-    order = sorted(steps, key=lambda s: (s[2], s[0]))
-    if not order:
-        return "CAST(NULL AS BIGINT)", ""
-    if len(order) > STEP_TREE_MAX:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name}(step BIGINT, ts BIGINT, e BIGINT)")
-        con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?)", [(s[0], s[2], s[3]) for s in order])
-        return f"CASE WHEN {ts} < s.e THEN s.step END", f"ASOF LEFT JOIN {name} s ON {ts} >= s.ts"
-    starts = [int(s[2]) for s in order]
-
-    def tree(lo: int, hi: int) -> str:  # ts >= starts[lo] and (hi == n or ts < starts[hi])
-        if hi - lo == 1:
-            return f"CASE WHEN {ts} < {int(order[lo][3])} THEN CAST({int(order[lo][0])} AS BIGINT) END"
-        mid = (lo + hi) // 2
-        return f"CASE WHEN {ts} < {starts[mid]} THEN {tree(lo, mid)} ELSE {tree(mid, hi)} END"
-
-    return f"CASE WHEN {ts} < {starts[0]} THEN CAST(NULL AS BIGINT) ELSE {tree(0, len(order))} END", ""
-
-
-def _check_one_timeline(con, stage: Path, results, ranks) -> None:
+def _check_one_timeline(extent: dict, results, ranks) -> None:
     """Ranks of one run on one clock were profiled over a common window: their spans must share
     some time. Files of different runs (or days) fail here instead of giving absurd waits.
 
+    ``extent``: rank → (first start, last end) in ns, (None, None) for a rank with no rows.
     Raises FileError naming the rank file that starts after another one ended.
     """
     spans = []
     for rf, rank in zip(results, ranks):
-        f = stage / "events" / f"rank={rank}.parquet"
-        lo, hi = con.execute(f"SELECT min(ts_ns), max(ts_ns + dur_ns) FROM read_parquet({_sql_str(f)})").fetchone()
+        lo, hi = extent.get(rank, (None, None))
         if lo is not None:
             spans.append((lo, hi, rf.path))
     if len(spans) < 2:

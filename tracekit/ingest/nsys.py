@@ -1,7 +1,7 @@
 """Nsight Systems (``nsys export --type sqlite``) → raw event rows, streamed table by table.
 
 Same contract as :func:`tracekit.ingest.kineto.read_rank_file`: :func:`read_nsys_file`
-writes rows of :data:`~tracekit.ingest.kineto.RAW_SCHEMA` to a Parquet file and
+writes rows of :data:`~tracekit.ingest.kineto.RAW_SCHEMA` to a staging file (Arrow IPC) and
 returns a :class:`~tracekit.ingest.kineto.RankFile`, so linking, collectives and
 the analyses run unchanged. One SQLite file is one process (one rank).
 
@@ -59,11 +59,10 @@ from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracekit.errors import FileError
 from tracekit.ingest.collectives import canonical_op, dtype_bytes
-from tracekit.ingest.kineto import META_FIELDS, RAW_SCHEMA, RankFile, sha256_file
+from tracekit.ingest.kineto import META_FIELDS, RankFile, open_stage_writer, raw_batch, sha256_file
 
 BATCH_ROWS = 50_000
 
@@ -140,7 +139,7 @@ class _Reader:
         self.comm_regex = comm_regex
         self.progress = progress
         self.rf = RankFile(path=path, sha256="", meta={})
-        self.writer: pq.ParquetWriter | None = None
+        self.writer = None  # the staging file's Arrow IPC stream writer, opened on the first batch
         self.next_id = 0
         self.base = 0
         self._comm_name_cache: dict[str, bool] = {}
@@ -160,7 +159,7 @@ class _Reader:
         self.next_id += n
         ts = np.asarray(start, dtype=np.int64)
         te = np.asarray(end, dtype=np.int64)
-        batch = pa.record_batch(
+        batch = raw_batch(
             [
                 pa.array(np.arange(first, first + n, dtype=np.int64)),
                 pa.array([track_kind] * n, pa.string()),
@@ -174,10 +173,9 @@ class _Reader:
                 pa.nulls(n, pa.int64()),
                 pa.array(comm if comm is not None else [False] * n, pa.bool_()),
             ],
-            schema=RAW_SCHEMA,
         )
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.out, RAW_SCHEMA, compression="zstd", compression_level=1)
+            self.writer = open_stage_writer(self.out)
         self.writer.write_batch(batch)
         self.rf.events += n
         if track_kind == "gpu_stream":
@@ -315,7 +313,7 @@ def _tid_sql(expr: str) -> str:
 def read_nsys_file(
     path: str | Path, out_parquet: Path, comm_regex: re.Pattern, progress=None, sha256: str | None = None
 ) -> RankFile:
-    """Read one ``nsys export --type sqlite`` file into ``out_parquet`` (RAW_SCHEMA rows).
+    """Read one ``nsys export --type sqlite`` file into the staging file ``out_parquet`` (RAW_SCHEMA rows).
 
     Returns its :class:`RankFile`. Raises FileError when the file is not a readable
     SQLite database or not an Nsight Systems export.
@@ -347,7 +345,7 @@ def read_nsys_file(
         if r.con is not None:
             r.con.close()
     if r.rf.events == 0:
-        pq.write_table(RAW_SCHEMA.empty_table(), out_parquet)
+        open_stage_writer(out_parquet).close()
     r.rf.sha256 = sha256 or sha256_file(path)
     return r.rf
 
