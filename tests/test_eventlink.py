@@ -38,8 +38,8 @@ def _rows_differ(a: Path, b: Path) -> tuple[int, int]:
 def _check_against_reference(raw, out, run_id, rank, cpu_only, steps, got, tmp_path):
     ref_out, spans, launches, stats = reference_link(_read_stage(raw), run_id, rank, cpu_only, steps, tmp_path)
     assert _rows_differ(out, ref_out) == (0, 0)
-    assert got.spans == spans
-    assert got.launches == launches
+    assert got.spans.to_dict() == spans
+    assert got.launches.to_dict() == launches
     assert (got.n_clipped, got.max_clip_ns, got.n_skew, got.max_skew_ns) == stats
     n, lo, hi = duckdb.connect().execute(
         f"SELECT count(*), min(ts_ns), max(ts_ns + dur_ns) FROM read_parquet('{out}')").fetchone()

@@ -125,7 +125,43 @@ TABLES = {
 }
 
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)
-ANALYSIS_MEMORY_LIMIT = "512MB"
+ANALYSIS_MEMORY_LIMIT = 128 * 2**20
+"""DuckDB's memory budget for analyses, bytes (it spills beyond; see :class:`AnalysisConnection`).
+At 128 MB the report of a 3 GB trace (×64 replica of hta_ddp_v100) peaks at ~305 MiB, against
+~560 MiB at 512 MB, and takes 20 % longer (benchmarks/README.md)."""
+
+ANALYSIS_MEMORY_MAX = 8 * 2**30
+"""The budget a statement that cannot run within ANALYSIS_MEMORY_LIMIT may grow to (×4 per retry)."""
+
+
+class AnalysisConnection:
+    """A DuckDB connection whose ``execute`` retries a statement that ran out of memory.
+
+    Sorts, joins and aggregations spill to disk within the budget; a window over one very
+    large partition may not, and DuckDB then fails the statement. Instead of failing the
+    report, the budget is raised ×4 (up to ANALYSIS_MEMORY_MAX) and the statement run again
+    (a failed statement has no effect). Everything else is the wrapped connection's.
+    """
+
+    def __init__(self, con, limit: int):
+        self._con = con
+        self.memory_limit = limit
+        con.execute(f"SET memory_limit = '{limit}B'")
+
+    def execute(self, *args, **kwargs):
+        import duckdb
+
+        while True:
+            try:
+                return self._con.execute(*args, **kwargs)
+            except duckdb.OutOfMemoryException:
+                if self.memory_limit >= ANALYSIS_MEMORY_MAX:
+                    raise
+                self.memory_limit = min(self.memory_limit * 4, ANALYSIS_MEMORY_MAX)
+                self._con.execute(f"SET memory_limit = '{self.memory_limit}B'")
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
 
 
 _NS_PER_UNIT = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
@@ -202,7 +238,8 @@ class Store:
         self, *, run_ids: list[str] | None = None, analyses: bool = True, read_only_check: bool = True,
         link: str | None = None,
     ):
-        """A DuckDB connection with the store's tables as views, and the analyses loaded.
+        """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views, and the
+        analyses loaded.
 
         Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
@@ -214,8 +251,8 @@ class Store:
         con = duckdb.connect(database=":memory:")
         con.execute("SET preserve_insertion_order = false")
         # Bounded memory for analyses of big runs: DuckDB spills to a temporary folder beyond this.
-        con.execute(f"SET memory_limit = '{ANALYSIS_MEMORY_LIMIT}'")
         con.execute("SET temp_directory = ?", [str(Path(tempfile.gettempdir()) / "tracekit-duckdb")])
+        con = AnalysisConnection(con, ANALYSIS_MEMORY_LIMIT)
         ids = self.run_ids() if run_ids is None else [check_run_id(r) for r in run_ids]
         for table, (pattern, schema) in TABLES.items():
             files = []

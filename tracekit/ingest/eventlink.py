@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit import _arrow
+from tracekit._memory import release_free_memory
 from tracekit.store import EVENTS_SCHEMA
 
 SYNC_NAME = re.compile(r"(?i)(stream|event|device|context)synchronize|cuda_sync|hip(stream|event|device)synchronize")
@@ -95,20 +96,58 @@ def _name_bits(name: str | None) -> int:
     return bits
 
 
+class Keyed:
+    """Rows keyed by a sorted int64 array (``keys``), columns as numpy arrays; 24–48 B a row where a
+    dict of tuples took ~250 B. ``valid`` gives per column the rows that hold a value (None: all).
+
+    ``get(key)`` → the row as a tuple of Python values (None where not valid), or None;
+    ``index(keys)`` → (found mask, positions) for many keys at once.
+    """
+
+    def __init__(self, keys: np.ndarray, columns: list, valid: list | None = None):
+        self.keys = keys
+        self.columns = columns
+        self.valid = valid or [None] * len(columns)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def index(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self.keys)
+        if n == 0:
+            return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
+        i = np.minimum(np.searchsorted(self.keys, keys), n - 1)
+        return self.keys[i] == keys, i
+
+    def get(self, key: int):
+        n = len(self.keys)
+        i = int(np.searchsorted(self.keys, key))
+        if i >= n or self.keys[i] != key:
+            return None
+        return tuple(None if v is not None and not v[i] else c[i].item() for c, v in zip(self.columns, self.valid))
+
+    def to_dict(self) -> dict:
+        return {int(k): self.get(int(k)) for k in self.keys}
+
+
+def _empty_keyed(ncols: int) -> Keyed:
+    return Keyed(np.empty(0, dtype=np.int64), [np.empty(0, dtype=np.int64) for _ in range(ncols)])
+
+
 @dataclass
 class LinkResult:
     """What the link pass of one rank found besides the rows it wrote.
 
-    ``spans``: comm row event_id → (ts_ns, dur_ns after clipping). ``launches``: comm
-    GPU row event_id → (pid, tid, launch ts_ns, launch end ns) of its launch call.
-    ``n_clipped``/``max_clip_ns``: GPU ops cut to the next op's start, and the largest
-    cut. ``n_skew``/``max_skew_ns``: GPU rows that start before their launch call, and
-    the largest such gap. ``ts_lo``/``ts_hi``: the rank's first start and last end (ns),
-    None when it has no rows.
+    ``spans``: comm rows by event_id → (ts_ns, dur_ns after clipping). ``launches``: comm
+    GPU rows by event_id → (pid, tid, launch ts_ns, launch end ns) of their launch call
+    (:class:`Keyed`). ``n_clipped``/``max_clip_ns``: GPU ops cut to the next op's start,
+    and the largest cut. ``n_skew``/``max_skew_ns``: GPU rows that start before their
+    launch call, and the largest such gap. ``ts_lo``/``ts_hi``: the rank's first start
+    and last end (ns), None when it has no rows.
     """
 
-    spans: dict = field(default_factory=dict)
-    launches: dict = field(default_factory=dict)
+    spans: Keyed = field(default_factory=lambda: _empty_keyed(2))
+    launches: Keyed = field(default_factory=lambda: _empty_keyed(4))
     n_clipped: int = 0
     max_clip_ns: int | None = None
     n_skew: int = 0
@@ -164,12 +203,20 @@ def _stream_ids(streams: dict, dev, dev_ok, trk, trk_ok) -> np.ndarray:
     return ids[ci.reshape(-1)]
 
 
-class _Tables:
-    """What the first two scans keep: next op per GPU op, launch calls by correlation, comm threads.
+def _gpu_ops(gpu: np.ndarray, cat: np.ndarray) -> np.ndarray:
+    """Rows that are GPU ops for clipping: kernels, memcpy and memset on a GPU stream."""
+    return gpu & ((cat & _C_GPU_OP) > 0)
 
-    Scan one: per GPU op (kernel, memcpy, memset on a GPU stream) its stream, start and
-    event_id, and the correlation ids GPU rows carry; scan two: the launch calls whose
-    correlation id some GPU row carries (other runtime calls are never kept).
+
+class _Tables:
+    """What the first two scans keep, in about 34 B per GPU op: per GPU op (in file order,
+    the order the writing scan meets them again) the next op's start on its stream; per
+    correlation id a GPU row carries, its launch call; and the comm threads.
+
+    Scan one: per GPU op its stream and start, and the correlation ids of GPU rows. A
+    stream whose ops already run in start order in the file (the usual case) needs no
+    sort. Scan two: the launch calls of those correlation ids (other runtime calls are
+    never kept), the best one per id kept in place.
     """
 
     def __init__(self, scan, cpu_only: bool):
@@ -177,10 +224,11 @@ class _Tables:
         name_cache: dict = {}
         kind_cache: dict = {}
         streams: dict = {}
-        gp: list = []
+        st_parts: list = []
+        ts_parts: list = []
         gcorr: list = []
         threads: set = set()
-        cols = ["event_id", "track_kind", "device", "track", "category", "name", "ts_ns", "correlation", "is_comm"]
+        cols = ["track_kind", "device", "track", "category", "name", "ts_ns", "correlation", "is_comm"]
         for b in scan(cols):
             n = b.num_rows
             cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), cat_cache)
@@ -191,10 +239,10 @@ class _Tables:
                 gcorr.append(corr[gc])
             dev, dev_ok = _ints(b.column("device"))
             trk, trk_ok = _ints(b.column("track"))
-            g = gpu & ((cat & _C_GPU_OP) > 0)
+            g = _gpu_ops(gpu, cat)
             if g.any():
-                gp.append((_stream_ids(streams, dev[g], _valid(dev_ok, n)[g], trk[g], _valid(trk_ok, n)[g]),
-                           _arrow.to_numpy(b.column("ts_ns"))[0][g], _arrow.to_numpy(b.column("event_id"))[0][g]))
+                st_parts.append(_stream_ids(streams, dev[g], _valid(dev_ok, n)[g], trk[g], _valid(trk_ok, n)[g]))
+                ts_parts.append(_arrow.to_numpy(b.column("ts_ns"))[0][g])
             if cpu_only:
                 comm = _arrow.to_numpy(b.column("is_comm"))[0]
                 nb = _lut(b.column("name"), _name_bits, name_cache)
@@ -202,28 +250,16 @@ class _Tables:
                 if t.any():
                     threads.update(zip(dev[t].tolist(), trk[t].tolist()))
         self.comm_threads = threads
-        # the next op's start on the same GPU stream (order: ts, then event_id)
-        if gp:
-            stream, ts, eid = (np.concatenate(x) for x in zip(*gp))
-            del gp
-            if len(eid) > 1 and not (eid[1:] > eid[:-1]).all():  # staging rows are in event_id order
-                o = np.argsort(eid, kind="stable")
-                stream, ts, eid = stream[o], ts[o], eid[o]
-            order = np.lexsort((eid, ts, stream))
-            s_sorted = stream[order]
-            has_next = np.zeros(len(eid), dtype=bool)
-            has_next[order[:-1]] = s_sorted[1:] == s_sorted[:-1]
-            nxt = np.zeros(len(eid), dtype=np.int64)
-            nxt[order[:-1]] = ts[order[1:]]
-            self.g_eid, self.g_next, self.g_has_next = eid, nxt, has_next
-            del stream, ts, order, s_sorted
-        else:
-            self.g_eid = self.g_next = np.empty(0, dtype=np.int64)
-            self.g_has_next = np.empty(0, dtype=bool)
+        self.g_next, self.g_has_next = _next_starts(st_parts, ts_parts, len(streams))
+        del st_parts, ts_parts
+        self._pos = 0  # GPU ops handed out so far (see next_of)
         # launch calls: one per correlation id some GPU row carries (runtime before driver, then the lowest event_id)
-        wanted = np.unique(np.concatenate(gcorr)) if gcorr else np.empty(0, dtype=np.int64)  # sorted
+        wanted = np.concatenate(gcorr) if gcorr else np.empty(0, dtype=np.int64)
         del gcorr
-        la: list = []
+        wanted = np.unique(wanted)  # sorted
+        rank = np.full(len(wanted), 2, dtype=np.int8)  # 0 runtime, 1 driver, 2 none yet
+        l_eid = np.zeros(len(wanted), dtype=np.int64)
+        l_ts = np.zeros(len(wanted), dtype=np.int64)
         if len(wanted):
             for b in scan(["event_id", "category", "ts_ns", "correlation"]):
                 cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), cat_cache)
@@ -233,21 +269,22 @@ class _Tables:
                 corr, corr_ok = _ints(b.column("correlation"))
                 if corr_ok is not None:
                     m &= corr_ok
-                m &= wanted[np.minimum(np.searchsorted(wanted, corr), len(wanted) - 1)] == corr
-                if m.any():
-                    la.append((corr[m], _arrow.to_numpy(b.column("event_id"))[0][m],
-                               _arrow.to_numpy(b.column("ts_ns"))[0][m], (cat[m] & _C_RUNTIME) > 0))
-        if la:
-            corr, eid, ts, rt = (np.concatenate(x) for x in zip(*la))
-            del la
-            order = np.lexsort((eid, ~rt, corr))
-            cs = corr[order]
-            first = np.ones(len(cs), dtype=bool)
-            first[1:] = cs[1:] != cs[:-1]
-            pick = order[first]
-            self.l_corr, self.l_eid, self.l_ts = corr[pick], eid[pick], ts[pick]
-        else:
-            self.l_corr = self.l_eid = self.l_ts = np.empty(0, dtype=np.int64)
+                pos = np.minimum(np.searchsorted(wanted, corr), len(wanted) - 1)
+                m &= wanted[pos] == corr
+                if not m.any():
+                    continue
+                # the batch's best row per id: rows are in event_id order, so a stable sort on (id, rank)
+                r = np.where((cat[m] & _C_RUNTIME) > 0, 0, 1).astype(np.int8)
+                p, e, t = pos[m], _arrow.to_numpy(b.column("event_id"))[0][m], _arrow.to_numpy(b.column("ts_ns"))[0][m]
+                o = np.lexsort((r, p))
+                p, r, e, t = p[o], r[o], e[o], t[o]
+                first = np.ones(len(p), dtype=bool)
+                first[1:] = p[1:] != p[:-1]
+                p, r, e, t = p[first], r[first], e[first], t[first]
+                better = r < rank[p]  # an earlier batch's row of the same rank has the lower event_id
+                rank[p[better]], l_eid[p[better]], l_ts[p[better]] = r[better], e[better], t[better]
+        keep = rank < 2
+        self.l_corr, self.l_eid, self.l_ts = wanted[keep], l_eid[keep], l_ts[keep]
 
     def launch_of(self, corr: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(found, launch event_id, launch ts) per correlation id (``ok``: rows to look up)."""
@@ -259,13 +296,39 @@ class _Tables:
         found = ok & (self.l_corr[i] == corr)
         return found, self.l_eid[i], self.l_ts[i]
 
-    def next_of(self, eid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(has a next op, its start) per event_id."""
-        n = len(self.g_eid)
-        if n == 0:
-            return np.zeros(len(eid), dtype=bool), np.zeros(len(eid), dtype=np.int64)
-        i = np.minimum(np.searchsorted(self.g_eid, eid), n - 1)
-        return (self.g_eid[i] == eid) & self.g_has_next[i], self.g_next[i]
+    def next_of(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(has a next op, its start) per row of a batch whose GPU ops are ``g``; batches must come
+        in the order of the first scan."""
+        k = int(g.sum())
+        has_next = np.zeros(len(g), dtype=bool)
+        nxt = np.zeros(len(g), dtype=np.int64)
+        has_next[g] = self.g_has_next[self._pos : self._pos + k]
+        nxt[g] = self.g_next[self._pos : self._pos + k]
+        self._pos += k
+        return has_next, nxt
+
+
+def _next_starts(st_parts: list, ts_parts: list, n_streams: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per GPU op (file order): the start of the next op on its stream in (start, file order), and
+    whether there is one. Streams already in start order take no sort."""
+    if not ts_parts:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
+    stream = np.concatenate(st_parts)
+    st_parts.clear()
+    ts = np.concatenate(ts_parts)
+    ts_parts.clear()
+    nxt = np.zeros(len(ts), dtype=np.int64)
+    has_next = np.zeros(len(ts), dtype=bool)
+    one = n_streams == 1
+    for s in range(n_streams):
+        idx = np.arange(len(ts)) if one else np.flatnonzero(stream == s)
+        t = ts[idx]
+        if len(t) > 1 and not (t[1:] >= t[:-1]).all():
+            o = np.argsort(t, kind="stable")  # ties keep file (event_id) order
+            idx, t = idx[o], t[o]
+        nxt[idx[:-1]] = t[1:]
+        has_next[idx[:-1]] = True
+    return nxt, has_next
 
 
 def _scanner(raw: str | Path):
@@ -289,12 +352,14 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
     """
     scan = _scanner(raw)
     tab = _Tables(scan, cpu_only)
+    release_free_memory()  # the tables' sort buffers, before the writing scan allocates
     order = sorted(steps, key=lambda s: (s[2], s[0]))
     st_num = np.array([s[0] for s in order], dtype=np.int64)
     st_start = np.array([s[2] for s in order], dtype=np.int64)
     st_end = np.array([s[3] for s in order], dtype=np.int64)
     res = LinkResult()
     comm_launch: list = []  # (event_id, launch event_id) of comm rows with a launch call
+    spans: list = []  # (event_id, ts, dur) of comm rows
     cat_cache: dict = {}
     name_cache: dict = {}
     kind_cache: dict = {}
@@ -314,7 +379,7 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
             comm = _arrow.to_numpy(b.column("is_comm"))[0]
 
             found, l_eid, l_ts = tab.launch_of(corr, gpu & _valid(corr_ok, n))
-            has_next, nxt = tab.next_of(eid)
+            has_next, nxt = tab.next_of(_gpu_ops(gpu, cat))
             end = ts + dur
             clipped = has_next & (end - nxt > CLIP_TOLERANCE_NS)
             clipped_ns = np.where(clipped, end - np.maximum(nxt, ts), 0)
@@ -355,8 +420,7 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
             new_dur = dur - clipped_ns
             is_comm_cls = cls == _COMM
             if is_comm_cls.any():
-                ce, cts, cd = eid[is_comm_cls], ts[is_comm_cls], new_dur[is_comm_cls]
-                res.spans.update(zip(ce.tolist(), zip(cts.tolist(), cd.tolist())))
+                spans.append((eid[is_comm_cls], ts[is_comm_cls], new_dur[is_comm_cls]))
                 cl = is_comm_cls & found
                 if cl.any():
                     comm_launch.append((eid[cl], l_eid[cl]))
@@ -394,32 +458,41 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
                 _arrow.from_numpy(clipped_ns, pa.int64()),
             ]
             w.write(pa.RecordBatch.from_arrays(cols, schema=_WRITE_SCHEMA))
+    if spans:
+        e, t, d = (np.concatenate(x) for x in zip(*spans))
+        res.spans = Keyed(e, [t, d])  # event ids ascend: staging rows are in event_id order
     if comm_launch:
         _launch_rows(scan, comm_launch, res)
     return res
 
 
 def _launch_rows(scan, comm_launch: list, res: LinkResult) -> None:
-    """Fill ``res.launches`` with the launch call (pid, tid, ts, end) of each comm GPU row (a third scan,
-    of five columns, for the launch rows only)."""
+    """Fill ``res.launches`` with the launch call (pid, tid, ts, end) of each comm GPU row (a fourth
+    scan, of five columns, for the launch rows only)."""
     k_eid = np.concatenate([c[0] for c in comm_launch])
     l_eid = np.concatenate([c[1] for c in comm_launch])
     want = np.unique(l_eid)
-    found: dict = {}
+    got: list = []
     for b in scan(["event_id", "device", "track", "ts_ns", "dur_ns"]):
         eid = _arrow.to_numpy(b.column("event_id"))[0]
-        i = np.minimum(np.searchsorted(want, eid), len(want) - 1)
-        m = want[i] == eid
+        m = want[np.minimum(np.searchsorted(want, eid), len(want) - 1)] == eid
         if not m.any():
             continue
-        idx = np.flatnonzero(m)
-        sub = b.take(_arrow.from_numpy(idx, pa.int64()))
-        for e, d, t, s, du in zip(
-            sub.column("event_id").to_pylist(), sub.column("device").to_pylist(), sub.column("track").to_pylist(),
-            sub.column("ts_ns").to_pylist(), sub.column("dur_ns").to_pylist(),
-        ):
-            found[e] = (d, t, s, s + du)
-    for k, l in zip(k_eid.tolist(), l_eid.tolist()):
-        got = found.get(l)
-        if got is not None:
-            res.launches[k] = got
+        dev, dev_ok = _ints(b.column("device"))
+        trk, trk_ok = _ints(b.column("track"))
+        ts = _arrow.to_numpy(b.column("ts_ns"))[0]
+        dur = _arrow.to_numpy(b.column("dur_ns"))[0]
+        got.append((eid[m], dev[m], _valid(dev_ok, len(eid))[m], trk[m], _valid(trk_ok, len(eid))[m],
+                    ts[m], ts[m] + dur[m]))
+    if not got:
+        return
+    rows = Keyed(*(lambda c: (c[0], [c[1], c[3], c[5], c[6]], [c[2], c[4], None, None]))(
+        [np.concatenate(x) for x in zip(*got)]))
+    if len(rows.keys) > 1 and not (rows.keys[1:] > rows.keys[:-1]).all():
+        o = np.argsort(rows.keys, kind="stable")
+        rows = Keyed(rows.keys[o], [c[o] for c in rows.columns], [None if v is None else v[o] for v in rows.valid])
+    found, i = rows.index(l_eid)
+    k = k_eid[found]
+    o = np.argsort(k, kind="stable")
+    i = i[found][o]
+    res.launches = Keyed(k[o], [c[i] for c in rows.columns], [None if v is None else v[i] for v in rows.valid])

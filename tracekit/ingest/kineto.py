@@ -331,9 +331,11 @@ class RankFile:
                 off = fh.tell()
                 yield off, size, _decode_frame(fh.read(size))
 
-    def meta_rows(self, times: dict | None = None) -> "MetaRows":
-        """The comm_meta rows as :class:`MetaRows` (columns in memory, the rows themselves on demand)."""
-        return MetaRows(self, times or {})
+    def meta_rows(self, times=None) -> "MetaRows":
+        """The comm_meta rows as :class:`MetaRows` (columns in memory, the rows themselves on demand).
+
+        ``times``: replaced (ts_ns, dur_ns) by event_id, an ``eventlink.Keyed`` or a dict."""
+        return MetaRows(self, times)
 
 
 def _decode_frame(data: bytes) -> list[dict]:
@@ -360,9 +362,14 @@ class MetaRows:
     Memory: ~40 B per row plus at most META_FRAME_CACHE frames of META_SPILL_ROWS rows.
     """
 
-    def __init__(self, rf: RankFile, times: dict):
+    def __init__(self, rf: RankFile, times=None):
+        from tracekit.ingest.eventlink import Keyed
+
+        if isinstance(times, dict):
+            keys = np.array(sorted(times), dtype=np.int64)
+            times = Keyed(keys, [np.array([times[k][j] for k in keys.tolist()], dtype=np.int64) for j in (0, 1)])
         self._path = rf.meta_spill
-        self._times = times
+        self._times = times if times is not None and len(times) else None
         self.names: list[str] = []
         self.threads: list[tuple] = []
         name_ix: dict = {}
@@ -377,10 +384,10 @@ class MetaRows:
             gpu = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
             ts = np.fromiter((r["ts_ns"] for r in rows), dtype=np.int64, count=n)
             dur = np.fromiter((r["dur_ns"] for r in rows), dtype=np.int64, count=n)
-            for k, e in enumerate(eid.tolist()):
-                t = times.get(e)
-                if t is not None:
-                    ts[k], dur[k] = t
+            if self._times is not None:
+                found, i = self._times.index(eid)
+                ts[found] = self._times.columns[0][i[found]]
+                dur[found] = self._times.columns[1][i[found]]
             name = np.fromiter((name_ix.setdefault(r["name"], len(name_ix)) for r in rows), dtype=np.int32, count=n)
             thread = np.fromiter((thread_ix.setdefault((r["device"], r["track"]), len(thread_ix)) for r in rows),
                                  dtype=np.int32, count=n)
@@ -435,11 +442,13 @@ class MetaRows:
 
     def _retime(self, rows: list[dict]) -> None:
         times = self._times
-        if times:
-            for r in rows:
-                t = times.get(r["event_id"])
-                if t is not None:
-                    r["ts_ns"], r["dur_ns"] = t
+        if times is None or not rows:
+            return
+        eid = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=len(rows))
+        found, i = times.index(eid)
+        t, d = times.columns
+        for j in np.flatnonzero(found).tolist():
+            rows[j]["ts_ns"], rows[j]["dur_ns"] = int(t[i[j]]), int(d[i[j]])
 
 
 _MSGPACK_ENC = msgspec.msgpack.Encoder()

@@ -1,0 +1,39 @@
+"""Analyses run within a small DuckDB memory budget, and a statement that does not fit is retried
+with a larger one instead of failing the report."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+import tracekit.store as store_mod
+from tracekit.ingest import ingest_paths
+from tracekit.store import AnalysisConnection, Store
+
+from conftest import FIXTURES
+
+_QUERIES = [
+    "SELECT * FROM overlap_windows ORDER BY ALL",
+    "SELECT * FROM collective_instances ORDER BY ALL",
+    "SELECT * FROM collective_overlap ORDER BY ALL",
+    "SELECT * FROM collective_verdicts ORDER BY ALL",
+]
+
+
+def test_statements_that_run_out_of_memory_are_retried_with_a_larger_budget(tmp_path, monkeypatch):
+    st = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "tp_2rank"], st)
+    want = [st.connect().execute(q).fetchall() for q in _QUERIES]
+    monkeypatch.setattr(store_mod, "ANALYSIS_MEMORY_LIMIT", 64 * 1024)  # too small for anything
+    con = st.connect()
+    assert con.memory_limit > 64 * 1024  # raised while the analyses were loaded
+    assert [con.execute(q).fetchall() for q in _QUERIES] == want
+
+
+def test_a_statement_that_never_fits_still_fails(monkeypatch):
+    monkeypatch.setattr(store_mod, "ANALYSIS_MEMORY_MAX", 1024 * 1024)
+    con = AnalysisConnection(duckdb.connect(), 256 * 1024)
+    with pytest.raises(duckdb.OutOfMemoryException):
+        con.execute("SELECT list(range(i, i + 100)) FROM range(3000000) t(i) ORDER BY random()").fetchall()
+    assert con.memory_limit == 1024 * 1024
+    assert con.execute("SELECT 42").fetchone() == (42,)  # the connection still works
