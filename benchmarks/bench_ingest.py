@@ -230,8 +230,9 @@ def replicate(base: Path, k: int, out: Path) -> dict:
             n_written += len(parts)
             del parts
         fh.write(b"\n  ]\n}\n")
+        json_bytes = fh.tell()  # uncompressed bytes written
     os.replace(tmp, out)
-    return dict(events=n_written, complete_events=n_complete, copies=k, span_us=span)
+    return dict(events=n_written, complete_events=n_complete, copies=k, span_us=span, json_bytes=json_bytes)
 
 
 _dumps = json.JSONEncoder(separators=(", ", ": "), ensure_ascii=False).encode
@@ -252,12 +253,15 @@ def run_set(name: str, files: list[Path], trace_dir: Path, work: Path, args) -> 
         print(f"  HTA skipped: {HTA_PY} absent (bash benchmarks/setup_hta.sh)", file=sys.stderr)
     runs: dict[str, list[dict]] = collections.defaultdict(list)
     for _ in range(args.repeat):  # repeats interleaved, so that a slow spell hits every tool alike
-        floor_out = work / f"{slug}.floor.json"
-        m = measure([sys.executable, "-c", FLOOR_CODE, "gc", *sfiles], stdout=floor_out, timeout=args.timeout)
-        if m["rc"] == 0:
-            res.update(json.loads(floor_out.read_text()))
-        runs["floor"].append(m)
-        runs["floor_nogc"].append(measure([sys.executable, "-c", FLOOR_CODE, "nogc", *sfiles], timeout=args.timeout))
+        if not getattr(args, "skip_floor", False):
+            floor_out = work / f"{slug}.floor.json"
+            m = measure([sys.executable, "-c", FLOOR_CODE, "gc", *sfiles], stdout=floor_out, timeout=args.timeout)
+            if m["rc"] == 0:
+                res.update(json.loads(floor_out.read_text()))
+            runs["floor"].append(m)
+            runs["floor_nogc"].append(
+                measure([sys.executable, "-c", FLOOR_CODE, "nogc", *sfiles], timeout=args.timeout)
+            )
         shutil.rmtree(store, ignore_errors=True)
         runs["tk_ingest"].append(measure([*tk, "ingest", *sfiles, "--store", str(store)], timeout=args.timeout))
         tk_out = work / f"{slug}.analyze.json"
@@ -322,7 +326,7 @@ def _derive(r: dict) -> None:
 # -- report ------------------------------------------------------------------------
 
 HEADER = (
-    "| input | JSON MB | events | floor s / MiB | floor no-GC s / MiB | tracekit ingest s | analyze s "
+    "| input | JSON MB | events | floor s / MiB | floor no-GC s / MiB | tracekit ingest s / MiB | analyze s / MiB "
     "| tracekit total s (CPU s) / peak MiB | HTA s (CPU s) / peak MiB | HTA÷tk time (CPU) | HTA÷tk mem "
     "| tk÷floor | tk÷floor no-GC | one process: `ingest --analyze` s / MiB (HTA÷it) | load |"
 )
@@ -348,8 +352,8 @@ def _row(r: dict) -> str:
         tk_tot = f"{r['tk_total_s']:.2f} ({r['tk_total_cpu_s']:.1f}) / {r['tk_peak_mib']:.0f}"
     else:
         tk_tot = "failed"
-    ing = f"{r['tk_ingest']['wall_s']:.2f}" if _ok(r["tk_ingest"]) else "failed"
-    ana = f"{r['tk_analyze']['wall_s']:.2f}" if _ok(r["tk_analyze"]) else "failed"
+    ing = _sm(r["tk_ingest"])
+    ana = _sm(r["tk_analyze"])
     hta = _sm(r.get("hta"), cpu=True) if r.get("hta") is not None else "skipped"
     ratio = "—"
     if "hta_over_tk_time" in r:
@@ -384,8 +388,11 @@ def _verdicts(results: list[dict]) -> list[str]:
         out.append(
             f"  tracekit peak memory ×{lo['k']} → ×{hi['k']}: "
             f"{lo['tk_peak_mib']:.0f} → {hi['tk_peak_mib']:.0f} MiB "
-            f"({hi['tk_peak_mib'] / lo['tk_peak_mib']:.1f}× for {hi['k'] / lo['k']:.0f}× the input; target: flat)"
+            f"({hi['tk_peak_mib'] / lo['tk_peak_mib']:.2f}× for {hi['k'] / lo['k']:.0f}× the input; target: flat)"
         )
+        for key, what in (("tk_ingest", "ingest"), ("tk_analyze", "analyze")):
+            peaks = ", ".join(f"×{r['k']} {r[key]['peak_mib']:.0f}" for r in sorted(reps, key=lambda r: r["k"]))
+            out.append(f"    {what} peak MiB: {peaks}")
     return out
 
 
@@ -430,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--skip-hta", action="store_true", help="leave HTA out")
     ap.add_argument("--hta-max-k", type=int, default=None, help="run HTA only on replicas with k <= this")
+    ap.add_argument(
+        "--floor-max-k", type=int, default=None,
+        help="run the parse floor only on replicas with k <= this (it holds the whole document: ~8x the JSON)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write all measurements as JSON here")
     ap.add_argument("--workdir", type=Path, default=None, help="keep (and reuse) replicas and stores here")
     ap.add_argument(
@@ -490,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
                     name = f"{args.base.name.split('.')[0]} ×{k}"
                     r = _run_set_k(name, [f], d, work, args, k)
                     r["replica"] = meta
+                    for key in ("events", "json_bytes"):  # known here when the floor was not run
+                        if r.get(key) is None and meta.get(key) is not None:
+                            r[key] = meta[key]
                     results.append(r)
     finally:
         if args.workdir is None:
@@ -518,10 +532,12 @@ def _run_set_k(name, files, trace_dir, work, args, k):
     skip = args.hta_max_k is not None and k > args.hta_max_k
     saved = args.skip_hta
     args.skip_hta = saved or skip
+    args.skip_floor = args.floor_max_k is not None and k > args.floor_max_k
     try:
         r = run_set(name, files, trace_dir, work, args)
     finally:
         args.skip_hta = saved
+        args.skip_floor = False
     r["k"] = k
     if skip and not saved:
         r["hta_skipped_reason"] = f"k > --hta-max-k {args.hta_max_k}"
