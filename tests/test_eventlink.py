@@ -91,7 +91,8 @@ def test_link_pass_equals_the_sql_reference(rel, tmp_path, monkeypatch):
 _CATS = ["runtime", "driver", "kernel", "memcpy", "memset", "sync", "cpu_op", "user_annotation", "python", None]
 _NAMES = ["cudaLaunchKernel", "cudaStreamSynchronize", "hipEventSynchronize", "cuda_sync_wait", "c10d::send",
           "c10d::recv_", "gloo:send", "gloo:recv", "gloo:all_reduce", "nccl:all_reduce", "record_param_comms",
-          "c10d::allreduce_", "aten::mm", "ncclKernel_AllReduce", "gemm", "", None]
+          "c10d::allreduce_", "aten::mm", "ncclKernel_AllReduce", "gemm", "", None,
+          "CUDASTREAMSYNCHRONIZE", "cudaStreamſynchronize", "cudaStreamSynchronİze"]  # ASCII case folding only
 
 
 def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int) -> None:
@@ -196,3 +197,14 @@ def test_launch_choice_clipping_and_gpu_step_by_launch(tmp_path):
         (6, None, 500, False, 0, 2, "compute"),
     ]
     assert (res.n_clipped, res.max_clip_ns, res.n_skew, res.max_skew_ns) == (1, 150, 0, None)
+
+
+def test_sync_calls_by_name_fold_ascii_case_only(tmp_path):
+    names = ["cudaStreamSynchronize", "CUDAEVENTSYNCHRONIZE", "hipDeviceSynchronize", "cuda_sync_x",
+             "cudaStreamſynchronize", "cudaStreamSynchronİze", "cudaLaunchKernel"]
+    rows = [dict(event_id=i, track_kind="cpu_thread", device=1, track=1, category="cuda_runtime", name=nm,
+                 ts_ns=100 + i, dur_ns=1, is_comm=False) for i, nm in enumerate(names)]
+    _one_batch_stage(tmp_path / "raw.arrows", rows)
+    link_rank(tmp_path / "raw.arrows", tmp_path / "ev.parquet", "r", 0, False, [], _BatchWriter)
+    got = duckdb.connect().execute(f"SELECT class FROM read_parquet('{tmp_path}/ev.parquet') ORDER BY event_id").fetchall()
+    assert [c for (c,) in got] == ["sync", "sync", "sync", "sync", "cpu", "cpu", "cpu"]

@@ -231,6 +231,7 @@ def ingest_paths(
             align=align,
         )
         stg.commit(rid, replace=replace)
+    release_free_memory()  # for what runs next in this process (ingest --analyze, collect)
     return rid
 
 

@@ -337,7 +337,7 @@ def build_collectives(
     run_id: str,
     rank: int,
     meta,
-    launches: dict[int, tuple[int, int, int, int]],
+    launches,
     *,
     world_size: int,
     pg_config: dict[str, list[int]],
@@ -346,9 +346,9 @@ def build_collectives(
     """Rows of the collectives table for one rank, in the order of the comm spans in the file.
 
     ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.kineto.MetaRows`).
-    ``launches`` maps a comm kernel's event_id → (pid, tid, launch ts, launch end)
-    of its runtime launch call; kernels missing from it were launched outside the
-    capture. ``pg_config`` maps process-group name → global ranks (from
+    ``launches`` (:class:`~tracekit.ingest.eventlink.Keyed`, or a dict) maps a comm kernel's
+    event_id → (pid, tid, launch ts, launch end) of its runtime launch call, via ``get``;
+    kernels missing from it were launched outside the capture. ``pg_config`` maps process-group name → global ranks (from
     ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;
     :func:`assign_seq` derives it per rank.
     """

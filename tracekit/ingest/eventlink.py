@@ -24,10 +24,11 @@ order), plus what the collectives builder needs (:class:`LinkResult`). Per row:
   is before that window's end; else null.
 
 Memory: the staging file is scanned four times, a batch at a time (the reader's
-batches, ~40k rows); what is kept between scans is, per GPU op, a few numbers (about
-17 B, 28 B while the first scan runs) and, per launch call of a GPU op, 24 B, never
-the rows. Scans: GPU ops; their launch calls; the rows written; the launch calls of
-the comm kernels (their thread and duration).
+batches, ~40k rows); what is kept between scans is never the rows but, per GPU op,
+the next op's start (9 B) and, per correlation id a GPU row carries, its launch
+call (24 B): about 34 B per GPU op, and about as much again in sort buffers while
+they are built. Scans: GPU ops; their launch calls; the rows written; the launch
+calls of the comm kernels (their thread and duration).
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ from tracekit import _arrow
 from tracekit._memory import release_free_memory
 from tracekit.store import EVENTS_SCHEMA
 
-SYNC_NAME = re.compile(r"(?i)(stream|event|device|context)synchronize|cuda_sync|hip(stream|event|device)synchronize")
-"""CPU calls that wait for the GPU, by name (searched anywhere in the name)."""
+SYNC_NAME = re.compile(
+    r"(stream|event|device|context)synchronize|cuda_sync|hip(stream|event|device)synchronize", re.I | re.A
+)
+"""CPU calls that wait for the GPU, by name (searched anywhere in the name; ASCII case folding only,
+so ``ſ`` is not an ``s``)."""
 
 CLIP_TOLERANCE_NS = 100
 """Overlaps of consecutive GPU ops on one stream up to this are clock noise, not clipped."""
@@ -319,9 +323,13 @@ def _next_starts(st_parts: list, ts_parts: list, n_streams: int) -> tuple[np.nda
     ts_parts.clear()
     nxt = np.zeros(len(ts), dtype=np.int64)
     has_next = np.zeros(len(ts), dtype=bool)
-    one = n_streams == 1
-    for s in range(n_streams):
-        idx = np.arange(len(ts)) if one else np.flatnonzero(stream == s)
+    if n_streams == 1:
+        groups = [np.arange(len(ts))]
+    else:  # one stable sort by stream, then each stream's ops in file order
+        by_stream = np.argsort(stream, kind="stable")
+        groups = np.split(by_stream, np.flatnonzero(np.diff(stream[by_stream])) + 1)
+    del stream
+    for idx in groups:
         t = ts[idx]
         if len(t) > 1 and not (t[1:] >= t[:-1]).all():
             o = np.argsort(t, kind="stable")  # ties keep file (event_id) order

@@ -350,7 +350,7 @@ META_FRAME_CACHE = 4
 class MetaRows:
     """Every comm_meta row of a rank file by index (file order), without holding them all.
 
-    One pass over the spill frames (:meth:`RankFile.spill_meta`) keeps only numpy
+    One pass over the spill frames (written by :meth:`RankFile.spill_meta`) keeps only numpy
     columns, one entry per row: ``event_id``, ``gpu`` (bool), ``ts_ns``, ``dur_ns``,
     ``name`` (an index into ``names``) and ``thread`` (an index into ``threads``, the
     distinct (device, track) pairs). :meth:`row` gives a row's dict: rows the reader

@@ -133,9 +133,9 @@ def _q(name: str) -> str:
 class _Reader:
     """State of one file's read: the connection, the Parquet writer and the RankFile."""
 
-    def __init__(self, path: Path, out_parquet: Path, comm_regex: re.Pattern, progress):
+    def __init__(self, path: Path, out_stage: Path, comm_regex: re.Pattern, progress):
         self.path = path
-        self.out = out_parquet
+        self.out = out_stage
         self.comm_regex = comm_regex
         self.progress = progress
         self.rf = RankFile(path=path, sha256="", meta={})
@@ -311,16 +311,16 @@ def _tid_sql(expr: str) -> str:
 
 
 def read_nsys_file(
-    path: str | Path, out_parquet: Path, comm_regex: re.Pattern, progress=None, sha256: str | None = None
+    path: str | Path, out_stage: Path, comm_regex: re.Pattern, progress=None, sha256: str | None = None
 ) -> RankFile:
-    """Read one ``nsys export --type sqlite`` file into the staging file ``out_parquet`` (RAW_SCHEMA rows).
+    """Read one ``nsys export --type sqlite`` file into the staging file ``out_stage`` (RAW_SCHEMA rows).
 
     Returns its :class:`RankFile`. Raises FileError when the file is not a readable
     SQLite database or not an Nsight Systems export.
     """
     path = Path(path)
-    out_parquet = Path(out_parquet)
-    r = _Reader(path, out_parquet, comm_regex, progress)
+    out_stage = Path(out_stage)
+    r = _Reader(path, out_stage, comm_regex, progress)
     try:
         if path.stat().st_size == 0:
             raise FileError(path, "empty file (not an Nsight Systems export)")
@@ -345,7 +345,7 @@ def read_nsys_file(
         if r.con is not None:
             r.con.close()
     if r.rf.events == 0:
-        open_stage_writer(out_parquet).close()
+        open_stage_writer(out_stage).close()
     r.rf.sha256 = sha256 or sha256_file(path)
     return r.rf
 
