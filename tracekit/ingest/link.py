@@ -159,7 +159,7 @@ def _rows_to_table(rows) -> pa.Table:
             chunk = []
     if chunk or not parts:
         parts.append(table_from_rows(chunk, COLLECTIVES_SCHEMA))
-    return pa.concat_tables(parts).combine_chunks()
+    return pa.concat_tables(parts)
 
 
 def _light_rows(tables):
