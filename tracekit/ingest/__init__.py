@@ -86,7 +86,8 @@ def _source_kind(path: Path) -> str:
 
 
 def _read_one(args):
-    """Worker: read one rank file (Kineto JSON or Nsight Systems SQLite) into raw Parquet (runs in a subprocess).
+    """Worker: read one rank file (Kineto JSON or Nsight Systems SQLite) into its staging file
+    (in a subprocess when several files are read in parallel).
 
     OS-level read errors (permissions, I/O) become FileError naming the file."""
     try:
