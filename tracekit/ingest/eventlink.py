@@ -352,11 +352,13 @@ def _scanner(raw: str | Path):
 
 
 def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool, steps, writer_cls) -> LinkResult:
-    """Write ``out`` (EVENTS_SCHEMA, zstd level 1, row groups of EVENTS_ROW_GROUP) from the staging
-    file ``raw``; see the module docstring.
+    """Write ``out`` (EVENTS_SCHEMA, zstd level 1, row groups of at most EVENTS_ROW_GROUP rows)
+    from the staging file ``raw``; see the module docstring. Returns the :class:`LinkResult`.
 
     ``steps``: (step, event_id, start_ns, end_ns) of the rank's ProfilerStep windows.
-    ``writer_cls``: a batch writer (``kineto._BatchWriter``) taking (path, schema, options).
+    ``writer_cls``: a batch writer (``kineto._BatchWriter``) called as
+    ``writer_cls(path, schema, parquet_options, row_group_size=...)``, used as a context
+    manager with ``write(batch)``. Errors of the staging file (OSError, ArrowInvalid) propagate.
     """
     scan = _scanner(raw)
     tab = _Tables(scan, cpu_only)
