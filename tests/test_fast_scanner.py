@@ -495,3 +495,14 @@ def test_spilled_metadata_keeps_ints_beyond_64_bits(tmp_path, monkeypatch):
         f"SELECT size_bytes FROM read_parquet('{tmp_path}/s0/runs/*/collectives.parquet') ORDER BY ts_ns"
     ).fetchall()
     assert sizes[0] == (1024,) and sizes[2] == (1024,) and len(sizes) == 3
+
+
+def test_parallel_readers_give_the_same_store(tmp_path):
+    """Rank files read by worker processes (staging files and metadata spills written there) give
+    the same store as reading them in this process."""
+    src = _target("traces/param_dlrm_8rank_v100")
+    ingest_paths([src], tmp_path / "one", jobs=1)
+    ingest_paths([src], tmp_path / "two", jobs=2)
+    for pattern, excl in [("runs/*/events/*.parquet", ""), ("runs/*/collectives.parquet", ""),
+                          ("runs/*/ranks.parquet", ""), ("runs/*/run.parquet", "EXCLUDE (created_at)")]:
+        assert _table_diff(tmp_path / "one", tmp_path / "two", pattern, excl) == (0, 0), pattern
