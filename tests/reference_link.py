@@ -8,6 +8,8 @@ Tests only: it holds a whole rank in DuckDB.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import pyarrow as pa
 
