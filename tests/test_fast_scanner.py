@@ -311,7 +311,7 @@ def test_metadata_rows_read_back_frame_by_frame_give_the_same_store(rel, tmp_pat
     def tiny_frames(self, times=None):
         rows = self.load_comm_meta()
         path = tmp_path / f"respill{len(frames)}.meta"
-        self.comm_meta, self.meta_spill = [], None
+        self.comm_meta, self.meta_spill, self.meta_spilled = [], None, 0
         for i in range(0, len(rows), 3):
             self.comm_meta = rows[i : i + 3]
             self.spill_meta(path)

@@ -295,6 +295,7 @@ class RankFile:
     thread_names: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     meta_spill: str | None = None  # file holding comm_meta rows moved out of memory (see spill_meta)
+    meta_spilled: int = 0  # rows in meta_spill
 
     def spill_meta(self, path: Path) -> None:
         """Append the in-memory ``comm_meta`` rows to ``path`` (msgpack frames) and drop them from memory.
@@ -312,6 +313,7 @@ class RankFile:
             fh.write(len(data).to_bytes(8, "little"))
             fh.write(data)
         self.meta_spill = str(path)
+        self.meta_spilled += len(self.comm_meta)
         self.comm_meta = []
 
     def load_comm_meta(self) -> list[dict]:
@@ -375,36 +377,46 @@ class MetaRows:
         name_ix: dict = {}
         thread_ix: dict = {}
         self._frame_at: list[tuple[int, int, int]] = []  # (first row, file offset, size)
-        cols: list = []
+        total = rf.meta_spilled + len(rf.comm_meta)  # columns allocated once, filled frame by frame
+        self.event_id = np.empty(total, dtype=np.int64)
+        self.gpu = np.empty(total, dtype=bool)
+        self.ts_ns = np.empty(total, dtype=np.int64)
+        self.dur_ns = np.empty(total, dtype=np.int64)
+        self.name = np.empty(total, dtype=np.int32)
+        self.thread = np.empty(total, dtype=np.int32)
         first = 0
 
-        def add(rows: list[dict]) -> None:
+        def add(rows: list[dict], at: int) -> None:
             n = len(rows)
-            eid = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=n)
-            gpu = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
-            ts = np.fromiter((r["ts_ns"] for r in rows), dtype=np.int64, count=n)
-            dur = np.fromiter((r["dur_ns"] for r in rows), dtype=np.int64, count=n)
+            if at + n > total:
+                raise ValueError(f"metadata spill {self._path} holds more rows than were spilled")
+            sl = slice(at, at + n)
+            eid = self.event_id[sl]
+            eid[:] = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=n)
+            self.gpu[sl] = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
+            self.ts_ns[sl] = np.fromiter((r["ts_ns"] for r in rows), dtype=np.int64, count=n)
+            self.dur_ns[sl] = np.fromiter((r["dur_ns"] for r in rows), dtype=np.int64, count=n)
             if self._times is not None:
                 found, i = self._times.index(eid)
-                ts[found] = self._times.columns[0][i[found]]
-                dur[found] = self._times.columns[1][i[found]]
-            name = np.fromiter((name_ix.setdefault(r["name"], len(name_ix)) for r in rows), dtype=np.int32, count=n)
-            thread = np.fromiter((thread_ix.setdefault((r["device"], r["track"]), len(thread_ix)) for r in rows),
-                                 dtype=np.int32, count=n)
-            cols.append((eid, gpu, ts, dur, name, thread))
+                self.ts_ns[sl][found] = self._times.columns[0][i[found]]
+                self.dur_ns[sl][found] = self._times.columns[1][i[found]]
+            self.name[sl] = np.fromiter((name_ix.setdefault(r["name"], len(name_ix)) for r in rows),
+                                        dtype=np.int32, count=n)
+            self.thread[sl] = np.fromiter(
+                (thread_ix.setdefault((r["device"], r["track"]), len(thread_ix)) for r in rows), dtype=np.int32, count=n
+            )
 
         for off, size, frame in rf._frames():
             self._frame_at.append((first, off, size))
-            add(frame)
+            add(frame, first)
             first += len(frame)
         self._tail_first = first
         self._tail = rf.comm_meta
-        add(self._tail)
+        add(self._tail, first)
+        if first + len(self._tail) != total:
+            raise ValueError(f"metadata spill {self._path} holds fewer rows than were spilled")
         self.names = list(name_ix)
         self.threads = list(thread_ix)
-        self.event_id, self.gpu, self.ts_ns, self.dur_ns, self.name, self.thread = (
-            np.concatenate(c) for c in zip(*cols)
-        )
         self._firsts = [f[0] for f in self._frame_at]
         self._cache: dict = {}
         self._lo = self._hi = 0  # rows [lo, hi) are those of frame list _cur, the last one used
