@@ -125,6 +125,19 @@ def to_numpy(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     return vals, valid
 
 
+def all_valid(valid: np.ndarray | None, n: int) -> np.ndarray:
+    """A validity mask from :func:`to_numpy`'s (None means every one of the ``n`` rows is valid)."""
+    return np.ones(n, dtype=bool) if valid is None else valid
+
+
+def not_null(col) -> np.ndarray:
+    """Per row of an Array or ChunkedArray: it holds a value."""
+    arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    if arr.null_count == 0:
+        return np.ones(len(arr), dtype=bool)
+    return _bits(arr.buffers()[0], arr.offset, len(arr))
+
+
 def table_from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
     """``pa.Table.from_pylist(rows, schema=schema)`` without pandas (a missing key is null)."""
     cols = [column([r.get(f.name) for r in rows], f.type) for f in schema]

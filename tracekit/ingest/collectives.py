@@ -556,13 +556,13 @@ def assign_seq(table: pa.Table) -> pa.Table:
     if n == 0:
         return table
     seq, seq_ok = _arrow.to_numpy(table.column("seq").combine_chunks())
-    todo = ~_valid_mask(seq_ok, n) & _not_null(table.column("op"))
+    todo = ~_arrow.all_valid(seq_ok, n) & _arrow.not_null(table.column("op"))
     if not todo.any():
         return table
     rank = _arrow.to_numpy(table.column("rank").combine_chunks())[0].astype(np.int64)
     pg = table.column("pg_name").combine_chunks().dictionary_encode()
     pg_code, pg_ok = _arrow.to_numpy(pg.indices)
-    pg_code = np.where(_valid_mask(pg_ok, n), pg_code, -1).astype(np.int64)
+    pg_code = np.where(_arrow.all_valid(pg_ok, n), pg_code, -1).astype(np.int64)
     issue = _arrow.to_numpy(table.column("issue_ts_ns").combine_chunks())[0]
     ts = _arrow.to_numpy(table.column("ts_ns").combine_chunks())[0]
     eid = _arrow.to_numpy(table.column("event_id").combine_chunks())[0]
@@ -574,17 +574,6 @@ def assign_seq(table: pa.Table) -> pa.Table:
     group_start = np.maximum.accumulate(np.where(new_group, np.arange(len(order)), 0))
     out = seq.copy()
     out[order] = np.arange(len(order)) - group_start
-    valid = _valid_mask(seq_ok, n) | todo
+    valid = _arrow.all_valid(seq_ok, n) | todo
     i = table.schema.get_field_index("seq")
     return table.set_column(i, table.schema.field(i), _arrow.from_numpy(out, pa.int64(), valid))
-
-
-def _valid_mask(ok: np.ndarray | None, n: int) -> np.ndarray:
-    return np.ones(n, dtype=bool) if ok is None else ok
-
-
-def _not_null(col) -> np.ndarray:
-    arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
-    if arr.null_count == 0:
-        return np.ones(len(arr), dtype=bool)
-    return _arrow._bits(arr.buffers()[0], arr.offset, len(arr))

@@ -160,15 +160,6 @@ class LinkResult:
     ts_hi: int | None = None
 
 
-def _ints(col: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
-    """int64 column → (values with 0 for nulls, validity or None when all valid)."""
-    return _arrow.to_numpy(col)
-
-
-def _valid(v: np.ndarray | None, n: int) -> np.ndarray:
-    return np.ones(n, dtype=bool) if v is None else v
-
-
 def _lut(col: pa.Array, fn, cache: dict) -> np.ndarray:
     """A dictionary-encoded string column → int64 ``fn(value)`` per row (``fn(None)`` for nulls)."""
     if not pa.types.is_dictionary(col.type):
@@ -237,20 +228,22 @@ class _Tables:
             n = b.num_rows
             cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), cat_cache)
             gpu = _lut(b.column("track_kind"), lambda k: int(k == "gpu_stream"), kind_cache).astype(bool)
-            corr, corr_ok = _ints(b.column("correlation"))
-            gc = gpu & _valid(corr_ok, n)
+            corr, corr_ok = _arrow.to_numpy(b.column("correlation"))
+            gc = gpu & _arrow.all_valid(corr_ok, n)
             if gc.any():
                 gcorr.append(corr[gc])
-            dev, dev_ok = _ints(b.column("device"))
-            trk, trk_ok = _ints(b.column("track"))
+            dev, dev_ok = _arrow.to_numpy(b.column("device"))
+            trk, trk_ok = _arrow.to_numpy(b.column("track"))
             g = _gpu_ops(gpu, cat)
             if g.any():
-                st_parts.append(_stream_ids(streams, dev[g], _valid(dev_ok, n)[g], trk[g], _valid(trk_ok, n)[g]))
+                dv, tv = _arrow.all_valid(dev_ok, n), _arrow.all_valid(trk_ok, n)
+                st_parts.append(_stream_ids(streams, dev[g], dv[g], trk[g], tv[g]))
                 ts_parts.append(_arrow.to_numpy(b.column("ts_ns"))[0][g])
             if cpu_only:
                 comm = _arrow.to_numpy(b.column("is_comm"))[0]
                 nb = _lut(b.column("name"), _name_bits, name_cache)
-                t = comm & ~gpu & ((nb & (_N_GLOO_P2P | _N_NULL)) == 0) & _valid(dev_ok, n) & _valid(trk_ok, n)
+                t = comm & ~gpu & ((nb & (_N_GLOO_P2P | _N_NULL)) == 0)
+                t &= _arrow.all_valid(dev_ok, n) & _arrow.all_valid(trk_ok, n)
                 if t.any():
                     threads.update(zip(dev[t].tolist(), trk[t].tolist()))
         self.comm_threads = threads
@@ -270,7 +263,7 @@ class _Tables:
                 m = (cat & _C_LAUNCH) > 0
                 if not m.any():
                     continue
-                corr, corr_ok = _ints(b.column("correlation"))
+                corr, corr_ok = _arrow.to_numpy(b.column("correlation"))
                 if corr_ok is not None:
                     m &= corr_ok
                 pos = np.minimum(np.searchsorted(wanted, corr), len(wanted) - 1)
@@ -385,10 +378,10 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
             gpu = _lut(b.column("track_kind"), lambda k: int(k == "gpu_stream"), kind_cache).astype(bool)
             cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), cat_cache)
             nb = _lut(b.column("name"), _name_bits, name_cache)
-            corr, corr_ok = _ints(b.column("correlation"))
+            corr, corr_ok = _arrow.to_numpy(b.column("correlation"))
             comm = _arrow.to_numpy(b.column("is_comm"))[0]
 
-            found, l_eid, l_ts = tab.launch_of(corr, gpu & _valid(corr_ok, n))
+            found, l_eid, l_ts = tab.launch_of(corr, gpu & _arrow.all_valid(corr_ok, n))
             has_next, nxt = tab.next_of(_gpu_ops(gpu, cat))
             end = ts + dur
             clipped = has_next & (end - nxt > CLIP_TOLERANCE_NS)
@@ -408,9 +401,9 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
             if cpu_only:
                 on_thread = np.zeros(n, dtype=bool)
                 if tab.comm_threads:
-                    dev, dev_ok = _ints(b.column("device"))
-                    trk, trk_ok = _ints(b.column("track"))
-                    ok = ~gpu & _valid(dev_ok, n) & _valid(trk_ok, n)
+                    dev, dev_ok = _arrow.to_numpy(b.column("device"))
+                    trk, trk_ok = _arrow.to_numpy(b.column("track"))
+                    ok = ~gpu & _arrow.all_valid(dev_ok, n) & _arrow.all_valid(trk_ok, n)
                     for d, t in tab.comm_threads:
                         on_thread |= ok & (dev == d) & (trk == t)
                 cpu_compute = ((cat & _C_CPU_OP) > 0) & ~on_thread & ((nb & (_N_COLLECTIVE_CPU | _N_NULL)) == 0)
@@ -488,12 +481,12 @@ def _launch_rows(scan, comm_launch: list, res: LinkResult) -> None:
         m = want[np.minimum(np.searchsorted(want, eid), len(want) - 1)] == eid
         if not m.any():
             continue
-        dev, dev_ok = _ints(b.column("device"))
-        trk, trk_ok = _ints(b.column("track"))
+        dev, dev_ok = _arrow.to_numpy(b.column("device"))
+        trk, trk_ok = _arrow.to_numpy(b.column("track"))
         ts = _arrow.to_numpy(b.column("ts_ns"))[0]
         dur = _arrow.to_numpy(b.column("dur_ns"))[0]
-        got.append((eid[m], dev[m], _valid(dev_ok, len(eid))[m], trk[m], _valid(trk_ok, len(eid))[m],
-                    ts[m], ts[m] + dur[m]))
+        dv, tv = _arrow.all_valid(dev_ok, len(eid)), _arrow.all_valid(trk_ok, len(eid))
+        got.append((eid[m], dev[m], dv[m], trk[m], tv[m], ts[m], ts[m] + dur[m]))
     if not got:
         return
     rows = Keyed(*(lambda c: (c[0], [c[1], c[3], c[5], c[6]], [c[2], c[4], None, None]))(
