@@ -345,7 +345,10 @@ def test_meta_rows_columns_and_rows_in_any_order(tmp_path, monkeypatch):
     for w in want:
         if w["event_id"] in times:
             w["ts_ns"], w["dur_ns"] = times[w["event_id"]]
-    m = rf.meta_rows(times)
+    from tracekit.ingest.eventlink import Keyed
+
+    keyed = Keyed(np.array([30, 470]), [np.array([1, 3]), np.array([2, 4])])
+    m = rf.meta_rows(keyed)
     assert len(m) == 50 and len(m._frame_at) == 5
     assert m.event_id.tolist() == [w["event_id"] for w in want]
     assert m.ts_ns.tolist() == [w["ts_ns"] for w in want] and m.dur_ns.tolist() == [w["dur_ns"] for w in want]

@@ -346,7 +346,7 @@ def build_collectives(
     """Rows of the collectives table for one rank, in the order of the comm spans in the file.
 
     ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.kineto.MetaRows`).
-    ``launches`` (:class:`~tracekit.ingest.eventlink.Keyed`, or a dict) maps a comm kernel's
+    ``launches`` (:class:`~tracekit.ingest.eventlink.Keyed`) maps a comm kernel's
     event_id → (pid, tid, launch ts, launch end) of its runtime launch call, via ``get``;
     kernels missing from it were launched outside the capture. ``pg_config`` maps process-group name → global ranks (from
     ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;

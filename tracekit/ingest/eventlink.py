@@ -39,7 +39,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tracekit import _arrow
 from tracekit._memory import release_free_memory
@@ -162,8 +161,6 @@ class LinkResult:
 
 def _lut(col: pa.Array, fn, cache: dict) -> np.ndarray:
     """A dictionary-encoded string column → int64 ``fn(value)`` per row (``fn(None)`` for nulls)."""
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col)
     words = col.dictionary.to_pylist()
     table = np.empty(len(words) + 1, dtype=np.int64)
     for i, w in enumerate(words):
@@ -176,10 +173,6 @@ def _lut(col: pa.Array, fn, cache: dict) -> np.ndarray:
     if ok is not None:
         idx = np.where(ok, idx, len(words))
     return table[idx]
-
-
-def _as_dict(col: pa.Array) -> pa.Array:
-    return col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
 
 
 def _stream_ids(streams: dict, dev, dev_ok, trk, trk_ok) -> np.ndarray:
@@ -445,11 +438,11 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
                 pa.DictionaryArray.from_arrays(_arrow.from_numpy(np.zeros(n, dtype=np.int32), pa.int32()), run_dict),
                 _arrow.from_numpy(np.full(n, rank, dtype=np.int32), pa.int32()),
                 b.column("event_id"),
-                _as_dict(b.column("track_kind")),
+                b.column("track_kind"),
                 b.column("device"),
                 b.column("track"),
-                _as_dict(b.column("category")),
-                _as_dict(b.column("name")),
+                b.column("category"),
+                b.column("name"),
                 b.column("ts_ns"),
                 _arrow.from_numpy(new_dur, pa.int64()),
                 b.column("correlation"),

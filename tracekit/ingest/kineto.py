@@ -336,7 +336,7 @@ class RankFile:
     def meta_rows(self, times=None) -> "MetaRows":
         """The comm_meta rows as :class:`MetaRows` (columns in memory, the rows themselves on demand).
 
-        ``times``: replaced (ts_ns, dur_ns) by event_id, an ``eventlink.Keyed`` or a dict."""
+        ``times``: replaced (ts_ns, dur_ns) by event_id, an ``eventlink.Keyed``."""
         return MetaRows(self, times)
 
 
@@ -365,11 +365,6 @@ class MetaRows:
     """
 
     def __init__(self, rf: RankFile, times=None):
-        from tracekit.ingest.eventlink import Keyed
-
-        if isinstance(times, dict):
-            keys = np.array(sorted(times), dtype=np.int64)
-            times = Keyed(keys, [np.array([times[k][j] for k in keys.tolist()], dtype=np.int64) for j in (0, 1)])
         self._path = rf.meta_spill
         self._times = times if times is not None and len(times) else None
         self.names: list[str] = []
