@@ -17,7 +17,7 @@ _DEPENDS = re.compile(r"^--\s*Depends on:\s*(.*)$", re.M)
 _CREATES = re.compile(r"CREATE\s+OR\s+REPLACE\s+(?:VIEW|MACRO|TABLE)\s+([A-Za-z_][A-Za-z0-9_]*)", re.I)
 
 
-PYTHON_ANALYSES = ("fit", "measured_vs_model")
+PYTHON_ANALYSES = ("fit", "measured_vs_model", "overlap_windows", "collective_instances")
 """Analyses computed in Python (``analyses/<name>.py`` with DEPENDS, CREATES and ``create(con)``)."""
 
 

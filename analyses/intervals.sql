@@ -57,29 +57,3 @@ SELECT run_id, rank, grp, s, e,
        coalesce(sum(e - s) OVER (PARTITION BY run_id, rank, grp ORDER BY s
                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS cum_before
 FROM query_table(tbl);
-
--- union_lengths(tbl) → run_id, rank, grp, a_ns, b_ns, ab_ns : the lengths |∪A|, |∪B| and |∪A ∩ ∪B|
---   (BIGINT, ns) per window, for a table with the columns above plus in_a BOOLEAN (true: the
---   interval is in set A, false: in set B). Same numbers as summing e − s over merge_intervals /
---   intersect_islands, without building islands: sorted by (s, e), an interval adds to its set's
---   union the part of it past the latest end before it, greatest(e − greatest(s, prev_end), 0);
---   and |A ∩ B| = |A| + |B| − |A ∪ B|. One sort and three running maxima. Only windows holding
---   an interval (with e >= s) appear.
-CREATE OR REPLACE MACRO union_lengths(tbl) AS TABLE
-WITH w AS (
-    SELECT run_id, rank, grp, s, e, in_a,
-           max(e) OVER win AS prev_ab,
-           max(e) FILTER (WHERE in_a) OVER win AS prev_a,
-           max(e) FILTER (WHERE NOT in_a) OVER win AS prev_b
-    FROM query_table(tbl)
-    WHERE e >= s
-    WINDOW win AS (PARTITION BY run_id, rank, grp ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-),
-l AS (
-    SELECT run_id, rank, grp,
-           sum(CASE WHEN in_a THEN greatest(e - greatest(s, coalesce(prev_a, s)), 0) ELSE 0 END)::BIGINT AS a_ns,
-           sum(CASE WHEN in_a THEN 0 ELSE greatest(e - greatest(s, coalesce(prev_b, s)), 0) END)::BIGINT AS b_ns,
-           sum(greatest(e - greatest(s, coalesce(prev_ab, s)), 0))::BIGINT AS all_ns
-    FROM w GROUP BY run_id, rank, grp
-)
-SELECT run_id, rank, grp, a_ns, b_ns, a_ns + b_ns - all_ns AS ab_ns FROM l;

@@ -168,17 +168,39 @@ def rows_for(con, link: str | None) -> list[dict]:
         "WHERE comm_ns > 0 ORDER BY run_id, rank, step"
     ).fetchall():
         measured[(run_id, rank)].append((step, comp, comm, ov, exp))
-    calls = defaultdict(list)
-    for run_id, rank, step, op, size, k in con.execute(
-        "SELECT c.run_id, c.rank, e.step, c.op, c.size_bytes, c.group_size FROM collectives c "
-        "JOIN events e USING (run_id, rank, event_id) WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL "
-        # in time order: float sums and the step's "first" op must not depend on the join's row order
-        "ORDER BY c.run_id, c.rank, e.step, c.ts_ns, c.event_id"
-    ).fetchall():
-        calls[(run_id, rank, step)].append((op, size, k))
+    # the model's terms per (run, rank), summed over its measured steps' calls in time order (the
+    # order fixes the float sums and which α/β source is reported); rows are streamed, not kept
+    want = {(run_id, rank, s[0]) for (run_id, rank), steps in measured.items() for s in steps}
+    sums: dict = {}  # (run_id, rank) → [α term, β term, calls modelled, first α/β used, all modelled]
     # the same (op, size, k) recur in every step of every rank: look α, β and the terms up once
     ab_memo: dict = {}
     terms_memo: dict = {}
+    cur = con.execute(
+        "SELECT c.run_id, c.rank, e.step, c.op, c.size_bytes, c.group_size FROM collectives c "
+        "JOIN events e USING (run_id, rank, event_id) WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL "
+        "ORDER BY c.run_id, c.rank, e.step, c.ts_ns, c.event_id"
+    )
+    while rows := cur.fetchmany(8192):
+        for run_id, rank, step, op, size, k in rows:
+            if (run_id, rank, step) not in want:
+                continue
+            acc = sums.get((run_id, rank))
+            if acc is None:
+                acc = sums[(run_id, rank)] = [0.0, 0.0, 0, None, True]
+            key = (run_id, op, k)
+            got = ab_memo[key] if key in ab_memo else ab_memo.setdefault(key, ab.get(run_id, op, k))
+            if got:
+                tkey = (op, size, k, got[0], got[1])
+                t = terms_memo[tkey] if tkey in terms_memo else terms_memo.setdefault(tkey, _terms(*tkey))
+            else:
+                t = None
+            if t is None:
+                acc[4] = False
+                continue
+            acc[3] = acc[3] or got
+            acc[0] += t[0]
+            acc[1] += t[1]
+            acc[2] += 1
     out = []
     for (run_id, rank), steps in sorted(measured.items()):
         if run_id not in runs or runs[run_id][0] == "sweep":
@@ -189,26 +211,7 @@ def rows_for(con, link: str | None) -> list[dict]:
         row = dict(run_id=run_id, workload=workload, rank=rank, steps=n, compute_ns=c * 1e9,
                    comm_ns=sum(s[2] for s in steps) / n, overlap_ns=sum(s[3] for s in steps) / n,
                    exposed_ns=sum(s[4] for s in steps) / n, model="no_overlap")
-        a_alpha = a_beta = 0.0
-        n_calls = 0
-        used = None
-        modelled = True
-        for st in steps:
-            for op, size, k in calls.get((run_id, rank, st[0]), []):
-                key = (run_id, op, k)
-                got = ab_memo[key] if key in ab_memo else ab_memo.setdefault(key, ab.get(run_id, op, k))
-                if got:
-                    tkey = (op, size, k, got[0], got[1])
-                    t = terms_memo[tkey] if tkey in terms_memo else terms_memo.setdefault(tkey, _terms(*tkey))
-                else:
-                    t = None
-                if t is None:
-                    modelled = False
-                    continue
-                used = used or got
-                a_alpha += t[0]
-                a_beta += t[1]
-                n_calls += 1
+        a_alpha, a_beta, n_calls, used, modelled = sums.get((run_id, rank)) or (0.0, 0.0, 0, None, True)
         if used is None or not modelled:
             row.update(note="no α/β for this run's collectives (run a sweep, or pass --link)" if used is None
                        else "some collectives have no size or no model: not predicted")

@@ -1,5 +1,5 @@
 -- overlap: communication hidden behind compute, per rank, per profiler step and per call.
--- Depends on: events, ranks, intervals
+-- Depends on: events, ranks, intervals, overlap_windows
 --
 -- Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted twice:
 --   comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
@@ -9,9 +9,14 @@
 -- whole trace (grp = -1) or one profiler step (grp = step; GPU work belongs to the step that
 -- launched it).
 
+-- The lengths per window (comm_ns, compute_ns, overlap_ns, exposed_comm_ns, overlap_ratio) are
+-- the table overlap_windows (analyses/overlap_windows.py: a sweep over DuckDB's sorted spans, in
+-- bounded memory); this module gives its views per rank and per step, and the intervals themselves.
+--
 -- comm_islands / compute_islands: run_id, rank, grp, s, e — disjoint islands of the union, ns;
 -- overlap_islands: the same columns, the pieces of comm ∩ compute. Views, evaluated only when
--- queried (HTML plots, collective_overlap): overlap_windows does not need the islands.
+-- queried (HTML plots, collective_overlap): overlap_windows does not need the islands. Summing
+-- e − s over them gives overlap_windows' lengths.
 CREATE OR REPLACE VIEW _comm_spans AS
 SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'comm'
 UNION ALL
@@ -25,45 +30,6 @@ SELECT run_id, rank, step, ts_ns, ts_ns + dur_ns FROM events WHERE class = 'comp
 CREATE OR REPLACE VIEW comm_islands AS SELECT * FROM merge_intervals('_comm_spans');
 CREATE OR REPLACE VIEW compute_islands AS SELECT * FROM merge_intervals('_compute_spans');
 CREATE OR REPLACE VIEW overlap_islands AS SELECT * FROM intersect_islands('comm_islands', 'compute_islands');
-
--- _overlap_spans: the comm and compute spans of both kinds of window, tagged in_a = is comm.
-CREATE OR REPLACE VIEW _overlap_spans AS
-SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e, class = 'comm' AS in_a
-FROM events WHERE class IN ('comm', 'compute')
-UNION ALL
-SELECT run_id, rank, step, ts_ns, ts_ns + dur_ns, class = 'comm'
-FROM events WHERE class IN ('comm', 'compute') AND step IS NOT NULL;
-
--- overlap_windows: one row per (run_id, rank, grp) with any comm or compute, plus a whole-trace
--- row for every rank. A table, computed once per connection (the views below and the report
--- read it several times). The lengths come from union_lengths (one sort of the spans, no islands
--- built): the same numbers as summing the islands of comm_islands, compute_islands and
--- overlap_islands.
---
--- run_id          VARCHAR  run
--- rank            INTEGER  global rank
--- grp             BIGINT   -1 = whole trace, else the profiler step number
--- comm_ns         BIGINT   |∪ comm|, ns
--- compute_ns      BIGINT   |∪ compute|, ns
--- overlap_ns      BIGINT   |comm ∩ compute|, ns
--- exposed_comm_ns BIGINT   comm − overlap, ns
--- overlap_ratio   DOUBLE   overlap / comm; NULL when comm = 0
-CREATE OR REPLACE TABLE overlap_windows AS
-WITH len AS (
-    SELECT run_id, rank, grp, a_ns AS cm, b_ns AS cp, ab_ns AS ov FROM union_lengths('_overlap_spans')
-),
-keys AS (
-    SELECT run_id, rank, grp FROM len
-    UNION SELECT run_id, rank, -1::BIGINT FROM ranks
-)
-SELECT k.run_id, k.rank, k.grp,
-       coalesce(l.cm, 0) AS comm_ns,
-       coalesce(l.cp, 0) AS compute_ns,
-       coalesce(l.ov, 0) AS overlap_ns,
-       coalesce(l.cm, 0) - coalesce(l.ov, 0) AS exposed_comm_ns,
-       CASE WHEN coalesce(l.cm, 0) > 0 THEN coalesce(l.ov, 0) / l.cm END AS overlap_ratio
-FROM keys k
-LEFT JOIN len l USING (run_id, rank, grp);
 
 -- overlap_by_rank: the whole-trace window of overlap_windows (columns as there, without grp).
 CREATE OR REPLACE VIEW overlap_by_rank AS

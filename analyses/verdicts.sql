@@ -41,12 +41,8 @@
 --                               (in-switch nvls considered only against an nvlink* preset)
 -- best_predicted_ns   DOUBLE   its predicted time, ns
 CREATE OR REPLACE VIEW collective_verdicts AS
-WITH a AS (
-    SELECT run_id, pg_name, seq, mode(algo) AS algo FROM collectives WHERE seq IS NOT NULL GROUP BY ALL
-),
-i AS (
-    SELECT i.*, tk_model_algo(i.op, a.algo, i.group_size) AS model_algo
-    FROM collective_instances i LEFT JOIN a USING (run_id, pg_name, seq)
+WITH i AS (
+    SELECT i.*, tk_model_algo(i.op, i.algo, i.group_size) AS model_algo FROM collective_instances i
 ),
 f AS (
     SELECT run_id, op, group_size, algo AS fit_algo, alpha_s, beta_Bps FROM alpha_beta_fit WHERE status = 'ok'

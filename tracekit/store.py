@@ -125,10 +125,12 @@ TABLES = {
 }
 
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)
-ANALYSIS_MEMORY_LIMIT = 128 * 2**20
+ANALYSIS_MEMORY_LIMIT = 48 * 2**20
 """DuckDB's memory budget for analyses, bytes (it spills beyond; see :class:`AnalysisConnection`).
-At 128 MB the report of a 3 GB trace (×64 replica of hta_ddp_v100) peaks at ~305 MiB, against
-~560 MiB at 512 MB, and takes 20 % longer (benchmarks/README.md)."""
+No analysis holds a whole rank in one window any more (overlap_windows sweeps a sorted stream,
+collective_instances is built in parts), so a small budget suffices: the report of a 3 GB trace
+(×64 replica of hta_ddp_v100) peaks at ~226 MiB (~260 MiB at 128 MB), of a 757 MB one (×16) at
+~187 MiB (benchmarks/README.md)."""
 
 ANALYSIS_MEMORY_MAX = 8 * 2**30
 """The budget a statement that cannot run within ANALYSIS_MEMORY_LIMIT may grow to (×4 per retry)."""
@@ -148,6 +150,14 @@ class AnalysisConnection:
         self.memory_limit = limit
         con.execute(f"SET memory_limit = '{limit}B'")
 
+    def raise_budget(self) -> bool:
+        """Raise the budget ×4 (up to ANALYSIS_MEMORY_MAX); False when it is already there."""
+        if self.memory_limit >= ANALYSIS_MEMORY_MAX:
+            return False
+        self.memory_limit = min(self.memory_limit * 4, ANALYSIS_MEMORY_MAX)
+        self._con.execute(f"SET memory_limit = '{self.memory_limit}B'")
+        return True
+
     def execute(self, *args, **kwargs):
         import duckdb
 
@@ -155,10 +165,8 @@ class AnalysisConnection:
             try:
                 return self._con.execute(*args, **kwargs)
             except duckdb.OutOfMemoryException:
-                if self.memory_limit >= ANALYSIS_MEMORY_MAX:
+                if not self.raise_budget():
                     raise
-                self.memory_limit = min(self.memory_limit * 4, ANALYSIS_MEMORY_MAX)
-                self._con.execute(f"SET memory_limit = '{self.memory_limit}B'")
 
     def __getattr__(self, name):
         return getattr(self._con, name)
@@ -250,6 +258,10 @@ class Store:
 
         con = duckdb.connect(database=":memory:")
         con.execute("SET preserve_insertion_order = false")
+        # Each view that reads a Parquet file binds its footer anew (the analyses bind the events
+        # file some twenty times); cached, it is parsed once: on a 3 GB trace's store (408 row
+        # groups) the analyses' views took +52 MiB uncached, +8 MiB cached.
+        con.execute("SET parquet_metadata_cache = true")
         # Bounded memory for analyses of big runs: DuckDB spills to a temporary folder beyond this.
         con.execute("SET temp_directory = ?", [str(Path(tempfile.gettempdir()) / "tracekit-duckdb")])
         con = AnalysisConnection(con, ANALYSIS_MEMORY_LIMIT)

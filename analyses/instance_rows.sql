@@ -1,5 +1,12 @@
--- collective_instances: one row per collective call, matched across the ranks of its process group.
+-- instance_rows: the rows of the table collective_instances (one row per collective call,
+-- matched across the ranks of its process group), one part of the calls at a time.
 -- Depends on: collectives
+--
+-- collective_instance_rows(parts, part) → the instances whose key hashes to `part` of `parts`
+--   (hash(run_id, pg_name, seq) % parts = part; every key falls in exactly one part). The table
+--   collective_instances (analyses/collective_instances.py) is built part by part, so that the
+--   per-instance state of mode(), median() and count(DISTINCT) — held outside DuckDB's memory
+--   budget — covers one part's calls, not a whole run's.
 --
 -- An instance is the same collective on every rank of its group: key (run_id, pg_name, seq)
 -- (DESIGN.md, "Matching collectives across ranks"). Unattributed spans (op NULL) are not matched.
@@ -25,12 +32,13 @@
 -- sync_time_ns      DOUBLE   median over ranks of (end_r − last_arrival), ns: the transfer time the
 --                            α–β model predicts (a median of two ranks is their mean)
 -- straggler         INTEGER  global rank that arrived last (lowest rank on ties)
---
--- A table, computed once per connection: the fit, the verdicts, the waits and the report all read it.
-CREATE OR REPLACE TABLE collective_instances AS
+-- algo              VARCHAR  the algorithm the kernel names (RING, TREE, NVLS...), the most common
+--                            over ranks; NULL when no rank's kernel names one
+CREATE OR REPLACE MACRO collective_instance_rows(parts, part) AS TABLE
 WITH c AS (
     SELECT * REPLACE (CASE WHEN op = 'recv' THEN 'send' ELSE op END AS op)
-    FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL
+    FROM collectives
+    WHERE op IS NOT NULL AND seq IS NOT NULL AND hash(run_id, pg_name, seq) % parts = part
 ),
 agg AS (
     SELECT run_id, pg_name, seq,
@@ -45,7 +53,8 @@ agg AS (
            bool_or(approx) AS approx,
            min(ts_ns) AS first_arrival_ns,
            max(ts_ns) AS last_arrival_ns,
-           max(ts_ns + dur_ns) AS last_end_ns
+           max(ts_ns + dur_ns) AS last_end_ns,
+           mode(algo) AS algo
     FROM c GROUP BY run_id, pg_name, seq
 ),
 strag AS (
@@ -62,25 +71,5 @@ SELECT a.run_id, a.pg_name, a.seq, a.op, a.dtype, a.size_bytes, a.group_size, a.
        (a.ranks_seen = a.group_size) AS complete, a.disagree, a.approx,
        a.first_arrival_ns, a.last_arrival_ns, a.last_end_ns,
        a.last_arrival_ns - a.first_arrival_ns AS skew_ns,
-       s.sync_time_ns, g.straggler
+       s.sync_time_ns, g.straggler, a.algo
 FROM agg a JOIN sync s USING (run_id, pg_name, seq) JOIN strag g USING (run_id, pg_name, seq);
-
--- collective_waits: one row per (instance, rank): how long each rank waited for the slowest.
--- Depends on: collectives, collective_instances
---
--- run_id     VARCHAR  run
--- pg_name    VARCHAR  process group name
--- seq        BIGINT   per-group sequence number
--- rank       INTEGER  global rank
--- event_id   BIGINT   the rank's communication span (events.event_id)
--- op         VARCHAR  canonical op
--- ts_ns      BIGINT   the rank's start, ns
--- dur_ns     BIGINT   the rank's span duration, ns (wait + transfer)
--- wait_ns    BIGINT   last_arrival − ts_ns: time spent waiting for the last rank, ns (>= 0)
--- is_straggler BOOLEAN this rank arrived last
-CREATE OR REPLACE VIEW collective_waits AS
-SELECT c.run_id, c.pg_name, c.seq, c.rank, c.event_id, i.op, c.ts_ns, c.dur_ns,
-       i.last_arrival_ns - c.ts_ns AS wait_ns,
-       (c.rank = i.straggler) AS is_straggler
-FROM collectives c JOIN collective_instances i USING (run_id, pg_name, seq)
-WHERE c.op IS NOT NULL;

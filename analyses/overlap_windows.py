@@ -1,0 +1,115 @@
+"""overlap_windows: communication, compute and their overlap per rank and window — a Python analysis.
+
+Depends on: events, ranks, runs
+
+Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted twice:
+comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
+overlap_ratio = overlap / comm (as HTA defines it; NULL, never NaN, when comm = 0),
+exposed_comm = comm − overlap. Intervals are events of class 'comm' / 'compute' with
+dur_ns >= 0 (see tracekit.ingest.link). A window is the whole trace (grp = -1) or one
+profiler step (grp = step; GPU work belongs to the step that launched it).
+
+How: DuckDB sorts each run's comm and compute events by (rank, start) — an external sort,
+within the connection's memory budget — and :class:`tracekit.intervals.UnionLengths` sweeps
+them batch by batch (the union-length sweep documented there). Memory stays bounded by the
+budget and the number of windows, not the number of events, which a window function over a
+rank's whole trace (a DuckDB window materialises its partition) could not give. The same
+numbers as summing e − s over the islands of the views comm_islands, compute_islands and
+overlap_islands (overlap.sql), which tests check.
+
+One row per (run_id, rank, grp) with any comm or compute, plus a whole-trace row for every rank:
+
+run_id          VARCHAR  run
+rank            INTEGER  global rank
+grp             BIGINT   -1 = whole trace, else the profiler step number
+comm_ns         BIGINT   |∪ comm|, ns
+compute_ns      BIGINT   |∪ compute|, ns
+overlap_ns      BIGINT   |comm ∩ compute|, ns
+exposed_comm_ns BIGINT   comm − overlap, ns
+overlap_ratio   DOUBLE   overlap / comm; NULL when comm = 0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DEPENDS = ("events", "ranks", "runs")
+CREATES = ("overlap_windows",)
+
+BATCH_ROWS = 65_536
+"""Rows per batch streamed from DuckDB's sort into the sweep."""
+
+_SPANS = """
+SELECT rank, step, ts_ns AS s, ts_ns + dur_ns AS e, class = 'comm' AS in_a
+FROM events
+WHERE run_id = ? AND class IN ('comm', 'compute') AND ts_ns IS NOT NULL AND dur_ns >= 0
+ORDER BY rank, s
+"""
+
+
+def run_lengths(con, run_id: str) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+    """(windows as (rank, grp) tuples, comm_ns, compute_ns, overlap_ns) of one run, windows ascending.
+
+    Raises duckdb.OutOfMemoryException when the sort does not fit the connection's budget.
+    """
+    from tracekit import _arrow
+    from tracekit.intervals import UnionLengths
+
+    acc = UnionLengths()
+    for b in con.sql(_SPANS, params=[run_id]).to_arrow_reader(BATCH_ROWS):
+        rank = _arrow.to_numpy(b.column(0))[0].astype(np.int64)
+        step, step_ok = _arrow.to_numpy(b.column(1))
+        s = _arrow.to_numpy(b.column(2))[0]
+        e = _arrow.to_numpy(b.column(3))[0]
+        in_a = _arrow.to_numpy(b.column(4))[0].astype(bool)
+        acc.add((rank, np.full(len(rank), -1, dtype=np.int64)), s, e, in_a)
+        m = _arrow.all_valid(step_ok, len(rank))
+        if m.any():
+            acc.add((rank[m], step[m].astype(np.int64)), s[m], e[m], in_a[m])
+    return acc.result()
+
+
+def create(con) -> None:
+    """Create the table ``overlap_windows`` on ``con`` (an :class:`tracekit.store.AnalysisConnection`)
+    from its ``events`` and ``ranks`` views. A run whose sort runs out of memory is swept again
+    with a larger budget (``con.raise_budget``); past the largest one the OutOfMemoryException
+    propagates."""
+    import duckdb
+
+    cols: dict[str, list] = {k: [] for k in ("run_id", "rank", "grp", "cm", "cp", "ov")}
+    for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
+        while True:
+            try:
+                wins, cm, cp, ov = run_lengths(con, run_id)
+                break
+            except duckdb.OutOfMemoryException:
+                if not con.raise_budget():
+                    raise
+        cols["run_id"] += [run_id] * len(wins)
+        cols["rank"] += [w[0] for w in wins]
+        cols["grp"] += [w[1] for w in wins]
+        cols["cm"] += cm.tolist()
+        cols["cp"] += cp.tolist()
+        cols["ov"] += ov.tolist()
+    con.execute(
+        """
+        CREATE OR REPLACE TABLE overlap_windows AS
+        WITH len AS (
+            SELECT unnest(?::VARCHAR[]) AS run_id, unnest(?::INTEGER[]) AS rank, unnest(?::BIGINT[]) AS grp,
+                   unnest(?::BIGINT[]) AS cm, unnest(?::BIGINT[]) AS cp, unnest(?::BIGINT[]) AS ov
+        ),
+        keys AS (
+            SELECT run_id, rank, grp FROM len
+            UNION SELECT run_id, rank, -1::BIGINT FROM ranks
+        )
+        SELECT k.run_id, k.rank, k.grp,
+               coalesce(l.cm, 0) AS comm_ns,
+               coalesce(l.cp, 0) AS compute_ns,
+               coalesce(l.ov, 0) AS overlap_ns,
+               coalesce(l.cm, 0) - coalesce(l.ov, 0) AS exposed_comm_ns,
+               CASE WHEN coalesce(l.cm, 0) > 0 THEN coalesce(l.ov, 0) / l.cm END AS overlap_ratio
+        FROM keys k
+        LEFT JOIN len l USING (run_id, rank, grp)
+        """,
+        [cols["run_id"], cols["rank"], cols["grp"], cols["cm"], cols["cp"], cols["ov"]],
+    )

@@ -1,0 +1,116 @@
+"""Union lengths of two interval sets per window, from spans streamed in start order.
+
+For windows w (a key: here (rank, step) or (rank, whole trace)) and intervals tagged A or
+B (communication or compute), :class:`UnionLengths` gives per window
+
+    a_ns  = |∪A|,   b_ns = |∪B|,   ab_ns = |∪A ∩ ∪B| = |∪A| + |∪B| − |∪A ∪ ∪B|
+
+(ns, exact int64). The method is the sweep of DESIGN.md's overlap definitions: taken in
+order of start, an interval adds to a union the part of it past the latest end seen
+before it, max(e − max(s, prev_end), 0); a union's length is the sum of those parts. So
+one pass over intervals sorted by start gives all three lengths, with per window only
+three running maxima and three sums kept — the memory does not grow with the number of
+intervals, only with the number of windows.
+
+Input comes in batches (numpy arrays of equal length): ``keys`` (a tuple of int64 arrays,
+together naming the window), ``s``/``e`` (int64 ns, e >= s) and ``in_a`` (bool). Within every window the intervals
+must arrive in non-decreasing start order over the whole stream (batches included);
+windows may interleave. :meth:`UnionLengths.add` raises ValueError when a window's start
+goes backwards, so an unsorted input never gives a silently wrong length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MIN = np.iinfo(np.int64).min
+
+
+def _segment_running_max(v: np.ndarray, first: np.ndarray, sid: np.ndarray) -> np.ndarray:
+    """Inclusive running maximum of ``v`` restarted at every segment (``first``: True at a
+    segment's first row; ``sid``: the segment number of each row, non-decreasing from 0)."""
+    n = len(v)
+    lo = int(v.min())
+    span = int(v.max()) - lo + 1
+    nseg = int(sid[-1]) + 1
+    if span * nseg < 2**62:
+        # lift segment k by k·span: a later segment's values are all above an earlier one's,
+        # so one running maximum never carries a value across a segment boundary
+        off = sid * span
+        return np.maximum.accumulate((v - lo) + off) - off + lo
+    out = np.empty_like(v)  # values too far apart to lift: one segment at a time
+    bounds = np.flatnonzero(first).tolist() + [n]
+    for a, z in zip(bounds[:-1], bounds[1:]):
+        out[a:z] = np.maximum.accumulate(v[a:z])
+    return out
+
+
+class UnionLengths:
+    """Streaming |∪A|, |∪B| and |∪A ∩ ∪B| per window (see the module docstring).
+
+    ``add(keys, s, e, in_a)`` takes one batch; ``result()`` → (rows, a_ns, b_ns, ab_ns):
+    ``rows`` the window keys as tuples of ints, ascending, the lengths int64 arrays (ns), one
+    entry per window that had an interval.
+    """
+
+    def __init__(self):
+        # per window: [a_sum, b_sum, all_sum, a_max, b_max, all_max, last_start]
+        self._state: dict[tuple, list[int]] = {}
+
+    def add(self, keys: tuple, s: np.ndarray, e: np.ndarray, in_a: np.ndarray) -> None:
+        if len(s) == 0:
+            return
+        order = np.lexsort(tuple(reversed(keys)))  # by window; within one, the input (start) order
+        keys = tuple(k[order] for k in keys)
+        s, e, in_a = s[order], e[order], in_a[order]
+        first = np.zeros(len(s), dtype=bool)
+        first[0] = True
+        for k in keys:
+            first[1:] |= k[1:] != k[:-1]
+        if len(s) > 1 and (~first[1:] & (s[1:] < s[:-1])).any():
+            raise ValueError("intervals out of start order within a window")
+        heads = np.flatnonzero(first)
+        wins = list(zip(*(k[heads].tolist() for k in keys)))
+        state = [self._state.get(w) for w in wins]
+        for w, st, s0 in zip(wins, state, s[heads].tolist()):
+            if st is not None and s0 < st[6]:
+                raise ValueError("intervals out of start order within a window")
+        sid = np.cumsum(first) - 1
+        nwin = len(wins)
+        sums = np.zeros((3, nwin), dtype=np.int64)
+        maxes = np.full((3, nwin), _MIN, dtype=np.int64)
+        for k, m in enumerate((in_a, ~in_a, None)):
+            ss, ee, sd = (s, e, sid) if m is None else (s[m], e[m], sid[m])
+            if len(ee) == 0:
+                continue
+            f = np.ones(len(sd), dtype=bool)
+            f[1:] = sd[1:] != sd[:-1]
+            inc = _segment_running_max(ee, f, sd)
+            prev = np.empty_like(ee)  # the latest end before each interval in its window
+            prev[1:] = inc[:-1]
+            fi = np.flatnonzero(f)
+            prev[fi] = [_MIN if state[j] is None else state[j][3 + k] for j in sd[fi].tolist()]
+            part = np.maximum(ee - np.maximum(ss, prev), 0)
+            sums[k, sd[fi]] = np.add.reduceat(part, fi)
+            maxes[k, sd[fi]] = inc[np.r_[fi[1:], len(ee)] - 1]
+        last = s[np.r_[heads[1:], len(s)] - 1].tolist()
+        for j, w in enumerate(wins):
+            st = state[j]
+            sa, sb, sab = (int(x) for x in sums[:, j])
+            ma, mb, mab = (int(x) for x in maxes[:, j])
+            if st is None:
+                self._state[w] = [sa, sb, sab, ma, mb, mab, last[j]]
+            else:
+                st[0] += sa
+                st[1] += sb
+                st[2] += sab
+                st[3], st[4], st[5] = max(st[3], ma), max(st[4], mb), max(st[5], mab)
+                st[6] = last[j]
+
+    def result(self) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+        keys = sorted(self._state)
+        rows = [self._state[k] for k in keys]
+        a = np.array([r[0] for r in rows], dtype=np.int64)
+        b = np.array([r[1] for r in rows], dtype=np.int64)
+        both = np.array([r[2] for r in rows], dtype=np.int64)
+        return keys, a, b, a + b - both
