@@ -85,11 +85,15 @@ class UnionLengths:
                 continue
             f = np.ones(len(sd), dtype=bool)
             f[1:] = sd[1:] != sd[:-1]
-            inc = _segment_running_max(ee, f, sd)
+            fi = np.flatnonzero(f)
+            # the latest end of the window's earlier batches, carried into each segment's first row
+            carry = np.array([_MIN if state[j] is None else state[j][3 + k] for j in sd[fi].tolist()], dtype=np.int64)
+            v = ee.copy()
+            v[fi] = np.maximum(v[fi], carry)
+            inc = _segment_running_max(v, f, sd)
             prev = np.empty_like(ee)  # the latest end before each interval in its window
             prev[1:] = inc[:-1]
-            fi = np.flatnonzero(f)
-            prev[fi] = [_MIN if state[j] is None else state[j][3 + k] for j in sd[fi].tolist()]
+            prev[fi] = carry
             part = np.maximum(ee - np.maximum(ss, prev), 0)
             sums[k, sd[fi]] = np.add.reduceat(part, fi)
             maxes[k, sd[fi]] = inc[np.r_[fi[1:], len(ee)] - 1]

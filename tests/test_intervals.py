@@ -1,0 +1,136 @@
+"""The streaming union-length sweep (tracekit.intervals) and the analyses built on it.
+
+Lengths are checked against hand-computed values and against an independent method: painting
+every covered nanosecond of a small integer timeline (a set per window), which shares nothing
+with the sweep. The analyses that now stream (overlap_windows, collective_instances in parts)
+are checked against the islands views and against a one-part build on real traces.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import analyses.collective_instances as ci_mod
+import analyses.overlap_windows as ow_mod
+from tracekit.ingest import ingest_paths
+from tracekit.intervals import UnionLengths
+from tracekit.store import Store
+
+from conftest import FIXTURES, shared_trace
+
+
+def _arr(xs):
+    return np.array(xs, dtype=np.int64)
+
+
+def _feed(acc, rows, batch):
+    """rows: (window, s, e, in_a) already in start order per window; fed ``batch`` rows at a time."""
+    for i in range(0, len(rows), batch):
+        part = rows[i : i + batch]
+        acc.add(
+            (_arr([r[0] for r in part]),),
+            _arr([r[1] for r in part]),
+            _arr([r[2] for r in part]),
+            np.array([r[3] for r in part], dtype=bool),
+        )
+    return acc.result()
+
+
+def _painted(rows):
+    """window → (|∪A|, |∪B|, |∪A ∩ ∪B|) by marking every covered nanosecond."""
+    cov: dict = {}
+    for w, s, e, a in rows:
+        sa, sb = cov.setdefault(w, (set(), set()))
+        (sa if a else sb).update(range(s, e))
+    return {w: (len(sa), len(sb), len(sa & sb)) for w, (sa, sb) in cov.items()}
+
+
+def test_hand_computed_lengths():
+    # window 0: A = [0,10) ∪ [5,12) ∪ [20,25)  → 12 + 5 = 17
+    #           B = [8,22) ∪ [9,9) (empty)       → 14
+    #           A ∩ B = [8,12) ∪ [20,22)         → 4 + 2 = 6
+    # window 1: A = [100,110), no B              → 10, 0, 0
+    rows = [(0, 0, 10, True), (0, 5, 12, True), (0, 8, 22, False), (0, 9, 9, False), (0, 20, 25, True),
+            (1, 100, 110, True)]
+    keys, a, b, ab = _feed(UnionLengths(), rows, batch=100)
+    assert keys == [(0,), (1,)]
+    assert a.tolist() == [17, 10]
+    assert b.tolist() == [14, 0]
+    assert ab.tolist() == [6, 0]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_windows_match_painted_nanoseconds(seed):
+    rng = random.Random(seed)
+    rows = []
+    for w in range(rng.randint(1, 5)):
+        t = rng.randint(0, 50)
+        for _ in range(rng.randint(1, 60)):
+            t += rng.choice([0, 0, 1, 2, 5, 9])  # ties in start are common
+            rows.append((w, t, t + rng.choice([0, 1, 3, 7, 20, 40]), rng.random() < 0.4))
+    # windows interleave in the stream (each window's own rows stay in start order)
+    rng.shuffle(rows)
+    rows.sort(key=lambda r: (r[1], rng.random()))
+    want = _painted(rows)
+    for batch in (1, 3, 17, 10_000):
+        keys, a, b, ab = _feed(UnionLengths(), rows, batch)
+        got = {k[0]: (x, y, z) for k, x, y, z in zip(keys, a.tolist(), b.tolist(), ab.tolist())}
+        assert got == want, batch
+
+
+def test_far_apart_values_take_the_per_window_path():
+    # windows whose ends are ~9e18 apart cannot be lifted into one running maximum; same lengths
+    big = 9 * 10**18
+    rows = [(0, 0, 5, True), (0, 2, 8, False), (1, big, big + 4, True), (1, big + 1, big + 9, True)]
+    keys, a, b, ab = _feed(UnionLengths(), rows, batch=4)
+    assert a.tolist() == [5, 9] and b.tolist() == [6, 0] and ab.tolist() == [3, 0]
+
+
+def test_a_start_going_backwards_raises_instead_of_a_wrong_length():
+    acc = UnionLengths()
+    acc.add((_arr([0, 0]),), _arr([5, 9]), _arr([6, 10]), np.array([True, True]))
+    with pytest.raises(ValueError, match="out of start order"):
+        acc.add((_arr([0]),), _arr([7]), _arr([8]), np.array([True]))  # across batches
+    with pytest.raises(ValueError, match="out of start order"):
+        UnionLengths().add((_arr([1, 1]),), _arr([5, 4]), _arr([6, 6]), np.array([True, False]))  # within one
+
+
+def _islands_lengths(con):
+    """(run_id, rank, grp) → (comm, compute, overlap) from the islands views (gaps-and-islands SQL)."""
+    out: dict = {}
+    for name, i in (("comm_islands", 0), ("compute_islands", 1), ("overlap_islands", 2)):
+        for run, rank, grp, n in con.execute(f"SELECT run_id, rank, grp, sum(e - s) FROM {name} GROUP BY ALL").fetchall():
+            out.setdefault((run, rank, grp), [0, 0, 0])[i] = int(n)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("source", ["fixture:tp_2rank", "param_dlrm_8rank_v100", "hta_ddp_v100_r1of2"])
+def test_overlap_windows_equal_the_islands_in_small_batches(source, tmp_path, monkeypatch):
+    path = FIXTURES / source.split(":")[1] if source.startswith("fixture:") else shared_trace(source)
+    st = Store(tmp_path / "s")
+    ingest_paths([path], st)
+    monkeypatch.setattr(ow_mod, "BATCH_ROWS", 97)  # many batches: windows continue across them
+    con = st.connect()
+    got = {(r, k, g): (cm, cp, ov) for r, k, g, cm, cp, ov in con.execute(
+        "SELECT run_id, rank, grp, comm_ns, compute_ns, overlap_ns FROM overlap_windows "
+        "WHERE comm_ns + compute_ns > 0").fetchall()}
+    want = {k: v for k, v in _islands_lengths(con).items() if v[0] + v[1] > 0}
+    assert got == want
+    assert len(got) > 2
+
+
+def test_collective_instances_in_parts_equal_one_part(tmp_path, monkeypatch):
+    st = Store(tmp_path / "s")
+    ingest_paths([shared_trace("param_dlrm_8rank_v100")], st)
+    q = "SELECT * FROM collective_instances ORDER BY run_id, pg_name, seq"
+    monkeypatch.setattr(ci_mod, "PART_ROWS", 10**9)
+    one = st.connect().execute(q).fetchall()
+    monkeypatch.setattr(ci_mod, "PART_ROWS", 5)  # 13 parts
+    con = st.connect()
+    (rows,) = con.execute("SELECT count(*) FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL").fetchone()
+    assert rows == 64  # 8 collectives on each of the 8 ranks
+    assert con.execute(q).fetchall() == one
+    assert len(one) == 8 and all(r[7] == 8 and r[8] for r in one)  # seen by all 8 ranks, complete
