@@ -555,17 +555,63 @@ def assign_seq(table: pa.Table) -> pa.Table:
     n = table.num_rows
     if n == 0:
         return table
-    seq, seq_ok = _arrow.to_numpy(table.column("seq").combine_chunks())
-    todo = ~_arrow.all_valid(seq_ok, n) & _arrow.not_null(table.column("op"))
+    seq, valid = fill_seq(SeqKeys.of(table))
+    i = table.schema.get_field_index("seq")
+    return table.set_column(i, table.schema.field(i), _arrow.from_numpy(seq, pa.int64(), valid))
+
+
+class SeqKeys:
+    """The columns :func:`fill_seq` needs, as numpy arrays (about 45 B a row), gathered from
+    collectives tables or batches one at a time (``add``) or from one table (``of``)."""
+
+    def __init__(self):
+        self._parts: list = []
+        self._pg: dict = {}
+
+    @classmethod
+    def of(cls, table) -> "SeqKeys":
+        k = cls()
+        k.add(table)
+        return k
+
+    def add(self, table) -> None:
+        """Append the rows of a COLLECTIVES_SCHEMA table or record batch."""
+        n = table.num_rows
+        if n == 0:
+            return
+        col = table.column  # works for both; chunked columns are combined
+
+        def arr(name):
+            c = col(name)
+            return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+
+        seq, seq_ok = _arrow.to_numpy(arr("seq"))
+        pg = arr("pg_name")
+        pg_ok = _arrow.not_null(pg)
+        codes = np.fromiter((self._pg.setdefault(v, len(self._pg)) if ok else -1
+                             for v, ok in zip(pg.to_pylist(), pg_ok.tolist())), dtype=np.int64, count=n)
+        self._parts.append((
+            _arrow.to_numpy(arr("rank"))[0].astype(np.int64), codes, seq, _arrow.all_valid(seq_ok, n),
+            _arrow.not_null(arr("op")), _arrow.to_numpy(arr("issue_ts_ns"))[0], _arrow.to_numpy(arr("ts_ns"))[0],
+            _arrow.to_numpy(arr("event_id"))[0],
+        ))
+
+    def columns(self) -> list[np.ndarray]:
+        """[rank, pg code (-1: null), seq, seq valid, op not null, issue_ts_ns, ts_ns, event_id]."""
+        if not self._parts:
+            return [np.empty(0, dtype=d) for d in (np.int64, np.int64, np.int64, bool, bool, np.int64, np.int64, np.int64)]
+        return [np.concatenate(c) for c in zip(*self._parts)]
+
+
+def fill_seq(keys: SeqKeys) -> tuple[np.ndarray, np.ndarray]:
+    """(seq, valid) for the rows of ``keys``: the trace's seq where it has one, else, for rows
+    with an op, the rank of the row in its (rank, pg_name) group ordered by issue_ts_ns, ts_ns,
+    event_id (from 0); null for rows with neither. See :func:`assign_seq`."""
+    rank, pg_code, seq, seq_ok, has_op, issue, ts, eid = keys.columns()
+    n = len(seq)
+    todo = ~seq_ok & has_op
     if not todo.any():
-        return table
-    rank = _arrow.to_numpy(table.column("rank").combine_chunks())[0].astype(np.int64)
-    pg = table.column("pg_name").combine_chunks().dictionary_encode()
-    pg_code, pg_ok = _arrow.to_numpy(pg.indices)
-    pg_code = np.where(_arrow.all_valid(pg_ok, n), pg_code, -1).astype(np.int64)
-    issue = _arrow.to_numpy(table.column("issue_ts_ns").combine_chunks())[0]
-    ts = _arrow.to_numpy(table.column("ts_ns").combine_chunks())[0]
-    eid = _arrow.to_numpy(table.column("event_id").combine_chunks())[0]
+        return seq, seq_ok
     rows = np.flatnonzero(todo)
     order = rows[np.lexsort((eid[rows], ts[rows], issue[rows], pg_code[rows], rank[rows]))]
     key_r, key_p = rank[order], pg_code[order]
@@ -574,6 +620,4 @@ def assign_seq(table: pa.Table) -> pa.Table:
     group_start = np.maximum.accumulate(np.where(new_group, np.arange(len(order)), 0))
     out = seq.copy()
     out[order] = np.arange(len(order)) - group_start
-    valid = _arrow.all_valid(seq_ok, n) | todo
-    i = table.schema.get_field_index("seq")
-    return table.set_column(i, table.schema.field(i), _arrow.from_numpy(out, pa.int64(), valid))
+    return out, seq_ok | todo

@@ -28,7 +28,7 @@ from tracekit import SCHEMA_VERSION, _arrow
 from tracekit._memory import release_free_memory
 from tracekit._arrow import table_from_rows
 from tracekit.errors import FileError
-from tracekit.ingest.collectives import assign_seq, build_collectives
+from tracekit.ingest.collectives import SeqKeys, build_collectives, fill_seq
 from tracekit.ingest.eventlink import CLIP_TOLERANCE_NS, link_rank
 from tracekit.ingest.kineto import _BatchWriter
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
@@ -66,8 +66,8 @@ def finish_run(
         rows = build_collectives(
             run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only
         )
-        table = assign_seq(_rows_to_table(rows))
-        del meta, lk
+        table = _RankCollectives(stage / f"collectives.rank={rank}.arrows", rank, rows)
+        del meta, lk, rows
         release_free_memory()
         tables.append(table)
         warnings = list(dict.fromkeys(rf.warnings))
@@ -85,9 +85,8 @@ def finish_run(
             )
         if rf.events == 0:
             warnings.append("metadata only: the file holds no complete events")
-        n_unattr = table.column("op").null_count
-        if n_unattr:
-            warnings.append(f"{n_unattr} communication span(s) unattributed (no collective metadata anywhere)")
+        if table.n_unattributed:
+            warnings.append(f"{table.n_unattributed} communication span(s) unattributed (no collective metadata anywhere)")
         if not table.num_rows and rf.events:
             warnings.append("no communication in this rank's trace")
         di = rf.meta.get("distributedInfo") if isinstance(rf.meta.get("distributedInfo"), dict) else {}
@@ -132,10 +131,15 @@ def finish_run(
             tmp.replace(f)
     if con is not None:
         con.close()
-    coll = pa.concat_tables([_shifted(t, offsets) for t in tables]) if tables else COLLECTIVES_SCHEMA.empty_table()
-    pq.write_table(coll, stage / "collectives.parquet", **PARQUET_OPTS)
+    with pq.ParquetWriter(stage / "collectives.parquet", COLLECTIVES_SCHEMA, **PARQUET_OPTS) as w:
+        for t in tables:
+            for part in t.tables(offsets.get(t.rank, (0, 0, None))[0]):
+                w.write_table(part, row_group_size=COLLECTIVES_ROW_GROUP)
+            t.remove()
     pq.write_table(table_from_rows(rank_rows, RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
-    run_row = _run_row(run_id, results, _algo_proto(coll), world_size, workload, config, source)
+    algo_proto = sorted(set().union(*(t.algo_proto for t in tables)), key=str)
+    run_row = _run_row(run_id, results, [dict(algo=a, proto=p) for a, p in algo_proto], world_size, workload,
+                       config, source)
     run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
     pq.write_table(table_from_rows([run_row], RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
     shutil.rmtree(stage / "duckdb-tmp", ignore_errors=True)
@@ -148,46 +152,85 @@ def finish_run(
 COLLECTIVES_CHUNK = 4096
 """Collectives rows built as dicts before they become columns."""
 
+COLLECTIVES_ROW_GROUP = 65_536
+"""Rows per row group of collectives.parquet (and per table handed to its writer)."""
 
-def _rows_to_table(rows) -> pa.Table:
-    """Collectives rows (dicts, any iterable) → one COLLECTIVES_SCHEMA table, COLLECTIVES_CHUNK rows at a time."""
-    parts, chunk = [], []
-    for r in rows:
-        chunk.append(r)
-        if len(chunk) >= COLLECTIVES_CHUNK:
-            parts.append(table_from_rows(chunk, COLLECTIVES_SCHEMA))
-            chunk = []
-    if chunk or not parts:
-        parts.append(table_from_rows(chunk, COLLECTIVES_SCHEMA))
-    return pa.concat_tables(parts)
+
+class _RankCollectives:
+    """One rank's collectives rows, spilled to ``path`` (an Arrow IPC stream) as they are built,
+    COLLECTIVES_CHUNK rows at a time, so that a run's collectives are never all in memory.
+
+    Kept in memory: the filled ``seq`` of every row (:func:`fill_seq`, 9 B a row, computed
+    from ~45 B a row gathered while spilling), ``num_rows``, ``n_unattributed`` (rows with no
+    op) and ``algo_proto`` (the distinct (algo, proto) pairs). :meth:`tables` reads the rows
+    back with that seq and a clock offset applied.
+    """
+
+    def __init__(self, path: Path, rank: int, rows):
+        self.path, self.rank = path, rank
+        self.num_rows = self.n_unattributed = 0
+        self.algo_proto: set = set()
+        keys = SeqKeys()
+        with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_stream(fh, COLLECTIVES_SCHEMA) as w:
+            chunk: list = []
+            for r in rows:
+                chunk.append(r)
+                if len(chunk) >= COLLECTIVES_CHUNK:
+                    self._spill(chunk, w, keys)
+                    chunk = []
+            if chunk:
+                self._spill(chunk, w, keys)
+        self.seq, self.seq_ok = fill_seq(keys)
+
+    def _spill(self, chunk: list, w, keys: SeqKeys) -> None:
+        table = table_from_rows(chunk, COLLECTIVES_SCHEMA)
+        keys.add(table)
+        self.num_rows += table.num_rows
+        self.n_unattributed += table.column("op").null_count
+        self.algo_proto.update((r["algo"], r["proto"]) for r in chunk)
+        w.write_table(table)
+
+    def tables(self, offset_ns: int = 0, columns: list[str] | None = None):
+        """The rows as COLLECTIVES_SCHEMA tables of at most COLLECTIVES_ROW_GROUP rows, seq filled,
+        ``offset_ns`` added to ts_ns and issue_ts_ns; only ``columns`` when given."""
+        if not self.num_rows:
+            return
+        at = 0
+        pending: list = []
+        with pa.OSFile(str(self.path)) as fh:
+            reader = pa.ipc.open_stream(fh)
+            for b in reader:
+                pending.append(b)
+                if sum(x.num_rows for x in pending) >= COLLECTIVES_ROW_GROUP:
+                    yield self._finish(pending, at, offset_ns, columns)
+                    at += sum(x.num_rows for x in pending)
+                    pending = []
+            if pending:
+                yield self._finish(pending, at, offset_ns, columns)
+
+    def _finish(self, batches: list, at: int, offset_ns: int, columns) -> pa.Table:
+        table = pa.Table.from_batches(batches)
+        n = table.num_rows
+        i = table.schema.get_field_index("seq")
+        table = table.set_column(i, table.schema.field(i),
+                                 _arrow.from_numpy(self.seq[at:at + n], pa.int64(), self.seq_ok[at:at + n]))
+        if offset_ns:
+            for name in ("ts_ns", "issue_ts_ns"):
+                i = table.schema.get_field_index(name)
+                vals, ok = _arrow.to_numpy(table.column(i).combine_chunks())
+                table = table.set_column(i, table.schema.field(i), _arrow.from_numpy(vals + int(offset_ns), pa.int64(), ok))
+        return table if columns is None else table.select(columns)
+
+    def remove(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
 
 
 def _light_rows(tables):
     """(rank, pg_name, seq, op, ts_ns, dur_ns) dicts of every collectives row, for the clock alignment."""
-    cols = ("rank", "pg_name", "seq", "op", "ts_ns", "dur_ns")
+    cols = ["rank", "pg_name", "seq", "op", "ts_ns", "dur_ns"]
     for t in tables:
-        yield from t.select(list(cols)).to_pylist()
-
-
-def _shifted(table: pa.Table, offsets: dict) -> pa.Table:
-    """``table`` (one rank's collectives) with its clock offset added to ts_ns and issue_ts_ns."""
-    if not table.num_rows:
-        return table
-    rank = table.column("rank")[0].as_py()
-    off = offsets.get(rank, (0, 0, None))[0]
-    if not off:
-        return table
-    for name in ("ts_ns", "issue_ts_ns"):
-        i = table.schema.get_field_index(name)
-        vals, ok = _arrow.to_numpy(table.column(i).combine_chunks())
-        table = table.set_column(i, table.schema.field(i), _arrow.from_numpy(vals + int(off), pa.int64(), ok))
-    return table
-
-
-def _algo_proto(table: pa.Table) -> list[dict]:
-    """The distinct (algo, proto) pairs of the collectives rows, as dicts (for _run_row)."""
-    seen = {(r["algo"], r["proto"]) for r in table.select(["algo", "proto"]).to_pylist()}
-    return [dict(algo=a, proto=p) for a, p in sorted(seen, key=str)]
+        for part in t.tables(columns=cols):
+            yield from part.to_pylist()
 
 
 def _shift_connection(stage: Path):
