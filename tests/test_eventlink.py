@@ -95,10 +95,21 @@ _NAMES = ["cudaLaunchKernel", "cudaStreamSynchronize", "hipEventSynchronize", "c
           "CUDASTREAMSYNCHRONIZE", "cudaStreamſynchronize", "cudaStreamSynchronİze"]  # ASCII case folding only
 
 
-def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int) -> None:
-    """A staging file of n random rows in ``batches`` batches (each its own dictionaries)."""
+def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int, ts_order: str = "random") -> None:
+    """A staging file of n random rows in ``batches`` batches (each its own dictionaries).
+
+    ``ts_order``: "random" starts; "sorted": non-decreasing in file order (ties kept), so every
+    stream's ops are in start order and the link pass resolves next starts as it scans;
+    "late_inversion": sorted except one step back in the last batch.
+    """
     w = open_stage_writer(path)
     first = 0
+    if ts_order == "random":
+        all_ts = rng.integers(1, 400, n)
+    else:
+        all_ts = 1 + np.cumsum(rng.integers(0, 3, n))
+        if ts_order == "late_inversion":
+            all_ts[n - 2] = all_ts[n - 1] + 5  # one row starts after the next one
     for size in np.diff(np.linspace(0, n, batches + 1).astype(int)):
         size = int(size)
 
@@ -118,7 +129,7 @@ def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int) ->
                 ints(0, 30, 0.05),
                 strs(_CATS),
                 strs(_NAMES),
-                pa.array(rng.integers(1, 400, size), pa.int64()),  # many ties
+                pa.array(all_ts[first : first + size], pa.int64()),  # many ties
                 pa.array(rng.integers(0, 300, size), pa.int64()),
                 ints(0, size // 3 + 2, 0.3),  # duplicate and missing correlation ids
                 ints(0, 50, 0.5),
@@ -133,10 +144,12 @@ def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int) ->
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("cpu_only", [False, True])
-def test_link_pass_on_random_staging_rows(seed, cpu_only, tmp_path):
+@pytest.mark.parametrize("ts_order", ["random", "sorted", "late_inversion"])
+def test_link_pass_on_random_staging_rows(seed, cpu_only, ts_order, tmp_path):
     rng = np.random.default_rng(seed)
     raw = tmp_path / "raw.arrows"
-    _random_stage(raw, rng, n=int(rng.integers(50, 3000)), batches=int(rng.integers(1, 5)))
+    batches = int(rng.integers(1, 5)) if ts_order == "random" else int(rng.integers(3, 9))
+    _random_stage(raw, rng, n=int(rng.integers(50, 3000)), batches=batches, ts_order=ts_order)
     starts = sorted(rng.integers(0, 500, int(rng.integers(0, 8))).tolist())  # duplicates and gaps
     steps = [(int(s % 5), i, int(st), int(st + rng.integers(1, 120))) for i, (s, st) in enumerate(zip(range(100), starts))]
     out = tmp_path / "events.parquet"

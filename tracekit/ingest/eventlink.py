@@ -197,14 +197,16 @@ def _gpu_ops(gpu: np.ndarray, cat: np.ndarray) -> np.ndarray:
 
 
 class _Tables:
-    """What the first two scans keep, in about 34 B per GPU op: per GPU op (in file order,
-    the order the writing scan meets them again) the next op's start on its stream; per
+    """What the first two scans keep, in about 34 B per GPU op: per GPU op (per batch, in file
+    order, the order the writing scan meets them again) the next op's start on its stream; per
     correlation id a GPU row carries, its launch call; and the comm threads.
 
-    Scan one: per GPU op its stream and start, and the correlation ids of GPU rows. A
-    stream whose ops already run in start order in the file (the usual case) needs no
-    sort. Scan two: the launch calls of those correlation ids (other runtime calls are
-    never kept), the best one per id kept in place.
+    Scan one: the next starts, resolved as the scan goes (a stream's last op waits for the
+    stream's next op, in a later batch or never), when every stream's ops run in start order
+    in the file (the usual case: no sort, nothing kept but the results); else, after the scan,
+    by :func:`_next_starts` over a rescan. Also the correlation ids of GPU rows. Scan two: the
+    launch calls of those correlation ids (other runtime calls are never kept), the best one
+    per id kept in place.
     """
 
     def __init__(self, scan, cpu_only: bool):
@@ -212,12 +214,17 @@ class _Tables:
         name_cache: dict = {}
         kind_cache: dict = {}
         streams: dict = {}
-        st_parts: list = []
-        ts_parts: list = []
         gcorr: list = []
         threads: set = set()
+        self._nxt: list = []  # per batch: the next start of each of its GPU ops
+        self._has: list = []  # per batch: whether there is one
+        pending: dict = {}  # stream → (batch, op position, start) of its last op so far
+        in_order = True
+        first_unsorted = 0  # the batch where a stream's starts first went backwards
+        st_parts: list = []
+        ts_parts: list = []
         cols = ["track_kind", "device", "track", "category", "name", "ts_ns", "correlation", "is_comm"]
-        for b in scan(cols):
+        for bi, b in enumerate(scan(cols)):
             n = b.num_rows
             cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), cat_cache)
             gpu = _lut(b.column("track_kind"), lambda k: int(k == "gpu_stream"), kind_cache).astype(bool)
@@ -228,10 +235,20 @@ class _Tables:
             dev, dev_ok = _arrow.to_numpy(b.column("device"))
             trk, trk_ok = _arrow.to_numpy(b.column("track"))
             g = _gpu_ops(gpu, cat)
-            if g.any():
+            k = int(g.sum())
+            nxt = np.zeros(k, dtype=np.int64)
+            has = np.zeros(k, dtype=bool)
+            if k:
                 dv, tv = _arrow.all_valid(dev_ok, n), _arrow.all_valid(trk_ok, n)
-                st_parts.append(_stream_ids(streams, dev[g], dv[g], trk[g], tv[g]))
-                ts_parts.append(_arrow.to_numpy(b.column("ts_ns"))[0][g])
+                st = _stream_ids(streams, dev[g], dv[g], trk[g], tv[g])
+                ts = _arrow.to_numpy(b.column("ts_ns"))[0][g]
+                if in_order and not self._link_batch(bi, st, ts, nxt, has, pending):
+                    in_order, first_unsorted = False, bi
+                if not in_order:  # from here on the ops are kept, for the sort
+                    st_parts.append(st)
+                    ts_parts.append(ts)
+            self._nxt.append(nxt)
+            self._has.append(has)
             if cpu_only:
                 comm = _arrow.to_numpy(b.column("is_comm"))[0]
                 nb = _lut(b.column("name"), _name_bits, name_cache)
@@ -240,13 +257,21 @@ class _Tables:
                 if t.any():
                     threads.update(zip(dev[t].tolist(), trk[t].tolist()))
         self.comm_threads = threads
-        self.g_next, self.g_has_next = _next_starts(st_parts, ts_parts, len(streams))
+        if not in_order:  # some stream's ops are out of start order in the file: sort them all
+            self._resort(scan, streams, first_unsorted, st_parts, ts_parts)
         del st_parts, ts_parts
-        self._pos = 0  # GPU ops handed out so far (see next_of)
+        self._batch = 0  # batches handed out so far (see next_of)
         # launch calls: one per correlation id some GPU row carries (runtime before driver, then the lowest event_id)
         wanted = np.concatenate(gcorr) if gcorr else np.empty(0, dtype=np.int64)
         del gcorr
-        wanted = np.unique(wanted)  # sorted
+        wanted.sort()  # in place, then the distinct ids compacted in place: no second copy
+        if len(wanted):
+            keep = np.ones(len(wanted), dtype=bool)
+            keep[1:] = wanted[1:] != wanted[:-1]
+            m = int(keep.sum())
+            wanted[:m] = wanted[keep]
+            wanted = wanted[:m]
+            del keep
         rank = np.full(len(wanted), 2, dtype=np.int8)  # 0 runtime, 1 driver, 2 none yet
         l_eid = np.zeros(len(wanted), dtype=np.int64)
         l_ts = np.zeros(len(wanted), dtype=np.int64)
@@ -289,13 +314,71 @@ class _Tables:
     def next_of(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(has a next op, its start) per row of a batch whose GPU ops are ``g``; batches must come
         in the order of the first scan."""
-        k = int(g.sum())
+        nxt, has = self._nxt[self._batch], self._has[self._batch]
+        self._batch += 1
+        if len(nxt) != int(g.sum()):
+            raise RuntimeError("the staging file's batches changed between scans")
         has_next = np.zeros(len(g), dtype=bool)
-        nxt = np.zeros(len(g), dtype=np.int64)
-        has_next[g] = self.g_has_next[self._pos : self._pos + k]
-        nxt[g] = self.g_next[self._pos : self._pos + k]
-        self._pos += k
-        return has_next, nxt
+        out = np.zeros(len(g), dtype=np.int64)
+        has_next[g] = has
+        out[g] = nxt
+        return has_next, out
+
+    def _link_batch(self, bi: int, st: np.ndarray, ts: np.ndarray, nxt: np.ndarray, has: np.ndarray,
+                    pending: dict) -> bool:
+        """Fill the next starts of batch ``bi``'s GPU ops (streams ``st``, starts ``ts``) within the
+        batch, and those of the streams' pending ops from earlier batches; each stream's last op
+        becomes its pending one. False as soon as a stream's starts go backwards in file order."""
+        order = np.argsort(st, kind="stable")  # by stream; within one, file order
+        s, t = st[order], ts[order]
+        same = s[1:] == s[:-1]
+        if (t[1:][same] < t[:-1][same]).any():
+            return False
+        inner = order[:-1][same]
+        nxt[inner] = t[1:][same]
+        has[inner] = True
+        heads = np.flatnonzero(np.r_[True, ~same])
+        tails = np.r_[heads[1:], len(order)] - 1
+        for h, e in zip(heads.tolist(), tails.tolist()):
+            stream, first = int(s[h]), int(t[h])
+            prev = pending.get(stream)
+            if prev is not None:
+                pb, pp, pts = prev
+                if first < pts:
+                    return False
+                self._nxt[pb][pp] = first
+                self._has[pb][pp] = True
+            pending[stream] = (bi, int(order[e]), int(t[e]))
+        return True
+
+    def _resort(self, scan, streams: dict, upto: int, st_parts: list, ts_parts: list) -> None:
+        """Next starts of every GPU op by sorting each stream's ops by start (:func:`_next_starts`),
+        for files where some stream's ops are not in start order. ``st_parts``/``ts_parts``: the
+        streams and starts of the ops of batches ``upto`` onwards; those of the batches before are
+        read again (a rescan of five columns, stopped at batch ``upto``)."""
+        head_st: list = []
+        head_ts: list = []
+        sizes = [len(x) for x in self._nxt]
+        for bi, b in enumerate(scan(["track_kind", "device", "track", "category", "ts_ns"])):
+            if bi >= upto:
+                break
+            n = b.num_rows
+            cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), {})
+            gpu = _lut(b.column("track_kind"), lambda k: int(k == "gpu_stream"), {}).astype(bool)
+            g = _gpu_ops(gpu, cat)
+            if g.any():
+                dev, dev_ok = _arrow.to_numpy(b.column("device"))
+                trk, trk_ok = _arrow.to_numpy(b.column("track"))
+                dv, tv = _arrow.all_valid(dev_ok, n), _arrow.all_valid(trk_ok, n)
+                head_st.append(_stream_ids(streams, dev[g], dv[g], trk[g], tv[g]))
+                head_ts.append(_arrow.to_numpy(b.column("ts_ns"))[0][g])
+        st_parts[:0] = head_st
+        ts_parts[:0] = head_ts
+        del head_st, head_ts
+        self._nxt = self._has = []  # the partial results, before the sort's arrays are allocated
+        nxt, has = _next_starts(st_parts, ts_parts, len(streams))
+        cuts = np.cumsum(sizes)[:-1]
+        self._nxt, self._has = np.split(nxt, cuts), np.split(has, cuts)
 
 
 def _next_starts(st_parts: list, ts_parts: list, n_streams: int) -> tuple[np.ndarray, np.ndarray]:
