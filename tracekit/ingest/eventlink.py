@@ -26,9 +26,12 @@ order), plus what the collectives builder needs (:class:`LinkResult`). Per row:
 Memory: the staging file is scanned four times, a batch at a time (the reader's
 batches, ~40k rows); what is kept between scans is never the rows but, per GPU op,
 the next op's start (9 B) and, per correlation id a GPU row carries, its launch
-call (24 B): about 34 B per GPU op, and about as much again in sort buffers while
-they are built. Scans: GPU ops; their launch calls; the rows written; the launch
-calls of the comm kernels (their thread and duration).
+call (24 B): about 34 B per GPU op. The next starts need no sort when every stream's
+ops are in start order in the file (they are resolved during the first scan); when
+one is not, the ops' streams and starts (12 B each) are sorted once, from the first
+backward step on plus a re-read of the batches before it. Scans: GPU ops; their
+launch calls; the rows written; the launch calls of the comm kernels (their thread
+and duration).
 """
 
 from __future__ import annotations
