@@ -4,12 +4,14 @@ Depends on: instance_rows, collectives
 
 The rows and their columns are those of the macro ``collective_instance_rows`` (see
 analyses/instance_rows.sql for every column, its unit and its definition). This module
-only builds the table part by part: the calls are split by a hash of their key (run_id,
-pg_name, seq) into ``ceil(rows / PART_ROWS)`` parts, each computed by one statement. The
-holistic aggregates (mode, median, count DISTINCT) keep per-instance state outside DuckDB's
-memory budget; one part at a time, that state covers about PART_ROWS collectives rows
-whatever the size of the run. On a ×64 replica of hta_ddp_v100 (129k calls, 32 MB budget)
-the table took +145 MiB built in one statement, +43 MiB in eight parts.
+only builds the table part by part. A run with more than PART_ROWS matchable collectives
+rows has them copied into a temporary table ordered by part = hash(run_id, pg_name, seq)
+% parts, with ``parts = ceil(rows / PART_ROWS)``; each part is then one statement, whose scan
+skips the other parts' row groups (DuckDB keeps min/max per row group), so the build stays
+linear in the rows. The aggregates that keep per-instance state outside DuckDB's memory
+budget (median, count DISTINCT) then hold one part's calls at a time, whatever the size of
+the run. On a ×64 replica of hta_ddp_v100 (129k calls, 32 MB budget) the table took +145 MiB
+built in one statement, +43 MiB in eight parts.
 
 A table, computed once per connection: the fit, the verdicts, the waits and the report all
 read it.
@@ -25,9 +27,19 @@ PART_ROWS = 16_384
 
 
 def create(con) -> None:
-    """Create the table ``collective_instances`` on ``con`` (needs the macro collective_instance_rows)."""
-    (rows,) = con.execute("SELECT count(*) FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL").fetchone()
+    """Create the table ``collective_instances`` on ``con`` (needs the view _instance_calls and the
+    macro collective_instance_rows)."""
+    (rows,) = con.execute("SELECT count(*) FROM _instance_calls").fetchone()
     parts = max(1, -(-rows // PART_ROWS))
-    con.execute("CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows(?, 0)", [parts])
+    if parts == 1:
+        con.execute("CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows('_instance_calls', 0)")
+        return
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE __instance_calls AS "
+        "SELECT * REPLACE (hash(run_id, pg_name, seq) % ? AS part) FROM _instance_calls ORDER BY part",
+        [parts],
+    )
+    con.execute("CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows('__instance_calls', 0)")
     for part in range(1, parts):
-        con.execute("INSERT INTO collective_instances SELECT * FROM collective_instance_rows(?, ?)", [parts, part])
+        con.execute("INSERT INTO collective_instances SELECT * FROM collective_instance_rows('__instance_calls', ?)", [part])
+    con.execute("DROP TABLE __instance_calls")

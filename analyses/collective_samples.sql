@@ -10,7 +10,8 @@
 -- pg_name      VARCHAR  process group name
 -- seq          BIGINT   per-group sequence number
 -- op           VARCHAR  canonical op
--- algo         VARCHAR  algorithm the kernel name reports (RING, TREE, ...; informational), or NULL
+-- algo         VARCHAR  algorithm the kernel name reports (RING, TREE, ...; informational), or NULL:
+--                        the instance's (collective_instances.algo)
 -- group_size   INTEGER  ranks in the group (k of the model)
 -- size_bytes   BIGINT   nccl-tests S, bytes
 -- time_ns      DOUBLE   measured transfer time, ns
@@ -18,16 +19,12 @@
 CREATE OR REPLACE VIEW collective_samples AS
 WITH first_seq AS (
     SELECT run_id, pg_name, min(seq) AS seq0 FROM collectives WHERE seq IS NOT NULL GROUP BY ALL
-),
-algo AS (
-    SELECT run_id, pg_name, seq, mode(algo) AS algo FROM collectives WHERE seq IS NOT NULL GROUP BY ALL
 )
-SELECT i.run_id, 'trace' AS source, i.pg_name, i.seq, i.op, a.algo, i.group_size, i.size_bytes,
+SELECT i.run_id, 'trace' AS source, i.pg_name, i.seq, i.op, i.algo, i.group_size, i.size_bytes,
        i.sync_time_ns AS time_ns, (i.seq = f.seq0) AS warmup
 FROM collective_instances i
 JOIN runs r USING (run_id)
 JOIN first_seq f USING (run_id, pg_name)
-LEFT JOIN algo a USING (run_id, pg_name, seq)
 WHERE r.source <> 'nccl_tests' AND i.complete AND NOT i.disagree AND i.op <> 'barrier'
   AND i.size_bytes > 0 AND i.sync_time_ns > 0
 UNION ALL

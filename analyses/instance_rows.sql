@@ -2,11 +2,13 @@
 -- matched across the ranks of its process group), one part of the calls at a time.
 -- Depends on: collectives
 --
--- collective_instance_rows(parts, part) → the instances whose key hashes to `part` of `parts`
---   (hash(run_id, pg_name, seq) % parts = part; every key falls in exactly one part). The table
---   collective_instances (analyses/collective_instances.py) is built part by part, so that the
---   per-instance state of mode(), median() and count(DISTINCT) — held outside DuckDB's memory
---   budget — covers one part's calls, not a whole run's.
+-- _instance_calls: the collectives rows that can be matched (op and seq known; a recv counts as
+--   its pair's send), with the column part = 0. analyses/collective_instances.py copies them into
+--   a temporary table ordered by part = hash(run_id, pg_name, seq) % parts when the run is large.
+-- collective_instance_rows(calls, p) → the instances of the rows of table `calls` whose part is
+--   p (every instance's rows share one part). Built part by part, the per-instance state of
+--   median() and count(DISTINCT) — held outside DuckDB's memory budget — covers one part's calls,
+--   not a whole run's; the calls table sorted by part lets each part's scan skip the others' rows.
 --
 -- An instance is the same collective on every rank of its group: key (run_id, pg_name, seq)
 -- (DESIGN.md, "Matching collectives across ranks"). Unattributed spans (op NULL) are not matched.
@@ -14,9 +16,10 @@
 -- run_id            VARCHAR  run the instance belongs to
 -- pg_name           VARCHAR  process group name
 -- seq               BIGINT   per-group sequence number (from the trace, else by issue order)
--- op                VARCHAR  canonical op (all_reduce, all_gather, ...); the most common over ranks;
---                            a matched send/recv pair is one 'send' instance
--- dtype             VARCHAR  element type as the trace names it
+-- op                VARCHAR  canonical op (all_reduce, all_gather, ...); the most common over ranks
+--                            (ties: the first in alphabetical order); a matched send/recv pair is
+--                            one 'send' instance
+-- dtype             VARCHAR  element type as the trace names it (the most common; ties as op)
 -- size_bytes        BIGINT   nccl-tests S for this op, bytes (max over ranks)
 -- group_size        INTEGER  ranks in the process group
 -- ranks_seen        INTEGER  ranks that recorded the call; < group_size means incomplete
@@ -33,17 +36,27 @@
 --                            α–β model predicts (a median of two ranks is their mean)
 -- straggler         INTEGER  global rank that arrived last (lowest rank on ties)
 -- algo              VARCHAR  the algorithm the kernel names (RING, TREE, NVLS...), the most common
---                            over ranks; NULL when no rank's kernel names one
-CREATE OR REPLACE MACRO collective_instance_rows(parts, part) AS TABLE
+--                            over ranks (ties as op); NULL when no rank's kernel names one
+CREATE OR REPLACE VIEW _instance_calls AS
+SELECT run_id, pg_name, seq, rank, CASE WHEN op = 'recv' THEN 'send' ELSE op END AS op, dtype, algo,
+       size_bytes, group_size, in_splits, approx, ts_ns, dur_ns, 0::BIGINT AS part
+FROM collectives
+WHERE op IS NOT NULL AND seq IS NOT NULL;
+
+CREATE OR REPLACE MACRO collective_instance_rows(calls, p) AS TABLE
 WITH c AS (
-    SELECT * REPLACE (CASE WHEN op = 'recv' THEN 'send' ELSE op END AS op)
-    FROM collectives
-    WHERE op IS NOT NULL AND seq IS NOT NULL AND hash(run_id, pg_name, seq) % parts = part
+    -- per row, how many rows of its instance share its op / dtype / algo: the most common wins
+    SELECT *,
+           count(*) OVER (PARTITION BY run_id, pg_name, seq, op) AS n_op,
+           count(dtype) OVER (PARTITION BY run_id, pg_name, seq, dtype) AS n_dtype,
+           count(algo) OVER (PARTITION BY run_id, pg_name, seq, algo) AS n_algo
+    FROM query_table(calls)
+    WHERE part = p
 ),
 agg AS (
     SELECT run_id, pg_name, seq,
-           mode(op) AS op,
-           mode(dtype) AS dtype,
+           first(op ORDER BY n_op DESC, op) AS op,
+           first(dtype ORDER BY n_dtype DESC, dtype) FILTER (WHERE dtype IS NOT NULL) AS dtype,
            max(size_bytes) AS size_bytes,
            max(group_size) AS group_size,
            count(DISTINCT rank)::INTEGER AS ranks_seen,
@@ -54,7 +67,7 @@ agg AS (
            min(ts_ns) AS first_arrival_ns,
            max(ts_ns) AS last_arrival_ns,
            max(ts_ns + dur_ns) AS last_end_ns,
-           mode(algo) AS algo
+           first(algo ORDER BY n_algo DESC, algo) FILTER (WHERE algo IS NOT NULL) AS algo
     FROM c GROUP BY run_id, pg_name, seq
 ),
 strag AS (

@@ -8,18 +8,25 @@
 --
 -- merge_intervals(tbl) → run_id, rank, grp, s, e : the union of tbl's intervals as disjoint
 --   islands (touching intervals merge). Classic gaps-and-islands: an island starts where s is
---   past every earlier end.
+--   past every earlier end. Intervals with the same start are first merged into one (the longest),
+--   so that the two window passes below see distinct starts: with ties, each pass may order the
+--   tied rows its own way, and an island could start on one row and be numbered from another.
 CREATE OR REPLACE MACRO merge_intervals(tbl) AS TABLE
-WITH o AS (
-    SELECT run_id, rank, grp, s, e,
-           max(e) OVER (PARTITION BY run_id, rank, grp ORDER BY s, e
-                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+WITH d AS (
+    SELECT run_id, rank, grp, s, max(e) AS e
     FROM query_table(tbl)
     WHERE e >= s
+    GROUP BY run_id, rank, grp, s
+),
+o AS (
+    SELECT run_id, rank, grp, s, e,
+           max(e) OVER (PARTITION BY run_id, rank, grp ORDER BY s
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM d
 ),
 g AS (
     SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END)
-                OVER (PARTITION BY run_id, rank, grp ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island
+                OVER (PARTITION BY run_id, rank, grp ORDER BY s ROWS UNBOUNDED PRECEDING) AS island
     FROM o
 )
 SELECT run_id, rank, grp, min(s) AS s, max(e) AS e

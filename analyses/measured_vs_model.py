@@ -180,7 +180,7 @@ def rows_for(con, link: str | None) -> list[dict]:
         "JOIN events e USING (run_id, rank, event_id) WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL "
         "ORDER BY c.run_id, c.rank, e.step, c.ts_ns, c.event_id"
     )
-    while rows := cur.fetchmany(8192):
+    while rows := cur.fetchmany(8192):  # nothing in this loop may run SQL on con: the result is streamed
         for run_id, rank, step, op, size, k in rows:
             if (run_id, rank, step) not in want:
                 continue

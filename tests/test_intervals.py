@@ -134,3 +134,83 @@ def test_collective_instances_in_parts_equal_one_part(tmp_path, monkeypatch):
     assert rows == 64  # 8 collectives on each of the 8 ranks
     assert con.execute(q).fetchall() == one
     assert len(one) == 8 and all(r[7] == 8 and r[8] for r in one)  # seen by all 8 ranks, complete
+
+
+def _python_islands(rows):
+    """rank → list of [s, e) islands, merged in Python (touching intervals merge)."""
+    out: dict = {}
+    for _, rank, _, s, e in sorted(rows, key=lambda r: (r[1], r[3], r[4])):
+        iv = out.setdefault(rank, [])
+        if iv and s <= iv[-1][1]:
+            iv[-1][1] = max(iv[-1][1], e)
+        else:
+            iv.append([s, e])
+    return out
+
+
+def test_merge_intervals_with_many_repeated_starts():
+    # Intervals repeated 1-3 times and many equal starts: the two window passes of the old macro
+    # ordered the tied rows differently and numbered islands across gaps (4 of 5 runs wrong at
+    # this size on 2 threads); merging equal starts first makes every run right.
+    import duckdb
+
+    from analyses import modules
+
+    rng = random.Random(1)
+    rows = []
+    for rank in range(4):
+        t = 0
+        for _ in range(8000):
+            t += rng.choice([0, 0, 0, 1, 3, 15])
+            d = rng.choice([0, 2, 2, 2, 5])
+            rows += [("r", rank, -1, t, t + d)] * rng.choice([1, 2, 3])
+    want = _python_islands(rows)
+    con = duckdb.connect()
+    con.execute("SET threads = 2")
+    con.execute(
+        "CREATE TABLE t AS SELECT unnest(?::VARCHAR[]) AS run_id, unnest(?::INTEGER[]) AS rank, "
+        "unnest(?::BIGINT[]) AS grp, unnest(?::BIGINT[]) AS s, unnest(?::BIGINT[]) AS e",
+        [list(c) for c in zip(*rows)],
+    )
+    con.execute(modules()["intervals"])
+    for _ in range(3):
+        got: dict = {}
+        for rank, s, e in con.execute("SELECT rank, s, e FROM merge_intervals('t') ORDER BY rank, s").fetchall():
+            got.setdefault(rank, []).append([s, e])
+        assert got == want
+
+
+def _instances_of(rows, part_rows, monkeypatch):
+    """collective_instances built by the analyses from hand-made collectives rows."""
+    import duckdb
+
+    from analyses import modules
+    from tracekit._arrow import table_from_rows
+    from tracekit.store import COLLECTIVES_SCHEMA
+
+    monkeypatch.setattr(ci_mod, "PART_ROWS", part_rows)
+    con = duckdb.connect()
+    con.register("collectives", table_from_rows(rows, COLLECTIVES_SCHEMA))
+    con.execute(modules()["instance_rows"])
+    ci_mod.create(con)
+    return con.execute("SELECT pg_name, seq, op, dtype, algo, ranks_seen, disagree FROM collective_instances "
+                       "ORDER BY pg_name, seq").fetchall()
+
+
+def test_most_common_op_dtype_and_algo_break_ties_alphabetically(monkeypatch):
+    # seq 0: two ranks say broadcast, two all_reduce → all_reduce (first alphabetically); dtypes
+    # Half ×2, Float ×2 → Float; algos TREE, RING, none, none → RING. seq 1: three all_reduce
+    # against one broadcast → all_reduce; Half ×3 → Half; TREE ×2 against RING → TREE.
+    base = dict(run_id="r", pg_name="0", pg_ranks=[0, 1, 2, 3], group_size=4, size_bytes=64, ts_ns=100,
+                dur_ns=10, approx=False, issue_ts_ns=100, meta_source="kernel_args")
+    spec = {0: [("broadcast", "Half", "TREE"), ("all_reduce", "Float", "RING"), ("broadcast", "Float", None),
+                ("all_reduce", "Half", None)],
+            1: [("all_reduce", "Half", "TREE"), ("broadcast", "Half", "RING"), ("all_reduce", "Half", "TREE"),
+                ("all_reduce", "Float", None)]}
+    rows = [dict(base, rank=r, event_id=10 * seq + r, seq=seq, op=op, dtype=dt, algo=al)
+            for seq, calls in spec.items() for r, (op, dt, al) in enumerate(calls)]
+    want = [("0", 0, "all_reduce", "Float", "RING", 4, True), ("0", 1, "all_reduce", "Half", "TREE", 4, True)]
+    for trial in range(4):
+        random.Random(trial).shuffle(rows)
+        assert _instances_of(rows, 10**9, monkeypatch) == want
+        assert _instances_of(rows, 1, monkeypatch) == want  # 8 parts of one row each on average
