@@ -31,15 +31,16 @@ def create(con) -> None:
     macro collective_instance_rows)."""
     (rows,) = con.execute("SELECT count(*) FROM _instance_calls").fetchone()
     parts = max(1, -(-rows // PART_ROWS))
-    if parts == 1:
-        con.execute("CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows('_instance_calls', 0)")
-        return
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE __instance_calls AS "
-        "SELECT * REPLACE (hash(run_id, pg_name, seq) % ? AS part) FROM _instance_calls ORDER BY part",
-        [parts],
-    )
-    con.execute("CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows('__instance_calls', 0)")
+    calls = "_instance_calls"
+    if parts > 1:
+        calls = "__instance_calls"
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {calls} AS "
+            "SELECT * REPLACE (hash(run_id, pg_name, seq) % ? AS part) FROM _instance_calls ORDER BY part",
+            [parts],
+        )
+    con.execute(f"CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows('{calls}', 0)")
     for part in range(1, parts):
-        con.execute("INSERT INTO collective_instances SELECT * FROM collective_instance_rows('__instance_calls', ?)", [part])
-    con.execute("DROP TABLE __instance_calls")
+        con.execute(f"INSERT INTO collective_instances SELECT * FROM collective_instance_rows('{calls}', ?)", [part])
+    if parts > 1:
+        con.execute(f"DROP TABLE {calls}")

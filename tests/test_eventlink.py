@@ -221,3 +221,31 @@ def test_sync_calls_by_name_fold_ascii_case_only(tmp_path):
     link_rank(tmp_path / "raw.arrows", tmp_path / "ev.parquet", "r", 0, False, [], _BatchWriter)
     got = duckdb.connect().execute(f"SELECT class FROM read_parquet('{tmp_path}/ev.parquet') ORDER BY event_id").fetchall()
     assert [c for (c,) in got] == ["sync", "sync", "sync", "sync", "cpu", "cpu", "cpu"]
+
+
+def _store_rows(path: Path) -> dict:
+    con = duckdb.connect()
+    out = {}
+    for name, excl in (("collectives.parquet", "run_id"), ("ranks.parquet", "run_id, source_path"),
+                       ("events/*.parquet", "run_id")):
+        files = sorted(str(p) for p in path.glob(f"runs/*/{name}"))
+        out[name] = con.execute(f"SELECT * EXCLUDE ({excl}) FROM read_parquet({files}) ORDER BY ALL").fetchall()
+    return out
+
+
+@pytest.mark.parametrize("rel", ["fixtures/tp_2rank", "traces/param_dlrm_8rank_v100", "traces/hta_ddp_v100_r1of2"])
+def test_collectives_spilled_in_small_chunks_give_the_same_store(rel, tmp_path, monkeypatch):
+    # Each rank's collectives go to a spill file COLLECTIVES_CHUNK rows at a time and come back
+    # COLLECTIVES_ROW_GROUP rows at a time with their seq filled in: tiny chunks (many of both,
+    # seq filled across chunk boundaries) must give the store the default ones give.
+    src = (FIXTURES.parent / rel) if rel.startswith("fixtures/") else TRACES / rel[len("traces/"):]
+    if not src.exists():
+        pytest.skip(f"../shared/{rel} is not available")
+    ingest_paths([src], tmp_path / "a")
+    monkeypatch.setattr(link, "COLLECTIVES_CHUNK", 3)
+    monkeypatch.setattr(link, "COLLECTIVES_ROW_GROUP", 5)
+    ingest_paths([src], tmp_path / "b")
+    a, b = _store_rows(tmp_path / "a"), _store_rows(tmp_path / "b")
+    assert len(a["collectives.parquet"]) > 10
+    assert a == b
+    assert not list((tmp_path / "b").glob("runs/*/collectives.rank=*"))  # the spill files are gone

@@ -102,7 +102,8 @@ def _islands_lengths(con):
     """(run_id, rank, grp) → (comm, compute, overlap) from the islands views (gaps-and-islands SQL)."""
     out: dict = {}
     for name, i in (("comm_islands", 0), ("compute_islands", 1), ("overlap_islands", 2)):
-        for run, rank, grp, n in con.execute(f"SELECT run_id, rank, grp, sum(e - s) FROM {name} GROUP BY ALL").fetchall():
+        q = f"SELECT run_id, rank, grp, sum(e - s) FROM {name} GROUP BY ALL"
+        for run, rank, grp, n in con.execute(q).fetchall():
             out.setdefault((run, rank, grp), [0, 0, 0])[i] = int(n)
     return {k: tuple(v) for k, v in out.items()}
 

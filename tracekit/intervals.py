@@ -13,9 +13,9 @@ three running maxima and three sums kept — the memory does not grow with the n
 intervals, only with the number of windows.
 
 Input comes in batches (numpy arrays of equal length): ``keys`` (a tuple of int64 arrays,
-together naming the window), ``s``/``e`` (int64 ns, e >= s) and ``in_a`` (bool). Within every window the intervals
-must arrive in non-decreasing start order over the whole stream (batches included);
-windows may interleave. :meth:`UnionLengths.add` raises ValueError when a window's start
+together naming the window), ``s``/``e`` (int64 ns, e >= s) and ``in_a`` (bool). Within
+every window the intervals must arrive in non-decreasing start order over the whole stream
+(batches included); windows may interleave. :meth:`UnionLengths.add` raises ValueError when a window's start
 goes backwards, so an unsorted input never gives a silently wrong length.
 """
 

@@ -350,7 +350,7 @@ def build_collectives(
     event_id → (pid, tid, launch ts, launch end) of its runtime launch call, via ``get``;
     kernels missing from it were launched outside the capture. ``pg_config`` maps process-group name → global ranks (from
     ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;
-    :func:`assign_seq` derives it per rank.
+    :func:`fill_seq` derives it per rank.
     """
     cpu = ~meta.gpu
     if cpu_only:
@@ -545,34 +545,13 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
     )
 
 
-def assign_seq(table: pa.Table) -> pa.Table:
-    """Fill a missing ``seq`` per (rank, pg_name) by issue order (the CPU's call order).
-
-    ``table``: collectives rows (COLLECTIVES_SCHEMA). Rows whose op is unknown get no
-    seq: they cannot be matched across ranks. A rank whose trace carries ``Seq`` keeps it.
-    Order within a group: issue_ts_ns, then ts_ns, then event_id; seq counts from 0.
-    """
-    n = table.num_rows
-    if n == 0:
-        return table
-    seq, valid = fill_seq(SeqKeys.of(table))
-    i = table.schema.get_field_index("seq")
-    return table.set_column(i, table.schema.field(i), _arrow.from_numpy(seq, pa.int64(), valid))
-
-
 class SeqKeys:
     """The columns :func:`fill_seq` needs, as numpy arrays (about 45 B a row), gathered from
-    collectives tables or batches one at a time (``add``) or from one table (``of``)."""
+    collectives tables or record batches one at a time (``add``)."""
 
     def __init__(self):
         self._parts: list = []
         self._pg: dict = {}
-
-    @classmethod
-    def of(cls, table) -> "SeqKeys":
-        k = cls()
-        k.add(table)
-        return k
 
     def add(self, table) -> None:
         """Append the rows of a COLLECTIVES_SCHEMA table or record batch."""
@@ -599,16 +578,20 @@ class SeqKeys:
     def columns(self) -> list[np.ndarray]:
         """[rank, pg code (-1: null), seq, seq valid, op not null, issue_ts_ns, ts_ns, event_id]."""
         if not self._parts:
-            return [np.empty(0, dtype=d) for d in (np.int64, np.int64, np.int64, bool, bool, np.int64, np.int64, np.int64)]
+            kinds = (np.int64, np.int64, np.int64, bool, bool, np.int64, np.int64, np.int64)
+            return [np.empty(0, dtype=d) for d in kinds]
         return [np.concatenate(c) for c in zip(*self._parts)]
 
 
 def fill_seq(keys: SeqKeys) -> tuple[np.ndarray, np.ndarray]:
-    """(seq, valid) for the rows of ``keys``: the trace's seq where it has one, else, for rows
-    with an op, the rank of the row in its (rank, pg_name) group ordered by issue_ts_ns, ts_ns,
-    event_id (from 0); null for rows with neither. See :func:`assign_seq`."""
+    """(seq, valid) for the rows of ``keys``: a missing ``seq`` filled per (rank, pg_name) by
+    issue order (the CPU's call order).
+
+    A row keeps the trace's seq where it has one (a rank whose trace carries ``Seq`` keeps
+    it). Else a row with an op gets its position in its (rank, pg_name) group ordered by
+    issue_ts_ns, then ts_ns, then event_id, counting from 0; a row whose op is unknown gets
+    none (valid False): it cannot be matched across ranks."""
     rank, pg_code, seq, seq_ok, has_op, issue, ts, eid = keys.columns()
-    n = len(seq)
     todo = ~seq_ok & has_op
     if not todo.any():
         return seq, seq_ok

@@ -206,8 +206,9 @@ class _Tables:
 
     Scan one: the next starts, resolved as the scan goes (a stream's last op waits for the
     stream's next op, in a later batch or never), when every stream's ops run in start order
-    in the file (the usual case: no sort, nothing kept but the results); else, after the scan,
-    by :func:`_next_starts` over a rescan. Also the correlation ids of GPU rows. Scan two: the
+    in the file (no sort, nothing kept but the results: so in our TP fixture, the DLRM and
+    B200 traces); else, after the scan, by :func:`_next_starts` (the HTA sample traces each
+    have a stream that steps back once). Also the correlation ids of GPU rows. Scan two: the
     launch calls of those correlation ids (other runtime calls are never kept), the best one
     per id kept in place.
     """

@@ -86,7 +86,9 @@ def finish_run(
         if rf.events == 0:
             warnings.append("metadata only: the file holds no complete events")
         if table.n_unattributed:
-            warnings.append(f"{table.n_unattributed} communication span(s) unattributed (no collective metadata anywhere)")
+            warnings.append(
+                f"{table.n_unattributed} communication span(s) unattributed (no collective metadata anywhere)"
+            )
         if not table.num_rows and rf.events:
             warnings.append("no communication in this rank's trace")
         di = rf.meta.get("distributedInfo") if isinstance(rf.meta.get("distributedInfo"), dict) else {}
@@ -218,7 +220,8 @@ class _RankCollectives:
             for name in ("ts_ns", "issue_ts_ns"):
                 i = table.schema.get_field_index(name)
                 vals, ok = _arrow.to_numpy(table.column(i).combine_chunks())
-                table = table.set_column(i, table.schema.field(i), _arrow.from_numpy(vals + int(offset_ns), pa.int64(), ok))
+                shifted = _arrow.from_numpy(vals + int(offset_ns), pa.int64(), ok)
+                table = table.set_column(i, table.schema.field(i), shifted)
         return table if columns is None else table.select(columns)
 
     def remove(self) -> None:
