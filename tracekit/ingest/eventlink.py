@@ -194,6 +194,15 @@ def _stream_ids(streams: dict, dev, dev_ok, trk, trk_ok) -> np.ndarray:
     return ids[ci.reshape(-1)]
 
 
+def _streams_and_starts(b: pa.RecordBatch, g: np.ndarray, streams: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(stream id, start ns) of the GPU ops ``g`` of batch ``b`` (ids from ``streams``, see :func:`_stream_ids`)."""
+    n = b.num_rows
+    dev, dev_ok = _arrow.to_numpy(b.column("device"))
+    trk, trk_ok = _arrow.to_numpy(b.column("track"))
+    dv, tv = _arrow.all_valid(dev_ok, n), _arrow.all_valid(trk_ok, n)
+    return _stream_ids(streams, dev[g], dv[g], trk[g], tv[g]), _arrow.to_numpy(b.column("ts_ns"))[0][g]
+
+
 def _gpu_ops(gpu: np.ndarray, cat: np.ndarray) -> np.ndarray:
     """Rows that are GPU ops for clipping: kernels, memcpy and memset on a GPU stream."""
     return gpu & ((cat & _C_GPU_OP) > 0)
@@ -243,9 +252,7 @@ class _Tables:
             nxt = np.zeros(k, dtype=np.int64)
             has = np.zeros(k, dtype=bool)
             if k:
-                dv, tv = _arrow.all_valid(dev_ok, n), _arrow.all_valid(trk_ok, n)
-                st = _stream_ids(streams, dev[g], dv[g], trk[g], tv[g])
-                ts = _arrow.to_numpy(b.column("ts_ns"))[0][g]
+                st, ts = _streams_and_starts(b, g, streams)
                 if in_order and not self._link_batch(bi, st, ts, nxt, has, pending):
                     in_order, first_unsorted = False, bi
                 if not in_order:  # from here on the ops are kept, for the sort
@@ -366,16 +373,13 @@ class _Tables:
         for bi, b in enumerate(scan(["track_kind", "device", "track", "category", "ts_ns"])):
             if bi >= upto:
                 break
-            n = b.num_rows
             cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), {})
             gpu = _lut(b.column("track_kind"), lambda k: int(k == "gpu_stream"), {}).astype(bool)
             g = _gpu_ops(gpu, cat)
             if g.any():
-                dev, dev_ok = _arrow.to_numpy(b.column("device"))
-                trk, trk_ok = _arrow.to_numpy(b.column("track"))
-                dv, tv = _arrow.all_valid(dev_ok, n), _arrow.all_valid(trk_ok, n)
-                head_st.append(_stream_ids(streams, dev[g], dv[g], trk[g], tv[g]))
-                head_ts.append(_arrow.to_numpy(b.column("ts_ns"))[0][g])
+                st, ts = _streams_and_starts(b, g, streams)
+                head_st.append(st)
+                head_ts.append(ts)
         st_parts[:0] = head_st
         ts_parts[:0] = head_ts
         del head_st, head_ts
