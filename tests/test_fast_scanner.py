@@ -350,7 +350,7 @@ def test_meta_rows_columns_and_rows_in_any_order(tmp_path, monkeypatch):
     keyed = Keyed(np.array([30, 470]), [np.array([1, 3]), np.array([2, 4])])
     m = rf.meta_rows(keyed)
     assert len(m) == 50 and len(m._frame_at) == 5
-    assert m.event_id.tolist() == [w["event_id"] for w in want]
+    assert [m.row(i)["event_id"] for i in range(50)] == [w["event_id"] for w in want]
     assert m.ts_ns.tolist() == [w["ts_ns"] for w in want] and m.dur_ns.tolist() == [w["dur_ns"] for w in want]
     assert m.gpu.tolist() == [w["gpu"] for w in want]
     assert [m.names[k] for k in m.name] == [w["name"] for w in want]

@@ -197,10 +197,16 @@ class _OpIndex:
 
     def __init__(self, meta, rows: np.ndarray):
         ts, dur = meta.ts_ns[rows], meta.dur_ns[rows]
-        order = np.lexsort((-dur, ts))  # by start, the longer first; stable (file order) on ties
-        self.rows = rows[order]
-        self.starts = ts[order]
-        self.ends = self.starts + dur[order]
+        # by start, the longer first; stable (file order) on ties. Traces list a thread's ops in
+        # that order already (every trace here does): then no sort and its buffers
+        later = ts[1:] > ts[:-1]
+        if len(ts) > 1 and not (later | ((ts[1:] == ts[:-1]) & (dur[1:] <= dur[:-1]))).all():
+            order = np.lexsort((-dur, ts))
+            rows, ts, dur = rows[order], ts[order], dur[order]
+        del later
+        self.rows = rows
+        self.starts = ts
+        self.ends = ts + dur
         # max_end[j]: the latest end among rows[0..j]; once below `end`, no earlier op encloses
         self.max_end = np.maximum.accumulate(self.ends) if len(self.ends) else self.ends
 

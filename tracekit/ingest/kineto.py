@@ -353,7 +353,7 @@ class MetaRows:
     """Every comm_meta row of a rank file by index (file order), without holding them all.
 
     One pass over the spill frames (written by :meth:`RankFile.spill_meta`) keeps only numpy
-    columns, one entry per row: ``event_id``, ``gpu`` (bool), ``ts_ns``, ``dur_ns``,
+    columns, one entry per row: ``gpu`` (bool), ``ts_ns``, ``dur_ns``,
     ``name`` (an index into ``names``) and ``thread`` (an index into ``threads``, the
     distinct (device, track) pairs). :meth:`row` gives a row's dict: rows the reader
     still held come from memory, spilled ones from their frame, decoded when first
@@ -361,7 +361,7 @@ class MetaRows:
     file order decodes each frame once. ``times`` (event_id → (ts_ns, dur_ns)) replace
     those rows' times (clipped GPU spans), in the columns and in the dicts.
 
-    Memory: ~40 B per row plus at most META_FRAME_CACHE frames of META_SPILL_ROWS rows.
+    Memory: 25 B per row plus at most META_FRAME_CACHE frames of META_SPILL_ROWS rows.
     """
 
     def __init__(self, rf: RankFile, times=None):
@@ -373,7 +373,7 @@ class MetaRows:
         thread_ix: dict = {}
         self._frame_at: list[tuple[int, int, int]] = []  # (first row, file offset, size)
         total = rf.meta_spilled + len(rf.comm_meta)  # columns allocated once, filled frame by frame
-        self.event_id = np.empty(total, dtype=np.int64)
+        self._n = total
         self.gpu = np.empty(total, dtype=bool)
         self.ts_ns = np.empty(total, dtype=np.int64)
         self.dur_ns = np.empty(total, dtype=np.int64)
@@ -386,12 +386,11 @@ class MetaRows:
             if at + n > total:
                 raise ValueError(f"metadata spill {self._path} holds more rows than were spilled")
             sl = slice(at, at + n)
-            eid = self.event_id[sl]
-            eid[:] = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=n)
             self.gpu[sl] = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
             self.ts_ns[sl] = np.fromiter((r["ts_ns"] for r in rows), dtype=np.int64, count=n)
             self.dur_ns[sl] = np.fromiter((r["dur_ns"] for r in rows), dtype=np.int64, count=n)
             if self._times is not None:
+                eid = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=n)
                 found, i = self._times.index(eid)
                 self.ts_ns[sl][found] = self._times.columns[0][i[found]]
                 self.dur_ns[sl][found] = self._times.columns[1][i[found]]
@@ -419,7 +418,7 @@ class MetaRows:
         self._retime(self._tail)
 
     def __len__(self) -> int:
-        return len(self.event_id)
+        return self._n
 
     def names_where(self, fn) -> np.ndarray:
         """Per row: ``fn(name)`` (evaluated once per distinct name)."""
