@@ -391,28 +391,28 @@ class _Tables:
 
 def _next_starts(st_parts: list, ts_parts: list, n_streams: int) -> tuple[np.ndarray, np.ndarray]:
     """Per GPU op (file order): the start of the next op on its stream in (start, file order), and
-    whether there is one. Streams already in start order take no sort."""
-    if not ts_parts:
+    whether there is one. Empties the part lists as it copies them (one part and the whole at
+    most at a time); one stable sort by (stream, start)."""
+    total = sum(len(p) for p in ts_parts)
+    if not total:
+        st_parts.clear()
+        ts_parts.clear()
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
-    stream = np.concatenate(st_parts)
-    st_parts.clear()
-    ts = np.concatenate(ts_parts)
-    ts_parts.clear()
-    nxt = np.zeros(len(ts), dtype=np.int64)
-    has_next = np.zeros(len(ts), dtype=bool)
-    if n_streams == 1:
-        groups = [np.arange(len(ts))]
-    else:  # one stable sort by stream, then each stream's ops in file order
-        by_stream = np.argsort(stream, kind="stable")
-        groups = np.split(by_stream, np.flatnonzero(np.diff(stream[by_stream])) + 1)
+    stream = np.empty(total, dtype=np.int32)
+    ts = np.empty(total, dtype=np.int64)
+    at = 0
+    while ts_parts:
+        s, t = st_parts.pop(0), ts_parts.pop(0)
+        stream[at:at + len(t)], ts[at:at + len(t)] = s, t
+        at += len(t)
+    order = np.lexsort((ts, stream)) if n_streams > 1 else np.argsort(ts, kind="stable")  # stable: ties in file order
+    same = stream[order[1:]] == stream[order[:-1]]
     del stream
-    for idx in groups:
-        t = ts[idx]
-        if len(t) > 1 and not (t[1:] >= t[:-1]).all():
-            o = np.argsort(t, kind="stable")  # ties keep file (event_id) order
-            idx, t = idx[o], t[o]
-        nxt[idx[:-1]] = t[1:]
-        has_next[idx[:-1]] = True
+    follows = order[:-1][same]  # ops that have a next op on their stream
+    nxt = np.zeros(total, dtype=np.int64)
+    has_next = np.zeros(total, dtype=bool)
+    nxt[follows] = ts[order[1:][same]]
+    has_next[follows] = True
     return nxt, has_next
 
 
