@@ -193,20 +193,19 @@ class _RankCollectives:
         w.write_table(table)
 
     def tables(self, offset_ns: int = 0, columns: list[str] | None = None):
-        """The rows as COLLECTIVES_SCHEMA tables of at most COLLECTIVES_ROW_GROUP rows, seq filled,
-        ``offset_ns`` added to ts_ns and issue_ts_ns; only ``columns`` when given."""
+        """The rows as COLLECTIVES_SCHEMA tables of about COLLECTIVES_ROW_GROUP rows (whole spilled
+        chunks), seq filled, ``offset_ns`` added to ts_ns and issue_ts_ns; only ``columns`` when given."""
         if not self.num_rows:
             return
-        at = 0
+        at = held = 0
         pending: list = []
         with pa.OSFile(str(self.path)) as fh:
-            reader = pa.ipc.open_stream(fh)
-            for b in reader:
+            for b in pa.ipc.open_stream(fh):
                 pending.append(b)
-                if sum(x.num_rows for x in pending) >= COLLECTIVES_ROW_GROUP:
+                held += b.num_rows
+                if held >= COLLECTIVES_ROW_GROUP:
                     yield self._finish(pending, at, offset_ns, columns)
-                    at += sum(x.num_rows for x in pending)
-                    pending = []
+                    at, held, pending = at + held, 0, []
             if pending:
                 yield self._finish(pending, at, offset_ns, columns)
 
