@@ -1,0 +1,324 @@
+"""Bounded-memory building blocks of the ingest: an external sort and a store of per-position values.
+
+Both keep at most about ``budget`` bytes of rows in memory and write the rest to files in a
+scratch directory (the ingest's staging directory), so that what an ingest holds does not grow
+with the trace. Below the budget nothing touches the disk.
+
+* :class:`ExternalSort` — rows of fixed-width numpy columns, added in any order, read back in
+  the lexicographic order of their first ``n_keys`` columns (keys must be distinct: callers end
+  the key with a row position). Beyond the budget, held rows are sorted into *runs* on disk and
+  the runs are merged block by block (a k-way merge: every block's rows up to the smallest
+  last key among the runs that still have rows on disk can go out, in one sort of those rows).
+* :class:`PositionStore` — values for the positions ``0, 1, 2, …`` of some rows (say, the GPU
+  ops of a staging file in file order), put in any order, a later put of a position winning, and
+  taken back in position order, ``k`` at a time. Beyond the budget, the pending puts go to one
+  file per range of positions (a *bucket*); a bucket is read back, and scattered into dense
+  arrays, when ``take`` reaches it.
+
+Files are raw column bytes (``ndarray.tofile``), native byte order, deleted by ``close`` (both
+classes are context managers). Errors: OSError from the scratch directory propagates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+_COUNTER = itertools.count()
+
+BATCH_ROWS = 65_536
+"""Rows per batch :meth:`ExternalSort.batches` yields from memory (merged batches vary)."""
+
+MIN_BLOCK_ROWS = 1024
+"""Rows a merge reads from a run at a time, at least (with many runs the budget gives fewer)."""
+
+STATE_BUDGET = 8 * 2**20
+"""Bytes of per-row state each table of an ingest's second pass may hold in memory (the link
+pass's next starts and launch calls, the collectives' enclosing-op search, and the sorts behind
+them). Beyond it they go to files in the staging directory, so that the pass's memory does not
+grow with the trace. A sort or store holds up to about twice its budget while it sorts or
+loads (see the classes)."""
+
+
+def _row_bytes(dtypes) -> int:
+    return sum(np.dtype(d).itemsize for d in dtypes)
+
+
+def _count_at_most(keys: list[np.ndarray], bound: tuple) -> int:
+    """Rows of a block sorted by ``keys`` (lexicographically) whose key is ≤ ``bound``."""
+    lo, hi = 0, len(keys[0])
+    for k, b in zip(keys[:-1], bound[:-1]):
+        part = k[lo:hi]
+        lo, hi = lo + int(np.searchsorted(part, b, side="left")), lo + int(np.searchsorted(part, b, side="right"))
+        if lo == hi:
+            return lo
+    return lo + int(np.searchsorted(keys[-1][lo:hi], bound[-1], side="right"))
+
+
+def _sort_order(cols: list[np.ndarray], n_keys: int) -> np.ndarray:
+    if n_keys == 1:
+        return np.argsort(cols[0], kind="stable")
+    return np.lexsort(cols[:n_keys][::-1])
+
+
+def _sorted_in_place(cols: list[np.ndarray], n_keys: int) -> list[np.ndarray]:
+    """``cols`` reordered by their keys, one column at a time (the list's arrays are replaced, so
+    at most one column is held twice)."""
+    order = _sort_order(cols, n_keys)
+    for i in range(len(cols)):
+        cols[i] = cols[i][order]
+    return cols
+
+
+class ExternalSort:
+    """Rows sorted by their first ``n_keys`` columns in at most about ``budget`` bytes.
+
+    ``dtypes``: one numpy dtype per column. ``add(*cols)`` appends rows (equal-length arrays);
+    ``batches()`` yields the rows in key order as lists of arrays (sizes vary, none empty), once.
+    Keys must be distinct, or equal keys come out in no set order. ``n_runs``: the runs written
+    (0 when every row stayed in memory). Memory: the held rows (≤ budget) while adding, and
+    sorting them takes their sort order (8 B a row) and one column more; while merging, one block
+    per run (half the budget in all) and the rows of one output step (at most as much again).
+    """
+
+    def __init__(self, dtypes: Sequence, n_keys: int, budget: int, scratch: str | Path, name: str = "sort"):
+        self.dtypes = [np.dtype(d) for d in dtypes]
+        self.n_keys = n_keys
+        self.budget = max(int(budget), 1)
+        self._row = _row_bytes(self.dtypes)
+        self._scratch = Path(scratch)
+        self._name = f"{name}.{os.getpid()}.{next(_COUNTER)}"
+        self._held: list[list[np.ndarray]] = []
+        self._held_rows = 0
+        self._runs: list[tuple[Path, int]] = []  # (file, rows)
+        self.rows = 0
+        self.n_runs = 0  # runs written (0: all in memory)
+
+    def add(self, *cols: np.ndarray) -> None:
+        n = len(cols[0])
+        if n == 0:
+            return
+        self._held.append([np.asarray(c, dtype=d) for c, d in zip(cols, self.dtypes)])
+        self._held_rows += n
+        self.rows += n
+        if self._held_rows * self._row >= self.budget:
+            self._spill()
+
+    def _take_held(self) -> list[np.ndarray]:
+        """The held rows as one array per column, unsorted; the held parts are dropped column by
+        column as they are joined."""
+        parts, self._held, self._held_rows = self._held, [], 0
+        cols = []
+        for i in range(len(self.dtypes)):
+            cols.append(np.concatenate([p[i] for p in parts]) if len(parts) > 1 else parts[0][i])
+            for p in parts:
+                p[i] = None
+        return cols
+
+    def _spill(self) -> None:
+        cols = self._take_held()
+        order = _sort_order(cols, self.n_keys)
+        path = self._scratch / f"{self._name}.run{len(self._runs)}"
+        n = len(order)
+        with open(path, "wb") as fh:
+            for i in range(len(cols)):
+                cols[i][order].tofile(fh)
+                cols[i] = None
+        self._runs.append((path, n))
+        self.n_runs += 1
+
+    def batches(self, rows: int | None = None) -> Iterator[list[np.ndarray]]:
+        if not self._runs:
+            if self._held_rows:
+                cols = _sorted_in_place(self._take_held(), self.n_keys)
+                rows = rows or BATCH_ROWS
+                for at in range(0, len(cols[0]), rows):
+                    yield [c[at:at + rows] for c in cols]
+            return
+        if self._held_rows:
+            self._spill()
+        yield from self._merge()
+        self.close()
+
+    def _merge(self) -> Iterator[list[np.ndarray]]:
+        nk = self.n_keys
+        block = max(MIN_BLOCK_ROWS, self.budget // (2 * self._row * len(self._runs)))  # blocks: half the budget
+        runs = [dict(path=p, n=n, at=0, cols=None) for p, n in self._runs]
+        for r in runs:
+            r["fh"] = open(r["path"], "rb")
+        try:
+            while True:
+                for r in runs:
+                    if (r["cols"] is None or not len(r["cols"][0])) and r["at"] < r["n"]:
+                        r["cols"] = self._read_block(r, block)
+                live = [r for r in runs if r["cols"] is not None and len(r["cols"][0])]
+                if not live:
+                    return
+                waiting = [r for r in live if r["at"] < r["n"]]  # still rows on disk
+                if waiting:
+                    bound = min(tuple(c[-1].item() for c in r["cols"][:nk]) for r in waiting)
+                    cuts = [_count_at_most(r["cols"][:nk], bound) for r in live]
+                else:
+                    cuts = [len(r["cols"][0]) for r in live]
+                parts = []
+                for r, k in zip(live, cuts):
+                    if k:
+                        parts.append([c[:k] for c in r["cols"]])
+                        r["cols"] = [c[k:] for c in r["cols"]]
+                cols = [np.concatenate([p[i] for p in parts]) for i in range(len(self.dtypes))]
+                del parts
+                yield _sorted_in_place(cols, nk) if len(live) > 1 else cols
+        finally:
+            for r in runs:
+                r["fh"].close()
+
+    def _read_block(self, r: dict, block: int) -> list[np.ndarray]:
+        k = min(block, r["n"] - r["at"])
+        out = []
+        off = 0
+        fh = r["fh"]
+        for d in self.dtypes:
+            fh.seek(off + r["at"] * d.itemsize)
+            out.append(np.fromfile(fh, dtype=d, count=k))
+            off += r["n"] * d.itemsize
+        r["at"] += k
+        return out
+
+    def close(self) -> None:
+        self._held, self._held_rows = [], 0
+        for p, _ in self._runs:
+            Path(p).unlink(missing_ok=True)
+        self._runs = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class PositionStore:
+    """Values for positions 0, 1, 2, … put in any order and taken back in order, in about
+    ``budget`` bytes.
+
+    ``dtypes``: one numpy dtype per value column. ``put(pos, *cols)``: values for the positions
+    ``pos`` (an int64 array); a later put of a position replaces an earlier one. ``take(k)``: the
+    values of the next ``k`` positions as a list of arrays (zeros where nothing was put); puts
+    for positions already taken are an error (ValueError). Memory: pending puts up to the budget
+    (8 B a position more than the values), then one bucket of dense arrays (``bucket_rows``
+    positions, a quarter of the budget by default) at a time. ``n_flushes``: how many times the
+    pending puts went to files (0 when everything stayed in memory).
+    """
+
+    def __init__(self, dtypes: Sequence, budget: int, scratch: str | Path, name: str = "pos",
+                 bucket_rows: int | None = None):
+        self.dtypes = [np.dtype(d) for d in dtypes]
+        row = _row_bytes(self.dtypes)
+        self.bucket_rows = int(bucket_rows or max(256, int(budget) // (4 * max(row, 1))))
+        self.budget = max(int(budget), 1)
+        self._rec = row + 8
+        self._scratch = Path(scratch)
+        self._name = f"{name}.{os.getpid()}.{next(_COUNTER)}"
+        self._pending: list[tuple[np.ndarray, list[np.ndarray]]] = []
+        self._pending_bytes = 0
+        self._files: dict[int, Path] = {}
+        self._taken = 0  # positions handed out so far
+        self._bucket = -1
+        self._dense: list[np.ndarray] = []
+        self.n_flushes = 0  # times the pending puts went to files (0: all in memory)
+
+    def put(self, pos: np.ndarray, *cols) -> None:
+        pos = np.asarray(pos, dtype=np.int64)
+        if not len(pos):
+            return
+        if int(pos.min()) < self._taken:
+            raise ValueError("PositionStore: a value put for a position already taken")
+        self._pending.append((pos, [np.asarray(c, dtype=d) for c, d in zip(cols, self.dtypes)]))
+        self._pending_bytes += len(pos) * self._rec
+        if self._pending_bytes >= self.budget:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Append every pending put to its bucket's file (positions then columns, per put)."""
+        handles: dict = {}
+        try:
+            for pos, cols in self._pending:
+                b = pos // self.bucket_rows
+                for bucket in np.unique(b).tolist():
+                    m = b == bucket
+                    fh = handles.get(bucket)
+                    if fh is None:
+                        path = self._files.setdefault(bucket, self._scratch / f"{self._name}.b{bucket}")
+                        fh = handles[bucket] = open(path, "ab")
+                    p = pos[m]
+                    np.array([len(p)], dtype=np.int64).tofile(fh)
+                    p.tofile(fh)
+                    for c in cols:
+                        c[m].tofile(fh)
+        finally:
+            for fh in handles.values():
+                fh.close()
+        self._pending, self._pending_bytes = [], 0
+        self.n_flushes += 1
+
+    def _load(self, bucket: int) -> None:
+        base = bucket * self.bucket_rows
+        dense = [np.zeros(self.bucket_rows, dtype=d) for d in self.dtypes]
+        path = self._files.pop(bucket, None)
+        if path is not None:
+            with open(path, "rb") as fh:
+                while True:
+                    head = np.fromfile(fh, dtype=np.int64, count=1)
+                    if not len(head):
+                        break
+                    n = int(head[0])
+                    p = np.fromfile(fh, dtype=np.int64, count=n) - base
+                    for d, out in zip(self.dtypes, dense):
+                        out[p] = np.fromfile(fh, dtype=d, count=n)
+            path.unlink(missing_ok=True)
+        keep = []
+        for pos, cols in self._pending:
+            m = (pos >= base) & (pos < base + self.bucket_rows)
+            if m.any():
+                p = pos[m] - base
+                for c, out in zip(cols, dense):
+                    out[p] = c[m]
+                if not m.all():
+                    keep.append((pos[~m], [c[~m] for c in cols]))
+            else:
+                keep.append((pos, cols))
+        self._pending = keep
+        self._pending_bytes = sum(len(p) * self._rec for p, _ in keep)
+        self._bucket, self._dense = bucket, dense
+
+    def take(self, k: int) -> list[np.ndarray]:
+        parts: list[list[np.ndarray]] = []
+        while k > 0:
+            bucket, off = divmod(self._taken, self.bucket_rows)
+            if bucket != self._bucket:
+                self._load(bucket)
+            n = min(k, self.bucket_rows - off)
+            parts.append([d[off:off + n] for d in self._dense])
+            self._taken += n
+            k -= n
+        if not parts:
+            return [np.empty(0, dtype=d) for d in self.dtypes]
+        if len(parts) == 1:
+            return [p.copy() for p in parts[0]]
+        return [np.concatenate([p[i] for p in parts]) for i in range(len(self.dtypes))]
+
+    def close(self) -> None:
+        self._pending, self._dense = [], []
+        for p in self._files.values():
+            Path(p).unlink(missing_ok=True)
+        self._files = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
