@@ -25,13 +25,14 @@ order), plus what the collectives builder needs (:class:`LinkResult`). Per row:
 
 Memory: the staging file is scanned four times, a batch at a time (the reader's
 batches, ~40k rows); what is kept between scans is never the rows but, per GPU op,
-the next op's start (9 B) and, per correlation id a GPU row carries, its launch
-call (24 B): about 34 B per GPU op. The next starts need no sort when every stream's
-ops are in start order in the file (they are resolved during the first scan); when
-one is not, the ops' streams and starts (12 B each) are sorted once, from the first
-backward step on plus a re-read of the batches before it. Scans: GPU ops; their
-launch calls; the rows written; the launch calls of the comm kernels (their thread
-and duration).
+the next op's start (9 B) and, per GPU row with a correlation id, its launch call
+(~32 B), each in a table of at most ``tracekit.spill.STATE_BUDGET`` bytes that spills to
+the staging directory beyond it (:class:`_Tables`). The next starts need no sort when
+every stream's ops are in start order in the file (they are resolved during the first
+scan); when one is not, the ops' (stream, start, position) go through an external sort.
+Scans: GPU ops; their launch calls; the rows written; the launch calls of the comm
+kernels (their thread and duration). What stays in memory in proportion to the trace is
+per comm row: its span and launch call (:class:`LinkResult`, 64 B).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ import pyarrow as pa
 
 from tracekit import _arrow
 from tracekit._memory import release_free_memory
+from tracekit import spill
+from tracekit.spill import ExternalSort, PositionStore
 from tracekit.store import EVENTS_SCHEMA
 
 SYNC_NAME = re.compile(
@@ -208,34 +211,48 @@ def _gpu_ops(gpu: np.ndarray, cat: np.ndarray) -> np.ndarray:
     return gpu & ((cat & _C_GPU_OP) > 0)
 
 
-class _Tables:
-    """What the first two scans keep, in about 34 B per GPU op: per GPU op (per batch, in file
-    order, the order the writing scan meets them again) the next op's start on its stream; per
-    correlation id a GPU row carries, its launch call; and the comm threads.
+_LAUNCH_BYTES_PER_ROW = 32
+"""What the in-memory launch table costs per GPU row with a correlation id (ids, their sorted
+copy, the best call's event_id, start and kind)."""
 
-    Scan one: the next starts, resolved as the scan goes (a stream's last op waits for the
-    stream's next op, in a later batch or never), when every stream's ops run in start order
-    in the file (no sort, nothing kept but the results: so in our TP fixture, the DLRM and
-    B200 traces); else, after the scan, by :func:`_next_starts` (the HTA sample traces each
-    have a stream that steps back once). Also the correlation ids of GPU rows. Scan two: the
-    launch calls of those correlation ids (other runtime calls are never kept), the best one
-    per id kept in place.
+
+class _Tables:
+    """What the first two scans keep for the writing scan, in at most about spill.STATE_BUDGET bytes
+    per table: per GPU op (in file order, the order the writing scan meets them again) the next
+    op's start on its stream; per GPU row with a correlation id its launch call; and the comm
+    threads (a few).
+
+    Next starts (a :class:`~tracekit.spill.PositionStore` by GPU op): resolved during scan one
+    when every stream's ops run in start order in the file (a stream's last op waits for the
+    stream's next op, in a later batch or never), as in our TP fixture, the DLRM and B200
+    traces; else (the HTA sample traces each have a stream that steps back once) by an
+    external sort of (stream, start, position) (:meth:`_sorted_next`), fed from the first
+    backward step on and by a re-read of the batches before it.
+
+    Launch calls: while the GPU rows' correlation ids fit in the budget, scan two keeps, per
+    distinct id, the best launch call in place (other runtime calls are never kept). Beyond
+    it, scan two sorts the GPU rows and every launch call together by correlation id
+    (:meth:`_sorted_launches`) and the best call per id goes to a PositionStore by GPU row.
     """
 
-    def __init__(self, scan, cpu_only: bool):
+    def __init__(self, scan, cpu_only: bool, scratch: Path):
         cat_cache: dict = {}
         name_cache: dict = {}
         kind_cache: dict = {}
         streams: dict = {}
         gcorr: list = []
+        n_gcorr = 0
+        keep_gcorr = True
         threads: set = set()
-        self._nxt: list = []  # per batch: the next start of each of its GPU ops
-        self._has: list = []  # per batch: whether there is one
-        pending: dict = {}  # stream → (batch, op position, start) of its last op so far
+        self._scratch = scratch
+        self._launch = None  # a PositionStore when the launch calls did not fit the budget
+        self._next = PositionStore([np.int64, np.bool_], spill.STATE_BUDGET, scratch, "next")
+        self._sizes: list = []  # per batch: its GPU ops
+        pending: dict = {}  # stream → (position, start) of its last op so far
+        n_ops = 0
         in_order = True
         first_unsorted = 0  # the batch where a stream's starts first went backwards
-        st_parts: list = []
-        ts_parts: list = []
+        sort = None
         cols = ["track_kind", "device", "track", "category", "name", "ts_ns", "correlation", "is_comm"]
         for bi, b in enumerate(scan(cols)):
             n = b.num_rows
@@ -243,23 +260,28 @@ class _Tables:
             gpu = _lut(b.column("track_kind"), lambda k: int(k == "gpu_stream"), kind_cache).astype(bool)
             corr, corr_ok = _arrow.to_numpy(b.column("correlation"))
             gc = gpu & _arrow.all_valid(corr_ok, n)
-            if gc.any():
-                gcorr.append(corr[gc])
+            k = int(gc.sum())
+            if k:
+                n_gcorr += k
+                if keep_gcorr:
+                    gcorr.append(corr[gc])
+                    if n_gcorr * _LAUNCH_BYTES_PER_ROW > spill.STATE_BUDGET:
+                        keep_gcorr, gcorr = False, []
             dev, dev_ok = _arrow.to_numpy(b.column("device"))
             trk, trk_ok = _arrow.to_numpy(b.column("track"))
             g = _gpu_ops(gpu, cat)
             k = int(g.sum())
-            nxt = np.zeros(k, dtype=np.int64)
-            has = np.zeros(k, dtype=bool)
+            self._sizes.append(k)
             if k:
                 st, ts = _streams_and_starts(b, g, streams)
-                if in_order and not self._link_batch(bi, st, ts, nxt, has, pending):
+                pos = np.arange(n_ops, n_ops + k, dtype=np.int64)
+                if in_order and not self._link_batch(st, ts, pos, pending):
                     in_order, first_unsorted = False, bi
-                if not in_order:  # from here on the ops are kept, for the sort
-                    st_parts.append(st)
-                    ts_parts.append(ts)
-            self._nxt.append(nxt)
-            self._has.append(has)
+                    self._next.close()
+                    sort = ExternalSort([np.int32, np.int64, np.int64], 3, spill.STATE_BUDGET, scratch, "nextsort")
+                if not in_order:  # from here on the ops go to the sort
+                    sort.add(st, ts, pos)
+                n_ops += k
             if cpu_only:
                 comm = _arrow.to_numpy(b.column("is_comm"))[0]
                 nb = _lut(b.column("name"), _name_bits, name_cache)
@@ -269,9 +291,17 @@ class _Tables:
                     threads.update(zip(dev[t].tolist(), trk[t].tolist()))
         self.comm_threads = threads
         if not in_order:  # some stream's ops are out of start order in the file: sort them all
-            self._resort(scan, streams, first_unsorted, st_parts, ts_parts)
-        del st_parts, ts_parts
+            try:
+                self._next = PositionStore([np.int64, np.bool_], spill.STATE_BUDGET, scratch, "next")
+                self._head_ops(scan, streams, first_unsorted, sort)
+                self._sorted_next(sort)
+            finally:
+                sort.close()
         self._batch = 0  # batches handed out so far (see next_of)
+        if not keep_gcorr:
+            del gcorr
+            self._sorted_launches(scan, cat_cache)
+            return
         # launch calls: one per correlation id some GPU row carries (runtime before driver, then the lowest event_id)
         wanted = np.concatenate(gcorr) if gcorr else np.empty(0, dtype=np.int64)
         del gcorr
@@ -312,8 +342,22 @@ class _Tables:
         keep = rank < 2
         self.l_corr, self.l_eid, self.l_ts = wanted[keep], l_eid[keep], l_ts[keep]
 
+    def close(self) -> None:
+        """Remove the tables' files (if they spilled)."""
+        self._next.close()
+        if self._launch is not None:
+            self._launch.close()
+
     def launch_of(self, corr: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(found, launch event_id, launch ts) per correlation id (``ok``: rows to look up)."""
+        """(found, launch event_id, launch ts) per correlation id (``ok``: rows to look up: a batch's
+        GPU rows with a correlation id; batches must come in the order of the scans)."""
+        if self._launch is not None:
+            f, e, t = self._launch.take(int(ok.sum()))
+            found = np.zeros(len(corr), dtype=bool)
+            l_eid = np.zeros(len(corr), dtype=np.int64)
+            l_ts = np.zeros(len(corr), dtype=np.int64)
+            found[ok], l_eid[ok], l_ts[ok] = f, e, t
+            return found, l_eid, l_ts
         n = len(self.l_corr)
         if n == 0:
             z = np.zeros(len(corr), dtype=np.int64)
@@ -325,95 +369,127 @@ class _Tables:
     def next_of(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(has a next op, its start) per row of a batch whose GPU ops are ``g``; batches must come
         in the order of the first scan."""
-        nxt, has = self._nxt[self._batch], self._has[self._batch]
-        self._batch += 1
-        if len(nxt) != int(g.sum()):
+        k = int(g.sum())
+        if self._batch >= len(self._sizes) or self._sizes[self._batch] != k:
             raise RuntimeError("the staging file's batches changed between scans")
+        self._batch += 1
+        nxt, has = self._next.take(k)
         has_next = np.zeros(len(g), dtype=bool)
         out = np.zeros(len(g), dtype=np.int64)
         has_next[g] = has
         out[g] = nxt
         return has_next, out
 
-    def _link_batch(self, bi: int, st: np.ndarray, ts: np.ndarray, nxt: np.ndarray, has: np.ndarray,
-                    pending: dict) -> bool:
-        """Fill the next starts of batch ``bi``'s GPU ops (streams ``st``, starts ``ts``) within the
-        batch, and those of the streams' pending ops from earlier batches; each stream's last op
-        becomes its pending one. False as soon as a stream's starts go backwards in file order."""
+    def _link_batch(self, st: np.ndarray, ts: np.ndarray, pos: np.ndarray, pending: dict) -> bool:
+        """Put the next starts of a batch's GPU ops (streams ``st``, starts ``ts``, positions
+        ``pos``) that the batch holds, and those of the streams' pending ops from earlier
+        batches; each stream's last op becomes its pending one. False (nothing put) when a
+        stream's starts go backwards in file order."""
         order = np.argsort(st, kind="stable")  # by stream; within one, file order
         s, t = st[order], ts[order]
         same = s[1:] == s[:-1]
         if (t[1:][same] < t[:-1][same]).any():
             return False
-        inner = order[:-1][same]
-        nxt[inner] = t[1:][same]
-        has[inner] = True
         heads = np.flatnonzero(np.r_[True, ~same])
         tails = np.r_[heads[1:], len(order)] - 1
+        patch_pos, patch_ts, tails_of = [], [], {}
         for h, e in zip(heads.tolist(), tails.tolist()):
             stream, first = int(s[h]), int(t[h])
             prev = pending.get(stream)
             if prev is not None:
-                pb, pp, pts = prev
-                if first < pts:
+                if first < prev[1]:
                     return False
-                self._nxt[pb][pp] = first
-                self._has[pb][pp] = True
-            pending[stream] = (bi, int(order[e]), int(t[e]))
+                patch_pos.append(prev[0])
+                patch_ts.append(first)
+            tails_of[stream] = (int(pos[order[e]]), int(t[e]))
+        nxt = np.zeros(len(st), dtype=np.int64)
+        has = np.zeros(len(st), dtype=bool)
+        inner = order[:-1][same]
+        nxt[inner] = t[1:][same]
+        has[inner] = True
+        self._next.put(pos, nxt, has)
+        if patch_pos:
+            self._next.put(np.array(patch_pos, dtype=np.int64), np.array(patch_ts, dtype=np.int64),
+                           np.ones(len(patch_pos), dtype=bool))
+        pending.update(tails_of)
         return True
 
-    def _resort(self, scan, streams: dict, upto: int, st_parts: list, ts_parts: list) -> None:
-        """Next starts of every GPU op by sorting each stream's ops by start (:func:`_next_starts`),
-        for files where some stream's ops are not in start order. ``st_parts``/``ts_parts``: the
-        streams and starts of the ops of batches ``upto`` onwards; those of the batches before are
-        read again (a rescan of five columns, stopped at batch ``upto``)."""
-        head_st: list = []
-        head_ts: list = []
-        sizes = [len(x) for x in self._nxt]
+    def _head_ops(self, scan, streams: dict, upto: int, sort: ExternalSort) -> None:
+        """Add to ``sort`` the (stream, start, position) of the GPU ops of the batches before
+        ``upto`` (a re-read of five columns, stopped at batch ``upto``)."""
+        at = 0
         for bi, b in enumerate(scan(["track_kind", "device", "track", "category", "ts_ns"])):
             if bi >= upto:
                 break
             cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), {})
             gpu = _lut(b.column("track_kind"), lambda k: int(k == "gpu_stream"), {}).astype(bool)
             g = _gpu_ops(gpu, cat)
-            if g.any():
+            k = int(g.sum())
+            if k != self._sizes[bi]:
+                raise RuntimeError("the staging file's batches changed between scans")
+            if k:
                 st, ts = _streams_and_starts(b, g, streams)
-                head_st.append(st)
-                head_ts.append(ts)
-        st_parts[:0] = head_st
-        ts_parts[:0] = head_ts
-        del head_st, head_ts
-        self._nxt = self._has = []  # the partial results, before the sort's arrays are allocated
-        nxt, has = _next_starts(st_parts, ts_parts, len(streams))
-        cuts = np.cumsum(sizes)[:-1]
-        self._nxt, self._has = np.split(nxt, cuts), np.split(has, cuts)
+                sort.add(st, ts, np.arange(at, at + k, dtype=np.int64))
+            at += k
 
+    def _sorted_next(self, sort: ExternalSort) -> None:
+        """Next starts from the GPU ops in (stream, start, file order): an op's next op is the one
+        after it in that order on the same stream (ties in start: file order)."""
+        carry = None  # (stream, position) of the last op of the previous batch
+        for st, ts, pos in sort.batches():
+            same = st[1:] == st[:-1]
+            nxt = np.zeros(len(st), dtype=np.int64)
+            has = np.zeros(len(st), dtype=bool)
+            nxt[:-1][same] = ts[1:][same]
+            has[:-1][same] = True
+            self._next.put(pos, nxt, has)
+            if carry is not None and carry[0] == int(st[0]):
+                self._next.put(np.array([carry[1]], dtype=np.int64), ts[:1], np.ones(1, dtype=bool))
+            carry = (int(st[-1]), int(pos[-1]))
 
-def _next_starts(st_parts: list, ts_parts: list, n_streams: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per GPU op (file order): the start of the next op on its stream in (start, file order), and
-    whether there is one. Empties the part lists as it copies them (one part and the whole at
-    most at a time); one stable sort by (stream, start)."""
-    total = sum(len(p) for p in ts_parts)
-    if not total:
-        st_parts.clear()
-        ts_parts.clear()
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
-    stream = np.empty(total, dtype=np.int32)
-    ts = np.empty(total, dtype=np.int64)
-    at = 0
-    while ts_parts:
-        s, t = st_parts.pop(0), ts_parts.pop(0)
-        stream[at:at + len(t)], ts[at:at + len(t)] = s, t
-        at += len(t)
-    order = np.lexsort((ts, stream)) if n_streams > 1 else np.argsort(ts, kind="stable")  # stable: ties in file order
-    same = stream[order[1:]] == stream[order[:-1]]
-    del stream
-    follows = order[:-1][same]  # ops that have a next op on their stream
-    nxt = np.zeros(total, dtype=np.int64)
-    has_next = np.zeros(total, dtype=bool)
-    nxt[follows] = ts[order[1:][same]]
-    has_next[follows] = True
-    return nxt, has_next
+    def _sorted_launches(self, scan, cat_cache: dict) -> None:
+        """The launch call of every GPU row with a correlation id, when their ids do not fit the
+        budget: one scan adds (id, kind, tie, value) rows to an external sort — per GPU row
+        (id, 2, its position among those rows, 0), per launch call (id, 0 for runtime or 1 for
+        driver, event_id, start) — and in that order the first row of an id is its best call
+        (runtime before driver, then the lowest event_id) when it is a call."""
+        sort = ExternalSort([np.int64, np.int8, np.int64, np.int64], 3, spill.STATE_BUDGET, self._scratch, "launchsort")
+        kind_cache: dict = {}
+        self._launch = PositionStore([np.bool_, np.int64, np.int64], spill.STATE_BUDGET, self._scratch, "launch")
+        try:
+            at = 0
+            for b in scan(["event_id", "track_kind", "category", "ts_ns", "correlation"]):
+                n = b.num_rows
+                cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), cat_cache)
+                gpu = _lut(b.column("track_kind"), lambda k: int(k == "gpu_stream"), kind_cache).astype(bool)
+                corr, corr_ok = _arrow.to_numpy(b.column("correlation"))
+                ok = _arrow.all_valid(corr_ok, n)
+                gc = gpu & ok
+                k = int(gc.sum())
+                if k:
+                    sort.add(corr[gc], np.full(k, 2, dtype=np.int8), np.arange(at, at + k, dtype=np.int64),
+                             np.zeros(k, dtype=np.int64))
+                    at += k
+                m = ((cat & _C_LAUNCH) > 0) & ok
+                if m.any():
+                    sort.add(corr[m], np.where((cat[m] & _C_RUNTIME) > 0, 0, 1).astype(np.int8),
+                             _arrow.to_numpy(b.column("event_id"))[0][m], _arrow.to_numpy(b.column("ts_ns"))[0][m])
+            cur = None  # (id, found, event_id, start) of the id open at the end of the previous batch
+            for corr, kind, tie, val in sort.batches():
+                n = len(corr)
+                start = np.ones(n, dtype=bool)
+                start[1:] = corr[1:] != corr[:-1]
+                head = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+                found, e, t = kind[head] < 2, tie[head], val[head]
+                if cur is not None and cur[0] == int(corr[0]):  # the first id continues from the previous batch
+                    first = head == 0
+                    found[first], e[first], t[first] = cur[1], cur[2], cur[3]
+                g = kind == 2
+                f = found[g]
+                self._launch.put(tie[g], f, np.where(f, e[g], 0), np.where(f, t[g], 0))
+                cur = (int(corr[-1]), bool(found[-1]), int(e[-1]), int(t[-1]))
+        finally:
+            sort.close()
 
 
 def _scanner(raw: str | Path):
@@ -435,10 +511,19 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
     ``steps``: (step, event_id, start_ns, end_ns) of the rank's ProfilerStep windows.
     ``writer_cls``: a batch writer (``kineto._BatchWriter``) called as
     ``writer_cls(path, schema, parquet_options, row_group_size=...)``, used as a context
-    manager with ``write(batch)``. Errors of the staging file (OSError, ArrowInvalid) propagate.
+    manager with ``write(batch)``. Tables beyond spill.STATE_BUDGET spill next to ``raw`` (removed
+    before returning). Errors of the staging file (OSError, ArrowInvalid) propagate.
     """
     scan = _scanner(raw)
-    tab = _Tables(scan, cpu_only)
+    tab = _Tables(scan, cpu_only, Path(raw).parent)
+    try:
+        return _write_rank(scan, tab, out, run_id, rank, cpu_only, steps, writer_cls)
+    finally:
+        tab.close()
+
+
+def _write_rank(scan, tab: "_Tables", out: Path, run_id: str, rank: int, cpu_only: bool, steps, writer_cls) -> LinkResult:
+    """The writing scan of :func:`link_rank` and the launch rows of its comm rows."""
     release_free_memory()  # the tables' sort buffers, before the writing scan allocates
     order = sorted(steps, key=lambda s: (s[2], s[0]))
     st_num = np.array([s[0] for s in order], dtype=np.int64)
