@@ -308,15 +308,15 @@ def test_metadata_rows_read_back_frame_by_frame_give_the_same_store(rel, tmp_pat
     real = kineto.RankFile.meta_rows
     frames = []
 
-    def tiny_frames(self, times=None):
+    def tiny_frames(self, times=None, columns=True):
         rows = self.load_comm_meta()
         path = tmp_path / f"respill{len(frames)}.meta"
-        self.comm_meta, self.meta_spill, self.meta_spilled = [], None, 0
+        self.comm_meta, self.meta_spill, self.meta_spilled, self.meta_frames = [], None, 0, []
         for i in range(0, len(rows), 3):
             self.comm_meta = rows[i : i + 3]
             self.spill_meta(path)
         frames.append(len(rows))
-        return real(self, times)
+        return real(self, times, columns)
 
     monkeypatch.setattr(kineto.RankFile, "meta_rows", tiny_frames)
     monkeypatch.setattr(kineto, "META_FRAME_CACHE", 1)

@@ -30,17 +30,18 @@ from __future__ import annotations
 import functools
 import math
 import re
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-import pyarrow as pa
 
-from tracekit import _arrow
-
+from tracekit import spill
 from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
 from tracekit.model import busbw_factor
 from tracekit.model.ops import OP_ALIASES
+from tracekit.spill import ExternalSort
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float4": 4, "single": 4,
@@ -189,41 +190,6 @@ def wire_bytes_for(op: str | None, size: int | None, group_size: int | None, in_
     return 0
 
 
-class _OpIndex:
-    """CPU comm ops of one thread, sorted by start, for 'which ops enclose this launch'.
-
-    ``rows``: their indices in ``meta`` (a :class:`~tracekit.ingest.kineto.MetaRows`).
-    """
-
-    def __init__(self, meta, rows: np.ndarray):
-        ts, dur = meta.ts_ns[rows], meta.dur_ns[rows]
-        # by start, the longer first; stable (file order) on ties. Traces list a thread's ops in
-        # that order already (every trace here does): then no sort and its buffers
-        later = ts[1:] > ts[:-1]
-        if len(ts) > 1 and not (later | ((ts[1:] == ts[:-1]) & (dur[1:] <= dur[:-1]))).all():
-            order = np.lexsort((-dur, ts))
-            rows, ts, dur = rows[order], ts[order], dur[order]
-        del later
-        self.rows = rows
-        self.starts = ts
-        self.ends = ts + dur
-        # max_end[j]: the latest end among rows[0..j]; once below `end`, no earlier op encloses
-        self.max_end = np.maximum.accumulate(self.ends) if len(self.ends) else self.ends
-
-    def enclosing(self, ts: int, end: int) -> list[int]:
-        """Rows of ops with start ≤ ts and end ≥ end, innermost (latest start) first (the 64 latest starts looked at)."""
-        i = int(np.searchsorted(self.starts, ts, side="right"))
-        out = []
-        j = i - 1
-        lo = max(-1, j - 64)
-        ends, max_end, rows = self.ends, self.max_end, self.rows
-        while j > lo and max_end[j] >= end:
-            if ends[j] >= end:
-                out.append(int(rows[j]))
-            j -= 1
-        return out
-
-
 def c10d_alltoall_splits(op_row: dict) -> tuple[list[int], list[int]] | None:
     """(input splits, output splits) in ELEMENTS from a ``c10d::alltoall_base_`` call, or None.
 
@@ -348,42 +314,151 @@ def build_collectives(
     world_size: int,
     pg_config: dict[str, list[int]],
     cpu_only: bool,
+    scratch: str | Path | None = None,
 ) -> Iterator[dict]:
     """Rows of the collectives table for one rank, in the order of the comm spans in the file.
 
-    ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.kineto.MetaRows`).
+    ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.kineto.MetaRows`; with
+    columns for CPU-only traces, which pair spans and issuers on them).
     ``launches`` (:class:`~tracekit.ingest.eventlink.Keyed`) maps a comm kernel's
-    event_id → (pid, tid, launch ts, launch end) of its runtime launch call, via ``get``;
+    event_id → (pid, tid, launch ts, launch end) of its runtime launch call, via ``index``;
     kernels missing from it were launched outside the capture. ``pg_config`` maps process-group name → global ranks (from
     ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;
-    :func:`fill_seq` derives it per rank.
+    :func:`fill_seq` derives it per rank. ``scratch``: where the enclosing-op search spills
+    beyond ``tracekit.spill.STATE_BUDGET`` (default: the system's temporary directory).
     """
-    cpu = ~meta.gpu
     if cpu_only:
-        cpu &= ~meta.names_where(lambda nm: nm.startswith("gloo:"))
-    cpu_rows = np.flatnonzero(cpu)
-    if cpu_only:
-        yield from _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config)
+        cpu = ~meta.gpu & ~meta.names_where(lambda nm: nm.startswith("gloo:"))
+        yield from _cpu_rows(run_id, rank, meta, np.flatnonzero(cpu), world_size, pg_config)
         return
-    by_thread = meta.thread[cpu_rows]
-    order = np.argsort(by_thread, kind="stable")
-    groups = np.split(cpu_rows[order], np.flatnonzero(np.diff(by_thread[order])) + 1) if len(cpu_rows) else []
-    index = {meta.threads[int(meta.thread[g[0]])]: _OpIndex(meta, g) for g in groups}
-    for i in np.flatnonzero(meta.gpu).tolist():
-        sp = meta.row(i)
-        issue_ts = None
-        la = launches.get(sp["event_id"])
-        enclosing = []
-        if la is not None:
-            pid, tid, lts, lend = la
-            issue_ts = lts
-            idx = index.get((pid, tid))
-            if idx is not None:
-                enclosing = [meta.row(j) for j in idx.enclosing(lts, lend)]
-        res = _resolve(sp, enclosing)
-        if la is None and res["meta_source"] == "name_only":
-            res["launch_outside_capture"] = True
-        yield _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config)
+    scratch = Path(scratch) if scratch is not None else Path(tempfile.gettempdir())
+    with _enclosing_ops(meta, launches, scratch) as enclosing:
+        for first, rows in meta.frames():
+            for k, sp in enumerate(rows):
+                if not sp["gpu"]:
+                    continue
+                la = launches.get(sp["event_id"])
+                encl = [meta.row(j) for j in enclosing(first + k)]
+                res = _resolve(sp, encl)
+                if la is None and res["meta_source"] == "name_only":
+                    res["launch_outside_capture"] = True
+                yield _finish_row(run_id, rank, sp, res, la[2] if la is not None else None, world_size, pg_config)
+
+
+ENCLOSING_WINDOW = 64
+"""A launch call's enclosing ops are looked for among the last this many CPU comm ops of its
+thread that start at or before it (by start, the longer first, then file order)."""
+
+_SWEEP_CALLS = 4096
+"""Launch calls matched against their window at once (three int64/bool matrices of this many
+rows × ENCLOSING_WINDOW)."""
+
+
+class _enclosing_ops:
+    """``enclosing(row)`` → the meta rows of the CPU comm ops that enclose the launch call of GPU
+    meta row ``row`` (start ≤ the call's start and end ≥ its end, on its thread), innermost (latest
+    start) first; asked for rows in increasing order. A context manager (it removes its files).
+
+    Two external sorts (tracekit.spill) in bounded memory: one of every CPU op (thread, start,
+    0, −duration, row; end) and every launch call (thread, start, 1, 0, row; end) — at equal
+    starts ops come before calls, so an op starting with the call counts — swept per thread with
+    the last ENCLOSING_WINDOW ops at hand; and one of the (GPU row, rank, op row) pairs found,
+    read back in GPU-row order.
+    """
+
+    def __init__(self, meta, launches, scratch: Path):
+        budget = spill.STATE_BUDGET
+        self._pairs = ExternalSort([np.int64, np.int16, np.int64], 2, budget, scratch, "enclosed")
+        events = ExternalSort([np.int32, np.int64, np.int8, np.int64, np.int64, np.int64], 5, budget, scratch,
+                              "enclosing")
+        try:
+            threads: dict = {}
+            for first, rows in meta.frames():
+                n = len(rows)
+                gpu = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
+                idx = np.arange(first, first + n, dtype=np.int64)
+                cpu = [r for r in rows if not r["gpu"]]
+                if cpu:
+                    thr = np.fromiter((threads.setdefault((r["device"], r["track"]), len(threads)) for r in cpu),
+                                      dtype=np.int32, count=len(cpu))
+                    ts = np.fromiter((r["ts_ns"] for r in cpu), dtype=np.int64, count=len(cpu))
+                    dur = np.fromiter((r["dur_ns"] for r in cpu), dtype=np.int64, count=len(cpu))
+                    events.add(thr, ts, np.zeros(len(cpu), dtype=np.int8), -dur, idx[~gpu], ts + dur)
+                if gpu.any():
+                    eid = np.fromiter((r["event_id"] for r in rows if r["gpu"]), dtype=np.int64)
+                    found, i = launches.index(eid)
+                    if found.any():
+                        i = i[found]
+                        pid, tid, lts, lend = (c[i] for c in launches.columns)
+                        pv, tv = (np.ones(len(i), dtype=bool) if v is None else v[i] for v in launches.valid[:2])
+                        thr = np.fromiter((threads.setdefault((int(p) if a else None, int(t) if b else None),
+                                                              len(threads))
+                                           for p, a, t, b in zip(pid, pv, tid, tv)), dtype=np.int32, count=len(i))
+                        k = len(i)
+                        events.add(thr, lts, np.ones(k, dtype=np.int8), np.zeros(k, dtype=np.int64),
+                                   idx[gpu][found], lend)
+            self._sweep(events)
+        except BaseException:
+            self._pairs.close()
+            raise
+        finally:
+            events.close()
+        self._groups = self._by_gpu_row()
+        self._next = next(self._groups, None)
+
+    def _sweep(self, events: ExternalSort) -> None:
+        w = ENCLOSING_WINDOW
+        cur = None  # the thread of the ops held
+        held_end = np.empty(0, dtype=np.int64)  # its last ≤ w ops (by the sort's order): ends, rows
+        held_row = np.empty(0, dtype=np.int64)
+        for thr, _t, kind, _nd, row, end in events.batches():
+            cuts = np.flatnonzero(thr[1:] != thr[:-1]) + 1
+            for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(thr)].tolist()):
+                if int(thr[a]) != cur:
+                    cur = int(thr[a])
+                    held_end, held_row = held_end[:0], held_row[:0]
+                op = kind[a:b] == 0
+                ends = np.concatenate([held_end, end[a:b][op]])
+                rows = np.concatenate([held_row, row[a:b][op]])
+                calls = np.flatnonzero(~op) if len(ends) else np.empty(0, dtype=np.int64)
+                before = len(held_end) + np.cumsum(op)  # per record: the ops at or before it
+                for c in range(0, len(calls), _SWEEP_CALLS):  # (calls × window) matrices of bounded size
+                    q = calls[c:c + _SWEEP_CALLS]
+                    j = before[q][:, None] - 1 - np.arange(w)[None, :]  # innermost first
+                    ok = j >= 0
+                    jj = np.where(ok, j, 0)
+                    ok &= ends[jj] >= end[a:b][q][:, None]
+                    qi, rk = np.nonzero(ok)
+                    if len(qi):
+                        self._pairs.add(row[a:b][q][qi], rk.astype(np.int16), rows[jj[qi, rk]])
+                held_end, held_row = ends[-w:], rows[-w:]
+
+    def _by_gpu_row(self):
+        """(GPU row, [op rows, innermost first]) in GPU-row order."""
+        cur, got = None, []
+        for g, _rank, op in self._pairs.batches():
+            for gr, o in zip(g.tolist(), op.tolist()):
+                if gr != cur:
+                    if cur is not None:
+                        yield cur, got
+                    cur, got = gr, []
+                got.append(o)
+        if cur is not None:
+            yield cur, got
+
+    def __call__(self, row: int) -> list[int]:
+        while self._next is not None and self._next[0] < row:
+            self._next = next(self._groups, None)
+        if self._next is not None and self._next[0] == row:
+            return self._next[1]
+        return []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._groups.close()
+        self._pairs.close()
 
 
 # gloo runs some collectives as others: reduce-scatter as an all-reduce of the whole input.
@@ -549,64 +624,3 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
         approx=approx,
         issue_ts_ns=issue_ts if issue_ts is not None else sp["ts_ns"],
     )
-
-
-class SeqKeys:
-    """The columns :func:`fill_seq` needs, as numpy arrays (about 45 B a row), gathered from
-    collectives tables or record batches one at a time (``add``)."""
-
-    def __init__(self):
-        self._parts: list = []
-        self._pg: dict = {}
-
-    def add(self, table) -> None:
-        """Append the rows of a COLLECTIVES_SCHEMA table or record batch."""
-        n = table.num_rows
-        if n == 0:
-            return
-        col = table.column  # works for both; chunked columns are combined
-
-        def arr(name):
-            c = col(name)
-            return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
-
-        seq, seq_ok = _arrow.to_numpy(arr("seq"))
-        pg = arr("pg_name")
-        pg_ok = _arrow.not_null(pg)
-        codes = np.fromiter((self._pg.setdefault(v, len(self._pg)) if ok else -1
-                             for v, ok in zip(pg.to_pylist(), pg_ok.tolist())), dtype=np.int64, count=n)
-        self._parts.append((
-            _arrow.to_numpy(arr("rank"))[0].astype(np.int64), codes, seq, _arrow.all_valid(seq_ok, n),
-            _arrow.not_null(arr("op")), _arrow.to_numpy(arr("issue_ts_ns"))[0], _arrow.to_numpy(arr("ts_ns"))[0],
-            _arrow.to_numpy(arr("event_id"))[0],
-        ))
-
-    def columns(self) -> list[np.ndarray]:
-        """[rank, pg code (-1: null), seq, seq valid, op not null, issue_ts_ns, ts_ns, event_id]."""
-        if not self._parts:
-            kinds = (np.int64, np.int64, np.int64, bool, bool, np.int64, np.int64, np.int64)
-            return [np.empty(0, dtype=d) for d in kinds]
-        return [np.concatenate(c) for c in zip(*self._parts)]
-
-
-def fill_seq(keys: SeqKeys) -> tuple[np.ndarray, np.ndarray]:
-    """(seq, valid) for the rows of ``keys``: a missing ``seq`` filled per (rank, pg_name) by
-    issue order (the CPU's call order).
-
-    A row keeps the trace's seq where it has one (a rank whose trace carries ``Seq`` keeps
-    it). Else a row with an op gets its position in its (rank, pg_name) group ordered by
-    issue_ts_ns, then ts_ns, then event_id, counting from 0; a row whose op is unknown gets
-    none (valid False): it cannot be matched across ranks."""
-    rank, pg_code, seq, seq_ok, has_op, issue, ts, eid = keys.columns()
-    todo = ~seq_ok & has_op
-    if not todo.any():
-        return seq, seq_ok
-    rows = np.flatnonzero(todo)
-    order = rows[np.lexsort((eid[rows], ts[rows], issue[rows], pg_code[rows], rank[rows]))]
-    key_r, key_p = rank[order], pg_code[order]
-    new_group = np.ones(len(order), dtype=bool)
-    new_group[1:] = (key_r[1:] != key_r[:-1]) | (key_p[1:] != key_p[:-1])
-    group_start = np.maximum.accumulate(np.where(new_group, np.arange(len(order)), 0))
-    out = seq.copy()
-    out[order] = np.arange(len(order)) - group_start
-    return out, seq_ok | todo

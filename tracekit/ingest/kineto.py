@@ -296,6 +296,7 @@ class RankFile:
     warnings: list[str] = field(default_factory=list)
     meta_spill: str | None = None  # file holding comm_meta rows moved out of memory (see spill_meta)
     meta_spilled: int = 0  # rows in meta_spill
+    meta_frames: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, size, rows) per spilled frame
 
     def spill_meta(self, path: Path) -> None:
         """Append the in-memory ``comm_meta`` rows to ``path`` (msgpack frames) and drop them from memory.
@@ -311,6 +312,7 @@ class RankFile:
             data = b"J" + msgspec.json.encode(self.comm_meta)
         with open(path, "ab") as fh:
             fh.write(len(data).to_bytes(8, "little"))
+            self.meta_frames.append((fh.tell(), len(data), len(self.comm_meta)))
             fh.write(data)
         self.meta_spill = str(path)
         self.meta_spilled += len(self.comm_meta)
@@ -333,11 +335,12 @@ class RankFile:
                 off = fh.tell()
                 yield off, size, _decode_frame(fh.read(size))
 
-    def meta_rows(self, times=None) -> "MetaRows":
-        """The comm_meta rows as :class:`MetaRows` (columns in memory, the rows themselves on demand).
+    def meta_rows(self, times=None, columns: bool = True) -> "MetaRows":
+        """The comm_meta rows as :class:`MetaRows` (columns in memory unless ``columns`` is False,
+        the rows themselves on demand).
 
         ``times``: replaced (ts_ns, dur_ns) by event_id, an ``eventlink.Keyed``."""
-        return MetaRows(self, times)
+        return MetaRows(self, times, columns)
 
 
 def _decode_frame(data: bytes) -> list[dict]:
@@ -361,10 +364,14 @@ class MetaRows:
     file order decodes each frame once. ``times`` (event_id → (ts_ns, dur_ns)) replace
     those rows' times (clipped GPU spans), in the columns and in the dicts.
 
-    Memory: 25 B per row plus at most META_FRAME_CACHE frames of META_SPILL_ROWS rows.
+    With ``columns`` False nothing is decoded up front and no columns are kept (``frames``
+    reads the rows in order); ``has_columns`` says which.
+
+    Memory: 25 B per row (none without columns) plus at most META_FRAME_CACHE frames of
+    META_SPILL_ROWS rows.
     """
 
-    def __init__(self, rf: RankFile, times=None):
+    def __init__(self, rf: RankFile, times=None, columns: bool = True):
         self._path = rf.meta_spill
         self._times = times if times is not None and len(times) else None
         self.names: list[str] = []
@@ -374,17 +381,21 @@ class MetaRows:
         self._frame_at: list[tuple[int, int, int]] = []  # (first row, file offset, size)
         total = rf.meta_spilled + len(rf.comm_meta)  # columns allocated once, filled frame by frame
         self._n = total
-        self.gpu = np.empty(total, dtype=bool)
-        self.ts_ns = np.empty(total, dtype=np.int64)
-        self.dur_ns = np.empty(total, dtype=np.int64)
-        self.name = np.empty(total, dtype=np.int32)
-        self.thread = np.empty(total, dtype=np.int32)
+        self.has_columns = columns
+        if columns:
+            self.gpu = np.empty(total, dtype=bool)
+            self.ts_ns = np.empty(total, dtype=np.int64)
+            self.dur_ns = np.empty(total, dtype=np.int64)
+            self.name = np.empty(total, dtype=np.int32)
+            self.thread = np.empty(total, dtype=np.int32)
         first = 0
 
         def add(rows: list[dict], at: int) -> None:
             n = len(rows)
             if at + n > total:
                 raise ValueError(f"metadata spill {self._path} holds more rows than were spilled")
+            if not columns:
+                return
             sl = slice(at, at + n)
             self.gpu[sl] = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
             self.ts_ns[sl] = np.fromiter((r["ts_ns"] for r in rows), dtype=np.int64, count=n)
@@ -400,10 +411,15 @@ class MetaRows:
                 (thread_ix.setdefault((r["device"], r["track"]), len(thread_ix)) for r in rows), dtype=np.int32, count=n
             )
 
-        for off, size, frame in rf._frames():
-            self._frame_at.append((first, off, size))
-            add(frame, first)
-            first += len(frame)
+        if columns:
+            for off, size, frame in rf._frames():
+                self._frame_at.append((first, off, size))
+                add(frame, first)
+                first += len(frame)
+        else:  # the frames' places and sizes, as the spill recorded them: nothing decoded
+            for off, size, rows in rf.meta_frames:
+                self._frame_at.append((first, off, size))
+                first += rows
         self._tail_first = first
         self._tail = rf.comm_meta
         add(self._tail, first)
@@ -416,6 +432,19 @@ class MetaRows:
         self._lo = self._hi = 0  # rows [lo, hi) are those of frame list _cur, the last one used
         self._cur: list = []
         self._retime(self._tail)
+
+    def frames(self):
+        """(first row index, rows) of every frame in file order, the rows still in memory last;
+        the dicts carry the replaced times. Frames are decoded afresh (the cache of :meth:`row`
+        is left alone)."""
+        for first, off, size in self._frame_at:
+            with open(self._path, "rb") as fh:
+                fh.seek(off)
+                frame = _decode_frame(fh.read(size))
+            self._retime(frame)
+            yield first, frame
+        if self._tail:
+            yield self._tail_first, self._tail
 
     def __len__(self) -> int:
         return self._n
