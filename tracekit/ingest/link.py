@@ -21,14 +21,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracekit import SCHEMA_VERSION, _arrow
+from tracekit import SCHEMA_VERSION, _arrow, spill
 from tracekit._memory import release_free_memory
 from tracekit._arrow import table_from_rows
 from tracekit.errors import FileError
-from tracekit.ingest.collectives import SeqKeys, build_collectives, fill_seq
+from tracekit.spill import ExternalSort, PositionStore
+from tracekit.ingest.collectives import build_collectives
 from tracekit.ingest.eventlink import CLIP_TOLERANCE_NS, link_rank
 from tracekit.ingest.kineto import _BatchWriter
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
@@ -62,9 +64,10 @@ def finish_run(
         release_free_memory()
         n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
         extent[rank] = (lk.ts_lo, lk.ts_hi)
-        meta = rf.meta_rows(lk.spans)
+        meta = rf.meta_rows(lk.spans, columns=cpu_only)
         rows = build_collectives(
-            run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only
+            run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only,
+            scratch=Path(raw).parent,
         )
         table = _RankCollectives(stage / f"collectives.rank={rank}.arrows", rank, rows)
         del meta, lk, rows
@@ -162,59 +165,105 @@ class _RankCollectives:
     """One rank's collectives rows, spilled to ``path`` (an Arrow IPC stream) as they are built,
     COLLECTIVES_CHUNK rows at a time, so that a run's collectives are never all in memory.
 
-    Kept in memory: the filled ``seq`` of every row (:func:`fill_seq`, 9 B a row, computed
-    from ~45 B a row gathered while spilling), ``num_rows``, ``n_unattributed`` (rows with no
-    op) and ``algo_proto`` (the distinct (algo, proto) pairs). :meth:`tables` reads the rows
-    back with that seq and a clock offset applied.
+    A row whose trace gives no ``seq`` but whose op is known gets one: its position in its
+    (rank, pg_name) group ordered by issue_ts_ns, then ts_ns, then event_id, counting from 0
+    (the CPU's call order; a rank whose trace carries ``Seq`` keeps it; a row without an op
+    gets none: it cannot be matched across ranks). Those rows go through an external sort
+    (tracekit.spill) and, when there are any, the spill is rewritten once with their seq.
+    Kept in memory: ``num_rows``, ``n_unattributed`` (rows with no op) and ``algo_proto``
+    (the distinct (algo, proto) pairs). :meth:`tables` reads the rows back with a clock
+    offset applied.
     """
 
     def __init__(self, path: Path, rank: int, rows):
         self.path, self.rank = path, rank
         self.num_rows = self.n_unattributed = 0
         self.algo_proto: set = set()
-        keys = SeqKeys()
-        with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_stream(fh, COLLECTIVES_SCHEMA) as w:
-            chunk: list = []
-            for r in rows:
-                chunk.append(r)
-                if len(chunk) >= COLLECTIVES_CHUNK:
-                    self._spill(chunk, w, keys)
-                    chunk = []
-            if chunk:
-                self._spill(chunk, w, keys)
-        self.seq, self.seq_ok = fill_seq(keys)
+        self._pg: dict = {}
+        todo = ExternalSort([np.int64, np.int64, np.int64, np.int64, np.int64], 5, spill.STATE_BUDGET, path.parent,
+                            "seqfill")
+        try:
+            with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_stream(fh, COLLECTIVES_SCHEMA) as w:
+                chunk: list = []
+                for r in rows:
+                    chunk.append(r)
+                    if len(chunk) >= COLLECTIVES_CHUNK:
+                        self._spill(chunk, w, todo)
+                        chunk = []
+                if chunk:
+                    self._spill(chunk, w, todo)
+            if todo.rows:
+                self._fill_seq(todo)
+        finally:
+            todo.close()
 
-    def _spill(self, chunk: list, w, keys: SeqKeys) -> None:
+    def _spill(self, chunk: list, w, todo: ExternalSort) -> None:
         table = table_from_rows(chunk, COLLECTIVES_SCHEMA)
-        keys.add(table)
-        self.num_rows += table.num_rows
+        n = table.num_rows
+        seq_ok = _arrow.not_null(table.column("seq").combine_chunks())
+        need = ~seq_ok & _arrow.not_null(table.column("op").combine_chunks())
+        if need.any():
+            pg = [r["pg_name"] for r, m in zip(chunk, need.tolist()) if m]
+            todo.add(
+                np.fromiter((-1 if v is None else self._pg.setdefault(v, len(self._pg)) for v in pg),
+                            dtype=np.int64, count=len(pg)),
+                _arrow.to_numpy(table.column("issue_ts_ns").combine_chunks())[0][need],
+                _arrow.to_numpy(table.column("ts_ns").combine_chunks())[0][need],
+                _arrow.to_numpy(table.column("event_id").combine_chunks())[0][need],
+                np.flatnonzero(need) + self.num_rows,
+            )
+        self.num_rows += n
         self.n_unattributed += table.column("op").null_count
         self.algo_proto.update((r["algo"], r["proto"]) for r in chunk)
         w.write_table(table)
 
+    def _fill_seq(self, todo: ExternalSort) -> None:
+        """Number the rows of ``todo`` (pg code, issue ts, ts, event_id, row) per pg code in that
+        order, then rewrite the spill with those seq."""
+        with PositionStore([np.int64, np.bool_], spill.STATE_BUDGET, self.path.parent, "seq") as seq:
+            group, at = None, 0  # the pg code of the rows numbered last, and the next number in it
+            for pg, _issue, _ts, _eid, row in todo.batches():
+                n = len(pg)
+                new = np.empty(n, dtype=bool)
+                new[0] = int(pg[0]) != group
+                new[1:] = pg[1:] != pg[:-1]
+                start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+                number = np.arange(n) - start
+                if not new[0]:  # the batch's first rows continue the previous batch's group
+                    number[start == 0] += at
+                seq.put(row, number, np.ones(n, dtype=bool))
+                group, at = int(pg[-1]), int(number[-1]) + 1
+            tmp = self.path.with_suffix(".filled")
+            with pa.OSFile(str(self.path)) as src, pa.OSFile(str(tmp), "wb") as fh, \
+                    pa.ipc.new_stream(fh, COLLECTIVES_SCHEMA) as w:
+                i = COLLECTIVES_SCHEMA.get_field_index("seq")
+                for b in pa.ipc.open_stream(src):
+                    filled, ok = seq.take(b.num_rows)
+                    old, old_ok = _arrow.to_numpy(b.column(i))
+                    old_ok = _arrow.all_valid(old_ok, b.num_rows)
+                    col = _arrow.from_numpy(np.where(ok, filled, old), pa.int64(), ok | old_ok)
+                    w.write_batch(b.set_column(i, COLLECTIVES_SCHEMA.field(i), col))
+        tmp.replace(self.path)
+
     def tables(self, offset_ns: int = 0, columns: list[str] | None = None):
         """The rows as COLLECTIVES_SCHEMA tables of about COLLECTIVES_ROW_GROUP rows (whole spilled
-        chunks), seq filled, ``offset_ns`` added to ts_ns and issue_ts_ns; only ``columns`` when given."""
+        chunks), ``offset_ns`` added to ts_ns and issue_ts_ns; only ``columns`` when given."""
         if not self.num_rows:
             return
-        at = held = 0
+        held = 0
         pending: list = []
         with pa.OSFile(str(self.path)) as fh:
             for b in pa.ipc.open_stream(fh):
                 pending.append(b)
                 held += b.num_rows
                 if held >= COLLECTIVES_ROW_GROUP:
-                    yield self._finish(pending, at, offset_ns, columns)
-                    at, held, pending = at + held, 0, []
+                    yield self._finish(pending, offset_ns, columns)
+                    held, pending = 0, []
             if pending:
-                yield self._finish(pending, at, offset_ns, columns)
+                yield self._finish(pending, offset_ns, columns)
 
-    def _finish(self, batches: list, at: int, offset_ns: int, columns) -> pa.Table:
+    def _finish(self, batches: list, offset_ns: int, columns) -> pa.Table:
         table = pa.Table.from_batches(batches)
-        n = table.num_rows
-        i = table.schema.get_field_index("seq")
-        table = table.set_column(i, table.schema.field(i),
-                                 _arrow.from_numpy(self.seq[at:at + n], pa.int64(), self.seq_ok[at:at + n]))
         if offset_ns:
             for name in ("ts_ns", "issue_ts_ns"):
                 i = table.schema.get_field_index(name)
