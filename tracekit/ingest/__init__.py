@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tracekit._memory import release_free_memory
+from tracekit._memory import cap_heap_retention, release_free_memory
 from tracekit.errors import BadInputError, FileError
 
 KINETO_SUFFIXES = (".json", ".json.gz")
@@ -218,6 +218,7 @@ def ingest_paths(
         from tracekit.ingest.link import finish_run
 
         release_free_memory()  # what the reader freed, before the link pass allocates
+        cap_heap_retention()  # and what the link pass and the collectives free goes back too
         if progress:
             progress("linking events and deriving collectives")
         finish_run(
