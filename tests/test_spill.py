@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tracekit import spill
-from tracekit.spill import ExternalSort, PositionStore
+from tracekit.spill import ExternalSort, PositionStore, SortedColumns
 
 _DTYPES = [np.int32, np.int64, np.int8, np.int64, np.float64]
 
@@ -115,4 +115,38 @@ def test_position_store_buckets_and_a_put_behind_the_reader(tmp_path):
     assert st.take(3)[0].tolist() == [0, 80, 90]
     assert st.take(2)[0].tolist() == [0, 0]  # past every put: zeros
     st.close()
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sorted_columns_look_up_like_a_dict(seed, tmp_path):
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(-10**12, 10**12, 5000))
+    a = rng.integers(-99, 99, len(keys))
+    b = rng.random(len(keys))
+    a_ok = rng.random(len(keys)) < 0.8
+    want = {}
+    sc = SortedColumns([np.int64, np.float64], tmp_path, cache_blocks=1)
+    at = 0
+    while at < len(keys):  # blocks of random sizes
+        k = int(rng.integers(1, 400))
+        sl = slice(at, at + k)
+        sc.append(keys[sl], a[sl], b[sl], valid=[a_ok[sl], None])
+        for key, x, ok, y in zip(keys[sl].tolist(), a[sl].tolist(), a_ok[sl].tolist(), b[sl].tolist()):
+            want[key] = (x if ok else None, y)
+        at += k
+    assert len(sc) == len(keys) and sc.to_dict() == want
+    probe = np.concatenate([rng.choice(keys, 3000), rng.integers(-10**12, 10**12, 3000)])
+    for q in (probe, np.sort(probe)):  # any order; ascending reads each block once
+        found, (x, y), (x_ok, y_ok) = sc.lookup(q)
+        assert y_ok is None  # column b has no nulls
+        for key, f, xv, xo, yv in zip(q.tolist(), found.tolist(), x.tolist(), x_ok.tolist(), y.tolist()):
+            if key in want:
+                assert f and (xv if xo else None, yv) == want[key]
+            else:
+                assert not f and not xo and xv == 0 and yv == 0
+    assert sc.get(int(keys[7])) == want[int(keys[7])] and sc.get(int(keys[0]) - 1) is None
+    with pytest.raises(ValueError, match="increase"):
+        sc.append(keys[-1:], a[:1], b[:1])
+    sc.close()
     assert not list(tmp_path.iterdir())

@@ -14,7 +14,6 @@ benchmarks/README.md):
   reader freed (its JSON blocks and record arrays) then adds to what the link pass
   allocates. :func:`release_free_memory` hands free pages back to the OS
   (``malloc_trim``) between phases.
-
 * glibc's thresholds move with the program: each large block freed raises the size
   below which blocks come from the heap (up to 32 MB), and with it the free space the
   heap may keep at its top before giving it back (twice that, up to 64 MB). After the

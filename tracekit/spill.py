@@ -1,8 +1,10 @@
-"""Bounded-memory building blocks of the ingest: an external sort and a store of per-position values.
+"""Bounded-memory building blocks of the ingest: an external sort, a store of per-position values,
+and a keyed table on disk.
 
-Both keep at most about ``budget`` bytes of rows in memory and write the rest to files in a
-scratch directory (the ingest's staging directory), so that what an ingest holds does not grow
-with the trace. Below the budget nothing touches the disk.
+The first two keep at most about ``budget`` bytes of rows in memory and write the rest to
+files in a scratch directory (the ingest's staging directory), so that what an ingest holds
+does not grow with the trace; below the budget nothing touches the disk. The third keeps
+nothing in memory but its index and the blocks it read last.
 
 * :class:`ExternalSort` — rows of fixed-width numpy columns, added in any order, read back in
   the lexicographic order of their first ``n_keys`` columns (keys must be distinct: callers end
@@ -14,8 +16,11 @@ with the trace. Below the budget nothing touches the disk.
   taken back in position order, ``k`` at a time. Beyond the budget, the pending puts go to one
   file per range of positions (a *bucket*); a bucket is read back, and scattered into dense
   arrays, when ``take`` reaches it.
+* :class:`SortedColumns` — rows keyed by an int64 key, appended in key order, kept in a file
+  with an index of one entry per appended block; ``lookup`` reads the blocks it needs (the
+  comm spans and their launch calls of a rank, which grow with the trace).
 
-Files are raw column bytes (``ndarray.tofile``), native byte order, deleted by ``close`` (both
+Files are raw column bytes (``ndarray.tofile``), native byte order, deleted by ``close`` (the
 classes are context managers). Errors: OSError from the scratch directory propagates.
 """
 
@@ -316,6 +321,131 @@ class PositionStore:
         for p in self._files.values():
             Path(p).unlink(missing_ok=True)
         self._files = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SortedColumns:
+    """Rows keyed by an int64 key, appended in increasing key order, kept in a file: an on-disk
+    :class:`~tracekit.ingest.eventlink.Keyed` for tables that grow with the trace.
+
+    ``dtypes``: the value columns' dtypes. ``append(keys, *cols, valid=None)``: rows with keys
+    above every key so far (ValueError otherwise); ``valid`` (optional, per column a bool array or
+    None) says which values are present. ``lookup(keys)`` → (found, values, valids): per key
+    whether it is there, and per column its values (0 where not found) and presence (None when
+    the column has no nulls). Keys may come in any order; lookups in increasing order read each
+    stored block once. In memory: one index entry per appended block (first and last key, file
+    offset, rows) and the blocks the last lookup read (at most ``cache_blocks``).
+    """
+
+    def __init__(self, dtypes: Sequence, scratch: str | Path, name: str = "keyed", cache_blocks: int = 2):
+        self.dtypes = [np.dtype(d) for d in dtypes]
+        self._path = Path(scratch) / f"{name}.{os.getpid()}.{next(_COUNTER)}"
+        self._fh = None
+        self._blocks: list[tuple[int, int, int, int]] = []  # (first key, last key, offset, rows)
+        self._has_valid = [False] * len(self.dtypes)
+        self._cache: dict[int, list] = {}
+        self._cache_blocks = cache_blocks
+        self._size = 0
+        self.rows = 0
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def append(self, keys: np.ndarray, *cols, valid=None) -> None:
+        keys = np.asarray(keys, dtype=np.int64)
+        n = len(keys)
+        if not n:
+            return
+        if (n > 1 and not (keys[1:] > keys[:-1]).all()) or (self._blocks and keys[0] <= self._blocks[-1][1]):
+            raise ValueError("SortedColumns: keys must increase")
+        valid = list(valid) if valid is not None else [None] * len(self.dtypes)
+        if self._fh is None:
+            self._fh = open(self._path, "wb")
+        off = self._size
+        parts = [keys] + [np.asarray(c, dtype=d) for c, d in zip(cols, self.dtypes)]
+        for i, v in enumerate(valid):
+            if v is not None and not np.all(v):
+                self._has_valid[i] = True
+            parts.append(np.ones(n, dtype=bool) if v is None else np.asarray(v, dtype=bool))
+        for p in parts:
+            p.tofile(self._fh)
+            self._size += p.nbytes
+        self._blocks.append((int(keys[0]), int(keys[-1]), off, n))
+        self.rows += n
+
+    def _block(self, b: int) -> list[np.ndarray]:
+        got = self._cache.get(b)
+        if got is not None:
+            return got
+        if self._fh is not None:
+            self._fh.flush()
+        _first, _last, off, n = self._blocks[b]
+        out = []
+        with open(self._path, "rb") as fh:
+            fh.seek(off)
+            out.append(np.fromfile(fh, dtype=np.int64, count=n))
+            for d in self.dtypes:
+                out.append(np.fromfile(fh, dtype=d, count=n))
+            for _ in self.dtypes:
+                out.append(np.fromfile(fh, dtype=bool, count=n))
+        while len(self._cache) >= self._cache_blocks:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[b] = out
+        return out
+
+    def lookup(self, keys: np.ndarray):
+        keys = np.asarray(keys, dtype=np.int64)
+        n, k = len(keys), len(self.dtypes)
+        found = np.zeros(n, dtype=bool)
+        values = [np.zeros(n, dtype=d) for d in self.dtypes]
+        valids = [np.zeros(n, dtype=bool) if h else None for h in self._has_valid]
+        if not self._blocks or not n:
+            return found, values, valids
+        lasts = np.array([b[1] for b in self._blocks], dtype=np.int64)
+        which = np.searchsorted(lasts, keys)  # the only block that may hold each key
+        for b in np.unique(which[which < len(self._blocks)]).tolist():
+            m = which == b
+            blk = self._block(b)
+            i = np.minimum(np.searchsorted(blk[0], keys[m]), len(blk[0]) - 1)
+            hit = blk[0][i] == keys[m]
+            rows = np.flatnonzero(m)[hit]
+            found[rows] = True
+            for c in range(k):
+                values[c][rows] = blk[1 + c][i[hit]]
+                if valids[c] is not None:
+                    valids[c][rows] = blk[1 + k + c][i[hit]]
+        return found, values, valids
+
+    def get(self, key: int):
+        """The row of ``key`` as a tuple of Python values (None where not present), or None."""
+        found, values, valids = self.lookup(np.array([key], dtype=np.int64))
+        if not found[0]:
+            return None
+        return tuple(None if v is not None and not v[0] else c[0].item() for c, v in zip(values, valids))
+
+    def to_dict(self) -> dict:
+        """Every row as {key: tuple} (for tests and small tables)."""
+        out = {}
+        for b in range(len(self._blocks)):
+            blk = self._block(b)
+            k = len(self.dtypes)
+            for j, key in enumerate(blk[0].tolist()):
+                out[key] = tuple(None if self._has_valid[c] and not blk[1 + k + c][j] else blk[1 + c][j].item()
+                                 for c in range(k))
+        return out
+
+    def close(self) -> None:
+        """Remove the file (the object is empty afterwards)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        self._path.unlink(missing_ok=True)
+        self._blocks, self._cache, self.rows, self._size = [], {}, 0, 0
 
     def __enter__(self):
         return self

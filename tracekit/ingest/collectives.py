@@ -320,8 +320,9 @@ def build_collectives(
 
     ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.kineto.MetaRows`; with
     columns for CPU-only traces, which pair spans and issuers on them).
-    ``launches`` (:class:`~tracekit.ingest.eventlink.Keyed`) maps a comm kernel's
-    event_id → (pid, tid, launch ts, launch end) of its runtime launch call, via ``index``;
+    ``launches`` (a :class:`tracekit.spill.SortedColumns`, or an in-memory
+    :class:`~tracekit.ingest.eventlink.Keyed`) maps a comm kernel's event_id → (pid, tid,
+    launch ts, launch end) of its runtime launch call, via ``lookup``;
     kernels missing from it were launched outside the capture. ``pg_config`` maps process-group name → global ranks (from
     ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;
     :func:`fill_seq` derives it per rank. ``scratch``: where the enclosing-op search spills
@@ -334,15 +335,18 @@ def build_collectives(
     scratch = Path(scratch) if scratch is not None else Path(tempfile.gettempdir())
     with _enclosing_ops(meta, launches, scratch) as enclosing:
         for first, rows in meta.frames():
-            for k, sp in enumerate(rows):
-                if not sp["gpu"]:
-                    continue
-                la = launches.get(sp["event_id"])
-                encl = [meta.row(j) for j in enclosing(first + k)]
-                res = _resolve(sp, encl)
-                if la is None and res["meta_source"] == "name_only":
+            gpu = [k for k, r in enumerate(rows) if r["gpu"]]
+            if not gpu:
+                continue
+            found, cols, _ = launches.lookup(np.fromiter((rows[k]["event_id"] for k in gpu), dtype=np.int64,
+                                                         count=len(gpu)))
+            issue = cols[2].tolist()
+            for k, has, lts in zip(gpu, found.tolist(), issue):
+                sp = rows[k]
+                res = _resolve(sp, [meta.row(j) for j in enclosing(first + k)])
+                if not has and res["meta_source"] == "name_only":
                     res["launch_outside_capture"] = True
-                yield _finish_row(run_id, rank, sp, res, la[2] if la is not None else None, world_size, pg_config)
+                yield _finish_row(run_id, rank, sp, res, lts if has else None, world_size, pg_config)
 
 
 ENCLOSING_WINDOW = 64
@@ -386,15 +390,14 @@ class _enclosing_ops:
                     events.add(thr, ts, np.zeros(len(cpu), dtype=np.int8), -dur, idx[~gpu], ts + dur)
                 if gpu.any():
                     eid = np.fromiter((r["event_id"] for r in rows if r["gpu"]), dtype=np.int64)
-                    found, i = launches.index(eid)
+                    found, cols, valid = launches.lookup(eid)
                     if found.any():
-                        i = i[found]
-                        pid, tid, lts, lend = (c[i] for c in launches.columns)
-                        pv, tv = (np.ones(len(i), dtype=bool) if v is None else v[i] for v in launches.valid[:2])
+                        pid, tid, lts, lend = (c[found] for c in cols)
+                        pv, tv = (np.ones(len(pid), dtype=bool) if v is None else v[found] for v in valid[:2])
+                        k = len(pid)
                         thr = np.fromiter((threads.setdefault((int(p) if a else None, int(t) if b else None),
                                                               len(threads))
-                                           for p, a, t, b in zip(pid, pv, tid, tv)), dtype=np.int32, count=len(i))
-                        k = len(i)
+                                           for p, a, t, b in zip(pid, pv, tid, tv)), dtype=np.int32, count=k)
                         events.add(thr, lts, np.ones(k, dtype=np.int8), np.zeros(k, dtype=np.int64),
                                    idx[gpu][found], lend)
             self._sweep(events)

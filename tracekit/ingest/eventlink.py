@@ -31,13 +31,14 @@ the staging directory beyond it (:class:`_Tables`). The next starts need no sort
 every stream's ops are in start order in the file (they are resolved during the first
 scan); when one is not, the ops' (stream, start, position) go through an external sort.
 Scans: GPU ops; their launch calls; the rows written; the launch calls of the comm
-kernels (their thread and duration). What stays in memory in proportion to the trace is
-per comm row: its span and launch call (:class:`LinkResult`, 64 B).
+kernels (their thread and duration). The comm rows' spans and launch calls, which the
+collectives need, go to files (:class:`LinkResult`).
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,7 @@ import pyarrow as pa
 from tracekit import _arrow
 from tracekit._memory import release_free_memory
 from tracekit import spill
-from tracekit.spill import ExternalSort, PositionStore
+from tracekit.spill import ExternalSort, PositionStore, SortedColumns
 from tracekit.store import EVENTS_SCHEMA
 
 SYNC_NAME = re.compile(
@@ -128,6 +129,15 @@ class Keyed:
         i = np.minimum(np.searchsorted(self.keys, keys), n - 1)
         return self.keys[i] == keys, i
 
+    def lookup(self, keys: np.ndarray):
+        """(found, values, valids) per key, as :meth:`tracekit.spill.SortedColumns.lookup` gives them."""
+        found, i = self.index(np.asarray(keys, dtype=np.int64))
+        values = [np.where(found, c[i], 0).astype(c.dtype) if len(c) else np.zeros(len(found), dtype=c.dtype)
+                  for c in self.columns]
+        valids = [None if v is None else (found & v[i] if len(v) else np.zeros(len(found), dtype=bool))
+                  for v in self.valid]
+        return found, values, valids
+
     def get(self, key: int):
         n = len(self.keys)
         i = int(np.searchsorted(self.keys, key))
@@ -139,8 +149,8 @@ class Keyed:
         return {int(k): self.get(int(k)) for k in self.keys}
 
 
-def _empty_keyed(ncols: int) -> Keyed:
-    return Keyed(np.empty(0, dtype=np.int64), [np.empty(0, dtype=np.int64) for _ in range(ncols)])
+def _empty_sorted(ncols: int) -> SortedColumns:
+    return SortedColumns([np.int64] * ncols, tempfile.gettempdir())  # never written: no file
 
 
 @dataclass
@@ -148,21 +158,27 @@ class LinkResult:
     """What the link pass of one rank found besides the rows it wrote.
 
     ``spans``: comm rows by event_id → (ts_ns, dur_ns after clipping). ``launches``: comm
-    GPU rows by event_id → (pid, tid, launch ts_ns, launch end ns) of their launch call
-    (:class:`Keyed`). ``n_clipped``/``max_clip_ns``: GPU ops cut to the next op's start,
+    GPU rows by event_id → (pid, tid, launch ts_ns, launch end ns) of their launch call. Both
+    are :class:`tracekit.spill.SortedColumns` (in files beside the staging file: call
+    :meth:`close` when done). ``n_clipped``/``max_clip_ns``: GPU ops cut to the next op's start,
     and the largest cut. ``n_skew``/``max_skew_ns``: GPU rows that start before their
     launch call, and the largest such gap. ``ts_lo``/``ts_hi``: the rank's first start
     and last end (ns), None when it has no rows.
     """
 
-    spans: Keyed = field(default_factory=lambda: _empty_keyed(2))
-    launches: Keyed = field(default_factory=lambda: _empty_keyed(4))
+    spans: SortedColumns = field(default_factory=lambda: _empty_sorted(2))
+    launches: SortedColumns = field(default_factory=lambda: _empty_sorted(4))
     n_clipped: int = 0
     max_clip_ns: int | None = None
     n_skew: int = 0
     max_skew_ns: int | None = None
     ts_lo: int | None = None
     ts_hi: int | None = None
+
+    def close(self) -> None:
+        """Remove the files of ``spans`` and ``launches``."""
+        self.spans.close()
+        self.launches.close()
 
 
 def _lut(col: pa.Array, fn, cache: dict) -> np.ndarray:
@@ -244,7 +260,7 @@ class _Tables:
         n_gcorr = 0
         keep_gcorr = True
         threads: set = set()
-        self._scratch = scratch
+        self.scratch = scratch
         self._launch = None  # a PositionStore when the launch calls did not fit the budget
         self._next = PositionStore([np.int64, np.bool_], spill.STATE_BUDGET, scratch, "next")
         self._sizes: list = []  # per batch: its GPU ops
@@ -453,9 +469,9 @@ class _Tables:
         (id, 2, its position among those rows, 0), per launch call (id, 0 for runtime or 1 for
         driver, event_id, start) — and in that order the first row of an id is its best call
         (runtime before driver, then the lowest event_id) when it is a call."""
-        sort = ExternalSort([np.int64, np.int8, np.int64, np.int64], 3, spill.STATE_BUDGET, self._scratch, "launchsort")
+        sort = ExternalSort([np.int64, np.int8, np.int64, np.int64], 3, spill.STATE_BUDGET, self.scratch, "launchsort")
         kind_cache: dict = {}
-        self._launch = PositionStore([np.bool_, np.int64, np.int64], spill.STATE_BUDGET, self._scratch, "launch")
+        self._launch = PositionStore([np.bool_, np.int64, np.int64], spill.STATE_BUDGET, self.scratch, "launch")
         try:
             at = 0
             for b in scan(["event_id", "track_kind", "category", "ts_ns", "correlation"]):
@@ -524,14 +540,25 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
 
 def _write_rank(scan, tab: "_Tables", out: Path, run_id: str, rank: int, cpu_only: bool, steps, writer_cls) -> LinkResult:
     """The writing scan of :func:`link_rank` and the launch rows of its comm rows."""
+    res = LinkResult()
+    try:
+        return _write_rows(scan, tab, res, out, run_id, rank, cpu_only, steps, writer_cls)
+    except BaseException:
+        res.close()
+        raise
+
+
+def _write_rows(scan, tab: "_Tables", res: LinkResult, out: Path, run_id: str, rank: int, cpu_only: bool, steps,
+                writer_cls) -> LinkResult:
     release_free_memory()  # the tables' sort buffers, before the writing scan allocates
     order = sorted(steps, key=lambda s: (s[2], s[0]))
     st_num = np.array([s[0] for s in order], dtype=np.int64)
     st_start = np.array([s[2] for s in order], dtype=np.int64)
     st_end = np.array([s[3] for s in order], dtype=np.int64)
-    res = LinkResult()
-    comm_launch: list = []  # (event_id, launch event_id) of comm rows with a launch call
-    spans: list = []  # (event_id, ts, dur) of comm rows
+    scratch = tab.scratch
+    comm_launch = ExternalSort([np.int64, np.int64], 2, spill.STATE_BUDGET, scratch, "commlaunch")
+    # (launch event_id, event_id) of comm rows with a launch call
+    res.spans = SortedColumns([np.int64, np.int64], scratch, "spans")  # (ts, dur) of comm rows
     cat_cache: dict = {}
     name_cache: dict = {}
     kind_cache: dict = {}
@@ -592,10 +619,10 @@ def _write_rank(scan, tab: "_Tables", out: Path, run_id: str, rank: int, cpu_onl
             new_dur = dur - clipped_ns
             is_comm_cls = cls == _COMM
             if is_comm_cls.any():
-                spans.append((eid[is_comm_cls], ts[is_comm_cls], new_dur[is_comm_cls]))
+                res.spans.append(eid[is_comm_cls], ts[is_comm_cls], new_dur[is_comm_cls])  # event ids ascend
                 cl = is_comm_cls & found
                 if cl.any():
-                    comm_launch.append((eid[cl], l_eid[cl]))
+                    comm_launch.add(l_eid[cl], eid[cl])
             if clipped.any():
                 res.n_clipped += int(clipped.sum())
                 mc = int(clipped_ns[clipped].max())
@@ -630,41 +657,54 @@ def _write_rank(scan, tab: "_Tables", out: Path, run_id: str, rank: int, cpu_onl
                 _arrow.from_numpy(clipped_ns, pa.int64()),
             ]
             w.write(pa.RecordBatch.from_arrays(cols, schema=_WRITE_SCHEMA))
-    if spans:
-        e, t, d = (np.concatenate(x) for x in zip(*spans))
-        res.spans = Keyed(e, [t, d])  # event ids ascend: staging rows are in event_id order
-    if comm_launch:
-        _launch_rows(scan, comm_launch, res)
+    try:
+        if comm_launch.rows:
+            _launch_rows(scan, comm_launch, res, scratch)
+    finally:
+        comm_launch.close()
     return res
 
 
-def _launch_rows(scan, comm_launch: list, res: LinkResult) -> None:
-    """Fill ``res.launches`` with the launch call (pid, tid, ts, end) of each comm GPU row (a fourth
-    scan, of five columns, for the launch rows only)."""
-    k_eid = np.concatenate([c[0] for c in comm_launch])
-    l_eid = np.concatenate([c[1] for c in comm_launch])
-    want = np.unique(l_eid)
-    got: list = []
-    for b in scan(["event_id", "device", "track", "ts_ns", "dur_ns"]):
-        eid = _arrow.to_numpy(b.column("event_id"))[0]
-        m = want[np.minimum(np.searchsorted(want, eid), len(want) - 1)] == eid
-        if not m.any():
-            continue
-        dev, dev_ok = _arrow.to_numpy(b.column("device"))
-        trk, trk_ok = _arrow.to_numpy(b.column("track"))
-        ts = _arrow.to_numpy(b.column("ts_ns"))[0]
-        dur = _arrow.to_numpy(b.column("dur_ns"))[0]
-        dv, tv = _arrow.all_valid(dev_ok, len(eid)), _arrow.all_valid(trk_ok, len(eid))
-        got.append((eid[m], dev[m], dv[m], trk[m], tv[m], ts[m], ts[m] + dur[m]))
-    if not got:
-        return
-    rows = Keyed(*(lambda c: (c[0], [c[1], c[3], c[5], c[6]], [c[2], c[4], None, None]))(
-        [np.concatenate(x) for x in zip(*got)]))
-    if len(rows.keys) > 1 and not (rows.keys[1:] > rows.keys[:-1]).all():
-        o = np.argsort(rows.keys, kind="stable")
-        rows = Keyed(rows.keys[o], [c[o] for c in rows.columns], [None if v is None else v[o] for v in rows.valid])
-    found, i = rows.index(l_eid)
-    k = k_eid[found]
-    o = np.argsort(k, kind="stable")
-    i = i[found][o]
-    res.launches = Keyed(k[o], [c[i] for c in rows.columns], [None if v is None else v[i] for v in rows.valid])
+def _launch_rows(scan, comm_launch: ExternalSort, res: LinkResult, scratch: Path) -> None:
+    """Fill ``res.launches`` with the launch call (pid, tid, ts, end) of each comm GPU row: the
+    (launch event_id, event_id) pairs, in launch order, are matched with a fourth scan of five
+    columns (staging rows come in event_id order), and the launch rows sorted back by the comm
+    row's event_id."""
+    rows = ExternalSort([np.int64, np.int64, np.bool_, np.int64, np.bool_, np.int64, np.int64], 1,
+                        spill.STATE_BUDGET, scratch, "commlaunchrows")
+    try:
+        pairs = comm_launch.batches()
+        want = np.empty(0, dtype=np.int64)  # pairs read from the sort and not yet matched
+        of = np.empty(0, dtype=np.int64)
+        done = False
+        for b in scan(["event_id", "device", "track", "ts_ns", "dur_ns"]):
+            eid = _arrow.to_numpy(b.column("event_id"))[0]
+            if not len(eid):
+                continue
+            hi = int(eid[-1])
+            while not done and (not len(want) or want[-1] <= hi):
+                got = next(pairs, None)
+                if got is None:
+                    done = True
+                else:
+                    want, of = np.concatenate([want, got[0]]), np.concatenate([of, got[1]])
+            cut = int(np.searchsorted(want, hi, side="right"))
+            w, k = want[:cut], of[:cut]
+            want, of = want[cut:], of[cut:]
+            if not len(w):
+                continue
+            i = np.minimum(np.searchsorted(eid, w), len(eid) - 1)
+            hit = eid[i] == w
+            i, k = i[hit], k[hit]
+            dev, dev_ok = _arrow.to_numpy(b.column("device"))
+            trk, trk_ok = _arrow.to_numpy(b.column("track"))
+            ts = _arrow.to_numpy(b.column("ts_ns"))[0]
+            dur = _arrow.to_numpy(b.column("dur_ns"))[0]
+            n = len(eid)
+            rows.add(k, dev[i], _arrow.all_valid(dev_ok, n)[i], trk[i], _arrow.all_valid(trk_ok, n)[i], ts[i],
+                     ts[i] + dur[i])
+        res.launches = SortedColumns([np.int64] * 4, scratch, "launches")
+        for k, pid, pv, tid, tv, lts, lend in rows.batches():
+            res.launches.append(k, pid, tid, lts, lend, valid=[pv, tv, None, None])
+    finally:
+        rows.close()

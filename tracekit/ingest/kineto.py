@@ -339,7 +339,8 @@ class RankFile:
         """The comm_meta rows as :class:`MetaRows` (columns in memory unless ``columns`` is False,
         the rows themselves on demand).
 
-        ``times``: replaced (ts_ns, dur_ns) by event_id, an ``eventlink.Keyed``."""
+        ``times``: replaced (ts_ns, dur_ns) by event_id (``lookup`` as
+        :class:`tracekit.spill.SortedColumns` has it)."""
         return MetaRows(self, times, columns)
 
 
@@ -402,9 +403,9 @@ class MetaRows:
             self.dur_ns[sl] = np.fromiter((r["dur_ns"] for r in rows), dtype=np.int64, count=n)
             if self._times is not None:
                 eid = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=n)
-                found, i = self._times.index(eid)
-                self.ts_ns[sl][found] = self._times.columns[0][i[found]]
-                self.dur_ns[sl][found] = self._times.columns[1][i[found]]
+                found, (t, d), _ = self._times.lookup(eid)
+                self.ts_ns[sl][found] = t[found]
+                self.dur_ns[sl][found] = d[found]
             self.name[sl] = np.fromiter((name_ix.setdefault(r["name"], len(name_ix)) for r in rows),
                                         dtype=np.int32, count=n)
             self.thread[sl] = np.fromiter(
@@ -480,10 +481,9 @@ class MetaRows:
         if times is None or not rows:
             return
         eid = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=len(rows))
-        found, i = times.index(eid)
-        t, d = times.columns
+        found, (t, d), _ = times.lookup(eid)
         for j in np.flatnonzero(found).tolist():
-            rows[j]["ts_ns"], rows[j]["dur_ns"] = int(t[i[j]]), int(d[i[j]])
+            rows[j]["ts_ns"], rows[j]["dur_ns"] = int(t[j]), int(d[j])
 
 
 _MSGPACK_ENC = msgspec.msgpack.Encoder()

@@ -69,7 +69,10 @@ def finish_run(
             run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only,
             scratch=Path(raw).parent,
         )
-        table = _RankCollectives(stage / f"collectives.rank={rank}.arrows", rank, rows)
+        try:
+            table = _RankCollectives(stage / f"collectives.rank={rank}.arrows", rank, rows)
+        finally:
+            lk.close()
         del meta, lk, rows
         release_free_memory()
         tables.append(table)
