@@ -68,24 +68,29 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         "FROM ranks WHERE run_id = ? ORDER BY rank",
         p,
     )
+    # per op over the run's instances; the waits summed per op apart (one join with the whole
+    # collectives table fewer: at ×128 the joined statement outgrew the analysis budget)
     by_op = _rows(
         con,
         """
-        WITH w AS (SELECT pg_name, seq, sum(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL)
-        SELECT b.op, count(*) AS count, sum(b.size_bytes) AS total_bytes,
-               median(b.size_bytes) AS median_size_bytes, median(b.sync_time_ns) AS median_sync_time_ns,
-               median(b.busbw_gbps) AS median_busbw_gbps, median(b.algbw_gbps) AS median_algbw_gbps,
-               sum(w.wait_ns) AS total_wait_ns,
-               count(*) FILTER (WHERE NOT i.complete) AS incomplete,
-               count(*) FILTER (WHERE i.disagree) AS disagreeing
-        FROM collective_bandwidth b
-        JOIN collective_instances i USING (run_id, pg_name, seq)
-        LEFT JOIN w USING (pg_name, seq)
-        WHERE b.run_id = ?
-        GROUP BY b.op ORDER BY count(*) DESC, b.op
+        SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
+               median(size_bytes) AS median_size_bytes, median(sync_time_ns) AS median_sync_time_ns,
+               median(tk_busbw(op, size_bytes, sync_time_ns, group_size)) AS median_busbw_gbps,
+               median(tk_algbw(size_bytes, sync_time_ns)) AS median_algbw_gbps,
+               count(*) FILTER (WHERE NOT complete) AS incomplete,
+               count(*) FILTER (WHERE disagree) AS disagreeing
+        FROM collective_instances
+        WHERE run_id = ?
+        GROUP BY op ORDER BY count(*) DESC, op
         """,
-        [run_id, run_id],
+        p,
     )
+    waits = dict(con.execute("SELECT op, sum(wait_ns) FROM collective_waits WHERE run_id = ? GROUP BY op", p).fetchall())
+    by_op = [
+        {**{k: v for k, v in r.items() if k not in ("incomplete", "disagreeing")}, "total_wait_ns": waits.get(r["op"]),
+         "incomplete": r["incomplete"], "disagreeing": r["disagreeing"]}
+        for r in by_op
+    ]
     per_rank_calls = _rows(
         con,
         """
