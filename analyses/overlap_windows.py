@@ -9,11 +9,13 @@ exposed_comm = comm − overlap. Intervals are events of class 'comm' / 'compute
 dur_ns >= 0 (see tracekit.ingest.link). A window is the whole trace (grp = -1) or one
 profiler step (grp = step; GPU work belongs to the step that launched it).
 
-How: DuckDB sorts each run's comm and compute events by (rank, start) — an external sort,
-within the connection's memory budget — and :class:`tracekit.intervals.UnionLengths` sweeps
-them batch by batch (the union-length sweep documented there). Memory stays bounded by the
-budget and the number of windows, not the number of events, which a window function over a
-rank's whole trace (a DuckDB window materialises its partition) could not give. The same
+How: each run's comm and compute events, streamed from DuckDB, are sorted by (rank, start)
+with tracekit's external sort (:class:`tracekit.spill.ExternalSort`, within
+``tracekit.spill.STATE_BUDGET`` bytes: DuckDB's own ORDER BY went ~30 MB past its budget
+at ×128), and :class:`tracekit.intervals.UnionLengths` sweeps them batch by batch (the
+union-length sweep documented there). Memory stays bounded by the budget and the number of
+windows, not the number of events, which a window function over a rank's whole trace (a
+DuckDB window materialises its partition) could not give. The same
 numbers as summing e − s over the islands of the views comm_islands, compute_islands and
 overlap_islands (overlap.sql), which tests check.
 
@@ -37,43 +39,51 @@ DEPENDS = ("events", "ranks", "runs")
 CREATES = ("overlap_windows",)
 
 BATCH_ROWS = 65_536
-"""Rows per batch streamed from DuckDB's sort into the sweep."""
+"""Rows per batch streamed from DuckDB's scan into the sort, and from the sort into the sweep."""
 
 _SPANS = """
 SELECT rank, step, ts_ns AS s, ts_ns + dur_ns AS e, class = 'comm' AS in_a
 FROM events
 WHERE run_id = ? AND class IN ('comm', 'compute') AND ts_ns IS NOT NULL AND dur_ns >= 0
-ORDER BY rank, s
 """
 
 
 def run_lengths(con, run_id: str) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
     """(windows as (rank, grp) tuples, comm_ns, compute_ns, overlap_ns) of one run, windows ascending.
 
-    Raises duckdb.OutOfMemoryException when the sort does not fit the connection's budget.
+    The spans are sorted by (rank, start) with :class:`tracekit.spill.ExternalSort` within
+    ``tracekit.spill.STATE_BUDGET`` bytes (runs in a temporary directory beyond it).
     """
-    from tracekit import _arrow
+    import tempfile
+
+    from tracekit import _arrow, spill
     from tracekit.intervals import UnionLengths
 
     acc = UnionLengths()
-    for b in con.sql(_SPANS, params=[run_id]).to_arrow_reader(BATCH_ROWS):
-        rank = _arrow.to_numpy(b.column(0))[0].astype(np.int64)
-        step, step_ok = _arrow.to_numpy(b.column(1))
-        s = _arrow.to_numpy(b.column(2))[0]
-        e = _arrow.to_numpy(b.column(3))[0]
-        in_a = _arrow.to_numpy(b.column(4))[0].astype(bool)
-        acc.add((rank, np.full(len(rank), -1, dtype=np.int64)), s, e, in_a)
-        m = _arrow.all_valid(step_ok, len(rank))
-        if m.any():
-            acc.add((rank[m], step[m].astype(np.int64)), s[m], e[m], in_a[m])
+    with tempfile.TemporaryDirectory(prefix="tracekit-overlap-") as scratch, \
+            spill.ExternalSort([np.int64, np.int64, np.int64, np.int64, np.bool_, np.int64, np.bool_], 3,
+                               spill.STATE_BUDGET, scratch, "spans") as spans:
+        at = 0
+        for b in con.sql(_SPANS, params=[run_id]).to_arrow_reader(BATCH_ROWS):
+            n = b.num_rows
+            step, step_ok = _arrow.to_numpy(b.column(1))
+            spans.add(_arrow.to_numpy(b.column(0))[0].astype(np.int64), _arrow.to_numpy(b.column(2))[0],
+                      np.arange(at, at + n, dtype=np.int64), _arrow.to_numpy(b.column(3))[0],
+                      _arrow.to_numpy(b.column(4))[0].astype(bool), step.astype(np.int64),
+                      _arrow.all_valid(step_ok, n))
+            at += n
+        for rank, s, _pos, e, in_a, step, m in spans.batches(BATCH_ROWS):
+            acc.add((rank, np.full(len(rank), -1, dtype=np.int64)), s, e, in_a)
+            if m.any():
+                acc.add((rank[m], step[m]), s[m], e[m], in_a[m])
     return acc.result()
 
 
 def create(con) -> None:
     """Create the table ``overlap_windows`` on ``con`` (an :class:`tracekit.store.AnalysisConnection`)
-    from its ``events`` and ``ranks`` views. A run whose sort runs out of memory is swept again
-    with a larger budget (``con.raise_budget``); past the largest one the OutOfMemoryException
-    propagates."""
+    from its ``events`` and ``ranks`` views. A run whose scan runs out of DuckDB's memory is swept
+    again with a larger budget (``con.raise_budget``); past the largest one the
+    OutOfMemoryException propagates."""
     import duckdb
 
     cols: dict[str, list] = {k: [] for k in ("run_id", "rank", "grp", "cm", "cp", "ov")}
