@@ -31,6 +31,7 @@ def _rows(rng, n):
 @pytest.mark.parametrize("budget", [200, 3_000, 40_000, 10**9])
 def test_external_sort_gives_lexsort_order(seed, budget, tmp_path, monkeypatch):
     monkeypatch.setattr(spill, "MIN_BLOCK_ROWS", 7)  # merges in many small steps
+    monkeypatch.setattr(spill, "MERGE_FAN_IN", 3)  # and in passes when there are more than 3 runs
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 6000))
     cols = _rows(rng, n)
@@ -108,11 +109,12 @@ def test_position_store_buckets_and_a_put_behind_the_reader(tmp_path):
     st.put(np.array([5]), np.array([55]))  # replaces 50
     assert st.n_flushes == 2
     assert st.take(3)[0].tolist() == [1, 0, 0]
-    assert st.take(4)[0].tolist() == [0, 0, 55, 0]
+    st.put(np.array([3]), np.array([33]))  # not taken yet, in the bucket loaded (0..3)
+    assert st.take(4)[0].tolist() == [33, 0, 55, 0]
     with pytest.raises(ValueError, match="already taken"):
         st.put(np.array([6]), np.array([1]))
-    st.put(np.array([8]), np.array([80]))
-    assert st.take(3)[0].tolist() == [0, 80, 90]
+    st.put(np.array([8, 7]), np.array([80, 70]))  # 7 is in the bucket being taken (4..7)
+    assert st.take(3)[0].tolist() == [70, 80, 90]
     assert st.take(2)[0].tolist() == [0, 0]  # past every put: zeros
     st.close()
     assert not list(tmp_path.iterdir())

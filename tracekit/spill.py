@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -40,6 +41,10 @@ BATCH_ROWS = 65_536
 
 MIN_BLOCK_ROWS = 1024
 """Rows a merge reads from a run at a time, at least (with many runs the budget gives fewer)."""
+
+MERGE_FAN_IN = 64
+"""Runs merged at once; beyond it runs are first merged into larger ones (passes), so that open
+files and the merge's blocks stay bounded."""
 
 STATE_BUDGET = 8 * 2**20
 """Bytes of per-row state each table of an ingest's second pass may hold in memory (the link
@@ -87,7 +92,9 @@ class ExternalSort:
     Keys must be distinct, or equal keys come out in no set order. ``n_runs``: the runs written
     (0 when every row stayed in memory). Memory: the held rows (≤ budget) while adding, and
     sorting them takes their sort order (8 B a row) and one column more; while merging, one block
-    per run (half the budget in all) and the rows of one output step (at most as much again).
+    per run (half the budget in all, at least MIN_BLOCK_ROWS rows each) and the rows of one output
+    step (at most as much again). More than MERGE_FAN_IN runs are first merged MERGE_FAN_IN at a
+    time into larger runs, so that open files and blocks stay bounded.
     """
 
     def __init__(self, dtypes: Sequence, n_keys: int, budget: int, scratch: str | Path, name: str = "sort"):
@@ -146,16 +153,46 @@ class ExternalSort:
             return
         if self._held_rows:
             self._spill()
-        yield from self._merge()
+        while len(self._runs) > MERGE_FAN_IN:  # merge in passes: at most MERGE_FAN_IN runs open at once
+            group, self._runs = self._runs[:MERGE_FAN_IN], self._runs[MERGE_FAN_IN:]
+            self._runs.append(self._merge_to_run(group))
+        yield from self._merge(self._runs)
         self.close()
 
-    def _merge(self) -> Iterator[list[np.ndarray]]:
-        nk = self.n_keys
-        block = max(MIN_BLOCK_ROWS, self.budget // (2 * self._row * len(self._runs)))  # blocks: half the budget
-        runs = [dict(path=p, n=n, at=0, cols=None) for p, n in self._runs]
-        for r in runs:
-            r["fh"] = open(r["path"], "rb")
+    def _merge_to_run(self, group: list[tuple[Path, int]]) -> tuple[Path, int]:
+        """Merge the runs ``group`` into one new run (its columns written to one file each, then
+        joined); the group's files are removed."""
+        path = self._scratch / f"{self._name}.run{len(self._runs) + self.n_runs}m"
+        parts = [path.with_name(f"{path.name}.c{i}") for i in range(len(self.dtypes))]
+        n = 0
         try:
+            handles = [open(p, "wb") for p in parts]
+            try:
+                for cols in self._merge(group):
+                    for h, c in zip(handles, cols):
+                        c.tofile(h)
+                    n += len(cols[0])
+            finally:
+                for h in handles:
+                    h.close()
+            with open(path, "wb") as out:
+                for p in parts:
+                    with open(p, "rb") as fh:
+                        shutil.copyfileobj(fh, out, 1 << 20)
+        finally:
+            for p in parts:
+                p.unlink(missing_ok=True)
+        for p, _ in group:
+            Path(p).unlink(missing_ok=True)
+        return path, n
+
+    def _merge(self, run_list: list[tuple[Path, int]]) -> Iterator[list[np.ndarray]]:
+        nk = self.n_keys
+        block = max(MIN_BLOCK_ROWS, self.budget // (2 * self._row * len(run_list)))  # blocks: half the budget
+        runs = [dict(path=p, n=n, at=0, cols=None) for p, n in run_list]
+        try:
+            for r in runs:
+                r["fh"] = open(r["path"], "rb")
             while True:
                 for r in runs:
                     if (r["cols"] is None or not len(r["cols"][0])) and r["at"] < r["n"]:
@@ -179,7 +216,8 @@ class ExternalSort:
                 yield _sorted_in_place(cols, nk) if len(live) > 1 else cols
         finally:
             for r in runs:
-                r["fh"].close()
+                if "fh" in r:
+                    r["fh"].close()
 
     def _read_block(self, r: dict, block: int) -> list[np.ndarray]:
         k = min(block, r["n"] - r["at"])
@@ -242,32 +280,38 @@ class PositionStore:
             return
         if int(pos.min()) < self._taken:
             raise ValueError("PositionStore: a value put for a position already taken")
+        if self._bucket >= 0:  # positions of the bucket being taken go straight into it
+            base = self._bucket * self.bucket_rows
+            here = pos < base + self.bucket_rows
+            if here.any():
+                for c, d, out in zip(cols, self.dtypes, self._dense):
+                    out[pos[here] - base] = np.asarray(c, dtype=d)[here]
+                if here.all():
+                    return
+                pos, cols = pos[~here], [np.asarray(c)[~here] for c in cols]
         self._pending.append((pos, [np.asarray(c, dtype=d) for c, d in zip(cols, self.dtypes)]))
         self._pending_bytes += len(pos) * self._rec
         if self._pending_bytes >= self.budget:
             self._flush()
 
     def _flush(self) -> None:
-        """Append every pending put to its bucket's file (positions then columns, per put)."""
-        handles: dict = {}
-        try:
-            for pos, cols in self._pending:
-                b = pos // self.bucket_rows
-                for bucket in np.unique(b).tolist():
-                    m = b == bucket
-                    fh = handles.get(bucket)
-                    if fh is None:
-                        path = self._files.setdefault(bucket, self._scratch / f"{self._name}.b{bucket}")
-                        fh = handles[bucket] = open(path, "ab")
-                    p = pos[m]
+        """Append every pending put to its bucket's file (positions then columns, per put), one
+        bucket file open at a time."""
+        by_bucket: dict[int, list] = {}
+        for pos, cols in self._pending:
+            b = pos // self.bucket_rows
+            for bucket in np.unique(b).tolist():
+                m = b == bucket
+                by_bucket.setdefault(bucket, []).append((pos[m], [c[m] for c in cols]))
+        self._pending, self._pending_bytes = [], 0
+        for bucket, puts in by_bucket.items():
+            path = self._files.setdefault(bucket, self._scratch / f"{self._name}.b{bucket}")
+            with open(path, "ab") as fh:
+                for p, cols in puts:
                     np.array([len(p)], dtype=np.int64).tofile(fh)
                     p.tofile(fh)
                     for c in cols:
-                        c[m].tofile(fh)
-        finally:
-            for fh in handles.values():
-                fh.close()
-        self._pending, self._pending_bytes = [], 0
+                        c.tofile(fh)
         self.n_flushes += 1
 
     def _load(self, bucket: int) -> None:
