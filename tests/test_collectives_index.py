@@ -11,7 +11,7 @@ import pytest
 
 import tracekit.ingest.collectives as collectives
 from tracekit import spill
-from tracekit.ingest.eventlink import Keyed
+from tracekit.spill import SortedColumns
 
 
 class _Meta:
@@ -35,7 +35,17 @@ def _brute(rows, thread, ts, end, window):
     return [i for s, nd, i in reversed(before) if s - nd >= end]
 
 
-def _case(seed):
+def _launches(rows, scratch):
+    """(event_id, pid, tid, start, end) tuples, by event_id → the SortedColumns the link pass gives."""
+    scratch.mkdir(exist_ok=True)
+    out = SortedColumns([np.int64] * 4, scratch)
+    if rows:
+        out.append(np.array([x[0] for x in rows], dtype=np.int64),
+                   *(np.array([x[k] for x in rows], dtype=np.int64) for k in range(1, 5)))
+    return out
+
+
+def _case(seed, scratch):
     rng = random.Random(seed)
     rows, launches = [], []
     threads = [(1, 10), (1, 11), (2, 10)]
@@ -53,9 +63,7 @@ def _case(seed):
             launches.append((eid, pid, tid, t, t + rng.choice([0, 0, 1, 3, 8])))
     rng.shuffle(rows)  # ops and kernels interleaved, ops in no order
     launches.sort()
-    keyed = Keyed(np.array([x[0] for x in launches], dtype=np.int64),
-                  [np.array([x[k] for x in launches], dtype=np.int64) for k in range(1, 5)])
-    return rows, keyed, {x[0]: x[1:] for x in launches}
+    return rows, _launches(launches, scratch), {x[0]: x[1:] for x in launches}
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -66,7 +74,7 @@ def test_enclosing_ops_match_brute_force(seed, budget, tmp_path, monkeypatch):
         monkeypatch.setattr(spill, "STATE_BUDGET", 64)
         monkeypatch.setattr(spill, "MIN_BLOCK_ROWS", 4)
         monkeypatch.setattr(collectives, "_SWEEP_CALLS", 3)
-    rows, keyed, launch = _case(seed)
+    rows, keyed, launch = _case(seed, tmp_path / "keyed")
     meta = _Meta(rows, frame=17)
     got = {}
     with collectives._enclosing_ops(meta, keyed, tmp_path) as enclosing:
@@ -82,7 +90,8 @@ def test_enclosing_ops_match_brute_force(seed, budget, tmp_path, monkeypatch):
         assert got[i] == want, (i, la)
         n_found += bool(want)
     assert n_found > 20  # the case is not empty
-    assert not list(tmp_path.iterdir())
+    keyed.close()
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
 def test_enclosing_ops_innermost_first_and_the_window(tmp_path, monkeypatch):
@@ -92,7 +101,7 @@ def test_enclosing_ops_innermost_first_and_the_window(tmp_path, monkeypatch):
     ops = [(0, 100), (10, 50), (10, 80), (20, 5)]
     rows = [dict(gpu=False, device=1, track=1, ts_ns=s, dur_ns=d, event_id=i) for i, (s, d) in enumerate(ops)]
     rows.append(dict(gpu=True, device=0, track=0, ts_ns=0, dur_ns=0, event_id=99))
-    keyed = Keyed(np.array([99]), [np.array([1]), np.array([1]), np.array([30]), np.array([31])])
+    keyed = _launches([(99, 1, 1, 30, 31)], tmp_path / "keyed")
     with collectives._enclosing_ops(_Meta(rows, 2), keyed, tmp_path) as enclosing:
         assert enclosing(4) == [1, 2, 0]
     # by start, the longer first, the last two ops are B and D: only they are looked at

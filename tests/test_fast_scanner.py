@@ -345,9 +345,10 @@ def test_meta_rows_columns_and_rows_in_any_order(tmp_path, monkeypatch):
     for w in want:
         if w["event_id"] in times:
             w["ts_ns"], w["dur_ns"] = times[w["event_id"]]
-    from tracekit.ingest.eventlink import Keyed
+    from tracekit.spill import SortedColumns
 
-    keyed = Keyed(np.array([30, 470]), [np.array([1, 3]), np.array([2, 4])])
+    keyed = SortedColumns([np.int64, np.int64], tmp_path)
+    keyed.append(np.array([30, 470]), np.array([1, 3]), np.array([2, 4]))
     m = rf.meta_rows(keyed)
     assert len(m) == 50 and len(m._frame_at) == 5
     assert [m.row(i)["event_id"] for i in range(50)] == [w["event_id"] for w in want]

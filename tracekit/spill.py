@@ -374,8 +374,8 @@ class PositionStore:
 
 
 class SortedColumns:
-    """Rows keyed by an int64 key, appended in increasing key order, kept in a file: an on-disk
-    :class:`~tracekit.ingest.eventlink.Keyed` for tables that grow with the trace.
+    """Rows keyed by an int64 key, appended in increasing key order, kept in a file (for tables
+    that grow with the trace).
 
     ``dtypes``: the value columns' dtypes. ``append(keys, *cols, valid=None)``: rows with keys
     above every key so far (ValueError otherwise); ``valid`` (optional, per column a bool array or

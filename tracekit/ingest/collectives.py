@@ -320,9 +320,8 @@ def build_collectives(
 
     ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.kineto.MetaRows`; with
     columns for CPU-only traces, which pair spans and issuers on them).
-    ``launches`` (a :class:`tracekit.spill.SortedColumns`, or an in-memory
-    :class:`~tracekit.ingest.eventlink.Keyed`) maps a comm kernel's event_id → (pid, tid,
-    launch ts, launch end) of its runtime launch call, via ``lookup``;
+    ``launches`` (a :class:`tracekit.spill.SortedColumns`) maps a comm kernel's event_id →
+    (pid, tid, launch ts, launch end) of its runtime launch call, via ``lookup``;
     kernels missing from it were launched outside the capture. ``pg_config`` maps process-group name → global ranks (from
     ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;
     :func:`fill_seq` derives it per rank. ``scratch``: where the enclosing-op search spills

@@ -106,49 +106,6 @@ def _name_bits(name: str | None) -> int:
     return bits
 
 
-class Keyed:
-    """Rows keyed by a sorted int64 array (``keys``), columns as numpy arrays; 24–48 B a row where a
-    dict of tuples took ~250 B. ``valid`` gives per column the rows that hold a value (None: all).
-
-    ``get(key)`` → the row as a tuple of Python values (None where not valid), or None;
-    ``index(keys)`` → (found mask, positions) for many keys at once.
-    """
-
-    def __init__(self, keys: np.ndarray, columns: list, valid: list | None = None):
-        self.keys = keys
-        self.columns = columns
-        self.valid = valid or [None] * len(columns)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def index(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n = len(self.keys)
-        if n == 0:
-            return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
-        i = np.minimum(np.searchsorted(self.keys, keys), n - 1)
-        return self.keys[i] == keys, i
-
-    def lookup(self, keys: np.ndarray):
-        """(found, values, valids) per key, as :meth:`tracekit.spill.SortedColumns.lookup` gives them."""
-        found, i = self.index(np.asarray(keys, dtype=np.int64))
-        values = [np.where(found, c[i], 0).astype(c.dtype) if len(c) else np.zeros(len(found), dtype=c.dtype)
-                  for c in self.columns]
-        valids = [None if v is None else (found & v[i] if len(v) else np.zeros(len(found), dtype=bool))
-                  for v in self.valid]
-        return found, values, valids
-
-    def get(self, key: int):
-        n = len(self.keys)
-        i = int(np.searchsorted(self.keys, key))
-        if i >= n or self.keys[i] != key:
-            return None
-        return tuple(None if v is not None and not v[i] else c[i].item() for c, v in zip(self.columns, self.valid))
-
-    def to_dict(self) -> dict:
-        return {int(k): self.get(int(k)) for k in self.keys}
-
-
 def _empty_sorted(ncols: int) -> SortedColumns:
     return SortedColumns([np.int64] * ncols, tempfile.gettempdir())  # never written: no file
 
