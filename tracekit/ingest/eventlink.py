@@ -190,7 +190,7 @@ copy, the best call's event_id, start and kind)."""
 
 
 class _Tables:
-    """What the first two scans keep for the writing scan, in at most about spill.STATE_BUDGET bytes
+    """What the first two scans keep for the writing scan, in at most about ``tracekit.spill.STATE_BUDGET`` bytes
     per table: per GPU op (in file order, the order the writing scan meets them again) the next
     op's start on its stream; per GPU row with a correlation id its launch call; and the comm
     threads (a few).
