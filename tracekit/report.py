@@ -68,29 +68,28 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         "FROM ranks WHERE run_id = ? ORDER BY rank",
         p,
     )
-    # per op over the run's instances; the waits summed per op apart (one join with the whole
-    # collectives table fewer: at ×128 the joined statement outgrew the analysis budget)
+    # per op over the run's instances: bandwidth, completeness and waits as three aggregates by
+    # op, no join (at ×128 the joined statement outgrew the analysis budget)
     by_op = _rows(
         con,
         """
         SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
                median(size_bytes) AS median_size_bytes, median(sync_time_ns) AS median_sync_time_ns,
-               median(tk_busbw(op, size_bytes, sync_time_ns, group_size)) AS median_busbw_gbps,
-               median(tk_algbw(size_bytes, sync_time_ns)) AS median_algbw_gbps,
-               count(*) FILTER (WHERE NOT complete) AS incomplete,
-               count(*) FILTER (WHERE disagree) AS disagreeing
-        FROM collective_instances
+               median(busbw_gbps) AS median_busbw_gbps, median(algbw_gbps) AS median_algbw_gbps
+        FROM collective_bandwidth
         WHERE run_id = ?
         GROUP BY op ORDER BY count(*) DESC, op
         """,
         p,
     )
     waits = dict(con.execute("SELECT op, sum(wait_ns) FROM collective_waits WHERE run_id = ? GROUP BY op", p).fetchall())
-    by_op = [
-        {**{k: v for k, v in r.items() if k not in ("incomplete", "disagreeing")}, "total_wait_ns": waits.get(r["op"]),
-         "incomplete": r["incomplete"], "disagreeing": r["disagreeing"]}
-        for r in by_op
-    ]
+    flags = {op: (inc, dis) for op, inc, dis in con.execute(
+        "SELECT op, count(*) FILTER (WHERE NOT complete), count(*) FILTER (WHERE disagree) "
+        "FROM collective_instances WHERE run_id = ? GROUP BY op", p).fetchall()}
+    for r in by_op:
+        r["total_wait_ns"] = waits.get(r["op"])
+        r["incomplete"], r["disagreeing"] = flags[r["op"]]
+
     per_rank_calls = _rows(
         con,
         """
