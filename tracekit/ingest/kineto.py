@@ -366,7 +366,7 @@ class MetaRows:
     those rows' times (clipped GPU spans), in the columns and in the dicts.
 
     With ``columns`` False nothing is decoded up front and no columns are kept (``frames``
-    reads the rows in order); ``has_columns`` says which.
+    reads the rows in order).
 
     Memory: 25 B per row (none without columns) plus at most META_FRAME_CACHE frames of
     META_SPILL_ROWS rows.
@@ -382,7 +382,6 @@ class MetaRows:
         self._frame_at: list[tuple[int, int, int]] = []  # (first row, file offset, size)
         total = rf.meta_spilled + len(rf.comm_meta)  # columns allocated once, filled frame by frame
         self._n = total
-        self.has_columns = columns
         if columns:
             self.gpu = np.empty(total, dtype=bool)
             self.ts_ns = np.empty(total, dtype=np.int64)
