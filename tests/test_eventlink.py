@@ -18,7 +18,7 @@ import tracekit.ingest.link as link
 from tracekit import spill
 from tracekit.ingest import ingest_paths
 from tracekit.ingest.eventlink import link_rank
-from tracekit.ingest.kineto import RAW_SCHEMA, _BatchWriter, open_stage_writer
+from tracekit.ingest.staging import RAW_SCHEMA, _BatchWriter, open_stage_writer
 
 from conftest import FIXTURES, TRACES
 from reference_link import reference_link

@@ -319,7 +319,8 @@ def test_metadata_rows_read_back_frame_by_frame_give_the_same_store(rel, tmp_pat
         return real(self, times, columns)
 
     monkeypatch.setattr(kineto.RankFile, "meta_rows", tiny_frames)
-    monkeypatch.setattr(kineto, "META_FRAME_CACHE", 1)
+    import tracekit.ingest.staging as staging
+    monkeypatch.setattr(staging, "META_FRAME_CACHE", 1)
     ingest_paths([src], tmp_path / "frames")
     assert sum(frames) >= 3
     for pattern in ("runs/*/events/*.parquet", "runs/*/collectives.parquet", "runs/*/ranks.parquet"):
@@ -329,7 +330,7 @@ def test_metadata_rows_read_back_frame_by_frame_give_the_same_store(rel, tmp_pat
 def test_meta_rows_columns_and_rows_in_any_order(tmp_path, monkeypatch):
     import random
 
-    import tracekit.ingest.kineto as kineto
+    import tracekit.ingest.staging as kineto
 
     monkeypatch.setattr(kineto, "META_FRAME_CACHE", 2)
     rf = kineto.RankFile(path=tmp_path / "x", sha256="", meta={})

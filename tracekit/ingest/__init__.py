@@ -167,7 +167,7 @@ def ingest_paths(
     with st.staging() as stg:
         raw_dir = stg.dir / "raw"
         raw_dir.mkdir()
-        from tracekit.ingest.kineto import sha256_file
+        from tracekit.ingest.staging import sha256_file
 
         digests = []
         for f in files:

@@ -318,7 +318,7 @@ def build_collectives(
 ) -> Iterator[dict]:
     """Rows of the collectives table for one rank, in the order of the comm spans in the file.
 
-    ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.kineto.MetaRows`; with
+    ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.staging.MetaRows`; with
     columns for CPU-only traces, which pair spans and issuers on them).
     ``launches`` (a :class:`tracekit.spill.SortedColumns`) maps a comm kernel's event_id →
     (pid, tid, launch ts, launch end) of its runtime launch call, via ``lookup``;

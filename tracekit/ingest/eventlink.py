@@ -1,6 +1,6 @@
 """The link pass of one rank: staging rows → final ``events`` rows, streamed batch by batch.
 
-Input: the staging file a reader wrote (an Arrow IPC stream of ``kineto.RAW_SCHEMA``
+Input: the staging file a reader wrote (an Arrow IPC stream of ``staging.RAW_SCHEMA``
 rows, in file order). Output: ``events/rank=R.parquet`` (``store.EVENTS_SCHEMA``, same
 order), plus what the collectives builder needs (:class:`LinkResult`). Per row:
 
@@ -482,7 +482,7 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
     from the staging file ``raw``; see the module docstring. Returns the :class:`LinkResult`.
 
     ``steps``: (step, event_id, start_ns, end_ns) of the rank's ProfilerStep windows.
-    ``writer_cls``: a batch writer (``kineto._BatchWriter``) called as
+    ``writer_cls``: a batch writer (``staging._BatchWriter``) called as
     ``writer_cls(path, schema, parquet_options, row_group_size=...)``, used as a context
     manager with ``write(batch)``. Tables beyond spill.STATE_BUDGET spill next to ``raw`` (removed
     before returning). Errors of the staging file (OSError, ArrowInvalid) propagate.

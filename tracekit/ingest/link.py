@@ -32,7 +32,7 @@ from tracekit.errors import FileError
 from tracekit.spill import ExternalSort, PositionStore
 from tracekit.ingest.collectives import build_collectives
 from tracekit.ingest.eventlink import CLIP_TOLERANCE_NS, link_rank
-from tracekit.ingest.kineto import _BatchWriter
+from tracekit.ingest.staging import _BatchWriter
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
 
 

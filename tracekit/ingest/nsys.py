@@ -1,8 +1,8 @@
 """Nsight Systems (``nsys export --type sqlite``) → raw event rows, streamed table by table.
 
 Same contract as :func:`tracekit.ingest.kineto.read_rank_file`: :func:`read_nsys_file`
-writes rows of :data:`~tracekit.ingest.kineto.RAW_SCHEMA` to a staging file (Arrow IPC) and
-returns a :class:`~tracekit.ingest.kineto.RankFile`, so linking, collectives and
+writes rows of :data:`~tracekit.ingest.staging.RAW_SCHEMA` to a staging file (Arrow IPC) and
+returns a :class:`~tracekit.ingest.staging.RankFile`, so linking, collectives and
 the analyses run unchanged. One SQLite file is one process (one rank).
 
 What is read (tables that are absent are skipped; columns differ between export
@@ -62,7 +62,7 @@ import pyarrow as pa
 
 from tracekit.errors import FileError
 from tracekit.ingest.collectives import canonical_op, dtype_bytes
-from tracekit.ingest.kineto import META_FIELDS, RankFile, open_stage_writer, raw_batch, sha256_file
+from tracekit.ingest.staging import META_FIELDS, RankFile, open_stage_writer, raw_batch, sha256_file
 
 BATCH_ROWS = 50_000
 
