@@ -5,7 +5,7 @@
 --   comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
 --   overlap_ratio = overlap / comm (as HTA defines it; NULL, never NaN, when comm = 0),
 --   exposed_comm = comm − overlap.
--- Intervals are events with class 'comm' / 'compute' (see tracekit.ingest.link). A window is the
+-- Intervals are events with class 'comm' / 'compute' (see tracekit.ingest.linkpass). A window is the
 -- whole trace (grp = -1) or one profiler step (grp = step; GPU work belongs to the step that
 -- launched it).
 

@@ -6,7 +6,7 @@ Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted
 comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
 overlap_ratio = overlap / comm (as HTA defines it; NULL, never NaN, when comm = 0),
 exposed_comm = comm − overlap. Intervals are events of class 'comm' / 'compute' with
-dur_ns >= 0 (see tracekit.ingest.link). A window is the whole trace (grp = -1) or one
+dur_ns >= 0 (see tracekit.ingest.linkpass). A window is the whole trace (grp = -1) or one
 profiler step (grp = step; GPU work belongs to the step that launched it).
 
 How: each run's comm and compute events, streamed from DuckDB, are sorted by (rank, start)

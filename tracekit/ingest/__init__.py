@@ -215,7 +215,7 @@ def ingest_paths(
         rid = run_id or _default_run_id(paths, results, digests)
         if st.has_run(rid) and not replace:
             raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
-        from tracekit.ingest.link import finish_run
+        from tracekit.ingest.assemble import finish_run
 
         release_free_memory()  # what the reader freed, before the link pass allocates
         cap_heap_retention()  # and what the link pass and the collectives free goes back too

@@ -5,7 +5,7 @@ One rank file at a time: :func:`read_rank_file` reads the file with
 (``ph == "X"``) into a row of the store's ``events`` shape, and appends the rows
 to a staging file (Arrow IPC) as it goes, so memory holds one chunk of events at a time.
 What needs cross-event context (launch links, class, profiler step, the
-collectives) is computed afterwards by :mod:`tracekit.ingest.link` over the
+collectives) is computed afterwards by :mod:`tracekit.ingest.assemble` over the
 written rows (:mod:`tracekit.ingest.staging` holds the staging file's schema and writer); only the few collective-related events keep their metadata here
 (``comm_meta``), since those are all the linker needs from ``args``.
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import SCHEMA_VERSION
-from tracekit.ingest.collectives import dtype_bytes, wire_bytes_for
+from tracekit.ingest.attribute import dtype_bytes, wire_bytes_for
 from tracekit.ingest.nccl_tests import parse_nccl_tests
 from tracekit.store import combined_digest
 from tracekit.store import COLLECTIVES_SCHEMA, EVENTS_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA

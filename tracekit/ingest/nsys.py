@@ -61,7 +61,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import FileError
-from tracekit.ingest.collectives import canonical_op, dtype_bytes
+from tracekit.ingest.attribute import canonical_op, dtype_bytes
 from tracekit.ingest.staging import META_FIELDS, RankFile, open_stage_writer, raw_batch, sha256_file
 
 BATCH_ROWS = 50_000

@@ -1,4 +1,4 @@
-"""The numpy link pass (tracekit.ingest.eventlink) against the SQL one it replaced (tests/reference_link.py).
+"""The numpy link pass (tracekit.ingest.linkpass) against the SQL one it replaced (tests/reference_link.py).
 
 Both read the same staging rows; the events rows, the comm spans, their launch calls and
 the clipping/skew counts must be identical: on every fixture and shared trace, and on
@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import tracekit.ingest.link as link
+import tracekit.ingest.assemble as assemble
 from tracekit import spill
 from tracekit.ingest import ingest_paths
-from tracekit.ingest.eventlink import link_rank
+from tracekit.ingest.linkpass import link_rank
 from tracekit.ingest.staging import RAW_SCHEMA, _BatchWriter, open_stage_writer
 
 from conftest import FIXTURES, TRACES
@@ -84,7 +84,7 @@ def test_link_pass_equals_the_sql_reference(rel, tmp_path, monkeypatch):
         seen.append(_check_against_reference(raw, out, run_id, rank, cpu_only, steps, got, tmp_path))
         return got
 
-    monkeypatch.setattr(link, "link_rank", checked)
+    monkeypatch.setattr(assemble, "link_rank", checked)
     ingest_paths([src], tmp_path / "store")
     assert seen and sum(seen) > 0
 
@@ -253,8 +253,8 @@ def test_collectives_spilled_in_small_chunks_give_the_same_store(rel, tmp_path, 
     if not src.exists():
         pytest.skip(f"../shared/{rel} is not available")
     ingest_paths([src], tmp_path / "a")
-    monkeypatch.setattr(link, "COLLECTIVES_CHUNK", 3)
-    monkeypatch.setattr(link, "COLLECTIVES_ROW_GROUP", 5)
+    monkeypatch.setattr(assemble, "COLLECTIVES_CHUNK", 3)
+    monkeypatch.setattr(assemble, "COLLECTIVES_ROW_GROUP", 5)
     ingest_paths([src], tmp_path / "b")
     a, b = _store_rows(tmp_path / "a"), _store_rows(tmp_path / "b")
     assert len(a["collectives.parquet"]) > 10

@@ -1,6 +1,6 @@
 """Second pass of an ingest: link, classify and step-assign events; write the run's tables.
 
-Per rank, :func:`tracekit.ingest.eventlink.link_rank` streams the staging rows the
+Per rank, :func:`tracekit.ingest.linkpass.link_rank` streams the staging rows the
 reader wrote into the final events file (never the whole trace in memory):
 
 * ``launch_event_id``: a GPU event's runtime launch call on the CPU (the
@@ -30,8 +30,8 @@ from tracekit._memory import release_free_memory
 from tracekit._arrow import table_from_rows
 from tracekit.errors import FileError
 from tracekit.spill import ExternalSort, PositionStore
-from tracekit.ingest.collectives import build_collectives
-from tracekit.ingest.eventlink import CLIP_TOLERANCE_NS, link_rank
+from tracekit.ingest.attribute import build_collectives
+from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS, link_rank
 from tracekit.ingest.staging import _BatchWriter
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
 

@@ -1,5 +1,5 @@
 """The search for the CPU comm ops that enclose a kernel's launch call
-(tracekit.ingest.collectives._enclosing_ops: two external sorts and a sweep per thread),
+(tracekit.ingest.attribute._enclosing_ops: two external sorts and a sweep per thread),
 against a brute-force scan of every op, in memory and spilled to many runs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-import tracekit.ingest.collectives as collectives
+import tracekit.ingest.attribute as attribute
 from tracekit import spill
 from tracekit.spill import SortedColumns
 
@@ -73,11 +73,11 @@ def test_enclosing_ops_match_brute_force(seed, budget, tmp_path, monkeypatch):
         # rows span many batches); calls matched 3 at a time
         monkeypatch.setattr(spill, "STATE_BUDGET", 64)
         monkeypatch.setattr(spill, "MIN_BLOCK_ROWS", 4)
-        monkeypatch.setattr(collectives, "_SWEEP_CALLS", 3)
+        monkeypatch.setattr(attribute, "_SWEEP_CALLS", 3)
     rows, keyed, launch = _case(seed, tmp_path / "keyed")
     meta = _Meta(rows, frame=17)
     got = {}
-    with collectives._enclosing_ops(meta, keyed, tmp_path) as enclosing:
+    with attribute._enclosing_ops(meta, keyed, tmp_path) as enclosing:
         for i, r in enumerate(rows):
             if r["gpu"]:
                 got[i] = enclosing(i)
@@ -86,7 +86,7 @@ def test_enclosing_ops_match_brute_force(seed, budget, tmp_path, monkeypatch):
         if not r["gpu"]:
             continue
         la = launch.get(r["event_id"])
-        want = [] if la is None else _brute(rows, (la[0], la[1]), la[2], la[3], collectives.ENCLOSING_WINDOW)
+        want = [] if la is None else _brute(rows, (la[0], la[1]), la[2], la[3], attribute.ENCLOSING_WINDOW)
         assert got[i] == want, (i, la)
         n_found += bool(want)
     assert n_found > 20  # the case is not empty
@@ -102,9 +102,9 @@ def test_enclosing_ops_innermost_first_and_the_window(tmp_path, monkeypatch):
     rows = [dict(gpu=False, device=1, track=1, ts_ns=s, dur_ns=d, event_id=i) for i, (s, d) in enumerate(ops)]
     rows.append(dict(gpu=True, device=0, track=0, ts_ns=0, dur_ns=0, event_id=99))
     keyed = _launches([(99, 1, 1, 30, 31)], tmp_path / "keyed")
-    with collectives._enclosing_ops(_Meta(rows, 2), keyed, tmp_path) as enclosing:
+    with attribute._enclosing_ops(_Meta(rows, 2), keyed, tmp_path) as enclosing:
         assert enclosing(4) == [1, 2, 0]
     # by start, the longer first, the last two ops are B and D: only they are looked at
-    monkeypatch.setattr(collectives, "ENCLOSING_WINDOW", 2)
-    with collectives._enclosing_ops(_Meta(rows, 2), keyed, tmp_path) as enclosing:
+    monkeypatch.setattr(attribute, "ENCLOSING_WINDOW", 2)
+    with attribute._enclosing_ops(_Meta(rows, 2), keyed, tmp_path) as enclosing:
         assert enclosing(4) == [1]
