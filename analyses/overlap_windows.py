@@ -9,13 +9,12 @@ exposed_comm = comm − overlap. Intervals are events of class 'comm' / 'compute
 dur_ns >= 0 (see tracekit.ingest.linkpass). A window is the whole trace (grp = -1) or one
 profiler step (grp = step; GPU work belongs to the step that launched it).
 
-How: each run's comm and compute events, streamed from DuckDB, are sorted by (rank, start)
-with tracekit's external sort (:class:`tracekit.spill.ExternalSort`, within
-``tracekit.spill.STATE_BUDGET`` bytes: DuckDB's own ORDER BY went ~30 MB past its budget
-at ×128), and :class:`tracekit.intervals.UnionLengths` sweeps them batch by batch (the
-union-length sweep documented there). Memory stays bounded by the budget and the number of
-windows, not the number of events, which a window function over a rank's whole trace (a
-DuckDB window materialises its partition) could not give. The same
+How: each run's comm and compute events are streamed from DuckDB in (rank, start) order
+(DuckDB's sort, within its memory budget, spilling beyond it), and
+:class:`tracekit.intervals.UnionLengths` sweeps them batch by batch (the union-length sweep
+documented there; equal starts may come in any order). Memory stays bounded by DuckDB's
+budget and the number of windows, not the number of events, which a window function over a
+rank's whole trace (a DuckDB window materialises its partition) could not give. The same
 numbers as summing e − s over the islands of the views comm_islands, compute_islands and
 overlap_islands (overlap.sql), which tests check.
 
@@ -51,31 +50,22 @@ WHERE run_id = ? AND class IN ('comm', 'compute') AND ts_ns IS NOT NULL AND dur_
 def run_lengths(con, run_id: str) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
     """(windows as (rank, grp) tuples, comm_ns, compute_ns, overlap_ns) of one run, windows ascending.
 
-    The spans are sorted by (rank, start) with :class:`tracekit.spill.ExternalSort` within
-    ``tracekit.spill.STATE_BUDGET`` bytes (runs in a temporary directory beyond it).
+    The spans come sorted by (rank, start) from DuckDB, BATCH_ROWS at a time.
     """
-    import tempfile
+    import pyarrow.compute as pc
 
-    from tracekit import _arrow, spill
     from tracekit.intervals import UnionLengths
 
     acc = UnionLengths()
-    with tempfile.TemporaryDirectory(prefix="tracekit-overlap-") as scratch, \
-            spill.ExternalSort([np.int64, np.int64, np.int64, np.int64, np.bool_, np.int64, np.bool_], 3,
-                               spill.STATE_BUDGET, scratch, "spans") as spans:
-        at = 0
-        for b in con.sql(_SPANS, params=[run_id]).to_arrow_reader(BATCH_ROWS):
-            n = b.num_rows
-            step, step_ok = _arrow.to_numpy(b.column(1))
-            spans.add(_arrow.to_numpy(b.column(0))[0].astype(np.int64), _arrow.to_numpy(b.column(2))[0],
-                      np.arange(at, at + n, dtype=np.int64), _arrow.to_numpy(b.column(3))[0],
-                      _arrow.to_numpy(b.column(4))[0].astype(bool), step.astype(np.int64),
-                      _arrow.all_valid(step_ok, n))
-            at += n
-        for rank, s, _pos, e, in_a, step, m in spans.batches(BATCH_ROWS):
-            acc.add((rank, np.full(len(rank), -1, dtype=np.int64)), s, e, in_a)
-            if m.any():
-                acc.add((rank[m], step[m]), s[m], e[m], in_a[m])
+    for b in con.sql(_SPANS + " ORDER BY rank, s", params=[run_id]).to_arrow_reader(BATCH_ROWS):
+        rank = b.column(0).to_numpy().astype(np.int64)
+        step = pc.fill_null(b.column(1), 0).to_numpy().astype(np.int64)
+        m = b.column(1).is_valid().to_numpy(zero_copy_only=False)
+        s, e = b.column(2).to_numpy(), b.column(3).to_numpy()
+        in_a = b.column(4).to_numpy(zero_copy_only=False).astype(bool)
+        acc.add((rank, np.full(len(rank), -1, dtype=np.int64)), s, e, in_a)
+        if m.any():
+            acc.add((rank[m], step[m]), s[m], e[m], in_a[m])
     return acc.result()
 
 

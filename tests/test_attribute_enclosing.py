@@ -1,6 +1,6 @@
 """The search for the CPU comm ops that enclose a kernel's launch call
-(tracekit.ingest.attribute._enclosing_ops: two external sorts and a sweep per thread),
-against a brute-force scan of every op, in memory and spilled to many runs."""
+(tracekit.ingest.attribute.enclosing_ops: one sort and a window per call), against a
+brute-force scan of every op."""
 
 from __future__ import annotations
 
@@ -9,20 +9,15 @@ import random
 import numpy as np
 import pytest
 
+import pyarrow as pa
+
 import tracekit.ingest.attribute as attribute
-from tracekit import spill
-from tracekit.spill import SortedColumns
+from tracekit.ingest.linkpass import ById
+from tracekit.ingest.staging import MetaRows, _meta_batch
 
 
-class _Meta:
-    """What _enclosing_ops reads of a MetaRows: frames of row dicts in file order."""
-
-    def __init__(self, rows, frame):
-        self.rows, self.frame = rows, frame
-
-    def frames(self):
-        for i in range(0, len(self.rows), self.frame):
-            yield i, self.rows[i:i + self.frame]
+def _meta(rows) -> MetaRows:
+    return MetaRows(pa.Table.from_batches([_meta_batch([dict(r, name="op") for r in rows])]))
 
 
 def _brute(rows, thread, ts, end, window):
@@ -35,17 +30,13 @@ def _brute(rows, thread, ts, end, window):
     return [i for s, nd, i in reversed(before) if s - nd >= end]
 
 
-def _launches(rows, scratch):
-    """(event_id, pid, tid, start, end) tuples, by event_id → the SortedColumns the link pass gives."""
-    scratch.mkdir(exist_ok=True)
-    out = SortedColumns([np.int64] * 4, scratch)
-    if rows:
-        out.append(np.array([x[0] for x in rows], dtype=np.int64),
-                   *(np.array([x[k] for x in rows], dtype=np.int64) for k in range(1, 5)))
-    return out
+def _launches(rows):
+    """(event_id, pid, tid, start, end) tuples, by event_id → the ById the link pass gives."""
+    return ById(np.array([x[0] for x in rows], dtype=np.int64),
+                [np.array([x[k] for x in rows], dtype=np.int64) for k in range(1, 5)], [None] * 4)
 
 
-def _case(seed, scratch):
+def _case(seed):
     rng = random.Random(seed)
     rows, launches = [], []
     threads = [(1, 10), (1, 11), (2, 10)]
@@ -63,48 +54,36 @@ def _case(seed, scratch):
             launches.append((eid, pid, tid, t, t + rng.choice([0, 0, 1, 3, 8])))
     rng.shuffle(rows)  # ops and kernels interleaved, ops in no order
     launches.sort()
-    return rows, _launches(launches, scratch), {x[0]: x[1:] for x in launches}
+    return rows, _launches(launches), {x[0]: x[1:] for x in launches}
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("budget", ["default", "tiny"])
-def test_enclosing_ops_match_brute_force(seed, budget, tmp_path, monkeypatch):
-    if budget == "tiny":  # every frame's rows a run of their own, merged 4 rows at a time (a thread's
-        # rows span many batches); calls matched 3 at a time
-        monkeypatch.setattr(spill, "STATE_BUDGET", 64)
-        monkeypatch.setattr(spill, "MIN_BLOCK_ROWS", 4)
-        monkeypatch.setattr(attribute, "_SWEEP_CALLS", 3)
-    rows, keyed, launch = _case(seed, tmp_path / "keyed")
-    meta = _Meta(rows, frame=17)
-    got = {}
-    with attribute._enclosing_ops(meta, keyed, tmp_path) as enclosing:
-        for i, r in enumerate(rows):
-            if r["gpu"]:
-                got[i] = enclosing(i)
+@pytest.mark.parametrize("at_once", [4096, 3])
+def test_enclosing_ops_match_brute_force(seed, at_once, monkeypatch):
+    monkeypatch.setattr(attribute, "_CALLS_AT_ONCE", at_once)  # calls matched 3 at a time
+    rows, keyed, launch = _case(seed)
+    got = attribute.enclosing_ops(_meta(rows), keyed)
     n_found = 0
     for i, r in enumerate(rows):
         if not r["gpu"]:
+            assert i not in got
             continue
         la = launch.get(r["event_id"])
         want = [] if la is None else _brute(rows, (la[0], la[1]), la[2], la[3], attribute.ENCLOSING_WINDOW)
-        assert got[i] == want, (i, la)
+        assert got.get(i, []) == want, (i, la)
         n_found += bool(want)
     assert n_found > 20  # the case is not empty
-    keyed.close()
-    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
-def test_enclosing_ops_innermost_first_and_the_window(tmp_path, monkeypatch):
+def test_enclosing_ops_innermost_first_and_the_window(monkeypatch):
     # ops (start, dur) on one thread: A (0, 100), B (10, 50), C (10, 80), D (20, 5); a launch at
     # [30, 31] is inside A, B and C (not D: it ends at 25): innermost first is B (start 10, the
     # shorter of the two), then C, then A.
     ops = [(0, 100), (10, 50), (10, 80), (20, 5)]
     rows = [dict(gpu=False, device=1, track=1, ts_ns=s, dur_ns=d, event_id=i) for i, (s, d) in enumerate(ops)]
     rows.append(dict(gpu=True, device=0, track=0, ts_ns=0, dur_ns=0, event_id=99))
-    keyed = _launches([(99, 1, 1, 30, 31)], tmp_path / "keyed")
-    with attribute._enclosing_ops(_Meta(rows, 2), keyed, tmp_path) as enclosing:
-        assert enclosing(4) == [1, 2, 0]
+    keyed = _launches([(99, 1, 1, 30, 31)])
+    assert attribute.enclosing_ops(_meta(rows), keyed) == {4: [1, 2, 0]}
     # by start, the longer first, the last two ops are B and D: only they are looked at
     monkeypatch.setattr(attribute, "ENCLOSING_WINDOW", 2)
-    with attribute._enclosing_ops(_Meta(rows, 2), keyed, tmp_path) as enclosing:
-        assert enclosing(4) == [1]
+    assert attribute.enclosing_ops(_meta(rows), keyed) == {4: [1]}

@@ -275,93 +275,58 @@ def test_without_the_scanner_module_the_reader_still_works(tmp_path, monkeypatch
     assert kinds == {"Chunk"}
 
 
-def test_spilled_comm_meta_gives_the_same_store(tmp_path, monkeypatch):
+def test_metadata_table_written_in_small_batches_gives_the_same_store(tmp_path, monkeypatch):
     import tracekit.ingest.kineto as kineto
 
     src = FIXTURES / "ep_2rank"
     ingest_paths([src], tmp_path / "mem")
-    monkeypatch.setattr(kineto, "META_SPILL_ROWS", 3)  # spill after nearly every chunk
-    spilled = []
-    real = kineto.RankFile.spill_meta
+    monkeypatch.setattr(kineto, "META_BATCH_ROWS", 3)  # a batch of the table after nearly every chunk
+    flushed = []
+    real = kineto.RankFile.flush_meta
 
     def spy(self, path):
-        spilled.append(len(self.comm_meta))
+        flushed.append(len(self.comm_meta))
         real(self, path)
 
-    monkeypatch.setattr(kineto.RankFile, "spill_meta", spy)
-    ingest_paths([src], tmp_path / "spill")
-    assert sum(spilled) > 10
+    monkeypatch.setattr(kineto.RankFile, "flush_meta", spy)
+    ingest_paths([src], tmp_path / "batches")
+    assert sum(flushed) > 10
     for pattern in ("runs/*/events/*.parquet", "runs/*/collectives.parquet", "runs/*/ranks.parquet"):
-        assert _table_diff(tmp_path / "mem", tmp_path / "spill", pattern) == (0, 0), pattern
-    assert not list((tmp_path / "spill").rglob("*.meta"))  # spill files do not outlive the ingest
+        assert _table_diff(tmp_path / "mem", tmp_path / "batches", pattern) == (0, 0), pattern
+    assert not list((tmp_path / "batches").rglob("*.meta"))  # the tables do not outlive the ingest
 
 
-@pytest.mark.parametrize("rel", ["fixtures/ep_2rank", "fixtures/defects/alltoall_splits.json",
-                                 "traces/hta_nccl_parser_a100_r0of2", "traces/param_dlrm_8rank_v100"])
-def test_metadata_rows_read_back_frame_by_frame_give_the_same_store(rel, tmp_path, monkeypatch):
-    """Collectives built from spill frames of 3 rows with one frame decoded at a time (every
-    row access out of order re-reads a frame) equal those built from rows in memory."""
-    import tracekit.ingest.kineto as kineto
-
-    src = _target(rel)
-    ingest_paths([src], tmp_path / "mem")
-    real = kineto.RankFile.meta_rows
-    frames = []
-
-    def tiny_frames(self, times=None, columns=True):
-        rows = self.load_comm_meta()
-        path = tmp_path / f"respill{len(frames)}.meta"
-        self.comm_meta, self.meta_spill, self.meta_spilled, self.meta_frames = [], None, 0, []
-        for i in range(0, len(rows), 3):
-            self.comm_meta = rows[i : i + 3]
-            self.spill_meta(path)
-        frames.append(len(rows))
-        return real(self, times, columns)
-
-    monkeypatch.setattr(kineto.RankFile, "meta_rows", tiny_frames)
+def test_meta_rows_columns_and_rows(tmp_path):
     import tracekit.ingest.staging as staging
-    monkeypatch.setattr(staging, "META_FRAME_CACHE", 1)
-    ingest_paths([src], tmp_path / "frames")
-    assert sum(frames) >= 3
-    for pattern in ("runs/*/events/*.parquet", "runs/*/collectives.parquet", "runs/*/ranks.parquet"):
-        assert _table_diff(tmp_path / "mem", tmp_path / "frames", pattern) == (0, 0), pattern
+    from tracekit.ingest.linkpass import ById
 
-
-def test_meta_rows_columns_and_rows_in_any_order(tmp_path, monkeypatch):
-    import random
-
-    import tracekit.ingest.staging as kineto
-
-    monkeypatch.setattr(kineto, "META_FRAME_CACHE", 2)
-    rf = kineto.RankFile(path=tmp_path / "x", sha256="", meta={})
+    rf = staging.RankFile(path=tmp_path / "x", sha256="", meta={})
     want = []
     for i in range(50):
         row = dict(event_id=10 * i, name=f"op{i % 4}", gpu=i % 3 == 0, device=i % 2, track=None if i % 5 == 0 else 7,
-                   ts_ns=1000 + i, dur_ns=5 * i, input_dims=[[i, 2]])
-        want.append(dict(row))
+                   ts_ns=1000 + i, dur_ns=5 * i, input_dims=[[i, 2]], correlation=np.int64(i) if i % 2 else None)
+        want.append(dict(row, correlation=None if row["correlation"] is None else int(row["correlation"])))
         rf.comm_meta.append(row)
         if i % 7 == 6 and i < 40:
-            rf.spill_meta(tmp_path / "m.meta")
-    times = {30: (1, 2), 470: (3, 4)}  # rows 3 (spilled) and 47 (still in memory)
+            rf.flush_meta(tmp_path / "m.meta")
+    rf.close_meta()
+    assert len(rf.comm_meta) == 0 and (tmp_path / "m.meta").exists()
+    rf.comm_meta.append(dict(event_id=999, name="late", gpu=False, device=None, track=None, ts_ns=1, dur_ns=2))
+    want.append(dict(rf.comm_meta[-1]))
+    times = {30: (1, 2), 470: (3, 4)}  # rows 3 and 47
     for w in want:
         if w["event_id"] in times:
             w["ts_ns"], w["dur_ns"] = times[w["event_id"]]
-    from tracekit.spill import SortedColumns
-
-    keyed = SortedColumns([np.int64, np.int64], tmp_path)
-    keyed.append(np.array([30, 470]), np.array([1, 3]), np.array([2, 4]))
-    m = rf.meta_rows(keyed)
-    assert len(m) == 50 and len(m._frame_at) == 5
-    assert [m.row(i)["event_id"] for i in range(50)] == [w["event_id"] for w in want]
+    m = rf.meta_rows(ById(np.array([30, 470]), [np.array([1, 3]), np.array([2, 4])], [None, None]))
+    assert len(m) == 51
+    assert [m.row(i) for i in range(51)] == want
     assert m.ts_ns.tolist() == [w["ts_ns"] for w in want] and m.dur_ns.tolist() == [w["dur_ns"] for w in want]
     assert m.gpu.tolist() == [w["gpu"] for w in want]
     assert [m.names[k] for k in m.name] == [w["name"] for w in want]
     assert [m.threads[k] for k in m.thread] == [(w["device"], w["track"]) for w in want]
-    order = list(range(50)) * 2
-    random.Random(1).shuffle(order)
-    for i in order:
-        assert m.row(i) == want[i]
-    assert m.names_where(lambda nm: nm == "op1").tolist() == [i % 4 == 1 for i in range(50)]
+    assert m.names_where(lambda nm: nm == "op1").tolist() == [i % 4 == 1 for i in range(50)] + [False]
+    rf.remove_meta()
+    assert not (tmp_path / "m.meta").exists()
 
 
 def test_mutated_events_never_accepted_unless_valid_json():
@@ -484,10 +449,10 @@ def test_long_tail_of_keys_after_the_array(tmp_path, monkeypatch):
     assert _two_paths(tmp_path, monkeypatch, text) == ([("a", 1, 5000)], (1, 0))
 
 
-def test_spilled_metadata_keeps_ints_beyond_64_bits(tmp_path, monkeypatch):
+def test_metadata_table_keeps_ints_beyond_64_bits(tmp_path, monkeypatch):
     import tracekit.ingest.kineto as kineto
 
-    monkeypatch.setattr(kineto, "META_SPILL_ROWS", 1)
+    monkeypatch.setattr(kineto, "META_BATCH_ROWS", 1)
     evs = []
     for i in range(3):
         evs.append('{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1,"tid":7,"ts":%d,"dur":2,'
@@ -503,7 +468,7 @@ def test_spilled_metadata_keeps_ints_beyond_64_bits(tmp_path, monkeypatch):
 
 
 def test_parallel_readers_give_the_same_store(tmp_path):
-    """Rank files read by worker processes (staging files and metadata spills written there) give
+    """Rank files read by worker processes (staging files and metadata tables written there) give
     the same store as reading them in this process."""
     src = _target("traces/param_dlrm_8rank_v100")
     ingest_paths([src], tmp_path / "one", jobs=1)

@@ -15,7 +15,6 @@ import pytest
 
 import analyses.collective_instances as ci_mod
 import analyses.overlap_windows as ow_mod
-from tracekit import spill
 from tracekit.ingest import ingest_paths
 from tracekit.intervals import UnionLengths
 from tracekit.store import Store
@@ -110,15 +109,11 @@ def _islands_lengths(con):
 
 
 @pytest.mark.parametrize("source", ["fixture:tp_2rank", "param_dlrm_8rank_v100", "hta_ddp_v100_r1of2"])
-@pytest.mark.parametrize("budget", ["default", "tiny"])
-def test_overlap_windows_equal_the_islands_in_small_batches(source, budget, tmp_path, monkeypatch):
+def test_overlap_windows_equal_the_islands_in_small_batches(source, tmp_path, monkeypatch):
     path = FIXTURES / source.split(":")[1] if source.startswith("fixture:") else shared_trace(source)
     st = Store(tmp_path / "s")
     ingest_paths([path], st)
     monkeypatch.setattr(ow_mod, "BATCH_ROWS", 97)  # many batches: windows continue across them
-    if budget == "tiny":  # the spans' sort in runs of one batch each, merged 5 rows at a time
-        monkeypatch.setattr(spill, "STATE_BUDGET", 64)
-        monkeypatch.setattr(spill, "MIN_BLOCK_ROWS", 5)
     con = st.connect()
     got = {(r, k, g): (cm, cp, ov) for r, k, g, cm, cp, ov in con.execute(
         "SELECT run_id, rank, grp, comm_ns, compute_ns, overlap_ns FROM overlap_windows "
@@ -191,12 +186,13 @@ def _instances_of(rows, part_rows, monkeypatch):
     import duckdb
 
     from analyses import modules
-    from tracekit._arrow import table_from_rows
+    import pyarrow as pa
+
     from tracekit.store import COLLECTIVES_SCHEMA
 
     monkeypatch.setattr(ci_mod, "PART_ROWS", part_rows)
     con = duckdb.connect()
-    con.register("collectives", table_from_rows(rows, COLLECTIVES_SCHEMA))
+    con.register("collectives", pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA))
     con.execute(modules()["instance_rows"])
     ci_mod.create(con)
     return con.execute("SELECT pg_name, seq, op, dtype, algo, ranks_seen, disagree FROM collective_instances "

@@ -15,7 +15,6 @@ import pyarrow as pa
 import pytest
 
 import tracekit.ingest.assemble as assemble
-from tracekit import spill
 from tracekit.ingest import ingest_paths
 from tracekit.ingest.linkpass import link_rank
 from tracekit.ingest.staging import RAW_SCHEMA, _BatchWriter, open_stage_writer
@@ -79,8 +78,8 @@ def test_link_pass_equals_the_sql_reference(rel, tmp_path, monkeypatch):
         src = FIXTURES.parent / rel
     seen = []
 
-    def checked(raw, out, run_id, rank, cpu_only, steps, writer_cls):
-        got = link_rank(raw, out, run_id, rank, cpu_only, steps, writer_cls)
+    def checked(raw, out, run_id, rank, cpu_only, steps, *writer_cls):
+        got = link_rank(raw, out, run_id, rank, cpu_only, steps, *writer_cls)
         seen.append(_check_against_reference(raw, out, run_id, rank, cpu_only, steps, got, tmp_path))
         return got
 
@@ -100,7 +99,7 @@ def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int, ts
     """A staging file of n random rows in ``batches`` batches (each its own dictionaries).
 
     ``ts_order``: "random" starts; "sorted": non-decreasing in file order (ties kept), so every
-    stream's ops are in start order and the link pass resolves next starts as it scans;
+    stream's ops are in start order;
     "late_inversion": sorted except one step back in the last batch.
     """
     w = open_stage_writer(path)
@@ -143,20 +142,10 @@ def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int, ts
     w.close()
 
 
-def _tiny_budget(monkeypatch) -> None:
-    """Every table of the second pass spills: sorts in runs merged a few rows at a time, stores in
-    buckets of 256 positions flushed at every put."""
-    monkeypatch.setattr(spill, "STATE_BUDGET", 64)
-    monkeypatch.setattr(spill, "MIN_BLOCK_ROWS", 5)
-
-
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("cpu_only", [False, True])
 @pytest.mark.parametrize("ts_order", ["random", "sorted", "late_inversion"])
-@pytest.mark.parametrize("budget", ["default", "tiny"])
-def test_link_pass_on_random_staging_rows(seed, cpu_only, ts_order, budget, tmp_path, monkeypatch):
-    if budget == "tiny":
-        _tiny_budget(monkeypatch)
+def test_link_pass_on_random_staging_rows(seed, cpu_only, ts_order, tmp_path):
     rng = np.random.default_rng(seed)
     raw = tmp_path / "raw.arrows"
     batches = int(rng.integers(1, 5)) if ts_order == "random" else int(rng.integers(3, 9))
@@ -245,10 +234,10 @@ def _store_rows(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("rel", ["fixtures/tp_2rank", "traces/param_dlrm_8rank_v100", "traces/hta_ddp_v100_r1of2"])
-def test_collectives_spilled_in_small_chunks_give_the_same_store(rel, tmp_path, monkeypatch):
-    # Each rank's collectives go to a spill file COLLECTIVES_CHUNK rows at a time and come back
-    # COLLECTIVES_ROW_GROUP rows at a time with their seq filled in: tiny chunks (many of both,
-    # seq filled across chunk boundaries) must give the store the default ones give.
+def test_collectives_built_in_small_chunks_give_the_same_store(rel, tmp_path, monkeypatch):
+    # Each rank's collectives become Arrow tables COLLECTIVES_CHUNK rows at a time, numbered
+    # (seq) as one table, and go out in row groups of COLLECTIVES_ROW_GROUP: tiny chunks (seq
+    # numbered across chunk boundaries) must give the store the default ones give.
     src = (FIXTURES.parent / rel) if rel.startswith("fixtures/") else TRACES / rel[len("traces/"):]
     if not src.exists():
         pytest.skip(f"../shared/{rel} is not available")
@@ -259,35 +248,4 @@ def test_collectives_spilled_in_small_chunks_give_the_same_store(rel, tmp_path, 
     a, b = _store_rows(tmp_path / "a"), _store_rows(tmp_path / "b")
     assert len(a["collectives.parquet"]) > 10
     assert a == b
-    assert not list((tmp_path / "b").glob("runs/*/collectives.rank=*"))  # the spill files are gone
-
-
-@pytest.mark.parametrize("rel, gpu", [("fixtures/tp_2rank", False), ("fixtures/ep_2rank", False),
-                                      ("traces/param_dlrm_8rank_v100", True), ("traces/hta_ddp_v100_r1of2", True),
-                                      ("traces/hta_pyper_a100_r0of16", True), ("traces/hta_cpu_only_gloo/v_head", False)])
-def test_a_tiny_state_budget_gives_the_same_store(rel, gpu, tmp_path, monkeypatch):
-    # The second pass within a 64-byte budget: next starts, launch calls, enclosing ops and
-    # seq numbers all go through sorts of many runs and stores of many buckets, and must give
-    # the store the in-memory tables give, leaving no file behind.
-    src = (FIXTURES.parent / rel) if rel.startswith("fixtures/") else TRACES / rel[len("traces/"):]
-    if not src.exists():
-        pytest.skip(f"../shared/{rel} is not available")
-    ingest_paths([src], tmp_path / "a")
-    _tiny_budget(monkeypatch)
-    runs = []
-    real_spill = spill.ExternalSort._spill
-
-    def counted(self):
-        runs.append(self._name.split(".")[0])
-        real_spill(self)
-
-    monkeypatch.setattr(spill.ExternalSort, "_spill", counted)
-    ingest_paths([src], tmp_path / "b")
-    a, b = _store_rows(tmp_path / "a"), _store_rows(tmp_path / "b")
-    assert len(a["collectives.parquet"]) >= 10
-    assert a == b
-    spilled = set(runs)
-    assert "seqfill" in spilled
-    if gpu:  # (CPU-only traces have no GPU ops to link, and pair gloo spans in memory)
-        assert {"launchsort", "enclosing", "enclosed"} <= spilled
     assert not [p for p in (tmp_path / "b").rglob("*") if p.is_file() and p.suffix != ".parquet"]

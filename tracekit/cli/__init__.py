@@ -13,7 +13,7 @@ import sys
 
 # Before anything imports pyarrow: its C++ default pool is read from the environment
 # once. The system allocator gives freed memory back where mimalloc (the default)
-# keeps it per thread; see tracekit/_memory.py.
+# keeps it per thread.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 import typer  # noqa: E402

@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tracekit._memory import cap_heap_retention, release_free_memory
 from tracekit.errors import BadInputError, FileError
 
 KINETO_SUFFIXES = (".json", ".json.gz")
@@ -217,8 +216,6 @@ def ingest_paths(
             raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
         from tracekit.ingest.assemble import finish_run
 
-        release_free_memory()  # what the reader freed, before the link pass allocates
-        cap_heap_retention()  # and what the link pass and the collectives free goes back too
         if progress:
             progress("linking events and deriving collectives")
         finish_run(
@@ -233,7 +230,6 @@ def ingest_paths(
             align=align,
         )
         stg.commit(rid, replace=replace)
-    release_free_memory()  # for what runs next in this process (ingest --analyze, collect)
     return rid
 
 

@@ -1,7 +1,8 @@
 """Second pass of an ingest: link, classify and step-assign events; write the run's tables.
 
-Per rank, :func:`tracekit.ingest.linkpass.link_rank` streams the staging rows the
-reader wrote into the final events file (never the whole trace in memory):
+Per rank, :func:`tracekit.ingest.linkpass.link_rank` turns the staging rows the
+reader wrote into the final events file, and :func:`tracekit.ingest.attribute.build_collectives`
+gives its collectives rows:
 
 * ``launch_event_id``: a GPU event's runtime launch call on the CPU (the
   ``cudaLaunchKernel``/``hipLaunchKernel``... event with the same correlation id);
@@ -17,22 +18,20 @@ reader wrote into the final events file (never the whole trace in memory):
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracekit import SCHEMA_VERSION, _arrow, spill
-from tracekit._memory import release_free_memory
-from tracekit._arrow import table_from_rows
+from tracekit import SCHEMA_VERSION
 from tracekit.errors import FileError
-from tracekit.spill import ExternalSort, PositionStore
 from tracekit.ingest.attribute import build_collectives
 from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS, link_rank
-from tracekit.ingest.staging import _BatchWriter
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
 
 
@@ -53,29 +52,24 @@ def finish_run(
     world_size = _world_size(results, ranks)
     pg_config = _pg_config(results)
     (stage / "events").mkdir()
-    tables: list = []  # per rank: its collectives rows (COLLECTIVES_SCHEMA)
+    tables: list = []  # per rank: (rank, its collectives table); memory linear in the run's collectives
     rank_rows = []
     hosts = {}
     extent = {}
     for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
         cpu_only = not rf.has_gpu
         out = stage / "events" / f"rank={rank}.parquet"
-        lk = link_rank(raw, out, run_id, rank, cpu_only, rf.steps, _BatchWriter)
-        release_free_memory()
+        lk = link_rank(raw, out, run_id, rank, cpu_only, rf.steps)
         n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
         extent[rank] = (lk.ts_lo, lk.ts_hi)
-        meta = rf.meta_rows(lk.spans, columns=cpu_only)
+        meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
             run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only,
-            scratch=Path(raw).parent,
         )
-        try:
-            table = _RankCollectives(stage / f"collectives.rank={rank}.arrows", rank, rows)
-        finally:
-            lk.close()
+        table = rank_collectives(rows)
         del meta, lk, rows
-        release_free_memory()
-        tables.append(table)
+        tables.append((rank, table))
+        n_unattributed = table.column("op").null_count
         warnings = list(dict.fromkeys(rf.warnings))
         if rf.quarantined:
             warnings.append(f"{rf.quarantined} event(s) quarantined (missing or non-positive ts, negative dur)")
@@ -91,9 +85,9 @@ def finish_run(
             )
         if rf.events == 0:
             warnings.append("metadata only: the file holds no complete events")
-        if table.n_unattributed:
+        if n_unattributed:
             warnings.append(
-                f"{table.n_unattributed} communication span(s) unattributed (no collective metadata anywhere)"
+                f"{n_unattributed} communication span(s) unattributed (no collective metadata anywhere)"
             )
         if not table.num_rows and rf.events:
             warnings.append("no communication in this rank's trace")
@@ -115,8 +109,7 @@ def finish_run(
             )
         )
         Path(raw).unlink(missing_ok=True)
-        if rf.meta_spill:
-            Path(rf.meta_spill).unlink(missing_ok=True)
+        rf.remove_meta()
     mode = choose_alignment(align, hosts)
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
         _check_one_timeline(extent, results, ranks)
@@ -140,16 +133,15 @@ def finish_run(
     if con is not None:
         con.close()
     with pq.ParquetWriter(stage / "collectives.parquet", COLLECTIVES_SCHEMA, **PARQUET_OPTS) as w:
-        for t in tables:
-            for part in t.tables(offsets.get(t.rank, (0, 0, None))[0]):
-                w.write_table(part, row_group_size=COLLECTIVES_ROW_GROUP)
-            t.remove()
-    pq.write_table(table_from_rows(rank_rows, RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
-    algo_proto = sorted(set().union(*(t.algo_proto for t in tables)), key=str)
+        for rank, t in tables:
+            w.write_table(_shifted(t, offsets.get(rank, (0, 0, None))[0]), row_group_size=COLLECTIVES_ROW_GROUP)
+    pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
+    algo_proto = sorted({ap for _, t in tables for ap in zip(t.column("algo").to_pylist(),
+                                                             t.column("proto").to_pylist())}, key=str)
     run_row = _run_row(run_id, results, [dict(algo=a, proto=p) for a, p in algo_proto], world_size, workload,
                        config, source)
     run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
-    pq.write_table(table_from_rows([run_row], RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
+    pq.write_table(pa.Table.from_pylist([run_row], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
     shutil.rmtree(stage / "duckdb-tmp", ignore_errors=True)
     try:
         (stage / "raw").rmdir()
@@ -158,133 +150,55 @@ def finish_run(
 
 
 COLLECTIVES_CHUNK = 4096
-"""Collectives rows built as dicts before they become columns."""
+"""Collectives rows built as dicts before they become an Arrow table."""
 
 COLLECTIVES_ROW_GROUP = 65_536
-"""Rows per row group of collectives.parquet (and per table handed to its writer)."""
+"""Rows per row group of collectives.parquet."""
 
 
-class _RankCollectives:
-    """One rank's collectives rows, spilled to ``path`` (an Arrow IPC stream) as they are built,
-    COLLECTIVES_CHUNK rows at a time, so that a run's collectives are never all in memory.
+def rank_collectives(rows) -> pa.Table:
+    """One rank's collectives rows (dicts, COLLECTIVES_CHUNK at a time) → a COLLECTIVES_SCHEMA table,
+    in the same order, with ``seq`` numbered where the trace gives none.
 
-    A row whose trace gives no ``seq`` but whose op is known gets one: its position in its
-    (rank, pg_name) group ordered by issue_ts_ns, then ts_ns, then event_id, counting from 0
-    (the CPU's call order; a rank whose trace carries ``Seq`` keeps it; a row without an op
-    gets none: it cannot be matched across ranks). Those rows go through an external sort
-    (tracekit.spill) and, when there are any, the spill is rewritten once with their seq.
-    Kept in memory: ``num_rows``, ``n_unattributed`` (rows with no op) and ``algo_proto``
-    (the distinct (algo, proto) pairs). :meth:`tables` reads the rows back with a clock
-    offset applied.
+    A row without ``seq`` whose op is known gets its position in its pg_name group ordered by
+    issue_ts_ns, then ts_ns, then event_id (then row order), counting from 0: the CPU's call
+    order. A rank whose trace carries ``Seq`` keeps it; a row without an op gets none (it cannot
+    be matched across ranks). Memory: the rank's table (~150 B per collective).
     """
+    it = iter(rows)
+    parts = []
+    while chunk := list(itertools.islice(it, COLLECTIVES_CHUNK)):
+        parts.append(pa.Table.from_pylist(chunk, schema=COLLECTIVES_SCHEMA))
+    table = pa.concat_tables(parts) if parts else COLLECTIVES_SCHEMA.empty_table()
+    seq = table.column("seq")
+    need = pc.and_(seq.is_null(), table.column("op").is_valid()).to_numpy()
+    if not need.any():
+        return table.combine_chunks()
+    df = table.select(["pg_name", "issue_ts_ns", "ts_ns", "event_id"]).to_pandas()[need]
+    df = df.sort_values(["issue_ts_ns", "ts_ns", "event_id"], kind="stable")
+    number = df.groupby("pg_name", sort=False, dropna=False).cumcount()
+    vals = pc.fill_null(seq, 0).to_numpy().copy()
+    vals[df.index.to_numpy()] = number.to_numpy()  # the index: positions in ``table``
+    valid = seq.is_valid().to_numpy(zero_copy_only=False) | need
+    i = COLLECTIVES_SCHEMA.get_field_index("seq")
+    return table.set_column(i, COLLECTIVES_SCHEMA.field(i), pa.array(vals, pa.int64(), mask=~valid)).combine_chunks()
 
-    def __init__(self, path: Path, rank: int, rows):
-        self.path, self.rank = path, rank
-        self.num_rows = self.n_unattributed = 0
-        self.algo_proto: set = set()
-        self._pg: dict = {}
-        todo = ExternalSort([np.int64, np.int64, np.int64, np.int64, np.int64], 5, spill.STATE_BUDGET, path.parent,
-                            "seqfill")
-        try:
-            with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_stream(fh, COLLECTIVES_SCHEMA) as w:
-                chunk: list = []
-                for r in rows:
-                    chunk.append(r)
-                    if len(chunk) >= COLLECTIVES_CHUNK:
-                        self._spill(chunk, w, todo)
-                        chunk = []
-                if chunk:
-                    self._spill(chunk, w, todo)
-            if todo.rows:
-                self._fill_seq(todo)
-        finally:
-            todo.close()
 
-    def _spill(self, chunk: list, w, todo: ExternalSort) -> None:
-        table = table_from_rows(chunk, COLLECTIVES_SCHEMA)
-        n = table.num_rows
-        seq_ok = _arrow.not_null(table.column("seq").combine_chunks())
-        need = ~seq_ok & _arrow.not_null(table.column("op").combine_chunks())
-        if need.any():
-            pg = [r["pg_name"] for r, m in zip(chunk, need.tolist()) if m]
-            todo.add(
-                np.fromiter((-1 if v is None else self._pg.setdefault(v, len(self._pg)) for v in pg),
-                            dtype=np.int64, count=len(pg)),
-                _arrow.to_numpy(table.column("issue_ts_ns").combine_chunks())[0][need],
-                _arrow.to_numpy(table.column("ts_ns").combine_chunks())[0][need],
-                _arrow.to_numpy(table.column("event_id").combine_chunks())[0][need],
-                np.flatnonzero(need) + self.num_rows,
-            )
-        self.num_rows += n
-        self.n_unattributed += table.column("op").null_count
-        self.algo_proto.update((r["algo"], r["proto"]) for r in chunk)
-        w.write_table(table)
-
-    def _fill_seq(self, todo: ExternalSort) -> None:
-        """Number the rows of ``todo`` (pg code, issue ts, ts, event_id, row) per pg code in that
-        order, then rewrite the spill with those seq."""
-        with PositionStore([np.int64, np.bool_], spill.STATE_BUDGET, self.path.parent, "seq") as seq:
-            group, at = None, 0  # the pg code of the rows numbered last, and the next number in it
-            for pg, _issue, _ts, _eid, row in todo.batches():
-                n = len(pg)
-                new = np.empty(n, dtype=bool)
-                new[0] = int(pg[0]) != group
-                new[1:] = pg[1:] != pg[:-1]
-                start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
-                number = np.arange(n) - start
-                if not new[0]:  # the batch's first rows continue the previous batch's group
-                    number[start == 0] += at
-                seq.put(row, number, np.ones(n, dtype=bool))
-                group, at = int(pg[-1]), int(number[-1]) + 1
-            tmp = self.path.with_suffix(".filled")
-            with pa.OSFile(str(self.path)) as src, pa.OSFile(str(tmp), "wb") as fh, \
-                    pa.ipc.new_stream(fh, COLLECTIVES_SCHEMA) as w:
-                i = COLLECTIVES_SCHEMA.get_field_index("seq")
-                for b in pa.ipc.open_stream(src):
-                    filled, ok = seq.take(b.num_rows)
-                    old, old_ok = _arrow.to_numpy(b.column(i))
-                    old_ok = _arrow.all_valid(old_ok, b.num_rows)
-                    col = _arrow.from_numpy(np.where(ok, filled, old), pa.int64(), ok | old_ok)
-                    w.write_batch(b.set_column(i, COLLECTIVES_SCHEMA.field(i), col))
-        tmp.replace(self.path)
-
-    def tables(self, offset_ns: int = 0, columns: list[str] | None = None):
-        """The rows as COLLECTIVES_SCHEMA tables of about COLLECTIVES_ROW_GROUP rows (whole spilled
-        chunks), ``offset_ns`` added to ts_ns and issue_ts_ns; only ``columns`` when given."""
-        if not self.num_rows:
-            return
-        held = 0
-        pending: list = []
-        with pa.OSFile(str(self.path)) as fh:
-            for b in pa.ipc.open_stream(fh):
-                pending.append(b)
-                held += b.num_rows
-                if held >= COLLECTIVES_ROW_GROUP:
-                    yield self._finish(pending, offset_ns, columns)
-                    held, pending = 0, []
-            if pending:
-                yield self._finish(pending, offset_ns, columns)
-
-    def _finish(self, batches: list, offset_ns: int, columns) -> pa.Table:
-        table = pa.Table.from_batches(batches)
-        if offset_ns:
-            for name in ("ts_ns", "issue_ts_ns"):
-                i = table.schema.get_field_index(name)
-                vals, ok = _arrow.to_numpy(table.column(i).combine_chunks())
-                shifted = _arrow.from_numpy(vals + int(offset_ns), pa.int64(), ok)
-                table = table.set_column(i, table.schema.field(i), shifted)
-        return table if columns is None else table.select(columns)
-
-    def remove(self) -> None:
-        Path(self.path).unlink(missing_ok=True)
+def _shifted(table: pa.Table, offset_ns: int) -> pa.Table:
+    """``table`` with ``offset_ns`` added to ts_ns and issue_ts_ns."""
+    if not offset_ns:
+        return table
+    for name in ("ts_ns", "issue_ts_ns"):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.schema.field(i), pc.add(table.column(i), pa.scalar(int(offset_ns), pa.int64())))
+    return table
 
 
 def _light_rows(tables):
     """(rank, pg_name, seq, op, ts_ns, dur_ns) dicts of every collectives row, for the clock alignment."""
     cols = ["rank", "pg_name", "seq", "op", "ts_ns", "dur_ns"]
-    for t in tables:
-        for part in t.tables(columns=cols):
-            yield from part.to_pylist()
+    for _, t in tables:
+        yield from t.select(cols).to_pylist()
 
 
 def _shift_connection(stage: Path):

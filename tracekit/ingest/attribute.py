@@ -30,18 +30,14 @@ from __future__ import annotations
 import functools
 import math
 import re
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from tracekit import spill
 from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
 from tracekit.model import busbw_factor
 from tracekit.model.ops import OP_ALIASES
-from tracekit.spill import ExternalSort
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float4": 4, "single": 4,
@@ -314,153 +310,84 @@ def build_collectives(
     world_size: int,
     pg_config: dict[str, list[int]],
     cpu_only: bool,
-    scratch: str | Path | None = None,
 ) -> Iterator[dict]:
     """Rows of the collectives table for one rank, in the order of the comm spans in the file.
 
-    ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.staging.MetaRows`; with
-    columns for CPU-only traces, which pair spans and issuers on them).
-    ``launches`` (a :class:`tracekit.spill.SortedColumns`) maps a comm kernel's event_id →
+    ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.staging.MetaRows`).
+    ``launches`` (a :class:`tracekit.ingest.linkpass.ById`) maps a comm kernel's event_id →
     (pid, tid, launch ts, launch end) of its runtime launch call, via ``lookup``;
-    kernels missing from it were launched outside the capture. ``pg_config`` maps process-group name → global ranks (from
-    ``distributedInfo.pg_config``). ``seq`` is left null where the trace has none;
-    :func:`fill_seq` derives it per rank. ``scratch``: where the enclosing-op search spills
-    beyond ``tracekit.spill.STATE_BUDGET`` (default: the system's temporary directory).
+    kernels missing from it were launched outside the capture. ``pg_config`` maps process-group
+    name → global ranks (from ``distributedInfo.pg_config``). ``seq`` is left null where the
+    trace has none (:func:`tracekit.ingest.assemble.rank_collectives` numbers it).
     """
     if cpu_only:
         cpu = ~meta.gpu & ~meta.names_where(lambda nm: nm.startswith("gloo:"))
         yield from _cpu_rows(run_id, rank, meta, np.flatnonzero(cpu), world_size, pg_config)
         return
-    scratch = Path(scratch) if scratch is not None else Path(tempfile.gettempdir())
-    with _enclosing_ops(meta, launches, scratch) as enclosing:
-        for first, rows in meta.frames():
-            gpu = [k for k, r in enumerate(rows) if r["gpu"]]
-            if not gpu:
-                continue
-            found, cols, _ = launches.lookup(np.fromiter((rows[k]["event_id"] for k in gpu), dtype=np.int64,
-                                                         count=len(gpu)))
-            issue = cols[2].tolist()
-            for k, has, lts in zip(gpu, found.tolist(), issue):
-                sp = rows[k]
-                res = _resolve(sp, [meta.row(j) for j in enclosing(first + k)])
-                if not has and res["meta_source"] == "name_only":
-                    res["launch_outside_capture"] = True
-                yield _finish_row(run_id, rank, sp, res, lts if has else None, world_size, pg_config)
+    gpu = np.flatnonzero(meta.gpu)
+    found, cols, _ = launches.lookup(meta.event_id[gpu])
+    enclosing = enclosing_ops(meta, launches)
+    for k, has, lts in zip(gpu.tolist(), found.tolist(), cols[2].tolist()):
+        sp = meta.row(k)
+        res = _resolve(sp, [meta.row(j) for j in enclosing.get(k, ())])
+        if not has and res["meta_source"] == "name_only":
+            res["launch_outside_capture"] = True
+        yield _finish_row(run_id, rank, sp, res, lts if has else None, world_size, pg_config)
 
 
 ENCLOSING_WINDOW = 64
 """A launch call's enclosing ops are looked for among the last this many CPU comm ops of its
 thread that start at or before it (by start, the longer first, then file order)."""
 
-_SWEEP_CALLS = 4096
-"""Launch calls matched against their window at once (three int64/bool matrices of this many
-rows × ENCLOSING_WINDOW)."""
+_CALLS_AT_ONCE = 4096
+"""Launch calls matched against their window at once (int64/bool matrices of this many rows ×
+ENCLOSING_WINDOW)."""
 
 
-class _enclosing_ops:
-    """``enclosing(row)`` → the meta rows of the CPU comm ops that enclose the launch call of GPU
-    meta row ``row`` (start ≤ the call's start and end ≥ its end, on its thread), innermost (latest
-    start) first; asked for rows in increasing order. A context manager (it removes its files).
+def enclosing_ops(meta, launches) -> dict[int, list[int]]:
+    """GPU meta row → the meta rows of the CPU comm ops that enclose its launch call (start ≤ the
+    call's start and end ≥ its end, on its thread, among the ENCLOSING_WINDOW ops before it),
+    innermost (latest start, then the shorter) first; GPU rows with none are absent.
 
-    Two external sorts (tracekit.spill) in bounded memory: one of every CPU op (thread, start,
-    0, −duration, row; end) and every launch call (thread, start, 1, 0, row; end) — at equal
-    starts ops come before calls, so an op starting with the call counts — swept per thread with
-    the last ENCLOSING_WINDOW ops at hand; and one of the (GPU row, rank, op row) pairs found,
-    read back in GPU-row order.
+    How: the CPU ops (thread, start, 0, −duration, row) and the launch calls (thread, start, 1,
+    0, row) in one lexicographic sort — at equal starts ops come before calls, so an op starting
+    with the call counts — and per call the ops just before it in that order on its thread.
     """
-
-    def __init__(self, meta, launches, scratch: Path):
-        budget = spill.STATE_BUDGET
-        self._pairs = ExternalSort([np.int64, np.int16, np.int64], 2, budget, scratch, "enclosed")
-        events = ExternalSort([np.int32, np.int64, np.int8, np.int64, np.int64, np.int64], 5, budget, scratch,
-                              "enclosing")
-        try:
-            threads: dict = {}
-            for first, rows in meta.frames():
-                n = len(rows)
-                gpu = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
-                idx = np.arange(first, first + n, dtype=np.int64)
-                cpu = [r for r in rows if not r["gpu"]]
-                if cpu:
-                    thr = np.fromiter((threads.setdefault((r["device"], r["track"]), len(threads)) for r in cpu),
-                                      dtype=np.int32, count=len(cpu))
-                    ts = np.fromiter((r["ts_ns"] for r in cpu), dtype=np.int64, count=len(cpu))
-                    dur = np.fromiter((r["dur_ns"] for r in cpu), dtype=np.int64, count=len(cpu))
-                    events.add(thr, ts, np.zeros(len(cpu), dtype=np.int8), -dur, idx[~gpu], ts + dur)
-                if gpu.any():
-                    eid = np.fromiter((r["event_id"] for r in rows if r["gpu"]), dtype=np.int64)
-                    found, cols, valid = launches.lookup(eid)
-                    if found.any():
-                        pid, tid, lts, lend = (c[found] for c in cols)
-                        pv, tv = (np.ones(len(pid), dtype=bool) if v is None else v[found] for v in valid[:2])
-                        k = len(pid)
-                        thr = np.fromiter((threads.setdefault((int(p) if a else None, int(t) if b else None),
-                                                              len(threads))
-                                           for p, a, t, b in zip(pid, pv, tid, tv)), dtype=np.int32, count=k)
-                        events.add(thr, lts, np.ones(k, dtype=np.int8), np.zeros(k, dtype=np.int64),
-                                   idx[gpu][found], lend)
-            self._sweep(events)
-        except BaseException:
-            self._pairs.close()
-            raise
-        finally:
-            events.close()
-        self._groups = self._by_gpu_row()
-        self._next = next(self._groups, None)
-
-    def _sweep(self, events: ExternalSort) -> None:
-        w = ENCLOSING_WINDOW
-        cur = None  # the thread of the ops held
-        held_end = np.empty(0, dtype=np.int64)  # its last ≤ w ops (by the sort's order): ends, rows
-        held_row = np.empty(0, dtype=np.int64)
-        for thr, _t, kind, _nd, row, end in events.batches():
-            cuts = np.flatnonzero(thr[1:] != thr[:-1]) + 1
-            for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(thr)].tolist()):
-                if int(thr[a]) != cur:
-                    cur = int(thr[a])
-                    held_end, held_row = held_end[:0], held_row[:0]
-                op = kind[a:b] == 0
-                ends = np.concatenate([held_end, end[a:b][op]])
-                rows = np.concatenate([held_row, row[a:b][op]])
-                calls = np.flatnonzero(~op) if len(ends) else np.empty(0, dtype=np.int64)
-                before = len(held_end) + np.cumsum(op)  # per record: the ops at or before it
-                for c in range(0, len(calls), _SWEEP_CALLS):  # (calls × window) matrices of bounded size
-                    q = calls[c:c + _SWEEP_CALLS]
-                    j = before[q][:, None] - 1 - np.arange(w)[None, :]  # innermost first
-                    ok = j >= 0
-                    jj = np.where(ok, j, 0)
-                    ok &= ends[jj] >= end[a:b][q][:, None]
-                    qi, rk = np.nonzero(ok)
-                    if len(qi):
-                        self._pairs.add(row[a:b][q][qi], rk.astype(np.int16), rows[jj[qi, rk]])
-                held_end, held_row = ends[-w:], rows[-w:]
-
-    def _by_gpu_row(self):
-        """(GPU row, [op rows, innermost first]) in GPU-row order."""
-        cur, got = None, []
-        for g, _rank, op in self._pairs.batches():
-            for gr, o in zip(g.tolist(), op.tolist()):
-                if gr != cur:
-                    if cur is not None:
-                        yield cur, got
-                    cur, got = gr, []
-                got.append(o)
-        if cur is not None:
-            yield cur, got
-
-    def __call__(self, row: int) -> list[int]:
-        while self._next is not None and self._next[0] < row:
-            self._next = next(self._groups, None)
-        if self._next is not None and self._next[0] == row:
-            return self._next[1]
-        return []
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._groups.close()
-        self._pairs.close()
+    cpu = np.flatnonzero(~meta.gpu)
+    gpu = np.flatnonzero(meta.gpu)
+    if not len(cpu) or not len(gpu):
+        return {}
+    found, (pid, tid, lts, lend), valid = launches.lookup(meta.event_id[gpu])
+    pv, tv = (np.ones(len(gpu), dtype=bool) if v is None else v for v in valid[:2])
+    thread_of = {t: i for i, t in enumerate(meta.threads)}
+    call_thr = np.fromiter((thread_of.get((int(p) if a else None, int(t) if b else None), -1)
+                            for p, a, t, b in zip(pid.tolist(), pv.tolist(), tid.tolist(), tv.tolist())),
+                           dtype=np.int64, count=len(gpu))
+    c = found & (call_thr >= 0)  # calls on a thread that runs no comm op enclose nothing
+    n_op, n_call = len(cpu), int(c.sum())
+    thr = np.concatenate([meta.thread[cpu].astype(np.int64), call_thr[c]])
+    start = np.concatenate([meta.ts_ns[cpu], lts[c]])
+    kind = np.r_[np.zeros(n_op, dtype=np.int8), np.ones(n_call, dtype=np.int8)]
+    neg_dur = np.concatenate([-meta.dur_ns[cpu], np.zeros(n_call, dtype=np.int64)])
+    row = np.concatenate([cpu, gpu[c]])
+    end = np.concatenate([meta.ts_ns[cpu] + meta.dur_ns[cpu], lend[c]])
+    o = np.lexsort((row, neg_dur, kind, start, thr))
+    is_op = kind[o] == 0
+    op_end, op_row, op_thr = end[o][is_op], row[o][is_op], thr[o][is_op]
+    before = np.cumsum(is_op)[~is_op]  # per call (in sorted order): the ops at or before it
+    q_row, q_thr, q_end = row[o][~is_op], thr[o][~is_op], end[o][~is_op]
+    out: dict[int, list[int]] = {}
+    back = np.arange(ENCLOSING_WINDOW)[None, :]
+    for at in range(0, n_call, _CALLS_AT_ONCE):
+        sl = slice(at, at + _CALLS_AT_ONCE)
+        j = before[sl][:, None] - 1 - back  # innermost first
+        ok = j >= 0
+        jj = np.where(ok, j, 0)
+        ok &= (op_thr[jj] == q_thr[sl][:, None]) & (op_end[jj] >= q_end[sl][:, None])
+        qi, rk = np.nonzero(ok)  # by call, then innermost first
+        for g, r in zip(q_row[sl][qi].tolist(), op_row[jj[qi, rk]].tolist()):
+            out.setdefault(g, []).append(r)
+    return out
 
 
 # gloo runs some collectives as others: reduce-scatter as an all-reduce of the whole input.

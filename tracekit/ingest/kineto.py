@@ -41,12 +41,11 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from tracekit import _arrow
 from tracekit.errors import FileError
 from tracekit.ingest.jsonstream import FastChunk, TraceStream
 from tracekit.ingest.staging import (
     META_FIELDS,
-    META_SPILL_ROWS,
+    META_BATCH_ROWS,
     RankFile,
     _BatchWriter,
     raw_batch,
@@ -262,12 +261,11 @@ def read_rank_file(
                 continue
             writer.write(batch)
             rf.events += batch.num_rows
-            if len(rf.comm_meta) >= META_SPILL_ROWS:
-                rf.spill_meta(out_stage.with_suffix(".meta"))
+            if len(rf.comm_meta) >= META_BATCH_ROWS:
+                rf.flush_meta(out_stage.with_suffix(".meta"))
             if progress is not None:
                 progress(batch.num_rows)
-    if rf.meta_spill:
-        rf.spill_meta(out_stage.with_suffix(".meta"))
+    rf.close_meta()
     rf.meta = stream.meta
     rf.warnings.extend(stream.notes)
     rf.sha256 = sha256 or sha256_file(path)
@@ -459,7 +457,7 @@ def _finish_batch(rf: RankFile, ids, ts_ns, ts_ok, dur_ns, dur_ok, columns: list
         rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
         rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
     batch = raw_batch(columns)
-    return batch.filter(_arrow.bool_array(valid)) if nbad else batch
+    return batch.filter(pa.array(valid)) if nbad else batch
 
 
 def _decode_args(raw) -> KArgs:
@@ -513,7 +511,7 @@ def _dict_column(index: np.ndarray, table: np.ndarray) -> pa.DictionaryArray:
     """Rows' values ``table[index]`` as a dictionary array holding only the values used."""
     used, inv = np.unique(index, return_inverse=True)
     return pa.DictionaryArray.from_arrays(
-        _arrow.from_numpy(inv.reshape(-1).astype(np.int32), pa.int32()), _arrow.string_array(table[used].tolist())
+        pa.array(inv.reshape(-1).astype(np.int32)), pa.array(table[used].tolist(), pa.string())
     )
 
 
@@ -644,22 +642,21 @@ def _fast_batch(ch: FastChunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch 
         _add_step(rf, name_tab[ni[i]], int(ids[i]), bool(ts_ok[i] and dur_ok[i]), int(ts_ns[i]), int(dur_ns[i]))
     if not rf.has_gpu and gpu.any():
         rf.has_gpu = True
-    # arrays from buffers (tracekit._arrow): pa.array would import pandas
     i64 = pa.int64()
-    kind_arr = _arrow.string_array(["cpu_thread", "gpu_stream"])
+    kind_arr = pa.array(["cpu_thread", "gpu_stream"], pa.string())
     return _finish_batch(
         rf, ids, ts_ns, ts_ok, dur_ns, dur_ok,
         [
-            _arrow.from_numpy(ids, i64),
-            pa.DictionaryArray.from_arrays(_arrow.from_numpy(gpu.astype(np.int32), pa.int32()), kind_arr),
-            _arrow.from_numpy(device, i64),
-            _arrow.from_numpy(track, i64),
+            pa.array(ids, i64),
+            pa.DictionaryArray.from_arrays(pa.array(gpu.astype(np.int32)), kind_arr),
+            pa.array(device, i64),
+            pa.array(track, i64),
             _dict_column(ci, cat_tab),
             _dict_column(ni, name_tab),
-            _arrow.from_numpy(ts_ns, i64),
-            _arrow.from_numpy(dur_ns, i64),
-            _arrow.from_numpy(corr, i64, corr_valid),
-            _arrow.from_numpy(ext, i64, ext_valid),
-            _arrow.bool_array(is_comm),
+            pa.array(ts_ns, i64),
+            pa.array(dur_ns, i64),
+            pa.array(corr, i64, mask=~corr_valid),
+            pa.array(ext, i64, mask=~ext_valid),
+            pa.array(is_comm),
         ],
     )

@@ -11,7 +11,6 @@ not each other.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,9 +78,48 @@ META_FIELDS = (
 )
 
 
+META_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.int64()),
+        ("name", pa.string()),
+        ("gpu", pa.bool_()),
+        ("device", pa.int64()),
+        ("track", pa.int64()),
+        ("ts_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("rest", pa.binary()),
+    ]
+)
+"""The comm-metadata table of a rank file (one Arrow IPC stream in the staging folder, file order):
+the columns the collectives search and sort on, and ``rest``, the row's other keys (category,
+correlation, the :data:`META_FIELDS` present) as JSON, whose values vary in type between traces
+(ints beyond 64 bits included)."""
+
+_FIXED = ("event_id", "name", "gpu", "device", "track", "ts_ns", "dur_ns")
+_JSON = msgspec.json.Encoder(enc_hook=lambda o: o.item() if isinstance(o, np.generic) else _unencodable(o))
+_JSON_DEC = msgspec.json.Decoder()
+
+META_BATCH_ROWS = 4096
+"""comm_meta rows a reader keeps in memory before :meth:`RankFile.flush_meta` writes them out."""
+
+
+def _unencodable(o):
+    raise TypeError(f"metadata value of type {type(o).__name__} cannot be stored")
+
+
+def _meta_batch(rows: list[dict]) -> pa.RecordBatch:
+    cols = [pa.array([r.get(f) for r in rows], t.type) for f, t in zip(_FIXED, META_SCHEMA)]
+    rest = pa.array([_JSON.encode({k: v for k, v in r.items() if k not in _FIXED}) for r in rows], pa.binary())
+    return pa.record_batch(cols + [rest], schema=META_SCHEMA)
+
+
 @dataclass
 class RankFile:
-    """What one rank file yielded, besides the rows written to its staging file."""
+    """What one rank file yielded, besides the rows written to its staging file.
+
+    ``comm_meta``: the metadata rows of collective-related events (dicts) not yet written to
+    the comm-metadata table ``meta_path`` (:data:`META_SCHEMA`); :meth:`meta_rows` reads both.
+    """
 
     path: Path
     sha256: str
@@ -93,160 +131,85 @@ class RankFile:
     steps: list[tuple[int, int, int, int]] = field(default_factory=list)  # (step, event_id, ts, end)
     thread_names: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    meta_spill: str | None = None  # file holding comm_meta rows moved out of memory (see spill_meta)
-    meta_spilled: int = 0  # rows in meta_spill
-    meta_frames: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, size, rows) per spilled frame
+    meta_path: str | None = None  # the comm-metadata table, once rows were written to it
+    _meta_writer: object = field(default=None, repr=False, compare=False)
 
-    def spill_meta(self, path: Path) -> None:
-        """Append the in-memory ``comm_meta`` rows to ``path`` (msgpack frames) and drop them from memory.
-
-        Large traces keep ~10k such rows per 200k events; spilling them keeps the
-        reader's memory flat. :meth:`load_comm_meta` gives every row back, in order.
-        """
+    def flush_meta(self, path: Path) -> None:
+        """Append the in-memory ``comm_meta`` rows to the table at ``path`` and drop them from memory
+        (the reader's memory stays flat; :meth:`close_meta` when the file is read)."""
         if not self.comm_meta:
             return
-        try:
-            data = b"M" + _MSGPACK_ENC.encode(self.comm_meta)
-        except OverflowError:  # an int beyond 64 bits (msgpack has none): JSON keeps it
-            data = b"J" + msgspec.json.encode(self.comm_meta)
-        with open(path, "ab") as fh:
-            fh.write(len(data).to_bytes(8, "little"))
-            self.meta_frames.append((fh.tell(), len(data), len(self.comm_meta)))
-            fh.write(data)
-        self.meta_spill = str(path)
-        self.meta_spilled += len(self.comm_meta)
+        if self._meta_writer is None:
+            self.meta_path = str(path)
+            self._meta_writer = pa.ipc.new_stream(str(path), META_SCHEMA)
+        self._meta_writer.write_batch(_meta_batch(self.comm_meta))
         self.comm_meta = []
 
-    def load_comm_meta(self) -> list[dict]:
-        """Every comm_meta row (spilled ones first, then those still in memory), in file order."""
-        rows: list[dict] = []
-        for _off, _size, frame in self._frames():
-            rows.extend(frame)
-        return rows + self.comm_meta
+    def close_meta(self) -> None:
+        """Write the rows still in memory (if the table was started) and close the table."""
+        if self._meta_writer is not None:
+            self.flush_meta(Path(self.meta_path))
+            self._meta_writer.close()
+            self._meta_writer = None
 
-    def _frames(self):
-        """(offset, size, rows) of each spilled frame, in order."""
-        if not self.meta_spill:
-            return
-        with open(self.meta_spill, "rb") as fh:
-            while head := fh.read(8):
-                size = int.from_bytes(head, "little")
-                off = fh.tell()
-                yield off, size, _decode_frame(fh.read(size))
+    def remove_meta(self) -> None:
+        """Delete the comm-metadata table (after the run is assembled)."""
+        if self.meta_path:
+            Path(self.meta_path).unlink(missing_ok=True)
 
-    def meta_rows(self, times=None, columns: bool = True) -> "MetaRows":
-        """The comm_meta rows as :class:`MetaRows` (columns in memory unless ``columns`` is False,
-        the rows themselves on demand).
+    def meta_table(self) -> pa.Table:
+        """Every comm_meta row as one :data:`META_SCHEMA` table, in file order."""
+        parts = []
+        if self.meta_path:
+            with pa.OSFile(self.meta_path) as fh:
+                parts.extend(pa.ipc.open_stream(fh).read_all().to_batches())
+        if self.comm_meta:
+            parts.append(_meta_batch(self.comm_meta))
+        return pa.Table.from_batches(parts, schema=META_SCHEMA)
 
-        ``times``: replaced (ts_ns, dur_ns) by event_id (``lookup`` as
-        :class:`tracekit.spill.SortedColumns` has it)."""
-        return MetaRows(self, times, columns)
-
-
-def _decode_frame(data: bytes) -> list[dict]:
-    dec = _MSGPACK_DEC if data[:1] == b"M" else _JSON_ROWS_DEC
-    return dec.decode(memoryview(data)[1:])
-
-
-META_FRAME_CACHE = 4
-"""Decoded spill frames :class:`MetaRows` keeps (the ones used last)."""
+    def meta_rows(self, times=None) -> "MetaRows":
+        """The comm_meta rows as :class:`MetaRows`. ``times``: replaced (ts_ns, dur_ns) by event_id
+        (``lookup`` as :class:`tracekit.ingest.linkpass.ById` has it)."""
+        return MetaRows(self.meta_table(), times)
 
 
 class MetaRows:
-    """Every comm_meta row of a rank file by index (file order), without holding them all.
+    """The comm_meta rows of a rank file by index (file order), in memory.
 
-    One pass over the spill frames (written by :meth:`RankFile.spill_meta`) keeps only numpy
-    columns, one entry per row: ``gpu`` (bool), ``ts_ns``, ``dur_ns``,
-    ``name`` (an index into ``names``) and ``thread`` (an index into ``threads``, the
-    distinct (device, track) pairs). :meth:`row` gives a row's dict: rows the reader
-    still held come from memory, spilled ones from their frame, decoded when first
-    needed; the :data:`META_FRAME_CACHE` frames used last stay decoded, so a pass in
-    file order decodes each frame once. ``times`` (event_id → (ts_ns, dur_ns)) replace
-    those rows' times (clipped GPU spans), in the columns and in the dicts.
-
-    With ``columns`` False nothing is decoded up front and no columns are kept (``frames``
-    reads the rows in order).
-
-    Memory: 25 B per row (none without columns) plus at most META_FRAME_CACHE frames of
-    META_SPILL_ROWS rows.
+    Columns (numpy, one entry per row): ``event_id``, ``gpu`` (bool), ``ts_ns``, ``dur_ns``,
+    ``name`` (an index into ``names``) and ``thread`` (an index into ``threads``, the distinct
+    (device, track) pairs, a null being None). :meth:`row` gives a row's dict (decoded from the
+    table when asked). ``times`` (event_id → (ts_ns, dur_ns), clipped GPU spans) replace those
+    rows' times, in the columns and in the dicts. Memory: the table (~150 B per row) and ~40 B
+    per row of columns.
     """
 
-    def __init__(self, rf: RankFile, times=None, columns: bool = True):
-        self._path = rf.meta_spill
-        self._times = times if times is not None and len(times) else None
-        self.names: list[str] = []
-        self.threads: list[tuple] = []
-        name_ix: dict = {}
+    def __init__(self, table: pa.Table, times=None):
+        table = table.combine_chunks()
+        self._table = table
+        n = table.num_rows
+        self.event_id = table.column("event_id").to_numpy()
+        self.gpu = table.column("gpu").to_numpy(zero_copy_only=False).astype(bool)
+        self.ts_ns = table.column("ts_ns").to_numpy().copy()
+        self.dur_ns = table.column("dur_ns").to_numpy().copy()
+        if times is not None and len(times) and n:
+            found, (t, d), _ = times.lookup(self.event_id)
+            self.ts_ns[found] = t[found]
+            self.dur_ns[found] = d[found]
+        name = table.column("name").dictionary_encode().combine_chunks() if n else None
+        self.names = name.dictionary.to_pylist() if n else []
+        self.name = name.indices.to_numpy().astype(np.int32) if n else np.empty(0, dtype=np.int32)
         thread_ix: dict = {}
-        self._frame_at: list[tuple[int, int, int]] = []  # (first row, file offset, size)
-        total = rf.meta_spilled + len(rf.comm_meta)  # columns allocated once, filled frame by frame
-        self._n = total
-        if columns:
-            self.gpu = np.empty(total, dtype=bool)
-            self.ts_ns = np.empty(total, dtype=np.int64)
-            self.dur_ns = np.empty(total, dtype=np.int64)
-            self.name = np.empty(total, dtype=np.int32)
-            self.thread = np.empty(total, dtype=np.int32)
-        first = 0
-
-        def add(rows: list[dict], at: int) -> None:
-            n = len(rows)
-            if at + n > total:
-                raise ValueError(f"metadata spill {self._path} holds more rows than were spilled")
-            if not columns:
-                return
-            sl = slice(at, at + n)
-            self.gpu[sl] = np.fromiter((bool(r["gpu"]) for r in rows), dtype=bool, count=n)
-            self.ts_ns[sl] = np.fromiter((r["ts_ns"] for r in rows), dtype=np.int64, count=n)
-            self.dur_ns[sl] = np.fromiter((r["dur_ns"] for r in rows), dtype=np.int64, count=n)
-            if self._times is not None:
-                eid = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=n)
-                found, (t, d), _ = self._times.lookup(eid)
-                self.ts_ns[sl][found] = t[found]
-                self.dur_ns[sl][found] = d[found]
-            self.name[sl] = np.fromiter((name_ix.setdefault(r["name"], len(name_ix)) for r in rows),
-                                        dtype=np.int32, count=n)
-            self.thread[sl] = np.fromiter(
-                (thread_ix.setdefault((r["device"], r["track"]), len(thread_ix)) for r in rows), dtype=np.int32, count=n
-            )
-
-        if columns:
-            for off, size, frame in rf._frames():
-                self._frame_at.append((first, off, size))
-                add(frame, first)
-                first += len(frame)
-        else:  # the frames' places and sizes, as the spill recorded them: nothing decoded
-            for off, size, rows in rf.meta_frames:
-                self._frame_at.append((first, off, size))
-                first += rows
-        self._tail_first = first
-        self._tail = rf.comm_meta
-        add(self._tail, first)
-        if first + len(self._tail) != total:
-            raise ValueError(f"metadata spill {self._path} holds fewer rows than were spilled")
-        self.names = list(name_ix)
+        self.thread = np.fromiter(
+            (thread_ix.setdefault(p, len(thread_ix)) for p in zip(table.column("device").to_pylist(),
+                                                                  table.column("track").to_pylist())),
+            dtype=np.int32, count=n)
         self.threads = list(thread_ix)
-        self._firsts = [f[0] for f in self._frame_at]
-        self._cache: dict = {}
-        self._lo = self._hi = 0  # rows [lo, hi) are those of frame list _cur, the last one used
-        self._cur: list = []
-        self._retime(self._tail)
-
-    def frames(self):
-        """(first row index, rows) of every frame in file order, the rows still in memory last;
-        the dicts carry the replaced times. Frames are decoded afresh (the cache of :meth:`row`
-        is left alone)."""
-        for first, off, size in self._frame_at:
-            with open(self._path, "rb") as fh:
-                fh.seek(off)
-                frame = _decode_frame(fh.read(size))
-            self._retime(frame)
-            yield first, frame
-        if self._tail:
-            yield self._tail_first, self._tail
+        self._fixed = [table.column(f) for f in ("name", "device", "track")]
+        self._rest = table.column("rest")
 
     def __len__(self) -> int:
-        return self._n
+        return len(self.event_id)
 
     def names_where(self, fn) -> np.ndarray:
         """Per row: ``fn(name)`` (evaluated once per distinct name)."""
@@ -254,41 +217,13 @@ class MetaRows:
         return table[self.name]
 
     def row(self, i: int) -> dict:
-        """The dict of row ``i``, with its replaced times (the same dict object while its frame is cached)."""
+        """The dict of row ``i`` (a new one each time), with its replaced times."""
         i = int(i)
-        if self._lo <= i < self._hi:
-            return self._cur[i - self._lo]
-        if i >= self._tail_first:
-            return self._tail[i - self._tail_first]
-        k = bisect.bisect_right(self._firsts, i) - 1
-        first, off, size = self._frame_at[k]
-        frame = self._cache.pop(k, None)
-        if frame is None:
-            with open(self._path, "rb") as fh:
-                fh.seek(off)
-                frame = _decode_frame(fh.read(size))
-            self._retime(frame)
-            if len(self._cache) >= META_FRAME_CACHE:
-                self._cache.pop(next(iter(self._cache)))
-        self._cache[k] = frame  # most recently used last
-        self._lo, self._hi, self._cur = first, first + len(frame), frame
-        return frame[i - first]
-
-    def _retime(self, rows: list[dict]) -> None:
-        times = self._times
-        if times is None or not rows:
-            return
-        eid = np.fromiter((r["event_id"] for r in rows), dtype=np.int64, count=len(rows))
-        found, (t, d), _ = times.lookup(eid)
-        for j in np.flatnonzero(found).tolist():
-            rows[j]["ts_ns"], rows[j]["dur_ns"] = int(t[j]), int(d[j])
-
-
-_MSGPACK_ENC = msgspec.msgpack.Encoder()
-_MSGPACK_DEC = msgspec.msgpack.Decoder(list[dict])
-_JSON_ROWS_DEC = msgspec.json.Decoder(list[dict])
-META_SPILL_ROWS = 4096
-"""comm_meta rows a reader keeps in memory before :meth:`RankFile.spill_meta` (one spill frame)."""
+        r = _JSON_DEC.decode(self._rest[i].as_py())
+        name, device, track = (c[i].as_py() for c in self._fixed)
+        r.update(event_id=int(self.event_id[i]), name=name, gpu=bool(self.gpu[i]), device=device, track=track,
+                 ts_ns=int(self.ts_ns[i]), dur_ns=int(self.dur_ns[i]))
+        return r
 
 
 def sha256_file(path: str | Path) -> str:
