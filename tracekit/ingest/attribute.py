@@ -37,7 +37,7 @@ import numpy as np
 
 from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
 from tracekit.model import busbw_factor
-from tracekit.model.ops import OP_ALIASES
+from tracekit.model.ops import canonical_op
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float4": 4, "single": 4,
@@ -53,51 +53,7 @@ DTYPE_BYTES = {
     "complexfloat": 8, "complexdouble": 16, "c10::complex<float>": 8, "c10::complex<double>": 16,
 }
 
-# Trace spellings with separators removed → canonical op: the model's table, except that a
-# SendRecv kernel or a p2p group implements other collectives (the launching op decides).
-_OP_KEYS = {k: v for k, v in OP_ALIASES.items() if k not in ("sendrecv", "p2p")} | {"recvanysource": "recv"}
-_SUFFIXES = ("coalesced", "intotensor", "tensor", "base", "single", "")
-_PREFIXES = ("nccl", "rccl", "c10d", "gloo", "msccl")
-
 BUS_FACTOR_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"}
-
-
-_CANON_CACHE: dict[str, str | None] = {}
-
-
-def canonical_op(text: Any) -> str | None:
-    """Collective names in any spelling → canonical op, or None.
-
-    ``nccl:_all_gather_base``, ``_allgather_base``, ``allgather_into_tensor_coalesced``
-    → ``all_gather``; ``c10d::alltoall_base_`` → ``all_to_all``; SendRecv/Generic → None.
-    """
-    if not text:
-        return None
-    if type(text) is str:
-        got = _CANON_CACHE.get(text, _CANON_CACHE)
-        if got is not _CANON_CACHE:
-            return got
-        if len(_CANON_CACHE) > 65536:
-            _CANON_CACHE.clear()
-        got = _CANON_CACHE[text] = _canonical_op(text)
-        return got
-    return _canonical_op(text)
-
-
-def _canonical_op(text: Any) -> str | None:
-    s = re.sub(r"[^a-z0-9]", "", str(text).lower())
-    for p in _PREFIXES:
-        if s.startswith(p):
-            s = s[len(p):]
-            break
-    changed = True
-    while changed:
-        changed = False
-        for suf in _SUFFIXES[:-1]:
-            if s.endswith(suf) and len(s) > len(suf):
-                s = s[: -len(suf)]
-                changed = True
-    return _OP_KEYS.get(s)
 
 
 _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)(?:_([A-Z]+))?(?:_([A-Z0-9]+))?", re.I)
@@ -118,7 +74,7 @@ def parse_kernel_name(name: str) -> tuple[str | None, str | None, str | None]:
             return "all_reduce", None, None
         return None, None, None
     kind, algo, proto = m.group(1), m.group(2), m.group(3)
-    op = canonical_op(kind)
+    op = canonical_op(kind, trace=True)
     if algo and not algo.isupper():
         algo = None
     return op, algo, proto
@@ -218,7 +174,7 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
     """Pick op and sizes for one comm span; returns a partial collectives row."""
     name_op, algo, proto = parse_kernel_name(kernel["name"])
     if kernel.get("gpu") is False:
-        name_op = canonical_op(kernel["name"])
+        name_op = canonical_op(kernel["name"], trace=True)
     src = None
     meta = None
     if _has_meta(kernel):
@@ -232,7 +188,7 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
     dims_row = None
     named_ops = [r for r in enclosing if r["name"] != "record_param_comms"]
     for r in named_ops:  # innermost nccl:* first, then c10d::*
-        o = canonical_op(r["name"])
+        o = canonical_op(r["name"], trace=True)
         if o is not None:
             if op is None:
                 op = o
@@ -240,11 +196,11 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
                 dims_row = r
     if dims_row is None:
         for r in named_ops:
-            if _numel(r.get("input_dims")) is not None and canonical_op(r["name"]) is not None:
+            if _numel(r.get("input_dims")) is not None and canonical_op(r["name"], trace=True) is not None:
                 dims_row = r
                 break
-    if meta is not None and canonical_op(meta.get("collective")) is not None:
-        op = canonical_op(meta.get("collective"))
+    if meta is not None and canonical_op(meta.get("collective"), trace=True) is not None:
+        op = canonical_op(meta.get("collective"), trace=True)
     if op is None:
         op = name_op
     row: dict = dict(op=op, algo=algo, proto=proto, approx=False)
@@ -407,7 +363,7 @@ def _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config) -> Iterator[d
 
     gloo = np.flatnonzero(meta.names_where(lambda nm: nm.startswith("gloo:")))
     spans = gloo[np.argsort(meta.ts_ns[gloo], kind="stable")].tolist()
-    span_op = [canonical_op(nm) for nm in meta.names]
+    span_op = [canonical_op(nm, trace=True) for nm in meta.names]
     queues: dict = defaultdict(deque)
     for j in spans:
         queues[span_op[meta.name[j]]].append(j)
@@ -490,12 +446,12 @@ def _cpu_issuers(meta, cpu_rows: np.ndarray) -> list[tuple[int, str]]:
     rpc_name = meta.names_where(lambda nm: nm == "record_param_comms")
     rpc = []
     for j in by_ts[rpc_name[by_ts]].tolist():
-        op = canonical_op(meta.row(j).get("collective"))
+        op = canonical_op(meta.row(j).get("collective"), trace=True)
         if op:
             rpc.append((j, op))
     if rpc:
         return rpc
-    op_of = [canonical_op(nm) if nm.startswith("c10d::") else None for nm in meta.names]
+    op_of = [canonical_op(nm, trace=True) if nm.startswith("c10d::") else None for nm in meta.names]
     return [(j, op_of[meta.name[j]]) for j in by_ts.tolist() if op_of[meta.name[j]]]
 
 

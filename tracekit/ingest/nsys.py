@@ -61,7 +61,8 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import FileError
-from tracekit.ingest.attribute import canonical_op, dtype_bytes
+from tracekit.ingest.attribute import dtype_bytes
+from tracekit.model.ops import canonical_op
 from tracekit.ingest.staging import META_FIELDS, RankFile, open_stage_writer, raw_batch, sha256_file
 
 BATCH_ROWS = 50_000
@@ -736,7 +737,7 @@ def _read_nvtx(r: _Reader) -> None:
                 if k is not None and k > 0:
                     nranks.add(k)
                 continue
-            op = canonical_op(name)
+            op = canonical_op(name, trace=True)
             if op is None:
                 continue
             row = r.comm_meta_row(

@@ -7,6 +7,8 @@ gather, scatter, send, recv, barrier.
 
 from __future__ import annotations
 
+import re
+
 from tracekit.errors import BadInputError
 
 __all__ = ["CANONICAL_OPS", "OP_ALIASES", "canonical_op"]
@@ -49,19 +51,57 @@ OP_ALIASES = {
 }
 
 
-def canonical_op(name: str) -> str:
-    """The canonical op for ``name``: ``'allreduce'``, ``'AllReduce'``, ``'all_reduce_perf'`` → ``'all_reduce'``.
+# Traces: a SendRecv kernel or a p2p group implements other collectives (the launching op decides).
+_TRACE_ALIASES = {k: v for k, v in OP_ALIASES.items() if k not in ("sendrecv", "p2p")} | {"recvanysource": "recv"}
+_PREFIXES = ("nccl", "rccl", "c10d", "gloo", "msccl")
+_SUFFIXES = ("coalesced", "intotensor", "tensor", "base", "single", "perf")
+_TRACE_CACHE: dict = {}
 
-    Case, ``-``/``_``/space separators and an nccl-tests ``_perf`` suffix are
-    ignored; nccl-tests' ``sendrecv`` counts as ``send`` (each rank sends S).
-    Raises BadInputError for a name that is not a collective.
+
+def _key(name) -> str:
+    """``name`` lower-cased without separators, one backend prefix and any of the suffixes."""
+    s = re.sub(r"[^a-z0-9]", "", str(name).lower())
+    for p in _PREFIXES:
+        if s.startswith(p):
+            s = s[len(p):]
+            break
+    changed = True
+    while changed:
+        changed = False
+        for suf in _SUFFIXES:
+            if s.endswith(suf) and len(s) > len(suf):
+                s = s[: -len(suf)]
+                changed = True
+    return s
+
+
+def canonical_op(name, *, trace: bool = False) -> str | None:
+    """The canonical op for a collective's name in any spelling.
+
+    Case, separators, one backend prefix (``nccl``, ``rccl``, ``c10d``, ``gloo``, ``msccl``)
+    and the suffixes ``coalesced``, ``into_tensor``, ``tensor``, ``base``, ``single`` and
+    nccl-tests' ``_perf`` are ignored: ``'AllReduce'``, ``'all_reduce_perf'`` → ``'all_reduce'``;
+    ``nccl:_all_gather_base``, ``allgather_into_tensor_coalesced`` → ``'all_gather'``;
+    ``c10d::alltoall_base_`` → ``'all_to_all'``.
+
+    ``trace=False`` (names a user or nccl-tests gives): ``sendrecv`` counts as ``send`` (each
+    rank sends S); raises BadInputError for a name that is not a collective.
+    ``trace=True`` (names in traces): SendRecv/Generic kernels and p2p give None (the launching
+    op decides), ``recv_any_source`` is ``recv``, and any unknown or empty name gives None.
     """
-    raw = str(name)
-    key = raw.strip().lower()
-    if key.endswith("_perf"):
-        key = key[: -len("_perf")]
-    key = key.replace("_", "").replace("-", "").replace(" ", "")
-    op = OP_ALIASES.get(key)
+    if trace:
+        if not name:
+            return None
+        try:
+            got = _TRACE_CACHE.get(name, _TRACE_CACHE)
+        except TypeError:  # unhashable
+            return _TRACE_ALIASES.get(_key(name))
+        if got is _TRACE_CACHE:
+            if len(_TRACE_CACHE) > 65536:
+                _TRACE_CACHE.clear()
+            got = _TRACE_CACHE[name] = _TRACE_ALIASES.get(_key(name))
+        return got
+    op = OP_ALIASES.get(_key(name))
     if op is None:
-        raise BadInputError(f"unknown collective {raw!r}: expected one of {', '.join(CANONICAL_OPS)}")
+        raise BadInputError(f"unknown collective {str(name)!r}: expected one of {', '.join(CANONICAL_OPS)}")
     return op
