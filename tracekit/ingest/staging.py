@@ -41,8 +41,8 @@ RAW_SCHEMA = pa.schema(
 String columns are dictionary-encoded (a dictionary per batch)."""
 
 _STAGE_IPC = pa.ipc.IpcWriteOptions()
-"""Staging files are uncompressed IPC: the link pass reads them four times (0.04 s per 2M rows,
-0.1 s with zstd); they take ~70 B per event on disk while the rank is linked."""
+"""Staging files are uncompressed IPC: the link pass reads them three times, and decompressing
+would cost more than the disk it saves (benchmarks/README.md, "Design measurements")."""
 
 
 def raw_batch(columns: list) -> pa.RecordBatch:
@@ -87,7 +87,7 @@ META_SCHEMA = pa.schema(
         ("track", pa.int64()),
         ("ts_ns", pa.int64()),
         ("dur_ns", pa.int64()),
-        ("rest", pa.binary()),
+        ("rest", pa.large_binary()),
     ]
 )
 """The comm-metadata table of a rank file (one Arrow IPC stream in the staging folder, file order):
@@ -109,7 +109,7 @@ def _unencodable(o):
 
 def _meta_batch(rows: list[dict]) -> pa.RecordBatch:
     cols = [pa.array([r.get(f) for r in rows], t.type) for f, t in zip(_FIXED, META_SCHEMA)]
-    rest = pa.array([_JSON.encode({k: v for k, v in r.items() if k not in _FIXED}) for r in rows], pa.binary())
+    rest = pa.array([_JSON.encode({k: v for k, v in r.items() if k not in _FIXED}) for r in rows], pa.large_binary())
     return pa.record_batch(cols + [rest], schema=META_SCHEMA)
 
 
@@ -205,8 +205,9 @@ class MetaRows:
                                                                   table.column("track").to_pylist())),
             dtype=np.int32, count=n)
         self.threads = list(thread_ix)
-        self._fixed = [table.column(f) for f in ("name", "device", "track")]
-        self._rest = table.column("rest")
+        rest = table.column("rest").combine_chunks() if n else pa.array([], pa.large_binary())
+        self._rest_at = np.frombuffer(rest.buffers()[1], dtype=np.int64)[rest.offset:rest.offset + n + 1] if n else None
+        self._rest = memoryview(rest.buffers()[2]) if n and rest.buffers()[2] is not None else memoryview(b"")
 
     def __len__(self) -> int:
         return len(self.event_id)
@@ -219,10 +220,10 @@ class MetaRows:
     def row(self, i: int) -> dict:
         """The dict of row ``i`` (a new one each time), with its replaced times."""
         i = int(i)
-        r = _JSON_DEC.decode(self._rest[i].as_py())
-        name, device, track = (c[i].as_py() for c in self._fixed)
-        r.update(event_id=int(self.event_id[i]), name=name, gpu=bool(self.gpu[i]), device=device, track=track,
-                 ts_ns=int(self.ts_ns[i]), dur_ns=int(self.dur_ns[i]))
+        r = _JSON_DEC.decode(self._rest[int(self._rest_at[i]):int(self._rest_at[i + 1])])
+        device, track = self.threads[self.thread[i]]
+        r.update(event_id=int(self.event_id[i]), name=self.names[self.name[i]], gpu=bool(self.gpu[i]),
+                 device=device, track=track, ts_ns=int(self.ts_ns[i]), dur_ns=int(self.dur_ns[i]))
         return r
 
 
