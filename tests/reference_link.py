@@ -1,5 +1,5 @@
 """The link pass as tracekit 0.1 ran it, in DuckDB SQL: an independent reference for
-tracekit.ingest.linkpass (which does the same in numpy, batch by batch).
+tracekit.ingest.linkpass (which does the same in numpy).
 
 ``reference_link(raw_table, run_id, rank, cpu_only, steps)`` → (events table, spans,
 launches, (n_clipped, max_clip, n_skew, max_skew)), from the same staging rows.
