@@ -148,7 +148,8 @@ def test_current_layout(tmp_path):
     assert (log.group_size, log.group_size_source) == (4, "rank_lines")
     assert log.params["n_threads"] == 1 and log.params["n_gpus"] == 1
     assert (log.params["warmup_iters"], log.params["iters"], log.params["validation"]) == (1, 20, 1)
-    assert log.layout == "current" and log.nccl_version == "2.17.6"
+    # the library version is nccl-library=22703 = 2·10000 + 27·100 + 3
+    assert log.layout == "current" and log.nccl_version == "2.27.3" and log.tests_version == "nccl-tests 2.17.6"
     assert log.ranks[3] == (3, "node01", 3, "NVIDIA H100 80GB HBM3")
     assert len(log.rows) == 3
     r = log.rows[1]
@@ -169,8 +170,11 @@ def test_timestamp_column_filename_op_and_thread_count(tmp_path):
     assert [r.size_bytes for r in log.rows] == [65536, 16777216]
     assert log.rows[1].ip_busbw == 132.73 and log.rows[1].ip_wrong is None
     assert _check_busbw_matches_print(path, log) == 4
-    # an explicit op wins over the file name
-    assert parse_nccl_tests(path, op="allgather").op == "all_gather"
+    # --op names the collective only when the log and its file name do not: here it is ignored, with a warning
+    forced = parse_nccl_tests(path, op="allgather")
+    assert forced.op == "reduce_scatter"
+    assert forced.warnings == ("reduce_scatter_perf_h100.txt run 0: --op all_gather ignored: "
+                               "the file name says reduce_scatter",)
 
 
 def test_not_an_nccl_tests_log(tmp_path):
@@ -207,12 +211,15 @@ def test_missing_file(tmp_path):
         parse_nccl_tests(tmp_path / "nope.log")
 
 
-def test_malformed_row(tmp_path):
+def test_malformed_row_is_quarantined(tmp_path):
     bad = CURRENT_ALL_REDUCE.replace("    25.10   41.78", "    fast   41.78")
     path = tmp_path / "all_reduce.log"
     path.write_text(bad)
-    with pytest.raises(FileError, match="line 16: bad time 'fast'"):
-        parse_nccl_tests(path)
+    log = parse_nccl_tests(path)
+    assert [r.size_bytes for r in log.rows] == [8, 134217728]
+    assert log.quarantined == ((16, "time 'fast' is not a number"),)
+    assert log.warnings == ("all_reduce.log run 0 (all_reduce): 1 result row(s) quarantined "
+                            "(line 16: time 'fast' is not a number)",)
 
 
 def test_concatenated_runs_keep_their_own_op_and_group(tmp_path):
