@@ -252,7 +252,7 @@ _FIELD_HEAD = re.compile(r"(?:N/A|premulsum|mulsum|prod|none|sum|max|min|avg|[+-
 
 _SRUN = re.compile(r"^\s*\d+:\s")
 _MPIRUN = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:\s?")
-_PDSH = re.compile(r"^[A-Za-z0-9][\w.-]*:\s+")
+_PDSH = re.compile(r"^[A-Za-z0-9][\w.-]*:\s")
 
 _PARAM_FIELDS = (
     (re.compile(r"\bminBytes\s+(\d+)"), "min_bytes"),
@@ -613,7 +613,7 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
         if g.quarantined:
             shown = "; ".join(f"line {ln}: {why}" for ln, why in g.quarantined[:3])
             more = f"; and {len(g.quarantined) - 3} more" if len(g.quarantined) > 3 else ""
-            warnings.append(f"{p.name} run {g.index} ({g.op}): {len(g.quarantined)} result row(s) quarantined "
+            warnings.append(f"{p.name} benchmark run {g.index} ({g.op}): {len(g.quarantined)} result row(s) quarantined "
                             f"({shown}{more})")
     done = [g for g in done if g.rows]
     first = done[0]
@@ -632,16 +632,18 @@ def _row(tokens: list[str], header: tuple[list[str], int, bool, str]) -> dict:
     body = tokens[3:]
     if timestamp and len(body) >= 2 and _TIMESTAMP.match(body[-2]):
         body = body[:-2]
-    if len(body) >= 2 * half:
+    # between type and time: the header's fields, or one fewer (an unused redop printed as nothing)
+    lo = max(0, len(middle_names) - 1)
+    if lo <= len(body) - 2 * half <= len(middle_names):
         n_middle = len(body) - 2 * half
         halves = (body[n_middle : n_middle + half], body[n_middle + half :])
-    elif len(body) >= half:
+    elif lo <= len(body) - half <= len(middle_names):
         n_middle = len(body) - half
         halves = (None, body[n_middle:])
-    else:
+    elif len(body) < lo + 2 * half:
         raise _Bad(f"{len(tokens)} fields, too few for its header (truncated?)")
-    if n_middle > len(middle_names):
-        raise _Bad(f"{n_middle} fields between type and time, the header names {len(middle_names)}")
+    else:
+        raise _Bad(f"{len(tokens)} fields, more than its header names")
     redop: str | None = None
     root: int | None = None
     for tok in body[:n_middle]:
@@ -685,7 +687,7 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
     if forced_op is not None and forced_op != op:
         where = {"header": "its 'Collective test starting' line", "command": "its command line",
                  "filename": "the file name"}[source]
-        warnings.append(f"{p.name} run {g.index}: --op {forced_op} ignored: {where} says {op}")
+        warnings.append(f"{p.name} benchmark run {g.index}: --op {forced_op} ignored: {where} says {op}")
     if g.ranks:
         k, k_src = len(g.ranks), "rank_lines"
     elif g.params:

@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import SCHEMA_VERSION
+from tracekit.errors import StoreError
 from tracekit.ingest.collectives import dtype_bytes, wire_bytes_for
 from tracekit.ingest.nccl_tests import NcclTestsGroup, parse_nccl_tests
 from tracekit.store import combined_digest
@@ -66,7 +67,7 @@ def _sizes(items: list[tuple[int, str]]) -> str:
 
 def _failed_warning(name: str, g: NcclTestsGroup, pg: str, wrong: list[tuple[int, str]]) -> str | None:
     """The warning for a benchmark run with wrong values (None when it has none)."""
-    what = f"{name} run {g.index} ({pg}, lines {g.first_line}-{g.last_line})"
+    what = f"{name} benchmark run {g.index} (lines {g.first_line}-{g.last_line}, {g.group_size} ranks, pg {pg})"
     if g.oob_failed:
         sizes = sorted({r.size_bytes for r in g.rows})
         return (f"{what}: footer says 'Out of bounds values : {g.oob_values} FAILED': all its {len(g.rows)} "
@@ -84,9 +85,16 @@ def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: l
 
     ``op``: the collective of runs whose log and file name do not name one (the CLI's ``--op``).
     Raises FileError (from the parser) for a file that is not an nccl-tests log, BadInputError
-    for an unknown ``op``.
+    for an unknown ``op``, StoreError when the staging files cannot be written (no space, I/O).
     """
     logs = [parse_nccl_tests(f, op=op) for f in files]
+    try:
+        _write(stage, run_id, files, digests, config, logs)
+    except OSError as exc:  # ENOSPC, EIO... while writing the staging files
+        raise StoreError(f"{stage.parent.parent}: cannot write to the store ({exc.strerror or exc})") from None
+
+
+def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], config: dict, logs: list) -> None:
     runs = [(f, log, g) for f, log in zip(files, logs) for g in log.groups]
     op_count = Counter(g.op for _, _, g in runs)
     rows, groups_cfg, warnings = [], [], []
