@@ -391,3 +391,26 @@ def test_os_errors_name_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", eio)
     with pytest.raises(FileError, match="slurm-4242.out: cannot read: Input/output error"):
         parse_nccl_tests(f)
+
+
+def test_cut_row_that_never_goes_on_is_quarantined(tmp_path):
+    # the 1048576 row is cut by an INFO line and the log goes on with the next row: the cut row is
+    # quarantined, the next row read whole (not glued to the fragment)
+    lines = CURRENT_ALL_REDUCE.splitlines(keepends=True)
+    lines[15] = "     1048576        262144     float     sum      -1node01:40001:40009 [0] NCCL INFO Connected\n"
+    path = tmp_path / "all_reduce.log"
+    path.write_text("".join(lines))
+    log = parse_nccl_tests(path)
+    assert [(r.line, r.size_bytes, r.oop_time_us) for r in log.rows] == [(14, 8, 18.52), (17, 134217728, 520.3)]
+    assert log.quarantined == ((16, "result row cut off by NCCL output and never continued"),)
+
+
+def test_header_again_after_a_footer_is_a_new_run_of_the_same_setup(tmp_path):
+    # a script running the same binary twice into one log, the second time printing only the table
+    table = CURRENT_ALL_REDUCE.splitlines(keepends=True)[10:19]  # the header lines, rows and footer
+    path = tmp_path / "twice.log"
+    path.write_text(CURRENT_ALL_REDUCE + "".join(table))
+    log = parse_nccl_tests(path)
+    assert [(g.index, g.op, g.group_size, len(g.rows)) for g in log.groups] == [(0, "all_reduce", 4, 3),
+                                                                                (1, "all_reduce", 4, 3)]
+    assert log.groups[1].first_line == 23 and log.groups[1].hosts == ("node01",)  # the 21-line log, then its header

@@ -313,6 +313,11 @@ def _split_chatter(line: str) -> tuple[str | None, str | None]:
     return before + glued, line[m.start("who") + len(glued):]
 
 
+def _row_start(tokens: list[str]) -> bool:
+    """The tokens begin a result row: size and count (integers), then more."""
+    return len(tokens) >= 3 and _INT.match(tokens[0]) is not None and _INT.match(tokens[1]) is not None
+
+
 def _finite(text: str) -> float | None:
     try:
         v = float(text)
@@ -486,13 +491,20 @@ class _Reader:
             m = _LIB_VERSION.search(chatter)
             if m:
                 self.library(m.group("lib"), m.group("v"))
-            if row_text is not None:
-                self.pending = (lineno, row_text) if self.pending is None else (
-                    self.pending[0], self.pending[1] + " " + row_text)
-            return
+            if row_text is None:
+                return
+            if self.pending is not None:
+                self.pending = (self.pending[0], self.pending[1] + " " + row_text)
+                return
+            if _row_start(row_text.split()):
+                self.pending = (lineno, row_text)
+                return
+            line = row_text  # other output with chatter glued to it: read what came before the chatter
         stripped = line.strip()
         if not stripped:
             return
+        if self.pending is not None and (stripped.startswith("#") or _row_start(stripped.split())):
+            self.drop_pending()  # the cut row never went on: a new row or a comment line came first
         m = _TESTS_VERSION.match(stripped)
         if m:
             g = self.boundary(lineno, force=self.cur.tests_version is not None)
@@ -517,7 +529,7 @@ class _Reader:
         if self.pending is not None:
             row_line, tokens = self.pending[0], self.pending[1].split() + tokens
             self.pending = None
-        if len(tokens) < 3 or not _INT.match(tokens[0]) or not _INT.match(tokens[1]):
+        if not _row_start(tokens):
             self.command(stripped, lineno)
             return  # other output
         g = self.cur
@@ -550,7 +562,7 @@ class _Reader:
             return
         m = _RANK_LINE.match(stripped)
         if m:
-            g = self.boundary(lineno, force=self.cur.header is not None)
+            g = self.boundary(lineno)
             rank = int(m.group("rank"))
             g.ranks[rank] = (rank, m.group("host"), int(m.group("dev")), m.group("name"))
             return
@@ -558,7 +570,13 @@ class _Reader:
             return
         parsed = _parse_header(stripped.lstrip("#").split())
         if parsed is not None:
-            g = self.boundary(lineno) if self.cur.started() else self.cur
+            g = self.cur
+            if g.closed:  # a header after a footer, with no line of a new run: the same set-up again
+                g = self.boundary(lineno)
+                for name in ("header_test", "command", "command_bin", "command_op", "ranks", "params",
+                             "tests_version", "library", "library_version"):
+                    value = getattr(self.groups[-1], name)
+                    setattr(g, name, dict(value) if isinstance(value, dict) else value)
             g.touched = True
             g.header = parsed
             g.columns = tuple(stripped.lstrip("#").split())
@@ -566,9 +584,13 @@ class _Reader:
             return
         self.command(stripped, lineno)
 
-    def end(self) -> list[_Group]:
+    def drop_pending(self) -> None:
         if self.pending is not None and self.cur.header is not None:
             self.cur.quarantined.append((self.pending[0], "result row cut off by NCCL output and never continued"))
+        self.pending = None
+
+    def end(self) -> list[_Group]:
+        self.drop_pending()
         self.groups.append(self.cur)
         return self.groups
 
@@ -705,7 +727,6 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
     if library is None and any("AMD" in d or "Instinct" in d for d in devices):
         library = "rccl"
     dtypes = {r.dtype for r in rows}
-    assert g.header is not None or not rows
     return NcclTestsGroup(
         index=g.index, first_line=g.first_line, last_line=g.last_line, op=op, op_source=source,
         test_name=g.header_test or g.command_bin, command=g.command, group_size=k, group_size_source=k_src, ranks=ranks,
