@@ -3,7 +3,8 @@
 --
 -- From traces: complete, agreeing instances (barriers aside) with a known size > 0 and sync time > 0, the time
 -- being sync_time (after the last arrival, so waiting is excluded). From nccl-tests runs: every
--- row (already an average over iterations after warm-up), the time being the log's.
+-- row (already an average over iterations after warm-up), the time being the log's, except rows in
+-- which nccl-tests found wrong values (collectives.wrong > 0: #wrong, or a FAILED out-of-bounds footer).
 --
 -- run_id       VARCHAR  run
 -- source       VARCHAR  'trace' or 'nccl_tests'
@@ -31,4 +32,5 @@ UNION ALL
 SELECT c.run_id, 'nccl_tests', c.pg_name, c.seq, c.op, c.algo, c.group_size, c.size_bytes,
        c.dur_ns::DOUBLE, false
 FROM collectives c JOIN runs r USING (run_id)
-WHERE r.source = 'nccl_tests' AND c.op IS NOT NULL AND c.size_bytes > 0 AND c.dur_ns > 0;
+WHERE r.source = 'nccl_tests' AND c.op IS NOT NULL AND c.size_bytes > 0 AND c.dur_ns > 0
+  AND coalesce(c.wrong, 0) = 0;

@@ -114,6 +114,7 @@ COLLECTIVES_SCHEMA = pa.schema(
         ("log_algbw_gbps", pa.float64()),  # nccl-tests runs: the log's own algbw, GB/s
         ("log_busbw_gbps", pa.float64()),  # nccl-tests runs: the log's own busbw, GB/s
         ("in_place", pa.bool_()),  # nccl-tests runs: the in-place column
+        ("wrong", pa.int64()),  # nccl-tests runs: wrong values of the row (#wrong; see nccl_tests_run); else null
     ]
 )
 

@@ -59,6 +59,9 @@ def ingest(
         None, "--align", help="Clock alignment: none | host | collectives (default: collectives when hosts differ)."
     ),
     analyze: bool = typer.Option(False, "--analyze", help="Print the report after ingesting."),
+    op: Optional[str] = typer.Option(
+        None, "--op", help="nccl-tests logs: the collective, when neither the log nor its file name says it."
+    ),
 ) -> None:
     """Ingest traces (one run; one file per rank) into the Parquet store."""
     from tracekit.ingest import ingest_paths
@@ -72,7 +75,7 @@ def ingest(
     with terminal_progress() as progress:
         rid = ingest_paths(
             [str(p) for p in paths], st, run_id=run_id, replace=replace, workload=workload,
-            comm_patterns=comm_pattern, jobs=jobs, align=align, progress=progress,
+            comm_patterns=comm_pattern, jobs=jobs, align=align, progress=progress, op=op,
         )
     typer.echo(f"run {rid} in {st.path}")
     _print_rank_warnings(st, rid)

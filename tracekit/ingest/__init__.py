@@ -50,7 +50,7 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
                 raise FileError(p, f"cannot list the directory ({exc.strerror or exc})") from None
             found = [q for q in entries if q.name.endswith(KINETO_SUFFIXES + (".sqlite",))
                      and q.name != "run_config.json"]
-            found += [q for q in entries if q.name.endswith((".log", ".txt")) and _looks_like_nccl_tests(q)]
+            found += [q for q in entries if q.name.endswith(NCCL_TESTS_SUFFIXES) and _looks_like_nccl_tests(q)]
             if not found:
                 raise FileError(p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, nccl-tests logs)")
             out.extend(sorted(found))
@@ -61,23 +61,42 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return out
 
 
+NCCL_TESTS_SUFFIXES = (".log", ".txt", ".out", ".md")
+"""Files of a directory that are read as nccl-tests logs when they look like one (``slurm-123.out``,
+``all_reduce.log``, a Markdown report with the log in a code fence)."""
+_NCCL_TESTS_HEAD = 1 << 20
+_PARAMS_MARK = re.compile(rb"#\s*nThread\s+\d+\s+nGpus\s+\d+")
+_HEADER_MARK = re.compile(rb"#\s*size\s+count\s+type\b")
+_TAGGED = re.compile(rb"^\s*\[\d+,\d+\]<std(?:out|err|diag)>:")
+
+
 def _looks_like_nccl_tests(path: Path) -> bool:
-    """A .log/.txt in a directory is taken only when it looks like nccl-tests output."""
+    """A .log/.txt/.out/.md in a directory is taken only when its first MiB holds nccl-tests'
+    parameter line (``# nThread 1 nGpus 8 ...``) or its column header (``# size count type``);
+    a .log/.txt/.out also when it says ``out-of-place`` (NCCL's INFO lines can come first).
+    Unreadable files are left out (a trace directory's unreadable side file is not a log)."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(8192)
+            head = fh.read(_NCCL_TESTS_HEAD)
     except OSError:
         return False
-    return b"nThread" in head or b"out-of-place" in head
+    if _PARAMS_MARK.search(head) or _HEADER_MARK.search(head):
+        return True
+    return not path.name.endswith(".md") and b"out-of-place" in head
 
 
 def _source_kind(path: Path) -> str:
+    """``kineto`` (JSON or gzip), ``nsys`` (SQLite) or ``nccl_tests`` (any other text; a line
+    starting ``[1,0]<stdout>:`` is mpirun's tag, not JSON). FileError when it cannot be read."""
     name = path.name.lower()
     if name.endswith((".json", ".json.gz", ".gz")):
         return "kineto"
-    with open(path, "rb") as fh:
-        head = fh.read(16)
-    if head.startswith(b"\x1f\x8b") or head.lstrip()[:1] in (b"{", b"["):
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+    except OSError as exc:
+        raise FileError(path, f"cannot read it ({exc.strerror or exc})") from None
+    if head.startswith(b"\x1f\x8b") or (head.lstrip()[:1] in (b"{", b"[") and not _TAGGED.match(head)):
         return "kineto"
     if head.startswith(b"SQLite format 3"):
         return "nsys"
@@ -122,6 +141,7 @@ def ingest_paths(
     jobs: int | None = None,
     align: str | None = None,
     progress: Callable[..., None] | None = None,
+    op: str | None = None,
 ) -> str:
     """Ingest trace files (one run; one file per rank) into ``store``; returns the run id.
 
@@ -133,7 +153,8 @@ def ingest_paths(
     Re-ingesting the same files (same sha256 set) returns the existing run unless
     ``replace``. ``align``: clock alignment across hosts, ``none`` | ``host`` |
     ``collectives`` (default: collectives when the ranks' hosts differ, else none).
-    ``progress``: see :mod:`tracekit.progress`.
+    ``progress``: see :mod:`tracekit.progress`. ``op``: the collective of nccl-tests runs whose
+    log and file name do not name one (BadInputError with other inputs).
     Raises FileError / BadInputError (store unchanged) on bad input.
     """
     from tracekit.store import Store, check_run_id
@@ -145,6 +166,8 @@ def ingest_paths(
     if logs and len(logs) != len(files):
         other = next(f for f, k in kinds.items() if k != "nccl_tests")
         raise FileError(logs[0], f"an nccl-tests log cannot share a run with traces such as {other.name}; ingest them apart")
+    if op is not None and not logs:
+        raise BadInputError("--op applies to nccl-tests logs only (traces name their collectives)")
     if source is None and all(k == "nsys" for k in kinds.values()):
         source = "nsys"
     for p in comm_patterns:
@@ -184,7 +207,7 @@ def ingest_paths(
             rid = run_id or _default_run_id(paths, None, digests)
             if st.has_run(rid) and not replace:
                 raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
-            build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {})
+            build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {}, op=op)
             stg.commit(rid, replace=replace)
             return rid
         tasks = [(str(f), str(raw_dir / f"file{i}.arrows"), patterns, d) for i, (f, d) in enumerate(zip(files, digests))]

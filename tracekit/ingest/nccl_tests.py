@@ -1,30 +1,79 @@
 """Parser for nccl-tests (and rccl-tests) text logs: ``all_reduce_perf`` and friends.
 
 Pure: reads one file, returns a :class:`NcclTestsLog`; turning it into store
-tables is someone else's job. Handles both layouts seen in the wild:
+tables is someone else's job (:mod:`tracekit.ingest.nccl_tests_run`).
 
-- current nccl-tests: ``size count type redop root time algbw busbw #wrong``
-  for out-of-place then in-place, every op printing ``redop`` and ``root``
-  (``none``/``-1`` when unused), ``#wrong`` a number or ``N/A``, a
-  ``# Collective test starting: all_reduce_perf`` line, rank lines
-  ``#  Rank  0 Group  0 Pid 1234 on host device  0 [0000:1b:00] NVIDIA H100``;
-  optional extras: a trailing timestamp column, per-iteration columns
-  (``i_min i_max i_p99 i_cv%``) after each half, ``cputime`` for ``time``;
+Logs as clusters write them
+---------------------------
+Before a line is read, it is cleaned:
+
+- Markdown code fences (lines starting with three backticks or tildes) are
+  dropped, so a log pasted into a ``.md`` file reads like the log itself;
+- rank prefixes are stripped (up to three, nested): ``srun -l`` (``0: ``,
+  `` 12: `` — the width changes with the rank count), ``mpirun
+  --tag-output`` (``[1,0]<stdout>:``), and ``pdsh``-style ``host: `` (taken
+  as a prefix only when what follows is nccl-tests output: a ``#`` line, a
+  number, NCCL chatter or a command);
+- NCCL chatter (``host:pid:tid [dev] NCCL INFO|WARN|TRACE ...``) is dropped,
+  also when it lands in the middle of a result row: the text before it (the
+  chatter's host name glued to the row's last field is told apart by the
+  field's shape: an integer, a decimal, ``N/A`` or a reduction name) is kept
+  and joined with the next line of output, where the row goes on. The
+  chatter's ``NCCL version`` / ``RCCL version`` is read on the way.
+
+Layouts
+-------
+- current nccl-tests / rccl-tests: ``size count type redop root time algbw
+  busbw #wrong`` for out-of-place then in-place, ``#wrong`` a number or
+  ``N/A``, a ``# Collective test starting: all_reduce_perf`` line, rank
+  lines ``#  Rank  0 Group  0 Pid 1234 on host device  0 [0000:1b:00] NVIDIA
+  H100`` (rccl-tests: ``... AMD Instinct MI300X``); optional extras: a
+  trailing timestamp column, per-iteration columns (``i_min i_max i_p99
+  i_cv%``) after each half, ``cputime`` for ``time``;
 - older nccl-tests (e.g. the superbench A100 logs): an ``error`` column
   holding ``N/A``, ``root`` only for broadcast/reduce, no ``redop`` for
   all_gather, an empty ``redop`` field for alltoall, rank lines without
-  ``Group``, ``NCCL INFO`` lines interleaved with the rows, zero-size rows.
+  ``Group``, zero-size rows.
+- version lines: ``# nccl-tests version 2.17.6 nccl-headers=22703
+  nccl-library=22703`` (library 2.27.3: the code is major·10000 + minor·100 +
+  patch), ``rccl-tests: Version develop:a7809b3`` or ``# rccl-tests version
+  ...``; the library from chatter ``NCCL version 2.18.3+cuda12.2`` /
+  ``RCCL version 2.18.3+hip6.1``.
+- the footer ``# Out of bounds values : N OK|FAILED`` (nccl-tests' total of
+  the rows' wrong values) and ``# Avg bus bandwidth : X``.
 
-The collective is taken from, in order: the ``op`` argument, the ``Collective
-test starting`` line, the file name (``nccl_allreduce.log``,
-``all_gather_perf.txt``, ...). The group size is the number of distinct
-``# Rank N`` lines, else nThread × nGpus from the parameter line (which
-undercounts multi-process MPI runs; ``group_size_source`` says which).
-Times are kept as printed: microseconds and GB/s (GB = 1e9).
+Benchmark runs (groups)
+-----------------------
+One header and its rows form one :class:`NcclTestsGroup`; a file may hold
+several (a sweep script appending runs). A new group starts at a command
+line, a version line, a ``Collective test starting`` line, a ``# nThread``
+line or a rank line met after the current group's rows or footer. Each
+group keeps its own op, command line, ranks, hosts, device, versions and
+footer.
+
+The collective of a group is taken from, in order: the ``Collective test
+starting`` line (``op_source`` ``header``), the command line in the log
+(``command``: a line invoking ``.../all_reduce_perf ...``), the file name
+(``filename``: ``nccl_allreduce.log``, ``all_gather_perf.txt``, ...), the
+``op`` argument (``argument``, the CLI's ``--op``). An ``op`` argument that
+disagrees with what the log says is ignored with a warning. The group size
+is the number of distinct ``# Rank N`` lines, else nThread × nGpus from the
+parameter line (which undercounts multi-process MPI runs;
+``group_size_source`` says which).
+
+Validation
+----------
+A result row whose fields are not numbers, or whose numbers are NaN, inf,
+negative or out of range (size or count above 2**50, time above 1e9 µs,
+algbw/busbw above 1e6 GB/s, #wrong not a whole number), or that has too few
+fields for its header, is quarantined: left out of the rows, counted in
+``quarantined`` with its line number and the reason. Times are kept as
+printed: microseconds and GB/s (GB = 1e9).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -33,7 +82,16 @@ from pathlib import Path
 from tracekit.errors import BadInputError, FileError
 from tracekit.model.ops import canonical_op
 
-__all__ = ["NcclTestsRow", "NcclTestsLog", "parse_nccl_tests"]
+__all__ = ["NcclTestsRow", "NcclTestsGroup", "NcclTestsLog", "parse_nccl_tests", "strip_prefixes"]
+
+MAX_SIZE_BYTES = 1 << 50
+"""Largest size/count accepted in a result row (1 PiB; nccl-tests sweeps stop at tens of GB)."""
+MAX_TIME_US = 1e9
+"""Largest time accepted, µs (1000 s for one collective, averaged over iterations)."""
+MAX_BW_GBPS = 1e6
+"""Largest algbw/busbw accepted, GB/s (1 PB/s: no link comes near)."""
+MAX_RANKS = 1 << 20
+"""Largest group size accepted (the same bound as the trace readers')."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +103,9 @@ class NcclTestsRow:
     empty; oop_* (out-of-place) and ip_* (in-place): time_us (µs), algbw and
     busbw (GB/s, GB = 1e9, as printed), wrong (int, or None for ``N/A``);
     oop_* are None for a row that printed only the in-place half; line: 1-based
-    line number in the file; op, group_size: collective and communicator size
-    of the test the row belongs to.
+    line number in the file (of the row's start when chatter split it); op,
+    group_size: collective and communicator size of the run the row belongs
+    to; group: index of that run (:class:`NcclTestsGroup`) in the file.
     """
 
     line: int
@@ -65,25 +124,71 @@ class NcclTestsRow:
     ip_algbw: float
     ip_busbw: float
     ip_wrong: int | None
+    group: int = 0
+
+
+@dataclass(frozen=True)
+class NcclTestsGroup:
+    """One benchmark run in a log: one header and its rows.
+
+    index: 0-based, in file order; first_line / last_line: the lines it spans
+    (1-based); op, op_source (header / command / filename / argument),
+    test_name (``all_reduce_perf`` from the ``Collective test starting``
+    line, else the command's binary, else None); command: the command line
+    found in the log, as printed (None when absent); group_size and
+    group_size_source (rank_lines / nthreads_ngpus); ranks: (rank, host,
+    device index, device name) per rank line; hosts: distinct hosts of the
+    rank lines in rank order; device_names: distinct device names;
+    library: ``nccl`` or ``rccl`` (rccl when the log says rccl-tests or RCCL,
+    or names an AMD device), library_version (``2.27.3``, from the chatter or
+    the nccl-tests version line) and tests_version (``nccl-tests 2.17.6`` /
+    ``rccl-tests develop:a7809b3``), each None when the log does not say;
+    layout (``current`` / ``legacy``), columns, params (the ``# nThread`` line
+    as a dict), dtype (None when rows mix types), rows, avg_busbw (GB/s, None
+    when absent or not finite), oob_values / oob_failed (the ``Out of bounds
+    values : N OK|FAILED`` footer; None / False without one), quarantined:
+    (line, reason) per row left out.
+    """
+
+    index: int
+    first_line: int
+    last_line: int
+    op: str
+    op_source: str
+    test_name: str | None
+    command: str | None
+    group_size: int
+    group_size_source: str
+    ranks: tuple[tuple[int, str, int, str], ...]
+    hosts: tuple[str, ...]
+    device_names: tuple[str, ...]
+    library: str | None
+    library_version: str | None
+    tests_version: str | None
+    layout: str
+    columns: tuple[str, ...]
+    params: dict
+    dtype: str | None
+    rows: tuple[NcclTestsRow, ...]
+    avg_busbw: float | None
+    oob_values: int | None
+    oob_failed: bool
+    quarantined: tuple[tuple[int, str], ...]
 
 
 @dataclass(frozen=True)
 class NcclTestsLog:
     """A parsed nccl-tests log.
 
-    op: canonical collective (all_reduce, all_gather, reduce_scatter,
-    all_to_all, broadcast, reduce, gather, scatter, send); test_name: the
-    binary's name when the log says it (``all_reduce_perf``), else None;
-    op_source: ``argument`` / ``header`` / ``filename``; dtype: the single
-    ``type`` of the rows (None when they mix types); group_size: ranks in the
-    communicator; group_size_source: ``rank_lines`` / ``nthreads_ngpus``;
-    ranks: (rank, host, device index, device name) per rank line; params:
-    the ``# nThread ...`` line as a dict (n_threads, n_gpus, min_bytes,
-    max_bytes, warmup_iters, iters, validation when present); layout:
-    ``current`` (``#wrong`` column) or ``legacy`` (``error`` column);
-    columns: the header's column names; rows: the result rows in file
-    order; avg_busbw: the ``# Avg bus bandwidth`` figure (GB/s) when present;
-    nccl_version: from the version line when present.
+    groups: the benchmark runs in file order (:class:`NcclTestsGroup`); rows:
+    all their rows in file order; quarantined: (line, reason) of every row
+    left out; warnings: one line each (quarantined rows, an ``op`` argument
+    that was ignored). The other fields are the first group's, for a log
+    holding one run: op (canonical collective: all_reduce, all_gather,
+    reduce_scatter, all_to_all, broadcast, reduce, gather, scatter, send),
+    test_name, op_source, dtype, group_size, group_size_source, layout,
+    columns, ranks, params, avg_busbw, nccl_version (the library version:
+    NCCL's or RCCL's, None when the log does not say), tests_version.
     """
 
     path: str
@@ -100,6 +205,10 @@ class NcclTestsLog:
     params: dict = field(default_factory=dict)
     avg_busbw: float | None = None
     nccl_version: str | None = None
+    tests_version: str | None = None
+    groups: tuple[NcclTestsGroup, ...] = field(default=())
+    quarantined: tuple[tuple[int, str], ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
 
 # nccl-tests binaries and log-file spellings, separators stripped, longest first
@@ -124,10 +233,26 @@ _RANK_LINE = re.compile(
 )
 _PARAMS_LINE = re.compile(r"^#\s*nThread\s+(?P<nthread>\d+)\s+nGpus\s+(?P<ngpus>\d+)\b(?P<rest>.*)$")
 _TEST_START = re.compile(r"^#\s*Collective test starting:\s*(?P<name>\S+)")
-_VERSION = re.compile(r"^#\s*nccl-tests version\s+(?P<v>\S+)")
-_AVG_BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<v>[0-9.eE+-]+)")
+_TEST_END = re.compile(r"^#\s*Collective test concluded")
+_TESTS_VERSION = re.compile(r"^#?\s*(?P<kind>[nr]ccl)-tests:?\s+version\s+(?P<v>\S+)(?P<rest>.*)$", re.I)
+_LIB_CODE = re.compile(r"\bnccl-library=(?P<code>\d{4,6})\b")
+_LIB_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version\s+(?P<v>\d[^\s,]*)")
+_AVG_BUSBW = re.compile(r"^#?\s*Avg bus bandwidth\s*:\s*(?P<v>\S+)")
+_OOB = re.compile(r"^#?\s*Out of bounds values\s*:\s*(?P<n>\S+)\s*(?P<verdict>OK|FAILED)?", re.I)
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}$")
 _INT = re.compile(r"[+-]?\d+$")
+_FENCE = re.compile(r"^\s*(?:```|~~~)")
+# a line invoking a test binary: ".../build/all_reduce_perf -b 8", "all_gather_perf_mpi", "alltoall_perf"
+_COMMAND = re.compile(r"(?:^|[\s/=\"'])(?P<bin>[a-z_]+_perf)(?:_mpi)?(?=[\s\"';|&)]|$)")
+# NCCL's debug output: "host:pid:tid [dev] NCCL INFO ..." (RCCL prints the same)
+_CHATTER = re.compile(r"(?P<who>\S+):\d+:\d+\s+\[\d+\]\s+NCCL\s+(?:INFO|WARN|TRACE|ABORT)\b")
+_CHATTER_BARE = re.compile(r"^\s*(?:\S+:\d+:\d+\s+)?(?:\[\d+\]\s+)?NCCL\s+(?:INFO|WARN|TRACE|ABORT)\b")
+# the last field of a row fragment glued to the chatter's host name: an integer, a decimal, N/A, a reduction
+_FIELD_HEAD = re.compile(r"(?:N/A|premulsum|mulsum|prod|none|sum|max|min|avg|[+-]?\d+(?:\.\d+)?)")
+
+_SRUN = re.compile(r"^\s*\d+:\s")
+_MPIRUN = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:\s?")
+_PDSH = re.compile(r"^[A-Za-z0-9][\w.-]*:\s")
 
 _PARAM_FIELDS = (
     (re.compile(r"\bminBytes\s+(\d+)"), "min_bytes"),
@@ -149,17 +274,56 @@ def _op_from_filename(path: Path) -> str | None:
     return None
 
 
-def _number(text: str, path: Path, lineno: int, what: str) -> float:
+def _looks_like_output(rest: str) -> bool:
+    """What follows a ``host: `` prefix is nccl-tests output (so the prefix is pdsh's)."""
+    s = rest.lstrip()
+    return (not s or s[0] == "#" or s[0].isdigit() or _CHATTER_BARE.match(s) is not None
+            or _COMMAND.search(s) is not None or _SRUN.match(rest) is not None)
+
+
+def strip_prefixes(line: str) -> str:
+    """``line`` without launcher prefixes: ``srun -l`` (``12: ``), ``mpirun --tag-output``
+    (``[1,0]<stdout>:``), ``pdsh`` (``host: ``, only before nccl-tests output); up to three."""
+    for _ in range(3):
+        m = _MPIRUN.match(line) or _SRUN.match(line)
+        if m is None:
+            m = _PDSH.match(line)
+            if m is None or not _looks_like_output(line[m.end():]):
+                return line
+        line = line[m.end():]
+    return line
+
+
+def _split_chatter(line: str) -> tuple[str | None, str | None]:
+    """(row text before NCCL chatter, the chatter) for a line holding chatter; (None, None) otherwise.
+
+    The row text is None when the line is chatter alone. A row cut by chatter ends with its last
+    field glued to the chatter's host name (``... -1node01:40001:40001 [0] NCCL INFO``); that
+    field is recovered by its shape (_FIELD_HEAD).
+    """
+    m = _CHATTER.search(line)
+    if m is None:
+        m2 = _CHATTER_BARE.match(line)
+        return (None, line) if m2 else (None, None)
+    before, who = line[: m.start("who")], m.group("who")
+    if len(before.split()) < 2:  # a row fragment holds at least size and count
+        return None, line[m.start("who"):]
+    head = _FIELD_HEAD.match(who)
+    glued = head.group(0) if head and head.end() < len(who) else ""
+    return before + glued, line[m.start("who") + len(glued):]
+
+
+def _row_start(tokens: list[str]) -> bool:
+    """The tokens begin a result row: size and count (integers), then more."""
+    return len(tokens) >= 3 and _INT.match(tokens[0]) is not None and _INT.match(tokens[1]) is not None
+
+
+def _finite(text: str) -> float | None:
     try:
-        return float(text)
+        v = float(text)
     except ValueError:
-        raise FileError(path, f"line {lineno}: bad {what} {text!r} in a result row") from None
-
-
-def _wrong(text: str, path: Path, lineno: int) -> int | None:
-    if text.upper() == "N/A":
         return None
-    return int(_number(text, path, lineno, "#wrong"))
+    return v if math.isfinite(v) else None
 
 
 def _parse_header(tokens: list[str]) -> tuple[list[str], int, bool, str] | None:
@@ -180,19 +344,268 @@ def _parse_header(tokens: list[str]) -> tuple[list[str], int, bool, str] | None:
     return middle, half, timestamp, layout
 
 
+class _Bad(Exception):
+    """A result row to quarantine; the message is the reason."""
+
+
+def _value(text: str, what: str, hi: float) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise _Bad(f"{what} {text!r} is not a number") from None
+    if not math.isfinite(v):
+        raise _Bad(f"{what} is {text}")
+    if v < 0:
+        raise _Bad(f"{what} {text} is negative")
+    if v > hi:
+        raise _Bad(f"{what} {text} is out of range (above {hi:g})")
+    return v
+
+
+def _whole(text: str, what: str) -> int:
+    if not _INT.match(text):
+        v = _value(text, what, MAX_SIZE_BYTES)  # raises for nan/inf/negative/huge/non-numbers
+        if v != int(v):
+            raise _Bad(f"{what} {text} is not a whole number")
+        return int(v)
+    n = int(text)
+    if n < 0:
+        raise _Bad(f"{what} {text} is negative")
+    if n > MAX_SIZE_BYTES:
+        raise _Bad(f"{what} {text} is out of range (above 2**50)")
+    return n
+
+
+def _wrong(text: str) -> int | None:
+    if text.upper() == "N/A":
+        return None
+    return _whole(text, "#wrong")
+
+
+def _half(tokens: list[str] | None) -> tuple:
+    if tokens is None:
+        return None, None, None, None
+    return (_value(tokens[0], "time", MAX_TIME_US), _value(tokens[1], "algbw", MAX_BW_GBPS),
+            _value(tokens[2], "busbw", MAX_BW_GBPS), _wrong(tokens[3]))
+
+
+def _library_from_code(code: str) -> str | None:
+    """``22703`` → ``2.27.3`` (NCCL_VERSION_CODE = major·10000 + minor·100 + patch since 2.9;
+    major·1000 + minor·100 + patch before: ``2708`` → ``2.7.8``)."""
+    n = int(code)
+    if n >= 10000:
+        return f"{n // 10000}.{n // 100 % 100}.{n % 100}"
+    return f"{n // 1000}.{n // 100 % 10}.{n % 100}"
+
+
+class _Group:
+    """A benchmark run being read."""
+
+    def __init__(self, index: int, line: int):
+        self.index = index
+        self.first_line = self.last_line = line
+        self.header_test: str | None = None  # from "Collective test starting"
+        self.command: str | None = None
+        self.command_bin: str | None = None
+        self.command_op: str | None = None
+        self.ranks: dict[int, tuple[int, str, int, str]] = {}
+        self.params: dict = {}
+        self.header: tuple[list[str], int, bool, str] | None = None
+        self.columns: tuple[str, ...] = ()
+        self.rows: list[dict] = []
+        self.quarantined: list[tuple[int, str]] = []
+        self.avg_busbw: float | None = None
+        self.oob: tuple[int, bool] | None = None
+        self.tests_version: str | None = None
+        self.library: str | None = None
+        self.library_version: str | None = None
+        self.closed = False  # a footer or "test concluded" was read
+        self.touched = False  # any line of it was read
+
+    def started(self) -> bool:
+        """Rows or a footer were read: a line that begins a run begins another one."""
+        return bool(self.rows or self.quarantined) or self.closed
+
+
+class _Reader:
+    """The line-by-line state of :func:`parse_nccl_tests`."""
+
+    def __init__(self):
+        self.groups: list[_Group] = []
+        self.cur = _Group(0, 1)
+        self.header_seen = False
+        self.pending: tuple[int, str] | None = None  # (line, text) of a row cut by chatter
+
+    def boundary(self, lineno: int, force: bool = False) -> _Group:
+        """A line that begins a run: a new group when the current one has rows (or ``force``)."""
+        if self.cur.started() or (force and self.cur.touched):
+            self.groups.append(self.cur)
+            self.cur = _Group(self.cur.index + 1, lineno)
+        elif not self.cur.touched:
+            self.cur.first_line = lineno
+        self.cur.touched = True
+        return self.cur
+
+    def library(self, lib: str, version: str) -> None:
+        if self.cur.library_version is None:
+            self.cur.library, self.cur.library_version = lib.lower(), version
+
+    def footer(self, stripped: str) -> bool:
+        m = _OOB.match(stripped)
+        if m:
+            n = _finite(m.group("n"))
+            if n is not None and 0 <= n <= MAX_SIZE_BYTES and n == int(n):
+                self.cur.oob = (int(n), (m.group("verdict") or "").upper() == "FAILED" or n > 0)
+            self.cur.closed = True
+            return True
+        m = _AVG_BUSBW.match(stripped)
+        if m:
+            v = _finite(m.group("v"))
+            if self.cur.avg_busbw is None and v is not None:
+                self.cur.avg_busbw = v
+            self.cur.closed = True
+            return True
+        return False
+
+    def command(self, stripped: str, lineno: int) -> None:
+        """A line invoking a test binary (``.../all_reduce_perf -b 8 ...``): begins a run."""
+        m = _COMMAND.search(stripped)
+        if m is None:
+            return
+        binary = m.group("bin")
+        try:
+            op = canonical_op(binary)
+        except BadInputError:
+            op = _op_from_filename(Path(binary))
+        if op is None:
+            return
+        g = self.boundary(lineno, force=self.cur.command is not None)
+        g.command, g.command_bin, g.command_op = stripped.lstrip("#$+> ").strip()[:2000], binary, op
+
+    def line(self, lineno: int, physical: str) -> None:
+        if _FENCE.match(physical):
+            return
+        line = strip_prefixes(physical)
+        row_text, chatter = _split_chatter(line)
+        if chatter is not None:
+            m = _LIB_VERSION.search(chatter)
+            if m:
+                self.library(m.group("lib"), m.group("v"))
+            if row_text is None:
+                return
+            if self.pending is not None:
+                self.pending = (self.pending[0], self.pending[1] + " " + row_text)
+                return
+            if _row_start(row_text.split()):
+                self.pending = (lineno, row_text)
+                return
+            line = row_text  # other output with chatter glued to it: read what came before the chatter
+        stripped = line.strip()
+        if not stripped:
+            return
+        if self.pending is not None and (stripped.startswith("#") or _row_start(stripped.split())):
+            self.drop_pending()  # the cut row never went on: a new row or a comment line came first
+        m = _TESTS_VERSION.match(stripped)
+        if m:
+            g = self.boundary(lineno, force=self.cur.tests_version is not None)
+            kind = m.group("kind").lower()
+            g.tests_version = f"{kind}-tests {m.group('v')}"
+            mm = _LIB_CODE.search(m.group("rest"))
+            if mm and g.library_version is None:
+                g.library, g.library_version = kind, _library_from_code(mm.group("code"))
+            g.library = g.library or kind
+            return
+        m = _LIB_VERSION.search(stripped)
+        if m and not stripped.startswith("#"):  # "RCCL version 2.18.3+hip6.1 ..." on its own line
+            self.library(m.group("lib"), m.group("v"))
+            return
+        if stripped.startswith("#"):
+            self.comment(stripped, lineno)
+            return
+        if self.footer(stripped):  # very old nccl-tests print the footer without '#'
+            return
+        tokens = stripped.split()
+        row_line = lineno
+        if self.pending is not None:
+            row_line, tokens = self.pending[0], self.pending[1].split() + tokens
+            self.pending = None
+        if not _row_start(tokens):
+            self.command(stripped, lineno)
+            return  # other output
+        g = self.cur
+        if g.header is None:
+            return  # numbers before any column header
+        g.last_line = lineno
+        try:
+            g.rows.append(_row(tokens, g.header))
+            g.rows[-1]["line"] = row_line
+        except _Bad as exc:
+            g.quarantined.append((row_line, str(exc)))
+
+    def comment(self, stripped: str, lineno: int) -> None:
+        m = _TEST_START.match(stripped)
+        if m:
+            g = self.boundary(lineno, force=self.cur.header_test is not None)
+            g.header_test = m.group("name")
+            return
+        if _TEST_END.match(stripped):
+            self.cur.closed = True
+            return
+        m = _PARAMS_LINE.match(stripped)
+        if m:
+            g = self.boundary(lineno, force=bool(self.cur.params or self.cur.header))
+            g.params = {"n_threads": int(m.group("nthread")), "n_gpus": int(m.group("ngpus"))}
+            for pattern, name in _PARAM_FIELDS:
+                mm = pattern.search(m.group("rest"))
+                if mm:
+                    g.params[name] = int(mm.group(1))
+            return
+        m = _RANK_LINE.match(stripped)
+        if m:
+            g = self.boundary(lineno)
+            rank = int(m.group("rank"))
+            g.ranks[rank] = (rank, m.group("host"), int(m.group("dev")), m.group("name"))
+            return
+        if self.footer(stripped):
+            return
+        parsed = _parse_header(stripped.lstrip("#").split())
+        if parsed is not None:
+            g = self.cur
+            if g.closed:  # a header after a footer, with no line of a new run: the same set-up again
+                g = self.boundary(lineno)
+                for name in ("header_test", "command", "command_bin", "command_op", "ranks", "params",
+                             "tests_version", "library", "library_version"):
+                    value = getattr(self.groups[-1], name)
+                    setattr(g, name, dict(value) if isinstance(value, dict) else value)
+            g.touched = True
+            g.header = parsed
+            g.columns = tuple(stripped.lstrip("#").split())
+            self.header_seen = True
+            return
+        self.command(stripped, lineno)
+
+    def drop_pending(self) -> None:
+        if self.pending is not None and self.cur.header is not None:
+            self.cur.quarantined.append((self.pending[0], "result row cut off by NCCL output and never continued"))
+        self.pending = None
+
+    def end(self) -> list[_Group]:
+        self.drop_pending()
+        self.groups.append(self.cur)
+        return self.groups
+
+
 def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTestsLog:
-    """Parse an nccl-tests text log (``all_reduce_perf ... > log``) into rows.
+    """Parse an nccl-tests / rccl-tests text log (``all_reduce_perf ... > log``) into runs and rows.
 
-    ``op`` overrides the collective (any spelling ``canonical_op`` accepts);
-    otherwise it comes from the log's ``Collective test starting`` line or
-    the file name. Rows keep the printed units (µs, GB/s). A log holding
-    several tests one after the other gets each row's ``op`` from its own
-    test; the log's ``op``/``group_size`` are those of the first.
+    ``op`` (any spelling ``canonical_op`` accepts) names the collective of a run whose log
+    and file name do not (see the module docstring for the order). Rows keep the printed
+    units (µs, GB/s).
 
-    Raises FileError(path, ...) when the file cannot be read, is not an
-    nccl-tests log ("not an nccl-tests log: ..."), has a header but no
-    result rows, has a malformed result row, or names no collective we can
-    find; BadInputError for an unknown ``op`` argument.
+    Raises FileError(path, ...) when the file cannot be read, is not an nccl-tests log
+    ("not an nccl-tests log: ..."), has a header but no usable result rows, names no
+    collective we can find ("... pass --op"), or a group size out of range; BadInputError
+    for an unknown ``op`` argument. Bad result rows are quarantined, not raised.
     """
     p = Path(path)
     forced_op = canonical_op(op) if op is not None else None
@@ -203,190 +616,123 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
     if b"\x00" in raw[:4096]:
         raise FileError(p, "not an nccl-tests log: binary data")
     text = raw.decode("utf-8", errors="replace")
-
-    header: tuple[list[str], int, bool, str] | None = None
-    columns: tuple[str, ...] = ()
-    rows: list[NcclTestsRow] = []
-    rank_entries: dict[int, tuple[int, str, int, str]] = {}
-    first_ranks: dict[int, tuple[int, str, int, str]] | None = None
-    params: dict = {}
-    first_params: dict | None = None
-    test_name: str | None = None
-    first_test_name: str | None = None
-    current_op: str | None = None
-    first_op: str | None = None
-    first_group: tuple[int, str] | None = None
-    first_layout, first_columns = "current", ()
-    avg_busbw: float | None = None
-    nccl_version: str | None = None
     filename_op = _op_from_filename(p)
-
-    def section_op() -> tuple[str | None, str]:
-        if forced_op is not None:
-            return forced_op, "argument"
-        if test_name is not None:
-            try:
-                return canonical_op(test_name), "header"
-            except BadInputError:
-                guess = _op_from_filename(Path(test_name))
-                if guess is not None:
-                    return guess, "header"
-        return filename_op, "filename"
-
-    def section_group() -> tuple[int, str] | None:
-        if rank_entries:
-            return len(rank_entries), "rank_lines"
-        if params:
-            return params["n_threads"] * params["n_gpus"], "nthreads_ngpus"
-        return None
-
-    op_source = "filename"
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped:
-            continue
-        if stripped.startswith("#"):
-            m = _TEST_START.match(stripped)
-            if m:
-                test_name = m.group("name")
-                rank_entries = {}
-                params = {}
-                header = None
-                continue
-            m = _VERSION.match(stripped)
-            if m:
-                nccl_version = nccl_version or m.group("v")
-                continue
-            m = _PARAMS_LINE.match(stripped)
-            if m:
-                if rows and header is not None:  # a new run concatenated after the previous one
-                    rank_entries = {}
-                    header = None
-                params = {"n_threads": int(m.group("nthread")), "n_gpus": int(m.group("ngpus"))}
-                for pattern, name in _PARAM_FIELDS:
-                    mm = pattern.search(m.group("rest"))
-                    if mm:
-                        params[name] = int(mm.group(1))
-                continue
-            m = _RANK_LINE.match(stripped)
-            if m:
-                rank = int(m.group("rank"))
-                rank_entries[rank] = (rank, m.group("host"), int(m.group("dev")), m.group("name"))
-                continue
-            m = _AVG_BUSBW.match(stripped)
-            if m:
-                if avg_busbw is None:
-                    avg_busbw = float(m.group("v"))
-                continue
-            parsed = _parse_header(stripped.lstrip("#").split())
-            if parsed is not None:
-                header = parsed
-                columns = tuple(stripped.lstrip("#").split())
-            continue
-        if header is None:
-            continue  # NCCL INFO lines and other chatter before the table
-        tokens = stripped.split()
-        if len(tokens) < 3 or not _INT.match(tokens[0]) or not _INT.match(tokens[1]):
-            continue  # NCCL INFO / WARN lines interleaved with the rows
-        middle_names, half, timestamp, _layout = header
-        body = tokens[3:]
-        if timestamp and len(body) >= 2 and _TIMESTAMP.match(body[-2]):
-            body = body[:-2]
-        if len(body) >= 2 * half:
-            n_middle = len(body) - 2 * half
-            halves = (body[n_middle : n_middle + half], body[n_middle + half :])
-        elif len(body) >= half:
-            n_middle = len(body) - half
-            halves = (None, body[n_middle:])
-        else:
-            raise FileError(p, f"line {lineno}: result row has {len(tokens)} fields, too few for its header")
-        if n_middle > len(middle_names):
-            raise FileError(
-                p,
-                f"line {lineno}: result row has {n_middle} fields between type and time, "
-                f"the header names {len(middle_names)}",
-            )
-        redop: str | None = None
-        root: int | None = None
-        for tok in body[:n_middle]:
-            # The header names the fields, but an unused redop may be printed as
-            # nothing at all (older alltoall), so tell them apart by shape.
-            if _INT.match(tok) and "root" in middle_names:
-                root = int(tok)
-            else:
-                redop = tok
-        if current_op is None or section_op()[0] != current_op:
-            current_op, src = section_op()
-            if current_op is None:
-                raise FileError(
-                    p,
-                    "cannot tell which collective this nccl-tests log ran (no 'Collective test starting' "
-                    "line and no op in the file name): pass op=",
-                )
-            if first_op is None:
-                first_op, op_source = current_op, src
-                first_test_name = test_name
-                first_params = dict(params)
-                first_ranks = dict(rank_entries)
-                first_layout, first_columns = header[3], columns
-        group = section_group()
-        if group is None:
-            raise FileError(
-                p, "nccl-tests log names no ranks: no '# Rank N ... device' lines and no 'nThread/nGpus' line"
-            )
-        if first_group is None:
-            first_group = group
-        oop, ip = halves
-        oop_vals = (
-            (None, None, None, None)
-            if oop is None
-            else (
-                _number(oop[0], p, lineno, "time"),
-                _number(oop[1], p, lineno, "algbw"),
-                _number(oop[2], p, lineno, "busbw"),
-                _wrong(oop[3], p, lineno),
-            )
-        )
-        rows.append(
-            NcclTestsRow(
-                line=lineno,
-                op=current_op,
-                group_size=group[0],
-                size_bytes=int(tokens[0]),
-                count=int(tokens[1]),
-                dtype=tokens[2],
-                redop=redop,
-                root=root,
-                oop_time_us=oop_vals[0],
-                oop_algbw=oop_vals[1],
-                oop_busbw=oop_vals[2],
-                oop_wrong=oop_vals[3],
-                ip_time_us=_number(ip[0], p, lineno, "time"),
-                ip_algbw=_number(ip[1], p, lineno, "algbw"),
-                ip_busbw=_number(ip[2], p, lineno, "busbw"),
-                ip_wrong=_wrong(ip[3], p, lineno),
-            )
-        )
-
-    if header is None and not rows:
+    reader = _Reader()
+    for lineno, physical in enumerate(text.splitlines(), start=1):
+        reader.line(lineno, physical)
+    groups = reader.end()
+    if not reader.header_seen:
         raise FileError(p, "not an nccl-tests log: no '# size count type ... time algbw busbw' column header")
-    if not rows:
+    warnings: list[str] = []
+    done = [_finish(p, g, forced_op, filename_op, warnings) for g in groups if g.rows or g.quarantined]
+    quarantined = tuple(q for g in done for q in g.quarantined)
+    if not any(g.rows for g in done):
+        if quarantined:
+            line, why = quarantined[0]
+            raise FileError(p, f"no usable result rows: all {len(quarantined)} quarantined (line {line}: {why})")
         raise FileError(p, "nccl-tests log has a column header but no result rows (did the run fail?)")
-    assert first_op is not None and first_group is not None
-    dtypes = {r.dtype for r in rows}
+    for g in done:
+        if g.quarantined:
+            shown = "; ".join(f"line {ln}: {why}" for ln, why in g.quarantined[:3])
+            more = f"; and {len(g.quarantined) - 3} more" if len(g.quarantined) > 3 else ""
+            warnings.append(f"{p.name} benchmark run {g.index} ({g.op}): {len(g.quarantined)} result row(s) quarantined "
+                            f"({shown}{more})")
+    done = [g for g in done if g.rows]
+    first = done[0]
     return NcclTestsLog(
-        path=str(p),
-        op=first_op,
-        test_name=first_test_name,
-        op_source=op_source,
-        dtype=dtypes.pop() if len(dtypes) == 1 else None,
-        group_size=first_group[0],
-        group_size_source=first_group[1],
-        layout=first_layout,
-        columns=first_columns,
-        rows=tuple(rows),
-        ranks=tuple(sorted((first_ranks or {}).values())),
-        params=first_params or {},
-        avg_busbw=avg_busbw,
-        nccl_version=nccl_version,
+        path=str(p), op=first.op, test_name=first.test_name, op_source=first.op_source, dtype=first.dtype,
+        group_size=first.group_size, group_size_source=first.group_size_source, layout=first.layout,
+        columns=first.columns, rows=tuple(r for g in done for r in g.rows), ranks=first.ranks,
+        params=first.params, avg_busbw=first.avg_busbw, nccl_version=first.library_version,
+        tests_version=first.tests_version, groups=tuple(done), quarantined=quarantined, warnings=tuple(warnings),
+    )
+
+
+def _row(tokens: list[str], header: tuple[list[str], int, bool, str]) -> dict:
+    """One result row's values (raises _Bad with the reason when it must be quarantined)."""
+    middle_names, half, timestamp, _layout = header
+    body = tokens[3:]
+    if timestamp and len(body) >= 2 and _TIMESTAMP.match(body[-2]):
+        body = body[:-2]
+    # between type and time: the header's fields, or one fewer (an unused redop printed as nothing)
+    lo = max(0, len(middle_names) - 1)
+    if lo <= len(body) - 2 * half <= len(middle_names):
+        n_middle = len(body) - 2 * half
+        halves = (body[n_middle : n_middle + half], body[n_middle + half :])
+    elif lo <= len(body) - half <= len(middle_names):
+        n_middle = len(body) - half
+        halves = (None, body[n_middle:])
+    elif len(body) < lo + 2 * half:
+        raise _Bad(f"{len(tokens)} fields, too few for its header (truncated?)")
+    else:
+        raise _Bad(f"{len(tokens)} fields, more than its header names")
+    redop: str | None = None
+    root: int | None = None
+    for tok in body[:n_middle]:
+        # The header names the fields, but an unused redop may be printed as
+        # nothing at all (older alltoall), so tell them apart by shape.
+        if _INT.match(tok) and "root" in middle_names:
+            root = int(tok)
+            if not -1 <= root < MAX_RANKS:
+                raise _Bad(f"root {tok} is out of range")
+        else:
+            redop = tok
+    size = _whole(tokens[0], "size")
+    count = _whole(tokens[1], "count")
+    oop = _half(halves[0])
+    ip = _half(halves[1])
+    return dict(line=0, size_bytes=size, count=count, dtype=tokens[2], redop=redop, root=root,
+                oop_time_us=oop[0], oop_algbw=oop[1], oop_busbw=oop[2], oop_wrong=oop[3],
+                ip_time_us=ip[0], ip_algbw=ip[1], ip_busbw=ip[2], ip_wrong=ip[3])
+
+
+def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, warnings: list) -> NcclTestsGroup:
+    """The group's op, size and rows as a NcclTestsGroup (FileError when the op or size cannot be told)."""
+    found: tuple[str, str] | None = None
+    if g.header_test is not None:
+        try:
+            found = (canonical_op(g.header_test), "header")
+        except BadInputError:
+            guess = _op_from_filename(Path(g.header_test))
+            found = (guess, "header") if guess else None
+    if found is None and g.command_op is not None:
+        found = (g.command_op, "command")
+    if found is None and filename_op is not None:
+        found = (filename_op, "filename")
+    if found is None and forced_op is not None:
+        found = (forced_op, "argument")
+    if found is None:
+        raise FileError(p, "cannot tell which collective this nccl-tests log ran (no 'Collective test starting' "
+                           "line, no command line naming a *_perf binary, no op in the file name): "
+                           "pass --op (e.g. --op all_reduce)")
+    op, source = found
+    if forced_op is not None and forced_op != op:
+        where = {"header": "its 'Collective test starting' line", "command": "its command line",
+                 "filename": "the file name"}[source]
+        warnings.append(f"{p.name} benchmark run {g.index}: --op {forced_op} ignored: {where} says {op}")
+    if g.ranks:
+        k, k_src = len(g.ranks), "rank_lines"
+    elif g.params:
+        k, k_src = g.params["n_threads"] * g.params["n_gpus"], "nthreads_ngpus"
+    else:
+        raise FileError(p, f"line {g.first_line}: nccl-tests run names no ranks: no '# Rank N ... device' lines "
+                           "and no 'nThread/nGpus' line")
+    if not 1 <= k <= MAX_RANKS:
+        raise FileError(p, f"line {g.first_line}: nccl-tests run of {k} ranks: out of range (1..{MAX_RANKS})")
+    rows = tuple(NcclTestsRow(op=op, group_size=k, group=g.index, **r) for r in g.rows)
+    ranks = tuple(sorted(g.ranks.values()))
+    hosts = tuple(dict.fromkeys(r[1] for r in ranks))
+    devices = tuple(dict.fromkeys(r[3] for r in ranks if r[3]))
+    library = g.library
+    if library is None and any("AMD" in d or "Instinct" in d for d in devices):
+        library = "rccl"
+    dtypes = {r.dtype for r in rows}
+    return NcclTestsGroup(
+        index=g.index, first_line=g.first_line, last_line=g.last_line, op=op, op_source=source,
+        test_name=g.header_test or g.command_bin, command=g.command, group_size=k, group_size_source=k_src, ranks=ranks,
+        hosts=hosts, device_names=devices, library=library, library_version=g.library_version,
+        tests_version=g.tests_version, layout=g.header[3] if g.header else "current", columns=g.columns,
+        params=dict(g.params), dtype=dtypes.pop() if len(dtypes) == 1 else None, rows=rows,
+        avg_busbw=g.avg_busbw, oob_values=g.oob[0] if g.oob else None, oob_failed=bool(g.oob and g.oob[1]),
+        quarantined=tuple(g.quarantined),
     )

@@ -1,18 +1,48 @@
-"""nccl-tests logs → one run of source ``nccl_tests`` in the store.
+"""nccl-tests / rccl-tests logs → one run of source ``nccl_tests`` in the store.
 
 Each result row of a log (one message size; out-of-place and in-place) becomes
 a ``collectives`` row of rank 0 — the rank that prints the log — with the
 log's own time (``dur_ns``, the average over its iterations, warm-up already
 excluded by nccl-tests) and its algbw/busbw (``log_algbw_gbps``,
-``log_busbw_gbps``). ``group_size`` is the number of ranks the log lists;
-``pg_name`` is ``nccl_tests:<op>``. Rows sit one after another on a synthetic
-timeline (``ts_ns``), so nothing downstream mistakes them for overlapping work;
-the run has no ``events``. These runs feed the α–β fit (``collective_samples``).
+``log_busbw_gbps``). Rows sit one after another on a synthetic timeline
+(``ts_ns``), so nothing downstream mistakes them for overlapping work; the run
+has no ``events``. These runs feed the α–β fit (``collective_samples``).
+
+Benchmark runs are kept apart. Every benchmark run in the logs (one header and
+its rows, :class:`tracekit.ingest.nccl_tests.NcclTestsGroup`; several files or
+several runs in one file) is its own process group: ``pg_name`` is
+``nccl_tests:<op>`` when no other run of the ingest has that op, else
+``nccl_tests:<op>:run<i>`` (``i`` the run's index over all files in the order
+given, then file order), with ``seq`` counting from 0 in each, so rows of two
+runs are never matched as ranks of one job. ``group_size`` is the run's own
+rank count. ``runs.config`` (JSON) keeps, besides the caller's config:
+
+- ``logs``: per file: path, op, group_size, dtype, rows, params (its first run's);
+- ``groups``: per benchmark run, in pg order: ``index``, ``pg_name``, ``path``,
+  ``first_line``/``last_line``, ``op``, ``op_source`` (header / command /
+  filename / argument), ``test_name``, ``command`` (the command line in the
+  log, or null), ``group_size``, ``group_size_source``, ``hosts`` (distinct,
+  from the rank lines), ``n_hosts``, ``devices`` (distinct device names),
+  ``library`` (nccl / rccl / null), ``library_version``, ``tests_version``,
+  ``dtype``, ``params``, ``rows``, ``quarantined`` (rows left out: bad
+  numbers), ``wrong_rows`` (store rows with ``wrong`` > 0), ``oob_values``
+  and ``oob_failed`` (the ``Out of bounds values`` footer), ``avg_busbw``.
+
+``collectives.wrong`` is the number of wrong values nccl-tests reported for
+the row's half (``#wrong`` out-of-place or in-place; null for ``N/A``). In a
+run whose footer says ``Out of bounds values : N FAILED``, a row showing no
+wrong values of its own carries N (max 1): its timing comes from a run that
+failed validation. ``collective_samples`` leaves rows with ``wrong`` > 0 out
+of the fit; a warning on the run's rank row names the benchmark run and the
+sizes. Quarantined rows are counted in ``ranks.events_quarantined`` and named
+in its ``warnings``. ``runs.backend`` is ``rccl`` when every run that names
+its library is an RCCL one, else ``nccl``.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,46 +50,98 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import SCHEMA_VERSION
+from tracekit.errors import StoreError
 from tracekit.ingest.attribute import dtype_bytes, wire_bytes_for
-from tracekit.ingest.nccl_tests import parse_nccl_tests
+from tracekit.ingest.nccl_tests import NcclTestsGroup, parse_nccl_tests
 from tracekit.store import combined_digest
 from tracekit.store import COLLECTIVES_SCHEMA, EVENTS_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
 
 _GAP_NS = 1_000  # between two synthetic rows
+_SIZES_SHOWN = 8  # sizes a warning lists before "and N more"
 
 
-def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: list[str], *, config: dict) -> None:
-    """Parse ``files`` (nccl-tests logs) and write the run's tables into ``stage``.
+def _sizes(items: list[tuple[int, str]]) -> str:
+    shown = ", ".join(f"{s} B ({half})" for s, half in items[:_SIZES_SHOWN])
+    return shown + (f" and {len(items) - _SIZES_SHOWN} more" if len(items) > _SIZES_SHOWN else "")
 
-    Raises FileError (from the parser) for a file that is not an nccl-tests log.
+
+def _failed_warning(name: str, g: NcclTestsGroup, pg: str, wrong: list[tuple[int, str]]) -> str | None:
+    """The warning for a benchmark run with wrong values (None when it has none)."""
+    what = f"{name} benchmark run {g.index} (lines {g.first_line}-{g.last_line}, {g.group_size} ranks, pg {pg})"
+    if g.oob_failed:
+        sizes = sorted({r.size_bytes for r in g.rows})
+        return (f"{what}: footer says 'Out of bounds values : {g.oob_values} FAILED': all its {len(g.rows)} "
+                f"result rows (sizes {sizes[0]}-{sizes[-1]} B) kept with a wrong count and left out of the "
+                f"α–β fit")
+    if wrong:
+        return (f"{what}: #wrong > 0 at {_sizes(wrong)}: kept with their wrong count and left out of the "
+                f"α–β fit")
+    return None
+
+
+def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: list[str], *, config: dict,
+                         op: str | None = None) -> None:
+    """Parse ``files`` (nccl-tests / rccl-tests logs) and write the run's tables into ``stage``.
+
+    ``op``: the collective of runs whose log and file name do not name one (the CLI's ``--op``).
+    Raises FileError (from the parser) for a file that is not an nccl-tests log, BadInputError
+    for an unknown ``op``, StoreError when the staging files cannot be written (no space, I/O).
     """
-    logs = [parse_nccl_tests(f) for f in files]
-    rows = []
+    logs = [parse_nccl_tests(f, op=op) for f in files]
+    try:
+        _write(stage, run_id, files, digests, config, logs)
+    except OSError as exc:  # ENOSPC, EIO... while writing the staging files
+        raise StoreError(f"{stage.parent.parent}: cannot write to the store ({exc.strerror or exc})") from None
+
+
+def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], config: dict, logs: list) -> None:
+    runs = [(f, log, g) for f, log in zip(files, logs) for g in log.groups]
+    op_count = Counter(g.op for _, _, g in runs)
+    rows, groups_cfg, warnings = [], [], []
+    for log in logs:
+        warnings.extend(log.warnings)
     t = 1_000_000_000  # 1 s: keeps every ts positive
     eid = 0
-    for log in logs:
-        pg = f"nccl_tests:{log.op}"
+    for i, (f, log, g) in enumerate(runs):
+        pg = f"nccl_tests:{g.op}" if op_count[g.op] == 1 else f"nccl_tests:{g.op}:run{i}"
+        k = g.group_size
         seq = 0
-        for r in log.rows:
-            for in_place, time_us, algbw, busbw in (
-                (False, r.oop_time_us, r.oop_algbw, r.oop_busbw),
-                (True, r.ip_time_us, r.ip_algbw, r.ip_busbw),
+        wrong_sizes: list[tuple[int, str]] = []
+        fail_n = max(1, g.oob_values or 0) if g.oob_failed else None
+        for r in g.rows:
+            for in_place, time_us, algbw, busbw, own in (
+                (False, r.oop_time_us, r.oop_algbw, r.oop_busbw, r.oop_wrong),
+                (True, r.ip_time_us, r.ip_algbw, r.ip_busbw, r.ip_wrong),
             ):
                 if time_us is None:
                     continue
+                wrong = own if own or fail_n is None else fail_n
+                if wrong:
+                    wrong_sizes.append((r.size_bytes, "in-place" if in_place else "out-of-place"))
                 dur = round(time_us * 1000)
-                k = r.group_size or log.group_size
                 rows.append(dict(
                     run_id=run_id, rank=0, event_id=eid, pg_name=pg, pg_ranks=list(range(k)), group_size=k,
-                    seq=seq, op=r.op or log.op, dtype=r.dtype, size_bytes=r.size_bytes,
-                    wire_bytes=wire_bytes_for(r.op or log.op, r.size_bytes, k, None, 0, dtype_bytes(r.dtype)),
+                    seq=seq, op=g.op, dtype=r.dtype, size_bytes=r.size_bytes,
+                    wire_bytes=wire_bytes_for(g.op, r.size_bytes, k, None, 0, dtype_bytes(r.dtype)),
                     in_splits=None, out_splits=None, peer=None, algo=None, proto=None, ts_ns=t, dur_ns=dur,
                     meta_source="nccl_tests", approx=False, issue_ts_ns=t,
-                    log_algbw_gbps=algbw, log_busbw_gbps=busbw, in_place=in_place,
+                    log_algbw_gbps=algbw, log_busbw_gbps=busbw, in_place=in_place, wrong=wrong,
                 ))
                 eid += 1
                 seq += 1
                 t += dur + _GAP_NS
+        w = _failed_warning(Path(f).name, g, pg, wrong_sizes)
+        if w:
+            warnings.append(w)
+        groups_cfg.append(dict(
+            index=i, pg_name=pg, path=str(f), first_line=g.first_line, last_line=g.last_line, op=g.op,
+            op_source=g.op_source, test_name=g.test_name, command=g.command, group_size=k,
+            group_size_source=g.group_size_source, hosts=list(g.hosts), n_hosts=len(g.hosts),
+            devices=list(g.device_names), library=g.library, library_version=g.library_version,
+            tests_version=g.tests_version, dtype=g.dtype, params=g.params, rows=len(g.rows),
+            quarantined=len(g.quarantined), wrong_rows=len(wrong_sizes), oob_values=g.oob_values,
+            oob_failed=g.oob_failed, avg_busbw=g.avg_busbw,
+        ))
     (stage / "events").mkdir()
     pq.write_table(EVENTS_SCHEMA.empty_table(), stage / "events" / "rank=0.parquet", **PARQUET_OPTS)
     pq.write_table(pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA), stage / "collectives.parquet", **PARQUET_OPTS)
@@ -67,15 +149,17 @@ def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: l
     ranks = [dict(run_id=run_id, rank=0, host=None,
                   source_path=";".join(str(Path(f).resolve()) for f in files),
                   source_sha256=combined_digest(digests), clock_offset_ns=0, clock_offset_err_ns=0, events=0,
-                  events_quarantined=0, warnings=[])]
+                  events_quarantined=sum(len(log.quarantined) for log in logs), warnings=warnings)]
     pq.write_table(pa.Table.from_pylist(ranks, schema=RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
-    dev = next((x[3] for log in logs for x in log.ranks if x[3]), None)
+    dev = next((d for _, _, g in runs for d in g.device_names), None)
+    libs = {g.library for _, _, g in runs if g.library}
     cfg = dict(config, logs=[dict(path=str(f), op=log.op, group_size=log.group_size, dtype=log.dtype,
-                                  rows=len(log.rows), params=log.params) for f, log in zip(files, logs)])
+                                  rows=len(log.rows), params=log.params) for f, log in zip(files, logs)],
+               groups=groups_cfg)
     run = dict(
         run_id=run_id, created_at=datetime.now(timezone.utc), source="nccl_tests", workload="sweep",
-        backend="nccl", world_size=max(log.group_size for log in logs), torch_version=None,
-        nccl_version=next((log.nccl_version for log in logs if log.nccl_version), None), device_name=dev,
-        config=json.dumps(cfg, sort_keys=True, default=str), schema_version=SCHEMA_VERSION,
+        backend="rccl" if libs == {"rccl"} else "nccl", world_size=max(g.group_size for _, _, g in runs),
+        torch_version=None, nccl_version=next((g.library_version for _, _, g in runs if g.library_version), None),
+        device_name=dev, config=json.dumps(cfg, sort_keys=True, default=str), schema_version=SCHEMA_VERSION,
     )
     pq.write_table(pa.Table.from_pylist([run], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
