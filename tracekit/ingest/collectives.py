@@ -38,7 +38,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from tracekit import spill
-from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
+from tracekit.ingest.comm_families import kernel_op, resolve_family
+from tracekit.ingest.kineto import int_or_none, parse_split_list
 from tracekit.model import busbw_factor
 from tracekit.model.ops import OP_ALIASES
 from tracekit.spill import ExternalSort
@@ -107,20 +108,16 @@ def _canonical_op(text: Any) -> str | None:
 _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)(?:_([A-Z]+))?(?:_([A-Z0-9]+))?", re.I)
 
 
-_CUSTOM_ALL_REDUCE = re.compile("|".join(CUSTOM_ALL_REDUCE_PATTERNS), re.I)
-
-
 @functools.lru_cache(maxsize=4096)
 def parse_kernel_name(name: str) -> tuple[str | None, str | None, str | None]:
     """``ncclKernel_AllReduce_RING_LL_Sum_float`` → ("all_reduce", "RING", "LL") (algo/proto informational).
 
-    Custom all-reduce kernels of inference engines (``cross_device_reduce_*``...) → ("all_reduce", None, None).
+    Kernels of the built-in collective families (tracekit.ingest.comm_families: custom all-reduce
+    ``cross_device_reduce_*``, ``multimem_all_reduce_kernel``...) → (their op, None, None).
     """
     m = _KERNEL_RE.search(name or "")
     if not m:
-        if _CUSTOM_ALL_REDUCE.search(name or ""):
-            return "all_reduce", None, None
-        return None, None, None
+        return kernel_op(name, user=False)[1], None, None
     kind, algo, proto = m.group(1), m.group(2), m.group(3)
     op = canonical_op(kind)
     if algo and not algo.isupper():
@@ -219,7 +216,16 @@ def _has_meta(r: dict) -> bool:
 
 
 def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
-    """Pick op and sizes for one comm span; returns a partial collectives row."""
+    """Pick op and sizes for one comm span; returns a partial collectives row.
+
+    A GPU kernel without its own metadata goes to the collective families first
+    (:func:`tracekit.ingest.comm_families.resolve_family`: a family kernel, or a family CPU op
+    such as ``symm_mem::multimem_all_reduce_`` enclosing its launch); the rules below otherwise.
+    """
+    if kernel.get("gpu") is not False and not _has_meta(kernel):
+        fam = resolve_family(kernel["name"], enclosing, dtype_bytes)
+        if fam is not None:
+            return fam
     name_op, algo, proto = parse_kernel_name(kernel["name"])
     if kernel.get("gpu") is False:
         name_op = canonical_op(kernel["name"])
