@@ -77,10 +77,14 @@ class CpuOp:
 @dataclass(frozen=True)
 class Kernel:
     """Kernel names of a family: ``pattern`` (a regex searched case-insensitively in the kernel's
-    name) and the canonical ``op`` the name implies, or None (the launching op decides)."""
+    name) and the canonical ``op`` the name implies, or None (the launching op decides).
+    ``aux``: a helper kernel of a collective (token-count or split exchange, buffer barrier):
+    communication, but not the call itself, so its collectives row never takes the op of the
+    call that launched it (which the call's payload kernel carries) and stays op-less."""
 
     pattern: str
     op: str | None
+    aux: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,7 @@ FAMILIES: tuple[Family, ...] = (
             # the token-count exchange and buffer barriers around them: communication, no payload op
             Kernel(r"deep_ep::(?:intranode|internode|internode_ll)::"
                    r"(?:notify_dispatch|cached_notify_dispatch|cached_notify_combine|cached_notify|"
-                   r"notify_combine|clean_low_latency_buffer)\b", None),
+                   r"notify_combine|clean_low_latency_buffer)\b", None, aux=True),
         ),
     ),
     Family(
@@ -171,7 +175,7 @@ FAMILIES: tuple[Family, ...] = (
             Kernel(r"(?:rdxn|reduce)\w*_on_stream_kernel", "all_reduce"),
             Kernel(r"(?:barrier|sync)(?:_all)?_on_stream_kernel", "barrier"),
             Kernel(r"\ballToAllV(?:_2d)?\b", "all_to_all"),  # torch symm_mem all_to_all_vdev(_2d)
-            Kernel(r"\bexchangeSplitAndOffset(?:_2d)?\b", None),
+            Kernel(r"\bexchangeSplitAndOffset(?:_2d)?\b", None, aux=True),  # the splits, before allToAllV
         ),
         cpu_ops=(
             CpuOp("symm_mem::nvshmem_all_to_all", "all_to_all", 0, group_arg=2),  # (input, out, group)
@@ -184,9 +188,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "MSCCL++",
         kernels=(
-            Kernel(r"msccl", None),  # mscclpp::executionKernel and MSCCL kernels: the plan decides the op
             Kernel(r"(?:^|[\s:])allreduce(?:\d+|AllPairs|AllToAll|Nvls\w*|Packet\w*)\s*<", "all_reduce"),
             Kernel(r"(?:^|[\s:])allgather\d+\s*<", "all_gather"),
+            Kernel(r"msccl", None),  # mscclpp::executionKernel and MSCCL kernels: the plan decides the op
         ),
     ),
 )
@@ -243,22 +247,28 @@ def user_families(kernels: Sequence[Kernel]) -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=8192)
-def _match(name: str, user: tuple[Kernel, ...]) -> tuple[bool, str | None]:
+def _match(name: str, user: tuple[Kernel, ...]) -> Kernel | None:
     for k in user:
         if re.search(k.pattern, name, re.I):
-            return True, k.op
+            return k
     for f in FAMILIES:
         for k in f.kernels:
             if re.search(k.pattern, name, re.I):
-                return True, k.op
-    return False, None
+                return k
+    return None
+
+
+def family_kernel(name: str, user: bool = True) -> Kernel | None:
+    """The :class:`Kernel` entry naming a kernel: the user's active ``--comm-pattern`` kernels
+    first (unless ``user`` is False), then :data:`FAMILIES`; None if no family names it."""
+    return _match(name or "", _user.get() if user else ())
 
 
 def kernel_op(name: str, user: bool = True) -> tuple[bool, str | None]:
-    """(matched, op) for a kernel name: whether a family (the user's active ``--comm-pattern``
-    kernels first unless ``user`` is False, then :data:`FAMILIES`) names it, and the op its name
-    implies (None when the launching op must say)."""
-    return _match(name or "", _user.get() if user else ())
+    """(matched, op) for a kernel name: whether a family names it (see :func:`family_kernel`) and
+    the op its name implies (None when the launching op must say, or for a helper kernel)."""
+    k = family_kernel(name, user)
+    return (False, None) if k is None else (True, k.op)
 
 
 def _numel(dims: Any) -> int | None:
@@ -280,7 +290,8 @@ def resolve_family(kernel_name: str, enclosing: Sequence[dict], dtype_bytes) -> 
     per element, or None. A family applies when the kernel's name matches a family pattern, or when
     a family CPU op encloses its launch with no ``record_param_comms`` / ``nccl:*`` / ``c10d::*``
     op inside it (those carry the standard metadata and win; None is returned for them, and for a
-    name that implies no op when no family op encloses it).
+    name that implies no op when no family op encloses it). A helper kernel (``Kernel.aux``) gets
+    an op-less ``name_only`` row whatever encloses it.
 
     Returns a partial collectives row: ``op`` (the CPU op's, else the name's), ``meta_source``
     ``cpu_op_dims`` with ``dtype``, ``size_bytes`` (nccl-tests S, bytes; None if the dims or the
@@ -288,9 +299,11 @@ def resolve_family(kernel_name: str, enclosing: Sequence[dict], dtype_bytes) -> 
     ``all_gather_shard`` (S is one rank's shard: _finish_row multiplies by the group size) and
     ``approx``; or ``meta_source`` ``name_only`` and no size when no family op encloses it.
     """
-    matched, op = kernel_op(kernel_name)
+    k = family_kernel(kernel_name)
+    op = None if k is None else k.op
+    aux = k is not None and k.aux
     cpu = row = None
-    for r in enclosing:
+    for r in () if aux else enclosing:
         name = r.get("name", "")
         c = _CPU_BY_NAME.get(name)
         if c is not None:
@@ -299,7 +312,7 @@ def resolve_family(kernel_name: str, enclosing: Sequence[dict], dtype_bytes) -> 
         if name.startswith(_STANDARD_CPU):
             break
     if cpu is None:
-        if not matched or op is None or any(str(r.get("name", "")).startswith(_STANDARD_CPU) for r in enclosing):
+        if (op is None and not aux) or any(str(r.get("name", "")).startswith(_STANDARD_CPU) for r in enclosing):
             return None  # the standard attribution decides (metadata, then the kernel name)
         return dict(op=op, algo=None, proto=None, approx=False, meta_source="name_only", dtype=None,
                     size_bytes=None, group_size=None, pg_name=None, pg_ranks=None, seq=None,
@@ -311,12 +324,12 @@ def resolve_family(kernel_name: str, enclosing: Sequence[dict], dtype_bytes) -> 
     group = str(group).strip().strip("'\"") if group is not None else ""
     return dict(
         op=cpu.op, algo=None, proto=None, approx=cpu.approx, meta_source="cpu_op_dims",
-        dtype=None if dt is None else str(dt),
+        dtype=str(dt) if dt else None,
         size_bytes=None if nb is None or nel is None else nel * nb,
         group_size=None, pg_name=group or None, pg_ranks=None, seq=None,
         in_splits_raw=None, out_splits_raw=None, nbytes=nb, all_gather_shard=cpu.per_rank,
     )
 
 
-__all__ = ["FAMILIES", "KERNEL_PATTERNS", "CPU_OP_NAMES", "CpuOp", "Kernel", "Family", "kernel_op",
+__all__ = ["FAMILIES", "KERNEL_PATTERNS", "CPU_OP_NAMES", "CpuOp", "Kernel", "Family", "family_kernel", "kernel_op",
            "parse_comm_pattern", "resolve_family", "user_families"]
