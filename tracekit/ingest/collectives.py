@@ -6,6 +6,9 @@ communication kernels and the CPU ops ``record_param_comms`` / ``nccl:*`` /
 kernel's launch call (thread and time on the CPU). This module decides, per
 communication span, which collective it was and how many bytes it moved:
 
+0. a kernel of a collective family beyond NCCL (symmetric memory, custom all-reduce, DeepEP...),
+   or one launched inside a family's CPU op: op and size from that op's ``Input Dims`` /
+   ``Input type`` (``cpu_op_dims``) or the kernel's name (tracekit.ingest.comm_families);
 1. metadata on the kernel itself (``Collective name``, ``In msg nelems``...) →
    ``meta_source = kernel_args``;
 2. else the innermost enclosing ``record_param_comms`` of its launch, on the
