@@ -53,7 +53,7 @@ def ingest(
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run (default: from the files)."),
     replace: bool = typer.Option(False, "--replace", help="Replace a run with the same id or the same files."),
     workload: Optional[str] = typer.Option(None, "--workload", help="Workload label (tp, ep, pp, disagg_kv, sweep, external)."),
-    comm_pattern: List[str] = typer.Option([], "--comm-pattern", help="Extra regex naming communication kernels (repeatable)."),
+    comm_pattern: List[str] = typer.Option([], "--comm-pattern", help="Extra communication kernels: REGEX (op unknown) or REGEX=OP, e.g. 'my_ar_kernel=all_reduce' (repeatable)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Rank files read in parallel (default: cores, at most 4)."),
     align: Optional[str] = typer.Option(
         None, "--align", help="Clock alignment: none | host | collectives (default: collectives when hosts differ)."

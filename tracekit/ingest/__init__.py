@@ -149,7 +149,9 @@ def ingest_paths(
     Nsight Systems ``.sqlite``), or nccl-tests logs (all inputs of one kind).
     ``store``: a path or :class:`tracekit.store.Store` (default: ``$TRACEKIT_STORE`` or
     ``./tracekit-store``). ``comm_patterns``: extra regexes naming communication
-    kernels (custom all-reduce kernels), added to the built-in list.
+    kernels, added to the built-in collective families (tracekit.ingest.comm_families);
+    ``'REGEX=OP'`` also names the kernels' canonical op (sized from an enclosing family op where
+    one applies), a bare ``'REGEX'`` leaves the op unknown.
     Re-ingesting the same files (same sha256 set) returns the existing run unless
     ``replace``. ``align``: clock alignment across hosts, ``none`` | ``host`` |
     ``collectives`` (default: collectives when the ranks' hosts differ, else none).
@@ -170,11 +172,9 @@ def ingest_paths(
         raise BadInputError("--op applies to nccl-tests logs only (traces name their collectives)")
     if source is None and all(k == "nsys" for k in kinds.values()):
         source = "nsys"
-    for p in comm_patterns:
-        try:
-            re.compile(p)
-        except re.error as exc:
-            raise BadInputError(f"--comm-pattern {p!r} is not a valid regular expression ({exc})") from None
+    from tracekit.ingest.comm_families import parse_comm_pattern, user_families
+
+    user_kernels = [parse_comm_pattern(p) for p in comm_patterns]  # REGEX or REGEX=OP
     if run_id is not None:
         check_run_id(run_id)
 
@@ -185,7 +185,7 @@ def ingest_paths(
     if workload is None and config:
         workload = config.get("workload")
 
-    patterns = list(BUILTIN_COMM_PATTERNS) + list(comm_patterns)
+    patterns = list(BUILTIN_COMM_PATTERNS) + [k.pattern for k in user_kernels]
     with st.staging() as stg:
         raw_dir = stg.dir / "raw"
         raw_dir.mkdir()
@@ -241,17 +241,18 @@ def ingest_paths(
 
         if progress:
             progress("linking events and deriving collectives")
-        finish_run(
-            stg.dir,
-            rid,
-            results,
-            ranks,
-            [t[1] for t in tasks],
-            workload=workload,
-            config=config or {},
-            source=source or "kineto",
-            align=align,
-        )
+        with user_families(user_kernels):  # their ops, for the collectives
+            finish_run(
+                stg.dir,
+                rid,
+                results,
+                ranks,
+                [t[1] for t in tasks],
+                workload=workload,
+                config=config or {},
+                source=source or "kineto",
+                align=align,
+            )
         stg.commit(rid, replace=replace)
     return rid
 

@@ -6,6 +6,9 @@ communication kernels and the CPU ops ``record_param_comms`` / ``nccl:*`` /
 kernel's launch call (thread and time on the CPU). This module decides, per
 communication span, which collective it was and how many bytes it moved:
 
+0. a kernel of a collective family beyond NCCL (symmetric memory, custom all-reduce, DeepEP...),
+   or one launched inside a family's CPU op: op and size from that op's ``Input Dims`` /
+   ``Input type`` (``cpu_op_dims``) or the kernel's name (tracekit.ingest.comm_families);
 1. metadata on the kernel itself (``Collective name``, ``In msg nelems``...) →
    ``meta_source = kernel_args``;
 2. else the innermost enclosing ``record_param_comms`` of its launch, on the
@@ -35,7 +38,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tracekit.ingest.kineto import CUSTOM_ALL_REDUCE_PATTERNS, int_or_none, parse_split_list
+from tracekit.ingest.comm_families import kernel_op, resolve_family
+from tracekit.ingest.kineto import int_or_none, parse_split_list
 from tracekit.model import busbw_factor
 from tracekit.model.ops import canonical_op
 
@@ -59,20 +63,16 @@ BUS_FACTOR_OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "g
 _KERNEL_RE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)(?:_([A-Z]+))?(?:_([A-Z0-9]+))?", re.I)
 
 
-_CUSTOM_ALL_REDUCE = re.compile("|".join(CUSTOM_ALL_REDUCE_PATTERNS), re.I)
-
-
 @functools.lru_cache(maxsize=4096)
 def parse_kernel_name(name: str) -> tuple[str | None, str | None, str | None]:
     """``ncclKernel_AllReduce_RING_LL_Sum_float`` → ("all_reduce", "RING", "LL") (algo/proto informational).
 
-    Custom all-reduce kernels of inference engines (``cross_device_reduce_*``...) → ("all_reduce", None, None).
+    Kernels of the built-in collective families (tracekit.ingest.comm_families: custom all-reduce
+    ``cross_device_reduce_*``, ``multimem_all_reduce_kernel``...) → (their op, None, None).
     """
     m = _KERNEL_RE.search(name or "")
     if not m:
-        if _CUSTOM_ALL_REDUCE.search(name or ""):
-            return "all_reduce", None, None
-        return None, None, None
+        return kernel_op(name, user=False)[1], None, None
     kind, algo, proto = m.group(1), m.group(2), m.group(3)
     op = canonical_op(kind, trace=True)
     if algo and not algo.isupper():
@@ -171,7 +171,16 @@ def _has_meta(r: dict) -> bool:
 
 
 def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
-    """Pick op and sizes for one comm span; returns a partial collectives row."""
+    """Pick op and sizes for one comm span; returns a partial collectives row.
+
+    A GPU kernel without its own metadata goes to the collective families first
+    (:func:`tracekit.ingest.comm_families.resolve_family`: a family kernel, or a family CPU op
+    such as ``symm_mem::multimem_all_reduce_`` enclosing its launch); the rules below otherwise.
+    """
+    if kernel.get("gpu") is not False and not _has_meta(kernel):
+        fam = resolve_family(kernel["name"], enclosing, dtype_bytes)
+        if fam is not None:
+            return fam
     name_op, algo, proto = parse_kernel_name(kernel["name"])
     if kernel.get("gpu") is False:
         name_op = canonical_op(kernel["name"], trace=True)

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import FileError
+from tracekit.ingest.comm_families import CPU_OP_NAMES, KERNEL_PATTERNS
 from tracekit.ingest.jsonstream import FastChunk, TraceStream
 from tracekit.ingest.staging import (
     META_FIELDS,
@@ -70,14 +71,11 @@ _CAT = {
 }
 GPU_CATEGORIES = frozenset({"kernel", "memcpy", "memset", "sync", "gpu_user_annotation"})
 
-# Communication by name (DESIGN.md "Classifying events"); metadata decides first.
-CUSTOM_ALL_REDUCE_PATTERNS = (
-    r"cross_device_reduce",  # vLLM / SGLang custom all-reduce
-    r"custom_?all_?reduce",
-    r"(?:one|two)_?shot_?all_?reduce",
-)
-BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:", r"msccl") + CUSTOM_ALL_REDUCE_PATTERNS
-_COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:")
+# Communication by name (DESIGN.md "Classifying events"); metadata decides first. Beyond
+# NCCL/RCCL/gloo, the collective families' kernels (tracekit.ingest.comm_families: symmetric
+# memory, custom all-reduce, TensorRT-LLM, DeepEP, NVSHMEM, MSCCL++) and the CPU ops that launch them.
+BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:") + KERNEL_PATTERNS
+_COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:") + CPU_OP_NAMES
 
 _MAX_EXACT_FLOAT_US = float(2**41)  # see the module docstring
 _MAX_INT_US = (2**63 - 1) // 1000
