@@ -17,7 +17,7 @@ from tracekit.errors import BadInputError
 from tracekit.ingest import ingest_paths
 from tracekit.ingest import comm_families as cf
 from tracekit.ingest import kineto
-from tracekit.ingest.collectives import dtype_bytes, parse_kernel_name
+from tracekit.ingest.attribute import dtype_bytes, parse_kernel_name
 from tracekit.model import CANONICAL_OPS
 from tracekit.store import Store
 
