@@ -107,7 +107,7 @@ def test_saxpy_facts(saxpy):
 
 
 def test_cloverleaf_facts(clover):
-    _, con, _ = clover
+    path, con, _ = clover
     # checked by hand: 1312 kernels (968 par_ranged1d, 331 par_ranged2d, 13 par_reduce) on device 0 stream 7,
     # 279 memcpy, 1312 synchronisations without a stream (CPU side), 3048 API calls, no NVTX table
     assert con.execute(
@@ -125,9 +125,17 @@ def test_cloverleaf_facts(clover):
     ]
     assert _count(con, "category IN ('runtime', 'driver')") == 3048
     assert _count(con, "category = 'nvtx'") == 0
-    host, events, warnings = con.execute("SELECT host, events, warnings FROM ranks").fetchone()
+    rank, host, events, warnings = con.execute("SELECT rank, host, events, warnings FROM ranks").fetchone()
     assert (host, events) == ("nid008553", 1312 + 279 + 1312 + 3048)
-    assert any("taken as rank 0" in w for w in warnings)
+    # the rank is the launcher's: PMI_RANK in the environment nsys recorded for the process it launched
+    # (META_DATA_CAPTURE), so it is no longer "taken as rank 0" for want of one
+    env = dict(
+        v.split("=", 1) for (v,) in _ro(path).execute(
+            "SELECT value FROM META_DATA_CAPTURE WHERE name = 'PROCESS_0:ENVIRONMENT_VARIABLE'"
+        ) if v.startswith(("PMI_RANK=", "PMI_SIZE="))
+    )
+    assert env == {"PMI_RANK": '"0"', "PMI_SIZE": '"1"'}
+    assert rank == 0 and not any("taken as rank 0" in w for w in warnings)
 
 
 # -- hand-made nsys-shaped exports ----------------------------------------------------
