@@ -238,6 +238,11 @@ def ingest_paths(
         # one file may hold several ranks (a whole-job Nsight Systems report)
         results = [rf for pairs in per_file for rf, _stage in pairs]
         raw_files = [str(stage) for pairs in per_file for _rf, stage in pairs]
+        if len(results) != len(files):
+            # a file of several ranks is stored once per rank: look again for these files' run
+            existing = st.find_by_sha256([rf.sha256 for rf in results])
+            if existing is not None and not replace and (run_id is None or run_id == existing):
+                return existing
         ranks = _assign_ranks(results)
         rid = run_id or _default_run_id(paths, results, digests)
         if st.has_run(rid) and not replace:

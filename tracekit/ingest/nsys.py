@@ -1,9 +1,15 @@
 """Nsight Systems (``nsys export --type sqlite``) → raw event rows, streamed table by table.
 
-Same contract as :func:`tracekit.ingest.kineto.read_rank_file`: :func:`read_nsys_file`
-writes rows of :data:`~tracekit.ingest.kineto.RAW_SCHEMA` to a staging file (Arrow IPC) and
-returns a :class:`~tracekit.ingest.kineto.RankFile`, so linking, collectives and
-the analyses run unchanged. One SQLite file is one process (one rank).
+Same contract as :func:`tracekit.ingest.kineto.read_rank_file`, once per rank:
+:func:`read_nsys_report` writes rows of :data:`~tracekit.ingest.kineto.RAW_SCHEMA` to one
+staging file (Arrow IPC) per rank and returns a :class:`~tracekit.ingest.kineto.RankFile`
+for each, so linking, collectives and the analyses run unchanged. A report of one process
+is one rank; a report of a whole job (``nsys profile torchrun ...``) holds one rank per
+process with GPU work, each read with every query restricted to that process (CUPTI
+numbers correlation ids per process, so launches and kernels are joined within it), all
+on the report's clock. Several reports of one job (one per node or per rank) ingest as one
+run. ``.nsys-rep`` reports are exported first with ``nsys export --type sqlite`` when nsys
+is on PATH (:func:`export_report`), else refused with the command to run.
 
 What is read (tables that are absent are skipped; columns differ between export
 schema versions, so every SELECT is built from ``PRAGMA table_info``):
@@ -28,7 +34,13 @@ schema versions, so every SELECT is built from ``PRAGMA table_info``):
   nccl-tests size of all-gather (output) and reduce-scatter (input) is that × the group
   size, taken from ``ncclCommInitRank``'s ``No. of ranks`` when the file has exactly one
   such value (else all-gather is scaled by the world size and flagged approximate, and
-  reduce-scatter's size is left unknown);
+  reduce-scatter's size is left unknown). The payload's ``NCCL communicator ID`` names the
+  process group (``nccl-comm-<hex>``), whose ``ncclCommInitRank`` gives its size. Calls
+  between ``ncclGroupStart`` and ``ncclGroupEnd`` (whose range encloses the group's one
+  launch) are stretched over the group (:func:`_apply_groups`); torch's own ranges
+  (``nccl:all_to_all, op_id = 7``) name the op as Kineto's ``nccl:*`` CPU ops do. The
+  backend is nccl when NCCL kernels or ranges are there. Payloads are read from
+  ``jsonText``; binary payloads (``NVTX_PAYLOAD_SCHEMAS``) are not decoded;
 * ``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` (graphs traced whole) → ``cuda_graph`` spans on
   their stream. When CUDA graphs ran but no kernel inside them was traced, the rank
   gets a warning: communication inside the graphs is invisible to the overlap numbers.
@@ -41,8 +53,13 @@ session's UTC start (``utcEpochNs``) so that ranks captured by separate nsys ses
 share one (wall) clock. Rows with start ≤ 0, a missing end or end < start are
 quarantined (counted, not stored).
 
-Rank: from the file name (``rank3``, ``worker3``...), else from an NVTX thread name
-``MPI Rank N`` (nsys' MPI tracing), else none (a lone file is then rank 0).
+Rank (:func:`_assign_process_ranks`): the launcher's ``RANK`` (or ``OMPI_COMM_WORLD_RANK``,
+``PMI_RANK``, ``SLURM_PROCID``...; ``LOCAL_RANK`` alone on one node) in the environment nsys
+recorded for the process (``META_DATA_CAPTURE``); else the file name (``rank3``,
+``worker3``...; one-process files); else an NVTX thread name ``MPI Rank N`` (nsys' MPI
+tracing); else the ``Rank`` of NCCL's ``ncclCommInitRank`` range; else the CUDA device and
+pid order (several processes; a warning says which of the last two was used); a lone
+process without any is rank 0, several files without any are numbered in file order.
 
 The file is opened read-only and read with cursors in batches; no table is ever held
 whole in Python memory.
@@ -1081,7 +1098,10 @@ def _close_group(r: _Reader, members: list, g_start: int, g_end: int) -> None:
             first = sends[0]
             first[0]["collective"] = "ncclAllToAll"
             first[1] = "all_to_all"
-            first[2] = {"message size [bytes]": total} if total is not None else {}
+            merged = {"message size [bytes]": total} if total is not None else {}
+            if _COMM_KEY in first[2]:
+                merged[_COMM_KEY] = first[2][_COMM_KEY]
+            first[2] = merged
             keep = [first]
     for m in keep:
         m[0]["ts_ns"] = g_start + r.base
