@@ -714,3 +714,19 @@ def test_job_report_reingest_is_a_no_op(tmp_path):
     before = store_snapshot(tmp_path / "store")
     assert ingest_paths([p], store) == rid  # same file (its two ranks share its sha256): the same run
     assert store_snapshot(tmp_path / "store") == before
+
+
+def test_nccl_send_outside_a_group_keeps_its_size_but_not_the_communicator_as_group(tmp_path):
+    f = _Nsys(tmp_path / "rank0.sqlite")
+    f.nvtx("NCCL", 10, None, event_type=75, domain=1)
+    f.nvtx("ncclAllReduce", 100, 300, domain=1, json_text='{"NCCL communicator ID": 255, "Message size [bytes]": 64}')
+    f.api("cudaLaunchKernel_v7000", 150, 160, 1)
+    f.kernel(NCCL_AR, 1000, 2000, 20, 1)
+    f.nvtx("ncclSend", 400, 600, domain=1,
+           json_text='{"NCCL communicator ID": 255, "Message size [bytes]": 4096, "Peer rank": 1}')
+    f.api("cudaLaunchKernel_v7000", 450, 460, 2)
+    f.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 3000, 4000, 20, 2)
+    con, _ = _ingest(tmp_path, f.close())
+    rows = con.execute("SELECT op, size_bytes, pg_name = 'nccl-comm-ff' FROM collectives ORDER BY ts_ns").fetchall()
+    # the all-reduce's group is its communicator (0xff); the send's size is its message, its group is not
+    assert rows == [("all_reduce", 64, True), ("send", 4096, False)]

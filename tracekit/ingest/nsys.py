@@ -154,6 +154,8 @@ class _Reader:
     def __init__(self, path: Path, out_stage: Path, comm_regex: re.Pattern, progress, pid: int | None = None):
         self.path = path
         self.pid = pid  # the process read (OS pid) in a report of several processes; None: every row
+        self.first = True  # the first process of the report (see own())
+        self.unowned: set[str] = set()
         self.out = out_stage
         self.comm_regex = comm_regex
         self.progress = progress
@@ -230,11 +232,14 @@ class _Reader:
 
     def own(self, alias: str, cols: list[str], col: str) -> str:
         """SQL: the row belongs to the process read (``col``: globalPid or globalTid); "1" when the
-        file is read whole. A table without that column belongs to no process of a multi-process read."""
+        file is read whole. The rows of a table without that column (no export tracekit knows
+        lacks it) all go to the first process, with a warning."""
         if self.pid is None:
             return "1"
         if col not in cols:
-            return "0"
+            if self.first:
+                self.unowned.add(col)
+            return "1" if self.first else "0"
         return f"({_pid_sql(f'{alias}.{_q(col)}')} = {int(self.pid)})"
 
     def columns(self, table: str) -> list[str]:
@@ -401,6 +406,7 @@ def read_nsys_report(
                 for k, pid in enumerate(pids):
                     stage = out_stage if k == 0 else out_stage.with_name(f"{out_stage.stem}.p{k}{out_stage.suffix}")
                     rd = _Reader(path, stage, comm_regex, progress, pid=pid)
+                    rd.first = k == 0
                     rd.con, rd.tables, rd.has_strings = con, probe.tables, probe.has_strings
                     readers.append(rd)
             for rd in readers:
@@ -409,6 +415,11 @@ def read_nsys_report(
                 finally:
                     rd.close()
             _assign_process_ranks(readers, env)
+            if len(readers) > 1 and readers[0].unowned:
+                readers[0].rf.warnings.append(
+                    "some tables of this export have no process id (" + ", ".join(sorted(readers[0].unowned))
+                    + "): their rows were all given to this rank"
+                )
             if len(readers) > 1 and others:
                 n_rows, n_procs = others
                 readers[0].rf.warnings.append(
@@ -486,7 +497,7 @@ def _read(r: _Reader) -> None:
         _check_export(r)
     _read_meta(r)
     graph_corr = _graph_launch_correlations(r)
-    state = {"graph_node_kernels": 0, "kernel_pids": set(), "kernel_devices": set(), "nccl_kernels": 0}
+    state = {"graph_node_kernels": 0, "kernel_devices": set(), "nccl_kernels": 0}
     _read_kernels(r, graph_corr, state)
     _read_memcpy(r)
     _read_memset(r)
@@ -755,7 +766,6 @@ def _read_kernels(r: _Reader, graph_corr: set[int], state: dict) -> None:
         comm = [is_comm(n) for n in name]
         first = r.emit("gpu_stream", "kernel", dev, stream, name, start, end, corr, comm)
         state["kernel_devices"].update(dev)
-        state["kernel_pids"].update(kpid)
         state["nccl_kernels"] += sum(1 for n, c in zip(name, comm) if c and _NCCL_NAME_RE.search(n))
         state["graph_node_kernels"] += sum(1 for nd, c in zip(node, corr) if nd != 0 or c in graph_corr)
         for i, c in enumerate(comm):
@@ -1044,7 +1054,8 @@ def _read_nvtx(r: _Reader) -> None:
     for row, op, payload in nccl_rows:
         comm = payload.get(_COMM_KEY)
         kk = comm_size.get(str(comm), k) if comm is not None else k
-        if comm is not None:
+        if comm is not None and op not in ("send", "recv"):
+            # the communicator is the process group (point-to-point calls pair by peer, not by it)
             row["pg_name"] = f"nccl-comm-{comm:x}" if isinstance(comm, int) and comm >= 0 else f"nccl-comm-{comm}"
         _fill_sizes(r, row, op, payload, kk)
 
