@@ -592,17 +592,22 @@ def test_job_report_nvtx_metadata_on_nccl_kernels(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "env, comm_init, swap, ranks_of_gpu, said",
+    "env, comm_init, swap, swap_gpus, gpu_of_rank, said",
     [
-        (True, True, True, {1: 0, 0: 1}, None),  # RANK in the environment, against the GPU order
-        (False, True, True, {1: 0, 0: 1}, "taken from NCCL's ncclCommInitRank"),  # NCCL's Rank
-        (False, False, True, {0: 0, 1: 1}, "assigned by CUDA device and process order"),  # nothing: GPU order
+        (True, True, True, False, {0: 1, 1: 0}, None),  # RANK in the environment, against the GPU order
+        (False, True, True, False, {0: 1, 1: 0}, "taken from NCCL's ncclCommInitRank"),  # NCCL's Rank
+        (False, False, True, False, {0: 0, 1: 1}, "assigned by CUDA device and process order"),  # GPU order
+        (False, False, False, True, {0: 0, 1: 1}, "assigned by CUDA device and process order"),  # GPU, not pid
     ],
 )
-def test_job_report_rank_sources(tmp_path, env, comm_init, swap, ranks_of_gpu, said):
-    p = mk.make_job(tmp_path / "job.sqlite", env=env, comm_init=comm_init, swap=swap)
+def test_job_report_rank_sources(tmp_path, env, comm_init, swap, swap_gpus, gpu_of_rank, said):
+    p = mk.make_job(tmp_path / "job.sqlite", env=env, comm_init=comm_init, swap=swap, swap_gpus=swap_gpus)
     con, _ = _ingest(tmp_path, p)
-    assert _gpu_of_rank(con) == ranks_of_gpu
+    assert _gpu_of_rank(con) == gpu_of_rank
+    if swap_gpus:  # rank 0 is the process on GPU 0: B, pid 5002
+        assert con.execute("SELECT DISTINCT device FROM events WHERE rank = 0 AND track_kind = 'cpu_thread'").fetchall() == [
+            (5002,)
+        ]
     rows = con.execute("SELECT rank, warnings FROM ranks ORDER BY rank").fetchall()
     for rank, warnings in rows:
         hits = [w for w in warnings if "rank" in w and ("NCCL" in w or "order" in w)]

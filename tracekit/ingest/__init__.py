@@ -326,6 +326,11 @@ def _assign_ranks(results) -> list[int]:
     if by_order and len(results) > 1:
         taken = {rk for i, rk in enumerate(ranks) if i not in by_order and rk is not None}
         free = (x for x in range(MAX_RANKS) if x not in taken)
+        file_pos: dict = {}
+        for r in results:
+            file_pos.setdefault(str(r.path), len(file_pos))
+        # file order, then the order the reader gave the processes of one file (device, then pid)
+        by_order.sort(key=lambda i: (file_pos[str(results[i].path)], -1 if ranks[i] is None else ranks[i], i))
         for i in by_order:
             new = next(free)
             if ranks[i] != new:
