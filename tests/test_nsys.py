@@ -735,3 +735,15 @@ def test_nccl_send_outside_a_group_keeps_its_size_but_not_the_communicator_as_gr
     rows = con.execute("SELECT op, size_bytes, pg_name = 'nccl-comm-ff' FROM collectives ORDER BY ts_ns").fetchall()
     # the all-reduce's group is its communicator (0xff); the send's size is its message, its group is not
     assert rows == [("all_reduce", 64, True), ("send", 4096, False)]
+
+
+def test_backend_is_nccl_with_nccl_kernels_even_without_algo_or_devices(tmp_path):
+    """Only a SendRecv kernel (no algorithm in its name) and no TARGET_INFO_GPU rows: the reader
+    before took such a run for gloo; the NCCL kernel says nccl."""
+    f = _Nsys(tmp_path / "rank0.sqlite")
+    f.db.execute("DELETE FROM TARGET_INFO_GPU")
+    f.api("cudaLaunchKernel_v7000", 100, 200, 1)
+    f.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 1000, 2000, 20, 1)
+    con, _ = _ingest(tmp_path, f.close())
+    assert con.execute("SELECT algo FROM collectives").fetchall() == [(None,)]
+    assert con.execute("SELECT backend FROM runs").fetchone() == ("nccl",)
