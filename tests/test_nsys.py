@@ -747,3 +747,16 @@ def test_backend_is_nccl_with_nccl_kernels_even_without_algo_or_devices(tmp_path
     con, _ = _ingest(tmp_path, f.close())
     assert con.execute("SELECT algo FROM collectives").fetchall() == [(None,)]
     assert con.execute("SELECT backend FROM runs").fetchone() == ("nccl",)
+
+
+def test_job_report_nccl_send_recv_pair_across_ranks(tmp_path):
+    p = mk.make_job(tmp_path / "job.sqlite", p2p=True)
+    con, _ = _ingest(tmp_path, p)
+    # A (rank 0) ncclSend peer 1, B (rank 1) ncclRecv peer 0, 2048 B: one p2p group 0->1; S = 2048, wire S / 0
+    assert con.execute(
+        """SELECT rank, op, pg_name, pg_ranks, group_size, size_bytes, wire_bytes FROM collectives
+           WHERE op IN ('send', 'recv') ORDER BY rank"""
+    ).fetchall() == [(0, "send", "p2p:0->1", [0, 1], 2, 2048, 2048), (1, "recv", "p2p:0->1", [0, 1], 2, 2048, 0)]
+    assert con.execute(
+        "SELECT ranks_seen, complete, disagree FROM collective_instances WHERE pg_name = 'p2p:0->1'"
+    ).fetchall() == [(2, True, False)]

@@ -173,6 +173,7 @@ class _Reader:
         self.mpi_rank: int | None = None
         self.nccl_inits: list[tuple[int, int]] = []  # (Rank, No. of ranks) of its ncclCommInitRank ranges
         self.nccl_ranges = 0  # NCCL collective NVTX ranges
+        self.p2p_rows: list = []  # (meta row, send | recv, NCCL peer rank, communicator size) of p2p calls
         self.uses_nccl = False
 
     # -- output -----------------------------------------------------------------------
@@ -718,8 +719,27 @@ def _assign_process_ranks(readers: list[_Reader], env: dict[int, dict]) -> None:
                 )
         if di:
             rd.rf.meta["distributedInfo"] = di
+        if "rank" in di and di["rank_source"] != "order":
+            _name_p2p_pairs(rd, di["rank"])
         if rd.pid is not None:
             rd.rf.meta["nsys_pid"] = rd.pid
+
+
+def _name_p2p_pairs(rd: _Reader, rank: int) -> None:
+    """Give NCCL's send/recv calls on the world communicator the point-to-point group
+    ``p2p:<src>-><dst>`` (global ranks; pg_ranks [src, dst], group size 2) that the gloo path
+    gives c10d's, so that the i-th send from src to dst matches the i-th receive (DESIGN.md,
+    "Matching collectives"). NCCL's ``Peer rank`` is a rank of the call's communicator; it is
+    the global rank only on the world communicator, taken to be the largest this process
+    initialised; calls on smaller communicators keep no group."""
+    world = max((k for _, k in rd.nccl_inits), default=None)
+    if world is None:
+        return
+    for row, op, peer, k in rd.p2p_rows:
+        if k != world or peer >= world:
+            continue
+        src, dst = (rank, peer) if op == "send" else (peer, rank)
+        row.update(pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2)
 
 
 # -- GPU activity ---------------------------------------------------------------------
@@ -1058,6 +1078,10 @@ def _read_nvtx(r: _Reader) -> None:
             # the communicator is the process group (point-to-point calls pair by peer, not by it)
             row["pg_name"] = f"nccl-comm-{comm:x}" if isinstance(comm, int) and comm >= 0 else f"nccl-comm-{comm}"
         _fill_sizes(r, row, op, payload, kk)
+        if op in ("send", "recv"):
+            peer = _find_int(payload, ("peer rank", "peer"))
+            if peer is not None and 0 <= peer < 2**31:
+                r.p2p_rows.append((row, op, peer, kk))
 
 
 _COMM_KEY = "nccl communicator id"  # NCCL's payload entry naming the communicator (its hash)
