@@ -760,3 +760,33 @@ def test_job_report_nccl_send_recv_pair_across_ranks(tmp_path):
     assert con.execute(
         "SELECT ranks_seen, complete, disagree FROM collective_instances WHERE pg_name = 'p2p:0->1'"
     ).fetchall() == [(2, True, False)]
+
+
+def test_nsys_rep_export_failure_is_one_line_and_store_unchanged(tmp_path, capsys, monkeypatch):
+    from tests.conftest import store_snapshot
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "nsys"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('Error: report is corrupt\\n')\nsys.exit(1)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    rep = tmp_path / "job.nsys-rep"
+    rep.write_bytes(b"broken")
+    store = tmp_path / "store"
+    before = store_snapshot(store)
+    assert main(["ingest", str(rep), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(rep) in err and "nsys export failed: Error: report is corrupt" in err
+    assert store_snapshot(store) == before
+
+
+def test_directory_takes_the_export_not_its_report(tmp_path):
+    from tracekit.ingest import expand_paths
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "job.nsys-rep").write_bytes(b"r")
+    (d / "job.sqlite").write_bytes(b"s")
+    (d / "other.nsys-rep").write_bytes(b"r")
+    assert [p.name for p in expand_paths([d])] == ["job.sqlite", "other.nsys-rep"]
