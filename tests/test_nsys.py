@@ -107,7 +107,7 @@ def test_saxpy_facts(saxpy):
 
 
 def test_cloverleaf_facts(clover):
-    _, con, _ = clover
+    path, con, _ = clover
     # checked by hand: 1312 kernels (968 par_ranged1d, 331 par_ranged2d, 13 par_reduce) on device 0 stream 7,
     # 279 memcpy, 1312 synchronisations without a stream (CPU side), 3048 API calls, no NVTX table
     assert con.execute(
@@ -125,9 +125,17 @@ def test_cloverleaf_facts(clover):
     ]
     assert _count(con, "category IN ('runtime', 'driver')") == 3048
     assert _count(con, "category = 'nvtx'") == 0
-    host, events, warnings = con.execute("SELECT host, events, warnings FROM ranks").fetchone()
+    rank, host, events, warnings = con.execute("SELECT rank, host, events, warnings FROM ranks").fetchone()
     assert (host, events) == ("nid008553", 1312 + 279 + 1312 + 3048)
-    assert any("taken as rank 0" in w for w in warnings)
+    # the rank is the launcher's: PMI_RANK in the environment nsys recorded for the process it launched
+    # (META_DATA_CAPTURE), so it is no longer "taken as rank 0" for want of one
+    env = dict(
+        v.split("=", 1) for (v,) in _ro(path).execute(
+            "SELECT value FROM META_DATA_CAPTURE WHERE name = 'PROCESS_0:ENVIRONMENT_VARIABLE'"
+        ) if v.startswith(("PMI_RANK=", "PMI_SIZE="))
+    )
+    assert env == {"PMI_RANK": '"0"', "PMI_SIZE": '"1"'}
+    assert rank == 0 and not any("taken as rank 0" in w for w in warnings)
 
 
 # -- hand-made nsys-shaped exports ----------------------------------------------------
@@ -437,3 +445,348 @@ def test_cli_ingest_bad_sqlite_exits_2(tmp_path, case, capsys):
 def test_cli_ingest_good_sqlite_exits_0(tmp_path):
     p = _nccl_file(tmp_path / "rank0.sqlite")
     assert main(["ingest", str(p), "--store", str(tmp_path / "store")]) == 0
+
+
+# -- whole-job reports: several processes in one file, several files in one run ------------
+
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from tests.conftest import FIXTURES  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("make_nsys_job", FIXTURES / "nsys_job" / "make_nsys_job.py")
+mk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mk)
+
+
+def _union(iv):
+    """Merged intervals of [(start, end)] — written here, independent of tracekit.intervals."""
+    out = []
+    for s, e in sorted(iv):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _length(iv):
+    return sum(e - s for s, e in iv)
+
+
+def _intersection(a, b):
+    return _length([(max(s1, s2), min(e1, e2)) for s1, e1 in a for s2, e2 in b if min(e1, e2) > max(s1, s2)])
+
+
+def _kernels_by_process(path):
+    """{pid: ([comm intervals], [compute intervals])} from the export, NCCL by kernel name."""
+    db = _ro(path)
+    out = {}
+    for pid, name, s, e in db.execute(
+        """SELECT (k.globalPid >> 24) & 16777215, n.value, k.start, k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k
+           JOIN StringIds n ON n.id = k.demangledName"""
+    ):
+        comm, comp = out.setdefault(pid, ([], []))
+        (comm if name.startswith("nccl") else comp).append((s, e))
+    return out
+
+
+def _env_ranks(path):
+    """{pid: RANK} from META_DATA_CAPTURE's PROCESS_<k>:PID / ENVIRONMENT_VARIABLE rows."""
+    rows = _ro(path).execute("SELECT name, value FROM META_DATA_CAPTURE").fetchall()
+    pids = {n.split(":")[0]: int(v) for n, v in rows if n.endswith(":PID")}
+    return {pids[n.split(":")[0]]: int(v.split("=")[1].strip('"')) for n, v in rows
+            if n.endswith(":ENVIRONMENT_VARIABLE") and v.startswith("RANK=")}
+
+
+def _gpu_of_rank(con):
+    return dict(con.execute("SELECT rank, min(device) FROM events WHERE track_kind = 'gpu_stream' GROUP BY rank").fetchall())
+
+
+def test_job_report_gives_one_rank_per_process_and_per_process_overlap(tmp_path):
+    p = mk.make_job(tmp_path / "job.sqlite")
+    con, _ = _ingest(tmp_path, p)
+    by_pid = _kernels_by_process(p)
+    env = _env_ranks(p)
+    assert sorted(env.items()) == [(5001, 0), (5002, 1)]
+    expected = {}
+    for pid, (comm, comp) in by_pid.items():
+        c, k = _union(comm), _union(comp)
+        expected[env[pid]] = (_length(c), _length(k), _intersection(c, k))
+    assert expected == {0: (1500, 1900, 0), 1: (600, 1200, 0)}  # the NOTE's numbers
+    got = con.execute("SELECT rank, comm_ns, compute_ns, overlap_ns, overlap_ratio FROM overlap_by_rank ORDER BY rank").fetchall()
+    assert [(r, c, k, o) for r, c, k, o, _ in got] == [(r, *expected[r]) for r in (0, 1)]
+    assert [x[4] for x in got] == [0.0, 0.0]
+    # read as one rank (the reader before): NCCL on GPU 0 overlaps compute on GPU 1 in wall time
+    comm = _union([iv for c, _ in by_pid.values() for iv in c])
+    comp = _union([iv for _, k in by_pid.values() for iv in k])
+    assert (_length(comm), _length(comp), _intersection(comm, comp)) == (1500, 3100, 900)
+    # ranks on the report's clock, one host; world of 2; the launcher's CPU row left out, said so
+    rows = con.execute("SELECT rank, host, clock_offset_ns, warnings FROM ranks ORDER BY rank").fetchall()
+    assert [(r, h, o) for r, h, o, _ in rows] == [(0, "node-a", 0), (1, "node-a", 0)]
+    assert rows[0][3] == ["1 CPU event(s) of 1 process(es) without GPU work (e.g. the launcher) left out"]
+    assert rows[1][3] == []
+    assert con.execute("SELECT world_size, backend, source FROM runs").fetchone() == (2, "nccl", "nsys")
+    assert _gpu_of_rank(con) == {0: 0, 1: 1}
+    assert con.execute("SELECT count(*) FROM events WHERE name = 'launch'").fetchone()[0] == 0
+    # every event of a rank is on its own process' threads or its own GPU
+    assert con.execute(
+        "SELECT rank, track_kind, list(DISTINCT device ORDER BY device) FROM events GROUP BY ALL ORDER BY ALL"
+    ).fetchall() == [(0, "cpu_thread", [5001]), (0, "gpu_stream", [0]), (1, "cpu_thread", [5002]), (1, "gpu_stream", [1])]
+
+
+def test_job_report_correlation_ids_link_within_their_process(tmp_path):
+    p = mk.make_job(tmp_path / "job.sqlite")
+    db = _ro(p)
+    # the file repeats correlation ids across processes (each process numbers its own)
+    per_corr = db.execute(
+        "SELECT correlationId, count(DISTINCT (globalPid >> 24) & 16777215) FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY 1"
+    ).fetchall()
+    assert per_corr == [(1, 2), (2, 2), (3, 2), (4, 2)]
+    # the launch each GPU op should link to: same process, same correlation id (from the file)
+    want = {}
+    for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY"):
+        for pid, dev, corr, s, ls in db.execute(
+            f"""SELECT (k.globalPid >> 24) & 16777215, k.deviceId, k.correlationId, k.start, r.start FROM {t} k
+                JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
+                 AND (r.globalTid >> 24) & 16777215 = (k.globalPid >> 24) & 16777215"""
+        ):
+            want[(dev, corr, mk.UTC_START + s)] = (pid, mk.UTC_START + ls)
+    con, _ = _ingest(tmp_path, p)
+    got = {
+        (dev, corr, ts): (lpid, lts)
+        for dev, corr, ts, lpid, lts, lcorr in con.execute(
+            """SELECT g.device, g.correlation, g.ts_ns, l.device, l.ts_ns, l.correlation FROM events g
+               JOIN events l ON l.rank = g.rank AND l.event_id = g.launch_event_id
+               WHERE g.track_kind = 'gpu_stream'"""
+        ).fetchall()
+        if lcorr == corr
+    }
+    assert len(want) == 10 and got == want
+    warnings = [w for (ws,) in con.execute("SELECT warnings FROM ranks").fetchall() for w in ws]
+    assert not any("before their own launch" in w for w in warnings)
+
+
+def test_job_report_nvtx_metadata_on_nccl_kernels(tmp_path):
+    p = mk.make_job(tmp_path / "job.sqlite")
+    con, _ = _ingest(tmp_path, p)
+    # from the payloads: all-reduce 1 MiB; the group's two 4096 B sends: all-to-all S = 8192; k = 2 (the
+    # communicator's ncclCommInitRank); wire: 2(k-1)/k·S and (k-1)/k·S (DESIGN.md / alpha-beta.md)
+    k, ar, a2a = 2, 1 << 20, 2 * 4096
+    expect = []
+    for rank, (ar_ts, ar_end) in ((0, (3100, 4100)), (1, (4000, 4100))):
+        expect.append((rank, "all_reduce", ar, 2 * (k - 1) * ar // k, k, "nccl-comm-c0ffee", 0, "record_param_comms",
+                       mk.UTC_START + ar_ts, ar_end - ar_ts))
+        expect.append((rank, "all_to_all", a2a, (k - 1) * a2a // k, k, "nccl-comm-c0ffee", 1, "record_param_comms",
+                       mk.UTC_START + 5200, 500))
+    assert con.execute(
+        """SELECT rank, op, size_bytes, wire_bytes, group_size, pg_name, seq, meta_source, ts_ns, dur_ns
+           FROM collectives ORDER BY rank, ts_ns"""
+    ).fetchall() == expect
+    assert con.execute("SELECT op, complete, disagree FROM collective_instances ORDER BY seq").fetchall() == [
+        ("all_reduce", True, False), ("all_to_all", True, False)
+    ]
+    warnings = [w for (ws,) in con.execute("SELECT warnings FROM ranks").fetchall() for w in ws]
+    assert not any("no collective metadata" in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    "env, comm_init, swap, swap_gpus, gpu_of_rank, said",
+    [
+        (True, True, True, False, {0: 1, 1: 0}, None),  # RANK in the environment, against the GPU order
+        (False, True, True, False, {0: 1, 1: 0}, "taken from NCCL's ncclCommInitRank"),  # NCCL's Rank
+        (False, False, True, False, {0: 0, 1: 1}, "assigned by CUDA device and process order"),  # GPU order
+        (False, False, False, True, {0: 0, 1: 1}, "assigned by CUDA device and process order"),  # GPU, not pid
+    ],
+)
+def test_job_report_rank_sources(tmp_path, env, comm_init, swap, swap_gpus, gpu_of_rank, said):
+    p = mk.make_job(tmp_path / "job.sqlite", env=env, comm_init=comm_init, swap=swap, swap_gpus=swap_gpus)
+    con, _ = _ingest(tmp_path, p)
+    assert _gpu_of_rank(con) == gpu_of_rank
+    if swap_gpus:  # rank 0 is the process on GPU 0: B, pid 5002
+        assert con.execute("SELECT DISTINCT device FROM events WHERE rank = 0 AND track_kind = 'cpu_thread'").fetchall() == [
+            (5002,)
+        ]
+    rows = con.execute("SELECT rank, warnings FROM ranks ORDER BY rank").fetchall()
+    for rank, warnings in rows:
+        hits = [w for w in warnings if "rank" in w and ("NCCL" in w or "order" in w)]
+        if said is None:
+            assert hits == []
+        else:
+            assert len(hits) == 1 and hits[0].startswith(f"rank {rank} {said}")
+
+
+def test_two_single_process_reports_make_one_run(tmp_path):
+    d = tmp_path / "job"
+    a = mk.make_rank_report(d / "report_a.sqlite", "A")
+    b = mk.make_rank_report(d / "report_b.sqlite", "B", shift=1000)
+    # the ranks, from SLURM_PROCID in each report's recorded launch environment
+    env = {}
+    for f in (a, b):
+        (v,) = _ro(f).execute(
+            "SELECT value FROM META_DATA_CAPTURE WHERE value LIKE 'SLURM_PROCID=%'"
+        ).fetchone()
+        env[f.name] = int(v.split("=")[1].strip('"'))
+    assert env == {"report_a.sqlite": 0, "report_b.sqlite": 1}
+    con, _ = _ingest(tmp_path, d)
+    assert con.execute("SELECT rank, host, clock_offset_ns, source_path FROM ranks ORDER BY rank").fetchall() == [
+        (0, "node-a", 0, str(a.resolve())), (1, "node-b", 0, str(b.resolve()))
+    ]
+    assert con.execute("SELECT world_size, backend FROM runs").fetchone() == (2, "nccl")
+    # B's session started 1000 ns earlier: on the UTC clock its kernels sit where the job's do
+    assert con.execute(
+        "SELECT min(ts_ns) FROM events WHERE rank = 1 AND category = 'kernel'"
+    ).fetchone()[0] == mk.UTC_START + 3000
+    assert con.execute("SELECT op, ranks_seen, complete FROM collective_instances ORDER BY seq").fetchall() == [
+        ("all_reduce", 2, True), ("all_to_all", 2, True)
+    ]
+    assert [r[1:] for r in con.execute(
+        "SELECT rank, comm_ns, overlap_ns FROM overlap_by_rank ORDER BY rank").fetchall()] == [(1500, 0), (600, 0)]
+
+
+def test_reports_without_any_rank_are_numbered_in_file_order(tmp_path):
+    d = tmp_path / "job"
+    mk.make_rank_report(d / "n1.sqlite", "B", env=False)
+    mk.make_rank_report(d / "n2.sqlite", "A", env=False)
+    with sqlite3.connect(d / "n1.sqlite") as db:  # no ncclCommInitRank either: nothing tells the rank
+        db.execute("DELETE FROM NVTX_EVENTS WHERE text = 'ncclCommInitRank'")
+    with sqlite3.connect(d / "n2.sqlite") as db:
+        db.execute("DELETE FROM NVTX_EVENTS WHERE text = 'ncclCommInitRank'")
+    con, _ = _ingest(tmp_path, d)
+    rows = con.execute("SELECT rank, source_path, warnings FROM ranks ORDER BY rank").fetchall()
+    assert [(r, Path(sp).name) for r, sp, _ in rows] == [(0, "n1.sqlite"), (1, "n2.sqlite")]
+    assert all(any("in file order" in w for w in ws) for _, _, ws in rows)
+    assert _gpu_of_rank(con) == {0: 1, 1: 0}  # n1 holds B (GPU 1)
+
+
+def test_committed_fixtures_are_what_the_maker_writes(tmp_path):
+    made = {
+        "job_2proc.sqlite": mk.make_job(tmp_path / "job_2proc.sqlite"),
+        "per_rank/report_a.sqlite": mk.make_rank_report(tmp_path / "a.sqlite", "A"),
+        "per_rank/report_b.sqlite": mk.make_rank_report(tmp_path / "b.sqlite", "B", shift=1000),
+    }
+    for rel, path in made.items():
+        with sqlite3.connect(FIXTURES / "nsys_job" / rel) as c1, sqlite3.connect(path) as c2:
+            assert list(c1.iterdump()) == list(c2.iterdump()), rel
+
+
+def test_nsys_rep_without_nsys_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    rep = tmp_path / "job.nsys-rep"
+    rep.write_bytes(b"\x00not sqlite, an nsys report")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    store = tmp_path / "store"
+    assert main(["ingest", str(rep), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(rep) in err
+    assert "nsys export --type sqlite --output job.sqlite job.nsys-rep" in err
+    assert not (store / "runs").exists() or not any((store / "runs").iterdir())
+
+
+def test_nsys_rep_is_exported_with_nsys_when_on_path(tmp_path, monkeypatch):
+    made = mk.make_job(tmp_path / "made.sqlite")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "nsys-args.txt"
+    fake = bindir / "nsys"
+    # a stand-in for nsys: records its arguments and writes the export where --output says
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import shutil, sys\n"
+        f"open({str(log)!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+        "a = sys.argv[1:]\n"
+        f"shutil.copy({str(made)!r}, a[a.index('--output') + 1])\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    rep = tmp_path / "job.nsys-rep"
+    rep.write_bytes(b"report bytes")
+    con, _ = _ingest(tmp_path, rep)
+    args = log.read_text().split()
+    assert args[:5] == ["export", "--type", "sqlite", "--force-overwrite", "true"] and args[-1] == str(rep)
+    assert con.execute("SELECT rank, source_path FROM ranks ORDER BY rank").fetchall() == [
+        (0, str(rep.resolve())), (1, str(rep.resolve()))
+    ]
+    assert not Path(args[args.index("--output") + 1]).exists()  # the temporary export is removed
+
+
+def test_job_report_reingest_is_a_no_op(tmp_path):
+    from tests.conftest import store_snapshot
+
+    p = mk.make_job(tmp_path / "job.sqlite")
+    store = Store(tmp_path / "store")
+    rid = ingest_paths([p], store)
+    before = store_snapshot(tmp_path / "store")
+    assert ingest_paths([p], store) == rid  # same file (its two ranks share its sha256): the same run
+    assert store_snapshot(tmp_path / "store") == before
+
+
+def test_nccl_send_outside_a_group_keeps_its_size_but_not_the_communicator_as_group(tmp_path):
+    f = _Nsys(tmp_path / "rank0.sqlite")
+    f.nvtx("NCCL", 10, None, event_type=75, domain=1)
+    f.nvtx("ncclAllReduce", 100, 300, domain=1, json_text='{"NCCL communicator ID": 255, "Message size [bytes]": 64}')
+    f.api("cudaLaunchKernel_v7000", 150, 160, 1)
+    f.kernel(NCCL_AR, 1000, 2000, 20, 1)
+    f.nvtx("ncclSend", 400, 600, domain=1,
+           json_text='{"NCCL communicator ID": 255, "Message size [bytes]": 4096, "Peer rank": 1}')
+    f.api("cudaLaunchKernel_v7000", 450, 460, 2)
+    f.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 3000, 4000, 20, 2)
+    con, _ = _ingest(tmp_path, f.close())
+    rows = con.execute("SELECT op, size_bytes, pg_name = 'nccl-comm-ff' FROM collectives ORDER BY ts_ns").fetchall()
+    # the all-reduce's group is its communicator (0xff); the send's size is its message, its group is not
+    assert rows == [("all_reduce", 64, True), ("send", 4096, False)]
+
+
+def test_backend_is_nccl_with_nccl_kernels_even_without_algo_or_devices(tmp_path):
+    """Only a SendRecv kernel (no algorithm in its name) and no TARGET_INFO_GPU rows: the reader
+    before took such a run for gloo; the NCCL kernel says nccl."""
+    f = _Nsys(tmp_path / "rank0.sqlite")
+    f.db.execute("DELETE FROM TARGET_INFO_GPU")
+    f.api("cudaLaunchKernel_v7000", 100, 200, 1)
+    f.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 1000, 2000, 20, 1)
+    con, _ = _ingest(tmp_path, f.close())
+    assert con.execute("SELECT algo FROM collectives").fetchall() == [(None,)]
+    assert con.execute("SELECT backend FROM runs").fetchone() == ("nccl",)
+
+
+def test_job_report_nccl_send_recv_pair_across_ranks(tmp_path):
+    p = mk.make_job(tmp_path / "job.sqlite", p2p=True)
+    con, _ = _ingest(tmp_path, p)
+    # A (rank 0) ncclSend peer 1, B (rank 1) ncclRecv peer 0, 2048 B: one p2p group 0->1; S = 2048, wire S / 0
+    assert con.execute(
+        """SELECT rank, op, pg_name, pg_ranks, group_size, size_bytes, wire_bytes FROM collectives
+           WHERE op IN ('send', 'recv') ORDER BY rank"""
+    ).fetchall() == [(0, "send", "p2p:0->1", [0, 1], 2, 2048, 2048), (1, "recv", "p2p:0->1", [0, 1], 2, 2048, 0)]
+    assert con.execute(
+        "SELECT ranks_seen, complete, disagree FROM collective_instances WHERE pg_name = 'p2p:0->1'"
+    ).fetchall() == [(2, True, False)]
+
+
+def test_nsys_rep_export_failure_is_one_line_and_store_unchanged(tmp_path, capsys, monkeypatch):
+    from tests.conftest import store_snapshot
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "nsys"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('Error: report is corrupt\\n')\nsys.exit(1)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    rep = tmp_path / "job.nsys-rep"
+    rep.write_bytes(b"broken")
+    store = tmp_path / "store"
+    before = store_snapshot(store)
+    assert main(["ingest", str(rep), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(rep) in err and "nsys export failed: Error: report is corrupt" in err
+    assert store_snapshot(store) == before
+
+
+def test_directory_takes_the_export_not_its_report(tmp_path):
+    from tracekit.ingest import expand_paths
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "job.nsys-rep").write_bytes(b"r")
+    (d / "job.sqlite").write_bytes(b"s")
+    (d / "other.nsys-rep").write_bytes(b"r")
+    assert [p.name for p in expand_paths([d])] == ["job.sqlite", "other.nsys-rep"]

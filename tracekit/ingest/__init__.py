@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 from tracekit.errors import BadInputError, FileError
 
 KINETO_SUFFIXES = (".json", ".json.gz")
+NSYS_SUFFIXES = (".sqlite", ".nsys-rep")
 PARALLEL_MIN_BYTES = 32 << 20  # below this, worker start-up costs more than it saves
 _RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.I)
 
@@ -50,9 +51,14 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
                 raise FileError(p, f"cannot list the directory ({exc.strerror or exc})") from None
             found = [q for q in entries if q.name.endswith(KINETO_SUFFIXES + (".sqlite",))
                      and q.name != "run_config.json"]
+            # a report beside its own export (nsys profile --export=sqlite writes both): the export
+            found += [q for q in entries if q.name.endswith(".nsys-rep")
+                      and not q.with_name(q.name[: -len(".nsys-rep")] + ".sqlite").exists()]
             found += [q for q in entries if q.name.endswith(NCCL_TESTS_SUFFIXES) and _looks_like_nccl_tests(q)]
             if not found:
-                raise FileError(p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, nccl-tests logs)")
+                raise FileError(
+                    p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, nccl-tests logs)"
+                )
             out.extend(sorted(found))
         elif not p.is_file():
             raise FileError(p, "not a regular file")
@@ -104,10 +110,12 @@ def _source_kind(path: Path) -> str:
 
 
 def _read_one(args):
-    """Worker: read one rank file (Kineto JSON or Nsight Systems SQLite) into its staging file
-    (in a subprocess when several files are read in parallel).
+    """Worker: read one trace file (Kineto JSON, Nsight Systems SQLite or report) into staging
+    files (in a subprocess when several files are read in parallel).
 
-    OS-level read errors (permissions, I/O) become FileError naming the file."""
+    Returns [(RankFile, staging file), ...]: one pair per rank the file holds (an Nsight
+    Systems report of a whole job holds several). OS-level read errors (permissions, I/O)
+    become FileError naming the file."""
     try:
         return _read_one_unchecked(args)
     except RecursionError:
@@ -121,11 +129,22 @@ def _read_one_unchecked(args):
     from tracekit.ingest.kineto import read_rank_file
 
     regex = re.compile("|".join(f"(?:{p})" for p in patterns), re.I)
-    if str(path).lower().endswith(".sqlite") or _source_kind(Path(path)) == "nsys":
-        from tracekit.ingest.nsys import read_nsys_file
+    if str(path).lower().endswith(".nsys-rep"):
+        from tracekit.ingest.nsys import export_report, read_nsys_report
 
-        return read_nsys_file(path, Path(out), regex, sha256=digest)
-    return read_rank_file(path, Path(out), regex, sha256=digest)
+        exported = export_report(Path(path), Path(out).with_suffix(".export.sqlite"))
+        try:
+            pairs = read_nsys_report(exported, Path(out), regex, sha256=digest)
+        finally:
+            exported.unlink(missing_ok=True)
+        for rf, _stage in pairs:
+            rf.path = Path(path)
+        return pairs
+    if str(path).lower().endswith(".sqlite") or _source_kind(Path(path)) == "nsys":
+        from tracekit.ingest.nsys import read_nsys_report
+
+        return read_nsys_report(path, Path(out), regex, sha256=digest)
+    return [(read_rank_file(path, Path(out), regex, sha256=digest), Path(out))]
 
 
 def ingest_paths(
@@ -163,7 +182,12 @@ def ingest_paths(
 
     st = store if isinstance(store, Store) else Store(store)
     files = expand_paths(paths)
-    kinds = {f: "nsys" if f.name.lower().endswith(".sqlite") else _source_kind(f) for f in files}
+    kinds = {f: "nsys" if f.name.lower().endswith(NSYS_SUFFIXES) else _source_kind(f) for f in files}
+    reports = [f for f in files if f.name.lower().endswith(".nsys-rep")]
+    if reports:
+        from tracekit.ingest.nsys import find_nsys_for_export
+
+        find_nsys_for_export(reports[0])  # refuse before any work when nsys is not there to export it
     logs = [f for f, k in kinds.items() if k == "nccl_tests"]
     if logs and len(logs) != len(files):
         other = next(f for f, k in kinds.items() if k != "nccl_tests")
@@ -222,17 +246,25 @@ def ingest_paths(
             ctx = multiprocessing.get_context("forkserver")
             with ProcessPoolExecutor(max_workers=njobs, mp_context=ctx) as ex:
                 futures = {ex.submit(_read_one, t): i for i, t in enumerate(tasks)}
-                results = [None] * len(tasks)
+                per_file = [None] * len(tasks)
                 for fut in as_completed(futures):
-                    results[futures[fut]] = fut.result()
+                    per_file[futures[fut]] = fut.result()
                     if progress:
                         progress(advance=1)
         else:
-            results = []
+            per_file = []
             for t in tasks:
-                results.append(_read_one(t))
+                per_file.append(_read_one(t))
                 if progress:
                     progress(advance=1)
+        # one file may hold several ranks (a whole-job Nsight Systems report)
+        results = [rf for pairs in per_file for rf, _stage in pairs]
+        raw_files = [str(stage) for pairs in per_file for _rf, stage in pairs]
+        if len(results) != len(files):
+            # a file of several ranks is stored once per rank: look again for these files' run
+            existing = st.find_by_sha256([rf.sha256 for rf in results])
+            if existing is not None and not replace and (run_id is None or run_id == existing):
+                return existing
         ranks = _assign_ranks(results)
         rid = run_id or _default_run_id(paths, results, digests)
         if st.has_run(rid) and not replace:
@@ -247,7 +279,7 @@ def ingest_paths(
                 rid,
                 results,
                 ranks,
-                [t[1] for t in tasks],
+                raw_files,
                 workload=workload,
                 config=config or {},
                 source=source or "kineto",
@@ -279,6 +311,12 @@ MAX_RANKS = 1 << 20
 def _assign_ranks(results) -> list[int]:
     """Rank of each file: distributedInfo.rank, else the file name, else 0 for a lone file.
 
+    A rank whose reader could only number it by order (``distributedInfo.rank_source`` =
+    ``order``: Nsight Systems processes with no recorded rank) is renumbered here so that
+    several such files make one run: those ranks take the lowest numbers no other file claims,
+    in file order then process order, with a warning when the number changes or the file
+    gave none.
+
     Raises FileError for a rank that is negative or not below its file's world size, files
     that disagree on the world size, two files claiming one rank, or a file whose rank
     cannot be told.
@@ -289,7 +327,7 @@ def _assign_ranks(results) -> list[int]:
         di = r.meta.get("distributedInfo") if isinstance(r.meta, dict) else None
         rk = di.get("rank") if isinstance(di, dict) else None
         ws = di.get("world_size") if isinstance(di, dict) else None
-        if type(rk) is not int:
+        if type(rk) is not int and not (isinstance(di, dict) and di.get("rank_source") == "order"):
             rk = rank_from_filename(r.path)
         if rk is not None and not 0 <= rk < MAX_RANKS:
             raise FileError(r.path, f"claims rank {rk}: a rank must be in 0..{MAX_RANKS - 1}")
@@ -303,6 +341,23 @@ def _assign_ranks(results) -> list[int]:
     if len(worlds) > 1:
         (w1, f1), (w2, f2) = sorted(worlds.items())[:2]
         raise FileError(f2, f"claims world_size {w2}, while {f1} claims {w1}: not one run?")
+    by_order = [i for i, r in enumerate(results) if isinstance(r.meta, dict) and isinstance(r.meta.get("distributedInfo"), dict)
+                and r.meta["distributedInfo"].get("rank_source") == "order"]
+    if by_order and len(results) > 1:
+        taken = {rk for i, rk in enumerate(ranks) if i not in by_order and rk is not None}
+        free = (x for x in range(MAX_RANKS) if x not in taken)
+        file_pos: dict = {}
+        for r in results:
+            file_pos.setdefault(str(r.path), len(file_pos))
+        # file order, then the order the reader gave the processes of one file (device, then pid)
+        by_order.sort(key=lambda i: (file_pos[str(results[i].path)], -1 if ranks[i] is None else ranks[i], i))
+        for i in by_order:
+            new = next(free)
+            if ranks[i] != new:
+                results[i].warnings.append(
+                    f"numbered rank {new} in file order (the file gives no rank for this process)"
+                )
+            ranks[i] = new
     if len(results) == 1 and ranks[0] is None:
         results[0].warnings.append("no rank in the trace or its file name; taken as rank 0")
         ranks[0] = 0
