@@ -8,7 +8,7 @@
 --   link: the preset named by the DuckDB variable tk_link (`tracekit analyze --link nvlink4`);
 --         NULL when unset.
 -- The link prediction uses the algorithm the kernel name reports when the model has it (RING → ring,
--- TREE → tree, NVLS → nvls), else the op's default (ring; pairwise for all-to-all; p2p for send);
+-- TREE → double_binary_tree, NVLS → nvls), else the op's default (ring; pairwise for all-to-all; p2p for send);
 -- the fit prediction uses the algorithm the fit derived α and β through (alpha_beta_fit.algo), so
 -- that it reproduces the fitted line.
 -- verdict: 'skew-bound' when the longest wait before the instance (skew) exceeds its sync time;
