@@ -54,11 +54,13 @@ def test_skew_bound_when_waiting_exceeds_transfer(two):
 
 def test_one_size_cannot_be_fitted(two):
     con = two.connect()
-    rows = con.execute("SELECT run_id, op, n_samples, n_warmup, alpha_s, status FROM alpha_beta_fit ORDER BY ALL").fetchall()
+    rows = con.execute(
+        "SELECT run_id, op, n_samples, n_warmup, alpha_s, status, status_reason FROM alpha_beta_fit ORDER BY ALL"
+    ).fetchall()
     # two_hosts: 5 all-reduces of one size, the first a warm-up → 4 samples of 1 size: no α/β
     hosts = [r for r in rows if r[0] == "hosts"][0]
     assert hosts[1:5] == ("all_reduce", 4, 1, None)
-    assert "1 distinct size" in hosts[5]
+    assert hosts[5] == "insufficient" and "1 distinct size" in hosts[6]
 
 
 def test_fit_recovers_alpha_beta_from_synthetic_trace(tmp_path):
