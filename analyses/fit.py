@@ -313,7 +313,7 @@ def reference_rows(con) -> list[dict]:
                     notes.append("this calibration run's own fit")
                 elif not (my_hosts and run_hosts.get(c)):
                     notes.append("hosts not recorded: matched on backend and device only")
-                chosen = dict(ref_kind=kind, reference=f"{kind} {c}", ref_run_id=c, ref_algo=got[2],
+                chosen = dict(ref_kind=kind, reference=f"{kind} run {c}", ref_run_id=c, ref_algo=got[2],
                               ref_alpha_s=got[0], ref_beta_Bps=got[1], ref_note="; ".join(notes) or None)
                 break
         if chosen is None and link is not None:
