@@ -52,7 +52,8 @@
 -- efficiency          DOUBLE   predicted / sync_time under the reference (1 = as the model says; < 1 slower)
 -- efficiency_link     DOUBLE   link_predicted / sync_time: against the hardware link
 -- best_algo           VARCHAR  fastest model algorithm for this op, size and k under the reference's α, β
---                               (in-switch nvls considered only against an nvlink* link)
+--                               (in-switch nvls considered only against an nvlink4/nvlink5 link: NVLS
+--                               needs third-generation NVSwitch, H100 and later)
 -- best_predicted_ns   DOUBLE   its predicted time, ns
 CREATE OR REPLACE VIEW collective_verdicts AS
 WITH i AS (
@@ -110,8 +111,8 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, model_algo, sync_time_n
        CASE WHEN sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
        CASE WHEN sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END AS efficiency_link,
        tk_best_algo(op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps,
-                    coalesce(link LIKE 'nvlink%' AND verdict_basis IN ('link', 'preset'), false)) AS best_algo,
+                    coalesce(link IN ('nvlink4', 'nvlink5') AND verdict_basis IN ('link', 'preset'), false)) AS best_algo,
        tk_best_time(op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps,
-                    coalesce(link LIKE 'nvlink%' AND verdict_basis IN ('link', 'preset'), false)) * 1e9
+                    coalesce(link IN ('nvlink4', 'nvlink5') AND verdict_basis IN ('link', 'preset'), false)) * 1e9
            AS best_predicted_ns
 FROM q;

@@ -62,7 +62,9 @@ def build_report(
     ``collectives`` (per op: count, bytes, median sync time, busbw, total wait),
     ``unattributed`` (comm spans with no collective), ``instances`` (matching
     health), ``overlap_by_rank``, ``overlap_by_step``, ``stragglers`` (worst
-    instances by skew) and ``straggler_ranks``, ``fit`` (α, β, n½ per op from
+    instances by skew) and ``straggler_ranks`` (per rank: times it arrived last, ``wait_caused_ns``
+    = the waiting it imposed on the others, Σ over those instances of the other ranks' waits, and
+    ``skew_sum_ns`` = Σ of those instances' largest wait), ``fit`` (α, β, n½ per op from
     alpha_beta_fit), ``verdicts`` (counts per op and verdict), ``furthest_from_model``
     (lowest efficiency), ``link`` (the preset compared with, or None),
     ``measured_vs_model`` (per rank: measured vs predicted exposed communication per
@@ -179,11 +181,16 @@ def build_report(
     straggler_ranks = _rows(
         con,
         """
-        SELECT straggler AS rank, count(*) AS times_last, sum(skew_ns) AS wait_caused_ns
-        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1
-        GROUP BY straggler ORDER BY wait_caused_ns DESC
+        WITH w AS (
+            SELECT pg_name, seq, sum(wait_ns) AS imposed_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL
+        )
+        SELECT i.straggler AS rank, count(*) AS times_last, sum(w.imposed_ns) AS wait_caused_ns,
+               sum(i.skew_ns) AS skew_sum_ns
+        FROM collective_instances i JOIN w USING (pg_name, seq)
+        WHERE i.run_id = ? AND i.ranks_seen > 1
+        GROUP BY i.straggler ORDER BY wait_caused_ns DESC, rank
         """,
-        p,
+        [run_id, run_id],
     )
     fit = _rows(
         con,
@@ -411,6 +418,13 @@ def print_report(report: dict, console=None) -> None:
             t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), _bytes(r["size_bytes"]), str(r["straggler"]),
                       _us(r["skew_ns"]), _us(r["sync_time_ns"]))
         con.print(t)
+    if report.get("straggler_ranks"):
+        t = Table(title="Stragglers by rank (the waiting each imposed on the others)")
+        for col in ("rank", "times last", "waiting imposed ms", "largest waits summed ms"):
+            t.add_column(col, justify="right")
+        for r in report["straggler_ranks"]:
+            t.add_row(str(r["rank"]), str(r["times_last"]), _ms(r["wait_caused_ns"]), _ms(r["skew_sum_ns"]))
+        con.print(t)
     if report.get("fit"):
         t = Table(title="α–β fit per op (this run's sync times; weighted by relative error; only 'ok' fits judge anything)")
         for col in ("op", "k", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)", "D*",
@@ -480,14 +494,18 @@ def print_report(report: dict, console=None) -> None:
     if report.get("measured_vs_model"):
         t = Table(title="Measured vs model (per step, exposed communication)")
         for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms", "model", "predicted comm ms",
-                    "predicted exposed ms", "gap", "α/β from"):
+                    "predicted exposed ms", "gap", "gap ms", "skew", "transfer", "exposure", "α/β from"):
             t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
         for r in report["measured_vs_model"]:
             gap = "—" if r["gap_ratio"] is None else f"{r['gap_ratio']:.2f}× ({r['larger']} larger)"
             t.add_row(str(r["rank"]), _ms(r["compute_ns"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _ms(r["exposed_ns"]),
-                      r["model"], _ms(r["predicted_comm_ns"]), _ms(r["predicted_exposed_ns"]), gap, r["ab_source"] or "—")
+                      r["model"], _ms(r["predicted_comm_ns"]), _ms(r["predicted_exposed_ns"]), gap,
+                      _ms(r.get("gap_ns")), _ms(r.get("gap_skew_ns")), _ms(r.get("gap_transfer_ns")),
+                      _ms(r.get("gap_exposure_ns")), r["ab_source"] or "—")
         notes = sorted({r["note"] for r in report["measured_vs_model"] if r.get("note")})
-        t.caption = "; ".join(notes)
+        t.caption = "; ".join(notes + [
+            "gap ms = exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond the α–β model) "
+            "+ exposure (what the overlap model would hide, minus what was hidden)"])
         con.print(t)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
