@@ -222,3 +222,20 @@ def test_degraded_link_is_flagged_and_a_healthy_one_is_not(tmp_path):
 
 def ok_eff(rep):
     return [r for r in rep["efficiency_by_size"] if r["bucket_bytes"] == 1 << 30][0]["median_efficiency_link"]
+
+
+def test_users_alpha_beta_is_the_reference(two, capsys):
+    # α = 10 µs, β = 5 GB/s for every verdict; all_reduce ring k = 2, D = 4,194,304 B:
+    #   α term 2(k−1)·α = 20 µs; β term 2(k−1)/k·D/β = 838.8608 µs → bandwidth-bound
+    rep = build_report(two, "two", alpha_s=10e-6, beta_Bps=5e9)
+    assert {r["verdict_basis"] for r in rep["verdicts"]} == {"user"}
+    (ar,) = [r for r in rep["references"] if r["op"] == "all_reduce"]
+    assert ar["fixed_latency_ns"] == pytest.approx(20_000.0) and ar["crossover_bytes"] == pytest.approx(2 * 10e-6 * 5e9)
+    assert rep["reference_options"] == {"alpha_s": 10e-6, "beta_Bps": 5e9}
+    assert main(["analyze", "--store", str(two.path), "--run", "two", "--alpha", "10us", "--beta", "5GB/s", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert {r["reference"] for r in out["verdicts"]} == {"user α/β"}
+    assert main(["analyze", "--store", str(two.path), "--run", "two", "--alpha", "10us"]) == 2
+    assert "both α and β" in capsys.readouterr().err

@@ -52,6 +52,30 @@ def _rows(con, sql: str, params: list | None = None) -> list[dict]:
     return out
 
 
+def apply_reference_options(con, alpha_s=None, beta_Bps=None, nics_per_node=None) -> None:
+    """Set the user's α/β (seconds, bytes/s; both or neither) and NICs per node on an analysis
+    connection and rebuild ``collective_reference`` (the verdicts' views read it lazily).
+    Raises BadInputError for one of α/β alone, bad values, or a NIC count < 1."""
+    from tracekit.errors import BadInputError
+
+    if (alpha_s is None) != (beta_Bps is None):
+        raise BadInputError("give both α and β (--alpha and --beta), or neither")
+    if alpha_s is None and nics_per_node is None:
+        return
+    from analyses.fit import create_reference
+    from tracekit.model import custom_link
+
+    if alpha_s is not None:
+        custom_link(alpha_s, beta_Bps)  # validates: one-line BadInputError
+        con.execute("SET VARIABLE tk_alpha = ?", [float(alpha_s)])
+        con.execute("SET VARIABLE tk_beta = ?", [float(beta_Bps)])
+    if nics_per_node is not None:
+        if isinstance(nics_per_node, bool) or not isinstance(nics_per_node, int) or nics_per_node < 1:
+            raise BadInputError(f"bad --nics-per-node {nics_per_node!r}: expected an integer >= 1")
+        con.execute("SET VARIABLE tk_nics_per_node = ?", [int(nics_per_node)])
+    create_reference(con)
+
+
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
     alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None,
@@ -91,25 +115,8 @@ def build_report(
     # every calibration run (sweeps, nccl-tests logs) is read too: the verdicts' reference may be one
     calib = [r for r in _calibration_runs(st) if r != run_id]
     con = st.connect(run_ids=[run_id] + calib, link=link)
-    if (alpha_s is None) != (beta_Bps is None):
-        from tracekit.errors import BadInputError
-
-        raise BadInputError("give both α and β (--alpha and --beta), or neither")
-    if alpha_s is not None or nics_per_node is not None:
-        from analyses.fit import create_reference
-        from tracekit.model import custom_link
-
-        if alpha_s is not None:
-            custom_link(alpha_s, beta_Bps)  # validates: one-line BadInputError
-            con.execute("SET VARIABLE tk_alpha = ?", [float(alpha_s)])
-            con.execute("SET VARIABLE tk_beta = ?", [float(beta_Bps)])
-        if nics_per_node is not None:
-            if isinstance(nics_per_node, bool) or int(nics_per_node) != nics_per_node or nics_per_node < 1:
-                from tracekit.errors import BadInputError
-
-                raise BadInputError(f"bad --nics-per-node {nics_per_node!r}: expected an integer >= 1")
-            con.execute("SET VARIABLE tk_nics_per_node = ?", [int(nics_per_node)])
-        create_reference(con)
+    options = dict(alpha_s=alpha_s, beta_Bps=beta_Bps, nics_per_node=nics_per_node)
+    apply_reference_options(con, **options)
     p = [run_id]
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
     try:
@@ -329,6 +336,7 @@ def build_report(
         fit=fit,
         verdicts=verdicts,
         references=references,
+        reference_options={k: v for k, v in options.items() if v is not None},
         efficiency_by_size=efficiency_by_size,
         degraded_links=degraded,
         furthest_from_model=furthest,
