@@ -240,3 +240,26 @@ def test_users_alpha_beta_is_the_reference(two, capsys):
     assert {r["reference"] for r in out["verdicts"]} == {"user α/β"}
     assert main(["analyze", "--store", str(two.path), "--run", "two", "--alpha", "10us"]) == 2
     assert "both α and β" in capsys.readouterr().err
+
+
+def test_html_marks_the_collectives_boundary_and_shows_the_reference(sweep_then_tp):
+    """The HTML's model lines carry D* (where the α and β terms are equal), not n½, as the boundary;
+    the page lists each verdict's reference and the device-chosen presets."""
+    from tracekit.html_report import html_data, render_html, report_tables
+    from tracekit.model import link_from_preset, predict_collective
+
+    data = html_data(sweep_then_tp, "tp")
+    assert data["presets"] == ["eth25", "eth100"]  # CPU run, no GPU preset: the gloo backend's
+    assert {r["reference"] for r in data["bandwidth"] if r["op"] == "all_reduce"} == {"sweep run sweep"}
+    for c in data["curves"]:
+        if c["kind"] != "preset":
+            continue
+        p = predict_collective(c["op"], c["crossover_bytes"], c["group_size"], link_from_preset(c["name"]), algo=c["algo"])
+        assert p.alpha_term_s == pytest.approx(p.beta_term_s, rel=1e-9)
+        # all_reduce ring on k = 2: D* = 2·n½
+        if c["op"] == "all_reduce":
+            assert c["crossover_bytes"] == pytest.approx(2 * c["n_half_bytes"])
+    ids = [t.id for t in report_tables(data["report"])]
+    assert "references" in ids and "verdicts" in ids and "fit" in ids
+    page = render_html(data)
+    assert "sweep run sweep" in page and "D*" in page

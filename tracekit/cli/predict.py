@@ -90,7 +90,8 @@ def _resolve_link(
 
 
 def _link_caption(link: model.Link) -> str:
-    return f"{link.name}: α {_ft(link.alpha_s)}, β {_fbw(link.beta_Bps)}, n½ {_fb(link.n_half_bytes)} (the link's)"
+    return (f"{link.name}: α {_ft(link.alpha_s)} per step, β {_fbw(link.beta_Bps)}, n½ {_fb(link.n_half_bytes)} "
+            "(the link's; a collective's boundary is its D*)")
 
 
 def _flat_assumption(link: model.Link, nics_per_node: int, gpus_per_node: int) -> str:
@@ -109,6 +110,7 @@ def _prediction_rows(table, preds: list[model.Prediction], label: Callable[[mode
             _ft(p.beta_term_s),
             str(p.steps),
             _fb(p.bytes_per_rank_sent),
+            "—" if p.crossover_bytes is None else _fb(p.crossover_bytes),
             p.verdict,
         )
 
@@ -189,7 +191,7 @@ def _run_collective(
         caption += "; skipped: " + ", ".join(f"{s['algo']} ({s['reason']})" for s in skipped)
     table = _table(
         f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks",
-        ["algorithm", "time", "α term", "β term", "steps", "sent/rank", "verdict"],
+        ["algorithm", "time", "α term = fixed latency", "β term", "steps", "sent/rank", "D* (boundary)", "verdict"],
         caption,
     )
     _prediction_rows(table, preds, lambda p: p.algo)
@@ -241,7 +243,7 @@ def _run_hierarchical(
         return
     table = _table(
         f"all_reduce of {_fb(size_bytes)} per rank on {nodes} nodes × {gpus_per_node} GPUs",
-        ["phase", "ranks", "bytes", "link", "time", "α term", "β term", "verdict"],
+        ["phase", "ranks", "bytes", "link", "time", "α term = fixed latency", "β term", "verdict"],
         f"in: {_link_caption(lin)} | out: {_link_caption(lout)}",
     )
     def row(label: str, ranks: int, size: float, link_name: str, r) -> None:
