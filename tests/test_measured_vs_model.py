@@ -37,11 +37,11 @@ def test_tp_no_overlap_prediction_with_link(tp):
 def test_without_link_or_sweep_the_device_preset_is_used(tp):
     store, rid = tp
     rep = build_report(store, rid)
-    # a CPU gloo run on one host, no --link, no sweep: the loopback_gloo preset (α 50 µs, β 2 GB/s × 0.8):
-    #   4 × (2(k−1)·α + 2(k−1)/k·D/β) = 4 × (100 µs + 131,072 B / 1.6e9 B/s) = 4 × 181.92 µs = 727.68 µs
+    # a CPU gloo run on one host, no --link, no sweep: the loopback_gloo preset (α 100 µs, β 2.5 GB/s × 0.8):
+    #   4 × (2(k−1)·α + 2(k−1)/k·D/β) = 4 × (200 µs + 131,072 B / 2e9 B/s) = 4 × 265.536 µs = 1,062.144 µs
     for r in rep["measured_vs_model"]:
         assert r["ab_source"] == "preset:loopback_gloo"
-        assert r["predicted_exposed_ns"] == pytest.approx(727_680.0, rel=1e-9)
+        assert r["predicted_exposed_ns"] == pytest.approx(1_062_144.0, rel=1e-9)
 
 
 def test_gap_decomposition_adds_up_and_skew_is_the_waiting(tp):

@@ -99,7 +99,7 @@ def test_added_presets():
         "nvlink2": 150e9, "nvlink3": 300e9, "nvlink4": 450e9, "nvlink5": 900e9, "xgmi_mi250x": 400e9,
         "xgmi_mi300x": 448e9, "xgmi_mi355x": 537.6e9, "pcie3": 16e9, "pcie4": 32e9, "pcie5": 64e9,
         "ib_hdr": 25e9, "ib_ndr": 50e9, "ib_xdr": 100e9, "roce200": 25e9, "roce400": 50e9,
-        "slingshot11": 25e9, "loopback_gloo": 2e9,
+        "slingshot11": 25e9, "loopback_gloo": 2.5e9,
     }
     for name, nominal in expect.items():
         assert LINK_PRESETS[name].nominal_Bps == pytest.approx(nominal)

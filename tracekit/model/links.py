@@ -120,7 +120,7 @@ LINK_PRESETS: dict[str, LinkPreset] = {
         LinkPreset("ib_xdr", "InfiniBand XDR, one 800 Gb/s NIC", 100 * _GB, 5 * _US),
         LinkPreset("roce200", "RoCE, one 200 GbE NIC", 25 * _GB, 5 * _US),
         LinkPreset("slingshot11", "HPE Slingshot 11, one 200 Gb/s Cassini NIC", 25 * _GB, 5 * _US),
-        LinkPreset("loopback_gloo", "gloo over TCP loopback, one host (CPU)", 2 * _GB, 50 * _US),
+        LinkPreset("loopback_gloo", "gloo over TCP loopback, one host (CPU)", 2.5 * _GB, 100 * _US),
     )
 }
 """Presets: nominal per-direction bandwidth (B/s) and α (s); effective β = nominal × efficiency
@@ -143,9 +143,10 @@ values here are per direction, in bytes (reference, "Units"). Sources of the add
   100 GB/s; roce200 / roce400: the same NICs in Ethernet mode (200 / 400 GbE).
 - slingshot11: HPE Slingshot 11 (Cassini NIC) data sheet, 200 Gb/s per port → 25 GB/s.
 - loopback_gloo: no data sheet: gloo's TCP transport over the loopback device between processes of
-  one CPU host; the order of magnitude (GB/s, tens of µs per message) is this project's own
-  `collect sweep` on a 2-core CI machine (fixtures/sweep_2rank). Only a rough reference: fit a
-  sweep for anything quantitative.
+  one CPU host. Set from this project's own `collect sweep` on a 2-core machine
+  (fixtures/sweep_2rank, ok fits): all_reduce α ≈ 111 µs per step, β ≈ 2.2 GB/s; reduce_scatter
+  204 µs, 1.1 GB/s — so α 100 µs and an effective 2 GB/s (nominal 2.5). A rough reference only (no
+  degraded-link warning is raised against it): fit a sweep for anything quantitative.
 """
 
 DEVICE_PRESETS: tuple[tuple[str, str, str], ...] = (
