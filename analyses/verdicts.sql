@@ -1,6 +1,6 @@
 -- collective_verdicts: each collective instance against the α–β model — predicted time, α and β
 -- terms, verdict, efficiency, the collective's crossover size and the best algorithm for its size.
--- Depends on: collective_instances, collective_samples, alpha_beta_fit, collective_reference
+-- Depends on: collective_instances, collective_samples, alpha_beta_fit, collective_reference, runs
 --
 -- Every number from tracekit.model through tk_* UDFs: T = A·α + B·D/β with (A, B) =
 -- algorithm_coefficients (../shared/reference/alpha-beta.md). Three α/β sources per instance:
@@ -15,7 +15,10 @@
 -- prediction uses the algorithm its α, β were derived through (so that it reproduces the fitted line).
 -- verdict: 'skew-bound' when the longest wait before the instance (skew) exceeds its sync time;
 -- else 'latency-bound' when the reference's α term >= its β term, i.e. size < crossover_bytes D*,
--- 'bandwidth-bound' otherwise; NULL without a reference (no_model_reason says why).
+-- 'bandwidth-bound' otherwise; NULL without a reference (no_model_reason says why). An instance
+-- recorded by fewer ranks than its group (a trace of rank 0 of 8) is not judged, and gets no
+-- efficiency: its "sync time" still holds the wait for the ranks not recorded (nccl-tests rows,
+-- already per-size averages over the whole communicator, are judged).
 --
 -- run_id              VARCHAR  run
 -- pg_name             VARCHAR  process group name
@@ -57,13 +60,16 @@
 -- best_predicted_ns   DOUBLE   its predicted time, ns
 CREATE OR REPLACE VIEW collective_verdicts AS
 WITH i AS (
-    SELECT i.*, tk_model_algo(i.op, i.algo, i.group_size) AS model_algo FROM collective_instances i
+    SELECT i.*, tk_model_algo(i.op, i.algo, i.group_size) AS model_algo,
+           (i.complete OR r.source = 'nccl_tests') AS judged
+    FROM collective_instances i LEFT JOIN runs r USING (run_id)
 ),
 f AS (
     SELECT run_id, op, group_size, algo AS fit_algo, alpha_s, beta_Bps FROM alpha_beta_fit WHERE status = 'ok'
 ),
 t AS (
-    SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo, i.sync_time_ns, i.skew_ns,
+    SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo,
+           i.sync_time_ns, i.skew_ns, i.judged, i.ranks_seen,
            r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
            coalesce(r.ref_algo, i.model_algo) AS ref_algo,
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps,
@@ -92,24 +98,30 @@ p AS (
 ),
 q AS (
     SELECT *, ref_alpha_term_ns + ref_beta_term_ns AS predicted_ns,
-           CASE WHEN ref_alpha_term_ns IS NOT NULL AND ref_beta_term_ns IS NOT NULL THEN ref_kind END AS verdict_basis
+           CASE WHEN judged AND ref_alpha_term_ns IS NOT NULL AND ref_beta_term_ns IS NOT NULL THEN ref_kind END
+               AS verdict_basis
     FROM p
 )
 SELECT run_id, pg_name, seq, op, size_bytes, group_size, model_algo, sync_time_ns, skew_ns,
        reference, ref_note,
-       CASE WHEN verdict_basis IS NULL
-            THEN coalesce(no_model_reason, 'the model has no prediction for ' || op || ' of this size') END
+       CASE WHEN verdict_basis IS NOT NULL THEN NULL
+            WHEN NOT judged THEN 'incomplete: ' || ranks_seen || ' of ' || group_size
+                 || ' ranks recorded, its sync time still holds the wait for the others'
+            WHEN no_model_reason IS NOT NULL THEN no_model_reason
+            WHEN size_bytes IS NULL THEN 'size unknown (no collective metadata for this call)'
+            ELSE 'the model has no prediction for ' || op || ' of this size' END
            AS no_model_reason,
        ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, ref_beta_term_ns, predicted_ns, crossover_bytes,
        fit_alpha_s, fit_beta_Bps, fit_alpha_term_ns, fit_beta_term_ns, fit_predicted_ns,
        link, link_alpha_term_ns, link_beta_term_ns, link_predicted_ns, link_crossover_bytes,
        CASE
+         WHEN NOT judged THEN NULL
          WHEN skew_ns > sync_time_ns THEN 'skew-bound'
          WHEN verdict_basis IS NOT NULL THEN tk_verdict(ref_alpha_term_ns, ref_beta_term_ns)
        END AS verdict,
        verdict_basis,
-       CASE WHEN sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
-       CASE WHEN sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END AS efficiency_link,
+       CASE WHEN judged AND sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
+       CASE WHEN judged AND sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END AS efficiency_link,
        tk_best_algo(op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps,
                     coalesce(link IN ('nvlink4', 'nvlink5') AND verdict_basis IN ('link', 'preset'), false)) AS best_algo,
        tk_best_time(op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps,

@@ -263,3 +263,17 @@ def test_html_marks_the_collectives_boundary_and_shows_the_reference(sweep_then_
     assert "references" in ids and "verdicts" in ids and "fit" in ids
     page = render_html(data)
     assert "sweep run sweep" in page and "D*" in page
+
+
+def test_incomplete_instances_are_not_judged(tmp_path):
+    """Rank 1 of 2 alone (HTA's DDP trace, V100): every all-reduce is seen by 1 of its 2 ranks, so its
+    'sync time' still holds the wait for the other rank: no verdict, no efficiency, and the reason."""
+    from tests.conftest import shared_trace
+
+    store = Store(tmp_path / "s")
+    ingest_paths([shared_trace("hta_ddp_v100_r1of2")], store, run_id="ddp")
+    rep = build_report(store, "ddp")
+    (v,) = rep["verdicts"]
+    assert v["op"] == "all_reduce" and v["verdict"] is None and v["median_efficiency"] is None
+    assert v["no_model_reason"].startswith("incomplete: 1 of 2 ranks recorded")
+    assert v["count"] == 2020
