@@ -60,7 +60,8 @@ predicted_comm_ns    DOUBLE   α–β time of the step's collectives, ns (per st
 predicted_exposed_ns DOUBLE   exposed communication the overlap model predicts, ns (per step)
 alpha_s              DOUBLE   α used (of the step's first modelled op), s
 beta_Bps             DOUBLE   β used, bytes/s
-ab_source            VARCHAR  where α, β came from: link:<preset> / sweep:<run> / fit:<run>
+ab_source            VARCHAR  where α, β came from: <kind>:<run or preset> (link:nvlink4, sweep:<run>,
+                              nccl_tests:<run>, preset:nvlink2, own_fit:<run>, user:user α/β)
 gap_ratio            DOUBLE   measured exposed / predicted exposed (NULL if predicted is 0)
 larger               VARCHAR  'measured' or 'model': which side is larger
 bubble_fraction      DOUBLE   pp only: (p−1)/(m+p−1)
@@ -106,8 +107,9 @@ class _AlphaBeta:
         self.link = link
         self.refs: dict[str, dict] = defaultdict(dict)  # run_id → {(op, k): (α, β, source)}
         for run_id, op, k, a, b, kind, ref in con.execute(
-            "SELECT run_id, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, reference FROM collective_reference "
-            "WHERE ref_alpha_s IS NOT NULL AND ref_beta_Bps IS NOT NULL ORDER BY run_id, op, group_size, pg_name"
+            "SELECT run_id, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, coalesce(ref_run_id, reference) "
+            "FROM collective_reference WHERE ref_alpha_s IS NOT NULL AND ref_beta_Bps IS NOT NULL "
+            "ORDER BY run_id, op, group_size, pg_name"
         ).fetchall():
             self.refs[run_id].setdefault(("send" if op in P2P else op, k), (a, b, f"{kind}:{ref}"))
 
