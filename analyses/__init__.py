@@ -89,7 +89,8 @@ def load_order(mods: dict[str, str] | None = None) -> list[str]:
     return order
 
 
-_KERNEL_ALGOS = {"RING": "ring", "TREE": "tree", "NVLS": "nvls", "NVLSTREE": "nvls"}
+# NCCL's TREE kernels run the pipelined double binary tree (tracekit.model.collectives)
+_KERNEL_ALGOS = {"RING": "ring", "TREE": "double_binary_tree", "NVLS": "nvls", "NVLSTREE": "nvls"}
 
 
 def register_udfs(con) -> None:

@@ -1,14 +1,14 @@
-"""alpha_beta_fit: α, β and n½ fitted per (run, op, group size) — a Python analysis.
+"""alpha_beta_fit and collective_reference — Python analyses.
 
-Depends on: collective_samples
+Depends on: collective_samples, collective_instances, runs, ranks, collectives
 
-The fit itself lives in :func:`tracekit.model.fit_alpha_beta` (a regression that
-weights relative error, with a robust outlier rule; the reference's "Fitting α
-and β"); this module only groups the samples and stores the results as the
-DuckDB table ``alpha_beta_fit``. Warm-up samples (the first call on each
-communicator) are excluded before fitting. A group with fewer than two distinct
-sizes cannot separate α from β: it gets a row with ``status`` saying so and
-NULL parameters.
+**alpha_beta_fit**: α, β and n½ fitted per (run, op, group size). The fit itself lives in
+:func:`tracekit.model.fit_alpha_beta` (a regression that weights relative error, with a robust
+outlier rule; the reference's "Fitting α and β"), which also judges it (:func:`tracekit.model.fit.judge_fit`):
+``ok`` needs >= 3 distinct sizes spanning the fit's crossover D* and a per-size residual spread
+<= 15 %; otherwise ``insufficient`` or ``poor``, and such α/β are never a reference for verdicts.
+Warm-up samples (the first call on each communicator) are excluded before fitting. A group with
+fewer than two distinct sizes cannot separate α from β at all: NULL parameters.
 
 run_id            VARCHAR  run
 source            VARCHAR  'trace' or 'nccl_tests'
@@ -19,17 +19,71 @@ n_samples         INTEGER  samples offered (warm-up excluded)
 n_used            INTEGER  samples kept by the fit
 n_dropped         INTEGER  samples the robust rule (or zero size) dropped
 n_warmup          INTEGER  warm-up samples excluded before fitting
-alpha_s           DOUBLE   α, seconds per message/step
+n_sizes           INTEGER  distinct sizes among the samples used (offered, when there is no fit)
+alpha_s           DOUBLE   α, seconds per message/step (per ring step for ring algorithms)
+alpha_se_s        DOUBLE   standard error of α, s
+alpha_lo_s        DOUBLE   95 % interval of α, low end, s
+alpha_hi_s        DOUBLE   95 % interval of α, high end, s
+fixed_latency_s   DOUBLE   the collective's fixed latency A·α = a (steps × α), s
 beta_Bps          DOUBLE   β, bytes/s per direction
 beta_gbps         DOUBLE   β in GB/s (1e9)
-n_half_bytes      DOUBLE   n½ = α·β, bytes
+beta_se_Bps       DOUBLE   standard error of β (delta method), bytes/s
+beta_lo_Bps       DOUBLE   95 % interval of β, low end, bytes/s
+beta_hi_Bps       DOUBLE   95 % interval of β, high end, bytes/s (NULL: unbounded)
+n_half_bytes      DOUBLE   n½ = α·β, bytes: the link's half-bandwidth message size
+crossover_bytes   DOUBLE   D* = A·α·β/B = a/b, bytes: this collective's latency/bandwidth boundary
 a_s               DOUBLE   fitted intercept a of t = a + b·bytes, s
 b_s_per_byte      DOUBLE   fitted slope b, s/byte
-residual_spread   DOUBLE   spread of the relative residuals (t − model)/t of the used samples
+residual_spread   DOUBLE   RMS of the relative residuals (t − model)/t of the used samples
+size_spread       DOUBLE   RMS of the relative residuals of the per-size medians (judged)
 residual_max_abs  DOUBLE   largest |relative residual| among used samples
-min_size_bytes    BIGINT   smallest size offered
-max_size_bytes    BIGINT   largest size offered
-status            VARCHAR  'ok', or why there is no fit
+min_size_bytes    BIGINT   smallest size used (offered, when there is no fit)
+max_size_bytes    BIGINT   largest size used (offered, when there is no fit)
+status            VARCHAR  'ok', 'insufficient' or 'poor'
+status_reason     VARCHAR  why not ok, in words (NULL when ok)
+
+**collective_reference**: for each (run, process group, op, group size) of collective_instances,
+the α–β reference its verdicts and efficiency use, chosen in this order (issue 15):
+
+1. the user's: ``--link PRESET`` (DuckDB variable tk_link) or α/β given (variables tk_alpha,
+   tk_beta, seconds and bytes/s) — ref_kind ``link`` / ``user``;
+2. the newest ``ok`` fit of a calibration run (a ``collect sweep`` run or a nccl-tests log) on the
+   same machine: same backend and device name and, when both record hosts, the group's hosts
+   among the calibration run's; a calibration run's own fit first for itself. Same op and group
+   size, else the same op at the nearest group size (said in ref_note); never another op's fit
+   (α per step depends on the algorithm and protocol NCCL picks for the op) — ref_kind
+   ``sweep`` / ``nccl_tests``;
+3. a preset from the device and topology: the group's ranks on one host → that device's intra-node
+   link (tracekit.model.device_presets: NVLink, xGMI or PCIe; a CPU gloo run → loopback_gloo);
+   across hosts → the typical NIC preset of such systems, shared by the node's GPUs over
+   ``tk_nics_per_node`` NICs when set (tracekit.model.network_link). Hosts not recorded: a group
+   of <= 8 ranks is taken as one host (said in ref_note), a larger one has no preset —
+   ref_kind ``preset``;
+4. the run's own ``ok`` fit — ref_kind ``own_fit``, with a note that judging instances by a line
+   fitted to them is circular (efficiency ≈ 1 by construction);
+5. none: ref_kind NULL and no_model_reason says why.
+
+Separately, the *link* for efficiency against the hardware: the user's link (1), else the
+preset of (3) — whatever the verdict's reference is.
+
+run_id           VARCHAR  run
+pg_name          VARCHAR  process group
+op               VARCHAR  canonical op
+group_size       INTEGER  k
+hosts            VARCHAR  distinct hosts of the ranks that recorded the group, comma-separated ('' unknown)
+ref_kind         VARCHAR  link / user / sweep / nccl_tests / preset / own_fit, NULL for none
+reference        VARCHAR  the reference in words (preset name, or "sweep <run>: all_reduce k=2 fit")
+ref_run_id       VARCHAR  run whose fit is used (sweep / nccl_tests / own_fit)
+ref_algo         VARCHAR  algorithm the fit's α, β were derived through (NULL for links: the
+                          instance's modelled algorithm applies)
+ref_alpha_s      DOUBLE   α, s
+ref_beta_Bps     DOUBLE   β, bytes/s per direction
+ref_note         VARCHAR  fallbacks and assumptions made in choosing it
+no_model_reason  VARCHAR  why there is no reference (NULL when there is one)
+link             VARCHAR  link for efficiency against the hardware (user's or preset), or NULL
+link_alpha_s     DOUBLE   its α, s
+link_beta_Bps    DOUBLE   its effective β, bytes/s
+link_note        VARCHAR  how it was chosen
 """
 
 from __future__ import annotations
@@ -38,19 +92,36 @@ from collections import defaultdict
 
 import pyarrow as pa
 
-DEPENDS = ("collective_samples",)
-CREATES = ("alpha_beta_fit",)
+DEPENDS = ("collective_samples", "collective_instances", "runs", "ranks", "collectives")
+CREATES = ("alpha_beta_fit", "collective_reference")
 
 SCHEMA = pa.schema(
     [
         ("run_id", pa.string()), ("source", pa.string()), ("op", pa.string()), ("group_size", pa.int32()),
         ("algo", pa.string()), ("n_samples", pa.int32()), ("n_used", pa.int32()), ("n_dropped", pa.int32()),
-        ("n_warmup", pa.int32()), ("alpha_s", pa.float64()), ("beta_Bps", pa.float64()), ("beta_gbps", pa.float64()),
-        ("n_half_bytes", pa.float64()), ("a_s", pa.float64()), ("b_s_per_byte", pa.float64()),
-        ("residual_spread", pa.float64()), ("residual_max_abs", pa.float64()),
-        ("min_size_bytes", pa.int64()), ("max_size_bytes", pa.int64()), ("status", pa.string()),
+        ("n_warmup", pa.int32()), ("n_sizes", pa.int32()), ("alpha_s", pa.float64()), ("alpha_se_s", pa.float64()),
+        ("alpha_lo_s", pa.float64()), ("alpha_hi_s", pa.float64()), ("fixed_latency_s", pa.float64()),
+        ("beta_Bps", pa.float64()), ("beta_gbps", pa.float64()), ("beta_se_Bps", pa.float64()),
+        ("beta_lo_Bps", pa.float64()), ("beta_hi_Bps", pa.float64()),
+        ("n_half_bytes", pa.float64()), ("crossover_bytes", pa.float64()), ("a_s", pa.float64()),
+        ("b_s_per_byte", pa.float64()), ("residual_spread", pa.float64()), ("size_spread", pa.float64()),
+        ("residual_max_abs", pa.float64()), ("min_size_bytes", pa.int64()), ("max_size_bytes", pa.int64()),
+        ("status", pa.string()), ("status_reason", pa.string()),
     ]
 )
+
+REFERENCE_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()), ("pg_name", pa.string()), ("op", pa.string()), ("group_size", pa.int32()),
+        ("hosts", pa.string()), ("ref_kind", pa.string()), ("reference", pa.string()), ("ref_run_id", pa.string()),
+        ("ref_algo", pa.string()), ("ref_alpha_s", pa.float64()), ("ref_beta_Bps", pa.float64()),
+        ("ref_note", pa.string()), ("no_model_reason", pa.string()), ("link", pa.string()),
+        ("link_alpha_s", pa.float64()), ("link_beta_Bps", pa.float64()), ("link_note", pa.string()),
+    ]
+)
+
+ASSUMED_ONE_HOST_MAX = 8
+"""A group of at most this many ranks whose hosts are not recorded is taken as one host (8 GPUs per node)."""
 
 
 def fit_rows(samples: list[tuple]) -> list[dict]:
@@ -70,30 +141,211 @@ def fit_rows(samples: list[tuple]) -> list[dict]:
         algos = ALGORITHMS.get(op)
         algo = algos[0] if algos else None
         row = dict(run_id=run_id, source=source, op=op, group_size=k, algo=algo, n_samples=len(use), n_used=0,
-                   n_dropped=0, n_warmup=len(warm),
+                   n_dropped=0, n_warmup=len(warm), n_sizes=len({s[5] for s in use}),
                    min_size_bytes=min((s[5] for s in use), default=None),
-                   max_size_bytes=max((s[5] for s in use), default=None), status="ok")
+                   max_size_bytes=max((s[5] for s in use), default=None))
         if algo is None:
-            row["status"] = f"no model for {op}"
+            row.update(status="insufficient", status_reason=f"no model for {op}")
         else:
             try:
                 f = fit_alpha_beta([float(s[5]) for s in use], [s[6] * 1e-9 for s in use], op, int(k),
                                    algo=algo, warmup_first=False)
-                row.update(n_used=f.n_used, n_dropped=f.n_dropped, alpha_s=f.alpha_s, beta_Bps=f.beta_Bps,
-                           beta_gbps=f.beta_Bps / 1e9, n_half_bytes=f.n_half_bytes, a_s=f.a_s,
+                row.update(n_used=f.n_used, n_dropped=f.n_dropped, n_sizes=f.n_sizes, alpha_s=f.alpha_s,
+                           alpha_se_s=f.alpha_se_s, alpha_lo_s=f.alpha_ci_s[0], alpha_hi_s=f.alpha_ci_s[1],
+                           fixed_latency_s=f.a_s, beta_Bps=f.beta_Bps, beta_gbps=f.beta_Bps / 1e9,
+                           beta_se_Bps=f.beta_se_Bps, beta_lo_Bps=f.beta_ci_Bps[0], beta_hi_Bps=f.beta_ci_Bps[1],
+                           n_half_bytes=f.n_half_bytes, crossover_bytes=f.crossover_bytes, a_s=f.a_s,
                            b_s_per_byte=f.b_s_per_byte, residual_spread=f.residual_spread,
-                           residual_max_abs=f.residual_max_abs)
+                           size_spread=f.size_spread, residual_max_abs=f.residual_max_abs,
+                           min_size_bytes=f.min_size_bytes, max_size_bytes=f.max_size_bytes,
+                           status=f.status, status_reason=f.status_reason or None)
             except TracekitError as exc:
-                row["status"] = str(exc)
+                row.update(status="insufficient", status_reason=str(exc))
         rows.append(row)
     return rows
 
 
+def _var(con, name: str):
+    try:
+        return con.execute(f"SELECT getvariable('{name}')").fetchone()[0]
+    except Exception:  # noqa: BLE001 - an unset variable reads as NULL; anything else: treat as unset
+        return None
+
+
+def reference_rows(con) -> list[dict]:
+    """The rows of ``collective_reference`` (columns and the order of choice in the module docstring)."""
+    from tracekit.model import custom_link, device_presets, link_from_preset, network_link
+
+    user_link = _var(con, "tk_link")
+    user_alpha, user_beta = _var(con, "tk_alpha"), _var(con, "tk_beta")
+    nics = _var(con, "tk_nics_per_node")
+    runs = {
+        r[0]: dict(created=r[1], source=r[2], workload=r[3], backend=r[4], device=r[5])
+        for r in con.execute("SELECT run_id, created_at, source, workload, backend, device_name FROM runs").fetchall()
+    }
+    run_hosts: dict = defaultdict(set)
+    for rid, host in con.execute("SELECT DISTINCT run_id, host FROM ranks WHERE host IS NOT NULL").fetchall():
+        run_hosts[rid].add(host)
+    fits: dict = defaultdict(dict)  # run_id → {(op, k): (α, β, algo)}
+    for rid, op, k, a, b, algo in con.execute(
+        "SELECT run_id, op, group_size, alpha_s, beta_Bps, algo FROM alpha_beta_fit WHERE status = 'ok'"
+    ).fetchall():
+        fits[rid][(op, k)] = (a, b, algo)
+    # the groups to judge, with the hosts and rank count of the ranks that recorded them
+    groups = con.execute(
+        """
+        WITH g AS (SELECT DISTINCT run_id, pg_name, op, group_size FROM collective_instances WHERE op IS NOT NULL),
+        h AS (
+            SELECT c.run_id, c.pg_name, count(DISTINCT c.rank) AS ranks_seen,
+                   count(DISTINCT k.host) AS n_hosts, count(*) FILTER (WHERE k.host IS NULL) AS no_host,
+                   string_agg(DISTINCT k.host, ',' ORDER BY k.host) AS hosts,
+                   max(per_host.n) AS ranks_per_host
+            FROM collectives c LEFT JOIN ranks k USING (run_id, rank)
+            LEFT JOIN (SELECT run_id, host, count(*) AS n FROM ranks GROUP BY ALL) per_host
+                   ON per_host.run_id = c.run_id AND per_host.host = k.host
+            GROUP BY ALL
+        )
+        SELECT g.run_id, g.pg_name, g.op, g.group_size, h.ranks_seen, h.n_hosts, h.no_host, h.hosts, h.ranks_per_host
+        FROM g LEFT JOIN h USING (run_id, pg_name) ORDER BY ALL
+        """
+    ).fetchall()
+
+    calib = sorted(
+        (rid for rid, r in runs.items() if r["workload"] == "sweep" or r["source"] == "nccl_tests"),
+        key=lambda rid: str(runs[rid]["created"]), reverse=True,
+    )
+
+    def pick_fit(rid, op, k):
+        """(α, β, algo, note) from run rid's ok fits for (op, k), with the fallbacks of the docstring."""
+        # same op only: α per step is what the fit's algorithm and protocol make of the link (the
+        # superbench A100 log: 12.4 µs per pairwise all_to_all step, ~2.5 µs per ring all_reduce step),
+        # so another op's fit would misjudge this one; without one the preset comes next.
+        # ref_algo (the fit's algorithm) only where the fit is of this very k: at another k the α, β
+        # are used as the link's, through the instance's own modelled algorithm (NULL)
+        fs = fits.get(rid) or {}
+        mop = "send" if op == "recv" else op
+        if (mop, k) in fs:
+            return (*fs[(mop, k)], "")
+        near = sorted((abs(kk - k), kk) for (o, kk) in fs if o == mop)
+        if near:
+            kk = near[0][1]
+            a, b, _ = fs[(mop, kk)]
+            return a, b, None, f"no ok {op} k={k} fit there: nearest group size, k={kk}"
+        return None
+
+    from tracekit.model import ALGORITHMS
+
+    out = []
+    for rid, pg, op, k, ranks_seen, n_hosts, no_host, hosts, per_host in groups:
+        run = runs.get(rid, {})
+        row = dict(run_id=rid, pg_name=pg, op=op, group_size=k, hosts=hosts or "")
+        if ("send" if op == "recv" else op) not in ALGORITHMS:
+            row["no_model_reason"] = f"the model has no algorithm for {op}"
+            out.append(row)
+            continue
+        # topology of the group
+        if n_hosts and (n_hosts > 1):
+            topo, topo_note = "multi", ""
+        elif n_hosts == 1 and not no_host and (ranks_seen or 0) >= (k or 0):
+            topo, topo_note = "one", ""
+        elif n_hosts == 1 and (k or 0) <= ASSUMED_ONE_HOST_MAX:
+            topo, topo_note = "one", f"hosts of only {ranks_seen} of {k} ranks recorded; taken as one host"
+        elif (k or 0) <= ASSUMED_ONE_HOST_MAX:
+            topo, topo_note = "one", f"hosts not recorded; a group of {k} <= {ASSUMED_ONE_HOST_MAX} ranks taken as one host"
+        else:
+            topo, topo_note = None, f"hosts not recorded and the group has {k} > {ASSUMED_ONE_HOST_MAX} ranks"
+        # the hardware link: user's, else the preset of device and topology
+        link = link_note = None
+        if user_link:
+            link = link_from_preset(user_link)
+            link_note = f"--link {user_link}"
+        elif user_alpha is not None and user_beta is not None:
+            link = custom_link(float(user_alpha), float(user_beta), name="user α/β")
+            link_note = "α/β given by the user"
+        else:
+            dev = device_presets(run.get("device"))
+            if dev is None and run.get("backend") == "gloo" and topo == "one":
+                link, link_note = link_from_preset("loopback_gloo"), "CPU gloo run on one host"
+            elif dev is not None and topo == "one":
+                link = link_from_preset(dev[0])
+                link_note = f"{run.get('device')}: intra-node {dev[0]}" + (f" ({topo_note})" if topo_note else "")
+            elif dev is not None and topo == "multi":
+                gpn = int(per_host or 1)
+                link = network_link(dev[1], int(nics) if nics is not None else None, gpn)
+                link_note = (f"group across {n_hosts} hosts: {dev[1]} assumed (typical NIC of {run.get('device')} "
+                             f"systems; --link to set)" + ("" if nics is None else f", {int(nics)} NICs per node"))
+            else:
+                why = []
+                if dev is None:
+                    why.append(f"no preset for device {run.get('device')!r}" if run.get("device") else
+                               f"no device recorded (backend {run.get('backend')})")
+                if topo is None:
+                    why.append(topo_note)
+                elif topo == "multi" and dev is None:
+                    why.append(f"group across {n_hosts} hosts")
+                link_note = "; ".join(why)
+        if link is not None:
+            row.update(link=link.name, link_alpha_s=link.alpha_s, link_beta_Bps=link.beta_Bps, link_note=link_note)
+        # the verdicts' reference
+        if user_link or (user_alpha is not None and user_beta is not None):
+            row.update(ref_kind="link" if user_link else "user", reference=link.name, ref_alpha_s=link.alpha_s,
+                       ref_beta_Bps=link.beta_Bps, ref_note=link_note)
+            out.append(row)
+            continue
+        chosen = None
+        mine = runs.get(rid, {})
+        my_hosts = set((hosts or "").split(",")) - {""}
+        order = ([rid] if rid in calib else []) + [c for c in calib if c != rid]
+        for c in order:
+            cr = runs[c]
+            if c != rid:
+                if cr["backend"] != mine.get("backend") or cr["device"] != mine.get("device"):
+                    continue
+                if my_hosts and run_hosts.get(c) and not my_hosts <= run_hosts[c]:
+                    continue
+            got = pick_fit(c, op, k)
+            if got:
+                kind = "nccl_tests" if cr["source"] == "nccl_tests" else "sweep"
+                notes = [got[3]] if got[3] else []
+                if c == rid:
+                    notes.append("this calibration run's own fit")
+                elif not (my_hosts and run_hosts.get(c)):
+                    notes.append("hosts not recorded: matched on backend and device only")
+                chosen = dict(ref_kind=kind, reference=f"{kind} run {c}", ref_run_id=c, ref_algo=got[2],
+                              ref_alpha_s=got[0], ref_beta_Bps=got[1], ref_note="; ".join(notes) or None)
+                break
+        if chosen is None and link is not None:
+            chosen = dict(ref_kind="preset", reference=link.name, ref_alpha_s=link.alpha_s,
+                          ref_beta_Bps=link.beta_Bps, ref_note=link_note)
+        if chosen is None and (op, k) in fits.get(rid, {}):
+            a, b, algo = fits[rid][(op, k)]
+            chosen = dict(ref_kind="own_fit", reference=f"own fit {op} k={k}", ref_run_id=rid, ref_algo=algo,
+                          ref_alpha_s=a, ref_beta_Bps=b,
+                          ref_note="fitted on this run's own instances: efficiency ≈ 1 by construction")
+        if chosen is None:
+            reasons = ["no --link", "no ok sweep/nccl-tests fit from this machine"]
+            if link_note:
+                reasons.append(link_note)
+            reasons.append("no ok fit of its own")
+            chosen = dict(no_model_reason="; ".join(reasons))
+        row.update(chosen)
+        out.append(row)
+    return out
+
+
+def create_reference(con) -> None:
+    """(Re)create the table ``collective_reference`` on ``con`` (after changing tk_alpha/tk_beta/tk_nics_per_node)."""
+    from analyses import create_table_from_rows
+
+    create_table_from_rows(con, "collective_reference", REFERENCE_SCHEMA, reference_rows(con))
+
+
 def create(con) -> None:
-    """Create the table ``alpha_beta_fit`` on ``con`` from its ``collective_samples`` view."""
+    """Create the tables ``alpha_beta_fit`` and ``collective_reference`` on ``con``."""
     samples = con.execute(
         "SELECT run_id, source, op, group_size, algo, size_bytes, time_ns, warmup, seq FROM collective_samples"
     ).fetchall()
     from analyses import create_table_from_rows
 
     create_table_from_rows(con, "alpha_beta_fit", SCHEMA, fit_rows(samples))
+    create_reference(con)

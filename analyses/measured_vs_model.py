@@ -1,6 +1,6 @@
 """measured_vs_model: per run and rank, the measured overlap against what the α–β model predicts.
 
-Depends on: overlap_by_step, collectives, events, runs, alpha_beta_fit
+Depends on: overlap_by_step, collectives, events, runs, alpha_beta_fit, collective_reference, collective_waits
 
 For every rank of every run, over the profiler steps that hold communication:
 measured compute, communication, overlap and exposed communication (means per
@@ -27,12 +27,25 @@ tracekit.model), then applies the overlap model of the workload
   allows, p·s + (p−1)·x, with s the measured per-token stage compute and x one
   activation message's α–β time.
 
-α and β (per op and group size) come from, in order: the ``--link`` preset
-(DuckDB variable tk_link); the newest ``sweep`` run in the connection (fitted on
-this machine); the run's own alpha_beta_fit. A missing (op, k) falls back to
-the same source's fit for another op of that k, then any op (α and β are link
-properties in the model; the algorithm coefficients carry the op).
+α and β (per op and group size) are the verdicts' reference (collective_reference:
+the ``--link`` preset or the user's α/β; else the newest ok sweep / nccl-tests fit
+of this machine; else the device's preset; else the run's own ok fit). A missing
+(op, k) falls back to the reference of another op of that k, then any op (α and
+β are link properties in the model; the algorithm coefficients carry the op).
 send/recv are modelled as point-to-point messages (T = α + D/β).
+
+The gap (measured exposed − predicted exposed, per step) is split into three
+parts that add up to it, so that the report says which one to fix:
+
+- ``gap_skew_ns`` = W, the rank's waiting for the last rank to arrive
+  (Σ collective_waits.wait_ns of its calls in the steps, per step; capped at
+  its comm time): time inside its communication spans spent on stragglers;
+- ``gap_transfer_ns`` = (comm − W) − predicted_comm: transfer beyond the model
+  (the rest of its communication time against the α–β prediction);
+- ``gap_exposure_ns`` = (predicted_comm − predicted_exposed) − overlap: what the
+  overlap model says could be hidden behind compute, minus what the trace hid.
+
+W + (comm − W − A) + (A − P − overlap) = comm − overlap − P = exposed − P.
 
 run_id               VARCHAR  run
 workload             VARCHAR  workload label
@@ -47,11 +60,17 @@ predicted_comm_ns    DOUBLE   α–β time of the step's collectives, ns (per st
 predicted_exposed_ns DOUBLE   exposed communication the overlap model predicts, ns (per step)
 alpha_s              DOUBLE   α used (of the step's first modelled op), s
 beta_Bps             DOUBLE   β used, bytes/s
-ab_source            VARCHAR  where α, β came from: link:<preset> / sweep:<run> / fit:<run>
+ab_source            VARCHAR  where α, β came from: <kind>:<run or preset> (link:nvlink4, sweep:<run>,
+                              nccl_tests:<run>, preset:nvlink2, own_fit:<run>, user:user α/β)
 gap_ratio            DOUBLE   measured exposed / predicted exposed (NULL if predicted is 0)
 larger               VARCHAR  'measured' or 'model': which side is larger
 bubble_fraction      DOUBLE   pp only: (p−1)/(m+p−1)
 note                 VARCHAR  what the prediction assumed, in words
+wait_ns              DOUBLE   the rank's waiting for stragglers per step, ns (inside comm_ns)
+gap_ns               DOUBLE   exposed_ns − predicted_exposed_ns, ns per step
+gap_skew_ns          DOUBLE   part of the gap spent waiting for stragglers, ns per step
+gap_transfer_ns      DOUBLE   part of the gap that is transfer beyond the α–β model, ns per step
+gap_exposure_ns      DOUBLE   part of the gap that is communication the overlap model would have hidden, ns
 """
 
 from __future__ import annotations
@@ -61,7 +80,8 @@ from collections import defaultdict
 
 import pyarrow as pa
 
-DEPENDS = ("overlap_by_step", "collectives", "events", "runs", "alpha_beta_fit")
+DEPENDS = ("overlap_by_step", "collectives", "events", "runs", "alpha_beta_fit", "collective_reference",
+           "collective_waits")
 CREATES = ("measured_vs_model",)
 
 SCHEMA = pa.schema(
@@ -72,6 +92,8 @@ SCHEMA = pa.schema(
         ("predicted_exposed_ns", pa.float64()), ("alpha_s", pa.float64()), ("beta_Bps", pa.float64()),
         ("ab_source", pa.string()), ("gap_ratio", pa.float64()), ("larger", pa.string()),
         ("bubble_fraction", pa.float64()), ("note", pa.string()),
+        ("wait_ns", pa.float64()), ("gap_ns", pa.float64()), ("gap_skew_ns", pa.float64()),
+        ("gap_transfer_ns", pa.float64()), ("gap_exposure_ns", pa.float64()),
     ]
 )
 
@@ -79,20 +101,17 @@ P2P = {"send", "recv"}
 
 
 class _AlphaBeta:
-    """(op, k) → (α, β, source) by the priority in the module docstring."""
+    """(op, k) → (α, β, source) from the verdicts' reference (module docstring)."""
 
     def __init__(self, con, link: str | None):
         self.link = link
-        self.fits: dict[str, dict] = defaultdict(dict)  # run_id → {(op, k): (α, β)}
-        for run_id, op, k, a, b in con.execute(
-            "SELECT run_id, op, group_size, alpha_s, beta_Bps FROM alpha_beta_fit WHERE status = 'ok'"
+        self.refs: dict[str, dict] = defaultdict(dict)  # run_id → {(op, k): (α, β, source)}
+        for run_id, op, k, a, b, kind, ref in con.execute(
+            "SELECT run_id, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, coalesce(ref_run_id, reference) "
+            "FROM collective_reference WHERE ref_alpha_s IS NOT NULL AND ref_beta_Bps IS NOT NULL "
+            "ORDER BY run_id, op, group_size, pg_name"
         ).fetchall():
-            self.fits[run_id][(op, k)] = (a, b)
-        row = con.execute(
-            "SELECT run_id FROM runs WHERE workload = 'sweep' AND source <> 'nccl_tests' "
-            "ORDER BY created_at DESC LIMIT 1"
-        ).fetchone()
-        self.sweep = row[0] if row else None
+            self.refs[run_id].setdefault(("send" if op in P2P else op, k), (a, b, f"{kind}:{ref}"))
 
     def _pick(self, fits: dict, op: str, k: int):
         key = ("send" if op in P2P else op, k)
@@ -109,14 +128,8 @@ class _AlphaBeta:
 
             lk = link_from_preset(self.link)
             return lk.alpha_s, lk.beta_Bps, f"link:{self.link}"
-        if self.sweep and self.fits.get(self.sweep):
-            ab = self._pick(self.fits[self.sweep], op, k)
-            if ab:
-                return ab[0], ab[1], f"sweep:{self.sweep}"
-        if self.fits.get(run_id):
-            ab = self._pick(self.fits[run_id], op, k)
-            if ab:
-                return ab[0], ab[1], f"fit:{run_id}"
+        if self.refs.get(run_id):
+            return self._pick(self.refs[run_id], op, k)
         return None
 
 
@@ -162,6 +175,12 @@ def rows_for(con, link: str | None) -> list[dict]:
 
     ab = _AlphaBeta(con, link)
     runs = {r[0]: (r[1], json.loads(r[2] or "{}")) for r in con.execute("SELECT run_id, workload, config FROM runs").fetchall()}
+    waits: dict = defaultdict(float)  # (run_id, rank, step) → Σ wait_ns
+    for run_id, rank, step, w in con.execute(
+        "SELECT w.run_id, w.rank, e.step, sum(w.wait_ns) FROM collective_waits w "
+        "JOIN events e USING (run_id, rank, event_id) WHERE e.step IS NOT NULL GROUP BY ALL"
+    ).fetchall():
+        waits[(run_id, rank, step)] = float(w or 0)
     measured = defaultdict(list)
     for run_id, rank, step, comp, comm, ov, exp in con.execute(
         "SELECT run_id, rank, step, compute_ns, comm_ns, overlap_ns, exposed_comm_ns FROM overlap_by_step "
@@ -211,6 +230,7 @@ def rows_for(con, link: str | None) -> list[dict]:
         row = dict(run_id=run_id, workload=workload, rank=rank, steps=n, compute_ns=c * 1e9,
                    comm_ns=sum(s[2] for s in steps) / n, overlap_ns=sum(s[3] for s in steps) / n,
                    exposed_ns=sum(s[4] for s in steps) / n, model="no_overlap")
+        row["wait_ns"] = min(sum(waits.get((run_id, rank, s[0]), 0.0) for s in steps) / n, row["comm_ns"])
         a_alpha, a_beta, n_calls, used, modelled = sums.get((run_id, rank)) or (0.0, 0.0, 0, None, True)
         if used is None or not modelled:
             row.update(note="no α/β for this run's collectives (run a sweep, or pass --link)" if used is None
@@ -266,6 +286,10 @@ def rows_for(con, link: str | None) -> list[dict]:
             row["gap_ratio"] = row["exposed_ns"] / (exposed * 1e9)
         row["larger"] = "measured" if row["exposed_ns"] >= exposed * 1e9 else "model"
         row["note"] = note
+        row["gap_ns"] = row["exposed_ns"] - row["predicted_exposed_ns"]
+        row["gap_skew_ns"] = row["wait_ns"]
+        row["gap_transfer_ns"] = row["comm_ns"] - row["wait_ns"] - row["predicted_comm_ns"]
+        row["gap_exposure_ns"] = row["predicted_comm_ns"] - row["predicted_exposed_ns"] - row["overlap_ns"]
         out.append(row)
     return out
 

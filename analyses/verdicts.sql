@@ -1,19 +1,24 @@
 -- collective_verdicts: each collective instance against the α–β model — predicted time, α and β
--- terms, verdict, efficiency and the best algorithm for its size.
--- Depends on: collective_instances, collective_samples, alpha_beta_fit
+-- terms, verdict, efficiency, the collective's crossover size and the best algorithm for its size.
+-- Depends on: collective_instances, collective_samples, alpha_beta_fit, collective_reference, runs
 --
--- Two predictions per instance (../shared/reference/alpha-beta.md; every number from
--- tracekit.model through tk_* UDFs, T = A·α + B·D/β with (A, B) = algorithm_coefficients):
---   fit:  α, β fitted on this run's own samples for (op, group size) (alpha_beta_fit, status 'ok');
---   link: the preset named by the DuckDB variable tk_link (`tracekit analyze --link nvlink4`);
---         NULL when unset.
--- The link prediction uses the algorithm the kernel name reports when the model has it (RING → ring,
--- TREE → tree, NVLS → nvls), else the op's default (ring; pairwise for all-to-all; p2p for send);
--- the fit prediction uses the algorithm the fit derived α and β through (alpha_beta_fit.algo), so
--- that it reproduces the fitted line.
+-- Every number from tracekit.model through tk_* UDFs: T = A·α + B·D/β with (A, B) =
+-- algorithm_coefficients (../shared/reference/alpha-beta.md). Three α/β sources per instance:
+--   ref:  the reference chosen for its (run, group, op, k) by collective_reference (the user's link
+--         or α/β; else the machine's newest ok sweep / nccl-tests fit; else the device's preset; else
+--         the run's own ok fit; else none, with no_model_reason) — the verdict and `efficiency` use it;
+--   link: the hardware link (the user's, else the device/topology preset) — `efficiency_link`;
+--   fit:  the run's own ok fit for (op, k) (alpha_beta_fit; fits that are insufficient or poor are
+--         never used) — shown for comparison only.
+-- The algorithm modelled: the kernel's when the model has it (RING → ring, TREE → double_binary_tree,
+-- NVLS → nvls), else the op's default (ring; pairwise for all-to-all; p2p for send); a fit's own
+-- prediction uses the algorithm its α, β were derived through (so that it reproduces the fitted line).
 -- verdict: 'skew-bound' when the longest wait before the instance (skew) exceeds its sync time;
--- else 'latency-bound' when the α term >= the β term, 'bandwidth-bound' otherwise — terms from the
--- fit when there is one, else from the link (verdict_basis says which); NULL when neither applies.
+-- else 'latency-bound' when the reference's α term >= its β term, i.e. size < crossover_bytes D*,
+-- 'bandwidth-bound' otherwise; NULL without a reference (no_model_reason says why). An instance
+-- recorded by fewer ranks than its group (a trace of rank 0 of 8) is not judged, and gets no
+-- efficiency: its "sync time" still holds the wait for the ranks not recorded (nccl-tests rows,
+-- already per-size averages over the whole communicator, are judged).
 --
 -- run_id              VARCHAR  run
 -- pg_name             VARCHAR  process group name
@@ -24,65 +29,102 @@
 -- model_algo          VARCHAR  algorithm the link prediction assumes
 -- sync_time_ns        DOUBLE   measured transfer time after the last arrival, ns
 -- skew_ns             BIGINT   longest wait of any rank for the last one, ns
--- fit_alpha_s         DOUBLE   fitted α, s (NULL without a fit)
--- fit_beta_Bps        DOUBLE   fitted β, bytes/s per direction
+-- reference           VARCHAR  the verdict's reference in words (collective_reference.reference)
+-- ref_note            VARCHAR  fallbacks and assumptions made in choosing it
+-- no_model_reason     VARCHAR  why there is no verdict (NULL when there is a reference)
+-- ref_alpha_s         DOUBLE   reference α, s per step
+-- ref_beta_Bps        DOUBLE   reference β, bytes/s per direction
+-- ref_alpha_term_ns   DOUBLE   A·α under the reference = the collective's fixed latency, ns
+-- ref_beta_term_ns    DOUBLE   B·D/β under the reference, ns
+-- predicted_ns        DOUBLE   reference prediction, ns
+-- crossover_bytes     DOUBLE   D* = A·α·β/B under the reference: the latency/bandwidth boundary of
+--                               this op, algorithm and k (n½ = α·β is the link's, not this)
+-- fit_alpha_s         DOUBLE   the run's own ok fit: α, s (NULL without one)
+-- fit_beta_Bps        DOUBLE   its β, bytes/s per direction
 -- fit_alpha_term_ns   DOUBLE   A·α, ns
 -- fit_beta_term_ns    DOUBLE   B·D/β, ns
 -- fit_predicted_ns    DOUBLE   α term + β term, ns
--- link                VARCHAR  preset name (tk_link), or NULL
--- link_alpha_term_ns  DOUBLE   A·α of the preset, ns
--- link_beta_term_ns   DOUBLE   B·D/β of the preset (β = nominal × 0.8), ns
--- link_predicted_ns   DOUBLE   preset prediction, ns
--- verdict             VARCHAR  skew-bound / latency-bound / bandwidth-bound
--- verdict_basis       VARCHAR  'fit' or 'link': which terms decided the verdict
--- efficiency          DOUBLE   fit_predicted / sync_time (1 = as the model says; < 1 slower)
--- efficiency_link     DOUBLE   link_predicted / sync_time
--- best_algo           VARCHAR  fastest model algorithm for this op, size and k under the basis' α, β
---                               (in-switch nvls considered only against an nvlink* preset)
+-- link                VARCHAR  the hardware link (user's or preset), or NULL
+-- link_alpha_term_ns  DOUBLE   A·α of the link, ns
+-- link_beta_term_ns   DOUBLE   B·D/β of the link (β = nominal × 0.8), ns
+-- link_predicted_ns   DOUBLE   link prediction, ns
+-- link_crossover_bytes DOUBLE  D* under the link, bytes
+-- verdict             VARCHAR  skew-bound / latency-bound / bandwidth-bound, NULL without a reference
+-- verdict_basis       VARCHAR  kind of reference: link (--link) / user (α/β) / sweep / nccl_tests /
+--                               preset / own_fit; NULL without one
+-- efficiency          DOUBLE   predicted / sync_time under the reference (1 = as the model says; < 1 slower)
+-- efficiency_link     DOUBLE   link_predicted / sync_time: against the hardware link
+-- best_algo           VARCHAR  fastest model algorithm for this op, size and k under the reference's α, β
+--                               (in-switch nvls considered only against an nvlink4/nvlink5 link: NVLS
+--                               needs third-generation NVSwitch, H100 and later)
 -- best_predicted_ns   DOUBLE   its predicted time, ns
 CREATE OR REPLACE VIEW collective_verdicts AS
 WITH i AS (
-    SELECT i.*, tk_model_algo(i.op, i.algo, i.group_size) AS model_algo FROM collective_instances i
+    SELECT i.*, tk_model_algo(i.op, i.algo, i.group_size) AS model_algo,
+           (i.complete OR r.source = 'nccl_tests') AS judged
+    FROM collective_instances i LEFT JOIN runs r USING (run_id)
 ),
 f AS (
     SELECT run_id, op, group_size, algo AS fit_algo, alpha_s, beta_Bps FROM alpha_beta_fit WHERE status = 'ok'
 ),
 t AS (
-    SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo, i.sync_time_ns, i.skew_ns,
+    SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo,
+           i.sync_time_ns, i.skew_ns, i.judged, i.ranks_seen,
+           r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
+           coalesce(r.ref_algo, i.model_algo) AS ref_algo,
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps,
            -- the fit's α, β are defined through its own algorithm's coefficients: predict with those
            tk_alpha_coeff(i.op, f.fit_algo, i.group_size) * f.alpha_s * 1e9 AS fit_alpha_term_ns,
            tk_beta_coeff(i.op, f.fit_algo, i.group_size) * i.size_bytes / f.beta_Bps * 1e9 AS fit_beta_term_ns,
-           getvariable('tk_link') AS link,
-           tk_alpha_coeff(i.op, i.model_algo, i.group_size) * tk_link_alpha(getvariable('tk_link')) * 1e9 AS link_alpha_term_ns,
-           tk_beta_coeff(i.op, i.model_algo, i.group_size) * i.size_bytes
-               / tk_link_beta(getvariable('tk_link')) * 1e9 AS link_beta_term_ns
-    FROM i LEFT JOIN f ON f.run_id = i.run_id AND f.op = i.op AND f.group_size = i.group_size
+           r.link, r.link_alpha_s, r.link_beta_Bps,
+           tk_alpha_coeff(i.op, i.model_algo, i.group_size) * r.link_alpha_s * 1e9 AS link_alpha_term_ns,
+           tk_beta_coeff(i.op, i.model_algo, i.group_size) * i.size_bytes / r.link_beta_Bps * 1e9 AS link_beta_term_ns,
+           tk_alpha_coeff(i.op, i.model_algo, i.group_size) * r.link_alpha_s * r.link_beta_Bps
+               / tk_beta_coeff(i.op, i.model_algo, i.group_size) AS link_crossover_bytes
+    FROM i
+    LEFT JOIN f ON f.run_id = i.run_id AND f.op = i.op AND f.group_size = i.group_size
+    LEFT JOIN collective_reference r
+           ON r.run_id = i.run_id AND r.pg_name = i.pg_name AND r.op = i.op AND r.group_size = i.group_size
 ),
 p AS (
-    SELECT *, fit_alpha_term_ns + fit_beta_term_ns AS fit_predicted_ns,
-           link_alpha_term_ns + link_beta_term_ns AS link_predicted_ns,
-           CASE WHEN fit_alpha_term_ns IS NOT NULL AND fit_beta_term_ns IS NOT NULL THEN 'fit'
-                WHEN link_alpha_term_ns IS NOT NULL AND link_beta_term_ns IS NOT NULL THEN 'link' END AS verdict_basis
+    SELECT *,
+           tk_alpha_coeff(op, ref_algo, group_size) * ref_alpha_s * 1e9 AS ref_alpha_term_ns,
+           tk_beta_coeff(op, ref_algo, group_size) * size_bytes / ref_beta_Bps * 1e9 AS ref_beta_term_ns,
+           tk_alpha_coeff(op, ref_algo, group_size) * ref_alpha_s * ref_beta_Bps
+               / tk_beta_coeff(op, ref_algo, group_size) AS crossover_bytes,
+           fit_alpha_term_ns + fit_beta_term_ns AS fit_predicted_ns,
+           link_alpha_term_ns + link_beta_term_ns AS link_predicted_ns
     FROM t
+),
+q AS (
+    SELECT *, ref_alpha_term_ns + ref_beta_term_ns AS predicted_ns,
+           CASE WHEN judged AND ref_alpha_term_ns IS NOT NULL AND ref_beta_term_ns IS NOT NULL THEN ref_kind END
+               AS verdict_basis
+    FROM p
 )
 SELECT run_id, pg_name, seq, op, size_bytes, group_size, model_algo, sync_time_ns, skew_ns,
+       reference, ref_note,
+       CASE WHEN verdict_basis IS NOT NULL THEN NULL
+            WHEN NOT judged THEN 'incomplete: ' || ranks_seen || ' of ' || group_size
+                 || ' ranks recorded, its sync time still holds the wait for the others'
+            WHEN no_model_reason IS NOT NULL THEN no_model_reason
+            WHEN size_bytes IS NULL THEN 'size unknown (no collective metadata for this call)'
+            ELSE 'the model has no prediction for ' || op || ' of this size' END
+           AS no_model_reason,
+       ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, ref_beta_term_ns, predicted_ns, crossover_bytes,
        fit_alpha_s, fit_beta_Bps, fit_alpha_term_ns, fit_beta_term_ns, fit_predicted_ns,
-       link, link_alpha_term_ns, link_beta_term_ns, link_predicted_ns,
+       link, link_alpha_term_ns, link_beta_term_ns, link_predicted_ns, link_crossover_bytes,
        CASE
+         WHEN NOT judged THEN NULL
          WHEN skew_ns > sync_time_ns THEN 'skew-bound'
-         WHEN verdict_basis = 'fit' THEN tk_verdict(fit_alpha_term_ns, fit_beta_term_ns)
-         WHEN verdict_basis = 'link' THEN tk_verdict(link_alpha_term_ns, link_beta_term_ns)
+         WHEN verdict_basis IS NOT NULL THEN tk_verdict(ref_alpha_term_ns, ref_beta_term_ns)
        END AS verdict,
        verdict_basis,
-       CASE WHEN sync_time_ns > 0 THEN fit_predicted_ns / sync_time_ns END AS efficiency,
-       CASE WHEN sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END AS efficiency_link,
-       tk_best_algo(op, size_bytes, group_size,
-                    CASE verdict_basis WHEN 'fit' THEN fit_alpha_s ELSE tk_link_alpha(link) END,
-                    CASE verdict_basis WHEN 'fit' THEN fit_beta_Bps ELSE tk_link_beta(link) END,
-                    verdict_basis = 'link' AND link LIKE 'nvlink%') AS best_algo,
-       tk_best_time(op, size_bytes, group_size,
-                    CASE verdict_basis WHEN 'fit' THEN fit_alpha_s ELSE tk_link_alpha(link) END,
-                    CASE verdict_basis WHEN 'fit' THEN fit_beta_Bps ELSE tk_link_beta(link) END,
-                    verdict_basis = 'link' AND link LIKE 'nvlink%') * 1e9 AS best_predicted_ns
-FROM p;
+       CASE WHEN judged AND sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
+       CASE WHEN judged AND sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END AS efficiency_link,
+       tk_best_algo(op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps,
+                    coalesce(link IN ('nvlink4', 'nvlink5') AND verdict_basis IN ('link', 'preset'), false)) AS best_algo,
+       tk_best_time(op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps,
+                    coalesce(link IN ('nvlink4', 'nvlink5') AND verdict_basis IN ('link', 'preset'), false)) * 1e9
+           AS best_predicted_ns
+FROM q;

@@ -83,7 +83,9 @@ def test_fit_curve_uses_the_runs_fit(dlrm_store):
     data = html_data(dlrm_store, "dlrm")
     fits = {f["op"]: f for f in data["fit"] if f["status"] == "ok"}
     curves = [c for c in data["curves"] if c["kind"] == "fit"]
-    assert {c["op"] for c in curves} == set(fits) == {"all_reduce", "all_to_all"}
+    # only ok fits are drawn; DLRM's 3 and 4 sizes leave α or β undetermined (issue 15): none is
+    assert {c["op"] for c in curves} == set(fits) == set()
+    assert {f["op"]: f["status"] for f in data["fit"]} == {"all_reduce": "insufficient", "all_to_all": "insufficient"}
     for c in curves:
         f = fits[c["op"]]
         assert c["n_half_bytes"] == pytest.approx(f["n_half_bytes"], rel=1e-9)

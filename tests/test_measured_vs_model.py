@@ -34,11 +34,69 @@ def test_tp_no_overlap_prediction_with_link(tp):
         assert r[8] == ("measured" if r[6] >= 369_715.2 else "model")
 
 
-def test_without_any_alpha_beta_there_is_no_prediction(tp):
+def test_without_link_or_sweep_the_device_preset_is_used(tp):
     store, rid = tp
     rep = build_report(store, rid)
-    assert [r["predicted_exposed_ns"] for r in rep["measured_vs_model"]] == [None, None]
-    assert "run a sweep" in rep["measured_vs_model"][0]["note"]
+    # a CPU gloo run on one host, no --link, no sweep: the loopback_gloo preset (α 100 µs, β 2.5 GB/s × 0.8):
+    #   4 × (2(k−1)·α + 2(k−1)/k·D/β) = 4 × (200 µs + 131,072 B / 2e9 B/s) = 4 × 265.536 µs = 1,062.144 µs
+    for r in rep["measured_vs_model"]:
+        assert r["ab_source"] == "preset:loopback_gloo"
+        assert r["predicted_exposed_ns"] == pytest.approx(1_062_144.0, rel=1e-9)
+
+
+def test_gap_decomposition_adds_up_and_skew_is_the_waiting(tp):
+    """gap = skew + transfer beyond the model + exposure; skew = the rank's waits for the last arrival,
+    computed here independently from the collectives table (pandas)."""
+    store, rid = tp
+    con = store.connect(link="eth25")
+    rows = con.execute(
+        "SELECT rank, steps, comm_ns, overlap_ns, exposed_ns, predicted_comm_ns, predicted_exposed_ns, wait_ns, "
+        "gap_ns, gap_skew_ns, gap_transfer_ns, gap_exposure_ns FROM measured_vs_model ORDER BY rank"
+    ).fetchall()
+    calls = con.execute(
+        "SELECT c.rank, c.pg_name, c.seq, c.ts_ns, e.step FROM collectives c JOIN events e USING (run_id, rank, event_id) "
+        "WHERE c.op IS NOT NULL"
+    ).df()
+    steps = con.execute("SELECT rank, step FROM overlap_by_step WHERE comm_ns > 0").df()
+    calls["wait"] = calls.groupby(["pg_name", "seq"])["ts_ns"].transform("max") - calls["ts_ns"]
+    calls = calls.merge(steps, on=["rank", "step"])
+    for rank, n, comm, ov, exp, pc, pe, w, gap, g_skew, g_tr, g_exp in rows:
+        want = calls.loc[calls["rank"] == rank, "wait"].sum() / n
+        assert w == pytest.approx(min(want, comm), rel=1e-9) and g_skew == w
+        assert gap == pytest.approx(exp - pe, rel=1e-9)
+        assert g_skew + g_tr + g_exp == pytest.approx(gap, rel=1e-9, abs=1e-3)
+        assert g_tr == pytest.approx(comm - w - pc, rel=1e-9)
+        assert g_exp == pytest.approx(pc - pe - ov, rel=1e-9, abs=1e-6)
+
+
+def test_straggler_imposed_wait_on_dlrm(tmp_path):
+    """Each rank's imposed wait = Σ over the instances where it arrived last of the other ranks' waits,
+    checked against pandas on the collectives table of the real 8-rank DLRM set."""
+    from tests.conftest import shared_trace
+
+    d = shared_trace("param_dlrm_8rank_v100")
+    store = Store(tmp_path / "s")
+    ingest_paths([d], store, run_id="dlrm")
+    rep = build_report(store, "dlrm")
+    c = store.connect(analyses=False).execute(
+        "SELECT rank, pg_name, seq, ts_ns FROM collectives WHERE op IS NOT NULL AND op <> 'barrier'"
+    ).df()
+    c = c[c.groupby(["pg_name", "seq"])["rank"].transform("nunique") > 1]
+    last = c.groupby(["pg_name", "seq"])["ts_ns"].transform("max")
+    c["wait"] = last - c["ts_ns"]
+    strag = c.loc[c["ts_ns"] == last].groupby(["pg_name", "seq"])["rank"].agg(list)
+    assert all(len(v) == 1 for v in strag), "ties for last arrival: the straggler is ambiguous"
+    imposed = c.groupby(["pg_name", "seq"])["wait"].sum().rename("imposed").to_frame().join(strag.str[0])
+    want = imposed.groupby("rank")["imposed"].sum().to_dict()
+    got = {r["rank"]: r["wait_caused_ns"] for r in rep["straggler_ranks"]}
+    assert got == {k: pytest.approx(v) for k, v in want.items()}
+    # not the straggler's own skews: those are the largest single wait per instance, a smaller sum
+    own = {r["rank"]: r["skew_sum_ns"] for r in rep["straggler_ranks"]}
+    assert sum(own.values()) < sum(got.values())
+    # the decomposition on real GPU data adds up too
+    for r in rep["measured_vs_model"]:
+        if r["gap_ns"] is not None:
+            assert r["gap_skew_ns"] + r["gap_transfer_ns"] + r["gap_exposure_ns"] == pytest.approx(r["gap_ns"], abs=1e-3)
 
 
 ETH25_ALPHA, ETH25_BETA = 20e-6, 2.5e9  # reference table: 25 GbE, α 20 µs, β 3.125 GB/s × 0.8

@@ -37,10 +37,11 @@ def test_all_reduce_ring_json(capsys):
 
 def test_all_algorithms(capsys):
     data = run_json(capsys, "all_reduce", "--bytes", "100MB", "--ranks", "4", "--link", "nvlink4", "--algo", "all")
-    assert [p["algo"] for p in data["predictions"]] == ["ring", "recursive_doubling", "rabenseifner", "tree", "nvls"]
+    assert [p["algo"] for p in data["predictions"]] == [
+        "ring", "recursive_doubling", "rabenseifner", "tree", "double_binary_tree", "nvls"]
     assert data["skipped"] == []
     data = run_json(capsys, "all_reduce", "--bytes", "100MB", "--ranks", "6", "--link", "nvlink4", "--algo", "all")
-    assert [p["algo"] for p in data["predictions"]] == ["ring", "tree", "nvls"]
+    assert [p["algo"] for p in data["predictions"]] == ["ring", "tree", "double_binary_tree", "nvls"]
     assert [s["algo"] for s in data["skipped"]] == ["recursive_doubling", "rabenseifner"]
 
 
@@ -173,3 +174,45 @@ def test_bad_values_exit_2_with_one_line(capsys, args, needle):
     assert len(lines) == 1, err
     assert lines[0].startswith("tracekit: ")
     assert needle in lines[0]
+
+
+def test_double_binary_tree_listed_and_hand_checked(capsys):
+    data = run_json(capsys, "all_reduce", "--bytes", "1GB", "--ranks", "8", "--link", "nvlink4", "--algo", "all")
+    (p,) = [q for q in data["predictions"] if q["algo"] == "double_binary_tree"]
+    # 2·⌈log₂8⌉·α + 2·D/β = 2·3·2 µs + 2·1e9/360e9 s = 12 µs + 5,555.556 µs
+    assert p["alpha_term_s"] == pytest.approx(12e-6, rel=1e-12)
+    assert p["beta_term_s"] == pytest.approx(2e9 / 360e9, rel=1e-12)
+    assert p["time_s"] == pytest.approx(5.567555555555556e-3, rel=1e-12)
+    # D* = 6α·β/2 = 3 · 720 KB; fixed latency = its α term
+    assert p["crossover_bytes"] == pytest.approx(2.16e6) and p["fixed_latency_s"] == pytest.approx(12e-6)
+    rc, out, _ = run(capsys, "all_reduce", "--bytes", "1GB", "--ranks", "8", "--link", "nvlink4", "--algo", "all")
+    assert rc == 0 and "double_binary_tree" in out and "5.568 ms" in out
+
+
+def test_nics_per_node(capsys):
+    # 4 nodes × 8 GPUs sharing 4 NDR NICs per node: β_out per GPU = 40 GB/s × 4/8 = 20 GB/s
+    data = run_json(
+        capsys,
+        "all_reduce", "--bytes", "1GB", "--nodes", "4", "--gpus-per-node", "8", "--nics-per-node", "4",
+        "--link-in", "nvlink4", "--link-out", "ib_ndr", "--algo", "hierarchical",
+    )
+    assert data["link_out"]["beta_Bps"] == pytest.approx(20e9)
+    # phase 2: 2·3·5 µs + 2·3/4·(1e9/8)/2e10 s = 30 µs + 9.375 ms
+    assert data["phases"][1]["time_s"] == pytest.approx(30e-6 + 9.375e-3)
+    # flat ring over 32 ranks: 2·31·5 µs + 2·31/32·1e9/2e10 s = 310 µs + 96.875 ms
+    assert data["flat_ring"]["time_s"] == pytest.approx(310e-6 + 96.875e-3)
+    assert "62 steps at the inter-node link" in data["flat_assumption"]
+    rc, out, _ = run(
+        capsys,
+        "all_reduce", "--bytes", "1GB", "--nodes", "4", "--gpus-per-node", "8", "--nics-per-node", "4",
+        "--link-in", "nvlink4", "--link-out", "ib_ndr", "--algo", "hierarchical",
+    )
+    assert rc == 0 and "flat ring over 32 ranks" in out
+    # flat multi-node prediction on the shared NICs
+    data = run_json(capsys, "all_reduce", "--bytes", "1GB", "--nodes", "4", "--gpus-per-node", "8",
+                    "--nics-per-node", "4", "--link", "ib_ndr")
+    (p,) = data["predictions"]
+    assert data["ranks"] == 32 and p["time_s"] == pytest.approx(310e-6 + 96.875e-3)
+    assert "share 4 NIC(s)" in data["assumption"]
+    rc, out, err = run(capsys, "all_reduce", "--bytes", "1GB", "--ranks", "32", "--nics-per-node", "4", "--link", "ib_ndr")
+    assert rc == 2 and "--gpus-per-node" in err

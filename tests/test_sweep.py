@@ -221,7 +221,11 @@ def test_fixture_ingest_counts_and_fit(tmp_path):
     }
     for op in ("all_reduce", "all_gather", "all_to_all"):
         status, alpha, beta, n_half = fit[op]
-        assert status == "ok" and alpha > 0 and beta > 0 and n_half > 0, (op, fit[op])
+        assert alpha > 0 and beta > 0 and n_half > 0, (op, fit[op])
+    # gloo on a loaded 2-core host: all_reduce's per-size medians sit on a line (ok); all_gather's and
+    # all_to_all's stray by 23 % and 31 % (poor, judged by issue 15's 15 % bound)
+    assert {op: fit[op][0] for op in ("all_reduce", "all_gather", "all_to_all")} == {
+        "all_reduce": "ok", "all_gather": "poor", "all_to_all": "poor"}
 
 
 def test_fixture_reduce_scatter_ingested_as_reduce_scatter(tmp_path):

@@ -76,10 +76,16 @@ def _rows(con, sql: str, params: Sequence | None = None) -> list[dict]:
     return out
 
 
-def default_presets(backend: str | None, link: str | None = None) -> list[str]:
-    """Preset links drawn beside the fit: ``link`` if given, else a few typical of the backend."""
+def default_presets(backend: str | None, link: str | None = None, device: str | None = None) -> list[str]:
+    """Preset links drawn beside the fit: ``link`` if given, else the device's intra-node preset and
+    its systems' typical NIC (tracekit.model.device_presets), else a few typical of the backend."""
     if link:
         return [link]
+    from tracekit.model import device_presets
+
+    dev = device_presets(device)
+    if dev is not None:
+        return list(dict.fromkeys(dev))
     return list(DEFAULT_PRESETS.get((backend or "").lower(), FALLBACK_PRESETS))
 
 
@@ -103,20 +109,24 @@ def html_data(
     """
     from tracekit.report import build_report
 
+    from tracekit.report import _calibration_runs, apply_reference_options
+
     st = store if isinstance(store, Store) else Store(store)
     if report is None:
         report = build_report(st, run_id, link=link)
     else:
         link = report.get("link")
     rid = report["run"]["run_id"]
-    con = st.connect(run_ids=[rid], link=link)
+    # the same runs and reference options as the report, so that every verdict has the same reference
+    con = st.connect(run_ids=[rid] + [r for r in _calibration_runs(st) if r != rid], link=link)
+    apply_reference_options(con, **(report.get("reference_options") or {}))
     try:
         bandwidth = _rows(
             con,
             """
             SELECT b.pg_name, b.seq, b.op, b.size_bytes, b.group_size, b.sync_time_ns, b.algbw_gbps, b.busbw_gbps,
-                   v.verdict, v.verdict_basis, coalesce(v.efficiency, v.efficiency_link) AS efficiency,
-                   coalesce(v.fit_predicted_ns, v.link_predicted_ns) AS predicted_ns, i.skew_ns, i.straggler
+                   v.verdict, v.verdict_basis, v.reference, v.efficiency, v.efficiency_link, v.crossover_bytes,
+                   v.predicted_ns, i.skew_ns, i.straggler
             FROM collective_bandwidth b
             JOIN collective_instances i USING (run_id, pg_name, seq)
             LEFT JOIN collective_verdicts v USING (run_id, pg_name, seq)
@@ -130,7 +140,8 @@ def html_data(
         waits = _wait_matrix(con, rid)
     finally:
         con.close()
-    names = list(presets) if presets is not None else default_presets(report["run"].get("backend"), link)
+    names = list(presets) if presets is not None else default_presets(
+        report["run"].get("backend"), link, report["run"].get("device_name"))
     return dict(
         report=report,
         bandwidth=bandwidth,
@@ -181,11 +192,15 @@ def model_curves(bandwidth: Sequence[dict], fit: Sequence[dict], presets: Sequen
             pn = predict_collective(op, nh, k, lnk, algo=algo) if nh > 0 else None
             nh_bw = busbw(op, nh, pn.time_s, k) if pn is not None and pn.time_s > 0 else None
             used_algo = p.algo
+            ds = p.crossover_bytes
+            pd = predict_collective(op, ds, k, lnk, algo=algo) if ds else None
+            ds_bw = busbw(op, ds, pd.time_s, k) if pd is not None and pd.time_s > 0 else None
         except TracekitError:
             return None
         return dict(
             op=op, group_size=k, kind=kind, name=lnk.name, algo=used_algo, sizes_bytes=list(sizes), busbw_gbps=ys,
-            n_half_bytes=nh, n_half_busbw_gbps=nh_bw, alpha_s=lnk.alpha_s, beta_gbps=lnk.beta_Bps / 1e9,
+            n_half_bytes=nh, n_half_busbw_gbps=nh_bw, crossover_bytes=ds, crossover_busbw_gbps=ds_bw,
+            fixed_latency_s=p.fixed_latency_s, alpha_s=lnk.alpha_s, beta_gbps=lnk.beta_Bps / 1e9,
         )
 
     for op, rows in by_op.items():
@@ -201,8 +216,9 @@ def model_curves(bandwidth: Sequence[dict], fit: Sequence[dict], presets: Sequen
             except TracekitError:
                 continue
         marks = [r["size_bytes"] for r in rows]
-        marks += [lk.n_half_bytes for _, lk in fit_links if lk.n_half_bytes > 0]
-        marks += [lk.n_half_bytes for lk in links if lk.n_half_bytes > 0]
+        # each line's D* (k·n½ for rings on k ranks) must be on the plot
+        marks += [k_main * lk.n_half_bytes for _, lk in fit_links if lk.n_half_bytes > 0]
+        marks += [k_main * lk.n_half_bytes for lk in links if lk.n_half_bytes > 0]
         lo = max(1.0, 10 ** math.floor(math.log10(min(marks) / 2)))
         hi = 10 ** math.ceil(math.log10(max(marks) * 2))
         sizes = _log_grid(lo, hi)
@@ -443,25 +459,29 @@ def bandwidth_figure(data: dict):
                 ),
                 row=row, col=col,
             )
-            if c["n_half_bytes"] > 0 and c["n_half_busbw_gbps"]:
+            if c.get("crossover_bytes") and c.get("crossover_busbw_gbps"):
                 fig.add_trace(
                     go.Scatter(
-                        x=[c["n_half_bytes"]], y=[c["n_half_busbw_gbps"]], mode="markers",
+                        x=[c["crossover_bytes"]], y=[c["crossover_busbw_gbps"]], mode="markers",
                         marker=dict(symbol="diamond", size=11, color=line["color"], line=dict(color="white", width=1)),
-                        name="n½ = α·β", legendgroup=group, showlegend=False,
-                        hovertemplate=f"n½ of {c['name']} = {fmt_bytes(c['n_half_bytes'])}<extra></extra>",
+                        name="D* (α term = β term)", legendgroup=group, showlegend=False,
+                        hovertemplate=(f"{op} on k={c['group_size']} over {c['name']}: boundary D* = "
+                                       f"{fmt_bytes(c['crossover_bytes'])} (α term = β term); the link's n½ = α·β = "
+                                       f"{fmt_bytes(c['n_half_bytes'])}; fixed latency "
+                                       f"{fmt_num(c['fixed_latency_s'] * 1e6)} µs<extra></extra>"),
                     ),
                     row=row, col=col,
                 )
-            if c["kind"] == "fit" and c["n_half_bytes"] > 0:
+            if c["kind"] == "fit" and c.get("crossover_bytes"):
                 # shapes take data values on a log axis, annotations take log10 of them
                 xref = "x" if n == 0 else f"x{n + 1}"
                 yref = "y domain" if n == 0 else f"y{n + 1} domain"
-                fig.add_shape(type="line", x0=c["n_half_bytes"], x1=c["n_half_bytes"], y0=0, y1=1, xref=xref, yref=yref,
-                              line=dict(color=FIT_COLOR, dash="dot", width=1.5))
-                fig.add_annotation(x=math.log10(c["n_half_bytes"]), y=0.02, xref=xref, yref=yref, yanchor="bottom",
+                fig.add_shape(type="line", x0=c["crossover_bytes"], x1=c["crossover_bytes"], y0=0, y1=1, xref=xref,
+                              yref=yref, line=dict(color=FIT_COLOR, dash="dot", width=1.5))
+                fig.add_annotation(x=math.log10(c["crossover_bytes"]), y=0.02, xref=xref, yref=yref, yanchor="bottom",
                                    xanchor="left", xshift=4,
-                                   text=f"fit n½ = {fmt_bytes(c['n_half_bytes'])}", showarrow=False,
+                                   text=(f"fit D* = {fmt_bytes(c['crossover_bytes'])} (link n½ "
+                                         f"{fmt_bytes(c['n_half_bytes'])})"), showarrow=False,
                                    font=dict(size=13), bgcolor="rgba(255,255,255,0.85)")
         fig.update_xaxes(type="log", exponentformat="SI", dtick=1, title_text="message size S (bytes; k = 10³, M = 10⁶)",
                          row=row, col=col, showline=True, linecolor="#adb5bd")
@@ -720,28 +740,74 @@ def report_tables(report: dict) -> list[Table]:
     furthest from the model, and any ``report['measured_vs_model']`` rows (a list of dicts, e.g.
     a workload's measured-vs-predicted analysis), whose columns are inferred from their keys."""
     tables = []
-    link = report.get("link")
-    basis = f"fit, else the {link} preset" if link else "the run's own α–β fit (analyze --link PRESET adds a preset)"
+    if report.get("references"):
+        tables.append(Table(
+            "Reference of the verdicts", [
+                Column("op", "op"), Column("group_size", "k", fmt_num, True),
+                Column("instances", "instances", fmt_num, True),
+                Column("reference", "reference"), Column("kind", "kind", lambda v: v or "—"),
+                Column("alpha_s", "α per step (µs)", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
+                Column("fixed_latency_ns", "fixed latency (µs)", fmt_us, True),
+                Column("beta_gbps", "β (GB/s)", fmt_num, True),
+                Column("crossover_bytes", "D* (boundary)", fmt_bytes, True),
+                Column("n_half_bytes", "link n½ = α·β", fmt_bytes, True),
+                Column("note", "note", lambda v: v or ""),
+                Column("no_model_reason", "why no model", lambda v: v or ""),
+            ], report["references"],
+            note=("Chosen in order: --link or the user's α/β; the machine's newest ok sweep / nccl-tests fit; the "
+                  "device's preset; the run's own ok fit; else no model, with the reason. D* = A·α·β/B is where the "
+                  "collective's α and β terms are equal."),
+            id="references",
+        ))
     if report.get("verdicts"):
         tables.append(Table(
             "Verdicts and efficiency per op", [
                 Column("op", "op"), Column("verdict", "verdict", lambda v: v or "no model"),
-                Column("verdict_basis", "basis"), Column("count", "instances", fmt_num, True),
-                Column("median_efficiency", "median efficiency (fit)", fmt_num, True),
-                Column("median_efficiency_link", "median efficiency (preset)", fmt_num, True),
+                Column("reference", "reference"), Column("verdict_basis", "kind", lambda v: v or "—"),
+                Column("count", "instances", fmt_num, True),
+                Column("median_efficiency", "median efficiency (reference)", fmt_num, True),
+                Column("median_efficiency_link", "median efficiency (link)", fmt_num, True),
+                Column("link", "link", lambda v: v or "—"),
+                Column("no_model_reason", "why no model", lambda v: v or ""),
             ], report["verdicts"],
-            note=f"efficiency = predicted / measured sync time (1 = as the model says, < 1 slower); model: {basis}.",
+            note="efficiency = predicted / measured sync time (1 = as the model says, < 1 slower).",
             id="verdicts",
+        ))
+    eff = [r for r in report.get("efficiency_by_size") or [] if r.get("link")]
+    if eff:
+        tables.append(Table(
+            "Efficiency against the link per op and size", [
+                Column("op", "op"), Column("group_size", "k", fmt_num, True),
+                Column("bucket_bytes", "size ≥", fmt_bytes, True), Column("count", "instances", fmt_num, True),
+                Column("median_sync_time_ns", "median sync (µs)", fmt_us, True),
+                Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
+                Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True), Column("link", "link"),
+                Column("median_link_predicted_ns", "link model (µs)", fmt_us, True),
+                Column("median_efficiency_link", "efficiency", fmt_num, True),
+                Column("link_regime", "regime", lambda v: v or "—"),
+            ], eff,
+            note=("Power-of-two size buckets, as nccl-tests steps sizes; regime by the link's D*. A bucket at >= 16·D* "
+                  "below 0.5 raises the degraded-link warning."),
+            id="efficiency-by-size",
         ))
     if report.get("fit"):
         tables.append(Table(
             "α–β fit per op and group size", [
                 Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("algo", "algorithm"),
-                Column("n_used", "samples used", fmt_num, True),
-                Column("alpha_s", "α (µs)", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
-                Column("beta_gbps", "β (GB/s)", fmt_num, True), Column("n_half_bytes", "n½", fmt_bytes, True),
-                Column("residual_spread", "residual spread", fmt_pct, True), Column("status", "status"),
+                Column("n_used", "samples used", fmt_num, True), Column("n_sizes", "sizes", fmt_num, True),
+                Column("alpha_s", "α per step (µs)", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
+                Column("alpha_lo_s", "α 95 % low", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
+                Column("alpha_hi_s", "α 95 % high", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
+                Column("fixed_latency_s", "fixed latency (µs)", lambda v: "—" if v is None else f"{v * 1e6:,.2f}", True),
+                Column("beta_gbps", "β (GB/s)", fmt_num, True),
+                Column("beta_lo_gbps", "β 95 % low", fmt_num, True),
+                Column("beta_hi_gbps", "β 95 % high", lambda v: "∞" if v is None else fmt_num(v), True),
+                Column("crossover_bytes", "D*", fmt_bytes, True), Column("n_half_bytes", "link n½", fmt_bytes, True),
+                Column("residual_spread", "residual spread", fmt_pct, True),
+                Column("size_spread", "per-size spread", fmt_pct, True), Column("status", "status"),
+                Column("status_reason", "why", lambda v: v or ""),
             ], report["fit"], id="fit",
+            note="Only ok fits judge anything: >= 3 sizes spanning D*, both parameters determined, per-size spread <= 15 %.",
         ))
     if report.get("furthest_from_model"):
         tables.append(Table(
@@ -868,8 +934,9 @@ FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
     ("bandwidth", "Bandwidth vs message size", bandwidth_figure,
      "Each dot is one collective instance: its size and its bus bandwidth over the sync time (after the last rank "
      "arrived; nccl-tests conventions). Lines are the α–β model: the fit to this run's own instances, and preset "
-     "links for comparison. n½ = α·β is the size that reaches half of β: ◆ marks it on each line, the dotted "
-     "line marks the fit's."),
+     "links for comparison. ◆ marks each line's crossover size D*, where the collective's α term equals its β "
+     "term: the latency/bandwidth boundary for its op, algorithm and k (for a ring on k ranks D* = k·α·β; "
+     "n½ = α·β is the link's, for one message); the dotted line marks the fit's D*."),
     ("timeline", "Timeline", timeline_figure,
      "Per rank: compute (union of compute kernels/ops), communication (light = waiting for the slowest rank, "
      "dark = transfer after the last arrival) and where they overlap. Zoom with the mouse; double-click resets."),

@@ -16,6 +16,34 @@ from tracekit.store import Store
 
 TOP_STRAGGLERS = 10
 
+DEGRADED_BELOW = 0.5
+"""A large-size bucket (>= LARGE_SIZE_FACTOR·D*) whose median efficiency against the reference link (predicted /
+measured sync time) is below this fraction raises the degraded-link warning. 0.5: the α–β model
+with β = 0.8 × nominal already allows for protocol overheads, so a healthy link reaches 0.8–1.1 of
+it at large sizes (superbench's 8× A100 nccl-tests: 0.90–0.95 of nvlink3); half of it is well outside
+run-to-run noise and means a link running at a lower rate or width, or traffic on a slower path."""
+
+LARGE_SIZE_FACTOR = 16
+"""The degraded-link warning looks only at sizes >= this many times the link's crossover size D*,
+where the model's β term is >= 16/17 (94 %) of its time. Just above D* real NCCL stays well under
+the α–β model (protocol switches and chunking it does not model): the superbench 8× A100 nccl-tests
+logs, a healthy machine, reach 0.27–0.55 of nvlink3 at 1–4·D* but 0.66–0.89 at 16–32·D* and
+0.91–0.98 at >= 256·D*."""
+
+NO_WARNING_LINKS = ("loopback_gloo",)
+"""Presets with no data sheet behind them: efficiency is shown, but no degraded-link warning."""
+
+
+def _calibration_runs(st: Store) -> list[str]:
+    """Runs that calibrate a machine (``collect sweep`` runs and nccl-tests logs), newest first."""
+    con = st.connect(analyses=False)
+    try:
+        return [r[0] for r in con.execute(
+            "SELECT run_id FROM runs WHERE workload = 'sweep' OR source = 'nccl_tests' ORDER BY created_at DESC"
+        ).fetchall()]
+    finally:
+        con.close()
+
 
 def _rows(con, sql: str, params: list | None = None) -> list[dict]:
     cur = con.execute(sql, params or [])
@@ -31,19 +59,57 @@ def _rows(con, sql: str, params: list | None = None) -> list[dict]:
     return out
 
 
-def build_report(store: Store | str | None = None, run_id: str | None = None, link: str | None = None) -> dict[str, Any]:
+def apply_reference_options(con, alpha_s=None, beta_Bps=None, nics_per_node=None) -> None:
+    """Set the user's α/β (seconds, bytes/s; both or neither) and NICs per node on an analysis
+    connection and rebuild ``collective_reference`` (the verdicts' views read it lazily).
+    Raises BadInputError for one of α/β alone, bad values, or a NIC count < 1."""
+    from tracekit.errors import BadInputError
+
+    if (alpha_s is None) != (beta_Bps is None):
+        raise BadInputError("give both α and β (--alpha and --beta), or neither")
+    if alpha_s is None and nics_per_node is None:
+        return
+    from analyses.fit import create_reference
+    from tracekit.model import custom_link
+
+    if alpha_s is not None:
+        custom_link(alpha_s, beta_Bps)  # validates: one-line BadInputError
+        con.execute("SET VARIABLE tk_alpha = ?", [float(alpha_s)])
+        con.execute("SET VARIABLE tk_beta = ?", [float(beta_Bps)])
+    if nics_per_node is not None:
+        if isinstance(nics_per_node, bool) or not isinstance(nics_per_node, int) or nics_per_node < 1:
+            raise BadInputError(f"bad --nics-per-node {nics_per_node!r}: expected an integer >= 1")
+        con.execute("SET VARIABLE tk_nics_per_node = ?", [int(nics_per_node)])
+    create_reference(con)
+
+
+def build_report(
+    store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
+    alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None,
+) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings),
     ``collectives`` (per op: count, bytes, median sync time, busbw, total wait),
     ``unattributed`` (comm spans with no collective), ``instances`` (matching
     health), ``overlap_by_rank``, ``overlap_by_step``, ``stragglers`` (worst
-    instances by skew) and ``straggler_ranks``, ``fit`` (α, β, n½ per op from
+    instances by skew) and ``straggler_ranks`` (per rank: times it arrived last, ``wait_caused_ns``
+    = the waiting it imposed on the others, Σ over those instances of the other ranks' waits, and
+    ``skew_sum_ns`` = Σ of those instances' largest wait), ``fit`` (α, β, n½ per op from
     alpha_beta_fit), ``verdicts`` (counts per op and verdict), ``furthest_from_model``
     (lowest efficiency), ``link`` (the preset compared with, or None),
     ``measured_vs_model`` (per rank: measured vs predicted exposed communication per
-    step; α/β from --link, else the newest sweep run, else this run's fit), ``warnings``.
-    Raises StoreError when the store is empty or the run is unknown.
+    step; α/β from --link, else the newest sweep run, else this run's fit), ``warnings``;
+    ``references`` (per op, group size and reference: what the verdicts were judged against,
+    with α, β, the collective's crossover size D* and fixed latency, or the reason for "no
+    model"), ``efficiency_by_size`` (per op, group size and power-of-two size bucket: median
+    efficiency against the reference link, and whether the bucket is in the bandwidth regime) and
+    ``degraded_links`` (the buckets that raised the degraded-link warning).
+    ``alpha_s`` and ``beta_Bps`` (both, seconds and bytes/s) are the user's own α/β, used as the
+    reference for every verdict; ``nics_per_node`` shares a node's NICs among its GPUs for groups
+    across hosts (collective_reference).
+    Raises StoreError when the store is empty or the run is unknown; BadInputError for a bad
+    α/β or NIC count.
     """
     from tracekit.errors import StoreError
 
@@ -53,8 +119,11 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
     elif not st.has_run(run_id):
         known = ", ".join(st.run_ids()[:8]) or "none"
         raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
-    sweep = st.latest_run_id("sweep", required=False)  # its α/β feed measured_vs_model
-    con = st.connect(run_ids=[run_id] + ([sweep] if sweep and sweep != run_id else []), link=link)
+    # every calibration run (sweeps, nccl-tests logs) is read too: the verdicts' reference may be one
+    calib = [r for r in _calibration_runs(st) if r != run_id]
+    con = st.connect(run_ids=[run_id] + calib, link=link)
+    options = dict(alpha_s=alpha_s, beta_Bps=beta_Bps, nics_per_node=nics_per_node)
+    apply_reference_options(con, **options)
     p = [run_id]
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
     try:
@@ -126,42 +195,101 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
     straggler_ranks = _rows(
         con,
         """
-        SELECT straggler AS rank, count(*) AS times_last, sum(skew_ns) AS wait_caused_ns
-        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1
-        GROUP BY straggler ORDER BY wait_caused_ns DESC
+        WITH w AS (
+            SELECT pg_name, seq, sum(wait_ns) AS imposed_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL
+        )
+        SELECT i.straggler AS rank, count(*) AS times_last, sum(w.imposed_ns) AS wait_caused_ns,
+               sum(i.skew_ns) AS skew_sum_ns
+        FROM collective_instances i JOIN w USING (pg_name, seq)
+        WHERE i.run_id = ? AND i.ranks_seen > 1
+        GROUP BY i.straggler ORDER BY wait_caused_ns DESC, rank
         """,
-        p,
+        [run_id, run_id],
     )
     fit = _rows(
         con,
-        "SELECT op, group_size, algo, source, n_samples, n_used, n_dropped, n_warmup, alpha_s, beta_gbps, "
-        "n_half_bytes, residual_spread, residual_max_abs, min_size_bytes, max_size_bytes, status "
+        "SELECT op, group_size, algo, source, n_samples, n_used, n_dropped, n_warmup, n_sizes, alpha_s, alpha_se_s, "
+        "alpha_lo_s, alpha_hi_s, fixed_latency_s, beta_gbps, beta_se_Bps / 1e9 AS beta_se_gbps, "
+        "beta_lo_Bps / 1e9 AS beta_lo_gbps, beta_hi_Bps / 1e9 AS beta_hi_gbps, n_half_bytes, crossover_bytes, "
+        "residual_spread, size_spread, residual_max_abs, min_size_bytes, max_size_bytes, status, status_reason "
         "FROM alpha_beta_fit WHERE run_id = ? ORDER BY op, group_size",
         p,
     )
     # collective_verdicts calls the model (Python UDFs) for every instance: evaluate it once for both queries
     con.execute(
         "CREATE OR REPLACE TEMP TABLE __report_verdicts AS "
-        "SELECT op, verdict, verdict_basis, efficiency, efficiency_link, pg_name, seq, size_bytes, group_size, "
-        "sync_time_ns, skew_ns, fit_predicted_ns, link_predicted_ns, best_algo, best_predicted_ns "
+        "SELECT op, verdict, verdict_basis, reference, ref_note, no_model_reason, efficiency, efficiency_link, "
+        "pg_name, seq, size_bytes, group_size, sync_time_ns, skew_ns, predicted_ns, fit_predicted_ns, "
+        "link_predicted_ns, best_algo, best_predicted_ns, ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, "
+        "crossover_bytes, link, link_crossover_bytes, tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps "
         "FROM collective_verdicts WHERE run_id = ?",
         p,
     )
     verdicts = _rows(
         con,
-        "SELECT op, verdict, verdict_basis, count(*) AS count, median(efficiency) AS median_efficiency, "
-        "median(efficiency_link) AS median_efficiency_link "
-        "FROM __report_verdicts GROUP BY ALL ORDER BY op, verdict",
+        "SELECT op, verdict, verdict_basis, coalesce(reference, 'no model') AS reference, count(*) AS count, "
+        "median(efficiency) AS median_efficiency, median(efficiency_link) AS median_efficiency_link, "
+        "any_value(link) AS link, any_value(no_model_reason) AS no_model_reason "
+        "FROM __report_verdicts GROUP BY ALL ORDER BY op, verdict, reference",
+    )
+    references = _rows(
+        con,
+        """
+        SELECT op, group_size, verdict_basis AS kind, coalesce(reference, 'no model') AS reference,
+               any_value(ref_note) AS note, any_value(no_model_reason) AS no_model_reason, count(*) AS instances,
+               any_value(ref_alpha_s) AS alpha_s, any_value(ref_beta_Bps) / 1e9 AS beta_gbps,
+               any_value(ref_alpha_s * ref_beta_Bps) AS n_half_bytes, any_value(crossover_bytes) AS crossover_bytes,
+               any_value(ref_alpha_term_ns) AS fixed_latency_ns, any_value(link) AS link,
+               any_value(link_crossover_bytes) AS link_crossover_bytes
+        FROM __report_verdicts GROUP BY op, group_size, verdict_basis, reference ORDER BY op, group_size, reference
+        """,
+    )
+    own_fit = sum(r["instances"] for r in references if r["kind"] == "own_fit")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE __report_buckets AS "
+        "SELECT *, CAST(2 ** floor(log2(size_bytes)) AS BIGINT) AS bucket_bytes FROM __report_verdicts "
+        "WHERE size_bytes > 0"
+    )
+    efficiency_by_size = _rows(
+        con,
+        """
+        SELECT op, group_size, bucket_bytes, count(*) AS count, median(sync_time_ns) AS median_sync_time_ns,
+               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps,
+               median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
+               any_value(link) AS link, median(link_predicted_ns) AS median_link_predicted_ns,
+               median(efficiency_link) AS median_efficiency_link, any_value(link_crossover_bytes) AS link_crossover_bytes,
+               CASE WHEN any_value(link_crossover_bytes) IS NULL THEN NULL
+                    WHEN bucket_bytes >= any_value(link_crossover_bytes) THEN 'bandwidth' ELSE 'latency' END AS link_regime
+        FROM __report_buckets GROUP BY op, group_size, bucket_bytes ORDER BY op, group_size, bucket_bytes
+        """,
+    )
+    # degraded links: per group and bucket, large-size instances (>= 16·D* of the link) well below
+    # the link; hosts from the reference table
+    degraded = _rows(
+        con,
+        f"""
+        SELECT v.op, v.group_size, v.pg_name, v.bucket_bytes, any_value(v.link) AS link, count(*) AS count,
+               median(v.efficiency_link) AS median_efficiency_link, median(v.busbw_gbps) AS median_busbw_gbps,
+               any_value(r.hosts) AS hosts, any_value(r.link_beta_Bps) / 1e9 AS link_beta_gbps
+        FROM __report_buckets v
+        LEFT JOIN collective_reference r
+               ON r.run_id = ? AND r.pg_name = v.pg_name AND r.op = v.op AND r.group_size = v.group_size
+        WHERE v.link IS NOT NULL AND v.link NOT IN ({", ".join("'" + x + "'" for x in NO_WARNING_LINKS)})
+          AND v.size_bytes >= {LARGE_SIZE_FACTOR} * v.link_crossover_bytes AND v.efficiency_link IS NOT NULL
+        GROUP BY v.op, v.group_size, v.pg_name, v.bucket_bytes
+        HAVING median(v.efficiency_link) < {DEGRADED_BELOW}
+        ORDER BY v.op, v.group_size, v.pg_name, v.bucket_bytes
+        """,
+        p,
     )
     furthest = _rows(
         con,
         f"""
-        SELECT pg_name, seq, op, size_bytes, group_size, sync_time_ns, skew_ns, verdict, verdict_basis,
-               coalesce(fit_predicted_ns, link_predicted_ns) AS predicted_ns,
-               coalesce(efficiency, efficiency_link) AS efficiency, best_algo, best_predicted_ns
+        SELECT pg_name, seq, op, size_bytes, group_size, sync_time_ns, skew_ns, verdict, verdict_basis, reference,
+               predicted_ns, efficiency, efficiency_link, crossover_bytes, best_algo, best_predicted_ns
         FROM __report_verdicts
-        WHERE coalesce(efficiency, efficiency_link) IS NOT NULL
-        ORDER BY coalesce(efficiency, efficiency_link) ASC, pg_name, seq LIMIT {TOP_STRAGGLERS}
+        WHERE efficiency IS NOT NULL
+        ORDER BY efficiency ASC, pg_name, seq LIMIT {TOP_STRAGGLERS}
         """,
     )
     mvm = _rows(con, "SELECT * EXCLUDE (run_id) FROM measured_vs_model WHERE run_id = ? ORDER BY rank", p)
@@ -186,6 +314,19 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         )
     if inst["disagreeing"]:
         warnings.append(f"{inst['disagreeing']} collective instance(s) where ranks disagree on op or size")
+    for d in degraded:
+        hosts = d.get("hosts") or "hosts not recorded"
+        warnings.append(
+            f"{d['op']} on {d['group_size']} ranks (group {d['pg_name']}, {hosts}) at {_bytes(d['bucket_bytes'])}–"
+            f"{_bytes(2 * d['bucket_bytes'])} reaches {d['median_efficiency_link']:.0%} of {d['link']} "
+            f"(median busbw {_num(d['median_busbw_gbps'])} GB/s against β {_num(d['link_beta_gbps'])} GB/s, "
+            f"{d['count']} instance(s) at >= {LARGE_SIZE_FACTOR}·D*): link degraded or misconfigured?"
+        )
+    if own_fit:
+        warnings.append(
+            f"{own_fit} instance(s) judged with a fit from this run's own instances (no sweep, nccl-tests fit "
+            "or preset applies): their efficiency is ≈ 1 by construction; run `tracekit collect sweep` or pass --link"
+        )
     con.close()
     return dict(
         run=run,
@@ -201,6 +342,10 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         link=link,
         fit=fit,
         verdicts=verdicts,
+        references=references,
+        reference_options={k: v for k, v in options.items() if v is not None},
+        efficiency_by_size=efficiency_by_size,
+        degraded_links=degraded,
         furthest_from_model=furthest,
         measured_vs_model=mvm,
         warnings=warnings,
@@ -288,43 +433,95 @@ def print_report(report: dict, console=None) -> None:
             t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), _bytes(r["size_bytes"]), str(r["straggler"]),
                       _us(r["skew_ns"]), _us(r["sync_time_ns"]))
         con.print(t)
+    if report.get("straggler_ranks"):
+        t = Table(title="Stragglers by rank (the waiting each imposed on the others)")
+        for col in ("rank", "times last", "waiting imposed ms", "largest waits summed ms"):
+            t.add_column(col, justify="right")
+        for r in report["straggler_ranks"]:
+            t.add_row(str(r["rank"]), str(r["times_last"]), _ms(r["wait_caused_ns"]), _ms(r["skew_sum_ns"]))
+        con.print(t)
     if report.get("fit"):
-        t = Table(title="α–β fit per op (this run's sync times; weighted by relative error)")
-        for col in ("op", "k", "samples used", "α µs", "β GB/s", "n½", "residual spread", "status"):
+        t = Table(title="α–β fit per op (this run's sync times; weighted by relative error; only 'ok' fits judge anything)")
+        for col in ("op", "k", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)", "D*",
+                    "link n½", "spread (sizes)", "status"):
             t.add_column(col, justify="left" if col in ("op", "status") else "right", no_wrap=(col == "op"))
         for r in report["fit"]:
-            t.add_row(r["op"], str(r["group_size"]), f"{r['n_used']}/{r['n_samples']}",
-                      _num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6, "{:,.2f}"), _num(r["beta_gbps"]),
-                      _bytes(r["n_half_bytes"]), _pct(r["residual_spread"]), r["status"])
+            a = r["alpha_s"]
+            alpha = "—" if a is None else (
+                f"{a * 1e6:,.2f} ({_num(None if r['alpha_lo_s'] is None else r['alpha_lo_s'] * 1e6)}–"
+                f"{_num(None if r['alpha_hi_s'] is None else r['alpha_hi_s'] * 1e6)})")
+            beta = "—" if r["beta_gbps"] is None else (
+                f"{r['beta_gbps']:,.2f} ({_num(r['beta_lo_gbps'])}–{_num(r['beta_hi_gbps']) if r['beta_hi_gbps'] is not None else '∞'})")
+            status = r["status"] + (f": {r['status_reason']}" if r.get("status_reason") else "")
+            t.add_row(r["op"], str(r["group_size"]), f"{r['n_used']}/{r['n_samples']}", str(r.get("n_sizes") or 0),
+                      alpha, _us(None if r["fixed_latency_s"] is None else r["fixed_latency_s"] * 1e9), beta,
+                      _bytes(r["crossover_bytes"]), _bytes(r["n_half_bytes"]),
+                      f"{_pct(r['residual_spread'])} ({_pct(r.get('size_spread'))})", status)
+        t.caption = ("D* = the collective's crossover size (α term = β term): its latency/bandwidth boundary; "
+                     "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
+                     "(of the per-size medians, which is judged: ok <= 15 %)")
+        con.print(t)
+    if report.get("references"):
+        t = Table(title="Reference of the verdicts (what each op was judged against)")
+        for col in ("op", "k", "instances", "reference", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)",
+                    "link n½", "note"):
+            t.add_column(col, justify="left" if col in ("op", "reference", "note") else "right")
+        for r in report["references"]:
+            note = r["no_model_reason"] if r["kind"] is None else (r["note"] or "")
+            t.add_row(r["op"], str(r["group_size"]), str(r["instances"]),
+                      r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""),
+                      _num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6), _us(r["fixed_latency_ns"]),
+                      _num(r["beta_gbps"]), _bytes(r["crossover_bytes"]), _bytes(r["n_half_bytes"]), note or "")
         con.print(t)
     if report.get("verdicts"):
-        basis = f"fit, else {report['link']}" if report.get("link") else "fit (use --link PRESET to compare with a link)"
-        t = Table(title=f"Verdicts (model basis: {basis})")
-        for col in ("op", "verdict", "basis", "count", "median efficiency"):
-            t.add_column(col, justify="right" if col in ("count", "median efficiency") else "left")
+        t = Table(title="Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
+        for col in ("op", "verdict", "reference", "count", "median efficiency", "vs link"):
+            t.add_column(col, justify="right" if col in ("count", "median efficiency", "vs link") else "left")
         for r in report["verdicts"]:
-            eff = r["median_efficiency"] if r["median_efficiency"] is not None else r["median_efficiency_link"]
-            t.add_row(r["op"], r["verdict"] or "no model", r["verdict_basis"] or "—", str(r["count"]), _num(eff))
+            ref = r["reference"] + (f" [{r['verdict_basis']}]" if r["verdict_basis"] else "")
+            verdict = r["verdict"] or ("no model: " + (r.get("no_model_reason") or "no reference"))
+            link = "" if not r.get("link") else f" ({r['link']})"
+            t.add_row(r["op"], verdict, ref, str(r["count"]), _num(r["median_efficiency"]),
+                      _num(r["median_efficiency_link"]) + link)
+        con.print(t)
+    eff = [r for r in report.get("efficiency_by_size") or [] if r.get("link")]
+    if eff:
+        t = Table(title="Efficiency against the link per op and size (predicted / measured sync time; "
+                        "nccl-tests-style buckets)")
+        for col in ("op", "k", "size ≥", "count", "median sync µs", "median busbw GB/s", "peak busbw GB/s",
+                    "link", "link µs", "efficiency", "regime"):
+            t.add_column(col, justify="left" if col in ("op", "link", "regime") else "right")
+        for r in eff:
+            t.add_row(r["op"], str(r["group_size"]), _bytes(r["bucket_bytes"]), str(r["count"]),
+                      _us(r["median_sync_time_ns"]), _num(r["median_busbw_gbps"]), _num(r["peak_busbw_gbps"]),
+                      r["link"], _us(r["median_link_predicted_ns"]), _num(r["median_efficiency_link"]),
+                      r["link_regime"] or "—")
+        t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
+                     "raises the degraded-link warning")
         con.print(t)
     if report.get("furthest_from_model"):
-        t = Table(title="Furthest from the model (lowest predicted/measured)")
-        for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "best algo"):
-            t.add_column(col, justify="left" if col in ("op", "verdict", "best algo") else "right")
+        t = Table(title="Furthest from the model (lowest predicted/measured under each verdict's reference)")
+        for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "reference", "best algo"):
+            t.add_column(col, justify="left" if col in ("op", "verdict", "reference", "best algo") else "right")
         for r in report["furthest_from_model"]:
             t.add_row(r["op"], str(r["seq"]), _bytes(r["size_bytes"]), _us(r["sync_time_ns"]), _us(r["predicted_ns"]),
-                      _num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
+                      _num(r["efficiency"]), r["verdict"] or "—", r.get("reference") or "—", r["best_algo"] or "—")
         con.print(t)
     if report.get("measured_vs_model"):
         t = Table(title="Measured vs model (per step, exposed communication)")
         for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms", "model", "predicted comm ms",
-                    "predicted exposed ms", "gap", "α/β from"):
+                    "predicted exposed ms", "gap", "gap ms", "skew", "transfer", "exposure", "α/β from"):
             t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
         for r in report["measured_vs_model"]:
             gap = "—" if r["gap_ratio"] is None else f"{r['gap_ratio']:.2f}× ({r['larger']} larger)"
             t.add_row(str(r["rank"]), _ms(r["compute_ns"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _ms(r["exposed_ns"]),
-                      r["model"], _ms(r["predicted_comm_ns"]), _ms(r["predicted_exposed_ns"]), gap, r["ab_source"] or "—")
+                      r["model"], _ms(r["predicted_comm_ns"]), _ms(r["predicted_exposed_ns"]), gap,
+                      _ms(r.get("gap_ns")), _ms(r.get("gap_skew_ns")), _ms(r.get("gap_transfer_ns")),
+                      _ms(r.get("gap_exposure_ns")), r["ab_source"] or "—")
         notes = sorted({r["note"] for r in report["measured_vs_model"] if r.get("note")})
-        t.caption = "; ".join(notes)
+        t.caption = "; ".join(notes + [
+            "gap ms = exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond the α–β model) "
+            "+ exposure (what the overlap model would hide, minus what was hidden)"])
         con.print(t)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")

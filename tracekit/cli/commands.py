@@ -92,11 +92,17 @@ def analyze(
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     link: Optional[str] = typer.Option(None, "--link", help="Also compare every collective with this link preset (nvlink4, ib_ndr, ...)."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report with plots to this file."),
+    alpha: Optional[str] = typer.Option(None, "--alpha", help="Judge every collective with this α per step (e.g. 5us); needs --beta."),
+    beta: Optional[str] = typer.Option(None, "--beta", help="... and this effective β per direction (e.g. 40GB/s)."),
+    nics_per_node: Optional[int] = typer.Option(None, "--nics-per-node", help="NICs per node shared by its GPUs, for groups across hosts (default one per GPU)."),
 ) -> None:
     """The report for a run: collectives, overlap, stragglers, α–β fit and verdicts."""
+    from tracekit.model import parse_bandwidth, parse_time
     from tracekit.report import build_report, print_report, report_json
 
-    rep = build_report(_store(store), run, link=link)
+    rep = build_report(_store(store), run, link=link,
+                       alpha_s=None if alpha is None else parse_time(alpha),
+                       beta_Bps=None if beta is None else parse_bandwidth(beta), nics_per_node=nics_per_node)
     if html_out is not None:
         from tracekit.html_report import write_html_report
 

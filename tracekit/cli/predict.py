@@ -90,7 +90,15 @@ def _resolve_link(
 
 
 def _link_caption(link: model.Link) -> str:
-    return f"{link.name}: α {_ft(link.alpha_s)}, β {_fbw(link.beta_Bps)}, n½ {_fb(link.n_half_bytes)}"
+    return (f"{link.name}: α {_ft(link.alpha_s)} per step, β {_fbw(link.beta_Bps)}, n½ {_fb(link.n_half_bytes)} "
+            "(the link's; a collective's boundary is its D*)")
+
+
+def _flat_assumption(link: model.Link, nics_per_node: int, gpus_per_node: int) -> str:
+    return (
+        f"assumes every step crosses the network: {gpus_per_node} GPUs per node share {nics_per_node} NIC(s), "
+        f"β per GPU = NIC β × {min(nics_per_node, gpus_per_node)}/{gpus_per_node} = {_fbw(link.beta_Bps)}"
+    )
 
 
 def _prediction_rows(table, preds: list[model.Prediction], label: Callable[[model.Prediction], str]) -> None:
@@ -102,6 +110,7 @@ def _prediction_rows(table, preds: list[model.Prediction], label: Callable[[mode
             _ft(p.beta_term_s),
             str(p.steps),
             _fb(p.bytes_per_rank_sent),
+            "—" if p.crossover_bytes is None else _fb(p.crossover_bytes),
             p.verdict,
         )
 
@@ -120,21 +129,38 @@ def _run_collective(
     link_in: Optional[str],
     link_out: Optional[str],
     as_json: bool,
+    nics_per_node: Optional[int] = None,
 ) -> None:
     size_bytes = model.parse_bytes(size)
     hierarchical = algo is not None and algo.strip().lower() == "hierarchical"
     if hierarchical:
         _run_hierarchical(
-            op, size_bytes, ranks, link, alpha, beta, efficiency, nodes, gpus_per_node, link_in, link_out, as_json
+            op, size_bytes, ranks, link, alpha, beta, efficiency, nodes, gpus_per_node, link_in, link_out, as_json,
+            nics_per_node,
         )
         return
-    if nodes is not None or gpus_per_node is not None or link_in is not None or link_out is not None:
+    flat_multi_node = nics_per_node is not None
+    if flat_multi_node:
+        # a flat collective across nodes on a network preset whose NICs the node's GPUs share
+        if link is None or gpus_per_node is None:
+            raise BadInputError("--nics-per-node needs --link NETWORK_PRESET and --gpus-per-node G (or --algo hierarchical)")
+        if nodes is not None and ranks is not None and ranks != nodes * gpus_per_node:
+            raise BadInputError(f"--ranks {ranks} disagrees with --nodes {nodes} × --gpus-per-node {gpus_per_node}")
+        if ranks is None and nodes is not None:
+            ranks = nodes * gpus_per_node
+    elif nodes is not None or gpus_per_node is not None or link_in is not None or link_out is not None:
         raise BadInputError("--nodes, --gpus-per-node, --link-in and --link-out go with --algo hierarchical")
     if ranks is None:
         if op != "send":
             raise BadInputError(f"{op} needs --ranks K (the group size)")
         ranks = 2
-    the_link = _resolve_link(link, alpha, beta, efficiency)
+    if flat_multi_node:
+        the_link = model.network_link(link, nics_per_node, gpus_per_node, efficiency=efficiency).with_overrides(
+            alpha_s=model.parse_time(alpha) if alpha is not None else None,
+            beta_Bps=model.parse_bandwidth(beta) if beta is not None else None,
+        )
+    else:
+        the_link = _resolve_link(link, alpha, beta, efficiency)
     result = model.predict_collective(op, size_bytes, ranks, the_link, algo=algo)
     preds = result if isinstance(result, list) else [result]
     skipped = []
@@ -154,15 +180,18 @@ def _run_collective(
                 "link": the_link.to_dict(),
                 "predictions": [p.to_dict() for p in preds],
                 "skipped": skipped,
+                **({"assumption": _flat_assumption(the_link, nics_per_node, gpus_per_node)} if flat_multi_node else {}),
             }
         )
         return
     caption = _link_caption(the_link)
+    if flat_multi_node:
+        caption += "; " + _flat_assumption(the_link, nics_per_node, gpus_per_node)
     if skipped:
         caption += "; skipped: " + ", ".join(f"{s['algo']} ({s['reason']})" for s in skipped)
     table = _table(
         f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks",
-        ["algorithm", "time", "α term", "β term", "steps", "sent/rank", "verdict"],
+        ["algorithm", "time", "α term = fixed latency", "β term", "steps", "sent/rank", "D* (boundary)", "verdict"],
         caption,
     )
     _prediction_rows(table, preds, lambda p: p.algo)
@@ -182,6 +211,7 @@ def _run_hierarchical(
     link_in: Optional[str],
     link_out: Optional[str],
     as_json: bool,
+    nics_per_node: Optional[int] = None,
 ) -> None:
     if op != "all_reduce":
         raise BadInputError(f"--algo hierarchical is an all_reduce algorithm, not one for {op}")
@@ -203,7 +233,7 @@ def _run_hierarchical(
     if ranks is not None and ranks != nodes * gpus_per_node:
         raise BadInputError(f"--ranks {ranks} disagrees with --nodes {nodes} × --gpus-per-node {gpus_per_node}")
     lin = model.link_from_preset(link_in, efficiency=efficiency)
-    lout = model.link_from_preset(link_out, efficiency=efficiency)
+    lout = model.network_link(link_out, nics_per_node, gpus_per_node, efficiency=efficiency)
     h = model.hierarchical_all_reduce(size_bytes, nodes, gpus_per_node, lin, lout)
     if as_json:
         payload = h.to_dict()
@@ -213,7 +243,7 @@ def _run_hierarchical(
         return
     table = _table(
         f"all_reduce of {_fb(size_bytes)} per rank on {nodes} nodes × {gpus_per_node} GPUs",
-        ["phase", "ranks", "bytes", "link", "time", "α term", "β term", "verdict"],
+        ["phase", "ranks", "bytes", "link", "time", "α term = fixed latency", "β term", "verdict"],
         f"in: {_link_caption(lin)} | out: {_link_caption(lout)}",
     )
     def row(label: str, ranks: int, size: float, link_name: str, r) -> None:
@@ -229,6 +259,7 @@ def _run_hierarchical(
     console.print(table)
     if h.speedup_vs_flat is not None:
         console.print(f"hierarchical is {h.speedup_vs_flat:.3g}× the speed of the flat ring")
+    console.print(f"[dim]{h.flat_assumption}[/dim]")
 
 
 def _make_collective_command(op: str):
@@ -250,6 +281,11 @@ def _make_collective_command(op: str):
         gpus_per_node: Optional[str] = typer.Option(None, "--gpus-per-node", help="Hierarchical: GPUs per node G."),
         link_in: Optional[str] = typer.Option(None, "--link-in", help="Hierarchical: intra-node link preset."),
         link_out: Optional[str] = typer.Option(None, "--link-out", help="Hierarchical: inter-node link preset."),
+        nics_per_node: Optional[str] = typer.Option(
+            None, "--nics-per-node",
+            help="Multi-node: NICs per node shared by --gpus-per-node GPUs (β per GPU = NIC β × nics/G); "
+                 "default one NIC per GPU.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON (seconds, bytes)."),
     ) -> None:
         _run_collective(
@@ -266,6 +302,7 @@ def _make_collective_command(op: str):
             link_in,
             link_out,
             as_json,
+            _int(nics_per_node, "--nics-per-node"),
         )
 
     command.__doc__ = f"Predict {op} time per algorithm (time, α and β terms, steps, bytes sent, verdict)."

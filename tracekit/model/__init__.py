@@ -29,6 +29,9 @@ from tracekit.model.collectives import (
     Prediction,
     algorithm_coefficients,
     applicable_algorithms,
+    crossover_size,
+    double_binary_tree_all_reduce_time,
+    fixed_latency,
     hierarchical_all_reduce,
     nvls_all_reduce_time,
     p2p_time,
@@ -48,14 +51,17 @@ from tracekit.model.collectives import (
 from tracekit.model.fit import AlphaBetaFit, fit_alpha_beta, fit_unweighted
 from tracekit.model.links import (
     DEFAULT_EFFICIENCY,
+    DEVICE_PRESETS,
     LINK_PRESETS,
     Link,
     LinkPreset,
     achieved_fraction,
     custom_link,
+    device_presets,
     link_from_preset,
     message_time,
     n_half,
+    network_link,
 )
 from tracekit.model.ops import CANONICAL_OPS, canonical_op
 from tracekit.model.overlap import (
@@ -88,6 +94,9 @@ __all__ = [
     "ChunkedOverlap",
     "Coefficients",
     "DEFAULT_EFFICIENCY",
+    "DEVICE_PRESETS",
+    "device_presets",
+    "network_link",
     "HierarchicalPrediction",
     "LINK_PRESETS",
     "LayerTransfer",
@@ -106,6 +115,9 @@ __all__ = [
     "canonical_op",
     "chunked_overlap",
     "custom_link",
+    "crossover_size",
+    "double_binary_tree_all_reduce_time",
+    "fixed_latency",
     "fit_alpha_beta",
     "fit_unweighted",
     "format_bandwidth",

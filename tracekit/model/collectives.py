@@ -44,6 +44,9 @@ __all__ = [
     "recursive_doubling_all_reduce_time",
     "rabenseifner_all_reduce_time",
     "tree_all_reduce_time",
+    "double_binary_tree_all_reduce_time",
+    "crossover_size",
+    "fixed_latency",
     "nvls_all_reduce_time",
     "pairwise_all_to_all_time",
     "p2p_time",
@@ -55,7 +58,7 @@ __all__ = [
 ]
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "recursive_doubling", "rabenseifner", "tree", "nvls"),
+    "all_reduce": ("ring", "recursive_doubling", "rabenseifner", "tree", "double_binary_tree", "nvls"),
     "all_gather": ("ring",),
     "reduce_scatter": ("ring",),
     "all_to_all": ("pairwise",),
@@ -91,9 +94,12 @@ class Prediction:
     time_s = alpha_term_s + beta_term_s (seconds); steps: sequential messages;
     bytes_per_rank_sent: bytes one rank's link carries on the critical path
     (β term × β); verdict: latency-bound when alpha_term_s >= beta_term_s;
-    n_half_bytes: the link's n½ = α·β; crossover_bytes: the size D at which
-    this algorithm's α and β terms are equal (below it: latency-bound), None
-    when the β term does not grow with D.
+    n_half_bytes: the link's n½ = α·β (a property of the link: one message);
+    crossover_bytes: the collective's crossover size D* at which this
+    algorithm's α and β terms are equal (below it: latency-bound; the
+    latency/bandwidth boundary of this op, algorithm and k), None when the β
+    term does not grow with D; fixed_latency_s: the collective's fixed cost,
+    its α term at D → 0 (steps × α = alpha_term_s), seconds.
     """
 
     op: str
@@ -109,6 +115,7 @@ class Prediction:
     verdict: str
     n_half_bytes: float
     crossover_bytes: float | None
+    fixed_latency_s: float = 0.0
 
     def to_dict(self) -> dict:
         """Snake-case dict: seconds, bytes, plain numbers and strings (JSON-ready)."""
@@ -142,7 +149,7 @@ def _ceil_log2(k: int) -> int:
 
 def _check_algo(op: str, algo: str) -> str:
     a = str(algo).strip().lower().replace("-", "_")
-    a = {"rd": "recursive_doubling", "in_switch": "nvls", "sharp": "nvls", "point_to_point": "p2p"}.get(a, a)
+    a = {"rd": "recursive_doubling", "in_switch": "nvls", "dbt": "double_binary_tree", "sharp": "nvls", "point_to_point": "p2p"}.get(a, a)
     if a not in ALGORITHMS[op]:
         raise BadInputError(f"no algorithm {algo!r} for {op}: expected one of {', '.join(ALGORITHMS[op])}")
     return a
@@ -167,6 +174,8 @@ def algorithm_coefficients(op: str, algo: str, ranks: int) -> Coefficients:
     all_reduce rabenseifner       2·log₂k        2(k−1)/k    Thakur et al. 2005
     all_reduce tree               2·⌈log₂k⌉      2·⌈log₂k⌉   binomial reduce + broadcast, not
                                                              pipelined (Thakur et al. 2005)
+    all_reduce double_binary_tree 2·⌈log₂k⌉      2           NCCL's pipelined double binary tree
+                                                             (Sanders, Speck & Träff 2009)
     all_reduce nvls               2              1           in-switch (NVLS / SHARP)
     all_gather ring               k−1            (k−1)/k     Thakur et al. 2005; P&Y 2009
     reduce_scatter ring           k−1            (k−1)/k     Thakur et al. 2005; P&Y 2009
@@ -209,6 +218,8 @@ def _coefficients(op: str, algo: str, k: int) -> Coefficients:
             return Coefficients(2 * lg, 2.0 * lg, 2.0 * (k - 1) / k)
         if algo == "tree":
             return Coefficients(2 * lg, 2.0 * lg, 2.0 * lg)
+        if algo == "double_binary_tree":
+            return Coefficients(2 * lg, 2.0 * lg, 2.0) if k > 1 else Coefficients(0, 0.0, 0.0)
         if algo == "nvls":
             return Coefficients(2, 2.0, 1.0) if k > 1 else Coefficients(0, 0.0, 0.0)
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -247,6 +258,7 @@ def _build(op: str, algo: str, size_bytes: float, k: int, link: Link, coeffs: Co
         verdict=verdict(alpha_term, beta_term),
         n_half_bytes=link.n_half_bytes,
         crossover_bytes=crossover,
+        fixed_latency_s=alpha_term,
     )
 
 
@@ -315,6 +327,60 @@ def tree_all_reduce_time(size_bytes: float, ranks: int, link: Link) -> Predictio
     critical path's 2·⌈log₂k⌉·D. Raises BadInputError if k < 2 or D < 0.
     """
     return _predict_one("all_reduce", "tree", size_bytes, ranks, link)
+
+
+def double_binary_tree_all_reduce_time(size_bytes: float, ranks: int, link: Link) -> Prediction:
+    """NCCL's pipelined double binary tree all-reduce ("TREE" in NCCL's kernel names).
+
+    T = 2·⌈log₂k⌉·α + 2·D/β, in 2·⌈log₂k⌉ steps: two binary trees each carry
+    half of the buffer (D/2), every rank is an inner node of at most one of
+    them, and the reduce-then-broadcast is pipelined in chunks, so the tree's
+    depth costs α per level but not D/β per level (Sanders, Speck & Träff,
+    "Two-tree algorithms for full bandwidth broadcast, reduction and scan",
+    Parallel Computing 35(12), 2009; ../shared/reference/alpha-beta.md). An
+    inner node receives D/2 from each of two children and sends D/2 up, then
+    the same down, in each tree it is inner in: 2·D bytes on the critical path
+    (bytes_per_rank_sent). Like the other formulas it is the many-chunk limit
+    (the α of each further pipeline chunk is left out).
+    k = 8, D = 1 GB on nvlink4: 2·3·2 µs + 2·1e9/3.6e11 s = 12 µs + 5.5556 ms.
+    Raises BadInputError if k < 2 or D < 0.
+    """
+    return _predict_one("all_reduce", "double_binary_tree", size_bytes, ranks, link)
+
+
+def crossover_size(op: str, ranks: int, link: Link, algo: str | None = None) -> float | None:
+    """The collective's crossover size D*, bytes: where its α term equals its β term.
+
+    With T = A·α + B·D/β (:func:`algorithm_coefficients`), A·α = B·D*/β gives
+    D* = A·α·β / B (../shared/reference/alpha-beta.md, "The boundary is the
+    collective's, not the link's"). Below D* the collective is latency-bound,
+    above it bandwidth-bound. Ring all-reduce: A = 2(k−1), B = 2(k−1)/k, so
+    D* = k·α·β (its busbw reaches β/2 there); ring all-gather / reduce-scatter
+    and pairwise all-to-all: (k−1)/((k−1)/k) = k, D* = k·α·β too; recursive
+    doubling D* = α·β; in-switch (nvls) D* = 2·α·β; binary tree D* = α·β;
+    double binary tree D* = ⌈log₂k⌉·α·β; send D* = α·β = n½.
+    n½ = α·β stays the link's (one message): D* = n½ · A/B.
+    ``algo`` None: the op's default algorithm. Returns None when B = 0 (a
+    free 1-rank collective). Raises BadInputError as algorithm_coefficients does.
+    """
+    canon = _check_model_op(op)
+    co = algorithm_coefficients(canon, ALGORITHMS[canon][0] if algo is None else algo, ranks)
+    if co.beta_coeff <= 0:
+        return None
+    return co.alpha_coeff * link.alpha_s * link.beta_Bps / co.beta_coeff
+
+
+def fixed_latency(op: str, ranks: int, link: Link, algo: str | None = None) -> float:
+    """The collective's fixed latency, seconds: its α term at D → 0, A·α = steps × per-step α.
+
+    Ring all-reduce on k ranks: 2(k−1)·α (2,048 ranks at α = 0.04 µs: 163.8 µs),
+    ring all-gather / reduce-scatter / pairwise all-to-all (k−1)·α, double
+    binary tree 2·⌈log₂k⌉·α (reference, "Fixed latency"). ``algo`` None: the
+    op's default. Raises BadInputError as algorithm_coefficients does.
+    """
+    canon = _check_model_op(op)
+    co = algorithm_coefficients(canon, ALGORITHMS[canon][0] if algo is None else algo, ranks)
+    return co.alpha_coeff * link.alpha_s
 
 
 def nvls_all_reduce_time(size_bytes: float, ranks: int, link: Link) -> Prediction:
@@ -395,7 +461,7 @@ def predict_collective(
     """Predict ``op`` on k = ``ranks`` ranks holding D = ``size_bytes`` each, over ``link``.
 
     ``algo``: one of ``ALGORITHMS[op]`` (all_reduce: ring, recursive_doubling,
-    rabenseifner, tree, nvls; all_gather / reduce_scatter: ring; all_to_all:
+    rabenseifner, tree, double_binary_tree, nvls; all_gather / reduce_scatter: ring; all_to_all:
     pairwise; broadcast: ring, tree, scatter_allgather; send: p2p), None for the op's default
     (the first), or ``'all'`` for a list over every algorithm that can run on
     k ranks (power-of-two-only algorithms are left out for other k).
@@ -419,7 +485,8 @@ class HierarchicalPrediction:
     intra-node all-gather of D over G ranks on link_in);
     time_s / alpha_term_s / beta_term_s: their sums (seconds);
     flat_ring: ring all-reduce of D over N·G ranks on link_out;
-    speedup_vs_flat: flat_ring.time_s / time_s.
+    speedup_vs_flat: flat_ring.time_s / time_s;
+    flat_assumption: what the flat comparator assumes, in words.
     """
 
     size_bytes: float
@@ -434,6 +501,7 @@ class HierarchicalPrediction:
     verdict: str
     flat_ring: Prediction
     speedup_vs_flat: float | None
+    flat_assumption: str = ""
 
     PHASE_NAMES = ("intra_node_reduce_scatter", "inter_node_all_reduce", "intra_node_all_gather")
 
@@ -454,6 +522,7 @@ class HierarchicalPrediction:
             "phases": [{"phase": name, **p.to_dict()} for name, p in zip(self.PHASE_NAMES, self.phases)],
             "flat_ring": self.flat_ring.to_dict(),
             "speedup_vs_flat": self.speedup_vs_flat,
+            "flat_assumption": self.flat_assumption,
         }
 
 
@@ -469,6 +538,8 @@ def hierarchical_all_reduce(
 
     Compared with the flat ring over N·G ranks, every step at the slow link:
     2(NG−1)·α_out + 2(NG−1)/(NG) · D/β_out.
+    β_out is per GPU: with fewer NICs than GPUs per node pass
+    ``links.network_link(preset, nics_per_node, G)`` (β_NIC × nics/G).
     N = 1 or G = 1 is allowed (the matching phases cost 0); N·G must be >= 2.
     Returns seconds. Raises BadInputError for N < 1, G < 1, N·G < 2 or D < 0.
     """
@@ -497,4 +568,10 @@ def hierarchical_all_reduce(
         verdict=verdict(alpha, beta),
         flat_ring=flat,
         speedup_vs_flat=flat.time_s / total if total > 0 else None,
+        flat_assumption=(
+            f"flat ring over {n * g} ranks: all {2 * (n * g - 1)} steps at the inter-node link "
+            f"(α {link_out.alpha_s * 1e6:.3g} µs, β {link_out.beta_Bps / 1e9:.4g} GB/s per GPU), "
+            "none at the faster intra-node link (the reference's comparator: a ring is as slow as its "
+            "slowest hop)"
+        ),
     )

@@ -31,6 +31,34 @@ Samples excluded, each with its reason:
 If the weighted fit's intercept comes out negative (α < 0 is not a link),
 it is refitted through the origin (a = 0, b = Σ(n/t)/Σ((n/t)²)) and
 ``intercept_clamped`` is set.
+
+How good the fit is (issue 15): with the regression written as 1 ≈ a·(1/t) +
+b·(n/t) over the m kept samples, the residual variance s² = Σr²/(m − p) (p = 2
+fitted parameters, 1 when clamped) and cov(a, b) = s²·(XᵀX)⁻¹ give the
+standard errors of a and b (ordinary least-squares theory on the weighted
+problem, e.g. Draper & Smith, "Applied Regression Analysis", 3rd ed., ch. 9);
+se(α) = se(a)/A and, by the delta method, se(β) = B·se(b)/b². The 95 %
+intervals are a ± t·se(a), b ± t·se(b) mapped through α = a/A, β = B/b
+(t the Student quantile for m − p degrees of freedom; β's upper end is None
+when b − t·se(b) <= 0). The fit's own crossover size is D* = a/b (= A·α·β/B,
+where its α and β terms are equal).
+
+``status`` (:func:`judge_fit`):
+- ``insufficient`` — fewer than ``MIN_SIZES`` = 3 distinct sizes kept, or the
+  kept sizes do not span the fit's D* (none below it: the α term was never
+  measured; none above: the β term was not), or a parameter is not determined
+  (α's 95 % interval reaches 0, or β's is unbounded: e.g. 3 sizes, 1 degree
+  of freedom);
+- ``poor`` — size_spread above ``MAX_SPREAD`` = 15 %: the RMS relative
+  residual of the per-size medians of the kept samples, (m_s − a − b·s)/m_s
+  (a line cannot describe the sizes: e.g. NCCL switching protocol or
+  algorithm with size, or a link whose β changes part-way). Judged on the
+  medians, not on single samples, so that noise which repeated calls average
+  out (a busy CPU host's gloo timings scatter by ±40 % per call) does not
+  hide a good line, while a misfit that every call of a size shares does
+  show; residual_spread (per sample) is reported beside it; or more than
+  ``MAX_OUTLIER_FRACTION`` = 25 % of the candidate samples dropped as outliers;
+- ``ok`` otherwise. Only ``ok`` fits may be used as a reference for verdicts.
 """
 
 from __future__ import annotations
@@ -45,9 +73,42 @@ from tracekit.errors import BadInputError
 from tracekit.model.collectives import algorithm_coefficients, _check_model_op, _check_algo
 from tracekit.model.links import Link, custom_link
 
-__all__ = ["AlphaBetaFit", "fit_alpha_beta", "fit_unweighted"]
+__all__ = ["AlphaBetaFit", "fit_alpha_beta", "fit_unweighted", "judge_fit", "MIN_SIZES", "MAX_SPREAD",
+           "MAX_OUTLIER_FRACTION"]
 
 _MAD_TO_SIGMA = 1.4826
+
+MIN_SIZES = 3
+"""Distinct sizes an ``ok`` fit needs (two points always fit a line exactly)."""
+MAX_SPREAD = 0.15
+"""Largest RMS relative residual of the per-size medians of an ``ok`` fit (±5 % noise: about 3 %)."""
+MAX_OUTLIER_FRACTION = 0.25
+"""Largest fraction of candidate samples an ``ok`` fit may drop as outliers."""
+
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+"""Student's t 97.5 % quantiles for 1…30 degrees of freedom (the standard table, e.g. NIST/SEMATECH
+e-Handbook of Statistical Methods, 1.3.6.7.2)."""
+
+
+def _t975(dof: int) -> float | None:
+    """Student's t 97.5 % quantile for ``dof`` degrees of freedom (two-sided 95 %); None for dof < 1.
+
+    The table :data:`_T975` up to 30; beyond, the Cornish–Fisher expansion around z = 1.959964 to
+    the 1/ν³ term (Abramowitz & Stegun 26.7.5; error < 1e-4 for ν > 30).
+    """
+    if dof < 1:
+        return None
+    if dof <= len(_T975):
+        return _T975[dof - 1]
+    z = 1.959963984540054
+    v = float(dof)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / v + g2 / v**2 + g3 / v**3
 
 
 @dataclass(frozen=True)
@@ -63,7 +124,14 @@ class AlphaBetaFit:
     order (dropped samples included, so their distance shows);
     residual_spread: root mean square of the used residuals (the fit's
     typical relative error); residual_max_abs: the largest |used residual|;
-    method: ``relative_wls`` or ``ols``.
+    method: ``relative_wls`` or ``ols``;
+    n_sizes: distinct sizes among the used samples; min_size_bytes /
+    max_size_bytes: their range; alpha_se_s / beta_se_Bps: standard errors
+    (None without a degree of freedom left); alpha_ci_s / beta_ci_Bps: 95 %
+    intervals (low, high), an end None where unbounded; crossover_bytes: the
+    fit's D* = a/b, bytes; size_spread: RMS relative residual of the per-size
+    medians; status: ok / insufficient / poor and status_reason in words
+    (module docstring).
     """
 
     op: str
@@ -86,6 +154,17 @@ class AlphaBetaFit:
     dropped: tuple[tuple[int, str], ...] = field(default=())
     used: tuple[bool, ...] = field(default=())
     residuals: tuple[float, ...] = field(default=())
+    n_sizes: int = 0
+    min_size_bytes: float | None = None
+    max_size_bytes: float | None = None
+    alpha_se_s: float | None = None
+    beta_se_Bps: float | None = None
+    alpha_ci_s: tuple[float | None, float | None] = (None, None)
+    beta_ci_Bps: tuple[float | None, float | None] = (None, None)
+    crossover_bytes: float | None = None
+    size_spread: float | None = None
+    status: str = "ok"
+    status_reason: str = ""
 
     def predict_s(self, size_bytes: float) -> float:
         """The fitted line's time for ``size_bytes``: a + b·n, seconds."""
@@ -119,6 +198,17 @@ class AlphaBetaFit:
             "residual_spread": self.residual_spread,
             "residual_max_abs": self.residual_max_abs,
             "intercept_clamped": self.intercept_clamped,
+            "n_sizes": self.n_sizes,
+            "min_size_bytes": self.min_size_bytes,
+            "max_size_bytes": self.max_size_bytes,
+            "alpha_se_s": self.alpha_se_s,
+            "beta_se_Bps": self.beta_se_Bps,
+            "alpha_ci_s": list(self.alpha_ci_s),
+            "beta_ci_Bps": list(self.beta_ci_Bps),
+            "crossover_bytes": self.crossover_bytes,
+            "size_spread": self.size_spread,
+            "status": self.status,
+            "status_reason": self.status_reason,
             "dropped": [{"index": i, "reason": r} for i, r in self.dropped],
             "used": list(self.used),
             "residuals": list(self.residuals),
@@ -209,6 +299,27 @@ def _result(
     beta = coeffs.beta_coeff / b
     r = (t - (a + b * n)) / t
     used_r = r[mask]
+    se_a, se_b, dof = _standard_errors(n[mask], t[mask], used_r, clamped, method)
+    tq = _t975(dof)
+    alpha_se = alpha_ci = beta_se = beta_ci = None
+    if se_b is not None and tq is not None:
+        beta_se = coeffs.beta_coeff * se_b / b**2
+        lo_b, hi_b = b - tq * se_b, b + tq * se_b
+        beta_ci = (coeffs.beta_coeff / hi_b, coeffs.beta_coeff / lo_b if lo_b > 0 else None)
+    if se_a is not None and tq is not None:
+        alpha_se = se_a / coeffs.alpha_coeff
+        alpha_ci = ((a - tq * se_a) / coeffs.alpha_coeff, (a + tq * se_a) / coeffs.alpha_coeff)
+    sizes_used = np.unique(n[mask])
+    medians = np.array([np.median(t[mask & (n == sz)]) for sz in sizes_used])
+    size_r = (medians - (a + b * sizes_used)) / medians
+    size_spread = float(np.sqrt(np.mean(size_r**2)))
+    n_outliers = sum(1 for _, why in dropped if why == "outlier")
+    n_candidates = int(mask.sum()) + n_outliers
+    status, reason = judge_fit(
+        n_sizes=int(sizes_used.size), min_size=float(sizes_used[0]), max_size=float(sizes_used[-1]),
+        crossover=a / b, spread=size_spread, n_outliers=n_outliers,
+        n_candidates=n_candidates, alpha_low=(alpha_ci or (None, None))[0], beta_high=(beta_ci or (None, None))[1],
+    )
     return AlphaBetaFit(
         op=op,
         algo=algo,
@@ -230,7 +341,87 @@ def _result(
         dropped=tuple(sorted(dropped)),
         used=tuple(bool(v) for v in mask),
         residuals=tuple(float(v) for v in r),
+        n_sizes=int(sizes_used.size),
+        min_size_bytes=float(sizes_used[0]),
+        max_size_bytes=float(sizes_used[-1]),
+        alpha_se_s=alpha_se,
+        beta_se_Bps=beta_se,
+        alpha_ci_s=alpha_ci or (None, None),
+        beta_ci_Bps=beta_ci or (None, None),
+        crossover_bytes=a / b,
+        size_spread=size_spread,
+        status=status,
+        status_reason=reason,
     )
+
+
+def _standard_errors(n: np.ndarray, t: np.ndarray, r: np.ndarray, clamped: bool, method: str):
+    """(se(a), se(b), degrees of freedom) of the fitted line; an se None where it cannot be had.
+
+    relative_wls: the regression 1 ≈ a/t + b·n/t, residuals r = (t − a − b·n)/t; ols: t ≈ a + b·n,
+    residuals t·r. s² = Σres²/(m − p), cov = s²·(XᵀX)⁻¹ (module docstring).
+    """
+    m = int(n.size)
+    if method == "ols":
+        x = np.column_stack([np.ones_like(n), n])
+        res = r * t
+    else:
+        x = np.column_stack([1.0 / t, n / t])
+        res = r
+    if clamped:
+        x = x[:, 1:]
+    p = x.shape[1]
+    dof = m - p
+    if dof < 1:
+        return None, None, dof
+    s2 = float(np.dot(res, res)) / dof
+    scale = np.linalg.norm(x, axis=0)
+    scale[scale == 0] = 1.0
+    xs = x / scale
+    try:
+        inv = np.linalg.inv(xs.T @ xs)
+    except np.linalg.LinAlgError:
+        return None, None, dof
+    var = np.diag(inv) * s2 / scale**2
+    se = np.sqrt(np.maximum(var, 0.0)).tolist()
+    if clamped:
+        return None, se[0], dof
+    return se[0], se[1], dof
+
+
+def judge_fit(
+    *, n_sizes: int, min_size: float, max_size: float, crossover: float, spread: float,
+    n_outliers: int = 0, n_candidates: int = 0, alpha_low: float | None = 1.0, beta_high: float | None = 1.0,
+) -> tuple[str, str]:
+    """(status, reason) of a fit by the rule of the module docstring.
+
+    n_sizes: distinct sizes used; min_size / max_size: their range, bytes; crossover: the fit's
+    D* = a/b, bytes; spread: RMS relative residual of the per-size medians; n_outliers of n_candidates samples dropped by
+    the robust rule; alpha_low / beta_high: the low end of α's and the high end of β's 95 % interval
+    (None: unbounded or not computable). status is ``ok``, ``insufficient`` or ``poor``; reason says
+    why (empty for ok).
+    """
+    if n_sizes < MIN_SIZES:
+        return "insufficient", f"{n_sizes} distinct sizes: need >= {MIN_SIZES} to judge a line"
+    if not min_size < crossover:
+        return "insufficient", (
+            f"every size >= the fit's crossover D* = {crossover:,.0f} B: its α term was never measured"
+        )
+    if not crossover < max_size:
+        return "insufficient", (
+            f"every size <= the fit's crossover D* = {crossover:,.0f} B: its β term was never measured"
+        )
+    if alpha_low is None or alpha_low <= 0:
+        return "insufficient", "α not determined: its 95 % interval reaches 0 (more sizes, or repeats, below D*)"
+    if beta_high is None:
+        return "insufficient", "β not determined: its 95 % interval is unbounded (more sizes, or repeats, above D*)"
+    if spread > MAX_SPREAD:
+        return "poor", (
+            f"per-size residual spread {spread:.0%} > {MAX_SPREAD:.0%}: one α–β line does not describe the sizes"
+        )
+    if n_candidates and n_outliers > MAX_OUTLIER_FRACTION * n_candidates:
+        return "poor", f"{n_outliers} of {n_candidates} samples dropped as outliers (> {MAX_OUTLIER_FRACTION:.0%})"
+    return "ok", ""
 
 
 def fit_alpha_beta(

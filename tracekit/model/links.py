@@ -18,6 +18,9 @@ __all__ = [
     "Link",
     "LinkPreset",
     "LINK_PRESETS",
+    "DEVICE_PRESETS",
+    "device_presets",
+    "network_link",
     "link_from_preset",
     "custom_link",
     "message_time",
@@ -93,8 +96,9 @@ _US = 1e-6
 LINK_PRESETS: dict[str, LinkPreset] = {
     p.name: p
     for p in (
-        LinkPreset("nvlink4", "H100 NVLink 4 via NVSwitch", 450 * _GB, 2 * _US),
-        LinkPreset("nvlink5", "B200 NVLink 5", 900 * _GB, 2 * _US),
+        # -- the reference's table (../shared/reference/alpha-beta.md, "Link presets") --
+        LinkPreset("nvlink4", "H100/H200 NVLink 4 via NVSwitch", 450 * _GB, 2 * _US),
+        LinkPreset("nvlink5", "B200/B300/GB200 NVLink 5", 900 * _GB, 2 * _US),
         LinkPreset("nvlink3", "A100 NVLink 3", 300 * _GB, 2 * _US),
         LinkPreset("pcie5", "PCIe Gen5 x16", 64 * _GB, 5 * _US),
         LinkPreset("pcie4", "PCIe Gen4 x16", 32 * _GB, 5 * _US),
@@ -105,10 +109,110 @@ LINK_PRESETS: dict[str, LinkPreset] = {
         LinkPreset("eth100", "100 GbE, TCP", 12.5 * _GB, 10 * _US),
         LinkPreset("nvme", "one NVMe SSD (read)", 7 * _GB, 100 * _US),
         LinkPreset("hbm3", "H100 HBM3 (on-device reads)", 3350 * _GB, 0.0),
+        # -- added by the reference's "More presets" rule: nominal per direction from the vendor's
+        #    data sheet, α as for the same class of link above --
+        LinkPreset("nvlink2", "V100 NVLink 2 (SXM2, 6 links)", 150 * _GB, 2 * _US),
+        LinkPreset("xgmi_mi250x", "MI250X Infinity Fabric (xGMI), 8 links", 400 * _GB, 2 * _US),
+        LinkPreset("xgmi_mi300x", "MI300X/MI325X Infinity Fabric (xGMI), 7 links", 448 * _GB, 2 * _US),
+        LinkPreset("xgmi_mi355x", "MI355X Infinity Fabric (xGMI), 7 links", 537.6 * _GB, 2 * _US),
+        LinkPreset("pcie3", "PCIe Gen3 x16", 16 * _GB, 5 * _US),
+        LinkPreset("ib_edr", "InfiniBand EDR, one 100 Gb/s NIC", 12.5 * _GB, 5 * _US),
+        LinkPreset("ib_xdr", "InfiniBand XDR, one 800 Gb/s NIC", 100 * _GB, 5 * _US),
+        LinkPreset("roce200", "RoCE, one 200 GbE NIC", 25 * _GB, 5 * _US),
+        LinkPreset("slingshot11", "HPE Slingshot 11, one 200 Gb/s Cassini NIC", 25 * _GB, 5 * _US),
+        LinkPreset("loopback_gloo", "gloo over TCP loopback, one host (CPU)", 2.5 * _GB, 100 * _US),
     )
 }
-"""The reference's presets: nominal per-direction bandwidth (B/s) and α (s).
-Effective β = nominal × efficiency (0.8 → e.g. nvlink4 360 GB/s)."""
+"""Presets: nominal per-direction bandwidth (B/s) and α (s); effective β = nominal × efficiency
+(0.8 → e.g. nvlink4 360 GB/s). Vendors quote bidirectional sums and network rates in bits; the
+values here are per direction, in bytes (reference, "Units"). Sources of the added rows:
+
+- nvlink2: NVIDIA Tesla V100 data sheet, "NVLink 300 GB/s" (6 links, bidirectional) → 150 GB/s.
+- nvlink3 / nvlink4 / nvlink5: NVIDIA A100 (600 GB/s), H100 / H200 SXM (900 GB/s) and B200 / B300 /
+  GB200 (1.8 TB/s) data sheets, bidirectional per GPU → 300 / 450 / 900 GB/s.
+- xgmi_mi250x: AMD Instinct MI250X data sheet, 8 Infinity Fabric links, "up to 800 GB/s" peak
+  aggregate (bidirectional) → 400 GB/s; xgmi_mi300x: MI300X and MI325X data sheets, 7 links of
+  128 GB/s, 896 GB/s aggregate → 448 GB/s; xgmi_mi355x: MI355X data sheet, 7 links of 153.6 GB/s,
+  1,075 GB/s aggregate → 537.6 GB/s. xGMI is a mesh, not a switch: the aggregate is what RCCL's
+  rings reach using every link at once; one peer alone gets one link (64 / 76.8 GB/s).
+- pcie3 / pcie4 / pcie5: PCI-SIG base specifications 3.0 / 4.0 / 5.0, 8 / 16 / 32 GT/s × 16 lanes
+  (≈ 15.75 / 31.5 / 63 GB/s each way after encoding), rounded to 16 / 32 / 64 GB/s as the reference
+  rounds Gen4 and Gen5.
+- ib_edr / ib_hdr / ib_ndr / ib_xdr: NVIDIA ConnectX-5 (100 Gb/s), ConnectX-6 (200), ConnectX-7
+  (400) and ConnectX-8 SuperNIC (800 Gb/s) data sheets, per port per direction → 12.5 / 25 / 50 /
+  100 GB/s; roce200 / roce400: the same NICs in Ethernet mode (200 / 400 GbE).
+- slingshot11: HPE Slingshot 11 (Cassini NIC) data sheet, 200 Gb/s per port → 25 GB/s.
+- loopback_gloo: no data sheet: gloo's TCP transport over the loopback device between processes of
+  one CPU host. Set from this project's own `collect sweep` on a 2-core machine
+  (fixtures/sweep_2rank, ok fits): all_reduce α ≈ 111 µs per step, β ≈ 2.2 GB/s; reduce_scatter
+  204 µs, 1.1 GB/s — so α 100 µs and an effective 2 GB/s (nominal 2.5). A rough reference only (no
+  degraded-link warning is raised against it): fit a sweep for anything quantitative.
+"""
+
+DEVICE_PRESETS: tuple[tuple[str, str, str], ...] = (
+    # (regex searched in the device name as traces spell it, case-insensitive, intra-node preset,
+    #  typical inter-node NIC preset of such systems). First match wins: PCIe cards before SXM.
+    (r"V100.*PCIE", "pcie3", "ib_edr"),
+    (r"V100", "nvlink2", "ib_edr"),  # "Tesla V100-SXM2-32GB"
+    (r"A100.*PCIE", "pcie4", "ib_hdr"),
+    (r"A100", "nvlink3", "ib_hdr"),  # "NVIDIA A100-SXM4-80GB", "A100-SXM4-40GB", "NVIDIA A100-PG509-200"
+    (r"A800", "nvlink3", "ib_hdr"),
+    (r"H100.*PCIE", "pcie5", "ib_ndr"),
+    (r"H100|H200|H800|H20\b|GH200", "nvlink4", "ib_ndr"),  # "NVIDIA H100 80GB HBM3"
+    (r"B200|B300|GB200|GB300", "nvlink5", "ib_xdr"),  # "NVIDIA B200"
+    (r"MI250|MI210", "xgmi_mi250x", "roce200"),  # "AMD Instinct MI250X / MI250"
+    (r"MI300|MI325", "xgmi_mi300x", "roce400"),  # "AMD Instinct MI300X"
+    (r"MI355|MI350", "xgmi_mi355x", "roce400"),
+)
+"""Device name → (intra-node preset, typical NIC preset) by the first matching pattern.
+The NIC column is a guess about the system (DGX/HGX defaults: ConnectX-5 with V100, -6 with A100,
+-7 with H100/H200, -8 with B200/GB200; RoCE on MI systems), used only for groups that span hosts
+and always reported as an assumption."""
+
+
+def device_presets(device_name: str | None) -> tuple[str, str] | None:
+    """(intra-node preset, typical inter-node NIC preset) for a device name, or None if unknown.
+
+    ``device_presets('Tesla V100-SXM2-32GB')`` → ('nvlink2', 'ib_edr'). Matching is by
+    :data:`DEVICE_PRESETS` (regex search, case-insensitive, first match). A CPU-only run
+    (device None) has no GPU preset: see ``loopback_gloo``.
+    """
+    import re
+
+    if not device_name:
+        return None
+    for pattern, intra, nic in DEVICE_PRESETS:
+        if re.search(pattern, str(device_name), re.I):
+            return intra, nic
+    return None
+
+
+def network_link(name: str, nics_per_node: int | None = None, gpus_per_node: int | None = None,
+                 efficiency: float = DEFAULT_EFFICIENCY) -> Link:
+    """The inter-node preset ``name`` as seen by one GPU when G GPUs of a node share ``nics_per_node`` NICs.
+
+    β per GPU = NIC β × min(nics, G) / G (all G GPUs send across nodes at once, each gets its share
+    of the node's NICs); α unchanged. ``nics_per_node`` None (or >= G) is the reference's
+    assumption, one NIC per GPU. Raises BadInputError for an unknown preset or counts < 1.
+    """
+    link = link_from_preset(name, efficiency=efficiency)
+    if nics_per_node is None:
+        return link
+    for label, v in (("--nics-per-node", nics_per_node), ("--gpus-per-node", gpus_per_node)):
+        if v is None or isinstance(v, bool) or int(v) != v or int(v) < 1:
+            raise BadInputError(f"bad {label} {v!r}: expected an integer >= 1")
+    nics, g = int(nics_per_node), int(gpus_per_node)
+    share = min(nics, g) / g
+    if share >= 1:
+        return link
+    return Link(
+        name=f"{link.name} ({nics} NIC{'s' if nics > 1 else ''}/{g} GPUs)",
+        alpha_s=link.alpha_s,
+        beta_Bps=link.beta_Bps * share,
+        nominal_Bps=link.nominal_Bps * share,
+        efficiency=link.efficiency,
+        description=f"{link.description}, shared by {g} GPUs over {nics} NIC(s)",
+    )
 
 
 def _check_alpha(alpha_s: float) -> float:
