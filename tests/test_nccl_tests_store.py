@@ -154,7 +154,10 @@ def test_wrong_rows_kept_and_left_out_of_the_fit(cluster):
     assert {pg for pg, _, _ in samples} == {"nccl_tests:all_reduce:run1", "nccl_tests:all_reduce:run2",
                                             "nccl_tests:all_reduce:run3"}
     fits = con.execute("SELECT op, group_size, n_samples, status FROM alpha_beta_fit ORDER BY group_size").fetchall()
-    assert fits == [("all_reduce", 2, 6, "ok"), ("all_reduce", 8, 5, "ok"), ("all_reduce", 16, 8, "ok")]
+    # the fits' own verdicts on their data (tracekit.model.fit): 3 sizes all above the fit's D* (2 ranks)
+    # and the 8-rank run's sizes after its outlier are too few to judge a line; 4 sizes spanning D* are ok
+    assert fits == [("all_reduce", 2, 6, "insufficient"), ("all_reduce", 8, 5, "insufficient"),
+                    ("all_reduce", 16, 8, "ok")]
     (warnings, quarantined), = con.execute("SELECT warnings, events_quarantined FROM ranks").fetchall()
     assert quarantined == 0
     assert warnings == [
