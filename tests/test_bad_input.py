@@ -71,8 +71,17 @@ def _cases(tmp_path):
     p.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}')
     cases["array never closed"] = (p, "truncated JSON")
     p = tmp_path / "bad_middle.json"
-    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}, {"ph": "X" "ts": 2}]}')
-    cases["malformed event"] = (p, "malformed")
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}, {"ph": "X", "ts": 2}}, {"ph": "X"}]}')
+    cases["malformed event"] = (p, "malformed")  # an event closed twice: not a run of events
+    p = tmp_path / "trailing.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}]}\n{"more": 1}')
+    cases["trailing data"] = (p, "trailing data after the JSON document at byte 50")
+    p = tmp_path / "two_arrays.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}], "traceEvents": [{"ph": "X", "ts": 2, "dur": 1}]}')
+    cases["second traceEvents"] = (p, 'a second "traceEvents" key')
+    p = tmp_path / "bad_byte.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1},\n{"ph": "X", "ts": 2, "dur": 1}}, {"ph": "X"}]}')
+    cases["malformed, offset"] = (p, "at byte 79")  # the second "}" of "}}", 0-based
     p = tmp_path / "numbers.json"
     p.write_text('{"traceEvents": [1, 2, 3]}')
     cases["events are numbers"] = (p, "no event objects")
@@ -104,7 +113,8 @@ CASE_NAMES = [
     "truncated gzip", "json not a trace", "array of numbers", "empty directory", "missing path",
     "empty file", "binary garbage", "truncated json", "top-level string", "top-level number",
     "traceEvents not an array", "gzip of garbage", "gzip of nothing", "corrupt gzip header",
-    "array never closed", "malformed event", "events are numbers", "directory of mixed garbage",
+    "array never closed", "malformed event", "trailing data", "second traceEvents", "malformed, offset",
+    "events are numbers", "directory of mixed garbage",
     "ranks not identifiable", "sqlite that is not nsys", "log that is not nccl-tests", "no closing brace",
 ]
 

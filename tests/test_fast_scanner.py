@@ -33,6 +33,29 @@ def test_scanner_is_built_and_matches_the_record_layout():
     assert REC_DTYPE.itemsize == kscan.RECORD_SIZE == 104
 
 
+def test_scanner_reads_the_args_keys_of_the_one_table():
+    # the C scanner's key list (exported as _kscan.ARG_KEYS) is kineto.ARGS' "id" and "flag"
+    # rows: same spellings, each integer into the REC field REC_DTYPE names, same flag bits
+    from tracekit.ingest.kineto import _F_ODD, ARG_BITS, ARGS, PH_B, PH_E, PH_M, PH_NONE, PH_OTHER, PH_X
+
+    want = [(a.key, a.rec, REC_DTYPE.fields[a.rec][1] if a.rec else -1, ARG_BITS[a.field])
+            for a in ARGS if a.role in ("id", "flag")]
+    assert list(kscan.ARG_KEYS) == want
+    assert [k for k, *_ in want] == ["correlation", "External id", "external id", "device", "stream",
+                                     "Collective name", "In msg nelems"]
+    src = (Path(jsonstream.__file__).parent / "_kscan.c").read_text()
+    assert f"#define F_ODD {_F_ODD} " in src
+    assert kscan.PHASES == {"other": PH_OTHER, "X": PH_X, "M": PH_M, "B": PH_B, "E": PH_E, "none": PH_NONE}
+    # every other key is skipped: a key that is ours spelled differently sets nothing
+    _, _, r, _, _ = _scan('{"ph":"X","args":{"Correlation":5,"correlation ":6,"stream":7}}]')
+    assert (r["fl"][0], r["strm"][0], r["corr"][0]) == (ARG_BITS["stream"], 7, 0)
+
+
+def test_phases_missing_null_and_begin_end():
+    _, _, r, _, _ = _scan('{"ts":1},{"ph":null},{"ph":"B"},{"ph":"E"},{"ph":"i"},{"ph":5},{"ph":"XX"}]')
+    assert r["ph"].tolist() == [5, 5, 3, 4, 0, 0, 0]
+
+
 # -- the scanner itself --------------------------------------------------------------------
 
 
