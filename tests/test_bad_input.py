@@ -177,3 +177,21 @@ def test_analyze_unknown_run_and_empty_store(tmp_path, store, capsys):
     assert "not in" in capsys.readouterr().err
     assert main(["analyze", "--store", str(tmp_path / "none")]) == 2
     assert "no runs" in capsys.readouterr().err
+
+
+def test_nsys_export_without_string_ids_is_refused(tmp_path, store, capsys):
+    import sqlite3
+
+    p = tmp_path / "no_strings.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, streamId INT, "
+                "correlationId INT, shortName INT, demangledName INT, globalPid INT)")
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (1000, 2000, 0, 7, 1, 5, 5, 1)")
+    con.commit()
+    con.close()
+    before = store_snapshot(store)
+    capsys.readouterr()
+    assert main(["ingest", str(p), "--store", str(store)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "no_strings.sqlite: Nsight Systems export without its StringIds table" in lines[0]
+    assert store_snapshot(store) == before

@@ -637,12 +637,14 @@ class TraceStream:
 
     def _events_slow(self, rd, buf: bytes) -> Iterator[Chunk]:
         while True:
+            if buf[:1] in _WS_BYTES:  # blank text between events is dropped, however long
+                buf = buf.lstrip(_WS)
             while not rd.eof and len(buf) < self.block:
                 more = rd.read(self.block)
                 if not more:
                     break
                 buf += more
-                if buf[:1] in _WS_BYTES:  # blank text between events is dropped, however long
+                if buf[:1] in _WS_BYTES:
                     buf = buf.lstrip(_WS)
             if rd.eof:
                 yield from self._tail(buf, rd.consumed - len(buf))

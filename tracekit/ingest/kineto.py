@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import _arrow
-from tracekit.errors import FileError
+from tracekit.errors import BadInputError, FileError
 from tracekit.ingest.jsonstream import FastChunk, TraceStream
 
 # Canonical categories (store column `category`).
@@ -77,6 +77,76 @@ CUSTOM_ALL_REDUCE_PATTERNS = (
 )
 BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:", r"msccl") + CUSTOM_ALL_REDUCE_PATTERNS
 _COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:")
+
+try:  # RE2: linear-time matching, so no --comm-pattern can make the ingest hang (a core dependency)
+    import re2
+except ImportError:  # pragma: no cover - tested by setting re2 to None
+    re2 = None
+
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+
+
+def _slow_regex_reason(tree) -> str | None:
+    """Why Python's backtracking ``re`` could take exponential time on this parsed pattern
+    (``re._parser`` tree), or None: a backreference, or a repeat whose body holds another repeat
+    or an alternation (``(a+)+``, ``(a|aa)*``). A bounded walk over the pattern, not the input."""
+    def walk(items, in_repeat: bool) -> str | None:
+        for op, av in items:
+            name = str(op)
+            if name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return "a backreference"
+            if name in _REPEATS:
+                if in_repeat:
+                    return "a nested quantifier"
+                got = walk(av[2], True)
+            elif name == "BRANCH":
+                if in_repeat:
+                    return "a nested quantifier over an alternation"
+                got = next((r for b in av[1] if (r := walk(b, in_repeat))), None)
+            elif name in ("SUBPATTERN", "ATOMIC_GROUP"):
+                got = walk(av[-1], in_repeat)
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                got = walk(av[1], in_repeat)
+            else:
+                got = None
+            if got:
+                return got
+        return None
+
+    return walk(tree, False)
+
+
+def compile_comm_patterns(patterns) -> Any:
+    """One case-insensitive matcher (``.search(name)``) for communication kernel names: the
+    union of ``patterns`` (the builtin ones and the user's ``--comm-pattern``).
+
+    With ``google-re2`` (a core dependency) the union runs in linear time whatever the pattern.
+    Without it, or for the rare pattern RE2 cannot compile (lookarounds), Python's ``re`` runs it
+    after a bounded check: patterns with a backreference or a nested quantifier are refused.
+    Raises BadInputError naming the pattern (invalid, or refused).
+    """
+    import re._parser as sre_parse
+
+    trees = []
+    for p in patterns:
+        try:
+            trees.append(sre_parse.parse(p, re.I))
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise BadInputError(f"--comm-pattern {p!r} is not a valid regular expression ({exc})") from None
+    joined = "|".join(f"(?:{p})" for p in patterns)
+    if re2 is not None:
+        opts = re2.Options()
+        opts.log_errors = False
+        try:
+            return re2.compile("(?i)" + joined, opts)
+        except re2.error:
+            pass
+    for p, tree in zip(patterns, trees):
+        why = _slow_regex_reason(tree)
+        if why:
+            raise BadInputError(f"--comm-pattern {p!r} has {why}, which can make matching take exponential time "
+                                "(install google-re2, or simplify the pattern)")
+    return re.compile(joined, re.I)
 
 _MAX_EXACT_FLOAT_US = float(2**41)  # see the module docstring
 _MAX_INT_US = (2**63 - 1) // 1000
