@@ -262,3 +262,20 @@ def test_slow_patterns_refused_without_re2(pattern, why, monkeypatch):
     with pytest.raises(BadInputError, match=why):
         kineto.compile_comm_patterns([pattern])
     assert kineto.compile_comm_patterns(["my_allreduce", "^x+y"]).search("foo_my_ALLREDUCE")
+
+
+def test_slow_pattern_refused_at_the_command_line_without_re2(tmp_path, capsys, monkeypatch):
+    from tests.conftest import store_snapshot
+    from tracekit.ingest import kineto
+
+    monkeypatch.setattr(kineto, "re2", None)
+    store = tmp_path / "s"
+    assert main(["ingest", str(D / "custom_allreduce.json"), "--store", str(store)]) == 0
+    before = store_snapshot(store)
+    capsys.readouterr()
+    rc = main(["ingest", str(D / "ts_zero.json"), "--store", str(store), "--comm-pattern", "(x+)+y"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1
+    assert lines[0] == ("tracekit: --comm-pattern '(x+)+y' has a nested quantifier, which can make matching take "
+                        "exponential time (install google-re2, or simplify the pattern)")
+    assert store_snapshot(store) == before

@@ -15,8 +15,13 @@ decompressed bytes in blocks and cuts the array between two events:
   way every known exporter writes the separator).
 
 Chunks that do not decode are retried after repairing the defects real
-exporters produce: invalid UTF-8 (decoded with replacement characters) and bare
-``inf`` / ``-inf`` / ``NaN`` / ``Infinity`` tokens (read as null).
+exporters produce: invalid UTF-8 (decoded with replacement characters), bare
+``inf`` / ``-inf`` / ``NaN`` / ``Infinity`` tokens (read as null) and lone UTF-16
+surrogate escapes (read as U+FFFD). If that is not enough, the events are read one by
+one (:func:`_recover`): strings with unescaped quotes, raw control characters or stray
+backslashes are repaired, and an event that still does not decode is dropped and counted
+(``events_fixed`` / ``events_dropped``, each a note). Blank text between events is
+dropped however long it is.
 
 Fast path: where the C scanner :mod:`tracekit.ingest._kscan` is built (it is
 optional), the array is read with it instead, block by block, into
@@ -28,8 +33,10 @@ invalid UTF-8, bare NaN, an id or time of an odd type, a float beyond a
 double...), the rest of the file goes through the cut-and-decode path above,
 which repairs or reports exactly as it always did.
 
-Errors are ``FileError`` naming the file and the problem (truncated gzip,
-not JSON, no ``traceEvents`` array, array never closed).
+Errors are ``FileError`` naming the file and the problem (truncated gzip with the
+bytes of JSON it held, not JSON, no ``traceEvents`` array, array never closed, trailing
+data after the document, a second ``traceEvents`` key, malformed JSON at byte N of the
+decompressed text).
 """
 
 from __future__ import annotations
@@ -348,12 +355,16 @@ def _repair_object(buf: bytes, i: int) -> tuple[bytes, int, bool] | None:
                 j, changed = k + 1, True
 
 
-def _recover(body: bytes, final: bool) -> tuple[Chunk, int] | None:
+_INCOMPLETE = "incomplete"  # what _recover returns when text ends inside its first event
+
+
+def _recover(body: bytes, final: bool) -> tuple[Chunk, int] | None | str:
     """Events of ``body`` (text after a cut between events) read one by one, repairing their
     strings (:func:`_repair_object`) and the defects :func:`_repair` knows; an event that still
     does not decode is dropped and counted. Returns (chunk, index after the last event taken and
     its comma), or None if the text is not a run of objects (then it is reported as malformed).
-    With ``final`` the events must run to the end of ``body``; else the last, cut one is left."""
+    With ``final`` the events must run to the end of ``body``; else the last, cut one is left,
+    and :data:`_INCOMPLETE` says that the text ends inside the first event (read more)."""
     evs, texts, notes = [], [], set()
     fixed = dropped = 0
     i, n, nxt = _skip_ws(body, 0), len(body), 0
@@ -364,6 +375,8 @@ def _recover(body: bytes, final: bool) -> tuple[Chunk, int] | None:
         if got is None:
             if final:
                 return None
+            if not evs and not dropped:
+                return _INCOMPLETE
             break
         text, end, changed = got
         k = _skip_ws(body, end)
@@ -490,6 +503,7 @@ class TraceStream:
         self.fast_events = 0  # events read by the C scanner
         self.events_fixed = 0  # events read after repairing their text
         self.events_dropped = 0  # malformed events that could not be read (quarantined)
+        self._recover_from = 0  # _cut reads events one by one only from this much text on
         self.slow_from: int | None = None  # byte where the msgspec path took over, if it did
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -679,8 +693,15 @@ class TraceStream:
             ch = _decode_events(buf[: p + 1])
             if ch is not None:
                 return ch, p + 2
-        # no cut decodes: read the events one by one, repairing broken strings
+        # no cut decodes: read the events one by one, repairing broken strings; when the text
+        # ended inside its first event (a huge one), not again before the text has doubled,
+        # so that the scans of a growing event stay linear in its length
+        if len(buf) < self._recover_from:
+            return None
         got = _recover(buf, final=False)
+        if got is _INCOMPLETE:
+            self._recover_from = 2 * len(buf)
+            return None
         return got if got is not None and got[1] > 0 else None
 
     def _after_array(self, after: bytes) -> bool:

@@ -2,12 +2,18 @@
 
 One rank file at a time: :func:`read_rank_file` reads the file with
 :class:`~tracekit.ingest.jsonstream.TraceStream`, turns every complete event
-(``ph == "X"``) into a row of the store's ``events`` shape, and appends the rows
+(``ph == "X"``, and each ``B``/``E`` pair, matched per thread in stack order) into a row
+of the store's ``events`` shape (events without a ``ph`` and unpaired B/E are quarantined,
+counted, with a warning), and appends the rows
 to a staging file (Arrow IPC) as it goes, so memory holds one chunk of events at a time.
 What needs cross-event context (launch links, class, profiler step, the
 collectives) is computed afterwards by :mod:`tracekit.ingest.link` over the
 written rows; only the few collective-related events keep their metadata here
 (``comm_meta``), since those are all the linker needs from ``args``.
+
+Both decoders (the C scanner's records and msgspec's events) give a chunk as the same
+columns (:class:`_Events`), and one function, :func:`_build_batch`, makes the rows. The
+``args`` keys read are one table, :data:`ARGS`.
 
 Field spellings handled (they changed across PyTorch versions): categories
 ``kernel``/``Kernel``, ``cuda_runtime``/``Runtime``, ``gpu_memcpy``/``Memcpy``,
@@ -874,27 +880,28 @@ def _raw_ids(raws: list, want: np.ndarray, gpu: np.ndarray) -> _Ids:
     """:class:`_Ids` from raw ``args`` JSON (the msgspec path): one decode call for the ``want`` events."""
     n = len(raws)
     ids = _Ids(*(np.zeros(n, dtype=t) for t in (np.int64, bool) * 4), np.zeros(n, dtype=bool))
-    idx = np.flatnonzero(want).tolist()
-    if not idx:
+    at = np.flatnonzero(want)
+    if not len(at):
         return ids
-    decoded = _decode_many([raws[i] for i in idx], _IDS_LIST, _IDS, _EMPTY_IDS)
+    decoded = _decode_many([raws[i] for i in at.tolist()], _IDS_LIST, _IDS, _EMPTY_IDS)
     c_vals = [a.correlation for a in decoded]
     e_vals = [a.external_id if a.external_id is not None else a.external_id_lc for a in decoded]
     if not all(type(v) is int and -INT64_MAX <= v <= INT64_MAX for v in itertools.chain(c_vals, e_vals)):
         c_vals = [_as_int(v) for v in c_vals]
         e_vals = [_as_int(v) for v in e_vals]
-    for i, a, c, x in zip(idx, decoded, c_vals, e_vals):
-        if c is not None:
-            ids.corr[i], ids.corr_ok[i] = c, True
-        if x is not None:
-            ids.ext[i], ids.ext_ok[i] = x, True
-        if gpu[i]:
-            dv, sm = _as_int(a.device), _as_int(a.stream)
-            if dv is not None:
-                ids.dev[i], ids.dev_ok[i] = dv, True
-            if sm is not None:
-                ids.strm[i], ids.strm_ok[i] = sm, True
-        ids.coll[i] = a.collective is not None or a.in_nelems is not None
+    on_gpu = gpu[at]
+    g_dec = list(itertools.compress(decoded, on_gpu.tolist()))
+    for vals, rows, out, ok in (
+        (c_vals, at, ids.corr, ids.corr_ok),
+        (e_vals, at, ids.ext, ids.ext_ok),
+        ([_as_int(a.device) for a in g_dec], at[on_gpu], ids.dev, ids.dev_ok),
+        ([_as_int(a.stream) for a in g_dec], at[on_gpu], ids.strm, ids.strm_ok),
+    ):
+        got = np.fromiter((v is not None for v in vals), dtype=bool, count=len(vals))
+        out[rows[got]] = [v for v in vals if v is not None]
+        ok[rows[got]] = True
+    ids.coll[at] = np.fromiter((a.collective is not None or a.in_nelems is not None for a in decoded),
+                               dtype=bool, count=len(decoded))
     return ids
 
 
