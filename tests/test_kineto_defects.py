@@ -195,7 +195,7 @@ def test_begin_end_pairs_nest_per_thread_and_missing_phase_is_counted(tmp_path, 
     assert (events, quarantined) == (3, 2 + 2)  # two without "ph", one B never ended, one E without a B
     assert '2 event(s) without a "ph" (phase) quarantined' in warnings
     assert ("unpaired duration events quarantined: 1 B without an E ('never_ended', pid/tid 1/2); "
-            "1 E without a B ('', pid/tid 1/2)") in warnings
+            "1 E without a B (unnamed, pid/tid 1/2)") in warnings
 
 
 def test_begin_end_pairs_across_chunks(tmp_path, monkeypatch):

@@ -17,7 +17,8 @@
  *                          (Args ids that are not plain integers are not refused: the
  *                          record flags them, F_ODD, for the caller to decode.)
  *   records bytes of n fixed-width records (layout REC below, little-endian, native
- *           alignment; tracekit.ingest.kineto.REC_DTYPE mirrors it)
+ *           alignment; tracekit.ingest.kineto.REC_DTYPE mirrors it), one per event of any
+ *           phase: REC.ph is PH_X, PH_M, PH_B, PH_E, PH_NONE (no "ph") or PH_OTHER
  *   strings list of str: the distinct strings the records' string codes index
  *           (cat, name, and pid/tid given as strings)
  *   trailing_comma  1 when ']' followed a ',' (an exporter defect the reader notes)
@@ -26,6 +27,9 @@
  * exactly, from their decimal text: mantissa digits x 10^(exponent - fraction digits + 3),
  * rounded half to even when digits fall below 1 ns (as Python's Decimal does). A value
  * beyond int64 ns, null or absent is marked not ok (the reader quarantines the event).
+ *
+ * The args keys read are the table ARG_KEYS (exported with the phase codes, PHASES); it is
+ * tracekit.ingest.kineto.ARGS' "id" and "flag" rows, which a test checks.
  *
  * The GIL is released while scanning; the buffer is held through the buffer protocol.
  * Everything here is tracekit's own code.

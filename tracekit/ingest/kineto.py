@@ -739,7 +739,7 @@ class _ChunkState:
             parts = []
             for what, evs in (("B without an E", unended), ("E without a B", self.unmatched_e)):
                 if evs:
-                    names = ", ".join(sorted({repr(e.name) for e in evs})[:3])
+                    names = ", ".join(sorted({repr(e.name) if e.name else "unnamed" for e in evs})[:3])
                     more = "" if len({e.name for e in evs}) <= 3 else ", ..."
                     parts.append(f"{len(evs)} {what} ({names}{more}, pid/tid {evs[0].pid}/{evs[0].tid})")
             rf.warnings.append("unpaired duration events quarantined: " + "; ".join(parts))
@@ -1180,8 +1180,7 @@ _ALIAS_GET = [(KArgs.__struct_fields__.index(alias), target) for alias, target i
 def _meta_row(args, event_id, name, cat, is_gpu, device, track, ts_ns, dur_ns, correlation) -> dict:
     """The metadata row of a collective-related event: only the fields present (kept for the whole file)."""
     vals = msgspec.structs.astuple(args)
-    row = dict(itertools.compress(zip(META_FIELDS, _META_GET(vals)), map(operator.is_not, _META_GET(vals),
-                                                                        itertools.repeat(None))))
+    row = {k: v for k, v in zip(META_FIELDS, _META_GET(vals)) if v is not None}
     for k, target in _ALIAS_GET:
         if target not in row and vals[k] is not None:
             row[target] = vals[k]
