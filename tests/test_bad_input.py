@@ -71,8 +71,17 @@ def _cases(tmp_path):
     p.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}')
     cases["array never closed"] = (p, "truncated JSON")
     p = tmp_path / "bad_middle.json"
-    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}, {"ph": "X" "ts": 2}]}')
-    cases["malformed event"] = (p, "malformed")
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}, {"ph": "X", "ts": 2}}, {"ph": "X"}]}')
+    cases["malformed event"] = (p, "malformed")  # an event closed twice: not a run of events
+    p = tmp_path / "trailing.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}]}\n{"more": 1}')
+    cases["trailing data"] = (p, "trailing data after the JSON document at byte 50")
+    p = tmp_path / "two_arrays.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}], "traceEvents": [{"ph": "X", "ts": 2, "dur": 1}]}')
+    cases["second traceEvents"] = (p, 'a second "traceEvents" key')
+    p = tmp_path / "bad_byte.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1},\n{"ph": "X", "ts": 2, "dur": 1}}, {"ph": "X"}]}')
+    cases["malformed, offset"] = (p, "at byte 79")  # the second "}" of "}}", 0-based
     p = tmp_path / "numbers.json"
     p.write_text('{"traceEvents": [1, 2, 3]}')
     cases["events are numbers"] = (p, "no event objects")
@@ -104,7 +113,8 @@ CASE_NAMES = [
     "truncated gzip", "json not a trace", "array of numbers", "empty directory", "missing path",
     "empty file", "binary garbage", "truncated json", "top-level string", "top-level number",
     "traceEvents not an array", "gzip of garbage", "gzip of nothing", "corrupt gzip header",
-    "array never closed", "malformed event", "events are numbers", "directory of mixed garbage",
+    "array never closed", "malformed event", "trailing data", "second traceEvents", "malformed, offset",
+    "events are numbers", "directory of mixed garbage",
     "ranks not identifiable", "sqlite that is not nsys", "log that is not nccl-tests", "no closing brace",
 ]
 
@@ -167,3 +177,21 @@ def test_analyze_unknown_run_and_empty_store(tmp_path, store, capsys):
     assert "not in" in capsys.readouterr().err
     assert main(["analyze", "--store", str(tmp_path / "none")]) == 2
     assert "no runs" in capsys.readouterr().err
+
+
+def test_nsys_export_without_string_ids_is_refused(tmp_path, store, capsys):
+    import sqlite3
+
+    p = tmp_path / "no_strings.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, streamId INT, "
+                "correlationId INT, shortName INT, demangledName INT, globalPid INT)")
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (1000, 2000, 0, 7, 1, 5, 5, 1)")
+    con.commit()
+    con.close()
+    before = store_snapshot(store)
+    capsys.readouterr()
+    assert main(["ingest", str(p), "--store", str(store)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "no_strings.sqlite: Nsight Systems export without its StringIds table" in lines[0]
+    assert store_snapshot(store) == before

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from pathlib import Path
 
 import duckdb
@@ -31,6 +32,29 @@ def test_scanner_is_built_and_matches_the_record_layout():
     # silently missing scanner would make every ingest take the slow path
     assert fast_scanner_available()
     assert REC_DTYPE.itemsize == kscan.RECORD_SIZE == 104
+
+
+def test_scanner_reads_the_args_keys_of_the_one_table():
+    # the C scanner's key list (exported as _kscan.ARG_KEYS) is kineto.ARGS' "id" and "flag"
+    # rows: same spellings, each integer into the REC field REC_DTYPE names, same flag bits
+    from tracekit.ingest.kineto import _F_ODD, ARG_BITS, ARGS, PH_B, PH_E, PH_M, PH_NONE, PH_OTHER, PH_X
+
+    want = [(a.key, a.rec, REC_DTYPE.fields[a.rec][1] if a.rec else -1, ARG_BITS[a.field])
+            for a in ARGS if a.role in ("id", "flag")]
+    assert list(kscan.ARG_KEYS) == want
+    assert [k for k, *_ in want] == ["correlation", "External id", "external id", "device", "stream",
+                                     "Collective name", "In msg nelems"]
+    src = (Path(jsonstream.__file__).parent / "_kscan.c").read_text()
+    assert f"#define F_ODD {_F_ODD} " in src
+    assert kscan.PHASES == {"other": PH_OTHER, "X": PH_X, "M": PH_M, "B": PH_B, "E": PH_E, "none": PH_NONE}
+    # every other key is skipped: a key that is ours spelled differently sets nothing
+    _, _, r, _, _ = _scan('{"ph":"X","args":{"Correlation":5,"correlation ":6,"stream":7}}]')
+    assert (r["fl"][0], r["strm"][0], r["corr"][0]) == (ARG_BITS["stream"], 7, 0)
+
+
+def test_phases_missing_null_and_begin_end():
+    _, _, r, _, _ = _scan('{"ts":1},{"ph":null},{"ph":"B"},{"ph":"E"},{"ph":"i"},{"ph":5},{"ph":"XX"}]')
+    assert r["ph"].tolist() == [5, 5, 3, 4, 0, 0, 0]
 
 
 # -- the scanner itself --------------------------------------------------------------------
@@ -191,25 +215,32 @@ def test_truncated_gzip_is_a_file_error_from_the_decompressing_thread(tmp_path):
 
 # -- stores: scanner vs msgspec path, row for row ------------------------------------------
 
-_TARGETS = [
+_TARGETS = [  # every Kineto fixture and every shared Kineto trace
     "fixtures/tp_2rank",
+    "fixtures/tp_chunks_2rank",
     "fixtures/ep_2rank",
     "fixtures/pp_2rank",
+    "fixtures/pp_decode_2rank",
     "fixtures/kv_layerwise_2rank",
+    "fixtures/kv_bulk_2rank",
+    "fixtures/sweep_2rank",
     "fixtures/handmade/two_rank",
-    "fixtures/defects/alltoall_splits.json",
-    "fixtures/defects/custom_allreduce.json",
-    "fixtures/defects/keys_after_events.json",
-    "fixtures/defects/overlapping_kernels.json",
-    "fixtures/defects/ts_zero.json",
+    "fixtures/defects/two_hosts",
+    "fixtures/defects/rank_names",
+] + [f"fixtures/defects/{p.name}" for p in sorted((FIXTURES / "defects").glob("*.json"))] + [
     "traces/param_dlrm_8rank_v100",
+    "traces/hta_ddp_v100_r1of2",
     "traces/hta_nccl_parser_a100_r0of2",
     "traces/hta_pyper_a100_r0of16",
     "traces/hta_ws1_record_param_comms_v100",
     "traces/tracelens_b200_r0of8",
     "traces/hta_cpu_only_gloo/v_head",
+    "traces/hta_cpu_only_gloo/v_b8cce2c",
     "traces/kineto_legacy_2021/worker0.pt.trace.json.gz",
+    "traces/kineto_legacy_2021/worker0.1623143089861.pt.trace.json.gz",
     "traces/single_gpu_compute/mi250",
+    "traces/single_gpu_compute/h100",
+    "traces/single_gpu_compute/mi300",
 ]
 
 
@@ -476,3 +507,43 @@ def test_parallel_readers_give_the_same_store(tmp_path):
     for pattern, excl in [("runs/*/events/*.parquet", ""), ("runs/*/collectives.parquet", ""),
                           ("runs/*/ranks.parquet", ""), ("runs/*/run.parquet", "EXCLUDE (created_at)")]:
         assert _table_diff(tmp_path / "one", tmp_path / "two", pattern, excl) == (0, 0), pattern
+
+
+def test_lone_surrogate_and_escaped_key_are_read(tmp_path, monkeypatch):
+    # valid JSON: a lone \\ud800 (Python's json reads it; UTF-8 cannot hold it: U+FFFD) and a
+    # key spelled with an escape ("\\u0074s" is "ts")
+    text = ('{"traceEvents":[' + _EV % ("a\\ud800b", 1, 5) + ","
+            + _EV.replace('"ts"', '"\\u0074s"') % ("c", 1, 7) + "]}")
+    assert json.loads(text)["traceEvents"][1]["ts"] == 7
+    assert _two_paths(tmp_path, monkeypatch, text) == ([("a\ufffdb", 1, 5000), ("c", 1, 7000)], (2, 0))
+
+
+@pytest.mark.parametrize("where", ["after the bracket", "between events", "before the document"])
+def test_long_whitespace_runs_on_both_paths(where, tmp_path, monkeypatch):
+    # 1 MB of blanks is 256 blocks of 4 KB: more than any event, which the readers must not
+    # mistake for a malformed one (the same holds for 400 MB at the real block size)
+    monkeypatch.setattr(TraceStream.__init__, "__defaults__", (4096, True))
+    blank = " \n\t" * (1 << 18)
+    a, b = _EV % ("a", 1, 5), _EV % ("b", 1, 6)
+    text = {"after the bracket": '{"traceEvents":[' + blank + a + "," + b + "]}",
+            "between events": '{"traceEvents":[' + a + "," + blank + b + "]}",
+            "before the document": blank + '{"traceEvents":[' + a + "," + b + "]}"}[where]
+    assert _two_paths(tmp_path, monkeypatch, text) == ([("a", 1, 5000), ("b", 1, 6000)], (2, 0))
+
+
+def test_truncated_gzip_message_gives_the_bytes_really_decompressed(tmp_path):
+    raw = gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "ts": i, "dur": 1} for i in range(200000)]}).encode())
+    f = tmp_path / "cut.json.gz"
+    f.write_bytes(raw[: len(raw) // 2])
+    got = len(zlib.decompressobj(47).decompress(raw[: len(raw) // 2]))  # all that the cut stream holds, in one call
+    seen = 0  # Python's gzip module, 1 KB reads, loses the part of its last step before the cut
+    with gzip.open(f, "rb") as fh:
+        try:
+            while piece := fh.read(1024):
+                seen += len(piece)
+        except EOFError:
+            pass
+    assert 1_000_000 < seen <= got < len(gzip.decompress(raw))
+    with pytest.raises(FileError, match=f"truncated gzip stream after {got:,} bytes of JSON"):
+        for _ in TraceStream(f):
+            pass

@@ -1,7 +1,7 @@
 """Property: whatever a mutated trace looks like, ingest succeeds or raises tracekit's own error.
 
 Mutations of real small traces (the hand-made and TP fixtures): fields dropped,
-values replaced by other JSON types, the text truncated or corrupted at a random
+values replaced by other JSON types, phases turned into B/E or removed, the text truncated or corrupted at a random
 byte. Never another exception, and a failed ingest leaves the store unchanged.
 """
 
@@ -43,8 +43,14 @@ def _mutate(doc, data):
         e = evs[data.draw(st.integers(0, len(evs) - 1))]
         if not isinstance(e, dict):
             continue
-        kind = data.draw(st.sampled_from(["drop", "retype", "argdrop", "argretype", "top"]))
-        if kind == "drop":
+        kind = data.draw(st.sampled_from(["drop", "retype", "argdrop", "argretype", "top", "phase"]))
+        if kind == "phase":  # Chrome duration events (paired per thread) and events with no phase
+            ph = data.draw(st.sampled_from(["B", "E", None]))
+            if ph is None:
+                e.pop("ph", None)
+            else:
+                e["ph"] = ph
+        elif kind == "drop":
             e.pop(data.draw(st.sampled_from(FIELDS)), None)
         elif kind == "retype":
             e[data.draw(st.sampled_from(FIELDS))] = data.draw(json_values)
@@ -86,5 +92,6 @@ def test_mutated_traces_ingest_or_raise_our_error(tmp_path_factory, data, base, 
         return
     con = store.connect()
     assert con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [rid]).fetchone() == (1,)
+    assert con.execute("SELECT count(*) FROM events WHERE dur_ns < 0 OR ts_ns <= 0").fetchone() == (0,)
     con.execute("SELECT * FROM overlap_by_rank").fetchall()
     con.execute("SELECT * FROM collective_verdicts").fetchall()

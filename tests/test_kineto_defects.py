@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import FIXTURES
@@ -175,3 +177,105 @@ def test_integer_ts_too_large_for_ns_is_quarantined(tmp_path):
     con = store.connect()
     assert con.execute("SELECT list(name), min(ts_ns) FROM events").fetchone() == (["ok"], 1_000_000_000)
     assert con.execute("SELECT events_quarantined FROM ranks").fetchone() == (1,)
+
+
+@pytest.fixture(params=["1", "0"], ids=["msgspec", "scanner"])
+def both_decoders(request, monkeypatch):
+    monkeypatch.setenv("TRACEKIT_NO_KSCAN", request.param)
+
+
+def test_begin_end_pairs_nest_per_thread_and_missing_phase_is_counted(tmp_path, both_decoders):
+    con, _ = ingest(tmp_path, "begin_end.json")
+    rows = con.execute("SELECT name, ts_ns, dur_ns FROM events ORDER BY ts_ns").fetchall()
+    # by hand from make_defects.py (BASE = 1e6 µs): ProfilerStep#1 B at BASE, its E at BASE+100;
+    # aten::mm B at BASE+10.5, its E (the latest B open on tid 1) at BASE+30.25
+    assert rows == [("ProfilerStep#1", 1_000_000_000, 100_000), ("aten::mm", 1_000_010_500, 19_750),
+                    ("aten::add", 1_000_040_000, 5_000)]
+    events, quarantined, warnings = con.execute("SELECT events, events_quarantined, warnings FROM ranks").fetchone()
+    assert (events, quarantined) == (3, 2 + 2)  # two without "ph", one B never ended, one E without a B
+    assert '2 event(s) without a "ph" (phase) quarantined' in warnings
+    assert ("unpaired duration events quarantined: 1 B without an E ('never_ended', pid/tid 1/2); "
+            "1 E without a B (unnamed, pid/tid 1/2)") in warnings
+
+
+def test_begin_end_pairs_across_chunks(tmp_path, monkeypatch):
+    from tracekit.ingest.jsonstream import TraceStream
+
+    monkeypatch.setattr(TraceStream.__init__, "__defaults__", (256, True))  # a chunk holds ~2 events
+    evs = [{"ph": "B", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 1000 + i} for i in range(20)]
+    evs += [{"ph": "E", "pid": 1, "tid": 1, "ts": 2000 + i} for i in range(20)]
+    f = tmp_path / "rank0.json"
+    f.write_text(json.dumps({"traceEvents": evs}))
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TRACEKIT_NO_KSCAN", flag)
+        store = Store(tmp_path / f"s{flag}")
+        ingest_paths([f], store)
+        got = store.connect().execute("SELECT name, ts_ns, dur_ns FROM events ORDER BY ts_ns").fetchall()
+        # stack order: op19 ends first (at 2000 µs), op0 last (at 2019 µs)
+        assert got == [(f"op{i}", (1000 + i) * 1000, (2019 - i - (1000 + i)) * 1000) for i in range(20)], flag
+
+
+def test_broken_strings_are_repaired_or_quarantined_event_by_event(tmp_path, both_decoders):
+    con, _ = ingest(tmp_path, "broken_strings.json")
+    names = [r[0] for r in con.execute("SELECT name FROM events WHERE category = 'python_function' ORDER BY ts_ns").fetchall()]
+    assert names == ['print("hi") at f.py', "line one\nline two", "C:\\Users\\me\\work\\step.py(12)", "caf\ufffd.py(3): f"]
+    events, quarantined, warnings = con.execute("SELECT events, events_quarantined, warnings FROM ranks").fetchone()
+    assert (events, quarantined) == (5, 1)  # "ts": 1000005.0.0 is no number: that event only is lost
+    assert "4 event(s) with broken text repaired" in warnings
+    assert "1 malformed event(s) quarantined" in warnings
+    # the communication after the broken events is still read, with its metadata
+    assert con.execute("SELECT op, size_bytes, dur_ns FROM collectives").fetchall() == [("all_reduce", 4096, 20_000)]
+
+
+def test_comm_pattern_cannot_hang_the_ingest(tmp_path, capsys):
+    # '(a+)+$' backtracks exponentially in Python's re on 'aaaa...b': it must be run by a
+    # linear-time engine or refused, never hang
+    import time
+
+    name = "a" * 40 + "b"
+    f = tmp_path / "rank0.json"
+    f.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": nm, "pid": 0, "tid": 7, "ts": ts, "dur": 5, "args": {"device": 0, "stream": 7}}
+        for nm, ts in ((name, 1000), ("my_kernel_aaa", 2000))]}))
+    t0 = time.monotonic()
+    rc = main(["ingest", str(f), "--store", str(tmp_path / "s"), "--comm-pattern", "(a+)+$"])
+    assert time.monotonic() - t0 < 60  # a hang is minutes; this is a bound, not a timing
+    err = capsys.readouterr().err
+    from tracekit.ingest.kineto import re2
+
+    if re2 is None:
+        assert rc == 2 and err.count("\n") == 1 and "nested quantifier" in err
+    else:
+        assert rc == 0
+        con = Store(tmp_path / "s").connect()
+        # '(a+)+$' does not match '...ab', and matches 'my_kernel_aaa'
+        assert con.execute("SELECT class FROM events ORDER BY ts_ns").fetchall() == [("compute",), ("comm",)]
+
+
+@pytest.mark.parametrize("pattern, why", [("(a+)+$", "nested quantifier"), (r"(a)\1", "backreference"),
+                                          ("(a|aa)*c", "nested quantifier")])
+def test_slow_patterns_refused_without_re2(pattern, why, monkeypatch):
+    from tracekit.errors import BadInputError
+    from tracekit.ingest import kineto
+
+    monkeypatch.setattr(kineto, "re2", None)
+    with pytest.raises(BadInputError, match=why):
+        kineto.compile_comm_patterns([pattern])
+    assert kineto.compile_comm_patterns(["my_allreduce", "^x+y"]).search("foo_my_ALLREDUCE")
+
+
+def test_slow_pattern_refused_at_the_command_line_without_re2(tmp_path, capsys, monkeypatch):
+    from tests.conftest import store_snapshot
+    from tracekit.ingest import kineto
+
+    monkeypatch.setattr(kineto, "re2", None)
+    store = tmp_path / "s"
+    assert main(["ingest", str(D / "custom_allreduce.json"), "--store", str(store)]) == 0
+    before = store_snapshot(store)
+    capsys.readouterr()
+    rc = main(["ingest", str(D / "ts_zero.json"), "--store", str(store), "--comm-pattern", "(x+)+y"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1
+    assert lines[0] == ("tracekit: --comm-pattern '(x+)+y' has a nested quantifier, which can make matching take "
+                        "exponential time (install google-re2, or simplify the pattern)")
+    assert store_snapshot(store) == before

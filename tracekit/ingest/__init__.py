@@ -126,9 +126,9 @@ def _read_one(args):
 
 def _read_one_unchecked(args):
     path, out, patterns, digest = args
-    from tracekit.ingest.kineto import read_rank_file
+    from tracekit.ingest.kineto import compile_comm_patterns, read_rank_file
 
-    regex = re.compile("|".join(f"(?:{p})" for p in patterns), re.I)
+    regex = compile_comm_patterns(patterns)
     if str(path).lower().endswith(".nsys-rep"):
         from tracekit.ingest.nsys import export_report, read_nsys_report
 
@@ -199,6 +199,9 @@ def ingest_paths(
     from tracekit.ingest.comm_families import parse_comm_pattern, user_families
 
     user_kernels = [parse_comm_pattern(p) for p in comm_patterns]  # REGEX or REGEX=OP
+    from tracekit.ingest.kineto import compile_comm_patterns
+
+    compile_comm_patterns([k.pattern for k in user_kernels])  # BadInputError: invalid, or one that could hang the ingest
     if run_id is not None:
         check_run_id(run_id)
 

@@ -17,7 +17,8 @@
  *                          (Args ids that are not plain integers are not refused: the
  *                          record flags them, F_ODD, for the caller to decode.)
  *   records bytes of n fixed-width records (layout REC below, little-endian, native
- *           alignment; tracekit.ingest.kineto.REC_DTYPE mirrors it)
+ *           alignment; tracekit.ingest.kineto.REC_DTYPE mirrors it), one per event of any
+ *           phase: REC.ph is PH_X, PH_M, PH_B, PH_E, PH_NONE (no "ph") or PH_OTHER
  *   strings list of str: the distinct strings the records' string codes index
  *           (cat, name, and pid/tid given as strings)
  *   trailing_comma  1 when ']' followed a ',' (an exporter defect the reader notes)
@@ -27,6 +28,9 @@
  * rounded half to even when digits fall below 1 ns (as Python's Decimal does). A value
  * beyond int64 ns, null or absent is marked not ok (the reader quarantines the event).
  *
+ * The args keys read are the table ARG_KEYS (exported with the phase codes, PHASES); it is
+ * tracekit.ingest.kineto.ARGS' "id" and "flag" rows, which a test checks.
+ *
  * The GIL is released while scanning; the buffer is held through the buffer protocol.
  * Everything here is tracekit's own code.
  */
@@ -35,6 +39,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
+#include <stddef.h>
 
 typedef struct {
     int64_t ts, dur, pid, tid, a_s, a_e, corr, ext_u, ext_l, dev, strm;
@@ -51,6 +56,14 @@ typedef struct {
 #define F_ODD 32   /* one of those keys holds a non-null, non-integer value */
 #define F_COLL 64  /* "Collective name" present and not null */
 #define F_NELEM 128 /* "In msg nelems" present and not null */
+
+/* phases (REC.ph): the ones the reader treats apart; any other phase is PH_OTHER */
+#define PH_OTHER 0
+#define PH_X 1
+#define PH_M 2
+#define PH_B 3
+#define PH_E 4
+#define PH_NONE 5 /* no "ph" key, or null */
 
 /* id kinds */
 #define K_INT 0
@@ -570,6 +583,30 @@ static int arg_int(Scan *s, int64_t j, int64_t *end, int64_t *v, uint8_t *fl, ui
     return RS_OK;
 }
 
+/* The args keys the scanner reads: where a plain integer value goes (an offset in REC) or -1 for
+ * a key whose presence (non-null) is a flag bit. tracekit.ingest.kineto.ARGS is the table these
+ * come from; the module exports this one as ARG_KEYS ((key, REC field, offset, bit), ...) and a
+ * test checks that the two agree. */
+typedef struct { const char *key; int64_t len; const char *field; Py_ssize_t off; uint8_t bit; } ArgKey;
+#define ARG_INT(key, fld, bit) {key, (int64_t)sizeof(key) - 1, #fld, (Py_ssize_t)offsetof(REC, fld), bit}
+#define ARG_FLAG(key, bit) {key, (int64_t)sizeof(key) - 1, NULL, -1, bit}
+static const ArgKey ARG_KEYS[] = {
+    ARG_INT("correlation", corr, F_CORR),
+    ARG_INT("External id", ext_u, F_EXTU),
+    ARG_INT("external id", ext_l, F_EXTL),
+    ARG_INT("device", dev, F_DEV),
+    ARG_INT("stream", strm, F_STRM),
+    ARG_FLAG("Collective name", F_COLL),
+    ARG_FLAG("In msg nelems", F_NELEM),
+};
+#define N_ARG_KEYS ((int)(sizeof(ARG_KEYS) / sizeof(ARG_KEYS[0])))
+
+static const ArgKey *find_arg(const unsigned char *k, int64_t kl) {
+    for (int t = 0; t < N_ARG_KEYS; t++)
+        if (ARG_KEYS[t].len == kl && memcmp(ARG_KEYS[t].key, k, (size_t)kl) == 0) return &ARG_KEYS[t];
+    return NULL;
+}
+
 static int parse_args(Scan *s, int64_t i, int64_t *end, REC *e) {
     const unsigned char *b = s->buf;
     int64_t n = s->n;
@@ -590,27 +627,17 @@ static int parse_args(Scan *s, int64_t i, int64_t *end, REC *e) {
         int esc;
         int r = member_key(s, &j, &k, &kl, &esc);
         if (r) return r;
-        if (esc) {
-            /* an escaped key might spell one of ours: leave the event to the general reader */
-            return RS_BAD;
-        } else if (KEYIS(k, kl, "correlation")) {
-            r = arg_int(s, j, &j, &e->corr, &e->fl, F_CORR);
-        } else if (KEYIS(k, kl, "External id")) {
-            r = arg_int(s, j, &j, &e->ext_u, &e->fl, F_EXTU);
-        } else if (KEYIS(k, kl, "external id")) {
-            r = arg_int(s, j, &j, &e->ext_l, &e->fl, F_EXTL);
-        } else if (KEYIS(k, kl, "device")) {
-            r = arg_int(s, j, &j, &e->dev, &e->fl, F_DEV);
-        } else if (KEYIS(k, kl, "stream")) {
-            r = arg_int(s, j, &j, &e->strm, &e->fl, F_STRM);
-        } else if (KEYIS(k, kl, "Collective name") || KEYIS(k, kl, "In msg nelems")) {
-            uint8_t bit = k[0] == 'C' ? F_COLL : F_NELEM;
+        if (esc) return RS_BAD; /* an escaped key might spell one of ours: leave it to the general reader */
+        const ArgKey *a = find_arg(k, kl);
+        if (a && a->off >= 0) {
+            r = arg_int(s, j, &j, (int64_t *)((char *)e + a->off), &e->fl, a->bit);
+        } else if (a) { /* a presence flag: set unless the value is null */
             if (b[j] == 'n') {
                 r = lex_literal(b, j, n, &j, "null");
-                e->fl &= (uint8_t)~bit;
+                e->fl &= (uint8_t)~a->bit;
             } else {
                 r = skip_value(s, j, &j, 2);
-                e->fl |= bit;
+                e->fl |= a->bit;
             }
         } else {
             r = skip_value(s, j, &j, 2);
@@ -707,6 +734,7 @@ static int parse_event(Scan *s, int64_t i, int64_t *end, REC *e) {
     e->tid_k = K_NONE;
     e->a_s = -1;
     e->a_e = -1;
+    e->ph = PH_NONE;
     int64_t j = skip_ws(b, i + 1, n);
     if (j >= n) return RS_NEED;
     if (b[j] == '}') { *end = j + 1; return RS_OK; }
@@ -724,11 +752,15 @@ static int parse_event(Scan *s, int64_t i, int64_t *end, REC *e) {
                 r = lex_string(b, j, n, &se, &es2);
                 if (!r && es2) r = RS_BAD; /* "\u0058" is "X" too: leave escaped phases to msgspec */
                 if (!r) {
-                    e->ph = (se - j == 3) ? (b[j + 1] == 'X' ? 1 : b[j + 1] == 'M' ? 2 : 0) : 0;
+                    unsigned char c = se - j == 3 ? b[j + 1] : 0;
+                    e->ph = c == 'X' ? PH_X : c == 'M' ? PH_M : c == 'B' ? PH_B : c == 'E' ? PH_E : PH_OTHER;
                     j = se;
                 }
+            } else if (b[j] == 'n') {
+                e->ph = PH_NONE;
+                r = lex_literal(b, j, n, &j, "null");
             } else {
-                e->ph = 0;
+                e->ph = PH_OTHER;
                 r = skip_value(s, j, &j, 1);
             }
         } else if (KEYIS(k, kl, "cat")) {
@@ -882,5 +914,18 @@ PyMODINIT_FUNC PyInit__kscan(void) {
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(REC)) < 0) return NULL;
+    PyObject *keys = PyTuple_New(N_ARG_KEYS);
+    if (!keys) return NULL;
+    for (int t = 0; t < N_ARG_KEYS; t++) {
+        const ArgKey *a = &ARG_KEYS[t];
+        PyObject *item = a->field ? Py_BuildValue("(ssni)", a->key, a->field, a->off, (int)a->bit)
+                                  : Py_BuildValue("(sOni)", a->key, Py_None, a->off, (int)a->bit);
+        if (!item) { Py_DECREF(keys); return NULL; }
+        PyTuple_SET_ITEM(keys, t, item);
+    }
+    if (PyModule_AddObject(m, "ARG_KEYS", keys) < 0) { Py_DECREF(keys); return NULL; }
+    PyObject *ph = Py_BuildValue("{sisisisisisi}", "other", PH_OTHER, "X", PH_X, "M", PH_M, "B", PH_B, "E", PH_E,
+                                 "none", PH_NONE);
+    if (!ph || PyModule_AddObject(m, "PHASES", ph) < 0) { Py_XDECREF(ph); return NULL; }
     return m;
 }

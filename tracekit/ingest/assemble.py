@@ -72,7 +72,8 @@ def finish_run(
         n_unattributed = table.column("op").null_count
         warnings = list(dict.fromkeys(rf.warnings))
         if rf.quarantined:
-            warnings.append(f"{rf.quarantined} event(s) quarantined (missing or non-positive ts, negative dur)")
+            warnings.append(f"{rf.quarantined} event(s) quarantined in all (a missing or non-positive ts, a negative dur, "
+                            "or a reason warned above)")
         if n_clipped:
             warnings.append(
                 f"{n_clipped} GPU event(s) overlapped the next on their stream by more than {CLIP_TOLERANCE_NS} ns "

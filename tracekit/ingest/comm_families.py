@@ -246,10 +246,19 @@ def user_families(kernels: Sequence[Kernel]) -> Iterator[None]:
         _user.reset(token)
 
 
+@functools.lru_cache(maxsize=64)
+def _user_matcher(pattern: str):
+    """A user's pattern compiled as the comm-by-name rule compiles it (RE2, or refused when it could
+    take exponential time: :func:`tracekit.ingest.kineto.compile_comm_patterns`)."""
+    from tracekit.ingest.kineto import compile_comm_patterns  # kineto imports this module
+
+    return compile_comm_patterns([pattern])
+
+
 @functools.lru_cache(maxsize=8192)
 def _match(name: str, user: tuple[Kernel, ...]) -> Kernel | None:
     for k in user:
-        if re.search(k.pattern, name, re.I):
+        if _user_matcher(k.pattern).search(name):
             return k
     for f in FAMILIES:
         for k in f.kernels:

@@ -15,8 +15,13 @@ decompressed bytes in blocks and cuts the array between two events:
   way every known exporter writes the separator).
 
 Chunks that do not decode are retried after repairing the defects real
-exporters produce: invalid UTF-8 (decoded with replacement characters) and bare
-``inf`` / ``-inf`` / ``NaN`` / ``Infinity`` tokens (read as null).
+exporters produce: invalid UTF-8 (decoded with replacement characters), bare
+``inf`` / ``-inf`` / ``NaN`` / ``Infinity`` tokens (read as null) and lone UTF-16
+surrogate escapes (read as U+FFFD). If that is not enough, the events are read one by
+one (:func:`_recover`): strings with unescaped quotes, raw control characters or stray
+backslashes are repaired, and an event that still does not decode is dropped and counted
+(``events_fixed`` / ``events_dropped``, each a note). Blank text between events is
+dropped however long it is.
 
 Fast path: where the C scanner :mod:`tracekit.ingest._kscan` is built (it is
 optional), the array is read with it instead, block by block, into
@@ -28,8 +33,10 @@ invalid UTF-8, bare NaN, an id or time of an odd type, a float beyond a
 double...), the rest of the file goes through the cut-and-decode path above,
 which repairs or reports exactly as it always did.
 
-Errors are ``FileError`` naming the file and the problem (truncated gzip,
-not JSON, no ``traceEvents`` array, array never closed).
+Errors are ``FileError`` naming the file and the problem (truncated gzip with the
+bytes of JSON it held, not JSON, no ``traceEvents`` array, array never closed, trailing
+data after the document, a second ``traceEvents`` key, malformed JSON at byte N of the
+decompressed text).
 """
 
 from __future__ import annotations
@@ -101,6 +108,13 @@ _ANY = msgspec.json.Decoder()
 
 _BARE_CONST = re.compile(rb"(?<=[:\[,\s])(-?)(?:Infinity|inf|NaN|nan)(?=\s*[,\]}])")
 _WS = b" \t\r\n"
+_WS_BYTES = (b" ", b"\t", b"\r", b"\n")
+# a \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or a \uDC00-\uDFFF one not after
+# such a high one; (?<!\\)((?:\\\\)*) makes sure the backslash is not itself escaped
+_LONE_SURROGATE = re.compile(
+    rb"(?<!\\)((?:\\\\)*)(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
 
 
 @dataclass
@@ -110,6 +124,8 @@ class Chunk:
     events: list  # list[Ev]
     text: bytes  # b"[" + events + b"]", after any repair
     repaired: list[str] = field(default_factory=list)
+    fixed: int = 0  # events whose text was repaired (see _recover)
+    dropped: int = 0  # events that could not be read even so (quarantined)
 
     def exact(self) -> list:
         """The same events with ts/dur as raw JSON text (for exact ns conversion)."""
@@ -150,7 +166,7 @@ class _Reader:
             data = self.fh.read(n)
         except EOFError:
             raise FileError(
-                self.path, f"truncated gzip stream after {self.consumed:,} bytes of JSON (file incomplete?)"
+                self.path, f"truncated gzip stream after {_gunzip_length(self.path):,} bytes of JSON (file incomplete?)"
             ) from None
         except _GZIP_ERRORS as exc:
             raise FileError(self.path, f"corrupt gzip data after {self.consumed:,} bytes ({exc})") from None
@@ -163,6 +179,24 @@ class _Reader:
         self.fh.close()
 
 
+def _gunzip_length(path: Path) -> int:
+    """Bytes of data a (truncated) gzip file decompresses to before it ends: a second pass, on the
+    error path only, since the reader loses the part of a block decompressed before the cut."""
+    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    total = 0
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                total += len(d.decompress(block))
+                while d.unused_data and d.eof:  # a multi-member gzip file: the next member
+                    rest = d.unused_data
+                    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                    total += len(d.decompress(rest))
+    except zlib.error:
+        pass
+    return total
+
+
 def _repair(text: bytes) -> tuple[bytes, list[str]]:
     notes = []
     try:
@@ -173,6 +207,10 @@ def _repair(text: bytes) -> tuple[bytes, list[str]]:
     fixed, n = _BARE_CONST.subn(b"null", text)
     if n:
         notes.append(f"{n} bare inf/NaN token(s) read as null")
+        text = fixed
+    fixed, n = _LONE_SURROGATE.subn(rb"\1\\ufffd", text)
+    if n:
+        notes.append(f"{n} lone UTF-16 surrogate escape(s) read as U+FFFD")
         text = fixed
     return text, notes
 
@@ -203,19 +241,30 @@ def _decode_events(body: bytes) -> Chunk | None:
     if not notes:
         return None
     try:
-        return Chunk(_EV_LIST.decode(text2), text2, notes)
+        evs = _EV_LIST.decode(text2)
+        fixed = sum(1 for e in evs if _has_replacement(e)) if "invalid UTF-8 replaced" in notes else 0
+        return Chunk(evs, text2, notes, fixed)
     except msgspec.ValidationError:
         return _decode_mixed(text2, notes)
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
 
 
-def _decode_error(body: bytes) -> str:
-    """msgspec's description of why ``[body]`` is not JSON (one line)."""
+def _has_replacement(e: Ev) -> bool:
+    """Whether an event's strings hold U+FFFD (what invalid UTF-8 was replaced with)."""
+    return any(isinstance(v, str) and "\ufffd" in v for v in (e.name, e.cat, e.pid, e.tid)) or (
+        b"\xef\xbf\xbd" in bytes(e.args))
+
+
+def _decode_error(body: bytes, base: int = 0) -> str:
+    """msgspec's description of why ``[body]`` is not JSON (one line); the byte it names is
+    given as ``base`` + its index in ``[body]``: the offset in the file's JSON when ``base`` is
+    the offset of ``body`` minus one."""
     try:
         _ANY.decode(b"[" + body + b"]")
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        return " ".join(str(exc).split())
+        msg = " ".join(str(exc).split())
+        return re.sub(r"\(byte (\d+)\)", lambda m: f"at byte {base + int(m.group(1)):,}", msg)
     return "not an array of event objects"
 
 
@@ -235,6 +284,129 @@ def _decode_mixed(text: bytes, notes: list[str]) -> Chunk | None:
     except msgspec.ValidationError:
         return None
     return Chunk(evs, clean, notes + [f"{dropped} non-object item(s) in traceEvents skipped"])
+
+
+# -- recovering events whose strings are broken (issue: Kineto's with_stack names) ----------
+
+_STRUCT = re.compile(rb'["{}\[\]]')
+_STR_SPECIAL = re.compile(rb'["\\\x00-\x1f]')
+_HEX4 = re.compile(rb"[0-9a-fA-F]{4}")
+_ESCAPES = frozenset(b'"\\/bfnrt')
+_CLOSERS = frozenset(b":,}]")
+_EV_ONE = msgspec.json.Decoder(Ev)
+
+
+def _repair_object(buf: bytes, i: int) -> tuple[bytes, int, bool] | None:
+    """The object at ``buf[i] == '{'`` with its strings repaired: ``(text, end, changed)``, or
+    None when it does not end within ``buf``.
+
+    Inside a string: a ``"`` not followed (after blanks) by ``:`` ``,`` ``}`` or ``]`` is a quote
+    the exporter forgot to escape (``"say "hi" now"``); a backslash that starts no JSON escape is
+    a literal one (``C:\\Users``); a raw control character (a newline) is escaped.
+    """
+    out: list[bytes] = []
+    depth, j, n, changed = 0, i, len(buf), False
+    while True:
+        m = _STRUCT.search(buf, j)
+        if m is None:
+            return None
+        k = m.start()
+        c = buf[k]
+        out.append(buf[j : k + 1])
+        j = k + 1
+        if c != 0x22:  # { } [ ]
+            depth += 1 if c in b"{[" else -1
+            if depth == 0:
+                return b"".join(out), j, changed
+            continue
+        while True:  # a string's body, up to its closing quote
+            m = _STR_SPECIAL.search(buf, j)
+            if m is None:
+                return None
+            k = m.start()
+            c = buf[k]
+            out.append(buf[j:k])
+            if c == 0x5C:  # backslash
+                if k + 1 >= n:
+                    return None
+                if buf[k + 1] in _ESCAPES:
+                    out.append(buf[k : k + 2])
+                    j = k + 2
+                elif buf[k + 1] == 0x75 and _HEX4.match(buf, k + 2):  # \uXXXX
+                    out.append(buf[k : k + 6])
+                    j = k + 6
+                else:
+                    out.append(b"\\\\")
+                    j, changed = k + 1, True
+            elif c == 0x22:
+                t = k + 1
+                while t < n and buf[t] in _WS:
+                    t += 1
+                if t >= n:
+                    return None
+                if buf[t] in _CLOSERS:
+                    out.append(b'"')
+                    j = k + 1
+                    break
+                out.append(b'\\"')
+                j, changed = k + 1, True
+            else:  # a raw control character
+                out.append(b"\\u%04x" % c)
+                j, changed = k + 1, True
+
+
+_INCOMPLETE = "incomplete"  # what _recover returns when text ends inside its first event
+
+
+def _recover(body: bytes, final: bool) -> tuple[Chunk, int] | None | str:
+    """Events of ``body`` (text after a cut between events) read one by one, repairing their
+    strings (:func:`_repair_object`) and the defects :func:`_repair` knows; an event that still
+    does not decode is dropped and counted. Returns (chunk, index after the last event taken and
+    its comma), or None if the text is not a run of objects (then it is reported as malformed).
+    With ``final`` the events must run to the end of ``body``; else the last, cut one is left,
+    and :data:`_INCOMPLETE` says that the text ends inside the first event (read more)."""
+    evs, texts, notes = [], [], set()
+    fixed = dropped = 0
+    i, n, nxt = _skip_ws(body, 0), len(body), 0
+    while i < n:
+        if body[i] != 0x7B:
+            return None
+        got = _repair_object(body, i)
+        if got is None:
+            if final:
+                return None
+            if not evs and not dropped:
+                return _INCOMPLETE
+            break
+        text, end, changed = got
+        k = _skip_ws(body, end)
+        if k < n and body[k] != 0x2C:  # not followed by a comma: not a run of events
+            return None
+        if k >= n and not final:
+            break
+        try:
+            ev = _EV_ONE.decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            text2, more = _repair(text)
+            try:
+                ev = _EV_ONE.decode(text2)
+                text, changed = text2, True
+                notes.update(m.split(" ", 1)[1] if m[0].isdigit() else m for m in more)
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+                ev = None
+        if ev is None:
+            dropped += 1
+        else:
+            evs.append(ev)
+            texts.append(text)
+            fixed += changed
+        i = _skip_ws(body, k + 1)
+        nxt = k + 1
+        if k >= n:
+            break
+    if not evs and not dropped:
+        return None
+    return Chunk(evs, b"[" + b",".join(texts) + b"]", sorted(notes), fixed, dropped), (n if final else nxt)
 
 
 def _skip_ws(buf: bytes, i: int) -> int:
@@ -329,6 +501,9 @@ class TraceStream:
         self.meta: dict = {}
         self.notes: list[str] = []
         self.fast_events = 0  # events read by the C scanner
+        self.events_fixed = 0  # events read after repairing their text
+        self.events_dropped = 0  # malformed events that could not be read (quarantined)
+        self._recover_from = 0  # _cut reads events one by one only from this much text on
         self.slow_from: int | None = None  # byte where the msgspec path took over, if it did
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -340,10 +515,20 @@ class TraceStream:
         n_events = 0
         try:
             for ch in self._run(rd):
-                n_events += len(ch.events) if isinstance(ch, Chunk) else 1
+                if isinstance(ch, Chunk):
+                    n_events += len(ch.events)
+                    self.events_fixed += ch.fixed
+                    self.events_dropped += ch.dropped
+                else:
+                    n_events += 1
                 yield ch
         finally:
             rd.close()
+        if self.events_fixed:
+            self.notes.append(f"{self.events_fixed} event(s) with broken text repaired")
+        if self.events_dropped:
+            self.notes.append(f"{self.events_dropped} malformed event(s) quarantined")
+        self.notes = list(dict.fromkeys(self.notes))
         if n_events == 0 and any("non-object" in n for n in self.notes):
             raise FileError(self.path, "not a trace: traceEvents holds no event objects")
 
@@ -351,11 +536,10 @@ class TraceStream:
 
     def _run(self, rd: _Reader) -> Iterator[Chunk]:
         buf = rd.read(self.block)
+        while not rd.eof and not buf.strip(_WS):  # blank blocks before the document are dropped
+            buf = rd.read(self.block)
         if not buf.strip():
-            while not rd.eof and not buf.strip():
-                buf += rd.read(self.block)
-            if not buf.strip():
-                raise FileError(self.path, "empty file")
+            raise FileError(self.path, "empty file")
         if buf.startswith(b"\xef\xbb\xbf"):
             buf = buf[3:]
         i = _skip_ws(buf, 0)
@@ -455,7 +639,7 @@ class TraceStream:
                             raise FileError(self.path, "malformed JSON after traceEvents (too much text after the array)")
                     rest = b"".join(rest)
                     if not self._after_array(rest[1:]):  # the scanner found the very ']'
-                        yield from self._tail(rest)  # the general reader says what is wrong
+                        yield from self._tail(rest, rd.consumed - len(rest))  # the general reader says what is wrong
                     return
                 # "slow": something the scanner does not take (or a file that ends inside an
                 # event): the general reader repairs it or says exactly what is wrong
@@ -467,13 +651,17 @@ class TraceStream:
 
     def _events_slow(self, rd, buf: bytes) -> Iterator[Chunk]:
         while True:
+            if buf[:1] in _WS_BYTES:  # blank text between events is dropped, however long
+                buf = buf.lstrip(_WS)
             while not rd.eof and len(buf) < self.block:
                 more = rd.read(self.block)
                 if not more:
                     break
                 buf += more
+                if buf[:1] in _WS_BYTES:
+                    buf = buf.lstrip(_WS)
             if rd.eof:
-                yield from self._tail(buf)
+                yield from self._tail(buf, rd.consumed - len(buf))
                 return
             cut = self._cut(buf)
             if cut is None:
@@ -483,7 +671,7 @@ class TraceStream:
                     raise FileError(self.path, f"malformed JSON in traceEvents near byte {rd.consumed - len(buf):,}")
                 more = rd.read(self.block)
                 if not more:
-                    yield from self._tail(buf)
+                    yield from self._tail(buf, rd.consumed - len(buf))
                     return
                 buf += more
                 continue
@@ -505,7 +693,16 @@ class TraceStream:
             ch = _decode_events(buf[: p + 1])
             if ch is not None:
                 return ch, p + 2
-        return None
+        # no cut decodes: read the events one by one, repairing broken strings; when the text
+        # ended inside its first event (a huge one), not again before the text has doubled,
+        # so that the scans of a growing event stay linear in its length
+        if len(buf) < self._recover_from:
+            return None
+        got = _recover(buf, final=False)
+        if got is _INCOMPLETE:
+            self._recover_from = 2 * len(buf)
+            return None
+        return got if got is not None and got[1] > 0 else None
 
     def _after_array(self, after: bytes) -> bool:
         """Read the top-level keys in ``after`` (the text after the array's closing ']').
@@ -513,30 +710,60 @@ class TraceStream:
         True when that text closes the document properly (the keys go to ``meta``);
         False otherwise, for :meth:`_tail` to report.
         """
-        rest = after.strip(_WS)
-        if self._array_closed_by == b"":
-            return not rest
-        if not rest.endswith(b"}"):
+        keys, _junk = self._doc_close(after)
+        if keys is None:
             return False
-        inner = rest[:-1].strip(_WS)
-        if not inner:
-            return True
-        if not inner.startswith(b","):
-            return False
-        got = _decode_repaired(b"{" + inner[1:] + b"}")
-        if got is None or not isinstance(got[0], dict):
-            return False
-        self.meta.update(got[0])
+        self._take_keys(keys)
         return True
 
-    def _tail(self, buf: bytes) -> Iterator[Chunk]:
-        """The last events, the closing ``]`` and any top-level keys after it."""
-        closer = self._array_closed_by
+    def _take_keys(self, keys: dict) -> None:
+        if "traceEvents" in keys:
+            raise FileError(self.path, 'a second "traceEvents" key after the first array (two traces joined '
+                                       "in one file?): refused, split the file")
+        self.meta.update(keys)
+
+    def _doc_close(self, rest: bytes) -> tuple[dict | None, int | None]:
+        """``rest``: the text after a ``]`` that may close the array. ``(keys, None)`` when it closes
+        the document exactly (``keys``: the top-level keys written after the array); ``(None, k)``
+        when the document closes before ``rest[k:]``, which is not blank; ``(None, None)`` otherwise."""
+        n = len(rest)
+        k = _skip_ws(rest, 0)
+        if self._array_closed_by == b"":
+            return ({}, None) if k == n else (None, k)
+        if k < n and rest[k] == 0x7D:  # '}'
+            e = _skip_ws(rest, k + 1)
+            return ({}, None) if e == n else (None, e)
+        if k >= n or rest[k] != 0x2C:  # ','
+            return None, None
+        tail = rest.rstrip(_WS)
+        if tail.endswith(b"}"):
+            got = _decode_repaired(b"{" + tail[k + 1 : -1] + b"}")
+            if got is not None and isinstance(got[0], dict):
+                return got[0], None
+        q = k  # text after the document: find the '}' where the keys close (a few tries)
+        for _ in range(8):
+            q = rest.find(b"}", q + 1)
+            if q < 0:
+                break
+            got = _decode_repaired(b"{" + rest[k + 1 : q] + b"}")
+            if got is not None and isinstance(got[0], dict):
+                e = _skip_ws(rest, q + 1)
+                return (got[0], None) if e == n else (None, e)
+        return None, None
+
+    def _tail(self, buf: bytes, base: int) -> Iterator[Chunk]:
+        """The last events, the closing ``]`` and any top-level keys after it (``base``: the byte
+        offset of ``buf`` in the decompressed JSON, for messages)."""
         lim = len(buf)
         body_error = None
+        junk_at = None
         while True:
             r = buf.rfind(b"]", 0, lim)
             if r < 0:
+                if junk_at is not None:
+                    snippet = buf[junk_at : junk_at + 16]
+                    raise FileError(self.path, f"trailing data after the JSON document at byte {base + junk_at:,} "
+                                               f"({snippet!r}...)")
                 if body_error is not None:
                     raise FileError(self.path, f"malformed JSON in traceEvents ({body_error})")
                 raise FileError(self.path, "truncated JSON: traceEvents array is never closed (file incomplete?)")
@@ -548,37 +775,28 @@ class TraceStream:
                 # this ']' closes something in the keys after the array, as no event list
                 # ends so; skipping it here keeps a long tail of keys linear, not quadratic
                 continue
-            rest = buf[r + 1 :].strip(_WS)
-            trailing: dict | None = None
-            if closer == b"":
-                if rest:
-                    continue
-                trailing = {}
-            else:
-                if not rest.endswith(b"}"):
-                    continue
-                inner = rest[:-1].strip(_WS)
-                if inner == b"":
-                    trailing = {}
-                elif inner.startswith(b","):
-                    got = _decode_repaired(b"{" + inner[1:] + b"}")
-                    if got is None or not isinstance(got[0], dict):
-                        continue
-                    trailing = got[0]
-                else:
-                    continue
-            body = buf[:r].strip(_WS)
+            trailing, junk = self._doc_close(buf[r + 1 :])
+            if trailing is None:
+                if junk is not None and junk_at is None:
+                    junk_at = r + 1 + junk
+                continue
+            raw_body = buf[:r]
+            body = raw_body.strip(_WS)
+            lead = len(raw_body) - len(raw_body.lstrip(_WS))
             if body.endswith(b","):  # a trailing comma, as some exporters write
                 body = body[:-1]
                 self.notes.append("trailing comma after the last event")
             if body:
                 ch = _decode_events(body)
                 if ch is None:
+                    got = _recover(body, final=True)
+                    ch = got[0] if got is not None else None
+                if ch is None:
                     # maybe the ']' we found closes something inside the last event
                     if body_error is None:
-                        body_error = _decode_error(body)
+                        body_error = _decode_error(body, base + lead - 1)
                     continue
                 self.notes.extend(ch.repaired)
                 yield ch
-            self.meta.update(trailing)
+            self._take_keys(trailing)
             return

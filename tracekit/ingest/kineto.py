@@ -2,12 +2,18 @@
 
 One rank file at a time: :func:`read_rank_file` reads the file with
 :class:`~tracekit.ingest.jsonstream.TraceStream`, turns every complete event
-(``ph == "X"``) into a row of the store's ``events`` shape, and appends the rows
+(``ph == "X"``, and each ``B``/``E`` pair, matched per thread in stack order) into a row
+of the store's ``events`` shape (events without a ``ph`` and unpaired B/E are quarantined,
+counted, with a warning), and appends the rows
 to a staging file (Arrow IPC) as it goes, so memory holds one chunk of events at a time.
 What needs cross-event context (launch links, class, profiler step, the
 collectives) is computed afterwards by :mod:`tracekit.ingest.assemble` over the
 written rows (:mod:`tracekit.ingest.staging` holds the staging file's schema and writer); only the few collective-related events keep their metadata here
 (``comm_meta``), since those are all the linker needs from ``args``.
+
+Both decoders (the C scanner's records and msgspec's events) give a chunk as the same
+columns (:class:`_Events`), and one function, :func:`_build_batch`, makes the rows. The
+``args`` keys read are one table, :data:`ARGS`.
 
 Field spellings handled (they changed across PyTorch versions): categories
 ``kernel``/``Kernel``, ``cuda_runtime``/``Runtime``, ``gpu_memcpy``/``Memcpy``,
@@ -22,7 +28,9 @@ any other value is converted from its decimal text. Why 2^41: for x < 2^k the
 double nearest the text is off by at most 2^(k-53) µs = 500·2^(k-53) ns, and the
 product x*1000 adds at most half an ulp of a number below 2^(k+10), 2^(k-44) ns;
 the sum, about 2^(k-43) ns, must stay below 0.5 ns so the rounding lands on the
-true integer. k = 41 leaves a factor of 2 (0.25 ns).
+true integer. k = 41 leaves a factor of 2 (0.25 ns). (The bound used to be
+2^52/1000 µs ≈ 2^42.03, which let 1 ns errors through: hta_nccl_parser's
+ts ≈ 4.46e12 µs lost up to 1 ns.)
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import itertools
 import operator
 import re
 import zlib
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Optional
@@ -39,17 +48,11 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from tracekit.errors import FileError
+from tracekit.errors import BadInputError
+from tracekit.ingest import staging
 from tracekit.ingest.comm_families import CPU_OP_NAMES, KERNEL_PATTERNS
 from tracekit.ingest.jsonstream import FastChunk, TraceStream
-from tracekit.ingest.staging import (
-    META_FIELDS,
-    META_BATCH_ROWS,
-    RankFile,
-    _BatchWriter,
-    raw_batch,
-    sha256_file,
-)
+from tracekit.ingest.staging import META_BATCH_ROWS, RankFile, _BatchWriter, raw_batch, sha256_file
 
 # Canonical categories (store column `category`).
 _CAT = {
@@ -71,50 +74,147 @@ _CAT = {
 }
 GPU_CATEGORIES = frozenset({"kernel", "memcpy", "memset", "sync", "gpu_user_annotation"})
 
-# Communication by name (DESIGN.md "Classifying events"); metadata decides first. Beyond
-# NCCL/RCCL/gloo, the collective families' kernels (tracekit.ingest.comm_families: symmetric
+# Communication by name (DESIGN.md "Classifying events"); metadata decides first.
+# Beyond NCCL/RCCL/gloo, the collective families' kernels (tracekit.ingest.comm_families: symmetric
 # memory, custom all-reduce, TensorRT-LLM, DeepEP, NVSHMEM, MSCCL++) and the CPU ops that launch them.
 BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:") + KERNEL_PATTERNS
 _COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:") + CPU_OP_NAMES
 
+try:  # RE2: linear-time matching, so no --comm-pattern can make the ingest hang (a core dependency)
+    import re2
+except ImportError:  # pragma: no cover - tested by setting re2 to None
+    re2 = None
+
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+
+
+def _slow_regex_reason(tree) -> str | None:
+    """Why Python's backtracking ``re`` could take exponential time on this parsed pattern
+    (``re._parser`` tree), or None: a backreference, or a repeat whose body holds another repeat
+    or an alternation (``(a+)+``, ``(a|aa)*``). A bounded walk over the pattern, not the input."""
+    def walk(items, in_repeat: bool) -> str | None:
+        for op, av in items:
+            name = str(op)
+            if name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return "a backreference"
+            if name in _REPEATS:
+                if in_repeat:
+                    return "a nested quantifier"
+                got = walk(av[2], True)
+            elif name == "BRANCH":
+                if in_repeat:
+                    return "a nested quantifier over an alternation"
+                got = next((r for b in av[1] if (r := walk(b, in_repeat))), None)
+            elif name in ("SUBPATTERN", "ATOMIC_GROUP"):
+                got = walk(av[-1], in_repeat)
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                got = walk(av[1], in_repeat)
+            else:
+                got = None
+            if got:
+                return got
+        return None
+
+    return walk(tree, False)
+
+
+def compile_comm_patterns(patterns) -> Any:
+    """One case-insensitive matcher (``.search(name)``) for communication kernel names: the
+    union of ``patterns`` (the builtin ones and the user's ``--comm-pattern``).
+
+    With ``google-re2`` (a core dependency) the union runs in linear time whatever the pattern.
+    Without it, or for the rare pattern RE2 cannot compile (lookarounds), Python's ``re`` runs it
+    after a bounded check: patterns with a backreference or a nested quantifier are refused.
+    Raises BadInputError naming the pattern (invalid, or refused).
+    """
+    import re._parser as sre_parse
+
+    trees = []
+    for p in patterns:
+        try:
+            trees.append(sre_parse.parse(p, re.I))
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise BadInputError(f"--comm-pattern {p!r} is not a valid regular expression ({exc})") from None
+    joined = "|".join(f"(?:{p})" for p in patterns)
+    if re2 is not None:
+        opts = re2.Options()
+        opts.log_errors = False
+        try:
+            return re2.compile("(?i)" + joined, opts)
+        except re2.error:
+            pass
+    for p, tree in zip(patterns, trees):
+        why = _slow_regex_reason(tree)
+        if why:
+            raise BadInputError(f"--comm-pattern {p!r} has {why}, which can make matching take exponential time "
+                                "(install google-re2, or simplify the pattern)")
+    return re.compile(joined, re.I)
+
 _MAX_EXACT_FLOAT_US = float(2**41)  # see the module docstring
 _MAX_INT_US = (2**63 - 1) // 1000
 
-class KArgs(msgspec.Struct, gc=False):
-    """The ``args`` keys tracekit reads; everything else is ignored."""
+@dataclass(frozen=True)
+class ArgSpec:
+    """One ``args`` key tracekit reads from a Kineto event (a row of :data:`ARGS`)."""
 
-    correlation: Any = None
-    external_id: Any = msgspec.field(default=None, name="External id")
-    external_id_lc: Any = msgspec.field(default=None, name="external id")
-    device: Any = None
-    stream: Any = None
-    collective: Any = msgspec.field(default=None, name="Collective name")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    dtype: Any = None
-    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
-    pg_id: Any = msgspec.field(default=None, name="Process Group ID")
-    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
-    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
-    in_split: Any = msgspec.field(default=None, name="In split size")
-    out_split: Any = msgspec.field(default=None, name="Out split size")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    input_dims: Any = msgspec.field(default=None, name="Input Dims")
-    input_dims_lc: Any = msgspec.field(default=None, name="Input dims")
-    input_type: Any = msgspec.field(default=None, name="Input type")
-    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
-    rank: Any = msgspec.field(default=None, name="Rank")
-    gstart: Any = msgspec.field(default=None, name="Global rank start")
-    gstride: Any = msgspec.field(default=None, name="Global rank stride")
+    field: str  # attribute of KArgs / IdArgs; key of the metadata rows (META_FIELDS)
+    key: str  # the spelling in the trace's ``args``
+    role: str  # "id": an integer the C scanner reads into REC.<rec>; "flag": a key whose presence
+    #            (non-null) the scanner flags, a metadata field too; "meta": a metadata field only;
+    #            "alias:<field>": an older spelling of <field>, read when <field> is absent; "unused"
+    rec: str | None = None  # the REC field (_kscan.c) of an "id" key
 
 
-class IdArgs(msgspec.Struct, gc=False):
-    """The ``args`` of a runtime/driver call: only its ids are read."""
+ARGS: tuple[ArgSpec, ...] = (
+    ArgSpec("correlation", "correlation", "id", "corr"),  # GPU op ↔ runtime launch
+    ArgSpec("external_id", "External id", "id", "ext_u"),  # CPU op ↔ its launches
+    ArgSpec("external_id_lc", "external id", "id", "ext_l"),  # the spelling before PyTorch 1.10, read as external_id
+    ArgSpec("device", "device", "id", "dev"),  # GPU events: the device (their pid otherwise)
+    ArgSpec("stream", "stream", "id", "strm"),  # GPU events: the stream (their tid otherwise)
+    ArgSpec("collective", "Collective name", "flag"),  # on a kernel: it is communication
+    ArgSpec("in_nelems", "In msg nelems", "flag"),  # on a kernel: it is communication
+    ArgSpec("out_nelems", "Out msg nelems", "meta"),
+    ArgSpec("group_size", "Group size", "meta"),
+    ArgSpec("dtype", "dtype", "meta"),
+    ArgSpec("pg_name", "Process Group Name", "meta"),
+    ArgSpec("pg_id", "Process Group ID", "meta"),  # the older key for the group
+    ArgSpec("pg_desc", "Process Group Description", "meta"),
+    ArgSpec("pg_ranks", "Process Group Ranks", "meta"),
+    ArgSpec("in_split", "In split size", "meta"),
+    ArgSpec("out_split", "Out split size", "meta"),
+    ArgSpec("seq", "Seq", "meta"),
+    ArgSpec("input_dims", "Input Dims", "meta"),
+    ArgSpec("input_dims_lc", "Input dims", "alias:input_dims"),
+    ArgSpec("input_type", "Input type", "meta"),
+    ArgSpec("concrete", "Concrete Inputs", "meta"),
+    ArgSpec("rank", "Rank", "unused"),
+    ArgSpec("gstart", "Global rank start", "meta"),
+    ArgSpec("gstride", "Global rank stride", "meta"),
+)
+"""The trace ``args`` that matter, once: the msgspec structs (:class:`KArgs`, :class:`IdArgs`),
+the metadata fields (:data:`META_FIELDS`) and the C scanner's record layout (:data:`REC_DTYPE`)
+are derived from it, and tests/test_fast_scanner.py checks ``_kscan.ARG_KEYS`` against it."""
 
-    correlation: Any = None
-    external_id: Any = msgspec.field(default=None, name="External id")
-    external_id_lc: Any = msgspec.field(default=None, name="external id")
+META_FIELDS = tuple(a.field for a in ARGS if a.role in ("flag", "meta"))
+if META_FIELDS != staging.META_FIELDS:  # the metadata table's columns are these args, in this order
+    raise ImportError("tracekit.ingest.kineto.ARGS and tracekit.ingest.staging.META_FIELDS disagree")
+"""Keys of a collective-related event's metadata row (those present), in :data:`ARGS` order."""
+_ALIASES = tuple((a.field, a.role.split(":", 1)[1]) for a in ARGS if a.role.startswith("alias:"))
+_SCANNED = tuple(a for a in ARGS if a.role in ("id", "flag"))  # what the scanner reads from args
+
+
+def _args_struct(name: str, specs, doc: str) -> type:
+    cls = msgspec.defstruct(
+        name, [(a.field, Any, msgspec.field(default=None, name=a.key)) for a in specs], gc=False, module=__name__
+    )
+    cls.__doc__ = doc
+    return cls
+
+
+KArgs = _args_struct("KArgs", ARGS, "The ``args`` keys tracekit reads (:data:`ARGS`); everything else is ignored.")
+IdArgs = _args_struct(
+    "IdArgs", _SCANNED, "The ``args`` a non-collective event needs: its ids, GPU device/stream and the comm flags."
+)
 
 
 _KARGS = msgspec.json.Decoder(KArgs)
@@ -249,19 +349,16 @@ def read_rank_file(
     state = _ChunkState(comm_regex)
     with _BatchWriter(out_stage) as writer:
         for chunk in stream:
-            if isinstance(chunk, FastChunk):
-                batch = _fast_batch(chunk, rf, state)
-            else:
-                batch = _chunk_batch(chunk, rf, state)
-            if batch is None:
-                continue
-            writer.write(batch)
-            rf.events += batch.num_rows
+            for batch in chunk_batches(chunk, rf, state):
+                writer.write(batch)
+                rf.events += batch.num_rows
+                if progress is not None:
+                    progress(batch.num_rows)
             if len(rf.comm_meta) >= META_BATCH_ROWS:
                 rf.flush_meta(out_stage.with_suffix(".meta"))
-            if progress is not None:
-                progress(batch.num_rows)
     rf.close_meta()
+    state.finish(rf)
+    rf.quarantined += stream.events_dropped
     rf.meta = stream.meta
     rf.warnings.extend(stream.notes)
     rf.sha256 = sha256 or sha256_file(path)
@@ -271,12 +368,48 @@ def read_rank_file(
 class _ChunkState:
     """What carries over from chunk to chunk: the next event id and per-name caches."""
 
-    def __init__(self, comm_regex: re.Pattern):
+    def __init__(self, comm_regex):
         self.comm_regex = comm_regex
         self.next_id = 0
         self.cat_cache: dict = {}
         self.comm_name_cache: dict = {}
         self.name_flags: dict = {}
+        self.no_ph = 0  # events without a phase (quarantined)
+        self.open: dict = {}  # (pid, tid) → stack of B events not yet ended
+        self.unmatched_e: list = []  # E events with no B open on their thread
+
+    def pair(self, be: list) -> list:
+        """B/E events (:class:`_Open`, file order) → the (B, E) pairs they complete.
+
+        Chrome's duration events nest per thread: an E ends the latest B still open on its
+        (pid, tid). An E with none open is kept in ``unmatched_e``; a B never ended stays open.
+        """
+        done = []
+        for ev in be:
+            stack = self.open.setdefault((ev.pid, ev.tid), [])
+            if not ev.end:
+                stack.append(ev)
+            elif stack:
+                done.append((stack.pop(), ev))
+            else:
+                self.unmatched_e.append(ev)
+        return done
+
+    def finish(self, rf: RankFile) -> None:
+        """At the end of the file: count the events that became no row, with a warning each."""
+        if self.no_ph:
+            rf.quarantined += self.no_ph
+            rf.warnings.append(f'{self.no_ph} event(s) without a "ph" (phase) quarantined')
+        unended = [b for stack in self.open.values() for b in stack]
+        if unended or self.unmatched_e:
+            rf.quarantined += len(unended) + len(self.unmatched_e)
+            parts = []
+            for what, evs in (("B without an E", unended), ("E without a B", self.unmatched_e)):
+                if evs:
+                    names = ", ".join(sorted({repr(e.name) if e.name else "unnamed" for e in evs})[:3])
+                    more = "" if len({e.name for e in evs}) <= 3 else ", ..."
+                    parts.append(f"{len(evs)} {what} ({names}{more}, pid/tid {evs[0].pid}/{evs[0].tid})")
+            rf.warnings.append("unpaired duration events quarantined: " + "; ".join(parts))
 
     def category(self, c: Any) -> str:
         try:
@@ -322,13 +455,151 @@ def _ids(values: list) -> np.ndarray:
     return np.fromiter((_track_id(v) for v in values), dtype=np.int64, count=len(values))
 
 
-def _chunk_batch(chunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
-    """One chunk of events → a RAW_SCHEMA batch (quarantined rows removed); fills ``rf`` on the side."""
-    xs = []
+# -- one chunk of events as columns, from either decoder --------------------------------------
+#
+# Both decoders (the C scanner's records, :func:`_fast_events`; msgspec's Ev objects,
+# :func:`_slow_events`) give a chunk's complete events as the same :class:`_Events` columns,
+# and its B/E events and the count of events without a phase on the side. One function,
+# :func:`_build_batch`, applies the rules (categories, ids, the comm rule, metadata rows, steps,
+# quarantine) and builds the rows.
+
+PH_OTHER, PH_X, PH_M, PH_B, PH_E, PH_NONE = 0, 1, 2, 3, 4, 5
+"""Phase codes (REC.ph in _kscan.c): X complete, M metadata, B/E begin/end, NONE no ``ph`` (or null)."""
+_PH_CODE = {"X": PH_X, "M": PH_M, "B": PH_B, "E": PH_E}
+
+
+@dataclass
+class _Ids:
+    """Per event of a chunk: what :data:`ARGS`' "id" and "flag" keys gave (0 / False where not read)."""
+
+    corr: np.ndarray  # int64
+    corr_ok: np.ndarray  # bool: a correlation was read
+    ext: np.ndarray  # int64, External id (else external id)
+    ext_ok: np.ndarray
+    dev: np.ndarray  # int64, args.device (GPU events)
+    dev_ok: np.ndarray
+    strm: np.ndarray  # int64, args.stream (GPU events)
+    strm_ok: np.ndarray
+    coll: np.ndarray  # bool: Collective name or In msg nelems present (not null)
+
+
+@dataclass
+class _Events:
+    """One chunk's complete events as columns.
+
+    ``cats[ci]`` is each event's canonical category and ``names[ni]`` its name (object arrays,
+    indexed per event); ``device``/``track`` its pid/tid as track ids; ``ids(want, gpu)`` the
+    :class:`_Ids` read for the events in ``want`` (device and stream only for those in ``gpu``);
+    ``raw(idx)`` the raw JSON ``args`` of events ``idx`` (``b"null"`` where absent).
+    """
+
+    ts_ns: np.ndarray
+    ts_ok: np.ndarray
+    dur_ns: np.ndarray
+    dur_ok: np.ndarray
+    ci: np.ndarray
+    cats: np.ndarray
+    ni: np.ndarray
+    names: np.ndarray
+    device: np.ndarray
+    track: np.ndarray
+    ids: Any
+    raw: Any
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+
+@dataclass
+class _Decoded:
+    """What a decoder read from one chunk: the complete events, the B/E events in file order
+    (:class:`_Open` rows, ``end`` False for B), events with no phase, and thread names."""
+
+    events: _Events | None
+    be: list
+    no_ph: int = 0
+
+
+@dataclass
+class _Open:
+    """A B or E event, read in full (they are rare), until :meth:`_ChunkState.pair` pairs it."""
+
+    end: bool
+    pid: int
+    tid: int
+    ts_ns: int
+    ts_ok: bool
+    cat: str
+    name: str
+    args: bytes
+
+
+def _intern(values: list) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, table): ``table[codes]`` == values, one table entry per distinct value."""
+    tab: dict = {}
+    codes = np.fromiter((tab.setdefault(v, len(tab)) for v in values), dtype=np.int64, count=len(values))
+    out = np.empty(len(tab), dtype=object)
+    out[:] = list(tab)
+    return codes, out
+
+
+def _raw_ids(raws: list, want: np.ndarray, gpu: np.ndarray) -> _Ids:
+    """:class:`_Ids` from raw ``args`` JSON (the msgspec path): one decode call for the ``want`` events."""
+    n = len(raws)
+    ids = _Ids(*(np.zeros(n, dtype=t) for t in (np.int64, bool) * 4), np.zeros(n, dtype=bool))
+    at = np.flatnonzero(want)
+    if not len(at):
+        return ids
+    decoded = _decode_many([raws[i] for i in at.tolist()], _IDS_LIST, _IDS, _EMPTY_IDS)
+    c_vals = [a.correlation for a in decoded]
+    e_vals = [a.external_id if a.external_id is not None else a.external_id_lc for a in decoded]
+    if not all(type(v) is int and -INT64_MAX <= v <= INT64_MAX for v in itertools.chain(c_vals, e_vals)):
+        c_vals = [_as_int(v) for v in c_vals]
+        e_vals = [_as_int(v) for v in e_vals]
+    on_gpu = gpu[at]
+    g_dec = list(itertools.compress(decoded, on_gpu.tolist()))
+    for vals, rows, out, ok in (
+        (c_vals, at, ids.corr, ids.corr_ok),
+        (e_vals, at, ids.ext, ids.ext_ok),
+        ([_as_int(a.device) for a in g_dec], at[on_gpu], ids.dev, ids.dev_ok),
+        ([_as_int(a.stream) for a in g_dec], at[on_gpu], ids.strm, ids.strm_ok),
+    ):
+        got = np.fromiter((v is not None for v in vals), dtype=bool, count=len(vals))
+        out[rows[got]] = [v for v in vals if v is not None]
+        ok[rows[got]] = True
+    ids.coll[at] = np.fromiter((a.collective is not None or a.in_nelems is not None for a in decoded),
+                               dtype=bool, count=len(decoded))
+    return ids
+
+
+def _events_from_open(spans: list, st: "_ChunkState") -> _Events:
+    """Paired B/E events as complete events: (B, E) pairs → :class:`_Events` (dur = E.ts − B.ts)."""
+    ts = np.array([b.ts_ns for b, _ in spans], dtype=np.int64)
+    end = np.array([e.ts_ns for _, e in spans], dtype=np.int64)
+    ok = np.array([b.ts_ok for b, _ in spans], dtype=bool)
+    dur_ok = ok & np.array([e.ts_ok for _, e in spans], dtype=bool)
+    ci, cats = _intern([b.cat for b, _ in spans])
+    ni, names = _intern([b.name for b, _ in spans])
+    raws = [b.args for b, _ in spans]
+    return _Events(
+        ts, ok, np.where(dur_ok, end - ts, 0), dur_ok, ci, cats, ni, names,
+        np.array([b.pid for b, _ in spans], dtype=np.int64), np.array([b.tid for b, _ in spans], dtype=np.int64),
+        lambda want, gpu: _raw_ids(raws, want, gpu), lambda idx: [raws[i] for i in idx],
+    )
+
+
+def _slow_events(chunk, rf: RankFile, st: "_ChunkState") -> _Decoded:
+    """A msgspec :class:`~tracekit.ingest.jsonstream.Chunk` → :class:`_Decoded` (thread names go to ``rf``)."""
+    xs, be_idx, no_ph = [], [], 0
     for e in chunk.events:
         ph = e.ph
         if ph == "X":
             xs.append(e)
+        elif ph == "B" or ph == "E":
+            be_idx.append(len(xs))
+            xs.append(e)
+        elif ph is None:
+            no_ph += 1
         elif ph == "M" and e.name == "thread_name":
             try:
                 a = msgspec.json.decode(e.args)
@@ -336,98 +607,249 @@ def _chunk_batch(chunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
             except Exception:
                 pass
     if not xs:
-        return None
+        return _Decoded(None, [], no_ph)
     n = len(xs)
     exact_cache: list = []
 
     def exact():
         if not exact_cache:
-            exact_cache.append([ev for ev in chunk.exact() if ev.ph == "X"])
+            exact_cache.append([ev for ev in chunk.exact() if ev.ph in ("X", "B", "E")])
         return exact_cache[0]
 
     ts_ns, ts_ok = _vector_ns([e.ts for e in xs], exact, "ts")
     dur_ns, dur_ok = _vector_ns([e.dur for e in xs], exact, "dur")
-    cats = st.categories([e.cat for e in xs])
-    names = [e.name if type(e.name) is str else ("" if e.name is None else str(e.name)) for e in xs]
-    ids = np.arange(st.next_id, st.next_id + n, dtype=np.int64)
-    st.next_id += n
-    gpu = [c in GPU_CATEGORIES for c in cats]
+    ci, cats = _intern(st.categories([e.cat for e in xs]))
+    ni, names = _intern([e.name if type(e.name) is str else ("" if e.name is None else str(e.name)) for e in xs])
     device = _ids([e.pid for e in xs])
     track = _ids([e.tid for e in xs])
-    corr: list = [None] * n
-    ext: list = [None] * n
-    is_comm = np.zeros(n, dtype=bool)
-    # Runtime/driver calls (the bulk of the events that need args) only give their correlation
-    # and external ids: their args are decoded in one call per chunk.
-    launch_idx = [i for i, c in enumerate(cats) if c in _LAUNCH_CATEGORIES]
-    decoded = _decode_many([xs[i].args for i in launch_idx], _IDS_LIST, _IDS, _EMPTY_IDS)
-    c_vals = [a.correlation for a in decoded]
-    e_vals = [a.external_id if a.external_id is not None else a.external_id_lc for a in decoded]
-    if all(type(v) is int and -INT64_MAX <= v <= INT64_MAX for v in itertools.chain(c_vals, e_vals)):
-        for i, c, x in zip(launch_idx, c_vals, e_vals):
-            corr[i] = c
-            ext[i] = x
-    else:
-        for i, c, x in zip(launch_idx, c_vals, e_vals):
-            corr[i] = _as_int(c)
-            ext[i] = _as_int(x)
-    flags = st.special_names(names)
-    special = [i for i, (c, nm) in enumerate(zip(cats, names)) if c in GPU_CATEGORIES or flags[nm]]
-    for i, args in zip(special, _decode_many([xs[i].args for i in special], _KARGS_LIST, _KARGS, _EMPTY_ARGS)):
-        cat = cats[i]
-        name = names[i]
-        is_gpu = gpu[i]
-        cpu_comm = not is_gpu and name.startswith(_COMM_CPU_PREFIX)
-        if is_gpu:
-            dv = _as_int(args.device)
-            sm = _as_int(args.stream)
-            if dv is not None:
-                device[i] = dv
-            if sm is not None:
-                track[i] = sm
-        corr[i] = _as_int(args.correlation)
-        x = args.external_id if args.external_id is not None else args.external_id_lc
-        ext[i] = _as_int(x)
-        if cat == "kernel" and (st.comm_name(name) or args.collective is not None or args.in_nelems is not None):
-            is_comm[i] = True
-        elif cpu_comm and name.startswith("gloo:"):
-            is_comm[i] = True
-        if is_comm[i] or cpu_comm:
-            rf.comm_meta.append(
-                _meta_row(args, int(ids[i]), name, cat, is_gpu, int(device[i]), int(track[i]),
-                          int(ts_ns[i]), int(dur_ns[i]), corr[i])
-            )
-        if cat in ("user_annotation", "cpu_op") and name.startswith("ProfilerStep#"):
-            _add_step(rf, name, int(ids[i]), ts_ok[i] and dur_ok[i], int(ts_ns[i]), int(dur_ns[i]))
-    if not rf.has_gpu and any(gpu):
+    be = []
+    if be_idx:
+        be = [_Open(xs[i].ph == "E", int(device[i]), int(track[i]), int(ts_ns[i]), bool(ts_ok[i]),
+                    cats[ci[i]], names[ni[i]], bytes(xs[i].args)) for i in be_idx]
+        keep = np.ones(n, dtype=bool)
+        keep[be_idx] = False
+        xs = [e for e, k in zip(xs, keep.tolist()) if k]
+        if not xs:
+            return _Decoded(None, be, no_ph)
+        ts_ns, ts_ok, dur_ns, dur_ok, ci, ni, device, track = (
+            a[keep] for a in (ts_ns, ts_ok, dur_ns, dur_ok, ci, ni, device, track))
+    raws = [e.args for e in xs]
+    ev = _Events(ts_ns, ts_ok, dur_ns, dur_ok, ci, cats, ni, names, device, track,
+                 lambda want, gpu: _raw_ids(raws, want, gpu), lambda idx: [raws[i] for i in idx])
+    return _Decoded(ev, be, no_ph)
+
+
+# Fixed-width records of the C scanner (tracekit/ingest/_kscan.c, struct REC): the event's
+# fields, then one int64 per "id" key of ARGS, then the string codes and the byte flags.
+REC_DTYPE = np.dtype(
+    [(f, "<i8") for f in ("ts", "dur", "pid", "tid", "a_s", "a_e")]
+    + [(a.rec, "<i8") for a in ARGS if a.role == "id"]
+    + [("cat", "<i4"), ("name", "<i4")]
+    + [(f, "u1") for f in ("ph", "pid_k", "tid_k", "ts_ok", "dur_ok", "fl", "pad0", "pad1")]
+)
+ARG_BITS = {a.field: 1 << k for k, a in enumerate(a for a in ARGS if a.role == "id")}
+"""REC.fl bit of each "id" key (set when its value is a plain int64), then F_ODD, then the flags."""
+_F_ODD = 1 << len(ARG_BITS)  # one of the id keys holds a non-null value that is not a plain integer
+ARG_BITS.update({a.field: _F_ODD << (k + 1) for k, a in enumerate(a for a in ARGS if a.role == "flag")})
+_F_COLL_ANY = sum(ARG_BITS[a.field] for a in ARGS if a.role == "flag")
+_K_INT, _K_STR = 0, 1
+
+
+def _code_table(codes: np.ndarray, strings: list, fn, missing) -> np.ndarray:
+    """``fn(strings[c])`` for every code used (``missing`` for code -1), as an object array indexable by code+1."""
+    out = np.empty(len(strings) + 1, dtype=object)
+    out[0] = missing
+    for c in np.unique(codes).tolist():
+        if c >= 0:
+            out[c + 1] = fn(strings[c])
+    return out
+
+
+def _dict_column(index: np.ndarray, table: np.ndarray) -> pa.DictionaryArray:
+    """Rows' values ``table[index]`` as a dictionary array holding only the values used."""
+    used, inv = np.unique(index, return_inverse=True)
+    return pa.DictionaryArray.from_arrays(
+        pa.array(inv.reshape(-1).astype(np.int32)), pa.array(table[used].tolist(), pa.string())
+    )
+
+
+def _fast_ids(vals: np.ndarray, kinds: np.ndarray, strings: list) -> np.ndarray:
+    """pid/tid of scanner records → int64 track ids, as :func:`_track_id` gives them."""
+    out = vals.astype(np.int64, copy=True)
+    strs = kinds == _K_STR
+    if strs.any():
+        table = {c: _track_id(strings[c]) for c in np.unique(vals[strs]).tolist()}
+        out[strs] = [table[c] for c in vals[strs].tolist()]
+    none = (kinds != _K_INT) & ~strs
+    if none.any():
+        out[none] = _track_id(None)
+    return out
+
+
+def _slice_args(text: bytes, a_s: int, a_e: int) -> bytes:
+    return text[a_s:a_e] if a_s >= 0 else b"null"
+
+
+def _rec_ids(x: np.ndarray, text: bytes, want: np.ndarray, gpu: np.ndarray) -> _Ids:
+    """:class:`_Ids` from scanner records: numpy over the flags; msgspec only for the rare event
+    whose id fields are not plain integers (F_ODD), read as :func:`_raw_ids` reads them."""
+    fl = x["fl"]
+    b = ARG_BITS
+    corr_ok = want & ((fl & b["correlation"]) != 0)
+    ext_u = (fl & b["external_id"]) != 0
+    ext_ok = want & (ext_u | ((fl & b["external_id_lc"]) != 0))
+    ids = _Ids(
+        np.where(corr_ok, x["corr"], 0), corr_ok,
+        np.where(ext_ok, np.where(ext_u, x["ext_u"], x["ext_l"]), 0), ext_ok,
+        x["dev"].copy(), gpu & ((fl & b["device"]) != 0),
+        x["strm"].copy(), gpu & ((fl & b["stream"]) != 0),
+        (fl & _F_COLL_ANY) != 0,
+    )
+    odd = np.flatnonzero(want & ((fl & _F_ODD) != 0)).tolist()
+    if odd:
+        one = _raw_ids([_slice_args(text, int(x["a_s"][i]), int(x["a_e"][i])) for i in odd],
+                       np.ones(len(odd), dtype=bool), gpu[odd])
+        for f in ("corr", "corr_ok", "ext", "ext_ok", "dev", "dev_ok", "strm", "strm_ok"):
+            getattr(ids, f)[odd] = getattr(one, f)
+    return ids
+
+
+def _fast_events(ch: FastChunk, rf: RankFile, st: "_ChunkState") -> _Decoded:
+    """Scanner records → :class:`_Decoded`, numpy per event and Python per distinct string."""
+    r = np.frombuffer(ch.records, REC_DTYPE)
+    strings = ch.strings
+    text = ch.text
+    ph = r["ph"]
+    for i in np.flatnonzero(ph == PH_M).tolist():
+        c = int(r["name"][i])
+        if c >= 0 and strings[c] == "thread_name":
+            try:
+                a = msgspec.json.decode(_slice_args(text, int(r["a_s"][i]), int(r["a_e"][i])))
+                pid = _fast_ids(r["pid"][i : i + 1], r["pid_k"][i : i + 1], strings)[0]
+                tid = _fast_ids(r["tid"][i : i + 1], r["tid_k"][i : i + 1], strings)[0]
+                rf.thread_names[(int(pid), int(tid))] = str(a.get("name"))
+            except Exception:
+                pass
+    no_ph = int(np.count_nonzero(ph == PH_NONE))
+    be = []
+    be_mask = (ph == PH_B) | (ph == PH_E)
+    if be_mask.any():
+        y = r[be_mask]
+        pids = _fast_ids(y["pid"], y["pid_k"], strings).tolist()
+        tids = _fast_ids(y["tid"], y["tid_k"], strings).tolist()
+        for k, rec in enumerate(y.tolist()):
+            d = dict(zip(REC_DTYPE.names, rec))
+            be.append(_Open(d["ph"] == PH_E, pids[k], tids[k], d["ts"], bool(d["ts_ok"]),
+                            st.category(None if d["cat"] < 0 else strings[d["cat"]]),
+                            "" if d["name"] < 0 else strings[d["name"]], _slice_args(text, d["a_s"], d["a_e"])))
+    x = r[ph == PH_X]
+    if len(x) == 0:
+        return _Decoded(None, be, no_ph)
+    cat_codes = x["cat"]
+    name_codes = x["name"]
+    ev = _Events(
+        x["ts"].copy(), x["ts_ok"].astype(bool), x["dur"].copy(), x["dur_ok"].astype(bool),
+        cat_codes + 1, _code_table(cat_codes, strings, st.category, _canon_cat(None)),
+        name_codes + 1, _code_table(name_codes, strings, lambda s: s, ""),
+        _fast_ids(x["pid"], x["pid_k"], strings), _fast_ids(x["tid"], x["tid_k"], strings),
+        lambda want, gpu: _rec_ids(x, text, want, gpu),
+        lambda idx: [_slice_args(text, a, b) for a, b in zip(x["a_s"][idx].tolist(), x["a_e"][idx].tolist())],
+    )
+    return _Decoded(ev, be, no_ph)
+
+
+def _table_flags(table: np.ndarray, fn) -> np.ndarray:
+    """``fn(v)`` for every entry of a code table (None entries: False), as a bool array."""
+    return np.array([v is not None and bool(fn(v)) for v in table.tolist()], dtype=bool)
+
+
+def _build_batch(ev: _Events, rf: RankFile, st: "_ChunkState") -> pa.RecordBatch:
+    """One chunk's complete events → a RAW_SCHEMA batch (quarantined rows removed); fills ``rf`` on the side.
+
+    The rules, once for both decoders: GPU categories are ``gpu_stream`` rows whose device and
+    stream come from ``args`` when given; ids are read for runtime/driver calls and for the
+    events that need their ``args`` (GPU work, collective-related CPU ops, profiler steps;
+    other rows keep null); communication is a kernel named so (the builtin and user patterns)
+    or carrying collective args, or a ``gloo:`` CPU span; collective-related events keep a
+    metadata row (:func:`_meta_row`); ``ProfilerStep#N`` annotations are the steps. Per-event
+    work is numpy; Python runs per distinct category/name and per metadata row.
+    """
+    n = len(ev)
+    cats, names, ci, ni = ev.cats, ev.names, ev.ci, ev.ni
+    flags = st.special_names([nm for nm in names.tolist() if nm is not None])
+    gpu = _table_flags(cats, GPU_CATEGORIES.__contains__)[ci]
+    launch = _table_flags(cats, _LAUNCH_CATEGORIES.__contains__)[ci]
+    kernel = _table_flags(cats, "kernel".__eq__)[ci]
+    step_cat = _table_flags(cats, ("user_annotation", "cpu_op").__contains__)[ci]
+    special = gpu | _table_flags(names, flags.__getitem__)[ni]
+    ids = ev.ids(launch | special, gpu)
+    device = ev.device.copy()
+    track = ev.track.copy()
+    device[ids.dev_ok] = ids.dev[ids.dev_ok]
+    track[ids.strm_ok] = ids.strm[ids.strm_ok]
+    is_comm = (kernel & (_table_flags(names, st.comm_name)[ni] | ids.coll)) | (
+        ~gpu & _table_flags(names, lambda nm: nm.startswith("gloo:"))[ni])
+    cpu_comm = ~gpu & _table_flags(names, lambda nm: nm.startswith(_COMM_CPU_PREFIX))[ni]
+    event_ids = np.arange(st.next_id, st.next_id + n, dtype=np.int64)
+    st.next_id += n
+    ts_ns, dur_ns = ev.ts_ns, ev.dur_ns
+    meta_idx = np.flatnonzero(is_comm | cpu_comm)
+    if len(meta_idx):
+        decoded = _decode_many(ev.raw(meta_idx), _KARGS_LIST, _KARGS, _EMPTY_ARGS)
+        m_corr = [c if ok else None for c, ok in zip(ids.corr[meta_idx].tolist(), ids.corr_ok[meta_idx].tolist())]
+        cols = zip(decoded, event_ids[meta_idx].tolist(), names[ni[meta_idx]].tolist(), cats[ci[meta_idx]].tolist(),
+                   gpu[meta_idx].tolist(), device[meta_idx].tolist(), track[meta_idx].tolist(),
+                   ts_ns[meta_idx].tolist(), dur_ns[meta_idx].tolist(), m_corr)
+        rf.comm_meta.extend(_meta_row(*row) for row in cols)
+    steps = step_cat & _table_flags(names, lambda nm: nm.startswith("ProfilerStep#"))[ni]
+    for i in np.flatnonzero(steps).tolist():
+        _add_step(rf, names[ni[i]], int(event_ids[i]), bool(ev.ts_ok[i] and ev.dur_ok[i]), int(ts_ns[i]), int(dur_ns[i]))
+    if not rf.has_gpu and gpu.any():
         rf.has_gpu = True
+    i64 = pa.int64()
     return _finish_batch(
-        rf, ids, ts_ns, ts_ok, dur_ns, dur_ok,
+        rf, event_ids, ts_ns, ev.ts_ok, dur_ns, ev.dur_ok,
         [
-            pa.array(ids),
-            pa.array(["gpu_stream" if g else "cpu_thread" for g in gpu], pa.string()),
-            pa.array(device),
-            pa.array(track),
-            pa.array(cats, pa.string()),
-            pa.array(names, pa.string()),
-            pa.array(ts_ns),
-            pa.array(dur_ns),
-            pa.array(corr, pa.int64()),
-            pa.array(ext, pa.int64()),
+            pa.array(event_ids, i64),
+            pa.DictionaryArray.from_arrays(pa.array(gpu.astype(np.int32)),
+                                           pa.array(["cpu_thread", "gpu_stream"], pa.string())),
+            pa.array(device, i64),
+            pa.array(track, i64),
+            _dict_column(ci, cats),
+            _dict_column(ni, names),
+            pa.array(ts_ns, i64),
+            pa.array(dur_ns, i64),
+            pa.array(ids.corr, i64, mask=~ids.corr_ok),
+            pa.array(ids.ext, i64, mask=~ids.ext_ok),
             pa.array(is_comm),
         ],
     )
 
 
+def chunk_batches(chunk, rf: RankFile, st: "_ChunkState") -> list[pa.RecordBatch]:
+    """A chunk from :class:`~tracekit.ingest.jsonstream.TraceStream` (scanner records or msgspec
+    events) → its RAW_SCHEMA batches: its complete events, then the B/E spans it completed."""
+    d = _fast_events(chunk, rf, st) if isinstance(chunk, FastChunk) else _slow_events(chunk, rf, st)
+    st.no_ph += d.no_ph
+    out = [] if d.events is None else [_build_batch(d.events, rf, st)]
+    if d.be:
+        spans = st.pair(d.be)
+        if spans:
+            out.append(_build_batch(_events_from_open(spans, st), rf, st))
+    return out
+
+
 _META_GET = operator.itemgetter(*[KArgs.__struct_fields__.index(f) for f in META_FIELDS])
+_ALIAS_GET = [(KArgs.__struct_fields__.index(alias), target) for alias, target in _ALIASES]
 
 
-def _meta_row(args: KArgs, event_id, name, cat, is_gpu, device, track, ts_ns, dur_ns, correlation) -> dict:
+def _meta_row(args, event_id, name, cat, is_gpu, device, track, ts_ns, dur_ns, correlation) -> dict:
     """The metadata row of a collective-related event: only the fields present (kept for the whole file)."""
-    vals = _META_GET(msgspec.structs.astuple(args))
-    row = dict(itertools.compress(zip(META_FIELDS, vals), map(operator.is_not, vals, itertools.repeat(None))))
-    if "input_dims" not in row and args.input_dims_lc is not None:
-        row["input_dims"] = args.input_dims_lc
+    vals = msgspec.structs.astuple(args)
+    row = {k: v for k, v in zip(META_FIELDS, _META_GET(vals)) if v is not None}
+    for k, target in _ALIAS_GET:
+        if target not in row and vals[k] is not None:
+            row[target] = vals[k]
     row.update(event_id=event_id, name=name, category=cat, gpu=is_gpu, device=device,
                track=track, ts_ns=ts_ns, dur_ns=dur_ns, correlation=correlation)
     return row
@@ -480,179 +902,3 @@ def _decode_many(raws: list, list_decoder, one_decoder, empty) -> list:
             except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
                 out.append(empty)
         return out
-
-
-# Fixed-width records of the C scanner (tracekit/ingest/_kscan.c, struct REC).
-REC_DTYPE = np.dtype(
-    [(f, "<i8") for f in ("ts", "dur", "pid", "tid", "a_s", "a_e", "corr", "ext_u", "ext_l", "dev", "strm")]
-    + [("cat", "<i4"), ("name", "<i4")]
-    + [(f, "u1") for f in ("ph", "pid_k", "tid_k", "ts_ok", "dur_ok", "fl", "pad0", "pad1")]
-)
-_F_CORR, _F_EXTU, _F_EXTL, _F_DEV, _F_STRM, _F_ODD, _F_COLL, _F_NELEM = 1, 2, 4, 8, 16, 32, 64, 128
-_PH_X, _PH_M = 1, 2
-_K_INT, _K_STR = 0, 1
-
-
-def _code_table(codes: np.ndarray, strings: list, fn, missing) -> np.ndarray:
-    """``fn(strings[c])`` for every code used (``missing`` for code -1), as an object array indexable by code+1."""
-    out = np.empty(len(strings) + 1, dtype=object)
-    out[0] = missing
-    for c in np.unique(codes).tolist():
-        if c >= 0:
-            out[c + 1] = fn(strings[c])
-    return out
-
-
-def _dict_column(index: np.ndarray, table: np.ndarray) -> pa.DictionaryArray:
-    """Rows' values ``table[index]`` as a dictionary array holding only the values used."""
-    used, inv = np.unique(index, return_inverse=True)
-    return pa.DictionaryArray.from_arrays(
-        pa.array(inv.reshape(-1).astype(np.int32)), pa.array(table[used].tolist(), pa.string())
-    )
-
-
-def _fast_ids(vals: np.ndarray, kinds: np.ndarray, strings: list) -> np.ndarray:
-    """pid/tid of scanner records → int64 track ids, as :func:`_track_id` gives them."""
-    out = vals.astype(np.int64, copy=True)
-    strs = kinds == _K_STR
-    if strs.any():
-        table = {c: _track_id(strings[c]) for c in np.unique(vals[strs]).tolist()}
-        out[strs] = [table[c] for c in vals[strs].tolist()]
-    none = (kinds != _K_INT) & ~strs
-    if none.any():
-        out[none] = _track_id(None)
-    return out
-
-
-def _slice_args(text: bytes, a_s: int, a_e: int) -> bytes:
-    return text[a_s:a_e] if a_s >= 0 else b"null"
-
-
-def _fast_batch(ch: FastChunk, rf: RankFile, st: _ChunkState) -> pa.RecordBatch | None:
-    """Scanner records → a RAW_SCHEMA batch; the same rows, ids and side results as :func:`_chunk_batch`.
-
-    Everything per event is numpy over the records; Python objects are made per
-    distinct string, and ``args`` are decoded (msgspec) only for collective-related
-    events and for the rare event whose id fields are not plain integers.
-    """
-    r = np.frombuffer(ch.records, REC_DTYPE)
-    strings = ch.strings
-    text = ch.text
-    ph = r["ph"]
-    for i in np.flatnonzero(ph == _PH_M).tolist():
-        c = int(r["name"][i])
-        if c >= 0 and strings[c] == "thread_name":
-            try:
-                a = msgspec.json.decode(_slice_args(text, int(r["a_s"][i]), int(r["a_e"][i])))
-                pid = _fast_ids(r["pid"][i : i + 1], r["pid_k"][i : i + 1], strings)[0]
-                tid = _fast_ids(r["tid"][i : i + 1], r["tid_k"][i : i + 1], strings)[0]
-                rf.thread_names[(int(pid), int(tid))] = str(a.get("name"))
-            except Exception:
-                pass
-    x = r[ph == _PH_X]
-    n = len(x)
-    if n == 0:
-        return None
-    cat_codes = x["cat"]
-    name_codes = x["name"]
-    cat_tab = _code_table(cat_codes, strings, st.category, _canon_cat(None))
-    cats_obj = cat_tab[cat_codes + 1]
-    name_tab = _code_table(name_codes, strings, lambda s: s, "")
-    gpu_tab = np.array([c in GPU_CATEGORIES for c in cat_tab.tolist()], dtype=bool)
-    launch_tab = np.array([c in _LAUNCH_CATEGORIES for c in cat_tab.tolist()], dtype=bool)
-    kernel_tab = np.array([c == "kernel" for c in cat_tab.tolist()], dtype=bool)
-    step_cat_tab = np.array([c in ("user_annotation", "cpu_op") for c in cat_tab.tolist()], dtype=bool)
-    names_used = [nm for nm in name_tab.tolist() if nm is not None]
-    flags = st.special_names(names_used)
-
-    def name_flag(fn) -> np.ndarray:
-        return np.array([nm is not None and fn(nm) for nm in name_tab.tolist()], dtype=bool)
-
-    special_tab = name_flag(lambda nm: flags[nm])
-    comm_cpu_tab = name_flag(lambda nm: nm.startswith(_COMM_CPU_PREFIX))
-    gloo_tab = name_flag(lambda nm: nm.startswith("gloo:"))
-    comm_name_tab = name_flag(st.comm_name)
-    step_name_tab = name_flag(lambda nm: nm.startswith("ProfilerStep#"))
-
-    ci = cat_codes + 1
-    ni = name_codes + 1
-    gpu = gpu_tab[ci]
-    ts_ns = x["ts"].copy()
-    dur_ns = x["dur"].copy()
-    ts_ok = x["ts_ok"].astype(bool)
-    dur_ok = x["dur_ok"].astype(bool)
-    ids = np.arange(st.next_id, st.next_id + n, dtype=np.int64)
-    st.next_id += n
-    device = _fast_ids(x["pid"], x["pid_k"], strings)
-    track = _fast_ids(x["tid"], x["tid_k"], strings)
-    fl = x["fl"]
-    # ids are read for runtime/driver calls and the events that need their args (GPU work,
-    # collective ops, profiler steps); other rows keep null, as in _chunk_batch
-    special = gpu | special_tab[ni]
-    want = launch_tab[ci] | special
-    has_corr = want & ((fl & _F_CORR) != 0)
-    ext_u = (fl & _F_EXTU) != 0
-    has_ext = want & (ext_u | ((fl & _F_EXTL) != 0))
-    ext_vals = np.where(ext_u, x["ext_u"], x["ext_l"])
-    dev_override = gpu & ((fl & _F_DEV) != 0)
-    strm_override = gpu & ((fl & _F_STRM) != 0)
-    device[dev_override] = x["dev"][dev_override]
-    track[strm_override] = x["strm"][strm_override]
-    corr = np.where(has_corr, x["corr"], 0)
-    ext = np.where(has_ext, ext_vals, 0)
-    corr_valid = has_corr.copy()
-    ext_valid = has_ext.copy()
-    # the rare event whose id fields are not plain integers: as _chunk_batch reads them
-    for i in np.flatnonzero(want & ((fl & _F_ODD) != 0)).tolist():
-        a = _decode_args(_slice_args(text, int(x["a_s"][i]), int(x["a_e"][i])))
-        c = _as_int(a.correlation)
-        e = _as_int(a.external_id if a.external_id is not None else a.external_id_lc)
-        corr_valid[i], corr[i] = c is not None, c or 0
-        ext_valid[i], ext[i] = e is not None, e or 0
-        if gpu[i]:
-            dv, sm = _as_int(a.device), _as_int(a.stream)
-            if dv is not None:
-                device[i] = dv
-            if sm is not None:
-                track[i] = sm
-    kernel = kernel_tab[ci]
-    is_comm = (kernel & (comm_name_tab[ni] | ((fl & (_F_COLL | _F_NELEM)) != 0))) | (~gpu & gloo_tab[ni])
-    cpu_comm = ~gpu & comm_cpu_tab[ni]
-    meta_idx = np.flatnonzero(is_comm | cpu_comm)
-    if len(meta_idx):
-        sub = x[meta_idx]
-        decoded = _decode_many(
-            [text[a:b] if a >= 0 else b"null" for a, b in zip(sub["a_s"].tolist(), sub["a_e"].tolist())],
-            _KARGS_LIST, _KARGS, _EMPTY_ARGS,
-        )
-        m_corr = np.where(corr_valid[meta_idx], corr[meta_idx], 0).tolist()
-        m_corr_ok = corr_valid[meta_idx].tolist()
-        cols = zip(decoded, ids[meta_idx].tolist(), name_tab[ni[meta_idx]].tolist(), cats_obj[meta_idx].tolist(),
-                   gpu[meta_idx].tolist(), device[meta_idx].tolist(), track[meta_idx].tolist(),
-                   ts_ns[meta_idx].tolist(), dur_ns[meta_idx].tolist(), m_corr, m_corr_ok)
-        rf.comm_meta.extend(
-            _meta_row(a, eid, nm, cat, g, dv, tr, ts, du, c if ok else None)
-            for a, eid, nm, cat, g, dv, tr, ts, du, c, ok in cols
-        )
-    for i in np.flatnonzero(step_cat_tab[ci] & step_name_tab[ni]).tolist():
-        _add_step(rf, name_tab[ni[i]], int(ids[i]), bool(ts_ok[i] and dur_ok[i]), int(ts_ns[i]), int(dur_ns[i]))
-    if not rf.has_gpu and gpu.any():
-        rf.has_gpu = True
-    i64 = pa.int64()
-    kind_arr = pa.array(["cpu_thread", "gpu_stream"], pa.string())
-    return _finish_batch(
-        rf, ids, ts_ns, ts_ok, dur_ns, dur_ok,
-        [
-            pa.array(ids, i64),
-            pa.DictionaryArray.from_arrays(pa.array(gpu.astype(np.int32)), kind_arr),
-            pa.array(device, i64),
-            pa.array(track, i64),
-            _dict_column(ci, cat_tab),
-            _dict_column(ni, name_tab),
-            pa.array(ts_ns, i64),
-            pa.array(dur_ns, i64),
-            pa.array(corr, i64, mask=~corr_valid),
-            pa.array(ext, i64, mask=~ext_valid),
-            pa.array(is_comm),
-        ],
-    )

@@ -462,6 +462,9 @@ def _check_export(r: _Reader) -> None:
         raise FileError(
             r.path, f"not an Nsight Systems export: no CUPTI_ACTIVITY_KIND_*, NVTX_EVENTS or StringIds table ({shown})"
         )
+    if "StringIds" not in r.tables:  # every name would be a bare number (NCCL kernels not recognised)
+        raise FileError(r.path, "Nsight Systems export without its StringIds table: names cannot be read "
+                                "(export the report again: nsys export --type sqlite)")
     r.has_strings = "StringIds" in r.tables
 
 
