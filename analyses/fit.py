@@ -1,6 +1,6 @@
 """alpha_beta_fit: α, β and n½ fitted per (run, op, group size) — a Python analysis.
 
-Depends on: collective_samples
+Reads: collective_samples
 
 The fit itself lives in :func:`tracekit.model.fit_alpha_beta` (a regression that
 weights relative error, with a robust outlier rule; the reference's "Fitting α
@@ -38,8 +38,6 @@ from collections import defaultdict
 
 import pyarrow as pa
 
-DEPENDS = ("collective_samples",)
-CREATES = ("alpha_beta_fit",)
 
 SCHEMA = pa.schema(
     [

@@ -1,6 +1,6 @@
 """measured_vs_model: per run and rank, the measured overlap against what the α–β model predicts.
 
-Depends on: overlap_by_step, collectives, events, runs, alpha_beta_fit
+Reads: overlap_by_step, collectives, events, runs, alpha_beta_fit
 
 For every rank of every run, over the profiler steps that hold communication:
 measured compute, communication, overlap and exposed communication (means per
@@ -61,8 +61,6 @@ from collections import defaultdict
 
 import pyarrow as pa
 
-DEPENDS = ("overlap_by_step", "collectives", "events", "runs", "alpha_beta_fit")
-CREATES = ("measured_vs_model",)
 
 SCHEMA = pa.schema(
     [

@@ -1,6 +1,6 @@
 -- collective_verdicts: each collective instance against the α–β model — predicted time, α and β
 -- terms, verdict, efficiency and the best algorithm for its size.
--- Depends on: collective_instances, collective_samples, alpha_beta_fit
+-- Reads: collective_instances, collective_samples, alpha_beta_fit
 --
 -- Two predictions per instance (../shared/reference/alpha-beta.md; every number from
 -- tracekit.model through tk_* UDFs, T = A·α + B·D/β with (A, B) = algorithm_coefficients):

@@ -7,6 +7,7 @@ byte. Never another exception, and a failed ingest leaves the store unchanged.
 
 from __future__ import annotations
 
+import analyses
 import gzip
 import json
 
@@ -84,7 +85,7 @@ def test_mutated_traces_ingest_or_raise_our_error(tmp_path_factory, data, base, 
         assert "\n" not in str(exc)
         assert store_snapshot(store.path) == before
         return
-    con = store.connect()
+    con = analyses.connect(store)
     assert con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [rid]).fetchone() == (1,)
     con.execute("SELECT * FROM overlap_by_rank").fetchall()
     con.execute("SELECT * FROM collective_verdicts").fetchall()

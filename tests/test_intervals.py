@@ -8,6 +8,7 @@ are checked against the islands views and against a one-part build on real trace
 
 from __future__ import annotations
 
+import analyses
 import random
 
 import numpy as np
@@ -119,7 +120,7 @@ def test_overlap_windows_equal_the_islands_in_small_batches(source, budget, tmp_
     if budget == "tiny":  # the spans' sort in runs of one batch each, merged 5 rows at a time
         monkeypatch.setattr(spill, "STATE_BUDGET", 64)
         monkeypatch.setattr(spill, "MIN_BLOCK_ROWS", 5)
-    con = st.connect()
+    con = analyses.connect(st)
     got = {(r, k, g): (cm, cp, ov) for r, k, g, cm, cp, ov in con.execute(
         "SELECT run_id, rank, grp, comm_ns, compute_ns, overlap_ns FROM overlap_windows "
         "WHERE comm_ns + compute_ns > 0").fetchall()}
@@ -133,9 +134,9 @@ def test_collective_instances_in_parts_equal_one_part(tmp_path, monkeypatch):
     ingest_paths([shared_trace("param_dlrm_8rank_v100")], st)
     q = "SELECT * FROM collective_instances ORDER BY run_id, pg_name, seq"
     monkeypatch.setattr(ci_mod, "PART_ROWS", 10**9)
-    one = st.connect().execute(q).fetchall()
+    one = analyses.connect(st).execute(q).fetchall()
     monkeypatch.setattr(ci_mod, "PART_ROWS", 5)  # 13 parts
-    con = st.connect()
+    con = analyses.connect(st)
     (rows,) = con.execute("SELECT count(*) FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL").fetchone()
     assert rows == 64  # 8 collectives on each of the 8 ranks
     assert con.execute(q).fetchall() == one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import analyses
 import pytest
 
 from tests.conftest import shared_trace
@@ -21,7 +22,7 @@ def nt(tmp_path_factory):
 
 def test_rows_and_run(nt):
     store, rid = nt
-    con = store.connect()
+    con = analyses.connect(store)
     assert con.execute("SELECT source, workload, world_size, device_name FROM runs").fetchone() == (
         "nccl_tests", "sweep", 8, "A100-SXM4-40GB"
     )
@@ -50,7 +51,7 @@ def test_rows_and_run(nt):
 def test_fit_on_allreduce_log(nt):
     """α ≈ 2.55 µs, β ≈ 226.7 GB/s, n½ ≈ 578 KB from the out-of-place and in-place rows together."""
     store, rid = nt
-    f = store.connect().execute(
+    f = analyses.connect(store).execute(
         "SELECT alpha_s, beta_gbps, n_half_bytes, status, source FROM alpha_beta_fit WHERE op = 'all_reduce'"
     ).fetchone()
     assert f[3:] == ("ok", "nccl_tests")

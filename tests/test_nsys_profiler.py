@@ -17,6 +17,7 @@ on, CUDA capture, the real export) is not tested here.
 
 from __future__ import annotations
 
+import analyses
 import json
 import os
 import sqlite3
@@ -216,7 +217,7 @@ def test_profile_nsys_runs_the_job_under_nsys_and_ingests_job_sqlite(tmp_path, m
     assert cfg["traces"] == ["job.sqlite"] and not cfg["partial"]
     assert any("all its processes (every rank) are in one file" in n for n in cfg["notes"])
     assert "one file" in err
-    con = Store(store).connect()
+    con = analyses.connect(Store(store))
     assert con.execute("SELECT source, world_size, workload FROM runs").fetchone() == ("nsys", 1, "external")
     assert con.execute("SELECT count(*) FROM events WHERE category = 'kernel'").fetchone()[0] == 2
 
@@ -252,7 +253,7 @@ def test_collect_tp_runs_every_rank_under_nsys_and_ingests_the_sqlite_files(tmp_
     cfg = json.loads((run_dir / "run_config.json").read_text())
     assert cfg["traces"] == ["rank0.sqlite", "rank1.sqlite"]
     assert cfg["profiler"]["tool"] == "nsys" and cfg["tp_check"]["passed"]
-    con = Store(store).connect()
+    con = analyses.connect(Store(store))
     assert con.execute("SELECT source, world_size, workload FROM runs").fetchone() == ("nsys", 2, "tp")
     assert con.execute("SELECT rank FROM ranks ORDER BY rank").fetchall() == [(0,), (1,)]
     assert con.execute("SELECT count(*), bool_and(complete) FROM collective_instances").fetchone() == (1, True)

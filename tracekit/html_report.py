@@ -90,6 +90,7 @@ def html_data(
     presets: Sequence[str] | None = None,
     steps: int = 2,
     report: dict | None = None,
+    con=None,
 ) -> dict[str, Any]:
     """Everything the HTML page draws, as plain data (ns, bytes, GB/s).
 
@@ -98,19 +99,22 @@ def html_data(
     (:func:`model_curves`), ``timeline`` (:func:`_timeline`), ``waits`` (rank × instance wait
     matrix), ``presets`` (the preset links drawn). ``steps``: how many profiler steps the
     timeline shows (the first ones); ``report``: an already built report of the run (saves
-    building it again; ``run_id`` and ``link`` are then taken from it).
-    Raises StoreError for an empty store or unknown run.
+    building it again; ``run_id`` and ``link`` are then taken from it); ``con``: the connection
+    that report was built on (:func:`tracekit.report.report_connection`; kept open), so that
+    no analysis is built twice. Raises StoreError for an empty store or unknown run.
     """
-    from tracekit.report import build_report
+    from tracekit.report import build_report, report_connection
 
-    st = store if isinstance(store, Store) else Store(store)
-    if report is None:
-        report = build_report(st, run_id, link=link)
-    else:
+    if report is not None:
         link = report.get("link")
-    rid = report["run"]["run_id"]
-    con = st.connect(run_ids=[rid], link=link)
+        run_id = report["run"]["run_id"]
+    own = con is None
+    if own:
+        run_id, con = report_connection(store, run_id, link)
     try:
+        if report is None:
+            report = build_report(store, run_id, link, con=con)
+        rid = report["run"]["run_id"]
         bandwidth = _rows(
             con,
             """
@@ -129,7 +133,8 @@ def html_data(
         timeline = _timeline(con, rid, steps)
         waits = _wait_matrix(con, rid)
     finally:
-        con.close()
+        if own:
+            con.close()
     names = list(presets) if presets is not None else default_presets(report["run"].get("backend"), link)
     return dict(
         report=report,
@@ -963,10 +968,12 @@ def write_html_report(
     presets: Sequence[str] | None = None,
     steps: int = 2,
     report: dict | None = None,
+    con=None,
 ) -> Path:
     """Write the HTML report of ``run_id`` (default: the newest) to ``path``; returns the path.
 
-    ``report``: an already built :func:`tracekit.report.build_report` dict of the run (reused).
+    ``report``: an already built :func:`tracekit.report.build_report` dict of the run (reused);
+    ``con``: the connection it was built on (reused, kept open; see :func:`html_data`).
     Written to a temporary file beside ``path`` and renamed. Raises StoreError for an empty
     store or unknown run, BadInputError for an unknown ``link``.
     """
@@ -981,7 +988,7 @@ def write_html_report(
         raise BadInputError(f"{out}: is a directory; give the HTML file's name")
     if not out.parent.is_dir():
         raise BadInputError(f"{out}: its folder {out.parent} does not exist")
-    page = render_html(html_data(store, run_id, link=link, presets=presets, steps=steps, report=report))
+    page = render_html(html_data(store, run_id, link=link, presets=presets, steps=steps, report=report, con=con))
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -31,7 +31,30 @@ def _rows(con, sql: str, params: list | None = None) -> list[dict]:
     return out
 
 
-def build_report(store: Store | str | None = None, run_id: str | None = None, link: str | None = None) -> dict[str, Any]:
+def report_connection(store: Store | str | None = None, run_id: str | None = None, link: str | None = None):
+    """(run id, connection) for one run's report: ``run_id`` (default: the newest run) and the newest
+    sweep run (whose α/β feed measured_vs_model), with the analyses (``analyses.connect``).
+
+    One connection serves the terminal report, ``--json`` and ``--html``: each analysis table is
+    built once. The caller closes it. Raises StoreError when the store is empty or the run is
+    unknown, BadInputError for an unknown ``link``.
+    """
+    import analyses
+    from tracekit.errors import StoreError
+
+    st = store if isinstance(store, Store) else Store(store)
+    if run_id is None:
+        run_id = st.latest_run_id()
+    elif not st.has_run(run_id):
+        known = ", ".join(st.run_ids()[:8]) or "none"
+        raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
+    sweep = st.latest_run_id("sweep", required=False)
+    return run_id, analyses.connect(st, run_ids=[run_id] + ([sweep] if sweep and sweep != run_id else []), link=link)
+
+
+def build_report(
+    store: Store | str | None = None, run_id: str | None = None, link: str | None = None, con=None
+) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings),
@@ -43,18 +66,16 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
     (lowest efficiency), ``link`` (the preset compared with, or None),
     ``measured_vs_model`` (per rank: measured vs predicted exposed communication per
     step; α/β from --link, else the newest sweep run, else this run's fit), ``warnings``.
+    ``con``: a connection from :func:`report_connection` for this ``run_id`` and ``link`` (kept
+    open for the caller); without it the report opens and closes its own.
     Raises StoreError when the store is empty or the run is unknown.
     """
-    from tracekit.errors import StoreError
-
-    st = store if isinstance(store, Store) else Store(store)
-    if run_id is None:
-        run_id = st.latest_run_id()
-    elif not st.has_run(run_id):
-        known = ", ".join(st.run_ids()[:8]) or "none"
-        raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
-    sweep = st.latest_run_id("sweep", required=False)  # its α/β feed measured_vs_model
-    con = st.connect(run_ids=[run_id] + ([sweep] if sweep and sweep != run_id else []), link=link)
+    if con is None:
+        run_id, con = report_connection(store, run_id, link)
+        try:
+            return build_report(store, run_id, link, con=con)
+        finally:
+            con.close()
     p = [run_id]
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
     try:
@@ -186,7 +207,6 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         )
     if inst["disagreeing"]:
         warnings.append(f"{inst['disagreeing']} collective instance(s) where ranks disagree on op or size")
-    con.close()
     return dict(
         run=run,
         ranks=ranks,

@@ -91,13 +91,18 @@ def analyze(
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report with plots to this file."),
 ) -> None:
     """The report for a run: collectives, overlap, stragglers, α–β fit and verdicts."""
-    from tracekit.report import build_report, print_report, report_json
+    from tracekit.report import build_report, print_report, report_connection, report_json
 
-    rep = build_report(_store(store), run, link=link)
-    if html_out is not None:
-        from tracekit.html_report import write_html_report
+    st = _store(store)
+    rid, con = report_connection(st, run, link)  # one connection: every analysis built once
+    try:
+        rep = build_report(st, rid, link, con=con)
+        if html_out is not None:
+            from tracekit.html_report import write_html_report
 
-        typer.echo(f"wrote {write_html_report(_store(store), html_out, link=link, report=rep)}", err=True)
+            typer.echo(f"wrote {write_html_report(st, html_out, link=link, report=rep, con=con)}", err=True)
+    finally:
+        con.close()
     if json_out:
         typer.echo(report_json(rep))
     else:
@@ -113,7 +118,7 @@ def runs(
     import json
 
     st = _store(store, must_exist=True)
-    con = st.connect(analyses=False)
+    con = st.connect()
     cur = con.execute(
         "SELECT r.run_id, r.created_at, r.workload, r.source, r.backend, r.world_size, "
         "count(k.rank) AS ranks, sum(k.events) AS events "
@@ -150,7 +155,9 @@ def sql(
 
     if not query.strip():
         raise BadInputError("empty SQL query")
-    con = _store(store, must_exist=True).connect()
+    import analyses
+
+    con = analyses.connect(_store(store, must_exist=True))
     try:
         statements = con.extract_statements(query)
     except duckdb.Error as exc:
