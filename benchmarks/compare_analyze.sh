@@ -12,7 +12,7 @@ set -u
 OLD=$1 NEW=$2 OUT=$3
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SOURCES=(
-  "$REPO/fixtures/tp_2rank" "$REPO/fixtures/tp_chunks_2rank" "$REPO/fixtures/ep_2rank" "$REPO/fixtures/pp_2rank"
+  "$REPO/fixtures/tp_2rank" "$REPO/fixtures/tp_chunks_2rank" "$REPO/fixtures/ep_2rank" "$REPO/fixtures/ep_2rank/tbo" "$REPO/fixtures/pp_2rank"
   "$REPO/fixtures/pp_decode_2rank" "$REPO/fixtures/kv_layerwise_2rank" "$REPO/fixtures/kv_bulk_2rank"
   "$REPO/fixtures/sweep_2rank" "$REPO/../shared/traces/param_dlrm_8rank_v100"
 )

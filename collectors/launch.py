@@ -142,6 +142,13 @@ def config_options(cfg, exclude: tuple[str, ...] = ("out", "timeout_s", "fault")
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in exclude}
 
 
+def overlap_model(kind: str, **params: Any) -> dict[str, Any]:
+    """The run config's ``overlap_model`` entry: the overlap model the analysis applies to this run
+    (``{"kind": kind, "params": params}``; the kinds and their params are listed in
+    analyses/measured_vs_model.py)."""
+    return {"kind": kind, "params": params}
+
+
 def run_config_base(
     info: dict[str, Any], results: list[dict[str, Any]], backend: str, wait: int, warmup: int, active: int
 ) -> dict[str, Any]:

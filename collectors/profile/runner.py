@@ -495,6 +495,7 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
             },
         },
         "traces": [p.name for _, p in sorted(result.traces.items())],
+        "overlap_model": {"kind": "no_overlap", "params": {}},  # a user's job: nothing known about its overlap
     }
     if per_rank_overhead:
         cfg["profiler_overhead_pct"] = round(statistics.median(per_rank_overhead.values()), 2)
@@ -561,6 +562,7 @@ def _gather_nsys(result: JobResult, opts: ProfileOptions, created: _dt.datetime,
         "notes": notes,
         "timing": {"job_wall_s": round(result.wall_s, 3)},
         "traces": [p.name for _, p in sorted(result.traces.items())],
+        "overlap_model": {"kind": "no_overlap", "params": {}},  # a user's job: nothing known about its overlap
     }
     result.config = cfg
     path = run_dir / "run_config.json"

@@ -510,4 +510,6 @@ def build_run_config(run_id, cfg: KVConfig, backend, info, results, wall_s, crea
             "per_rank": timing_rows,
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _launch.overlap_model("layerwise", layers=L) if cfg.mode == "layerwise"
+        else _launch.overlap_model("no_overlap"),
     }

@@ -684,4 +684,6 @@ def build_run_config(
             **_launch.step_medians(per_rank_steps, active_steps),
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _launch.overlap_model("two_batch", layers=cfg.layers) if cfg.two_batch_overlap
+        else _launch.overlap_model("no_overlap"),
     }

@@ -1016,7 +1016,21 @@ def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, crea
             "stage_compute_s": compute,
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _pp_overlap_model(cfg, msgs, compute),
     }
+
+
+def _pp_overlap_model(cfg: PPConfig, msgs: list[dict], compute: list[dict]) -> dict[str, Any]:
+    """The run's overlap model: training, no overlap of the sends plus the GPipe bubble; decode, the
+    token interval from the median per-token stage compute (the upper one of two) and one decode
+    activation message."""
+    if cfg.mode == "train":
+        return _launch.overlap_model("pipeline", stages=cfg.stages, microbatches=cfg.microbatches)
+    per_token = sorted(v for row in compute if (v := row.get("decode_per_microbatch_s")) and v > 0)
+    msg = next((m["bytes"] for m in msgs if m.get("kind") == "activation" and m.get("phase") == "decode"), None)
+    return _launch.overlap_model("pp_decode", stages=cfg.stages,
+                                 stage_compute_s=per_token[len(per_token) // 2] if per_token else None,
+                                 message_bytes=msg)
 
 
 def _program_summary(cfg: PPConfig, stage: int):

@@ -447,4 +447,5 @@ def build_run_config(
             "blocks": per_block,
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _launch.overlap_model("no_overlap"),
     }

@@ -595,6 +595,8 @@ def build_run_config(
             **_launch.step_medians(per_rank_steps, active_steps),
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _launch.overlap_model("chunked", chunks=cfg.overlap_chunks) if cfg.overlap_chunks > 1
+        else _launch.overlap_model("no_overlap"),
     }
     if cfg.profiler == "nsys":
         doc["profiler"] = _nsys_profiler_doc(cfg, backend, info, active_steps)
