@@ -25,7 +25,6 @@ import datetime as _dt
 import os
 import pickle
 import queue as _queue
-import secrets
 import signal
 import socket
 import struct
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import BadInputError, TracekitError
+from tracekit.rundir import new_run_dir, new_run_id  # noqa: F401  (the workloads' run folders)
 
 MAX_RANKS = 8
 BACKENDS = ("auto", "gloo", "nccl")
@@ -229,31 +229,6 @@ def validate_schedule(wait: int, warmup: int, active: int, steps: int | None) ->
             f"steps={steps} is fewer than the profiler schedule needs (wait {wait} + warmup {warmup} + active {active} = {need})"
         )
     return steps
-
-
-def new_run_id(workload: str, now: _dt.datetime | None = None) -> str:
-    """``<workload>-YYYYmmdd-HHMMSS-xxxx`` (local time, 4 random hex digits)."""
-    now = now or _dt.datetime.now()
-    return f"{workload}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-
-
-def new_run_dir(out: str | os.PathLike | None, workload: str) -> Path:
-    """Create and return a fresh run folder ``<out>/<run_id>`` (default out: ./tracekit-runs)."""
-    base = Path(out) if out is not None else Path("tracekit-runs")
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadInputError(f"{base}: cannot create the output folder ({exc.strerror or exc})") from None
-    for _ in range(100):
-        d = base / new_run_id(workload)
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise BadInputError(f"{d}: cannot create the run folder ({exc.strerror or exc})") from None
-    raise TracekitError(f"{base}: could not find a free run folder name")
 
 
 def trace_path(run_dir: str | os.PathLike, rank: int) -> Path:

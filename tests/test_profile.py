@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from collectors.profile import agent as agent_mod  # noqa: E402
+from tracekit import profile_agent as agent_mod  # noqa: E402
 from collectors.profile import runner  # noqa: E402
 from tracekit.cli import main  # noqa: E402
 from tracekit.store import Store  # noqa: E402

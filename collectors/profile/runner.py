@@ -2,7 +2,7 @@
 
 :func:`run_job` starts COMMAND in its own process group with a private folder
 holding only ``sitecustomize.py`` first on ``PYTHONPATH`` (see
-``collectors.profile.agent``), waits for it, and returns a :class:`JobResult`:
+``tracekit.profile_agent``), waits for it, and returns a :class:`JobResult`:
 the per-rank traces found, the agents' status files, the ranks that wrote no
 trace, notes, and the run config. :func:`profile_command` does that and then
 ingests the traces as one run (workload ``external``).
@@ -48,10 +48,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import tracekit as _tracekit
 from tracekit.errors import BadInputError, TracekitError
 
 HERE = Path(__file__).resolve().parent
-AGENT_PATH = HERE / "agent.py"
+AGENT_PATH = Path(_tracekit.__file__).resolve().parent / "profile_agent.py"  # injected by path: stdlib + torch only
 SITECUSTOMIZE_PATH = HERE / "sitecustomize.py"
 ENV_JOB = "TRACEKIT_PROFILE_JOB"
 USAGE = "usage: tracekit profile [OPTIONS] -- COMMAND [ARGS]... (e.g. tracekit profile -- torchrun --nproc-per-node 2 train.py)"
@@ -238,7 +239,7 @@ def job_env(site_dir: Path, run_dir: Path, opts: ProfileOptions, marker: str, ba
 
 
 def _make_run_dir(opts: ProfileOptions) -> Path:
-    from collectors.launch import new_run_dir
+    from tracekit.rundir import new_run_dir
 
     base = Path(opts.out) if opts.out is not None else Path("tracekit-runs")
     if opts.run_id is None:
