@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from tracekit.errors import BadInputError
 from tracekit.store import Store
+from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us  # noqa: F401  (also this module's API)
 
 VERDICT_COLORS = {
     "bandwidth-bound": "#2b8a3e",
@@ -332,38 +333,7 @@ def _wait_matrix(con, run_id: str) -> dict[str, Any]:
     return dict(instances=inst, ranks=ranks, wait_ns=wait, note=note)
 
 
-# -- formatting ---------------------------------------------------------------------------------
-
-
-def fmt_bytes(b) -> str:
-    """Decimal prefixes: 131072 → '131.1 kB'."""
-    if b is None:
-        return "—"
-    b = float(b)
-    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(b) >= f:
-            return f"{b / f:,.4g} {unit}"
-    return f"{b:,.0f} B"
-
-
-def fmt_us(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e3:,.1f}"
-
-
-def fmt_ms(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e6:,.3f}"
-
-
-def fmt_pct(x) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
-
-
-def fmt_num(x, digits: int = 2) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, int):
-        return f"{x:,}"
-    return f"{x:,.{digits}f}"
+# -- formatting (the number helpers are tracekit.textfmt's) ----------------------------------------
 
 
 def _time_unit(span_ns: float) -> tuple[str, float]:

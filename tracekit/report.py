@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from tracekit.store import Store
+from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us
 
 TOP_STRAGGLERS = 10
 
@@ -235,30 +236,9 @@ def report_json(report: dict) -> str:
 # -- rendering --------------------------------------------------------------------
 
 
-def _us(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e3:,.1f}"
 
 
-def _ms(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e6:,.3f}"
 
-
-def _bytes(b) -> str:
-    if b is None:
-        return "—"
-    b = float(b)
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(b) >= f:
-            return f"{b / f:,.2f} {unit}"
-    return f"{b:,.0f} B"
-
-
-def _pct(x) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
-
-
-def _num(x, fmt="{:,.2f}") -> str:
-    return "—" if x is None else fmt.format(x)
 
 
 def print_report(report: dict, console=None) -> None:
@@ -283,8 +263,8 @@ def print_report(report: dict, console=None) -> None:
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
     for r in report["collectives"]:
         t.add_row(
-            r["op"], str(r["count"]), _bytes(r["total_bytes"]), _bytes(r["median_size_bytes"]),
-            _us(r["median_sync_time_ns"]), _num(r["median_busbw_gbps"]), _ms(r["total_wait_ns"]), str(r["incomplete"]),
+            r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), fmt_bytes(r["median_size_bytes"]),
+            fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]), fmt_ms(r["total_wait_ns"]), str(r["incomplete"]),
         )
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
@@ -296,8 +276,8 @@ def print_report(report: dict, console=None) -> None:
     for col in ("rank", "comm ms", "compute ms", "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
     for r in report["overlap_by_rank"]:  # empty for nccl-tests runs
-        t.add_row(str(r["rank"]), _ms(r["comm_ns"]), _ms(r["compute_ns"]), _ms(r["overlap_ns"]),
-                  _ms(r["exposed_comm_ns"]), _pct(r["overlap_ratio"]))
+        t.add_row(str(r["rank"]), fmt_ms(r["comm_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["overlap_ns"]),
+                  fmt_ms(r["exposed_comm_ns"]), fmt_pct(r["overlap_ratio"]))
     if report["overlap_by_rank"]:
         con.print(t)
     if report["stragglers"]:
@@ -305,8 +285,8 @@ def print_report(report: dict, console=None) -> None:
         for col in ("op", "pg", "seq", "size", "straggler rank", "skew µs", "sync µs"):
             t.add_column(col, justify="right" if col not in ("op", "pg") else "left")
         for r in report["stragglers"]:
-            t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), _bytes(r["size_bytes"]), str(r["straggler"]),
-                      _us(r["skew_ns"]), _us(r["sync_time_ns"]))
+            t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), fmt_bytes(r["size_bytes"]), str(r["straggler"]),
+                      fmt_us(r["skew_ns"]), fmt_us(r["sync_time_ns"]))
         con.print(t)
     if report.get("fit"):
         t = Table(title="α–β fit per op (this run's sync times; weighted by relative error)")
@@ -314,8 +294,8 @@ def print_report(report: dict, console=None) -> None:
             t.add_column(col, justify="left" if col in ("op", "status") else "right", no_wrap=(col == "op"))
         for r in report["fit"]:
             t.add_row(r["op"], str(r["group_size"]), f"{r['n_used']}/{r['n_samples']}",
-                      _num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6, "{:,.2f}"), _num(r["beta_gbps"]),
-                      _bytes(r["n_half_bytes"]), _pct(r["residual_spread"]), r["status"])
+                      fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6), fmt_num(r["beta_gbps"]),
+                      fmt_bytes(r["n_half_bytes"]), fmt_pct(r["residual_spread"]), r["status"])
         con.print(t)
     if report.get("verdicts"):
         basis = f"fit, else {report['link']}" if report.get("link") else "fit (use --link PRESET to compare with a link)"
@@ -324,15 +304,15 @@ def print_report(report: dict, console=None) -> None:
             t.add_column(col, justify="right" if col in ("count", "median efficiency") else "left")
         for r in report["verdicts"]:
             eff = r["median_efficiency"] if r["median_efficiency"] is not None else r["median_efficiency_link"]
-            t.add_row(r["op"], r["verdict"] or "no model", r["verdict_basis"] or "—", str(r["count"]), _num(eff))
+            t.add_row(r["op"], r["verdict"] or "no model", r["verdict_basis"] or "—", str(r["count"]), fmt_num(eff))
         con.print(t)
     if report.get("furthest_from_model"):
         t = Table(title="Furthest from the model (lowest predicted/measured)")
         for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "best algo"):
             t.add_column(col, justify="left" if col in ("op", "verdict", "best algo") else "right")
         for r in report["furthest_from_model"]:
-            t.add_row(r["op"], str(r["seq"]), _bytes(r["size_bytes"]), _us(r["sync_time_ns"]), _us(r["predicted_ns"]),
-                      _num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
+            t.add_row(r["op"], str(r["seq"]), fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]), fmt_us(r["predicted_ns"]),
+                      fmt_num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
         con.print(t)
     if report.get("measured_vs_model"):
         t = Table(title="Measured vs model (per step, exposed communication)")
@@ -341,8 +321,8 @@ def print_report(report: dict, console=None) -> None:
             t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
         for r in report["measured_vs_model"]:
             gap = "—" if r["gap_ratio"] is None else f"{r['gap_ratio']:.2f}× ({r['larger']} larger)"
-            t.add_row(str(r["rank"]), _ms(r["compute_ns"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _ms(r["exposed_ns"]),
-                      r["model"], _ms(r["predicted_comm_ns"]), _ms(r["predicted_exposed_ns"]), gap, r["ab_source"] or "—")
+            t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]),
+                      r["model"], fmt_ms(r["predicted_comm_ns"]), fmt_ms(r["predicted_exposed_ns"]), gap, r["ab_source"] or "—")
         notes = sorted({r["note"] for r in report["measured_vs_model"] if r.get("note")})
         t.caption = "; ".join(notes)
         con.print(t)
