@@ -95,6 +95,14 @@ def resolve_backend(backend: str, ranks: int) -> str:
     return backend
 
 
+def option(default: Any, help: str, **cli: Any) -> Any:
+    """A workload config field that is also a ``tracekit collect`` option (``--name-with-dashes``;
+    a bool gives ``--name/--no-name``), declared once: ``help`` is its text; ``cli`` may set
+    ``cli_type`` and ``cli_default`` when the command line takes another form than the field (a
+    size as text, '64M'). Fields made without it (eps, timeout_s, fault) are not options."""
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
 @dataclasses.dataclass
 class RunOptions:
     """The options every built-in model workload (tp, ep, pp, disagg-kv) shares; each
@@ -106,13 +114,13 @@ class RunOptions:
     job, ``fault`` a testing-only fault the workload documents (None: none).
     """
 
-    steps: int | None = None
-    dtype: str = "float32"
-    backend: str = "auto"
-    seed: int = 0
-    wait: int = 1
-    warmup: int = 1
-    active: int = 3
+    steps: int | None = option(None, "Steps (default: wait + warmup + active).")
+    dtype: str = option("float32", "float32, bfloat16 or float16.")
+    backend: str = option("auto", "auto (nccl with CUDA, else gloo), gloo or nccl.")
+    seed: int = option(0, "Seed of the weights and inputs.")
+    wait: int = option(1, "Profiler schedule: steps skipped.")
+    warmup: int = option(1, "Profiler schedule: warm-up steps (traced, discarded).")
+    active: int = option(3, "Profiler schedule: recorded steps.")
     out: str | None = None
     eps: float = 1e-6
     timeout_s: float = 300.0

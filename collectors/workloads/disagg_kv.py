@@ -104,18 +104,22 @@ class KVConfig(_launch.RunOptions):
     """Options of the disagg-kv workload. ``steps=None`` means wait + warmup +
     active; ``ffn=None`` means 8/3 × hidden rounded up to 64, ``ffn=0`` no MLP."""
 
-    ranks: int = 2
-    layers: int = 8
-    hidden: int = 512
-    heads: int = 8
-    kv_heads: int = 2
-    head_dim: int = 64
-    ffn: int | None = None
-    vocab: int = 512
-    prompt_len: int = 256
-    batch: int = 2
-    decode_tokens: int = 8
-    mode: str = "layerwise"
+    ranks: int = _launch.option(2, "Ranks, an even number: the first half prefill, the second half decode.")
+    layers: int = _launch.option(8, "Transformer layers (one KV message each).")
+    hidden: int = _launch.option(512, "Hidden size.")
+    heads: int = _launch.option(8, "Query heads.")
+    kv_heads: int = _launch.option(2, "Key/value heads (divide --heads).")
+    head_dim: int = _launch.option(64, "Head dimension.")
+    ffn: int | None = _launch.option(
+        None, "MLP inner size (default: 8/3 x hidden, rounded up to 64; 0: attention only)."
+    )
+    vocab: int = _launch.option(512, "Vocabulary size.")
+    prompt_len: int = _launch.option(256, "Prompt tokens per sequence.")
+    batch: int = _launch.option(2, "Sequences per request.")
+    decode_tokens: int = _launch.option(8, "Tokens the decode rank generates per request.")
+    mode: str = _launch.option(
+        "layerwise", "layerwise (send each layer's KV as it is computed) or bulk (after the prefill)."
+    )
     # fault (from RunOptions), testing only: "corrupt_kv" scales the V half of layer 0's KV message before
     # sending (the decode check must then fail); "raise" makes the last rank raise
 

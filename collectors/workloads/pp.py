@@ -224,19 +224,19 @@ class PPConfig(_launch.RunOptions):
     hidden rounded up to 64. ``seq`` is the training sequence length, or the
     prompt length in decode mode."""
 
-    ranks: int = 2
-    stages: int | None = None
-    layers: int = 4
-    hidden: int = 256
-    heads: int = 4
-    ffn: int | None = None
-    vocab: int = 512
-    seq: int = 64
-    batch: int = 8
-    microbatches: int = 4
-    schedule: str = "gpipe"
-    mode: str = "train"
-    tokens: int = 8
+    ranks: int = _launch.option(2, "Ranks (processes), one pipeline stage each, 1-8.")
+    stages: int | None = _launch.option(None, "Pipeline stages (must equal --ranks; default: --ranks).")
+    layers: int = _launch.option(4, "Transformer layers (divisible by --stages).")
+    hidden: int = _launch.option(256, "Hidden size.")
+    heads: int = _launch.option(4, "Attention heads (divide --hidden).")
+    ffn: int | None = _launch.option(None, "MLP inner size (default: 8/3 x hidden, rounded up to 64; 0: no MLP).")
+    vocab: int = _launch.option(512, "Vocabulary size.")
+    seq: int = _launch.option(64, "Sequence length (train) or prompt length (decode).")
+    batch: int = _launch.option(8, "Batch size (divisible by --microbatches).")
+    microbatches: int = _launch.option(4, "Micro-batches per step.")
+    schedule: str = _launch.option("gpipe", "gpipe or 1f1b (train only).")
+    mode: str = _launch.option("train", "train (forward + backward) or decode (prefill + greedy decode).")
+    tokens: int = _launch.option(8, "Decode steps per generation (decode mode).")
     # fault (from RunOptions), testing only: "corrupt_activation" scales stage 0's first outgoing message
     # of every step by 1.5 (the check must then fail); "raise" makes the last rank raise
 

@@ -80,18 +80,21 @@ class TPConfig(_launch.RunOptions):
     """Options of the TP workload. ``steps=None`` means wait + warmup + active;
     ``ffn=None`` means 8/3 × hidden rounded up to a multiple of 64 (Llama-like)."""
 
-    ranks: int = 2
-    layers: int = 4
-    hidden: int = 512
-    heads: int = 8
-    ffn: int | None = None
-    seq: int = 128
-    batch: int = 4
-    #: split the tokens into this many chunks whose all-reduces run asynchronously
-    #: while the next chunk computes (1: one blocking all-reduce per block)
-    overlap_chunks: int = 1
-    #: "torch" (torch.profiler, Kineto JSON) or "nsys" (each rank under nsys profile, SQLite)
-    profiler: str = "torch"
+    ranks: int = _launch.option(2, "Tensor-parallel ranks (processes), 1-8.")
+    layers: int = _launch.option(4, "Transformer layers.")
+    hidden: int = _launch.option(512, "Hidden size.")
+    heads: int = _launch.option(8, "Attention heads (divisible by --ranks).")
+    ffn: int | None = _launch.option(None, "MLP inner size (default: 8/3 x hidden, rounded up to 64).")
+    seq: int = _launch.option(128, "Sequence length.")
+    batch: int = _launch.option(4, "Batch size.")
+    overlap_chunks: int = _launch.option(
+        1, "Split the tokens into N chunks; chunk i's all-reduce runs (async) while chunk i+1 computes."
+    )
+    profiler: str = _launch.option(
+        "torch",
+        "torch (torch.profiler, Kineto JSON per rank) or nsys (each rank under `nsys profile`, "
+        "rank{r}.sqlite; needs nsys on PATH).",
+    )
     # fault (from RunOptions), testing only: "corrupt_shard" perturbs the last rank's weights (the TP check
     # must then fail); "raise" makes the last rank raise before profiling
 
