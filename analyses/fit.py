@@ -92,6 +92,6 @@ def create(con) -> None:
     samples = con.execute(
         "SELECT run_id, source, op, group_size, algo, size_bytes, time_ns, warmup, seq FROM collective_samples"
     ).fetchall()
-    from analyses import create_table_from_rows
+    from tracekit.analyses import create_table_from_rows
 
     create_table_from_rows(con, "alpha_beta_fit", SCHEMA, fit_rows(samples))

@@ -298,6 +298,6 @@ def rows_for(con, link: str | None) -> list[dict]:
 def create(con) -> None:
     """Create the table ``measured_vs_model`` on ``con``."""
     link = con.execute("SELECT getvariable('tk_link')").fetchone()[0]
-    from analyses import create_table_from_rows
+    from tracekit.analyses import create_table_from_rows
 
     create_table_from_rows(con, "measured_vs_model", SCHEMA, rows_for(con, link))

@@ -3,7 +3,7 @@
 Shared by every built-in workload (tp now; ep, pp, disagg-kv and sweep later).
 A workload is a module-level function ``fn(ctx: RankContext, payload) -> dict``
 that :func:`launch` runs once per rank, each rank in its own fresh Python
-process (``python -m collectors._rank``, which never re-imports the caller's
+process (``python -m tracekit.collectors._rank``, which never re-imports the caller's
 ``__main__``), with ``torch.distributed`` already initialised over a free TCP
 port on 127.0.0.1. What the function returns (a small picklable dict)
 comes back to the parent indexed by rank.
@@ -413,7 +413,7 @@ def _read_messages(fd: int, rank: int, sink: "_queue.Queue") -> None:
 
 
 def rank_main(fd: int) -> int:
-    """Entry point of one rank's process (``python -m collectors._rank FD``):
+    """Entry point of one rank's process (``python -m tracekit.collectors._rank FD``):
     read the job from stdin, init the process group, run the workload function,
     report the result (or the error) on pipe `fd`. Returns the exit status."""
     _set_parent_death_signal()
@@ -511,7 +511,7 @@ def launch(
     per-rank results (index = rank).
 
     `fn` must be a module-level function of an importable module (not
-    ``__main__``): each rank is a fresh ``python -m collectors._rank`` process
+    ``__main__``): each rank is a fresh ``python -m tracekit.collectors._rank`` process
     that receives `fn` and `payload` pickled. `backend` must already be
     resolved ('gloo' or 'nccl'). `threads_per_rank` defaults to the CPU count
     divided by the ranks (at least 1), so ranks do not oversubscribe the cores.
@@ -520,7 +520,7 @@ def launch(
     first failing rank's message; no rank process survives the call.
 
     `rank_prefix(rank)`, when given, is put in front of each rank's command line
-    (e.g. an ``nsys profile ... -o rank{r}`` wrapper, see :mod:`collectors.nsys`);
+    (e.g. an ``nsys profile ... -o rank{r}`` wrapper, see :mod:`tracekit.collectors.nsys`);
     the wrapper must pass stdin and the inherited report pipe on to the rank. After
     a clean run the wrappers get up to `timeout_s` (instead of 30 s) to exit, so a
     profiler can finish writing its report.
@@ -569,7 +569,7 @@ def launch(
             log = open(log_path(run_dir, rank), "wb")
             try:
                 p = subprocess.Popen(
-                    [*(rank_prefix(rank) if rank_prefix else []), sys.executable, "-m", "collectors._rank", str(wfd)],
+                    [*(rank_prefix(rank) if rank_prefix else []), sys.executable, "-m", "tracekit.collectors._rank", str(wfd)],
                     stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -5,7 +5,7 @@ Every expected number is worked out in fixtures/handmade/NOTE.md.
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import pytest
 
 from tests.conftest import FIXTURES

@@ -3,7 +3,7 @@ with a larger one instead of failing the report."""
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import duckdb
 import pytest
 

@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-import analyses
+from tracekit import analyses
 from tracekit.cli import main
 from tracekit.ingest import ingest_paths
 from tracekit.store import TABLES, Store
@@ -98,7 +98,7 @@ def _documented(names: set[str]) -> dict[str, list[tuple[str, str]]]:
         if sql is not None:
             texts.append("\n".join(l[2:].strip() for l in sql.splitlines() if l.startswith("--")))
         else:
-            texts.append(importlib.import_module(f"analyses.{name}").__doc__ or "")
+            texts.append(importlib.import_module(f"tracekit.analyses.{name}").__doc__ or "")
     head = re.compile(r"^([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*):(?:\s|$)")
     col = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s+([A-Z]+(?:\[\])?)(?:\s|$)")
     blocks: dict[str, list[list]] = {}

@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import typer.main
 
-from collectors.workloads.disagg_kv import KVConfig
-from collectors.workloads.ep import EPConfig
-from collectors.workloads.pp import PPConfig
-from collectors.workloads.sweep import SweepConfig
-from collectors.workloads.tp import TPConfig
+from tracekit.collectors.workloads.disagg_kv import KVConfig
+from tracekit.collectors.workloads.ep import EPConfig
+from tracekit.collectors.workloads.pp import PPConfig
+from tracekit.collectors.workloads.sweep import SweepConfig
+from tracekit.collectors.workloads.tp import TPConfig
 from tracekit.cli import app, main
 from tracekit.errors import BadInputError
 
@@ -38,7 +38,7 @@ def test_the_command_line_reaches_the_config(monkeypatch, tmp_path):
         seen["cfg"] = cfg
         raise BadInputError("stop here")
 
-    monkeypatch.setattr("collectors.workloads.ep.run_ep", fake_run_ep)
+    monkeypatch.setattr("tracekit.collectors.workloads.ep.run_ep", fake_run_ep)
     rc = main(["collect", "ep", "--top-k", "3", "--two-batch-overlap", "--no-attention", "--skew", "2.5",
                "--ffn", "256", "--wait", "0", "--out", str(tmp_path), "--no-ingest"])
     assert rc == 2
@@ -54,7 +54,7 @@ def test_sweep_sizes_are_text_on_the_command_line(monkeypatch, tmp_path):
         seen["cfg"] = cfg
         raise BadInputError("stop here")
 
-    monkeypatch.setattr("collectors.workloads.sweep.run_sweep", fake_run_sweep)
+    monkeypatch.setattr("tracekit.collectors.workloads.sweep.run_sweep", fake_run_sweep)
     assert main(["collect", "sweep", "--ops", "all_reduce,send_recv", "--min-bytes", "4K", "--max-bytes", "1M",
                  "--out", str(tmp_path), "--no-ingest"]) == 2
     cfg = seen["cfg"]

@@ -7,7 +7,7 @@ communication is the difference of the two runs' overlap_by_rank sums, computed 
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import json
 
 import pytest

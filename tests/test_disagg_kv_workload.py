@@ -22,8 +22,8 @@ from tracekit.errors import BadInputError
 
 torch = pytest.importorskip("torch")
 
-from collectors.workloads import disagg_kv as kv  # noqa: E402
-from collectors.workloads import pp  # noqa: E402
+from tracekit.collectors.workloads import disagg_kv as kv  # noqa: E402
+from tracekit.collectors.workloads import pp  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8}

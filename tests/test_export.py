@@ -9,7 +9,7 @@ events bound inside its collective slices; the collective args.
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import json
 from collections import defaultdict
 from decimal import Decimal

@@ -5,7 +5,7 @@ Expected values are read off the raw traces by hand (see each fixture's NOTE.md)
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import gzip
 import json
 

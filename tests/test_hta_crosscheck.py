@@ -57,7 +57,7 @@ down rather than widening the tolerance:
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import gzip
 import json
 import math

@@ -7,7 +7,7 @@ byte. Never another exception, and a failed ingest leaves the store unchanged.
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import gzip
 import json
 

@@ -5,7 +5,7 @@ Each test skips with a reason when ../shared is absent (a user's fresh clone).
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import gzip
 import json
 import math

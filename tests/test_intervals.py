@@ -8,14 +8,14 @@ are checked against the islands views and against a one-part build on real trace
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import random
 
 import numpy as np
 import pytest
 
-import analyses.collective_instances as ci_mod
-import analyses.overlap_windows as ow_mod
+import tracekit.analyses.collective_instances as ci_mod
+import tracekit.analyses.overlap_windows as ow_mod
 from tracekit import spill
 from tracekit.ingest import ingest_paths
 from tracekit.intervals import UnionLengths
@@ -161,7 +161,7 @@ def test_merge_intervals_with_many_repeated_starts():
     # this size on 2 threads); merging equal starts first makes every run right.
     import duckdb
 
-    from analyses import modules
+    from tracekit.analyses import modules
 
     rng = random.Random(1)
     rows = []
@@ -191,7 +191,7 @@ def _instances_of(rows, part_rows, monkeypatch):
     """collective_instances built by the analyses from hand-made collectives rows."""
     import duckdb
 
-    from analyses import modules
+    from tracekit.analyses import modules
     from tracekit._arrow import table_from_rows
     from tracekit.store import COLLECTIVES_SCHEMA
 

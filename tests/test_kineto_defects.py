@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import pytest
 
 from tests.conftest import FIXTURES

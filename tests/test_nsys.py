@@ -6,7 +6,7 @@ itself (independent of the reader), then compared with what landed in the store.
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import sqlite3
 from pathlib import Path
 

@@ -17,7 +17,7 @@ on, CUDA capture, the real export) is not tested here.
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import json
 import os
 import sqlite3
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.nsys import NOT_FOUND, find_nsys, nsys_command, sqlite_path
+from tracekit.collectors.nsys import NOT_FOUND, find_nsys, nsys_command, sqlite_path
 from tracekit.cli import main
 from tracekit.errors import BadInputError
 from tracekit.store import Store
@@ -244,7 +244,7 @@ def test_collect_tp_runs_every_rank_under_nsys_and_ingests_the_sqlite_files(tmp_
     calls = _calls(log)
     assert sorted(c["out"] for c in calls) == [str(run_dir.resolve() / f"rank{r}") for r in (0, 1)]
     for c in calls:
-        assert c["cmd"][:3] == [sys.executable, "-m", "collectors._rank"]
+        assert c["cmd"][:3] == [sys.executable, "-m", "tracekit.collectors._rank"]
         assert c["switches"]["--export"] == "sqlite"
         assert "--capture-range" not in c["switches"]  # gloo: the whole process is captured
     names = sorted(p.name for p in run_dir.iterdir() if p.is_file())
@@ -263,7 +263,7 @@ def test_torch_run_config_is_unchanged_by_the_profiler_option():
     """The torch path's run_config.json has no new key (the option is not listed among the workload options)."""
     import datetime as dt
 
-    from collectors.workloads import tp
+    from tracekit.collectors.workloads import tp
 
     cfg = tp.TPConfig(ranks=2, layers=1, hidden=32, heads=2, seq=4, batch=1).resolved()
     info = {"torch_version": "x", "python_version": "3", "platform": "p", "device_name": "cpu",

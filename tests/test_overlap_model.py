@@ -13,8 +13,8 @@ import shutil
 
 import pytest
 
-import analyses
-from analyses.measured_vs_model import overlap_model
+from tracekit import analyses
+from tracekit.analyses.measured_vs_model import overlap_model
 from tests.conftest import FIXTURES
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
@@ -78,7 +78,7 @@ def test_the_explicit_model_wins_and_gives_the_same_rows(tmp_path):
 
 def test_pp_collector_writes_what_the_mapping_reads():
     pytest.importorskip("torch")
-    from collectors.workloads import pp
+    from tracekit.collectors.workloads import pp
 
     cfg = _cfg("pp_decode_2rank")
     fake = pp.PPConfig(ranks=2, stages=2, mode="decode", microbatches=cfg["microbatches"])

@@ -23,7 +23,7 @@ from tracekit.errors import BadInputError
 
 torch = pytest.importorskip("torch")
 
-from collectors.workloads import pp  # noqa: E402
+from tracekit.collectors.workloads import pp  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 # Kineto's "Input type" spelling → bytes per element

@@ -9,7 +9,7 @@ rendezvous port, so parallel runs cannot collide).
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import json
 import os
 import signal
@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tracekit import profile_agent as agent_mod  # noqa: E402
-from collectors.profile import runner  # noqa: E402
+from tracekit.collectors.profile import runner  # noqa: E402
 from tracekit.cli import main  # noqa: E402
 from tracekit.store import Store  # noqa: E402
 

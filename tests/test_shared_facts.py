@@ -6,7 +6,7 @@ The expected numbers were counted with plain-Python scripts over the raw JSON
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import pytest
 
 from tests.conftest import shared_trace

@@ -6,7 +6,7 @@ trace), the fixture through ingest and the α–β fit, and (slow) a real run of
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import gzip
 import json
 from collections import Counter, defaultdict
@@ -18,7 +18,7 @@ from tracekit.errors import BadInputError
 
 pytest.importorskip("torch")
 
-from collectors.workloads import sweep  # noqa: E402
+from tracekit.collectors.workloads import sweep  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "sweep_2rank"
 

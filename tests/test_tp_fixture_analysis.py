@@ -6,7 +6,7 @@ seq 64, hidden 256, float32.
 
 from __future__ import annotations
 
-import analyses
+from tracekit import analyses
 import json
 
 import pytest

@@ -163,7 +163,7 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
         if not st.has_run(rid):
             known = ", ".join(st.run_ids()[:8]) or "none"
             raise StoreError(f"run {rid!r} is not in {st.path} (runs: {known})")
-    import analyses
+    from tracekit import analyses
 
     con = analyses.connect(st, run_ids=sorted({run_a, run_b}))
     try:

@@ -34,13 +34,13 @@ def _rows(con, sql: str, params: list | None = None) -> list[dict]:
 
 def report_connection(store: Store | str | None = None, run_id: str | None = None, link: str | None = None):
     """(run id, connection) for one run's report: ``run_id`` (default: the newest run) and the newest
-    sweep run (whose α/β feed measured_vs_model), with the analyses (``analyses.connect``).
+    sweep run (whose α/β feed measured_vs_model), with the analyses (``tracekit.analyses.connect``).
 
     One connection serves the terminal report, ``--json`` and ``--html``: each analysis table is
     built once. The caller closes it. Raises StoreError when the store is empty or the run is
     unknown, BadInputError for an unknown ``link``.
     """
-    import analyses
+    from tracekit import analyses
     from tracekit.errors import StoreError
 
     st = store if isinstance(store, Store) else Store(store)

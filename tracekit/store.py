@@ -248,7 +248,7 @@ class Store:
         Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
         when there is no run they are empty with the right columns. The analyses are
-        not here: ``analyses.connect(store, ...)`` adds them.
+        not here: ``tracekit.analyses.connect(store, ...)`` adds them.
         Raises StoreError if a run was written by a newer major schema version.
         """
         import duckdb

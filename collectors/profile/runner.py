@@ -22,7 +22,7 @@ Failure handling:
 
 With ``ProfileOptions(nsys=True)`` (``tracekit profile --nsys``) no agent is
 injected: COMMAND runs as ``nsys profile ... -o <run_dir>/job COMMAND``
-(:func:`collectors.nsys.nsys_command`; nsys follows the child processes itself)
+(:func:`tracekit.collectors.nsys.nsys_command`; nsys follows the child processes itself)
 and the one export, ``job.sqlite``, is what is gathered and ingested. One nsys
 session is one file, so all the job's processes (every rank) land in it and
 are ingested as one rank; the run config and the notes say so. Written and
@@ -270,14 +270,14 @@ def run_job(
     opts = opts.validated()
     prefix: list[str] = []
     if opts.nsys:
-        from collectors.nsys import find_nsys
+        from tracekit.collectors.nsys import find_nsys
 
         nsys = find_nsys()  # no nsys: a clear error before anything is created
     run_dir = _make_run_dir(opts)
     site_dir = _prepare_site_dir()
     marker = secrets.token_hex(8)
     if opts.nsys:
-        from collectors.nsys import nsys_command
+        from tracekit.collectors.nsys import nsys_command
 
         prefix = nsys_command(nsys, run_dir.resolve() / "job")
         env = {**os.environ, ENV_JOB: marker}  # no agent: nsys records
@@ -516,7 +516,7 @@ def _gather_nsys(result: JobResult, opts: ProfileOptions, created: _dt.datetime,
     """`gather` for a job run under one nsys session: its one export, ``job.sqlite``."""
     import socket
 
-    from collectors.nsys import DEFAULT_TRACE, sqlite_path
+    from tracekit.collectors.nsys import DEFAULT_TRACE, sqlite_path
 
     run_dir = result.run_dir
     export = sqlite_path(run_dir / "job")

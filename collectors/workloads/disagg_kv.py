@@ -3,7 +3,7 @@ cache and ship it to decode ranks, which then generate tokens from it.
 
 Ranks are paired: with N ranks (N even), rank r < N/2 is a *prefill* rank and
 sends to its *decode* partner r + N/2 (with 2 ranks: rank 0 prefills, rank 1
-decodes). Both hold the same model (:func:`collectors.workloads.pp.init_model`:
+decodes). Both hold the same model (:func:`tracekit.collectors.workloads.pp.init_model`:
 token and position embeddings, ``layers`` pre-norm blocks with grouped-query
 attention — ``heads`` query heads, ``kv_heads`` key/value heads of
 ``head_dim`` — and a SwiGLU MLP unless ``ffn=0``, final norm, LM head).
@@ -35,7 +35,7 @@ thread (``c10d::send`` lasts the transfer, nothing can overlap it), while an
 isend posted first returns at once and gloo's own thread moves the data when
 the recv arrives, so the transfer of layer i really runs while layer i+1
 computes. On the prefill rank a helper thread
-(:class:`collectors.workloads.pp.WorkWaiter`) makes each announcement (its
+(:class:`tracekit.collectors.workloads.pp.WorkWaiter`) makes each announcement (its
 round trip does not hold up the next layer) and then waits for the send, which
 cannot complete before the announcement is out, so the ``gloo:send`` span ends
 when the transfer did; on the decode rank helper threads wait for the recvs.
@@ -70,8 +70,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors import launch as _launch
-from collectors.workloads.pp import (
+from tracekit.collectors import launch as _launch
+from tracekit.collectors.workloads.pp import (
     REL_TOLERANCE,
     TOKEN_ID_BYTES,
     ModelSpec,
@@ -86,7 +86,7 @@ from collectors.workloads.pp import (
     positive,
     rel_error,
 )
-from collectors.workloads.tp import DTYPES, torch_dtype
+from tracekit.collectors.workloads.tp import DTYPES, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
 
 MODES = ("bulk", "layerwise")
@@ -261,7 +261,7 @@ def reference(model, spec: ModelSpec, ids, tokens: int):
 
 def control_store(timeout_s: float):
     """A client of the job's TCP store (the rendezvous store of
-    :func:`collectors.launch.launch`, at MASTER_ADDR:MASTER_PORT): the control
+    :func:`tracekit.collectors.launch.launch`, at MASTER_ADDR:MASTER_PORT): the control
     plane for the *ready* and *sent* flags, outside the process group and the trace."""
     import os
 

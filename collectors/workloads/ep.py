@@ -67,8 +67,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from collectors import launch as _launch
-from collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, TOLERANCE, attention_partial, compare, rms_norm, torch_dtype
+from tracekit.collectors import launch as _launch
+from tracekit.collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, TOLERANCE, attention_partial, compare, rms_norm, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
 
 #: How far (in logit units) the EP run's chosen experts may fall below the
@@ -110,7 +110,7 @@ class EPConfig(_launch.RunOptions):
     def resolved(self) -> "EPConfig":
         """A validated copy with `steps`, `ffn` and `dtype` filled in / canonical.
         Raises BadInputError (one line) for an impossible configuration.
-        Does not look at the backend (see :func:`collectors.launch.resolve_backend`)."""
+        Does not look at the backend (see :func:`tracekit.collectors.launch.resolve_backend`)."""
         c = dataclasses.replace(self)
         _launch.validate_ranks(c.ranks)
         for name in ("layers", "hidden", "heads", "experts", "top_k", "seq", "batch"):

@@ -1,7 +1,7 @@
 """The pipeline-parallel (PP) workload: a small decoder-only transformer cut into
 stages, one stage per rank, with activations (and gradients) sent point-to-point.
 
-The model (shared with :mod:`collectors.workloads.disagg_kv`): token embedding +
+The model (shared with :mod:`tracekit.collectors.workloads.disagg_kv`): token embedding +
 learned absolute position embedding, ``layers`` pre-norm blocks (grouped-query
 causal attention with a KV cache, SwiGLU MLP), a final RMSNorm and an LM head.
 Stage ``s`` of ``p`` holds layers ``[s·L/p, (s+1)·L/p)``; stage 0 also holds the
@@ -68,8 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors import launch as _launch
-from collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, rms_norm, torch_dtype
+from tracekit.collectors import launch as _launch
+from tracekit.collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, rms_norm, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
 from tracekit.model import pipeline_bubble_fraction
 
@@ -243,7 +243,7 @@ class PPConfig(_launch.RunOptions):
     def resolved(self) -> "PPConfig":
         """A validated copy with stages, steps, ffn and dtype filled in / canonical.
         Raises BadInputError (one line) for an impossible configuration. Does not
-        look at the backend's availability (see :func:`collectors.launch.resolve_backend`)."""
+        look at the backend's availability (see :func:`tracekit.collectors.launch.resolve_backend`)."""
         c = dataclasses.replace(self)
         _launch.validate_ranks(c.ranks)
         if c.stages is None:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors import launch as _launch
+from tracekit.collectors import launch as _launch
 from tracekit.errors import BadInputError, TracekitError
 
 #: canonical op names of the sweep, in the order they run

@@ -35,7 +35,7 @@ measurement meaningless).
 **Profilers** (``profiler``): ``"torch"`` (default) records each rank with
 torch.profiler (``rank{r}.pt.trace.json.gz``); ``"nsys"`` runs each rank under
 its own ``nsys profile`` session instead (``rank{r}.sqlite`` + ``.nsys-rep``,
-see :mod:`collectors.nsys` and :func:`_nsys_steps`). Only one of them runs:
+see :mod:`tracekit.collectors.nsys` and :func:`_nsys_steps`). Only one of them runs:
 both would use CUPTI.
 
 Public API: :class:`TPConfig`, :func:`run_tp`; the model functions
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors import launch as _launch
+from tracekit.collectors import launch as _launch
 from tracekit.errors import BadInputError, TracekitError
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -101,7 +101,7 @@ class TPConfig(_launch.RunOptions):
     def resolved(self) -> "TPConfig":
         """A validated copy with `steps`, `ffn` and `dtype` filled in / canonical.
         Raises BadInputError (one line) for an impossible configuration.
-        Does not look at the backend (see :func:`collectors.launch.resolve_backend`)."""
+        Does not look at the backend (see :func:`tracekit.collectors.launch.resolve_backend`)."""
         c = dataclasses.replace(self)
         _launch.validate_ranks(c.ranks)
         for name in ("layers", "hidden", "heads", "seq", "batch"):
@@ -510,7 +510,7 @@ def run_tp(config: TPConfig, on_progress: Callable[[str], None] | None = None) -
     TP output differs ... max abs error ...").
 
     With ``profiler="nsys"`` each rank runs under its own ``nsys profile``
-    (:func:`collectors.nsys.nsys_command`) and the folder holds ``rank{r}.sqlite``
+    (:func:`tracekit.collectors.nsys.nsys_command`) and the folder holds ``rank{r}.sqlite``
     (+ ``rank{r}.nsys-rep``) instead; no nsys on PATH is a BadInputError raised
     before any folder or process is created. On a GPU the capture is limited to
     the active steps (``--capture-range=cudaProfilerApi``, see :func:`_nsys_steps`).
@@ -518,14 +518,14 @@ def run_tp(config: TPConfig, on_progress: Callable[[str], None] | None = None) -
     cfg = config.resolved()
     launch_kw: dict[str, Any] = {}
     if cfg.profiler == "nsys":
-        from collectors.nsys import find_nsys
+        from tracekit.collectors.nsys import find_nsys
 
         nsys = find_nsys()  # the clear error first: nothing created or started yet
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "tp")
     if cfg.profiler == "nsys":
-        from collectors.nsys import nsys_command
+        from tracekit.collectors.nsys import nsys_command
 
         capture = "cudaProfilerApi" if backend == "nccl" else None
         base = run_dir.resolve()
@@ -609,7 +609,7 @@ def build_run_config(
 
 def _nsys_profiler_doc(cfg: TPConfig, backend: str, info: dict[str, Any], active_steps: list[int]) -> dict[str, Any]:
     """The run config's ``profiler`` entry for a run under nsys."""
-    from collectors.nsys import DEFAULT_TRACE
+    from tracekit.collectors.nsys import DEFAULT_TRACE
 
     on_gpu = backend == "nccl"
     return {

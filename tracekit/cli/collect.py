@@ -1,7 +1,7 @@
 """`tracekit collect WORKLOAD`: run a built-in real workload on N ranks with the
 profiler on, then ingest its traces and print the report.
 
-Thin: the work is in ``collectors`` (``collectors.workloads.tp.run_tp``),
+Thin: the work is in ``tracekit.collectors`` (``tracekit.collectors.workloads.tp.run_tp``),
 ``tracekit.ingest.ingest_paths`` and ``tracekit.report``.
 """
 
@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from collectors.workloads.tp import TPConfig  # the options' declarations only: no torch on import
+from tracekit.collectors.workloads.tp import TPConfig  # the options' declarations only: no torch on import
 
 app = typer.Typer(
     help="Run a built-in real workload (tp, ...) on N ranks with the profiler on, then ingest it.",
@@ -46,7 +46,7 @@ def _optional(t):
 def workload_command(name: str, config_cls):
     """Register the decorated ``fn(config, store, ingest)`` as ``tracekit collect NAME``.
 
-    The options are the fields of ``config_cls`` declared with ``collectors.launch.option``, each
+    The options are the fields of ``config_cls`` declared with ``tracekit.collectors.launch.option``, each
     one's flag (``--field-name``; ``--x/--no-x`` for a bool), type, default and help taken from the
     field — the workload's own fields first, then the shared ones — plus ``--out``, ``--store`` and
     ``--ingest``. ``config`` is ``config_cls(**options, out=str(out))``, not yet resolved.
@@ -86,11 +86,11 @@ def workload_command(name: str, config_cls):
 @workload_command("tp", TPConfig)
 def tp(config: TPConfig, store: Optional[str], ingest: bool) -> None:
     """Megatron-style tensor-parallel transformer (two all-reduces per layer), profiled on every rank."""
-    from collectors.workloads.tp import run_tp
+    from tracekit.collectors.workloads.tp import run_tp
 
     cfg = config.resolved()  # bad options fail here, before anything starts
     if cfg.profiler == "nsys":
-        from collectors.nsys import find_nsys
+        from tracekit.collectors.nsys import find_nsys
 
         find_nsys()  # no nsys on PATH: one clear line, exit 2, nothing created
     title = (

@@ -1,7 +1,7 @@
 """`tracekit collect ep`: the expert-parallel MoE workload, then ingest and report.
 
 Registered on the ``collect`` sub-app (imported at the end of
-``tracekit.cli.collect``); the work is in ``collectors.workloads.ep.run_ep``.
+``tracekit.cli.collect``); the work is in ``tracekit.collectors.workloads.ep.run_ep``.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import sys
 from typing import Optional
 
 
-from collectors.workloads.ep import EPConfig
+from tracekit.collectors.workloads.ep import EPConfig
 from tracekit.cli.collect import ingest_and_report, run_workload, workload_command
 
 
 @workload_command("ep", EPConfig)
 def ep(config: EPConfig, store: Optional[str], ingest: bool) -> None:
     """Expert-parallel MoE layers (top-k router, sharded experts, all-to-all on the router's uneven splits), profiled."""
-    from collectors.workloads.ep import run_ep
+    from tracekit.collectors.workloads.ep import run_ep
 
     cfg = config.resolved()  # bad options fail here, before anything starts
     title = (

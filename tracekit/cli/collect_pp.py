@@ -2,7 +2,7 @@
 or the disaggregated prefill/decode workload, then ingest it and print the report.
 
 Registered on the ``collect`` sub-app (imported by ``tracekit.cli.collect``).
-Thin: the work is in ``collectors.workloads.pp`` / ``collectors.workloads.disagg_kv``,
+Thin: the work is in ``tracekit.collectors.workloads.pp`` / ``tracekit.collectors.workloads.disagg_kv``,
 ``tracekit.ingest.ingest_paths`` and ``tracekit.report``.
 """
 
@@ -12,15 +12,15 @@ import sys
 from typing import Optional
 
 
-from collectors.workloads.disagg_kv import KVConfig
-from collectors.workloads.pp import PPConfig
+from tracekit.collectors.workloads.disagg_kv import KVConfig
+from tracekit.collectors.workloads.pp import PPConfig
 from tracekit.cli.collect import ingest_and_report, run_workload, workload_command
 
 
 @workload_command("pp", PPConfig)
 def pp(config: PPConfig, store: Optional[str], ingest: bool) -> None:
     """Pipeline-parallel transformer: activations (and gradients) sent stage to stage with isend/irecv."""
-    from collectors.workloads.pp import run_pp
+    from tracekit.collectors.workloads.pp import run_pp
 
     cfg = config.resolved()  # bad options fail here, before anything starts
     title = (
@@ -43,7 +43,7 @@ def pp(config: PPConfig, store: Optional[str], ingest: bool) -> None:
 @workload_command("disagg-kv", KVConfig)
 def disagg_kv(config: KVConfig, store: Optional[str], ingest: bool) -> None:
     """Disaggregated prefill/decode: prefill ranks ship each layer's KV cache to decode ranks (bulk or layer-wise)."""
-    from collectors.workloads.disagg_kv import run_disagg_kv
+    from tracekit.collectors.workloads.disagg_kv import run_disagg_kv
 
     cfg = config.resolved()
     title = (

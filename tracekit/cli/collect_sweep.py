@@ -10,7 +10,7 @@ import sys
 from typing import Optional
 
 
-from collectors.workloads.sweep import SweepConfig
+from tracekit.collectors.workloads.sweep import SweepConfig
 from tracekit.cli.collect import ingest_and_report, run_workload, workload_command
 
 
@@ -23,7 +23,7 @@ def sweep(config: SweepConfig, store: Optional[str], ingest: bool) -> None:
     The defaults (1 KiB to 64 MiB, ×4, 5 calls after 2 warm-up calls) take
     about 20 s on 2 CPU ranks over gloo; --max-bytes 16M roughly halves it.
     """
-    from collectors.workloads.sweep import run_sweep
+    from tracekit.collectors.workloads.sweep import run_sweep
 
     cfg = config.resolved()  # bad options fail here, before anything starts
     run_dir, config_dict = run_workload(lambda progress: run_sweep(cfg, on_progress=progress), f"sweep on {cfg.ranks} ranks")

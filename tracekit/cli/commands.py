@@ -155,7 +155,7 @@ def sql(
 
     if not query.strip():
         raise BadInputError("empty SQL query")
-    import analyses
+    from tracekit import analyses
 
     con = analyses.connect(_store(store, must_exist=True))
     try:
