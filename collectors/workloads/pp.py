@@ -71,7 +71,6 @@ from typing import Any, Callable
 from tracekit.collectors import launch as _launch
 from tracekit.collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, rms_norm, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
-from tracekit.model import pipeline_bubble_fraction
 
 SCHEDULES = ("gpipe", "1f1b")
 MODES = ("train", "decode")
@@ -942,6 +941,8 @@ def expected_messages(cfg: PPConfig) -> list[dict[str, Any]]:
 
 def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, created) -> dict[str, Any]:
     """The run_config.json document (see fixtures/pp_2rank/NOTE.md)."""
+    from tracekit.model import pipeline_bubble_fraction  # here: `tracekit collect`'s options import this module
+
     options = _launch.config_options(cfg)
     active_steps = _launch.active_steps(cfg.wait, cfg.warmup, cfg.active)
     msgs = expected_messages(cfg)
