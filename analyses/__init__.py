@@ -1,92 +1,132 @@
-"""The DuckDB analyses: one ``.sql`` module per analysis, loaded in dependency order.
+"""The DuckDB analyses: an ordered pipeline of modules, built on a connection when first used.
 
-Each module starts with a header comment documenting every output column
-(name, type, unit, meaning) and a ``-- Depends on:`` line naming the tables,
-views or modules it reads; :func:`load_analyses` orders the modules by those
-lines. The α–β formulas are not re-typed in SQL: :func:`register_udfs` exposes
-``tracekit.model`` functions to DuckDB (prefixed ``tk_``).
+Each module is ``analyses/<name>.sql`` (DuckDB statements) or ``analyses/<name>.py`` (a
+``create(con)`` that builds a table, where the work calls the model, sweeps a sorted stream or
+builds a table in parts). Every module starts with a header documenting each output column
+(name, type, unit, meaning); ``tests/test_analysis_pipeline.py`` checks those headers against
+``DESCRIBE`` of every view and table.
+
+:data:`PIPELINE` is the order modules are created in: each reads only the base tables (``runs``,
+``ranks``, ``events``, ``collectives``) and modules before it. :func:`connect` gives a connection
+with the base views, the model UDFs and the ``tk_link`` variable, and nothing else yet: a
+statement that names an object not created so far (DuckDB's binder answers CatalogException or
+BinderException; a failed statement has no effect) makes the connection create the next module
+and try again, until the statement binds or the pipeline is exhausted. So ``SELECT count(*) FROM
+events`` builds no analysis, a query of ``collective_bandwidth`` builds the modules up to it, and
+a report builds each table once on its one connection. Why on a miss rather than by reading the
+names a query references: DuckDB itself decides what a statement needs (views, macros passed
+table names as strings, CTEs), with no second list of names or dependencies to keep in step.
+
+The α–β formulas are not re-typed in SQL: :func:`register_udfs` exposes ``tracekit.model``
+functions to DuckDB (prefixed ``tk_``).
 """
 
 from __future__ import annotations
 
-import re
 from importlib import resources
 
-BASE_TABLES = {"runs", "ranks", "events", "collectives"}
-_DEPENDS = re.compile(r"^--\s*Depends on:\s*(.*)$", re.M)
-_CREATES = re.compile(r"CREATE\s+OR\s+REPLACE\s+(?:VIEW|MACRO|TABLE)\s+([A-Za-z_][A-Za-z0-9_]*)", re.I)
-
-
-PYTHON_ANALYSES = ("fit", "measured_vs_model", "overlap_windows", "collective_instances")
-"""Analyses computed in Python (``analyses/<name>.py`` with DEPENDS, CREATES and ``create(con)``)."""
+PIPELINE = (
+    "instance_rows",         # SQL: _instance_calls, the macro collective_instance_rows
+    "collective_instances",  # Python: the table, built in parts
+    "collective_bandwidth",
+    "collective_waits",
+    "collective_samples",
+    "fit",                   # Python: alpha_beta_fit
+    "verdicts",              # collective_verdicts
+    "intervals",             # SQL: the interval macros
+    "overlap_windows",       # Python: the union-length sweep
+    "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
+    "measured_vs_model",     # Python
+)
+"""The analysis modules in creation order (each after every module it reads). The collective
+chain comes first and the overlap chain after it, so that the export (collectives, waits,
+verdicts) never sweeps the events for overlap."""
 
 
 def modules() -> dict[str, str]:
-    """name → SQL text of every analysis module shipped in this package.
+    """name → SQL text of every SQL module of the pipeline."""
+    return {name: text for name in PIPELINE if (text := sql_text(name)) is not None}
 
-    A Python analysis appears as a pseudo-SQL text made of its ``Depends on`` and
-    ``CREATE`` lines, so that ordering treats both kinds alike.
+
+def sql_text(name: str) -> str | None:
+    """The text of ``analyses/<name>.sql``, or None when the module is a Python one."""
+    f = resources.files(__package__).joinpath(f"{name}.sql")
+    return f.read_text(encoding="utf-8") if f.is_file() else None
+
+
+def create_module(con, name: str) -> None:
+    """Create one pipeline module's objects on ``con`` (its inputs must exist already)."""
+    text = sql_text(name)
+    if text is not None:
+        con.execute(text)
+    else:
+        import importlib
+
+        importlib.import_module(f"{__package__}.{name}").create(con)
+
+
+class AnalysesConnection:
+    """A store connection (:class:`tracekit.store.AnalysisConnection`) whose analyses are created
+    in :data:`PIPELINE` order when a statement first needs them (module docstring).
+
+    ``execute`` and ``sql`` retry a statement that fails to bind after creating the next module;
+    ``load_all`` creates the rest; everything else is the wrapped connection's. ``loaded``: the
+    modules created so far, in order.
     """
-    out = {}
-    for f in resources.files(__package__).iterdir():
-        if f.name.endswith(".sql"):
-            out[f.name[:-4]] = f.read_text(encoding="utf-8")
-    for name in PYTHON_ANALYSES:
-        mod = _py_module(name)
-        out[name] = "-- Depends on: " + ", ".join(mod.DEPENDS) + "\n" + "".join(
-            f"-- CREATE OR REPLACE TABLE {obj}\n" for obj in mod.CREATES
-        )
-    return out
+
+    def __init__(self, con):
+        self._con = con
+        self.loaded: list[str] = []
+
+    def load_next(self) -> bool:
+        """Create the next module of the pipeline; False when every module exists already."""
+        if len(self.loaded) == len(PIPELINE):
+            return False
+        name = PIPELINE[len(self.loaded)]
+        create_module(self._con, name)
+        self.loaded.append(name)
+        return True
+
+    def load_all(self) -> "AnalysesConnection":
+        while self.load_next():
+            pass
+        return self
+
+    def _retry(self, call):
+        import duckdb
+
+        while True:
+            try:
+                return call()
+            except (duckdb.CatalogException, duckdb.BinderException):
+                if not self.load_next():
+                    raise
+
+    def execute(self, query, *args, **kwargs):
+        return self._retry(lambda: self._con.execute(query, *args, **kwargs))
+
+    def sql(self, query, *args, **kwargs):
+        return self._retry(lambda: self._con.sql(query, *args, **kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
 
 
-def _py_module(name: str):
-    import importlib
+def connect(store, run_ids: list[str] | None = None, link: str | None = None) -> AnalysesConnection:
+    """A connection to ``store`` (a :class:`tracekit.store.Store`) over ``run_ids`` (default: every
+    run) with the analyses available, each created on first use.
 
-    return importlib.import_module(f"{__package__}.{name}")
-
-
-def load_order(mods: dict[str, str] | None = None) -> list[str]:
-    """Module names in dependency order (a module after every module it depends on).
-
-    A dependency may name a module or any view/macro a module creates. Raises
-    ValueError on a cycle or an unknown dependency.
+    ``link``: the preset the verdicts and measured_vs_model compare with (the DuckDB variable
+    ``tk_link``). Raises BadInputError for an unknown preset, StoreError as ``Store.connect``.
     """
-    mods = modules() if mods is None else mods
-    provider = {}
-    for name, sql in mods.items():
-        provider[name] = name
-        for obj in _CREATES.findall(sql):
-            provider.setdefault(obj, name)
-    deps: dict[str, set[str]] = {}
-    for name, sql in mods.items():
-        d = set()
-        for line in _DEPENDS.findall(sql):
-            for tok in re.split(r"[,\s]+", line.strip()):
-                tok = tok.strip("()")
-                if not tok or tok == "nothing" or tok in BASE_TABLES:
-                    continue
-                if tok not in provider:
-                    raise ValueError(f"analysis {name}: unknown dependency {tok!r}")
-                if provider[tok] != name:
-                    d.add(provider[tok])
-        deps[name] = d
-    order: list[str] = []
-    state: dict[str, int] = {}
+    if link is not None:
+        from tracekit.model import link_from_preset
 
-    def visit(n: str) -> None:
-        if state.get(n) == 2:
-            return
-        if state.get(n) == 1:
-            raise ValueError(f"analysis dependency cycle through {n}")
-        state[n] = 1
-        for m in sorted(deps[n]):
-            visit(m)
-        state[n] = 2
-        order.append(n)
-
-    for n in sorted(mods):
-        visit(n)
-    return order
+        link_from_preset(link)  # validates, one-line BadInputError otherwise
+    con = store.connect(run_ids=run_ids)
+    con.execute("SET VARIABLE tk_link = ?", [link])
+    register_udfs(con)
+    return AnalysesConnection(con)
 
 
 # NCCL's TREE kernels run the pipelined double binary tree (tracekit.model.collectives)
@@ -223,23 +263,3 @@ def create_table_from_rows(con, name: str, schema, rows: list[dict]) -> None:
         cols.append([None if r.get(field.name) is None else conv(r[field.name]) for r in rows])
     sel = ", ".join(f'unnest(?::{t}[]) AS "{n}"' for n, t in zip(names, types))
     con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT {sel}", cols)
-
-
-def load_analyses(con, link: str | None = None) -> None:
-    """Create every analysis view/macro/table on a DuckDB connection that has the base tables.
-
-    ``link``: the preset the verdicts compare with (sets the DuckDB variable ``tk_link``).
-    Raises BadInputError for an unknown preset.
-    """
-    if link is not None:
-        from tracekit.model import link_from_preset
-
-        link_from_preset(link)  # validates, one-line BadInputError otherwise
-    con.execute("SET VARIABLE tk_link = ?", [link])
-    register_udfs(con)
-    mods = modules()
-    for name in load_order(mods):
-        if name in PYTHON_ANALYSES:
-            _py_module(name).create(con)
-        else:
-            con.execute(mods[name])

@@ -1,5 +1,5 @@
 -- collective_bandwidth: algbw and busbw per collective instance, by the nccl-tests rules.
--- Depends on: collective_instances
+-- Reads: collective_instances
 --
 -- algbw = S / t and busbw = algbw × factor(op, n), with S = size_bytes, t = sync_time, n = the
 -- process group's size (never the world size); factor from tracekit.model.busbw_factor

@@ -1,6 +1,6 @@
 """collective_instances: one row per collective call, matched across ranks — a Python analysis.
 
-Depends on: instance_rows, collectives
+Reads: instance_rows, collectives
 
 The rows and their columns are those of the macro ``collective_instance_rows`` (see
 analyses/instance_rows.sql for every column, its unit and its definition). This module
@@ -19,8 +19,6 @@ read it.
 
 from __future__ import annotations
 
-DEPENDS = ("instance_rows", "collectives")
-CREATES = ("collective_instances",)
 
 PART_ROWS = 16_384
 """Collectives rows per part (on average: a hash decides which part a call falls in)."""

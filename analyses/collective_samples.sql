@@ -1,5 +1,5 @@
 -- collective_samples: the (size, time) measurements the α–β fit uses, one per collective instance.
--- Depends on: collective_instances, collectives, runs
+-- Reads: collective_instances, collectives, runs
 --
 -- From traces: complete, agreeing instances (barriers aside) with a known size > 0 and sync time > 0, the time
 -- being sync_time (after the last arrival, so waiting is excluded). From nccl-tests runs: every

@@ -1,5 +1,5 @@
 -- collective_waits: one row per (instance, rank): how long each rank waited for the slowest.
--- Depends on: collectives, collective_instances
+-- Reads: collectives, collective_instances
 --
 -- run_id     VARCHAR  run
 -- pg_name    VARCHAR  process group name

@@ -1,6 +1,6 @@
 """alpha_beta_fit and collective_reference — Python analyses.
 
-Depends on: collective_samples, collective_instances, runs, ranks, collectives
+Reads: collective_samples, collective_instances, runs, ranks, collectives
 
 **alpha_beta_fit**: α, β and n½ fitted per (run, op, group size). The fit itself lives in
 :func:`tracekit.model.fit_alpha_beta` (a regression that weights relative error, with a robust
@@ -92,8 +92,6 @@ from collections import defaultdict
 
 import pyarrow as pa
 
-DEPENDS = ("collective_samples", "collective_instances", "runs", "ranks", "collectives")
-CREATES = ("alpha_beta_fit", "collective_reference")
 
 SCHEMA = pa.schema(
     [
@@ -335,7 +333,7 @@ def reference_rows(con) -> list[dict]:
 
 def create_reference(con) -> None:
     """(Re)create the table ``collective_reference`` on ``con`` (after changing tk_alpha/tk_beta/tk_nics_per_node)."""
-    from analyses import create_table_from_rows
+    from tracekit.analyses import create_table_from_rows
 
     create_table_from_rows(con, "collective_reference", REFERENCE_SCHEMA, reference_rows(con))
 
@@ -345,7 +343,7 @@ def create(con) -> None:
     samples = con.execute(
         "SELECT run_id, source, op, group_size, algo, size_bytes, time_ns, warmup, seq FROM collective_samples"
     ).fetchall()
-    from analyses import create_table_from_rows
+    from tracekit.analyses import create_table_from_rows
 
     create_table_from_rows(con, "alpha_beta_fit", SCHEMA, fit_rows(samples))
     create_reference(con)

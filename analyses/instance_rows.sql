@@ -1,6 +1,6 @@
 -- instance_rows: the rows of the table collective_instances (one row per collective call,
 -- matched across the ranks of its process group), one part of the calls at a time.
--- Depends on: collectives
+-- Reads: collectives
 --
 -- _instance_calls: the collectives rows that can be matched (op and seq known; a recv counts as
 --   its pair's send), with the column part = 0. analyses/collective_instances.py copies them into
@@ -13,6 +13,7 @@
 -- An instance is the same collective on every rank of its group: key (run_id, pg_name, seq)
 -- (DESIGN.md, "Matching collectives across ranks"). Unattributed spans (op NULL) are not matched.
 --
+-- collective_instances: the table's columns (the macro's rows), one row per instance:
 -- run_id            VARCHAR  run the instance belongs to
 -- pg_name           VARCHAR  process group name
 -- seq               BIGINT   per-group sequence number (from the trace, else by issue order)

@@ -1,5 +1,5 @@
 -- intervals: reusable interval macros (union, intersection, covered length), written once.
--- Depends on: (nothing)
+-- Reads: (nothing)
 --
 -- Every macro works on tables with the columns
 --   run_id VARCHAR, rank INTEGER, grp BIGINT (a window: -1 = whole trace, else a profiler step),

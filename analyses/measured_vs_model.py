@@ -1,6 +1,6 @@
 """measured_vs_model: per run and rank, the measured overlap against what the α–β model predicts.
 
-Depends on: overlap_by_step, collectives, events, runs, alpha_beta_fit, collective_reference, collective_waits
+Reads: overlap_by_step, collectives, events, runs, alpha_beta_fit, collective_reference, collective_waits
 
 For every rank of every run, over the profiler steps that hold communication:
 measured compute, communication, overlap and exposed communication (means per
@@ -8,24 +8,27 @@ step, from overlap_by_step), next to the model's prediction for the same
 layout. The model gets the measured compute time c of the step and predicts
 the communication time a of the step from the step's own collectives (op,
 size, group size as recorded) under α and β (T = A·α + B·D/β per call, from
-tracekit.model), then applies the overlap model of the workload
-(../shared/reference/alpha-beta.md, "Overlap models"):
+tracekit.model), then applies the run's overlap model
+(../shared/reference/alpha-beta.md, "Overlap models"). The model is the run config's
+``overlap_model`` = ``{"kind": ..., "params": {...}}``, recorded by the collector that ran the
+job (:func:`overlap_model` maps run configs written before that key existed); by kind:
 
-- ``tp`` with ``overlap_chunks`` n > 1 — chunked pipelining per all-reduce
-  piece: T(n) = c/n + (a/n + α_c) + (n−1)·max(c/n, a/n + α_c), with a the
+- ``chunked`` (params ``chunks`` = n > 1; tp ``--overlap-chunks``) — chunked pipelining per
+  all-reduce piece: T(n) = c/n + (a/n + α_c) + (n−1)·max(c/n, a/n + α_c), with a the
   piece's β term, α_c one message's α term; exposed = T(n) − c per piece;
-- ``ep`` with ``two_batch_overlap`` — T = max(a, c) + min(a, c)/2 per layer;
-  exposed = T − c;
-- ``disagg_kv`` with ``mode = layerwise`` — L layers, each layer's transfer
+- ``two_batch`` (params ``layers``; ep ``--two-batch-overlap``) — T = max(a, c) + min(a, c)/2
+  per layer; exposed = T − c;
+- ``layerwise`` (params ``layers`` = L; disagg-kv ``--mode layerwise``) — each layer's transfer
   overlapping the next layer's compute: exposed = a/L + (L−1)·max(0, a/L − c/L)
   (the reference's "only the last layer's transfer is exposed" when compute is
   the longer; the max term covers the other case);
-- everything else (``tp`` unchunked, ``ep`` without two-batch overlap,
-  ``disagg_kv`` bulk, ``pp``, ``sweep``, external jobs) — no overlap: exposed = a.
-  For ``pp`` training the row also carries the GPipe bubble fraction (p−1)/(m+p−1);
-  for ``pp`` decode (``pp_decode``) its note gives the token interval the model
-  allows, p·s + (p−1)·x, with s the measured per-token stage compute and x one
-  activation message's α–β time.
+- ``pipeline`` (params ``stages`` = p, ``microbatches`` = m; pp training) — no overlap of the
+  stage sends: exposed = a; the row also carries the GPipe bubble fraction (p−1)/(m+p−1);
+- ``pp_decode`` (params ``stages`` = p, ``stage_compute_s`` = s, ``message_bytes``) — no overlap
+  (exposed = a); the note gives the token interval the model allows, p·s + (p−1)·x, with s the
+  measured per-token stage compute and x one activation message's α–β time;
+- ``no_overlap`` (everything else: tp unchunked, ep without two-batch overlap, disagg-kv bulk,
+  sweeps, external jobs) — exposed = a. An unknown kind gets no prediction, and a note.
 
 α and β (per op and group size) are the verdicts' reference (collective_reference:
 the ``--link`` preset or the user's α/β; else the newest ok sweep / nccl-tests fit
@@ -80,9 +83,6 @@ from collections import defaultdict
 
 import pyarrow as pa
 
-DEPENDS = ("overlap_by_step", "collectives", "events", "runs", "alpha_beta_fit", "collective_reference",
-           "collective_waits")
-CREATES = ("measured_vs_model",)
 
 SCHEMA = pa.schema(
     [
@@ -149,20 +149,39 @@ def _terms(op: str, size: int, k: int, alpha: float, beta: float) -> tuple[float
     return co.alpha_coeff * alpha, co.beta_coeff * size / beta
 
 
-def _decode_stage_time(cfg: dict) -> float | None:
-    """pp decode: the median over stages of one micro-batch's per-token stage compute, s (run_config timing)."""
-    vals = [st.get("decode_per_microbatch_s") for st in (cfg.get("timing") or {}).get("stage_compute_s") or []
-            if isinstance(st, dict)]
-    vals = sorted(v for v in vals if isinstance(v, (int, float)) and v > 0)
-    return vals[len(vals) // 2] if vals else None
+def overlap_model(workload: str | None, cfg: dict) -> dict:
+    """The run's overlap model ``{"kind": str, "params": dict}`` (module docstring).
 
-
-def _decode_message_bytes(cfg: dict) -> int | None:
-    """pp decode: bytes of one activation message between stages during decode (run_config expected)."""
-    for m in (cfg.get("expected") or {}).get("messages") or []:
-        if isinstance(m, dict) and m.get("kind") == "activation" and m.get("phase") == "decode":
-            return m.get("bytes")
-    return None
+    ``cfg["overlap_model"]`` when the collector recorded one. Run configs written before that key
+    existed (the stored fixtures) are mapped here, and only here, from their layout: tp with
+    ``overlap_chunks`` > 1 → chunked; ep with ``two_batch_overlap`` → two_batch; disagg_kv with
+    ``mode`` layerwise → layerwise; pp in decode → pp_decode (s: the median over stages of
+    ``timing.stage_compute_s[].decode_per_microbatch_s``, the upper one of two; the bytes of the
+    first decode activation in ``expected.messages``); other pp → pipeline; else no_overlap.
+    """
+    m = cfg.get("overlap_model")
+    if isinstance(m, dict) and isinstance(m.get("kind"), str):
+        return {"kind": m["kind"], "params": m.get("params") if isinstance(m.get("params"), dict) else {}}
+    chunks = int(cfg.get("overlap_chunks") or 1)
+    layers = max(1, int(cfg.get("layers") or 1))
+    stages = int(cfg.get("stages") or cfg.get("ranks") or 1)
+    if workload == "tp" and chunks > 1:
+        return {"kind": "chunked", "params": {"chunks": chunks}}
+    if workload == "ep" and cfg.get("two_batch_overlap"):
+        return {"kind": "two_batch", "params": {"layers": layers}}
+    if workload in ("disagg_kv", "disagg-kv") and str(cfg.get("mode")) == "layerwise":
+        return {"kind": "layerwise", "params": {"layers": layers}}
+    if workload == "pp" and str(cfg.get("mode")) == "decode":
+        vals = [st.get("decode_per_microbatch_s") for st in (cfg.get("timing") or {}).get("stage_compute_s") or []
+                if isinstance(st, dict)]
+        vals = sorted(v for v in vals if isinstance(v, (int, float)) and v > 0)
+        msg = next((m.get("bytes") for m in (cfg.get("expected") or {}).get("messages") or []
+                    if isinstance(m, dict) and m.get("kind") == "activation" and m.get("phase") == "decode"), None)
+        return {"kind": "pp_decode", "params": {"stages": stages, "stage_compute_s": vals[len(vals) // 2] if vals else None,
+                                                "message_bytes": msg}}
+    if workload == "pp":
+        return {"kind": "pipeline", "params": {"stages": stages, "microbatches": int(cfg.get("microbatches") or 1)}}
+    return {"kind": "no_overlap", "params": {}}
 
 
 def rows_for(con, link: str | None) -> list[dict]:
@@ -244,30 +263,31 @@ def rows_for(con, link: str | None) -> list[dict]:
         row.update(alpha_s=used[0], beta_Bps=used[1], ab_source=used[2], predicted_comm_ns=a * 1e9)
         exposed = a
         note = "no overlap: every collective exposed"
-        chunks = int(cfg.get("overlap_chunks") or 1)
-        if workload == "tp" and chunks > 1 and n_calls:
+        om = overlap_model(workload, cfg)
+        kind, prm = om["kind"], om["params"]
+        if kind == "chunked" and int(prm.get("chunks") or 1) > 1 and n_calls:
+            chunks = int(prm["chunks"])
             pieces = max(1.0, n_calls / chunks)
             cp, ap, ac = c / pieces, a_beta / pieces, a_alpha / n_calls
             exposed = pieces * (chunked_overlap(cp, ap, chunks, ac).time_s - cp)
             row["model"] = "chunked"
             note = f"chunked pipelining, n = {chunks}, over {pieces:g} all-reduce pieces per step"
-        elif workload == "ep" and cfg.get("two_batch_overlap"):
-            layers = max(1, int(cfg.get("layers") or 1))
+        elif kind == "two_batch":
+            layers = max(1, int(prm.get("layers") or 1))
             cp, ap = c / layers, a / layers
             exposed = layers * (two_batch_overlap(cp, ap).time_s - cp)
             row["model"] = "two_batch"
             note = f"two-batch overlap per MoE layer ({layers} layers)"
-        elif workload in ("disagg_kv", "disagg-kv") and str(cfg.get("mode")) == "layerwise":
-            layers = max(1, int(cfg.get("layers") or 1))
+        elif kind == "layerwise":
+            layers = max(1, int(prm.get("layers") or 1))
             exposed = layered_exposed_time(a / layers, c / layers, layers)
             row["model"] = "layerwise"
             note = f"layer-by-layer transfer over {layers} layers"
-        elif workload == "pp" and str(cfg.get("mode")) == "decode":
-            p = int(cfg.get("stages") or cfg.get("ranks") or 1)
+        elif kind == "pp_decode":
+            p = max(1, int(prm.get("stages") or 1))
             row["model"] = "pp_decode"
             note = "decode: every token crosses all stages, its sends are on the critical path (no overlap)"
-            s_tok = _decode_stage_time(cfg)
-            msg = _decode_message_bytes(cfg)
+            s_tok, msg = prm.get("stage_compute_s"), prm.get("message_bytes")
             if s_tok is not None and msg is not None:
                 x_t = _terms("send", msg, 2, used[0], used[1])
                 x = x_t[0] + x_t[1] if x_t else None
@@ -276,11 +296,15 @@ def rows_for(con, link: str | None) -> list[dict]:
 
                     r = pp_decode(p, 1, s_tok, x, 1).token_latency_s
                     note += f"; token interval ≥ p·s + (p−1)·x = {r * 1e3:.3f} ms (s = {s_tok * 1e3:.3f} ms, x = {x * 1e6:.1f} µs)"
-        elif workload == "pp":
-            p = int(cfg.get("stages") or cfg.get("ranks") or 1)
-            m = int(cfg.get("microbatches") or 1)
+        elif kind == "pipeline":
+            p = int(prm.get("stages") or 1)
+            m = int(prm.get("microbatches") or 1)
             row["bubble_fraction"] = pipeline_bubble_fraction(max(1, p), max(1, m))
             note = f"no overlap of the stage sends; GPipe bubble (p−1)/(m+p−1) with p = {p}, m = {m}"
+        elif kind not in ("no_overlap", "chunked"):
+            row["note"] = f"unknown overlap model {kind!r} in the run config: not predicted"
+            out.append(row)
+            continue
         row["predicted_exposed_ns"] = exposed * 1e9
         if exposed > 0:
             row["gap_ratio"] = row["exposed_ns"] / (exposed * 1e9)
@@ -297,6 +321,6 @@ def rows_for(con, link: str | None) -> list[dict]:
 def create(con) -> None:
     """Create the table ``measured_vs_model`` on ``con``."""
     link = con.execute("SELECT getvariable('tk_link')").fetchone()[0]
-    from analyses import create_table_from_rows
+    from tracekit.analyses import create_table_from_rows
 
     create_table_from_rows(con, "measured_vs_model", SCHEMA, rows_for(con, link))

@@ -1,5 +1,5 @@
 -- overlap: communication hidden behind compute, per rank, per profiler step and per call.
--- Depends on: events, ranks, intervals, overlap_windows
+-- Reads: events, ranks, intervals, overlap_windows
 --
 -- Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted twice:
 --   comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
@@ -13,10 +13,16 @@
 -- the table overlap_windows (analyses/overlap_windows.py: a sweep over DuckDB's sorted spans, in
 -- bounded memory); this module gives its views per rank and per step, and the intervals themselves.
 --
--- comm_islands / compute_islands: run_id, rank, grp, s, e — disjoint islands of the union, ns;
--- overlap_islands: the same columns, the pieces of comm ∩ compute. Views, evaluated only when
--- queried (HTML plots, collective_overlap): overlap_windows does not need the islands. Summing
--- e − s over them gives overlap_windows' lengths.
+-- comm_islands, compute_islands, overlap_islands: disjoint islands of the union of comm
+-- (compute) intervals, and the pieces of comm ∩ compute. Views, evaluated only when queried (HTML
+-- plots, collective_overlap): overlap_windows does not need the islands. Summing e − s over them
+-- gives overlap_windows' lengths. The three have the same columns:
+--
+-- run_id  VARCHAR  run
+-- rank    INTEGER  global rank
+-- grp     BIGINT   -1 = whole trace, else the profiler step number
+-- s       BIGINT   island start, ns
+-- e       BIGINT   island end, ns (e >= s)
 CREATE OR REPLACE VIEW _comm_spans AS
 SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'comm'
 UNION ALL
@@ -31,12 +37,29 @@ CREATE OR REPLACE VIEW comm_islands AS SELECT * FROM merge_intervals('_comm_span
 CREATE OR REPLACE VIEW compute_islands AS SELECT * FROM merge_intervals('_compute_spans');
 CREATE OR REPLACE VIEW overlap_islands AS SELECT * FROM intersect_islands('comm_islands', 'compute_islands');
 
--- overlap_by_rank: the whole-trace window of overlap_windows (columns as there, without grp).
+-- overlap_by_rank: the whole-trace window of overlap_windows (grp = -1).
+--
+-- run_id          VARCHAR  run
+-- rank            INTEGER  global rank
+-- comm_ns         BIGINT   |∪ comm|, ns
+-- compute_ns      BIGINT   |∪ compute|, ns
+-- overlap_ns      BIGINT   |comm ∩ compute|, ns
+-- exposed_comm_ns BIGINT   comm − overlap, ns
+-- overlap_ratio   DOUBLE   overlap / comm; NULL when comm = 0
 CREATE OR REPLACE VIEW overlap_by_rank AS
 SELECT run_id, rank, comm_ns, compute_ns, overlap_ns, exposed_comm_ns, overlap_ratio
 FROM overlap_windows WHERE grp = -1;
 
--- overlap_by_step: per profiler step (columns as overlap_windows, grp renamed step).
+-- overlap_by_step: the windows of overlap_windows that are profiler steps (grp >= 0).
+--
+-- run_id          VARCHAR  run
+-- rank            INTEGER  global rank
+-- step            BIGINT   profiler step number
+-- comm_ns         BIGINT   |∪ comm|, ns
+-- compute_ns      BIGINT   |∪ compute|, ns
+-- overlap_ns      BIGINT   |comm ∩ compute|, ns
+-- exposed_comm_ns BIGINT   comm − overlap, ns
+-- overlap_ratio   DOUBLE   overlap / comm; NULL when comm = 0
 CREATE OR REPLACE VIEW overlap_by_step AS
 SELECT run_id, rank, grp AS step, comm_ns, compute_ns, overlap_ns, exposed_comm_ns, overlap_ratio
 FROM overlap_windows WHERE grp >= 0;

@@ -1,6 +1,6 @@
 """overlap_windows: communication, compute and their overlap per rank and window — a Python analysis.
 
-Depends on: events, ranks, runs
+Reads: events, ranks, runs
 
 Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted twice:
 comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import numpy as np
 
-DEPENDS = ("events", "ranks", "runs")
-CREATES = ("overlap_windows",)
 
 BATCH_ROWS = 65_536
 """Rows per batch streamed from DuckDB's scan into the sort, and from the sort into the sweep."""

@@ -1,6 +1,6 @@
 -- collective_verdicts: each collective instance against the α–β model — predicted time, α and β
 -- terms, verdict, efficiency, the collective's crossover size and the best algorithm for its size.
--- Depends on: collective_instances, collective_samples, alpha_beta_fit, collective_reference, runs
+-- Reads: collective_instances, collective_samples, alpha_beta_fit, collective_reference, runs
 --
 -- Every number from tracekit.model through tk_* UDFs: T = A·α + B·D/β with (A, B) =
 -- algorithm_coefficients (../shared/reference/alpha-beta.md). Three α/β sources per instance:

@@ -3,7 +3,7 @@
 Shared by every built-in workload (tp now; ep, pp, disagg-kv and sweep later).
 A workload is a module-level function ``fn(ctx: RankContext, payload) -> dict``
 that :func:`launch` runs once per rank, each rank in its own fresh Python
-process (``python -m collectors._rank``, which never re-imports the caller's
+process (``python -m tracekit.collectors._rank``, which never re-imports the caller's
 ``__main__``), with ``torch.distributed`` already initialised over a free TCP
 port on 127.0.0.1. What the function returns (a small picklable dict)
 comes back to the parent indexed by rank.
@@ -25,7 +25,6 @@ import datetime as _dt
 import os
 import pickle
 import queue as _queue
-import secrets
 import signal
 import socket
 import struct
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import BadInputError, TracekitError
+from tracekit.rundir import new_run_dir, new_run_id  # noqa: F401  (the workloads' run folders)
 
 MAX_RANKS = 8
 BACKENDS = ("auto", "gloo", "nccl")
@@ -95,6 +95,14 @@ def resolve_backend(backend: str, ranks: int) -> str:
     return backend
 
 
+def option(default: Any, help: str, **cli: Any) -> Any:
+    """A workload config field that is also a ``tracekit collect`` option (``--name-with-dashes``;
+    a bool gives ``--name/--no-name``), declared once: ``help`` is its text; ``cli`` may set
+    ``cli_type`` and ``cli_default`` when the command line takes another form than the field (a
+    size as text, '64M'). Fields made without it (eps, timeout_s, fault) are not options."""
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
 @dataclasses.dataclass
 class RunOptions:
     """The options every built-in model workload (tp, ep, pp, disagg-kv) shares; each
@@ -106,13 +114,13 @@ class RunOptions:
     job, ``fault`` a testing-only fault the workload documents (None: none).
     """
 
-    steps: int | None = None
-    dtype: str = "float32"
-    backend: str = "auto"
-    seed: int = 0
-    wait: int = 1
-    warmup: int = 1
-    active: int = 3
+    steps: int | None = option(None, "Steps (default: wait + warmup + active).")
+    dtype: str = option("float32", "float32, bfloat16 or float16.")
+    backend: str = option("auto", "auto (nccl with CUDA, else gloo), gloo or nccl.")
+    seed: int = option(0, "Seed of the weights and inputs.")
+    wait: int = option(1, "Profiler schedule: steps skipped.")
+    warmup: int = option(1, "Profiler schedule: warm-up steps (traced, discarded).")
+    active: int = option(3, "Profiler schedule: recorded steps.")
     out: str | None = None
     eps: float = 1e-6
     timeout_s: float = 300.0
@@ -140,6 +148,13 @@ def config_options(cfg, exclude: tuple[str, ...] = ("out", "timeout_s", "fault")
     import dataclasses
 
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in exclude}
+
+
+def overlap_model(kind: str, **params: Any) -> dict[str, Any]:
+    """The run config's ``overlap_model`` entry: the overlap model the analysis applies to this run
+    (``{"kind": kind, "params": params}``; the kinds and their params are listed in
+    analyses/measured_vs_model.py)."""
+    return {"kind": kind, "params": params}
 
 
 def run_config_base(
@@ -222,31 +237,6 @@ def validate_schedule(wait: int, warmup: int, active: int, steps: int | None) ->
             f"steps={steps} is fewer than the profiler schedule needs (wait {wait} + warmup {warmup} + active {active} = {need})"
         )
     return steps
-
-
-def new_run_id(workload: str, now: _dt.datetime | None = None) -> str:
-    """``<workload>-YYYYmmdd-HHMMSS-xxxx`` (local time, 4 random hex digits)."""
-    now = now or _dt.datetime.now()
-    return f"{workload}-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-
-
-def new_run_dir(out: str | os.PathLike | None, workload: str) -> Path:
-    """Create and return a fresh run folder ``<out>/<run_id>`` (default out: ./tracekit-runs)."""
-    base = Path(out) if out is not None else Path("tracekit-runs")
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadInputError(f"{base}: cannot create the output folder ({exc.strerror or exc})") from None
-    for _ in range(100):
-        d = base / new_run_id(workload)
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise BadInputError(f"{d}: cannot create the run folder ({exc.strerror or exc})") from None
-    raise TracekitError(f"{base}: could not find a free run folder name")
 
 
 def trace_path(run_dir: str | os.PathLike, rank: int) -> Path:
@@ -423,7 +413,7 @@ def _read_messages(fd: int, rank: int, sink: "_queue.Queue") -> None:
 
 
 def rank_main(fd: int) -> int:
-    """Entry point of one rank's process (``python -m collectors._rank FD``):
+    """Entry point of one rank's process (``python -m tracekit.collectors._rank FD``):
     read the job from stdin, init the process group, run the workload function,
     report the result (or the error) on pipe `fd`. Returns the exit status."""
     _set_parent_death_signal()
@@ -521,7 +511,7 @@ def launch(
     per-rank results (index = rank).
 
     `fn` must be a module-level function of an importable module (not
-    ``__main__``): each rank is a fresh ``python -m collectors._rank`` process
+    ``__main__``): each rank is a fresh ``python -m tracekit.collectors._rank`` process
     that receives `fn` and `payload` pickled. `backend` must already be
     resolved ('gloo' or 'nccl'). `threads_per_rank` defaults to the CPU count
     divided by the ranks (at least 1), so ranks do not oversubscribe the cores.
@@ -530,7 +520,7 @@ def launch(
     first failing rank's message; no rank process survives the call.
 
     `rank_prefix(rank)`, when given, is put in front of each rank's command line
-    (e.g. an ``nsys profile ... -o rank{r}`` wrapper, see :mod:`collectors.nsys`);
+    (e.g. an ``nsys profile ... -o rank{r}`` wrapper, see :mod:`tracekit.collectors.nsys`);
     the wrapper must pass stdin and the inherited report pipe on to the rank. After
     a clean run the wrappers get up to `timeout_s` (instead of 30 s) to exit, so a
     profiler can finish writing its report.
@@ -579,7 +569,7 @@ def launch(
             log = open(log_path(run_dir, rank), "wb")
             try:
                 p = subprocess.Popen(
-                    [*(rank_prefix(rank) if rank_prefix else []), sys.executable, "-m", "collectors._rank", str(wfd)],
+                    [*(rank_prefix(rank) if rank_prefix else []), sys.executable, "-m", "tracekit.collectors._rank", str(wfd)],
                     stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,

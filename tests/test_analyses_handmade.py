@@ -5,6 +5,7 @@ Every expected number is worked out in fixtures/handmade/NOTE.md.
 
 from __future__ import annotations
 
+from tracekit import analyses
 import pytest
 
 from tests.conftest import FIXTURES
@@ -17,7 +18,7 @@ def con(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("store"))
     rid = ingest_paths([FIXTURES / "handmade" / "two_rank"], store, run_id="two")
     assert rid == "two"
-    c = store.connect()
+    c = analyses.connect(store)
     yield c
     c.close()
 

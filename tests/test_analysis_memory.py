@@ -3,6 +3,7 @@ with a larger one instead of failing the report."""
 
 from __future__ import annotations
 
+from tracekit import analyses
 import duckdb
 import pytest
 
@@ -23,11 +24,11 @@ _QUERIES = [
 def test_statements_that_run_out_of_memory_are_retried_with_a_larger_budget(tmp_path, monkeypatch):
     st = Store(tmp_path / "s")
     ingest_paths([FIXTURES / "tp_2rank"], st)
-    want = [st.connect().execute(q).fetchall() for q in _QUERIES]
+    want = [analyses.connect(st).execute(q).fetchall() for q in _QUERIES]
     monkeypatch.setattr(store_mod, "ANALYSIS_MEMORY_LIMIT", 64 * 1024)  # too small for anything
-    con = st.connect()
-    assert con.memory_limit > 64 * 1024  # raised while the analyses were loaded
+    con = analyses.connect(st)
     assert [con.execute(q).fetchall() for q in _QUERIES] == want
+    assert con.memory_limit > 64 * 1024  # raised while the analyses were built
 
 
 def test_a_statement_that_never_fits_still_fails(monkeypatch):

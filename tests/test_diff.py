@@ -7,6 +7,7 @@ communication is the difference of the two runs' overlap_by_rank sums, computed 
 
 from __future__ import annotations
 
+from tracekit import analyses
 import json
 
 import pytest
@@ -31,7 +32,7 @@ def store(tmp_path_factory):
 
 
 def _overlap_sums(store: Store, run_id: str) -> dict[str, int]:
-    con = store.connect(run_ids=[run_id])
+    con = analyses.connect(store, run_ids=[run_id])
     comm, overlap, exposed = con.execute(
         "SELECT sum(comm_ns), sum(overlap_ns), sum(exposed_comm_ns) FROM overlap_by_rank WHERE run_id = ?", [run_id]
     ).fetchone()

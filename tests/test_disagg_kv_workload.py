@@ -22,8 +22,8 @@ from tracekit.errors import BadInputError
 
 torch = pytest.importorskip("torch")
 
-from collectors.workloads import disagg_kv as kv  # noqa: E402
-from collectors.workloads import pp  # noqa: E402
+from tracekit.collectors.workloads import disagg_kv as kv  # noqa: E402
+from tracekit.collectors.workloads import pp  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 TYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8}
@@ -281,7 +281,7 @@ def test_kv_fixtures_ingest(name, tmp_path):
     from tracekit.store import Store
 
     run_id = ingest_paths([str(FIXTURES / name)], store=str(tmp_path))
-    con = Store(str(tmp_path)).connect(run_ids=[run_id], analyses=False)
+    con = Store(str(tmp_path)).connect(run_ids=[run_id])
     assert con.execute("SELECT workload, world_size FROM runs").fetchall() == [("disagg_kv", 2)]
 
 

@@ -38,8 +38,8 @@ from tracekit.errors import BadInputError
 
 torch = pytest.importorskip("torch")
 
-from collectors import launch  # noqa: E402
-from collectors.workloads import ep  # noqa: E402
+from tracekit.collectors import launch  # noqa: E402
+from tracekit.collectors.workloads import ep  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "ep_2rank"
 FIXTURE_TBO = FIXTURE / "tbo"

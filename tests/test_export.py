@@ -9,6 +9,7 @@ events bound inside its collective slices; the collective args.
 
 from __future__ import annotations
 
+from tracekit import analyses
 import json
 from collections import defaultdict
 from decimal import Decimal
@@ -87,7 +88,7 @@ def check_trace(doc: dict) -> dict:
 
 
 def _expected_instances(store: Store, run_id: str) -> dict[str, set[int]]:
-    con = store.connect(run_ids=[run_id])
+    con = analyses.connect(store, run_ids=[run_id])
     rows = con.execute(
         "SELECT c.pg_name || ':' || c.seq, list(DISTINCT c.rank) FROM collectives c "
         "JOIN collective_instances i USING (run_id, pg_name, seq) WHERE i.ranks_seen > 1 GROUP BY ALL"
@@ -97,7 +98,7 @@ def _expected_instances(store: Store, run_id: str) -> dict[str, set[int]]:
 
 
 def _store_times(store: Store, run_id: str) -> dict[tuple[int, int], tuple[int, int]]:
-    con = store.connect(run_ids=[run_id], analyses=False)
+    con = store.connect(run_ids=[run_id])
     rows = con.execute("SELECT rank, event_id, ts_ns, dur_ns FROM events").fetchall()
     con.close()
     return {(r, e): (t, d) for r, e, t, d in rows}

@@ -5,6 +5,7 @@ Expected values are read off the raw traces by hand (see each fixture's NOTE.md)
 
 from __future__ import annotations
 
+from tracekit import analyses
 import gzip
 import json
 
@@ -18,7 +19,7 @@ from tracekit.store import Store
 def _con(tmp_path, rel):
     store = Store(tmp_path / "s")
     ingest_paths([FIXTURES / rel], store)
-    return store.connect()
+    return analyses.connect(store)
 
 
 def test_uneven_all_to_all_splits_and_wire_bytes(tmp_path):
@@ -117,6 +118,6 @@ def test_worker_spans_out_of_issue_order_pair_by_shape(tmp_path):
     (tmp_path / "rank0.json").write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": evs}))
     store = Store(tmp_path / "s")
     ingest_paths([tmp_path / "rank0.json"], store)
-    rows = store.connect().execute("SELECT ts_ns, size_bytes, in_splits FROM collectives ORDER BY issue_ts_ns").fetchall()
+    rows = analyses.connect(store).execute("SELECT ts_ns, size_bytes, in_splits FROM collectives ORDER BY issue_ts_ns").fetchall()
     # A: 100 rows × 8 floats = 3,200 B, its span starts at 1010 µs; B: 60 × 8 × 4 = 1,920 B at 1007 µs
     assert rows == [(1_010_000, 3200, [320, 480]), (1_007_000, 1920, [240, 240])]

@@ -57,6 +57,7 @@ down rather than widening the tolerance:
 
 from __future__ import annotations
 
+from tracekit import analyses
 import gzip
 import json
 import math
@@ -215,7 +216,7 @@ def case(request, hta_python, tmp_path_factory):
     try:
         store = Store(tmp_path_factory.mktemp(f"store-{name}"))
         rid = ingest_paths([src], store)
-        con = store.connect()
+        con = analyses.connect(store)
         tk = dict(con.execute("SELECT rank, overlap_ratio FROM overlap_by_rank WHERE run_id = ?", [rid]).fetchall())
         con.close()
         docs = {}

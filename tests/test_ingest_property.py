@@ -7,6 +7,7 @@ byte. Never another exception, and a failed ingest leaves the store unchanged.
 
 from __future__ import annotations
 
+from tracekit import analyses
 import gzip
 import json
 
@@ -90,7 +91,7 @@ def test_mutated_traces_ingest_or_raise_our_error(tmp_path_factory, data, base, 
         assert "\n" not in str(exc)
         assert store_snapshot(store.path) == before
         return
-    con = store.connect()
+    con = analyses.connect(store)
     assert con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [rid]).fetchone() == (1,)
     assert con.execute("SELECT count(*) FROM events WHERE dur_ns < 0 OR ts_ns <= 0").fetchone() == (0,)
     con.execute("SELECT * FROM overlap_by_rank").fetchall()

@@ -5,6 +5,7 @@ Each test skips with a reason when ../shared is absent (a user's fresh clone).
 
 from __future__ import annotations
 
+from tracekit import analyses
 import gzip
 import json
 import math
@@ -63,7 +64,7 @@ def dlrm(tmp_path_factory):
     d = shared_trace("param_dlrm_8rank_v100")
     store = Store(tmp_path_factory.mktemp("dlrm"))
     rid = ingest_paths([d], store)
-    con = store.connect()
+    con = analyses.connect(store)
     yield d, rid, con
     con.close()
 
@@ -114,7 +115,7 @@ def _ingest_one(tmp_path, rel):
     p = shared_trace(rel)
     store = Store(tmp_path / "store")
     rid = ingest_paths([p], store)
-    return store.connect(), rid
+    return analyses.connect(store), rid
 
 
 def test_tracelens_nccl_on_compute_stream_has_zero_overlap(tmp_path):
@@ -153,7 +154,7 @@ def _all_kineto_files():
 def test_every_shared_kineto_file_ingests(tmp_path, path):
     store = Store(tmp_path / "s")
     rid = ingest_paths([path], store)
-    con = store.connect()
+    con = analyses.connect(store)
     n_events, = con.execute("SELECT count(*) FROM events").fetchone()
     raw = [e for e in _load(path) if e.get("ph") == "X"]
     quarantined, = con.execute("SELECT sum(events_quarantined) FROM ranks").fetchone()

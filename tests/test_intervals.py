@@ -8,13 +8,14 @@ are checked against the islands views and against a one-part build on real trace
 
 from __future__ import annotations
 
+from tracekit import analyses
 import random
 
 import numpy as np
 import pytest
 
-import analyses.collective_instances as ci_mod
-import analyses.overlap_windows as ow_mod
+import tracekit.analyses.collective_instances as ci_mod
+import tracekit.analyses.overlap_windows as ow_mod
 from tracekit.ingest import ingest_paths
 from tracekit.intervals import UnionLengths
 from tracekit.store import Store
@@ -114,7 +115,7 @@ def test_overlap_windows_equal_the_islands_in_small_batches(source, tmp_path, mo
     st = Store(tmp_path / "s")
     ingest_paths([path], st)
     monkeypatch.setattr(ow_mod, "BATCH_ROWS", 97)  # many batches: windows continue across them
-    con = st.connect()
+    con = analyses.connect(st)
     got = {(r, k, g): (cm, cp, ov) for r, k, g, cm, cp, ov in con.execute(
         "SELECT run_id, rank, grp, comm_ns, compute_ns, overlap_ns FROM overlap_windows "
         "WHERE comm_ns + compute_ns > 0").fetchall()}
@@ -128,9 +129,9 @@ def test_collective_instances_in_parts_equal_one_part(tmp_path, monkeypatch):
     ingest_paths([shared_trace("param_dlrm_8rank_v100")], st)
     q = "SELECT * FROM collective_instances ORDER BY run_id, pg_name, seq"
     monkeypatch.setattr(ci_mod, "PART_ROWS", 10**9)
-    one = st.connect().execute(q).fetchall()
+    one = analyses.connect(st).execute(q).fetchall()
     monkeypatch.setattr(ci_mod, "PART_ROWS", 5)  # 13 parts
-    con = st.connect()
+    con = analyses.connect(st)
     (rows,) = con.execute("SELECT count(*) FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL").fetchone()
     assert rows == 64  # 8 collectives on each of the 8 ranks
     assert con.execute(q).fetchall() == one
@@ -155,7 +156,7 @@ def test_merge_intervals_with_many_repeated_starts():
     # this size on 2 threads); merging equal starts first makes every run right.
     import duckdb
 
-    from analyses import modules
+    from tracekit.analyses import modules
 
     rng = random.Random(1)
     rows = []
@@ -185,7 +186,7 @@ def _instances_of(rows, part_rows, monkeypatch):
     """collective_instances built by the analyses from hand-made collectives rows."""
     import duckdb
 
-    from analyses import modules
+    from tracekit.analyses import modules
     import pyarrow as pa
 
     from tracekit.store import COLLECTIVES_SCHEMA

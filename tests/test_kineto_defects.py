@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from tracekit import analyses
 import pytest
 
 from tests.conftest import FIXTURES
@@ -18,7 +19,7 @@ D = FIXTURES / "defects"
 def ingest(tmp_path, name, **kw):
     store = Store(tmp_path / "store")
     rid = ingest_paths([D / name], store, **kw)
-    return store.connect(), rid
+    return analyses.connect(store), rid
 
 
 def test_bare_inf_nan_tokens_are_read(tmp_path):
@@ -134,7 +135,7 @@ def test_custom_all_reduce_builtin_and_user_pattern(tmp_path):
     assert con.execute("SELECT op FROM collectives").fetchall() == [("all_reduce",)]
     store = Store(tmp_path / "s2")
     ingest_paths([D / "custom_allreduce.json"], store, comm_patterns=[r"fancy_allreduce"])
-    con2 = store.connect()
+    con2 = analyses.connect(store)
     assert con2.execute("SELECT count(*) FROM events WHERE class = 'comm'").fetchone() == (2,)
     # comm by a user's pattern, no metadata: counted in overlap, unattributed
     assert con2.execute("SELECT count(*) FROM collectives WHERE op IS NULL").fetchone() == (1,)
@@ -174,7 +175,7 @@ def test_integer_ts_too_large_for_ns_is_quarantined(tmp_path):
                  '{"ph": "X", "cat": "cpu_op", "name": "huge", "pid": 1, "tid": 1, "ts": 9300000000000000, "dur": 5}]}')
     store = Store(tmp_path / "s")
     ingest_paths([p], store)
-    con = store.connect()
+    con = analyses.connect(store)
     assert con.execute("SELECT list(name), min(ts_ns) FROM events").fetchone() == (["ok"], 1_000_000_000)
     assert con.execute("SELECT events_quarantined FROM ranks").fetchone() == (1,)
 

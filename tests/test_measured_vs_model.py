@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit import analyses
 import pytest
 
 from tests.conftest import FIXTURES
@@ -19,7 +20,7 @@ def tp(tmp_path_factory):
 
 def test_tp_no_overlap_prediction_with_link(tp):
     store, rid = tp
-    rows = store.connect(link="eth25").execute(
+    rows = analyses.connect(store, link="eth25").execute(
         "SELECT rank, steps, model, predicted_comm_ns, predicted_exposed_ns, ab_source, exposed_ns, gap_ratio, larger "
         "FROM measured_vs_model ORDER BY rank"
     ).fetchall()
@@ -48,7 +49,7 @@ def test_gap_decomposition_adds_up_and_skew_is_the_waiting(tp):
     """gap = skew + transfer beyond the model + exposure; skew = the rank's waits for the last arrival,
     computed here independently from the collectives table (pandas)."""
     store, rid = tp
-    con = store.connect(link="eth25")
+    con = analyses.connect(store, link="eth25")
     rows = con.execute(
         "SELECT rank, steps, comm_ns, overlap_ns, exposed_ns, predicted_comm_ns, predicted_exposed_ns, wait_ns, "
         "gap_ns, gap_skew_ns, gap_transfer_ns, gap_exposure_ns FROM measured_vs_model ORDER BY rank"
@@ -127,7 +128,7 @@ def workloads(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("mvm-w"))
     rids = {name: ingest_paths([FIXTURES / rel], store, run_id=name) for name, rel in
             [("chunks", "tp_chunks_2rank"), ("tbo", "ep_2rank/tbo"), ("kv", "kv_layerwise_2rank"), ("pp", "pp_2rank")]}
-    return store.connect(link="eth25"), rids
+    return analyses.connect(store, link="eth25"), rids
 
 
 def test_chunked_branch(workloads):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit import analyses
 import pytest
 
 from tests.conftest import FIXTURES, shared_trace, store_snapshot
@@ -21,7 +22,7 @@ def nt(tmp_path_factory):
 
 def test_rows_and_run(nt):
     store, rid = nt
-    con = store.connect()
+    con = analyses.connect(store)
     assert con.execute("SELECT source, workload, world_size, device_name FROM runs").fetchone() == (
         "nccl_tests", "sweep", 8, "A100-SXM4-40GB"
     )
@@ -58,7 +59,7 @@ def test_fit_on_allreduce_log(nt):
     the robust rule drops 17 of 41 rows (NCCL changes protocol with size, one line cannot hold
     1 B – 8 GiB), so the fit is judged poor (issue 15) and is no reference for verdicts."""
     store, rid = nt
-    f = store.connect().execute(
+    f = analyses.connect(store).execute(
         "SELECT alpha_s, beta_gbps, n_half_bytes, status, source, n_dropped, status_reason FROM alpha_beta_fit "
         "WHERE op = 'all_reduce'"
     ).fetchone()

@@ -6,6 +6,7 @@ itself (independent of the reader), then compared with what landed in the store.
 
 from __future__ import annotations
 
+from tracekit import analyses
 import sqlite3
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _ro(path: Path) -> sqlite3.Connection:
 def _ingest(tmp_path, path, **kw):
     store = Store(tmp_path / "store")
     rid = ingest_paths([path], store, **kw)
-    return store.connect(), rid
+    return analyses.connect(store), rid
 
 
 # -- the real exports ---------------------------------------------------------------

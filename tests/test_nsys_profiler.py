@@ -17,6 +17,7 @@ on, CUDA capture, the real export) is not tested here.
 
 from __future__ import annotations
 
+from tracekit import analyses
 import json
 import os
 import sqlite3
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.nsys import NOT_FOUND, find_nsys, nsys_command, sqlite_path
+from tracekit.collectors.nsys import NOT_FOUND, find_nsys, nsys_command, sqlite_path
 from tracekit.cli import main
 from tracekit.errors import BadInputError
 from tracekit.store import Store
@@ -216,7 +217,7 @@ def test_profile_nsys_runs_the_job_under_nsys_and_ingests_job_sqlite(tmp_path, m
     assert cfg["traces"] == ["job.sqlite"] and not cfg["partial"]
     assert any("all its processes (every rank) are in one file" in n for n in cfg["notes"])
     assert "one file" in err
-    con = Store(store).connect()
+    con = analyses.connect(Store(store))
     assert con.execute("SELECT source, world_size, workload FROM runs").fetchone() == ("nsys", 1, "external")
     assert con.execute("SELECT count(*) FROM events WHERE category = 'kernel'").fetchone()[0] == 2
 
@@ -243,7 +244,7 @@ def test_collect_tp_runs_every_rank_under_nsys_and_ingests_the_sqlite_files(tmp_
     calls = _calls(log)
     assert sorted(c["out"] for c in calls) == [str(run_dir.resolve() / f"rank{r}") for r in (0, 1)]
     for c in calls:
-        assert c["cmd"][:3] == [sys.executable, "-m", "collectors._rank"]
+        assert c["cmd"][:3] == [sys.executable, "-m", "tracekit.collectors._rank"]
         assert c["switches"]["--export"] == "sqlite"
         assert "--capture-range" not in c["switches"]  # gloo: the whole process is captured
     names = sorted(p.name for p in run_dir.iterdir() if p.is_file())
@@ -252,7 +253,7 @@ def test_collect_tp_runs_every_rank_under_nsys_and_ingests_the_sqlite_files(tmp_
     cfg = json.loads((run_dir / "run_config.json").read_text())
     assert cfg["traces"] == ["rank0.sqlite", "rank1.sqlite"]
     assert cfg["profiler"]["tool"] == "nsys" and cfg["tp_check"]["passed"]
-    con = Store(store).connect()
+    con = analyses.connect(Store(store))
     assert con.execute("SELECT source, world_size, workload FROM runs").fetchone() == ("nsys", 2, "tp")
     assert con.execute("SELECT rank FROM ranks ORDER BY rank").fetchall() == [(0,), (1,)]
     assert con.execute("SELECT count(*), bool_and(complete) FROM collective_instances").fetchone() == (1, True)
@@ -262,7 +263,7 @@ def test_torch_run_config_is_unchanged_by_the_profiler_option():
     """The torch path's run_config.json has no new key (the option is not listed among the workload options)."""
     import datetime as dt
 
-    from collectors.workloads import tp
+    from tracekit.collectors.workloads import tp
 
     cfg = tp.TPConfig(ranks=2, layers=1, hidden=32, heads=2, seq=4, batch=1).resolved()
     info = {"torch_version": "x", "python_version": "3", "platform": "p", "device_name": "cpu",

@@ -23,7 +23,7 @@ from tracekit.errors import BadInputError
 
 torch = pytest.importorskip("torch")
 
-from collectors.workloads import pp  # noqa: E402
+from tracekit.collectors.workloads import pp  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 # Kineto's "Input type" spelling → bytes per element
@@ -419,7 +419,7 @@ def test_pp_fixtures_ingest(name, tmp_path):
     from tracekit.store import Store
 
     run_id = ingest_paths([str(FIXTURES / name)], store=str(tmp_path))
-    con = Store(str(tmp_path)).connect(run_ids=[run_id], analyses=False)
+    con = Store(str(tmp_path)).connect(run_ids=[run_id])
     assert con.execute("SELECT workload, world_size FROM runs").fetchall() == [("pp", 2)]
 
 

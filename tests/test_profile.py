@@ -9,6 +9,7 @@ rendezvous port, so parallel runs cannot collide).
 
 from __future__ import annotations
 
+from tracekit import analyses
 import json
 import os
 import signal
@@ -21,8 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from collectors.profile import agent as agent_mod  # noqa: E402
-from collectors.profile import runner  # noqa: E402
+from tracekit import profile_agent as agent_mod  # noqa: E402
+from tracekit.collectors.profile import runner  # noqa: E402
 from tracekit.cli import main  # noqa: E402
 from tracekit.store import Store  # noqa: E402
 
@@ -40,7 +41,7 @@ def _profile(tmp_path, *args, command):
 
 def _run(tmp_path) -> tuple[str, dict, object]:
     st = Store(tmp_path / "store")
-    con = st.connect()
+    con = analyses.connect(st)
     (rid, cfg) = con.execute("SELECT run_id, config FROM runs").fetchone()
     return rid, json.loads(cfg), con
 
@@ -245,7 +246,7 @@ def test_ctrl_c_stops_the_job_and_keeps_the_traces(tmp_path):
     assert cfg["interrupted"] is True and cfg["partial"] is True and cfg["exit_code"] == 130
     assert cfg["ranks_with_trace"] == [0, 1]  # stopped inside the window: both wrote what they had
     assert "is partial: the job was interrupted" in stderr
-    con = Store(tmp_path / "store").connect()
+    con = analyses.connect(Store(tmp_path / "store"))
     assert con.execute("SELECT count(*) FROM ranks").fetchone() == (2,)
 
 
@@ -266,7 +267,7 @@ def test_python_api_single_process(tmp_path, capsys):
                 tracekit.step()  # the same thing inside the block
     assert p.run_id is not None and p.trace is not None and p.trace.exists()
     assert "Overlap per rank" in capsys.readouterr().out  # the report was printed
-    con = Store(tmp_path / "store").connect()
+    con = analyses.connect(Store(tmp_path / "store"))
     (cfg,) = con.execute("SELECT config FROM runs WHERE run_id = ?", [p.run_id]).fetchone()
     cfg = json.loads(cfg)
     assert cfg["workload"] == "external" and cfg["partial"] is False and cfg["api"] == "tracekit.profile"

@@ -6,6 +6,7 @@ The expected numbers were counted with plain-Python scripts over the raw JSON
 
 from __future__ import annotations
 
+from tracekit import analyses
 import pytest
 
 from tests.conftest import shared_trace
@@ -16,7 +17,7 @@ from tracekit.store import Store
 def _con(tmp_path, rel):
     store = Store(tmp_path / "s")
     ingest_paths([shared_trace(rel)], store)
-    return store.connect()
+    return analyses.connect(store)
 
 
 def test_pyper_sendrecv_kernels_told_apart_by_launching_op(tmp_path):
@@ -114,4 +115,4 @@ def test_no_shared_trace_has_quarantined_events(tmp_path):
     for rel in ["param_dlrm_8rank_v100", "hta_pyper_a100_r0of16/rank0.json.gz"]:
         store = Store(tmp_path / rel.replace("/", "_"))
         ingest_paths([shared_trace(rel)], store)
-        assert store.connect().execute("SELECT sum(events_quarantined) FROM ranks").fetchone() == (0,)
+        assert analyses.connect(store).execute("SELECT sum(events_quarantined) FROM ranks").fetchone() == (0,)

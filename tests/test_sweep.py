@@ -6,6 +6,7 @@ trace), the fixture through ingest and the α–β fit, and (slow) a real run of
 
 from __future__ import annotations
 
+from tracekit import analyses
 import gzip
 import json
 from collections import Counter, defaultdict
@@ -17,7 +18,7 @@ from tracekit.errors import BadInputError
 
 pytest.importorskip("torch")
 
-from collectors.workloads import sweep  # noqa: E402
+from tracekit.collectors.workloads import sweep  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "sweep_2rank"
 
@@ -190,7 +191,7 @@ def test_fixture_ingest_counts_and_fit(tmp_path):
 
     st = Store(tmp_path / "store")
     rid = ingest_paths([str(FIXTURE)], store=st)
-    con = st.connect()
+    con = analyses.connect(st)
     run = con.execute("SELECT workload, world_size, backend FROM runs WHERE run_id = ?", [rid]).fetchone()
     assert run == ("sweep", 2, "gloo")
     cfg = _config()
@@ -237,7 +238,7 @@ def test_fixture_reduce_scatter_ingested_as_reduce_scatter(tmp_path):
     st = Store(tmp_path / "store")
     rid = ingest_paths([str(FIXTURE)], store=st)
     cfg = _config()
-    n = st.connect().execute(
+    n = analyses.connect(st).execute(
         "SELECT rank, op, count(*) FROM collectives WHERE run_id = ? AND op IN ('all_reduce', 'reduce_scatter') "
         "GROUP BY ALL ORDER BY ALL",
         [rid],
@@ -267,7 +268,7 @@ def test_collect_sweep_end_to_end(tmp_path, capsys):
     (run_dir,) = (tmp_path / "runs").iterdir()
     cfg = json.loads((run_dir / "run_config.json").read_text())
     assert cfg["sizes"] == [1024, 4096, 16384, 65536] and cfg["ops"] == ["all_reduce", "all_to_all", "send_recv"]
-    con = Store(store).connect()
+    con = analyses.connect(Store(store))
     counts = dict(
         ((r, op), n)
         for r, op, n in con.execute(
@@ -290,13 +291,13 @@ def test_fixture_send_recv_pairs_matched(tmp_path):
     st = Store(tmp_path / "store")
     rid = ingest_paths([str(FIXTURE)], store=st)
     cfg = _config()
-    rows = st.connect().execute(
+    rows = analyses.connect(st).execute(
         "SELECT size_bytes, count(*) FROM collective_instances WHERE run_id = ? AND op IN ('send', 'recv') "
         "AND complete AND NOT disagree GROUP BY ALL ORDER BY ALL",
         [rid],
     ).fetchall()
     assert rows == [(s, cfg["iters"]) for s in cfg["sizes"]]
-    peers = st.connect().execute(
+    peers = analyses.connect(st).execute(
         "SELECT rank, op, peer, count(*) FROM collectives WHERE run_id = ? AND op IN ('send', 'recv') GROUP BY ALL",
         [rid],
     ).fetchall()

@@ -16,7 +16,7 @@ from tracekit.errors import BadInputError
 
 torch = pytest.importorskip("torch")
 
-from collectors.workloads import tp  # noqa: E402
+from tracekit.collectors.workloads import tp  # noqa: E402
 from tests.test_tp_workload import FIXTURE as PLAIN_FIXTURE  # noqa: E402
 from tests.test_tp_workload import FIXTURE_CFG, comm_summary, load_trace  # noqa: E402
 

@@ -6,6 +6,7 @@ seq 64, hidden 256, float32.
 
 from __future__ import annotations
 
+from tracekit import analyses
 import json
 
 import pytest
@@ -23,7 +24,7 @@ TP = FIXTURES / "tp_2rank"
 def tp(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("tp"))
     rid = ingest_paths([TP], store)
-    con = store.connect()
+    con = analyses.connect(store)
     yield store, rid, con
     con.close()
 
@@ -87,7 +88,7 @@ def test_collect_tp_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "all_reduce" in out and "Overlap per rank" in out
-    con = Store(store).connect()
+    con = analyses.connect(Store(store))
     # 2 layers × 2 all-reduces × 2 active steps per rank, each 2·32·128·4 B
     assert con.execute("SELECT rank, count(*), max(size_bytes) FROM collectives GROUP BY rank ORDER BY rank").fetchall() == [
         (0, 8, 32768), (1, 8, 32768)

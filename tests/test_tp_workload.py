@@ -20,8 +20,8 @@ from tracekit.errors import BadInputError
 
 torch = pytest.importorskip("torch")
 
-from collectors import launch  # noqa: E402
-from collectors.workloads import tp  # noqa: E402
+from tracekit.collectors import launch  # noqa: E402
+from tracekit.collectors.workloads import tp  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "tp_2rank"
 
@@ -268,7 +268,7 @@ def _no_rank_processes_left() -> bool:
     import subprocess
 
     out = subprocess.run(["ps", "-o", "pid=,ppid=,args=", "--ppid", str(os.getpid())], capture_output=True, text=True)
-    return "collectors._rank" not in out.stdout
+    return "tracekit.collectors._rank" not in out.stdout
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit import analyses
 import pytest
 
 from tests.conftest import FIXTURES
@@ -20,7 +21,7 @@ def two(tmp_path_factory):
 
 
 def test_link_verdicts_follow_n_half(two):
-    con = two.connect(link="nvlink4")
+    con = analyses.connect(two, link="nvlink4")
     rows = con.execute(
         "SELECT seq, op, model_algo, link_alpha_term_ns, link_beta_term_ns, verdict, verdict_basis, efficiency_link "
         "FROM collective_verdicts WHERE run_id = 'two' ORDER BY seq"
@@ -42,7 +43,7 @@ def test_link_verdicts_follow_n_half(two):
 
 
 def test_skew_bound_when_waiting_exceeds_transfer(two):
-    con = two.connect()
+    con = analyses.connect(two)
     rows = con.execute(
         "SELECT seq, skew_ns, sync_time_ns, verdict FROM collective_verdicts WHERE run_id = 'hosts' ORDER BY seq"
     ).fetchall()
@@ -53,7 +54,7 @@ def test_skew_bound_when_waiting_exceeds_transfer(two):
 
 
 def test_one_size_cannot_be_fitted(two):
-    con = two.connect()
+    con = analyses.connect(two)
     rows = con.execute(
         "SELECT run_id, op, n_samples, n_warmup, alpha_s, status, status_reason FROM alpha_beta_fit ORDER BY ALL"
     ).fetchall()
@@ -85,7 +86,7 @@ def test_fit_recovers_alpha_beta_from_synthetic_trace(tmp_path):
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
     store = Store(tmp_path / "s")
     ingest_paths([tmp_path], store, run_id="synth")
-    fit = store.connect().execute(
+    fit = analyses.connect(store).execute(
         "SELECT op, n_warmup, n_used, alpha_s, beta_Bps, n_half_bytes, status FROM alpha_beta_fit"
     ).fetchone()
     assert fit[0:2] == ("all_reduce", 1)

@@ -29,6 +29,7 @@ import math
 from typing import Any
 
 from tracekit.store import Store
+from tracekit.textfmt import fmt_ms, fmt_num, fmt_pct, fmt_pp, fmt_us
 
 _ROW_SQL = """
 WITH calls AS (
@@ -162,7 +163,9 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
         if not st.has_run(rid):
             known = ", ".join(st.run_ids()[:8]) or "none"
             raise StoreError(f"run {rid!r} is not in {st.path} (runs: {known})")
-    con = st.connect(run_ids=sorted({run_a, run_b}))
+    from tracekit import analyses
+
+    con = analyses.connect(st, run_ids=sorted({run_a, run_b}))
     try:
         meta = {}
         for rid in (run_a, run_b):
@@ -223,9 +226,9 @@ def print_diff(diff: dict, console=None) -> None:
     ta, tb, td = diff["totals"]["a"], diff["totals"]["b"], diff["totals"]["delta"]
     for key, label in (("comm_ns", "comm ms"), ("compute_ns", "compute ms"), ("overlap_ns", "overlap ms"),
                        ("exposed_comm_ns", "exposed comm ms")):
-        t.add_row(label, _ms(ta[key]), _ms(tb[key]), _ms(td[key], signed=True))
-    t.add_row("overlap ratio", _pct(ta["overlap_ratio"]), _pct(tb["overlap_ratio"]),
-              _pp(td["overlap_ratio"]))
+        t.add_row(label, fmt_ms(ta[key]), fmt_ms(tb[key]), fmt_ms(td[key], signed=True))
+    t.add_row("overlap ratio", fmt_pct(ta["overlap_ratio"]), fmt_pct(tb["overlap_ratio"]),
+              fmt_pp(td["overlap_ratio"]))
     con.print(t)
     t = Table(title="Per op and size bucket (largest change in time spent first)")
     for col in ("op", "size", "count A→B", "median sync µs A→B", "Δ sync", "busbw GB/s A→B", "wait ms A→B",
@@ -236,36 +239,12 @@ def print_diff(diff: dict, console=None) -> None:
         t.add_row(
             r["op"], r["bucket"]["label"],
             f"{a.get('count', 0)} → {b.get('count', 0)}",
-            f"{_us(a.get('median_sync_time_ns'))} → {_us(b.get('median_sync_time_ns'))}",
-            _pct(r["sync_time_change"], signed=True),
-            f"{_num(a.get('median_busbw_gbps'))} → {_num(b.get('median_busbw_gbps'))}",
-            f"{_ms(a.get('wait_ns'))} → {_ms(b.get('wait_ns'))}",
-            f"{_pct(a.get('overlap_ratio'))} → {_pct(b.get('overlap_ratio'))}",
-            f"{_ms(a.get('exposed_comm_ns'))} → {_ms(b.get('exposed_comm_ns'))}",
-            _ms(r["delta"]["comm_ns"], signed=True),
+            f"{fmt_us(a.get('median_sync_time_ns'))} → {fmt_us(b.get('median_sync_time_ns'))}",
+            fmt_pct(r["sync_time_change"], signed=True),
+            f"{fmt_num(a.get('median_busbw_gbps'))} → {fmt_num(b.get('median_busbw_gbps'))}",
+            f"{fmt_ms(a.get('wait_ns'))} → {fmt_ms(b.get('wait_ns'))}",
+            f"{fmt_pct(a.get('overlap_ratio'))} → {fmt_pct(b.get('overlap_ratio'))}",
+            f"{fmt_ms(a.get('exposed_comm_ns'))} → {fmt_ms(b.get('exposed_comm_ns'))}",
+            fmt_ms(r["delta"]["comm_ns"], signed=True),
         )
     con.print(t)
-
-
-def _ms(ns, signed=False) -> str:
-    if ns is None:
-        return "—"
-    return f"{ns / 1e6:+,.3f}" if signed else f"{ns / 1e6:,.3f}"
-
-
-def _us(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e3:,.1f}"
-
-
-def _pct(x, signed=False) -> str:
-    if x is None:
-        return "—"
-    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
-
-
-def _pp(x) -> str:
-    return "—" if x is None else f"{100 * x:+.1f} pp"
-
-
-def _num(x) -> str:
-    return "—" if x is None else f"{x:,.2f}"

@@ -176,7 +176,9 @@ def export_perfetto(
     elif not st.has_run(run_id):
         known = ", ".join(st.run_ids()[:8]) or "none"
         raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
-    con = st.connect(run_ids=[run_id])
+    from tracekit import analyses
+
+    con = analyses.connect(st, run_ids=[run_id])
     try:
         return _write(con, run_id, Path(out_path))
     finally:

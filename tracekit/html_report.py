@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from tracekit.errors import BadInputError
 from tracekit.store import Store
+from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us  # noqa: F401  (also this module's API)
 
 VERDICT_COLORS = {
     "bandwidth-bound": "#2b8a3e",
@@ -96,6 +97,7 @@ def html_data(
     presets: Sequence[str] | None = None,
     steps: int = 2,
     report: dict | None = None,
+    con=None,
 ) -> dict[str, Any]:
     """Everything the HTML page draws, as plain data (ns, bytes, GB/s).
 
@@ -104,23 +106,26 @@ def html_data(
     (:func:`model_curves`), ``timeline`` (:func:`_timeline`), ``waits`` (rank × instance wait
     matrix), ``presets`` (the preset links drawn). ``steps``: how many profiler steps the
     timeline shows (the first ones); ``report``: an already built report of the run (saves
-    building it again; ``run_id`` and ``link`` are then taken from it).
-    Raises StoreError for an empty store or unknown run.
+    building it again; ``run_id`` and ``link`` are then taken from it); ``con``: the connection
+    that report was built on (:func:`tracekit.report.report_connection`; kept open), so that
+    no analysis is built twice. Raises StoreError for an empty store or unknown run.
     """
-    from tracekit.report import build_report
+    from tracekit.report import build_report, report_connection
 
-    from tracekit.report import _calibration_runs, apply_reference_options
-
-    st = store if isinstance(store, Store) else Store(store)
-    if report is None:
-        report = build_report(st, run_id, link=link)
-    else:
+    if report is not None:
         link = report.get("link")
-    rid = report["run"]["run_id"]
-    # the same runs and reference options as the report, so that every verdict has the same reference
-    con = st.connect(run_ids=[rid] + [r for r in _calibration_runs(st) if r != rid], link=link)
-    apply_reference_options(con, **(report.get("reference_options") or {}))
+        run_id = report["run"]["run_id"]
+    own = con is None
+    if own:
+        run_id, con = report_connection(store, run_id, link)
+        from tracekit.report import apply_reference_options
+
+        # the same reference options as the report, so that every verdict has the same reference
+        apply_reference_options(con, **((report or {}).get("reference_options") or {}))
     try:
+        if report is None:
+            report = build_report(store, run_id, link, con=con)
+        rid = report["run"]["run_id"]
         bandwidth = _rows(
             con,
             """
@@ -139,7 +144,8 @@ def html_data(
         timeline = _timeline(con, rid, steps)
         waits = _wait_matrix(con, rid)
     finally:
-        con.close()
+        if own:
+            con.close()
     names = list(presets) if presets is not None else default_presets(
         report["run"].get("backend"), link, report["run"].get("device_name"))
     return dict(
@@ -343,38 +349,7 @@ def _wait_matrix(con, run_id: str) -> dict[str, Any]:
     return dict(instances=inst, ranks=ranks, wait_ns=wait, note=note)
 
 
-# -- formatting ---------------------------------------------------------------------------------
-
-
-def fmt_bytes(b) -> str:
-    """Decimal prefixes: 131072 → '131.1 kB'."""
-    if b is None:
-        return "—"
-    b = float(b)
-    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(b) >= f:
-            return f"{b / f:,.4g} {unit}"
-    return f"{b:,.0f} B"
-
-
-def fmt_us(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e3:,.1f}"
-
-
-def fmt_ms(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e6:,.3f}"
-
-
-def fmt_pct(x) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
-
-
-def fmt_num(x, digits: int = 2) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, int):
-        return f"{x:,}"
-    return f"{x:,.{digits}f}"
+# -- formatting (the number helpers are tracekit.textfmt's) ----------------------------------------
 
 
 def _time_unit(span_ns: float) -> tuple[str, float]:
@@ -1030,10 +1005,12 @@ def write_html_report(
     presets: Sequence[str] | None = None,
     steps: int = 2,
     report: dict | None = None,
+    con=None,
 ) -> Path:
     """Write the HTML report of ``run_id`` (default: the newest) to ``path``; returns the path.
 
-    ``report``: an already built :func:`tracekit.report.build_report` dict of the run (reused).
+    ``report``: an already built :func:`tracekit.report.build_report` dict of the run (reused);
+    ``con``: the connection it was built on (reused, kept open; see :func:`html_data`).
     Written to a temporary file beside ``path`` and renamed. Raises StoreError for an empty
     store or unknown run, BadInputError for an unknown ``link``.
     """
@@ -1048,7 +1025,7 @@ def write_html_report(
         raise BadInputError(f"{out}: is a directory; give the HTML file's name")
     if not out.parent.is_dir():
         raise BadInputError(f"{out}: its folder {out.parent} does not exist")
-    page = render_html(html_data(store, run_id, link=link, presets=presets, steps=steps, report=report))
+    page = render_html(html_data(store, run_id, link=link, presets=presets, steps=steps, report=report, con=con))
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

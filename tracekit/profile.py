@@ -125,7 +125,7 @@ class profile:
             return self
         import torch.distributed as dist
 
-        from collectors.profile import agent as _agent_mod
+        from tracekit import profile_agent as _agent_mod
 
         distributed = dist.is_available() and dist.is_initialized()
         if distributed:
@@ -170,7 +170,7 @@ class profile:
     # ------------------------------------------------------------------ internals
 
     def _make_run_dir(self) -> Path:
-        from collectors.launch import new_run_dir
+        from tracekit.rundir import new_run_dir
         from tracekit.errors import BadInputError
 
         base = Path(self.out) if self.out is not None else Path("tracekit-runs")
@@ -187,7 +187,7 @@ class profile:
         return d
 
     def _on_trace_ready(self, prof) -> None:
-        from collectors.profile import agent as _agent_mod
+        from tracekit import profile_agent as _agent_mod
 
         self._cycles += 1
         name = _agent_mod.trace_name(self.rank)

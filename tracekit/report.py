@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from tracekit.store import Store
+from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us
 
 TOP_STRAGGLERS = 10
 
@@ -69,7 +70,7 @@ def apply_reference_options(con, alpha_s=None, beta_Bps=None, nics_per_node=None
         raise BadInputError("give both α and β (--alpha and --beta), or neither")
     if alpha_s is None and nics_per_node is None:
         return
-    from analyses.fit import create_reference
+    from tracekit.analyses.fit import create_reference
     from tracekit.model import custom_link
 
     if alpha_s is not None:
@@ -83,9 +84,31 @@ def apply_reference_options(con, alpha_s=None, beta_Bps=None, nics_per_node=None
     create_reference(con)
 
 
+def report_connection(store: Store | str | None = None, run_id: str | None = None, link: str | None = None):
+    """(run id, connection) for one run's report: ``run_id`` (default: the newest run) and every
+    calibration run of the store (sweeps, nccl-tests logs: the verdicts' reference may be one), with
+    the analyses (``tracekit.analyses.connect``).
+
+    One connection serves the terminal report, ``--json`` and ``--html``: each analysis table is
+    built once. The caller closes it. Raises StoreError when the store is empty or the run is
+    unknown, BadInputError for an unknown ``link``.
+    """
+    from tracekit import analyses
+    from tracekit.errors import StoreError
+
+    st = store if isinstance(store, Store) else Store(store)
+    if run_id is None:
+        run_id = st.latest_run_id()
+    elif not st.has_run(run_id):
+        known = ", ".join(st.run_ids()[:8]) or "none"
+        raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
+    calib = [r for r in _calibration_runs(st) if r != run_id]
+    return run_id, analyses.connect(st, run_ids=[run_id] + calib, link=link)
+
+
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
-    alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None,
+    alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None, con=None,
 ) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
@@ -110,19 +133,19 @@ def build_report(
     across hosts (collective_reference).
     Raises StoreError when the store is empty or the run is unknown; BadInputError for a bad
     α/β or NIC count.
+    ``con``: a connection from :func:`report_connection` for this ``run_id`` and ``link`` (kept
+    open for the caller); without it the report opens and closes its own.
+    Raises StoreError when the store is empty or the run is unknown; BadInputError for a bad
+    α/β or NIC count.
     """
-    from tracekit.errors import StoreError
-
-    st = store if isinstance(store, Store) else Store(store)
-    if run_id is None:
-        run_id = st.latest_run_id()
-    elif not st.has_run(run_id):
-        known = ", ".join(st.run_ids()[:8]) or "none"
-        raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
-    # every calibration run (sweeps, nccl-tests logs) is read too: the verdicts' reference may be one
-    calib = [r for r in _calibration_runs(st) if r != run_id]
-    con = st.connect(run_ids=[run_id] + calib, link=link)
     options = dict(alpha_s=alpha_s, beta_Bps=beta_Bps, nics_per_node=nics_per_node)
+    if con is None:
+        run_id, con = report_connection(store, run_id, link)
+        try:
+            return build_report(store, run_id, link, con=con, **options)
+        finally:
+            con.close()
+    st = store if isinstance(store, Store) else Store(store)
     apply_reference_options(con, **options)
     p = [run_id]
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
@@ -317,9 +340,9 @@ def build_report(
     for d in degraded:
         hosts = d.get("hosts") or "hosts not recorded"
         warnings.append(
-            f"{d['op']} on {d['group_size']} ranks (group {d['pg_name']}, {hosts}) at {_bytes(d['bucket_bytes'])}–"
-            f"{_bytes(2 * d['bucket_bytes'])} reaches {d['median_efficiency_link']:.0%} of {d['link']} "
-            f"(median busbw {_num(d['median_busbw_gbps'])} GB/s against β {_num(d['link_beta_gbps'])} GB/s, "
+            f"{d['op']} on {d['group_size']} ranks (group {d['pg_name']}, {hosts}) at {fmt_bytes(d['bucket_bytes'])}–"
+            f"{fmt_bytes(2 * d['bucket_bytes'])} reaches {d['median_efficiency_link']:.0%} of {d['link']} "
+            f"(median busbw {fmt_num(d['median_busbw_gbps'])} GB/s against β {fmt_num(d['link_beta_gbps'])} GB/s, "
             f"{d['count']} instance(s) at >= {LARGE_SIZE_FACTOR}·D*): link degraded or misconfigured?"
         )
     if own_fit:
@@ -327,7 +350,6 @@ def build_report(
             f"{own_fit} instance(s) judged with a fit from this run's own instances (no sweep, nccl-tests fit "
             "or preset applies): their efficiency is ≈ 1 by construction; run `tracekit collect sweep` or pass --link"
         )
-    con.close()
     return dict(
         run=run,
         ranks=ranks,
@@ -360,30 +382,9 @@ def report_json(report: dict) -> str:
 # -- rendering --------------------------------------------------------------------
 
 
-def _us(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e3:,.1f}"
 
 
-def _ms(ns) -> str:
-    return "—" if ns is None else f"{ns / 1e6:,.3f}"
 
-
-def _bytes(b) -> str:
-    if b is None:
-        return "—"
-    b = float(b)
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(b) >= f:
-            return f"{b / f:,.2f} {unit}"
-    return f"{b:,.0f} B"
-
-
-def _pct(x) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
-
-
-def _num(x, fmt="{:,.2f}") -> str:
-    return "—" if x is None else fmt.format(x)
 
 
 def print_report(report: dict, console=None) -> None:
@@ -408,8 +409,8 @@ def print_report(report: dict, console=None) -> None:
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
     for r in report["collectives"]:
         t.add_row(
-            r["op"], str(r["count"]), _bytes(r["total_bytes"]), _bytes(r["median_size_bytes"]),
-            _us(r["median_sync_time_ns"]), _num(r["median_busbw_gbps"]), _ms(r["total_wait_ns"]), str(r["incomplete"]),
+            r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), fmt_bytes(r["median_size_bytes"]),
+            fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]), fmt_ms(r["total_wait_ns"]), str(r["incomplete"]),
         )
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
@@ -421,8 +422,8 @@ def print_report(report: dict, console=None) -> None:
     for col in ("rank", "comm ms", "compute ms", "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
     for r in report["overlap_by_rank"]:  # empty for nccl-tests runs
-        t.add_row(str(r["rank"]), _ms(r["comm_ns"]), _ms(r["compute_ns"]), _ms(r["overlap_ns"]),
-                  _ms(r["exposed_comm_ns"]), _pct(r["overlap_ratio"]))
+        t.add_row(str(r["rank"]), fmt_ms(r["comm_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["overlap_ns"]),
+                  fmt_ms(r["exposed_comm_ns"]), fmt_pct(r["overlap_ratio"]))
     if report["overlap_by_rank"]:
         con.print(t)
     if report["stragglers"]:
@@ -430,15 +431,15 @@ def print_report(report: dict, console=None) -> None:
         for col in ("op", "pg", "seq", "size", "straggler rank", "skew µs", "sync µs"):
             t.add_column(col, justify="right" if col not in ("op", "pg") else "left")
         for r in report["stragglers"]:
-            t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), _bytes(r["size_bytes"]), str(r["straggler"]),
-                      _us(r["skew_ns"]), _us(r["sync_time_ns"]))
+            t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), fmt_bytes(r["size_bytes"]), str(r["straggler"]),
+                      fmt_us(r["skew_ns"]), fmt_us(r["sync_time_ns"]))
         con.print(t)
     if report.get("straggler_ranks"):
         t = Table(title="Stragglers by rank (the waiting each imposed on the others)")
         for col in ("rank", "times last", "waiting imposed ms", "largest waits summed ms"):
             t.add_column(col, justify="right")
         for r in report["straggler_ranks"]:
-            t.add_row(str(r["rank"]), str(r["times_last"]), _ms(r["wait_caused_ns"]), _ms(r["skew_sum_ns"]))
+            t.add_row(str(r["rank"]), str(r["times_last"]), fmt_ms(r["wait_caused_ns"]), fmt_ms(r["skew_sum_ns"]))
         con.print(t)
     if report.get("fit"):
         t = Table(title="α–β fit per op (this run's sync times; weighted by relative error; only 'ok' fits judge anything)")
@@ -448,15 +449,15 @@ def print_report(report: dict, console=None) -> None:
         for r in report["fit"]:
             a = r["alpha_s"]
             alpha = "—" if a is None else (
-                f"{a * 1e6:,.2f} ({_num(None if r['alpha_lo_s'] is None else r['alpha_lo_s'] * 1e6)}–"
-                f"{_num(None if r['alpha_hi_s'] is None else r['alpha_hi_s'] * 1e6)})")
+                f"{a * 1e6:,.2f} ({fmt_num(None if r['alpha_lo_s'] is None else r['alpha_lo_s'] * 1e6)}–"
+                f"{fmt_num(None if r['alpha_hi_s'] is None else r['alpha_hi_s'] * 1e6)})")
             beta = "—" if r["beta_gbps"] is None else (
-                f"{r['beta_gbps']:,.2f} ({_num(r['beta_lo_gbps'])}–{_num(r['beta_hi_gbps']) if r['beta_hi_gbps'] is not None else '∞'})")
+                f"{r['beta_gbps']:,.2f} ({fmt_num(r['beta_lo_gbps'])}–{fmt_num(r['beta_hi_gbps']) if r['beta_hi_gbps'] is not None else '∞'})")
             status = r["status"] + (f": {r['status_reason']}" if r.get("status_reason") else "")
             t.add_row(r["op"], str(r["group_size"]), f"{r['n_used']}/{r['n_samples']}", str(r.get("n_sizes") or 0),
-                      alpha, _us(None if r["fixed_latency_s"] is None else r["fixed_latency_s"] * 1e9), beta,
-                      _bytes(r["crossover_bytes"]), _bytes(r["n_half_bytes"]),
-                      f"{_pct(r['residual_spread'])} ({_pct(r.get('size_spread'))})", status)
+                      alpha, fmt_us(None if r["fixed_latency_s"] is None else r["fixed_latency_s"] * 1e9), beta,
+                      fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]),
+                      f"{fmt_pct(r['residual_spread'])} ({fmt_pct(r.get('size_spread'))})", status)
         t.caption = ("D* = the collective's crossover size (α term = β term): its latency/bandwidth boundary; "
                      "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
                      "(of the per-size medians, which is judged: ok <= 15 %)")
@@ -470,8 +471,8 @@ def print_report(report: dict, console=None) -> None:
             note = r["no_model_reason"] if r["kind"] is None else (r["note"] or "")
             t.add_row(r["op"], str(r["group_size"]), str(r["instances"]),
                       r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""),
-                      _num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6), _us(r["fixed_latency_ns"]),
-                      _num(r["beta_gbps"]), _bytes(r["crossover_bytes"]), _bytes(r["n_half_bytes"]), note or "")
+                      fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6), fmt_us(r["fixed_latency_ns"]),
+                      fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]), note or "")
         con.print(t)
     if report.get("verdicts"):
         t = Table(title="Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
@@ -481,8 +482,8 @@ def print_report(report: dict, console=None) -> None:
             ref = r["reference"] + (f" [{r['verdict_basis']}]" if r["verdict_basis"] else "")
             verdict = r["verdict"] or ("no model: " + (r.get("no_model_reason") or "no reference"))
             link = "" if not r.get("link") else f" ({r['link']})"
-            t.add_row(r["op"], verdict, ref, str(r["count"]), _num(r["median_efficiency"]),
-                      _num(r["median_efficiency_link"]) + link)
+            t.add_row(r["op"], verdict, ref, str(r["count"]), fmt_num(r["median_efficiency"]),
+                      fmt_num(r["median_efficiency_link"]) + link)
         con.print(t)
     eff = [r for r in report.get("efficiency_by_size") or [] if r.get("link")]
     if eff:
@@ -492,9 +493,9 @@ def print_report(report: dict, console=None) -> None:
                     "link", "link µs", "efficiency", "regime"):
             t.add_column(col, justify="left" if col in ("op", "link", "regime") else "right")
         for r in eff:
-            t.add_row(r["op"], str(r["group_size"]), _bytes(r["bucket_bytes"]), str(r["count"]),
-                      _us(r["median_sync_time_ns"]), _num(r["median_busbw_gbps"]), _num(r["peak_busbw_gbps"]),
-                      r["link"], _us(r["median_link_predicted_ns"]), _num(r["median_efficiency_link"]),
+            t.add_row(r["op"], str(r["group_size"]), fmt_bytes(r["bucket_bytes"]), str(r["count"]),
+                      fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
+                      r["link"], fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]),
                       r["link_regime"] or "—")
         t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
                      "raises the degraded-link warning")
@@ -504,8 +505,8 @@ def print_report(report: dict, console=None) -> None:
         for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "reference", "best algo"):
             t.add_column(col, justify="left" if col in ("op", "verdict", "reference", "best algo") else "right")
         for r in report["furthest_from_model"]:
-            t.add_row(r["op"], str(r["seq"]), _bytes(r["size_bytes"]), _us(r["sync_time_ns"]), _us(r["predicted_ns"]),
-                      _num(r["efficiency"]), r["verdict"] or "—", r.get("reference") or "—", r["best_algo"] or "—")
+            t.add_row(r["op"], str(r["seq"]), fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]), fmt_us(r["predicted_ns"]),
+                      fmt_num(r["efficiency"]), r["verdict"] or "—", r.get("reference") or "—", r["best_algo"] or "—")
         con.print(t)
     if report.get("measured_vs_model"):
         t = Table(title="Measured vs model (per step, exposed communication)")
@@ -514,10 +515,10 @@ def print_report(report: dict, console=None) -> None:
             t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
         for r in report["measured_vs_model"]:
             gap = "—" if r["gap_ratio"] is None else f"{r['gap_ratio']:.2f}× ({r['larger']} larger)"
-            t.add_row(str(r["rank"]), _ms(r["compute_ns"]), _ms(r["comm_ns"]), _ms(r["overlap_ns"]), _ms(r["exposed_ns"]),
-                      r["model"], _ms(r["predicted_comm_ns"]), _ms(r["predicted_exposed_ns"]), gap,
-                      _ms(r.get("gap_ns")), _ms(r.get("gap_skew_ns")), _ms(r.get("gap_transfer_ns")),
-                      _ms(r.get("gap_exposure_ns")), r["ab_source"] or "—")
+            t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]),
+                      r["model"], fmt_ms(r["predicted_comm_ns"]), fmt_ms(r["predicted_exposed_ns"]), gap,
+                      fmt_ms(r.get("gap_ns")), fmt_ms(r.get("gap_skew_ns")), fmt_ms(r.get("gap_transfer_ns")),
+                      fmt_ms(r.get("gap_exposure_ns")), r["ab_source"] or "—")
         notes = sorted({r["note"] for r in report["measured_vs_model"] if r.get("note")})
         t.caption = "; ".join(notes + [
             "gap ms = exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond the α–β model) "

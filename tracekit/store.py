@@ -243,16 +243,13 @@ class Store:
 
     # -- reading -----------------------------------------------------------------
 
-    def connect(
-        self, *, run_ids: list[str] | None = None, analyses: bool = True, read_only_check: bool = True,
-        link: str | None = None,
-    ):
-        """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views, and the
-        analyses loaded.
+    def connect(self, *, run_ids: list[str] | None = None, read_only_check: bool = True):
+        """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views.
 
         Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
-        when there is no run they are empty with the right columns.
+        when there is no run they are empty with the right columns. The analyses are
+        not here: ``tracekit.analyses.connect(store, ...)`` adds them.
         Raises StoreError if a run was written by a newer major schema version.
         """
         import duckdb
@@ -288,10 +285,6 @@ class Store:
                     raise StoreError(
                         f"{self.path}: written by a newer tracekit (schema {ver}, this one reads {SCHEMA_VERSION}); upgrade tracekit"
                     )
-        if analyses:
-            from analyses import load_analyses
-
-            load_analyses(con, link=link)
         return con
 
     def latest_run_id(self, workload: str | None = None, required: bool = True) -> str | None:

@@ -2,7 +2,7 @@
 
 :func:`run_job` starts COMMAND in its own process group with a private folder
 holding only ``sitecustomize.py`` first on ``PYTHONPATH`` (see
-``collectors.profile.agent``), waits for it, and returns a :class:`JobResult`:
+``tracekit.profile_agent``), waits for it, and returns a :class:`JobResult`:
 the per-rank traces found, the agents' status files, the ranks that wrote no
 trace, notes, and the run config. :func:`profile_command` does that and then
 ingests the traces as one run (workload ``external``).
@@ -22,7 +22,7 @@ Failure handling:
 
 With ``ProfileOptions(nsys=True)`` (``tracekit profile --nsys``) no agent is
 injected: COMMAND runs as ``nsys profile ... -o <run_dir>/job COMMAND``
-(:func:`collectors.nsys.nsys_command`; nsys follows the child processes itself)
+(:func:`tracekit.collectors.nsys.nsys_command`; nsys follows the child processes itself)
 and the one export, ``job.sqlite``, is what is gathered and ingested. One nsys
 session is one file, so all the job's processes (every rank) land in it and
 are ingested as one rank; the run config and the notes say so. Written and
@@ -48,10 +48,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import tracekit as _tracekit
 from tracekit.errors import BadInputError, TracekitError
 
 HERE = Path(__file__).resolve().parent
-AGENT_PATH = HERE / "agent.py"
+AGENT_PATH = Path(_tracekit.__file__).resolve().parent / "profile_agent.py"  # injected by path: stdlib + torch only
 SITECUSTOMIZE_PATH = HERE / "sitecustomize.py"
 ENV_JOB = "TRACEKIT_PROFILE_JOB"
 USAGE = "usage: tracekit profile [OPTIONS] -- COMMAND [ARGS]... (e.g. tracekit profile -- torchrun --nproc-per-node 2 train.py)"
@@ -238,7 +239,7 @@ def job_env(site_dir: Path, run_dir: Path, opts: ProfileOptions, marker: str, ba
 
 
 def _make_run_dir(opts: ProfileOptions) -> Path:
-    from collectors.launch import new_run_dir
+    from tracekit.rundir import new_run_dir
 
     base = Path(opts.out) if opts.out is not None else Path("tracekit-runs")
     if opts.run_id is None:
@@ -269,14 +270,14 @@ def run_job(
     opts = opts.validated()
     prefix: list[str] = []
     if opts.nsys:
-        from collectors.nsys import find_nsys
+        from tracekit.collectors.nsys import find_nsys
 
         nsys = find_nsys()  # no nsys: a clear error before anything is created
     run_dir = _make_run_dir(opts)
     site_dir = _prepare_site_dir()
     marker = secrets.token_hex(8)
     if opts.nsys:
-        from collectors.nsys import nsys_command
+        from tracekit.collectors.nsys import nsys_command
 
         prefix = nsys_command(nsys, run_dir.resolve() / "job")
         env = {**os.environ, ENV_JOB: marker}  # no agent: nsys records
@@ -495,6 +496,7 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
             },
         },
         "traces": [p.name for _, p in sorted(result.traces.items())],
+        "overlap_model": {"kind": "no_overlap", "params": {}},  # a user's job: nothing known about its overlap
     }
     if per_rank_overhead:
         cfg["profiler_overhead_pct"] = round(statistics.median(per_rank_overhead.values()), 2)
@@ -514,7 +516,7 @@ def _gather_nsys(result: JobResult, opts: ProfileOptions, created: _dt.datetime,
     """`gather` for a job run under one nsys session: its one export, ``job.sqlite``."""
     import socket
 
-    from collectors.nsys import DEFAULT_TRACE, sqlite_path
+    from tracekit.collectors.nsys import DEFAULT_TRACE, sqlite_path
 
     run_dir = result.run_dir
     export = sqlite_path(run_dir / "job")
@@ -561,6 +563,7 @@ def _gather_nsys(result: JobResult, opts: ProfileOptions, created: _dt.datetime,
         "notes": notes,
         "timing": {"job_wall_s": round(result.wall_s, 3)},
         "traces": [p.name for _, p in sorted(result.traces.items())],
+        "overlap_model": {"kind": "no_overlap", "params": {}},  # a user's job: nothing known about its overlap
     }
     result.config = cfg
     path = run_dir / "run_config.json"

@@ -3,7 +3,7 @@ cache and ship it to decode ranks, which then generate tokens from it.
 
 Ranks are paired: with N ranks (N even), rank r < N/2 is a *prefill* rank and
 sends to its *decode* partner r + N/2 (with 2 ranks: rank 0 prefills, rank 1
-decodes). Both hold the same model (:func:`collectors.workloads.pp.init_model`:
+decodes). Both hold the same model (:func:`tracekit.collectors.workloads.pp.init_model`:
 token and position embeddings, ``layers`` pre-norm blocks with grouped-query
 attention — ``heads`` query heads, ``kv_heads`` key/value heads of
 ``head_dim`` — and a SwiGLU MLP unless ``ffn=0``, final norm, LM head).
@@ -35,7 +35,7 @@ thread (``c10d::send`` lasts the transfer, nothing can overlap it), while an
 isend posted first returns at once and gloo's own thread moves the data when
 the recv arrives, so the transfer of layer i really runs while layer i+1
 computes. On the prefill rank a helper thread
-(:class:`collectors.workloads.pp.WorkWaiter`) makes each announcement (its
+(:class:`tracekit.collectors.workloads.pp.WorkWaiter`) makes each announcement (its
 round trip does not hold up the next layer) and then waits for the send, which
 cannot complete before the announcement is out, so the ``gloo:send`` span ends
 when the transfer did; on the decode rank helper threads wait for the recvs.
@@ -70,8 +70,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors import launch as _launch
-from collectors.workloads.pp import (
+from tracekit.collectors import launch as _launch
+from tracekit.collectors.workloads.pp import (
     REL_TOLERANCE,
     TOKEN_ID_BYTES,
     ModelSpec,
@@ -86,7 +86,7 @@ from collectors.workloads.pp import (
     positive,
     rel_error,
 )
-from collectors.workloads.tp import DTYPES, torch_dtype
+from tracekit.collectors.workloads.tp import DTYPES, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
 
 MODES = ("bulk", "layerwise")
@@ -104,18 +104,22 @@ class KVConfig(_launch.RunOptions):
     """Options of the disagg-kv workload. ``steps=None`` means wait + warmup +
     active; ``ffn=None`` means 8/3 × hidden rounded up to 64, ``ffn=0`` no MLP."""
 
-    ranks: int = 2
-    layers: int = 8
-    hidden: int = 512
-    heads: int = 8
-    kv_heads: int = 2
-    head_dim: int = 64
-    ffn: int | None = None
-    vocab: int = 512
-    prompt_len: int = 256
-    batch: int = 2
-    decode_tokens: int = 8
-    mode: str = "layerwise"
+    ranks: int = _launch.option(2, "Ranks, an even number: the first half prefill, the second half decode.")
+    layers: int = _launch.option(8, "Transformer layers (one KV message each).")
+    hidden: int = _launch.option(512, "Hidden size.")
+    heads: int = _launch.option(8, "Query heads.")
+    kv_heads: int = _launch.option(2, "Key/value heads (divide --heads).")
+    head_dim: int = _launch.option(64, "Head dimension.")
+    ffn: int | None = _launch.option(
+        None, "MLP inner size (default: 8/3 x hidden, rounded up to 64; 0: attention only)."
+    )
+    vocab: int = _launch.option(512, "Vocabulary size.")
+    prompt_len: int = _launch.option(256, "Prompt tokens per sequence.")
+    batch: int = _launch.option(2, "Sequences per request.")
+    decode_tokens: int = _launch.option(8, "Tokens the decode rank generates per request.")
+    mode: str = _launch.option(
+        "layerwise", "layerwise (send each layer's KV as it is computed) or bulk (after the prefill)."
+    )
     # fault (from RunOptions), testing only: "corrupt_kv" scales the V half of layer 0's KV message before
     # sending (the decode check must then fail); "raise" makes the last rank raise
 
@@ -257,7 +261,7 @@ def reference(model, spec: ModelSpec, ids, tokens: int):
 
 def control_store(timeout_s: float):
     """A client of the job's TCP store (the rendezvous store of
-    :func:`collectors.launch.launch`, at MASTER_ADDR:MASTER_PORT): the control
+    :func:`tracekit.collectors.launch.launch`, at MASTER_ADDR:MASTER_PORT): the control
     plane for the *ready* and *sent* flags, outside the process group and the trace."""
     import os
 
@@ -510,4 +514,6 @@ def build_run_config(run_id, cfg: KVConfig, backend, info, results, wall_s, crea
             "per_rank": timing_rows,
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _launch.overlap_model("layerwise", layers=L) if cfg.mode == "layerwise"
+        else _launch.overlap_model("no_overlap"),
     }

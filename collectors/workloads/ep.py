@@ -67,8 +67,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from collectors import launch as _launch
-from collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, TOLERANCE, attention_partial, compare, rms_norm, torch_dtype
+from tracekit.collectors import launch as _launch
+from tracekit.collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, TOLERANCE, attention_partial, compare, rms_norm, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
 
 #: How far (in logit units) the EP run's chosen experts may fall below the
@@ -90,25 +90,27 @@ class EPConfig(_launch.RunOptions):
     """Options of the EP workload. ``steps=None`` means wait + warmup + active;
     ``ffn=None`` means 2 × hidden (each expert's SwiGLU inner size)."""
 
-    ranks: int = 2
-    layers: int = 4
-    hidden: int = 512
-    heads: int = 8
-    ffn: int | None = None
-    experts: int = 8
-    top_k: int = 2
-    seq: int = 128
-    batch: int = 4
-    skew: float = 1.0
-    two_batch_overlap: bool = False
-    attention: bool = True
+    ranks: int = _launch.option(2, "Expert-parallel ranks (processes), 1-8.")
+    layers: int = _launch.option(4, "MoE transformer layers.")
+    hidden: int = _launch.option(512, "Hidden size.")
+    heads: int = _launch.option(8, "Attention heads (replicated attention; hidden divisible by heads).")
+    ffn: int | None = _launch.option(None, "Each expert's MLP inner size (default: 2 x hidden).")
+    experts: int = _launch.option(8, "Experts per layer (>= ranks, divisible by ranks).")
+    top_k: int = _launch.option(2, "Experts per token (<= experts).")
+    seq: int = _launch.option(128, "Sequence length (tokens per rank = batch x seq).")
+    batch: int = _launch.option(4, "Sequences per rank.")
+    skew: float = _launch.option(1.0, "Make expert 0 about F times as hot as each other expert (>= 1).")
+    two_batch_overlap: bool = _launch.option(
+        False, "Split each batch in two halves; one half's all-to-all runs (async) while the other computes."
+    )
+    attention: bool = _launch.option(True, "Include the replicated attention block.")
     # fault (from RunOptions), testing only: "corrupt_expert" perturbs one expert's weights on the last
     # rank (the check must then fail); "raise" makes the last rank raise
 
     def resolved(self) -> "EPConfig":
         """A validated copy with `steps`, `ffn` and `dtype` filled in / canonical.
         Raises BadInputError (one line) for an impossible configuration.
-        Does not look at the backend (see :func:`collectors.launch.resolve_backend`)."""
+        Does not look at the backend (see :func:`tracekit.collectors.launch.resolve_backend`)."""
         c = dataclasses.replace(self)
         _launch.validate_ranks(c.ranks)
         for name in ("layers", "hidden", "heads", "experts", "top_k", "seq", "batch"):
@@ -684,4 +686,6 @@ def build_run_config(
             **_launch.step_medians(per_rank_steps, active_steps),
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _launch.overlap_model("two_batch", layers=cfg.layers) if cfg.two_batch_overlap
+        else _launch.overlap_model("no_overlap"),
     }

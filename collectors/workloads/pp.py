@@ -1,7 +1,7 @@
 """The pipeline-parallel (PP) workload: a small decoder-only transformer cut into
 stages, one stage per rank, with activations (and gradients) sent point-to-point.
 
-The model (shared with :mod:`collectors.workloads.disagg_kv`): token embedding +
+The model (shared with :mod:`tracekit.collectors.workloads.disagg_kv`): token embedding +
 learned absolute position embedding, ``layers`` pre-norm blocks (grouped-query
 causal attention with a KV cache, SwiGLU MLP), a final RMSNorm and an LM head.
 Stage ``s`` of ``p`` holds layers ``[s·L/p, (s+1)·L/p)``; stage 0 also holds the
@@ -68,10 +68,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors import launch as _launch
-from collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, rms_norm, torch_dtype
+from tracekit.collectors import launch as _launch
+from tracekit.collectors.workloads.tp import _DTYPE_ALIASES, DTYPES, rms_norm, torch_dtype
 from tracekit.errors import BadInputError, TracekitError
-from tracekit.model import pipeline_bubble_fraction
 
 SCHEDULES = ("gpipe", "1f1b")
 MODES = ("train", "decode")
@@ -224,26 +223,26 @@ class PPConfig(_launch.RunOptions):
     hidden rounded up to 64. ``seq`` is the training sequence length, or the
     prompt length in decode mode."""
 
-    ranks: int = 2
-    stages: int | None = None
-    layers: int = 4
-    hidden: int = 256
-    heads: int = 4
-    ffn: int | None = None
-    vocab: int = 512
-    seq: int = 64
-    batch: int = 8
-    microbatches: int = 4
-    schedule: str = "gpipe"
-    mode: str = "train"
-    tokens: int = 8
+    ranks: int = _launch.option(2, "Ranks (processes), one pipeline stage each, 1-8.")
+    stages: int | None = _launch.option(None, "Pipeline stages (must equal --ranks; default: --ranks).")
+    layers: int = _launch.option(4, "Transformer layers (divisible by --stages).")
+    hidden: int = _launch.option(256, "Hidden size.")
+    heads: int = _launch.option(4, "Attention heads (divide --hidden).")
+    ffn: int | None = _launch.option(None, "MLP inner size (default: 8/3 x hidden, rounded up to 64; 0: no MLP).")
+    vocab: int = _launch.option(512, "Vocabulary size.")
+    seq: int = _launch.option(64, "Sequence length (train) or prompt length (decode).")
+    batch: int = _launch.option(8, "Batch size (divisible by --microbatches).")
+    microbatches: int = _launch.option(4, "Micro-batches per step.")
+    schedule: str = _launch.option("gpipe", "gpipe or 1f1b (train only).")
+    mode: str = _launch.option("train", "train (forward + backward) or decode (prefill + greedy decode).")
+    tokens: int = _launch.option(8, "Decode steps per generation (decode mode).")
     # fault (from RunOptions), testing only: "corrupt_activation" scales stage 0's first outgoing message
     # of every step by 1.5 (the check must then fail); "raise" makes the last rank raise
 
     def resolved(self) -> "PPConfig":
         """A validated copy with stages, steps, ffn and dtype filled in / canonical.
         Raises BadInputError (one line) for an impossible configuration. Does not
-        look at the backend's availability (see :func:`collectors.launch.resolve_backend`)."""
+        look at the backend's availability (see :func:`tracekit.collectors.launch.resolve_backend`)."""
         c = dataclasses.replace(self)
         _launch.validate_ranks(c.ranks)
         if c.stages is None:
@@ -942,6 +941,8 @@ def expected_messages(cfg: PPConfig) -> list[dict[str, Any]]:
 
 def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, created) -> dict[str, Any]:
     """The run_config.json document (see fixtures/pp_2rank/NOTE.md)."""
+    from tracekit.model import pipeline_bubble_fraction  # here: `tracekit collect`'s options import this module
+
     options = _launch.config_options(cfg)
     active_steps = _launch.active_steps(cfg.wait, cfg.warmup, cfg.active)
     msgs = expected_messages(cfg)
@@ -1016,7 +1017,21 @@ def build_run_config(run_id, cfg: PPConfig, backend, info, results, wall_s, crea
             "stage_compute_s": compute,
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _pp_overlap_model(cfg, msgs, compute),
     }
+
+
+def _pp_overlap_model(cfg: PPConfig, msgs: list[dict], compute: list[dict]) -> dict[str, Any]:
+    """The run's overlap model: training, no overlap of the sends plus the GPipe bubble; decode, the
+    token interval from the median per-token stage compute (the upper one of two) and one decode
+    activation message."""
+    if cfg.mode == "train":
+        return _launch.overlap_model("pipeline", stages=cfg.stages, microbatches=cfg.microbatches)
+    per_token = sorted(v for row in compute if (v := row.get("decode_per_microbatch_s")) and v > 0)
+    msg = next((m["bytes"] for m in msgs if m.get("kind") == "activation" and m.get("phase") == "decode"), None)
+    return _launch.overlap_model("pp_decode", stages=cfg.stages,
+                                 stage_compute_s=per_token[len(per_token) // 2] if per_token else None,
+                                 message_bytes=msg)
 
 
 def _program_summary(cfg: PPConfig, stage: int):

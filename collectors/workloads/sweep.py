@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors import launch as _launch
+from tracekit.collectors import launch as _launch
 from tracekit.errors import BadInputError, TracekitError
 
 #: canonical op names of the sweep, in the order they run
@@ -136,14 +136,21 @@ def sweep_sizes(min_bytes: int, max_bytes: int, factor: int, ranks: int) -> list
 class SweepConfig:
     """Options of the sweep (sizes in bytes, nccl-tests' S)."""
 
-    ranks: int = 2
-    backend: str = "auto"
-    ops: tuple[str, ...] = OPS
-    min_bytes: int = 1 << 10
-    max_bytes: int = 64 << 20
-    factor: int = 4
-    iters: int = 5
-    warmup_iters: int = 2
+    ranks: int = _launch.option(2, "Ranks (processes), 2-8.")
+    backend: str = _launch.option("auto", "auto (nccl with CUDA, else gloo), gloo or nccl.")
+    # ops, min_bytes and max_bytes are text on the command line ("all_reduce,send_recv", "64M")
+    ops: tuple[str, ...] = _launch.option(
+        OPS, f"Comma-separated ops: {', '.join(OPS)}.", cli_type=str, cli_default=",".join(OPS)
+    )
+    min_bytes: int = _launch.option(
+        1 << 10, "Smallest size S (bytes; K/M/G or KiB/MiB/GiB binary, KB/MB/GB decimal).", cli_type=str, cli_default="1K"
+    )
+    max_bytes: int = _launch.option(
+        64 << 20, "Largest size S (bytes; K/M/G or KiB/MiB/GiB binary, KB/MB/GB decimal).", cli_type=str, cli_default="64M"
+    )
+    factor: int = _launch.option(4, "Each size is the previous one times this (integer >= 2).")
+    iters: int = _launch.option(5, "Measured calls per (op, size).")
+    warmup_iters: int = _launch.option(2, "Warm-up calls per (op, size), not in the trace.")
     out: str | None = None
     timeout_s: float = 300.0
     #: filled in by :meth:`resolved`
@@ -447,4 +454,5 @@ def build_run_config(
             "blocks": per_block,
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _launch.overlap_model("no_overlap"),
     }

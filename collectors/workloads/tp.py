@@ -35,7 +35,7 @@ measurement meaningless).
 **Profilers** (``profiler``): ``"torch"`` (default) records each rank with
 torch.profiler (``rank{r}.pt.trace.json.gz``); ``"nsys"`` runs each rank under
 its own ``nsys profile`` session instead (``rank{r}.sqlite`` + ``.nsys-rep``,
-see :mod:`collectors.nsys` and :func:`_nsys_steps`). Only one of them runs:
+see :mod:`tracekit.collectors.nsys` and :func:`_nsys_steps`). Only one of them runs:
 both would use CUPTI.
 
 Public API: :class:`TPConfig`, :func:`run_tp`; the model functions
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from collectors import launch as _launch
+from tracekit.collectors import launch as _launch
 from tracekit.errors import BadInputError, TracekitError
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -80,25 +80,28 @@ class TPConfig(_launch.RunOptions):
     """Options of the TP workload. ``steps=None`` means wait + warmup + active;
     ``ffn=None`` means 8/3 × hidden rounded up to a multiple of 64 (Llama-like)."""
 
-    ranks: int = 2
-    layers: int = 4
-    hidden: int = 512
-    heads: int = 8
-    ffn: int | None = None
-    seq: int = 128
-    batch: int = 4
-    #: split the tokens into this many chunks whose all-reduces run asynchronously
-    #: while the next chunk computes (1: one blocking all-reduce per block)
-    overlap_chunks: int = 1
-    #: "torch" (torch.profiler, Kineto JSON) or "nsys" (each rank under nsys profile, SQLite)
-    profiler: str = "torch"
+    ranks: int = _launch.option(2, "Tensor-parallel ranks (processes), 1-8.")
+    layers: int = _launch.option(4, "Transformer layers.")
+    hidden: int = _launch.option(512, "Hidden size.")
+    heads: int = _launch.option(8, "Attention heads (divisible by --ranks).")
+    ffn: int | None = _launch.option(None, "MLP inner size (default: 8/3 x hidden, rounded up to 64).")
+    seq: int = _launch.option(128, "Sequence length.")
+    batch: int = _launch.option(4, "Batch size.")
+    overlap_chunks: int = _launch.option(
+        1, "Split the tokens into N chunks; chunk i's all-reduce runs (async) while chunk i+1 computes."
+    )
+    profiler: str = _launch.option(
+        "torch",
+        "torch (torch.profiler, Kineto JSON per rank) or nsys (each rank under `nsys profile`, "
+        "rank{r}.sqlite; needs nsys on PATH).",
+    )
     # fault (from RunOptions), testing only: "corrupt_shard" perturbs the last rank's weights (the TP check
     # must then fail); "raise" makes the last rank raise before profiling
 
     def resolved(self) -> "TPConfig":
         """A validated copy with `steps`, `ffn` and `dtype` filled in / canonical.
         Raises BadInputError (one line) for an impossible configuration.
-        Does not look at the backend (see :func:`collectors.launch.resolve_backend`)."""
+        Does not look at the backend (see :func:`tracekit.collectors.launch.resolve_backend`)."""
         c = dataclasses.replace(self)
         _launch.validate_ranks(c.ranks)
         for name in ("layers", "hidden", "heads", "seq", "batch"):
@@ -507,7 +510,7 @@ def run_tp(config: TPConfig, on_progress: Callable[[str], None] | None = None) -
     TP output differs ... max abs error ...").
 
     With ``profiler="nsys"`` each rank runs under its own ``nsys profile``
-    (:func:`collectors.nsys.nsys_command`) and the folder holds ``rank{r}.sqlite``
+    (:func:`tracekit.collectors.nsys.nsys_command`) and the folder holds ``rank{r}.sqlite``
     (+ ``rank{r}.nsys-rep``) instead; no nsys on PATH is a BadInputError raised
     before any folder or process is created. On a GPU the capture is limited to
     the active steps (``--capture-range=cudaProfilerApi``, see :func:`_nsys_steps`).
@@ -515,14 +518,14 @@ def run_tp(config: TPConfig, on_progress: Callable[[str], None] | None = None) -
     cfg = config.resolved()
     launch_kw: dict[str, Any] = {}
     if cfg.profiler == "nsys":
-        from collectors.nsys import find_nsys
+        from tracekit.collectors.nsys import find_nsys
 
         nsys = find_nsys()  # the clear error first: nothing created or started yet
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "tp")
     if cfg.profiler == "nsys":
-        from collectors.nsys import nsys_command
+        from tracekit.collectors.nsys import nsys_command
 
         capture = "cudaProfilerApi" if backend == "nccl" else None
         base = run_dir.resolve()
@@ -595,6 +598,8 @@ def build_run_config(
             **_launch.step_medians(per_rank_steps, active_steps),
         },
         "traces": [r["trace"] for r in results],
+        "overlap_model": _launch.overlap_model("chunked", chunks=cfg.overlap_chunks) if cfg.overlap_chunks > 1
+        else _launch.overlap_model("no_overlap"),
     }
     if cfg.profiler == "nsys":
         doc["profiler"] = _nsys_profiler_doc(cfg, backend, info, active_steps)
@@ -604,7 +609,7 @@ def build_run_config(
 
 def _nsys_profiler_doc(cfg: TPConfig, backend: str, info: dict[str, Any], active_steps: list[int]) -> dict[str, Any]:
     """The run config's ``profiler`` entry for a run under nsys."""
-    from collectors.nsys import DEFAULT_TRACE
+    from tracekit.collectors.nsys import DEFAULT_TRACE
 
     on_gpu = backend == "nccl"
     return {

@@ -1,7 +1,7 @@
 """`tracekit collect WORKLOAD`: run a built-in real workload on N ranks with the
 profiler on, then ingest its traces and print the report.
 
-Thin: the work is in ``collectors`` (``collectors.workloads.tp.run_tp``),
+Thin: the work is in ``tracekit.collectors`` (``tracekit.collectors.workloads.tp.run_tp``),
 ``tracekit.ingest.ingest_paths`` and ``tracekit.report``.
 """
 
@@ -14,6 +14,8 @@ from typing import Optional
 
 import typer
 
+from tracekit.collectors.workloads.tp import TPConfig  # the options' declarations only: no torch on import
+
 app = typer.Typer(
     help="Run a built-in real workload (tp, ...) on N ranks with the profiler on, then ingest it.",
     no_args_is_help=True,
@@ -24,73 +26,71 @@ OUT_HELP = "Folder that receives the run folder."
 STORE_HELP = "Store to ingest into (default: $TRACEKIT_STORE or ./tracekit-store)."
 INGEST_HELP = "Ingest the traces and print the report."
 
-# Options the model workloads (tp, ep, pp, disagg-kv) share: collectors.launch.RunOptions
-STEPS_OPT = typer.Option(None, "--steps", help="Forward steps (default: wait + warmup + active).")
-DTYPE_OPT = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16.")
-BACKEND_OPT = typer.Option("auto", "--backend", help="auto (nccl with CUDA, else gloo), gloo or nccl.")
-WAIT_OPT = typer.Option(1, "--wait", help="Profiler schedule: steps skipped.")
-WARMUP_OPT = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded).")
-ACTIVE_OPT = typer.Option(3, "--active", help="Profiler schedule: recorded steps.")
-SEED_OPT = typer.Option(0, "--seed", help="Seed of the weights and inputs.")
 OUT_OPT = typer.Option(Path("tracekit-runs"), "--out", help=OUT_HELP)
 STORE_OPT = typer.Option(None, "--store", help=STORE_HELP)
 INGEST_OPT = typer.Option(True, "--ingest/--no-ingest", help=INGEST_HELP)
 
 
-@app.command("tp")
-def tp(
-    ranks: int = typer.Option(2, "--ranks", help="Tensor-parallel ranks (processes), 1-8."),
-    layers: int = typer.Option(4, "--layers", help="Transformer layers."),
-    hidden: int = typer.Option(512, "--hidden", help="Hidden size."),
-    heads: int = typer.Option(8, "--heads", help="Attention heads (divisible by --ranks)."),
-    ffn: Optional[int] = typer.Option(None, "--ffn", help="MLP inner size (default: 8/3 x hidden, rounded up to 64)."),
-    seq: int = typer.Option(128, "--seq", help="Sequence length."),
-    batch: int = typer.Option(4, "--batch", help="Batch size."),
-    steps: Optional[int] = STEPS_OPT,
-    dtype: str = DTYPE_OPT,
-    backend: str = BACKEND_OPT,
-    wait: int = WAIT_OPT,
-    warmup: int = WARMUP_OPT,
-    active: int = ACTIVE_OPT,
-    seed: int = SEED_OPT,
-    overlap_chunks: int = typer.Option(
-        1, "--overlap-chunks", help="Split the tokens into N chunks; chunk i's all-reduce runs (async) while chunk i+1 computes."
-    ),
-    profiler: str = typer.Option(
-        "torch",
-        "--profiler",
-        help="torch (torch.profiler, Kineto JSON per rank) or nsys (each rank under `nsys profile`, "
-        "rank{r}.sqlite; needs nsys on PATH).",
-    ),
-    out: Path = OUT_OPT,
-    store: Optional[str] = STORE_OPT,
-    ingest: bool = INGEST_OPT,
-) -> None:
-    """Megatron-style tensor-parallel transformer (two all-reduces per layer), profiled on every rank."""
-    from collectors.workloads.tp import TPConfig, run_tp
+def _optional(t):
+    """``int | None`` → ``Optional[int]`` (the spelling every typer version reads)."""
+    import types
+    import typing
 
-    config = TPConfig(
-        ranks=ranks,
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        ffn=ffn,
-        seq=seq,
-        batch=batch,
-        steps=steps,
-        dtype=dtype,
-        backend=backend,
-        seed=seed,
-        wait=wait,
-        warmup=warmup,
-        active=active,
-        overlap_chunks=overlap_chunks,
-        profiler=profiler,
-        out=str(out),
-    )
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        if len(args) == 1:
+            return Optional[args[0]]
+    return t
+
+
+def workload_command(name: str, config_cls):
+    """Register the decorated ``fn(config, store, ingest)`` as ``tracekit collect NAME``.
+
+    The options are the fields of ``config_cls`` declared with ``tracekit.collectors.launch.option``, each
+    one's flag (``--field-name``; ``--x/--no-x`` for a bool), type, default and help taken from the
+    field — the workload's own fields first, then the shared ones — plus ``--out``, ``--store`` and
+    ``--ingest``. ``config`` is ``config_cls(**options, out=str(out))``, not yet resolved.
+    """
+    import dataclasses
+    import inspect
+    import typing
+
+    hints = typing.get_type_hints(config_cls)
+    own = set(config_cls.__dict__.get("__annotations__", {}))
+    fields = sorted((f for f in dataclasses.fields(config_cls) if "help" in f.metadata), key=lambda f: f.name not in own)
+    kw_only = inspect.Parameter.KEYWORD_ONLY
+    params = []
+    for f in fields:
+        typ = _optional(f.metadata.get("cli_type", hints[f.name]))
+        flag = "--" + f.name.replace("_", "-")
+        decl = f"{flag}/--no-{flag[2:]}" if typ is bool else flag
+        opt = typer.Option(f.metadata.get("cli_default", f.default), decl, help=f.metadata["help"])
+        params.append(inspect.Parameter(f.name, kw_only, default=opt, annotation=typ))
+    for pname, opt, typ in (("out", OUT_OPT, Path), ("store", STORE_OPT, Optional[str]), ("ingest", INGEST_OPT, bool)):
+        params.append(inspect.Parameter(pname, kw_only, default=opt, annotation=typ))
+
+    def deco(fn):
+        def command(**kw):
+            out, store, ingest = kw.pop("out"), kw.pop("store"), kw.pop("ingest")
+            return fn(config_cls(**kw, out=str(out)), store, ingest)
+
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        command.__doc__, command.__name__ = fn.__doc__, fn.__name__
+        app.command(name)(command)
+        return fn
+
+    return deco
+
+
+@workload_command("tp", TPConfig)
+def tp(config: TPConfig, store: Optional[str], ingest: bool) -> None:
+    """Megatron-style tensor-parallel transformer (two all-reduces per layer), profiled on every rank."""
+    from tracekit.collectors.workloads.tp import run_tp
+
     cfg = config.resolved()  # bad options fail here, before anything starts
     if cfg.profiler == "nsys":
-        from collectors.nsys import find_nsys
+        from tracekit.collectors.nsys import find_nsys
 
         find_nsys()  # no nsys on PATH: one clear line, exit 2, nothing created
     title = (

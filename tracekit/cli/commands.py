@@ -98,15 +98,20 @@ def analyze(
 ) -> None:
     """The report for a run: collectives, overlap, stragglers, α–β fit and verdicts."""
     from tracekit.model import parse_bandwidth, parse_time
-    from tracekit.report import build_report, print_report, report_json
+    from tracekit.report import build_report, print_report, report_connection, report_json
 
-    rep = build_report(_store(store), run, link=link,
-                       alpha_s=None if alpha is None else parse_time(alpha),
-                       beta_Bps=None if beta is None else parse_bandwidth(beta), nics_per_node=nics_per_node)
-    if html_out is not None:
-        from tracekit.html_report import write_html_report
+    st = _store(store)
+    rid, con = report_connection(st, run, link)  # one connection: every analysis built once
+    try:
+        rep = build_report(st, rid, link, con=con,
+                           alpha_s=None if alpha is None else parse_time(alpha),
+                           beta_Bps=None if beta is None else parse_bandwidth(beta), nics_per_node=nics_per_node)
+        if html_out is not None:
+            from tracekit.html_report import write_html_report
 
-        typer.echo(f"wrote {write_html_report(_store(store), html_out, link=link, report=rep)}", err=True)
+            typer.echo(f"wrote {write_html_report(st, html_out, link=link, report=rep, con=con)}", err=True)
+    finally:
+        con.close()
     if json_out:
         typer.echo(report_json(rep))
     else:
@@ -122,7 +127,7 @@ def runs(
     import json
 
     st = _store(store, must_exist=True)
-    con = st.connect(analyses=False)
+    con = st.connect()
     cur = con.execute(
         "SELECT r.run_id, r.created_at, r.workload, r.source, r.backend, r.world_size, "
         "count(k.rank) AS ranks, sum(k.events) AS events "
@@ -159,7 +164,9 @@ def sql(
 
     if not query.strip():
         raise BadInputError("empty SQL query")
-    con = _store(store, must_exist=True).connect()
+    from tracekit import analyses
+
+    con = analyses.connect(_store(store, must_exist=True))
     try:
         statements = con.extract_statements(query)
     except duckdb.Error as exc:

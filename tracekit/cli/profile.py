@@ -1,6 +1,6 @@
 """`tracekit profile [OPTIONS] -- COMMAND ...`: profile a live job with no code change.
 
-Thin: the work is in ``collectors.profile.runner`` (run, gather, ingest) and
+Thin: the work is in ``tracekit.collectors.profile.runner`` (run, gather, ingest) and
 ``tracekit.report``. Everything after ``--`` is the job's command line, passed
 through untouched (its own options never reach tracekit's parser).
 """
@@ -67,7 +67,7 @@ def profile(
         False, "--nsys", help="Run the job under `nsys profile` (needs nsys on PATH) instead of injecting torch.profiler."
     ),
 ) -> None:
-    from collectors.profile.runner import USAGE, JobFailedError, ProfileOptions, no_trace_message, profile_command
+    from tracekit.collectors.profile.runner import USAGE, JobFailedError, ProfileOptions, no_trace_message, profile_command
 
     command = ctx.meta.get(_META_KEY)
     if command is None or not command:
@@ -76,7 +76,7 @@ def profile(
     if ctx.args:
         raise BadInputError(f"unexpected argument(s) before --: {' '.join(ctx.args)} ({USAGE})")
     if nsys:
-        from collectors.nsys import find_nsys
+        from tracekit.collectors.nsys import find_nsys
 
         find_nsys()  # no nsys on PATH: one clear line, exit 2, nothing started
     from tracekit.store import Store

@@ -2,7 +2,9 @@
 
 Loaded by the injected ``sitecustomize`` as module ``_tracekit_profile_agent``
 (standard library only at load time; torch is imported by the job, never by us
-first). What it does in a process:
+first). It lives in ``tracekit`` because the in-process API (``tracekit.profile``)
+uses its profiler and export too; ``tracekit.collectors.profile.runner`` injects it by path.
+What it does in a process:
 
 1. :func:`install` puts an import hook on ``sys.meta_path`` that waits for
    ``torch.distributed.distributed_c10d`` and ``torch.optim.optimizer`` to be

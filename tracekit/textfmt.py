@@ -1,0 +1,54 @@
+"""How the terminal report, the HTML report and the diff write numbers: one helper per unit.
+
+Every helper writes ``—`` for None (a missing value, never 0). Times come in ns, bandwidths in
+GB/s (GB = 1e9), fractions as 0..1; byte counts take decimal prefixes (kB = 1e3 B, MB = 1e6 B,
+GB = 1e9 B, TB = 1e12 B), as the nccl-tests sizes and the store do.
+"""
+
+from __future__ import annotations
+
+NONE = "—"
+
+
+def fmt_bytes(b) -> str:
+    """Decimal prefixes, 4 significant digits: 131072 → '131.1 kB', 512 → '512 B'."""
+    if b is None:
+        return NONE
+    b = float(b)
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(b) >= f:
+            return f"{b / f:,.4g} {unit}"
+    return f"{b:,.0f} B"
+
+
+def fmt_us(ns) -> str:
+    """ns → µs with one decimal: 12345 → '12.3'."""
+    return NONE if ns is None else f"{ns / 1e3:,.1f}"
+
+
+def fmt_ms(ns, signed: bool = False) -> str:
+    """ns → ms with three decimals: 1234567 → '1.235' ('+1.235' when ``signed``)."""
+    if ns is None:
+        return NONE
+    return f"{ns / 1e6:+,.3f}" if signed else f"{ns / 1e6:,.3f}"
+
+
+def fmt_pct(x, signed: bool = False) -> str:
+    """A fraction as a percentage with one decimal: 0.1234 → '12.3%' ('+12.3%' when ``signed``)."""
+    if x is None:
+        return NONE
+    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
+
+
+def fmt_pp(x) -> str:
+    """A difference of two fractions in percentage points: 0.05 → '+5.0 pp'."""
+    return NONE if x is None else f"{100 * x:+.1f} pp"
+
+
+def fmt_num(x, digits: int = 2) -> str:
+    """Thousands separators; an int as it is, anything else with ``digits`` decimals."""
+    if x is None:
+        return NONE
+    if isinstance(x, int):
+        return f"{x:,}"
+    return f"{x:,.{digits}f}"
