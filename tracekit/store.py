@@ -152,6 +152,7 @@ class AnalysisConnection:
     def __init__(self, con, limit: int):
         self._con = con
         self._pins: list[int] = []  # shared locks on the run versions the views read (Store.pin)
+        self.bound_files: list[str] = []  # every Parquet file the store's views read (tracekit.sqlshell)
         self.memory_limit = limit
         con.execute(f"SET memory_limit = '{limit}B'")
 
@@ -345,6 +346,7 @@ class Store:
                 con._pins.append(fd)
         for table, files in self.table_files(ids, dirs).items():
             schema = TABLES[table][1]
+            con.bound_files.extend(files)
             if files:
                 # a literal file list (glob characters escaped): a store path is never a pattern
                 con.execute(
