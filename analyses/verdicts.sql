@@ -13,7 +13,8 @@
 -- that it reproduces the fitted line.
 -- verdict: 'skew-bound' when the longest wait before the instance (skew) exceeds its sync time;
 -- else 'latency-bound' when the α term >= the β term, 'bandwidth-bound' otherwise — terms from the
--- fit when there is one, else from the link (verdict_basis says which); NULL when neither applies.
+-- fit when there is one, else from the link (verdict_basis says which); NULL when neither applies
+-- or when the instance has no sync time (collective_instances: a conflict, or clocks that disagree).
 --
 -- run_id              VARCHAR  run
 -- pg_name             VARCHAR  process group name
@@ -70,6 +71,7 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, model_algo, sync_time_n
        fit_alpha_s, fit_beta_Bps, fit_alpha_term_ns, fit_beta_term_ns, fit_predicted_ns,
        link, link_alpha_term_ns, link_beta_term_ns, link_predicted_ns,
        CASE
+         WHEN sync_time_ns IS NULL THEN NULL  -- no measured transfer time (a conflict): no verdict
          WHEN skew_ns > sync_time_ns THEN 'skew-bound'
          WHEN verdict_basis = 'fit' THEN tk_verdict(fit_alpha_term_ns, fit_beta_term_ns)
          WHEN verdict_basis = 'link' THEN tk_verdict(link_alpha_term_ns, link_beta_term_ns)
