@@ -167,3 +167,24 @@ def test_no_negative_time_on_the_repeats(tmp_path):
         doc["traceEvents"] += later
     docs[1]["traceEvents"].append(copy.deepcopy(_comm(docs[1])[1]))
     assert _negatives(_ingest(tmp_path, docs, "mixed")) == []
+
+
+def test_the_report_warns_of_each_kind(tmp_path):
+    from tracekit.report import build_report
+
+    docs = _ranks()
+    for doc in docs:
+        later = copy.deepcopy(doc["traceEvents"])
+        for e in later:
+            if "ts" in e:
+                e["ts"] += 1_000_000.0
+        doc["traceEvents"] += later
+    docs[1]["traceEvents"].append(copy.deepcopy(_comm(docs[1])[1]))  # rank 1's all_gather kernel again
+    other = copy.deepcopy(_comm(docs[0])[0])
+    other["ts"], other["dur"] = 1500.0, 20.0
+    docs[0]["traceEvents"].append(other)
+    _ingest(tmp_path, docs, "all3").close()
+    warnings = build_report(Store(tmp_path / "store-all3"), "all3")["warnings"]
+    assert "rank 1: 1 collective span(s) of group 0 recorded twice (same seq and start): counted once" in warnings
+    assert "rank 0: seq of group 0 restarts 1 time(s) (profiler windows in one file): matched per window" in warnings
+    assert "rank 0: 1 seq(s) of group 0 recorded as different spans: flagged disagree, no sync time" in warnings

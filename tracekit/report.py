@@ -186,6 +186,13 @@ def build_report(store: Store | str | None = None, run_id: str | None = None, li
         )
     if inst["disagreeing"]:
         warnings.append(f"{inst['disagreeing']} collective instance(s) where ranks disagree on op or size")
+    for rk, pg, kind, n in con.execute(  # a rank's repeated (pg, seq) rows (analyses/instance_rows.sql)
+            "SELECT rank, pg_name, kind, n FROM collective_duplicates WHERE run_id = ? ORDER BY ALL", p).fetchall():
+        warnings.append(f"rank {rk}: " + {
+            "copy": f"{n} collective span(s) of group {pg} recorded twice (same seq and start): counted once",
+            "window": f"seq of group {pg} restarts {n} time(s) (profiler windows in one file): matched per window",
+            "conflict": f"{n} seq(s) of group {pg} recorded as different spans: flagged disagree, no sync time",
+        }[kind])
     con.close()
     return dict(
         run=run,
