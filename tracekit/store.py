@@ -207,9 +207,11 @@ def _lock_exclusive(version: Path) -> int | None:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:  # a reader holds it
         os.close(fd)
         return None
+    except OSError:  # a file system without flock: nobody can hold it
+        pass
     return fd
 
 
@@ -388,7 +390,10 @@ class Store:
                 continue  # replaced between the two steps: look again
             except OSError as exc:
                 raise StoreError(f"{d}: cannot read the run ({exc.strerror or exc})") from None
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            except OSError:  # a file system without flock: read unpinned (a replace may remove it)
+                pass
             if (d / "run.parquet").exists():
                 return d, fd
             os.close(fd)  # removed while we waited for the lock: the link points elsewhere now
