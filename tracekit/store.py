@@ -182,7 +182,10 @@ class AnalysisConnection:
             _unpin(self._pins)
 
     def __del__(self):
-        _unpin(getattr(self, "_pins", []))
+        try:
+            _unpin(self.__dict__.get("_pins", []))
+        except Exception:  # interpreter shutdown: the fds go with the process
+            pass
 
     def __getattr__(self, name):
         return getattr(self._con, name)
@@ -325,7 +328,10 @@ class Store:
 
         Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
-        when there is no run they are empty with the right columns.
+        when there is no run they are empty with the right columns. The files are a literal
+        list (:func:`sql_file_list`; also in ``con.bound_files``) of the version each run had
+        when connecting, pinned (:meth:`pin`) until ``con.close()``: a replace meanwhile leaves
+        it in place.
         Raises StoreError if a run was written by a newer major schema version.
         """
         import duckdb
