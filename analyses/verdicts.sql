@@ -18,7 +18,8 @@
 -- 'bandwidth-bound' otherwise; NULL without a reference (no_model_reason says why). An instance
 -- recorded by fewer ranks than its group (a trace of rank 0 of 8) is not judged, and gets no
 -- efficiency: its "sync time" still holds the wait for the ranks not recorded (nccl-tests rows,
--- already per-size averages over the whole communicator, are judged).
+-- already per-size averages over the whole communicator, are judged); and NULL when the
+-- instance has no sync time (collective_instances: a conflict, or clocks that disagree).
 --
 -- run_id              VARCHAR  run
 -- pg_name             VARCHAR  process group name
@@ -116,6 +117,7 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, model_algo, sync_time_n
        link, link_alpha_term_ns, link_beta_term_ns, link_predicted_ns, link_crossover_bytes,
        CASE
          WHEN NOT judged THEN NULL
+         WHEN sync_time_ns IS NULL THEN NULL  -- no measured transfer time (a conflict): no verdict
          WHEN skew_ns > sync_time_ns THEN 'skew-bound'
          WHEN verdict_basis IS NOT NULL THEN tk_verdict(ref_alpha_term_ns, ref_beta_term_ns)
        END AS verdict,

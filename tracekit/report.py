@@ -350,6 +350,13 @@ def build_report(
             f"{own_fit} instance(s) judged with a fit from this run's own instances (no sweep, nccl-tests fit "
             "or preset applies): their efficiency is ≈ 1 by construction; run `tracekit collect sweep` or pass --link"
         )
+    for rk, pg, kind, n in con.execute(  # a rank's repeated (pg, seq) rows (analyses/instance_rows.sql)
+            "SELECT rank, pg_name, kind, n FROM collective_duplicates WHERE run_id = ? ORDER BY ALL", p).fetchall():
+        warnings.append(f"rank {rk}: " + {
+            "copy": f"{n} collective span(s) of group {pg} recorded twice (same seq and start): counted once",
+            "window": f"seq of group {pg} restarts {n} time(s) (profiler windows in one file): matched per window",
+            "conflict": f"{n} seq(s) of group {pg} recorded as different spans: flagged disagree, no sync time",
+        }[kind])
     return dict(
         run=run,
         ranks=ranks,

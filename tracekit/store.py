@@ -3,15 +3,19 @@
 Layout (``<store>`` defaults to ``./tracekit-store``; ``--store`` or the
 ``TRACEKIT_STORE`` environment variable change it)::
 
+    <store>/runs/<run_id>                      symbolic link to the current version, ../versions/<run_id>@<n>
     <store>/runs/<run_id>/run.parquet          1 row: the ``runs`` table
     <store>/runs/<run_id>/ranks.parquet        1 row per rank
     <store>/runs/<run_id>/events/rank=<r>.parquet
     <store>/runs/<run_id>/collectives.parquet  1 row per collective call per rank
+    <store>/versions/<run_id>@<n>/             the version directories (runs/* holds only the current ones)
     <store>/.staging/                          private to writers
 
-Writes are atomic: a run is assembled in ``.staging`` and renamed into
-``runs/`` as a whole, so an interrupted or failed ingest leaves the store as it
-was. Every run row carries ``schema_version``; a reader refuses a store whose
+Writes are atomic: a run is assembled in ``.staging``, renamed into ``runs/`` as a new
+version and made current by one rename of its link (:meth:`Staging.commit`), so an
+interrupted or failed ingest leaves the store as it was and a replace is seen by readers
+as the old run or the new one, never none; the next writer cleans up after one that died
+(:func:`recover`). Run directories of older stores (plain directories) are read as before. Every run row carries ``schema_version``; a reader refuses a store whose
 major version is newer than this tracekit's (``StoreError``).
 
 The column contract is in ``../shared/DESIGN.md`` ("The store"); the Arrow
@@ -148,6 +152,8 @@ class AnalysisConnection:
 
     def __init__(self, con, limit: int):
         self._con = con
+        self._pins: list[int] = []  # shared locks on the run versions the views read (Store.pin)
+        self.bound_files: list[str] = []  # every Parquet file the store's views read (tracekit.sqlshell)
         self.memory_limit = limit
         con.execute(f"SET memory_limit = '{limit}B'")
 
@@ -169,8 +175,48 @@ class AnalysisConnection:
                 if not self.raise_budget():
                     raise
 
+    def close(self) -> None:
+        """Close the connection and release its runs (a replace may then remove their old files)."""
+        try:
+            self._con.close()
+        finally:
+            _unpin(self._pins)
+
+    def __del__(self):
+        try:
+            _unpin(self.__dict__.get("_pins", []))
+        except Exception:  # interpreter shutdown: the fds go with the process
+            pass
+
     def __getattr__(self, name):
         return getattr(self._con, name)
+
+
+def _unpin(fds: list[int]) -> None:
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass
+
+
+def _lock_exclusive(version: Path) -> int | None:
+    """An exclusive lock on a run version's run.parquet, without waiting: the fd, or None when a
+    reader holds it (or the file is gone). Release with os.close."""
+    import fcntl
+
+    try:
+        fd = os.open(version / "run.parquet", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # a reader holds it
+        os.close(fd)
+        return None
+    except OSError:  # a file system without flock: nobody can hold it
+        pass
+    return fd
 
 
 _NS_PER_UNIT = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
@@ -179,6 +225,31 @@ _NS_PER_UNIT = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 def default_store_path() -> Path:
     """The store directory: ``$TRACEKIT_STORE`` if set, else ``./tracekit-store``."""
     return Path(os.environ.get("TRACEKIT_STORE") or "tracekit-store")
+
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def glob_escape(path: str | os.PathLike) -> str:
+    """``path`` as a DuckDB file pattern that matches that one file and nothing else.
+
+    DuckDB treats every string handed to ``read_parquet``/``read_json``/``glob`` as a pattern when
+    it holds ``*``, ``?`` or ``[`` (so ``exp[1]/run.parquet`` would read ``exp1/run.parquet``);
+    each such character becomes a one-character class (``[*]``, ``[?]``, ``[[]``), which its
+    matcher reads as that character literally. ``]``, ``{``, quotes, spaces and non-ASCII are not
+    special to it and stay as they are (tests/test_paths.py).
+    """
+    return "".join(f"[{c}]" if c in _GLOB_CHARS else c for c in str(path))
+
+
+def sql_string(s: str | os.PathLike) -> str:
+    """``s`` as an SQL string literal (single quotes doubled)."""
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+def sql_file_list(paths: Iterable[str | os.PathLike]) -> str:
+    """A DuckDB list literal naming exactly these files, never a pattern: ``['<escaped>', ...]``."""
+    return "[" + ", ".join(sql_string(glob_escape(p)) for p in paths) + "]"
 
 
 def check_run_id(run_id: str) -> str:
@@ -223,6 +294,11 @@ class Store:
     def runs_dir(self) -> Path:
         return self.path / "runs"
 
+    @property
+    def versions_dir(self) -> Path:
+        """Where the run versions live (``runs/<id>`` links to ``../versions/<id>@<n>``)."""
+        return self.path / "versions"
+
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / check_run_id(run_id)
 
@@ -230,7 +306,8 @@ class Store:
         """Run ids present in the store, sorted by name."""
         if not self.runs_dir.is_dir():
             return []
-        return sorted(p.name for p in self.runs_dir.iterdir() if p.is_dir() and (p / "run.parquet").exists())
+        return sorted(p.name for p in self.runs_dir.iterdir()
+                      if RUN_ID_RE.match(p.name) and p.is_dir() and (p / "run.parquet").exists())
 
     def has_run(self, run_id: str) -> bool:
         return (self.run_dir(run_id) / "run.parquet").exists()
@@ -248,8 +325,10 @@ class Store:
 
         Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
-        when there is no run they are empty with the right columns. The analyses are
-        not here: ``tracekit.analyses.connect(store, ...)`` adds them.
+        when there is no run they are empty with the right columns. The files are a literal
+        list (:func:`sql_file_list`; also in ``con.bound_files``) of the version each run had
+        when connecting, pinned (:meth:`pin`) until ``con.close()``: a replace meanwhile leaves
+        it in place. The analyses are not here: ``tracekit.analyses.connect(store, ...)`` adds them.
         Raises StoreError if a run was written by a newer major schema version.
         """
         import duckdb
@@ -264,14 +343,20 @@ class Store:
         con.execute("SET temp_directory = ?", [str(Path(tempfile.gettempdir()) / "tracekit-duckdb")])
         con = AnalysisConnection(con, ANALYSIS_MEMORY_LIMIT)
         ids = self.run_ids() if run_ids is None else [check_run_id(r) for r in run_ids]
-        for table, (pattern, schema) in TABLES.items():
-            files = []
-            for rid in ids:
-                files.extend(sorted(str(p) for p in self.run_dir(rid).glob(pattern)))
+        dirs = {}
+        for rid in ids:
+            pinned = self.pin(rid)
+            if pinned is not None:
+                dirs[rid], fd = pinned
+                con._pins.append(fd)
+        for table, files in self.table_files(ids, dirs).items():
+            schema = TABLES[table][1]
+            con.bound_files.extend(files)
             if files:
-                lst = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+                # a literal file list (glob characters escaped): a store path is never a pattern
                 con.execute(
-                    f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{lst}], union_by_name = true)"
+                    f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet({sql_file_list(files)}, "
+                    "union_by_name = true)"
                 )
             else:
                 empty = schema.empty_table()
@@ -286,6 +371,44 @@ class Store:
                         f"{self.path}: written by a newer tracekit (schema {ver}, this one reads {SCHEMA_VERSION}); upgrade tracekit"
                     )
         return con
+
+    def pin(self, run_id: str) -> tuple[Path, int] | None:
+        """The directory of the run's current version and a shared lock on it (an fd; close it to
+        release), or None when the run is missing. While the lock is held a replace leaves that
+        version's files in place (the next writer removes them once no reader holds them), so a
+        connection reads one version to the end, never a mix of two and never a file gone."""
+        import fcntl
+
+        for _ in range(1000):
+            d = self.run_dir(run_id).resolve()
+            try:
+                fd = os.open(d / "run.parquet", os.O_RDONLY)
+            except FileNotFoundError:
+                if not self.has_run(run_id):
+                    return None
+                continue  # replaced between the two steps: look again
+            except OSError as exc:
+                raise StoreError(f"{d}: cannot read the run ({exc.strerror or exc})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            except OSError:  # a file system without flock: read unpinned (a replace may remove it)
+                pass
+            if (d / "run.parquet").exists():
+                return d, fd
+            os.close(fd)  # removed while we waited for the lock: the link points elsewhere now
+        raise StoreError(f"{self.path}: run {run_id!r} keeps changing under the reader")
+
+    def table_files(self, run_ids: Iterable[str], dirs: dict[str, Path] | None = None) -> dict[str, list[str]]:
+        """table name → the Parquet files of these runs that its view reads (plain paths, sorted
+        within a run; listed by Python, so the store path is never taken as a pattern). ``dirs``:
+        run id → the version directory to list (from :meth:`pin`), else the link resolved now."""
+        out: dict[str, list[str]] = {}
+        for table, (pattern, _schema) in TABLES.items():
+            files = out.setdefault(table, [])
+            for rid in run_ids:
+                d = (dirs or {}).get(rid) or self.run_dir(rid).resolve()
+                files.extend(sorted(str(p) for p in d.glob(pattern)))
+        return out
 
     def latest_run_id(self, workload: str | None = None, required: bool = True) -> str | None:
         """The most recently created run (of ``workload`` if given; nccl-tests runs excluded then).
@@ -330,6 +453,58 @@ class Store:
 
 
 OWNER_FILE = ".owner-pid"
+_LINK_TARGET = "../versions/"
+_VERSION_RE = re.compile(r"^(?P<id>[A-Za-z0-9][A-Za-z0-9._-]{0,127})@(?P<n>[0-9]{1,18})$")
+_LINK_RE = re.compile(r"^\.(?P<id>[A-Za-z0-9][A-Za-z0-9._-]{0,127})@(?P<n>[0-9]{1,18})\.link$")
+_ASIDE_RE = re.compile(r"^\.(?P<id>[A-Za-z0-9][A-Za-z0-9._-]{0,127})\.old-[0-9a-f]{32}$")
+
+
+def _exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
+    """Swap two paths in one step: Linux ``renameat2(RENAME_EXCHANGE)`` (kernel 3.15, glibc 2.28).
+
+    Raises NotImplementedError where the call or the file system lacks it (the caller falls back),
+    OSError for any other failure.
+    """
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        raise NotImplementedError("renameat2 is not available") from None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) != 0:
+        e = ctypes.get_errno()
+        if e in (errno.ENOSYS, errno.EINVAL):
+            raise NotImplementedError(os.strerror(e))
+        raise OSError(e, os.strerror(e), str(a))
+
+
+class _FS:
+    """Every file-system step a store writer takes, one method each, so that a test can stop a writer
+    between any two of them (tests/test_store_atomic.py kills it before step k for every k)."""
+
+    @staticmethod
+    def mkdir(path: Path, **kw) -> None:
+        Path(path).mkdir(**kw)
+
+    @staticmethod
+    def write_text(path: Path, text: str) -> None:
+        Path(path).write_text(text)
+
+    rename = staticmethod(os.rename)
+    symlink = staticmethod(os.symlink)
+    unlink = staticmethod(os.unlink)
+    exchange = staticmethod(_exchange)
+
+    @staticmethod
+    def rmtree(path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+fs = _FS()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -342,25 +517,159 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _owner(d: Path) -> int | None:
+    """The pid in a directory's owner file, else the one its name starts with (a staging directory
+    is named ``<pid>-<hex>``, so it has an owner from its first moment), else None."""
+    try:
+        return int((d / OWNER_FILE).read_text().strip())
+    except (OSError, ValueError):
+        pass
+    head = d.name.split("-", 1)[0]
+    return int(head) if "-" in d.name and head.isdigit() else None
+
+
+def _abandoned(d: Path) -> bool:
+    """A directory whose writer is gone: it names a pid that is not alive (never this process's)."""
+    pid = _owner(d)
+    return pid is not None and pid != os.getpid() and not _pid_alive(pid)
+
+
 def _remove_abandoned(root: Path) -> None:
     """Delete staging directories left by writers that died (killed mid-ingest): their owner pid
-    is gone. Directories of live writers (concurrent ingests) are left alone."""
+    is gone. Directories of live writers (concurrent ingests) are left alone. A ``<hex>.old``
+    directory is a run that tracekit < 0.x moved aside during ``--replace`` and never put back:
+    it is restored when its run is missing, else removed."""
     for d in root.iterdir():
         if not d.is_dir():
             continue
+        if d.name.endswith(".old"):
+            _restore_legacy_aside(root.parent, d)
+        elif _abandoned(d):
+            fs.rmtree(d)
+
+
+def _restore_legacy_aside(store_path: Path, d: Path) -> None:
+    import pyarrow.parquet as pq
+
+    try:
+        rid = pq.ParquetFile(d / "run.parquet").read(columns=["run_id"]).column(0)[0].as_py()
+        check_run_id(rid)
+    except Exception:  # not a run: nothing to restore
+        fs.rmtree(d)
+        return
+    store = Store(store_path)
+    if store.has_run(rid):
+        fs.rmtree(d)
+        return
+    fs.mkdir(store.runs_dir, parents=True, exist_ok=True)
+    fs.mkdir(store.versions_dir, parents=True, exist_ok=True)
+    name = _place_version(d, store.versions_dir, rid)
+    try:
+        fs.symlink(_LINK_TARGET + name, store.runs_dir / rid)
+    except FileExistsError:  # someone wrote the run meanwhile: theirs stands
+        fs.rmtree(store.versions_dir / name)
+
+
+def _remove_unread(d: Path) -> None:
+    """Remove a replaced run directory unless a reader holds it (:meth:`Store.pin`); then it stays
+    for the next writer's :func:`recover`. (A directory without run.parquet is removed.)"""
+    if (d / "run.parquet").exists():
+        fd = _lock_exclusive(d)
+        if fd is None:
+            if (d / "run.parquet").exists():
+                return  # being read
         try:
-            pid = int((d / OWNER_FILE).read_text().strip())
-        except (OSError, ValueError):
-            continue  # being created right now, or not ours
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(d, ignore_errors=True)
+            fs.rmtree(d)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    else:
+        fs.rmtree(d)
+
+
+def _next_version(runs: Path, run_id: str) -> int:
+    n = 0
+    for p in runs.iterdir():
+        m = _VERSION_RE.match(p.name)
+        if m and m["id"] == run_id:
+            n = max(n, int(m["n"]) + 1)
+    return n
+
+
+def _place_version(src: Path, versions: Path, run_id: str) -> str:
+    """Rename ``src`` to ``versions/<run_id>@<n>`` (n one past the highest there); returns that name."""
+    import errno
+
+    while True:
+        name = f"{run_id}@{_next_version(versions, run_id)}"
+        try:
+            fs.rename(src, versions / name)
+            return name
+        except OSError as exc:  # a concurrent writer took that number
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+
+
+def recover(store: "Store") -> None:
+    """Finish or undo what writers that died left in ``versions/`` (every step of
+    :meth:`Staging.commit` leaves the store readable; this removes what is left over and puts back
+    a run moved aside):
+
+    - ``.<id>@<n>.link``: a pointer not yet renamed into place (removed), or, after an exchange, the
+      run directory it replaced (removed);
+    - ``.<id>.old-<hex>``: a run moved aside by the fallback replace: put back when ``<id>`` is
+      missing, else removed;
+    - ``<id>@<n>`` not pointed to by ``<id>``: a version never made current, or one replaced
+      (removed unless its owner file names a live writer); the owner file left in the current one
+      is removed.
+
+    Errors are ignored (the next writer tries again).
+    """
+    runs, versions = store.runs_dir, store.versions_dir
+    try:
+        entries = list(versions.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        name = p.name
+        try:
+            if _LINK_RE.match(name):
+                if p.is_symlink():
+                    fs.unlink(p)
+                else:
+                    _remove_unread(p)
+            elif m := _ASIDE_RE.match(name):
+                dest = runs / m["id"]
+                if os.path.lexists(dest):
+                    fs.rmtree(p)
+                else:
+                    fs.rename(p, dest)
+        except OSError:
+            pass
+    for p in entries:
+        m = _VERSION_RE.match(p.name)
+        if not m or not p.is_dir() or p.is_symlink():
+            continue
+        try:
+            current = os.readlink(runs / m["id"])
+        except OSError:
+            current = None
+        try:
+            if current == _LINK_TARGET + p.name:
+                if _abandoned(p):
+                    fs.unlink(p / OWNER_FILE)
+            elif _owner(p) is None or _abandoned(p):
+                _remove_unread(p)
+        except OSError:
+            pass
 
 
 class Staging:
-    """A staging directory for one run, renamed into the store on :meth:`commit`.
+    """A staging directory for one run, made the current version of the run on :meth:`commit`.
 
     Use as a context manager: leaving the block without ``commit`` (an error, an
-    interrupt) deletes the staging directory and leaves the store unchanged.
+    interrupt) deletes the staging directory and leaves the store unchanged. Entering also
+    cleans up after writers that died (:func:`recover`).
     """
 
     def __init__(self, store: Store):
@@ -371,18 +680,20 @@ class Staging:
         self._created_store = not self.store.path.exists()
         root = self.store.path / ".staging"
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            fs.mkdir(root, parents=True, exist_ok=True)
             _remove_abandoned(root)
-            self.dir = root / uuid.uuid4().hex
-            self.dir.mkdir()
-            (self.dir / OWNER_FILE).write_text(f"{os.getpid()}\n")
+            recover(self.store)
+            d = root / f"{os.getpid()}-{uuid.uuid4().hex}"
+            fs.mkdir(d)
+            self.dir = d
+            fs.write_text(d / OWNER_FILE, f"{os.getpid()}\n")
         except OSError as exc:
             raise StoreError(f"{self.store.path}: cannot write to the store ({exc.strerror or exc})") from None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.dir is not None and self.dir.exists():
-            shutil.rmtree(self.dir, ignore_errors=True)
+            fs.rmtree(self.dir)
         root = self.store.path / ".staging"
         try:
             root.rmdir()  # only when empty
@@ -395,37 +706,67 @@ class Staging:
                 pass
 
     def commit(self, run_id: str, *, replace: bool = False) -> Path:
-        """Move the staged run into ``runs/<run_id>`` atomically; returns its path.
+        """Make the staged run the store's run ``run_id`` in one atomic step; returns its path.
 
-        With ``replace`` an existing run of that id is swapped out (the old one
-        is moved aside first, then removed). Raises StoreError if the id exists
-        and ``replace`` is false.
+        ``runs/<run_id>`` is a symbolic link to a version directory ``versions/<run_id>@<n>``. The
+        staged directory is first renamed to a new version (invisible to readers), then the
+        link is created (a new run) or a new link renamed over the old one (``replace``: rename(2)
+        replaces it atomically, so readers see the old run or the new one, never none), then the old
+        version is removed. A run stored as a plain directory (stores written before) is swapped
+        with the link by ``renameat2(RENAME_EXCHANGE)``, or where that is missing moved aside
+        and the link renamed in (a writer that dies between the two leaves ``.<id>.old-<hex>``,
+        which the next writer puts back: :func:`recover`).
+
+        Raises StoreError if the id exists and ``replace`` is false, or on an OS error.
         """
         assert self.dir is not None
         dest = self.store.run_dir(run_id)
+        versions = self.store.versions_dir
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            fs.mkdir(dest.parent, parents=True, exist_ok=True)
+            fs.mkdir(versions, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"{self.store.path}: cannot write to the store ({exc.strerror or exc})") from None
-        old = None
+        exists_msg = f"run {run_id!r} already exists in {self.store.path} (use --replace or another --run-id)"
+        if os.path.lexists(dest) and not replace:
+            raise StoreError(exists_msg)
         try:
-            if dest.exists():
-                if not replace:
-                    raise StoreError(
-                        f"run {run_id!r} already exists in {self.store.path} (use --replace or another --run-id)"
-                    )
-                old = self.dir.parent / (uuid.uuid4().hex + ".old")
-                os.rename(dest, old)
-            try:
-                os.rename(self.dir, dest)
-            except OSError:
-                if old is not None:
-                    os.rename(old, dest)  # put the replaced run back
-                raise
+            name = _place_version(self.dir, versions, run_id)
+            self.dir = versions / name  # ours until the link points to it: removed by __exit__ on failure
+            old = self._point(dest, versions, name, replace)
+            if old is None:
+                raise StoreError(exists_msg)
+            self.dir = None
+            fs.unlink(versions / name / OWNER_FILE)
+            if old:
+                _remove_unread(Path(old))
         except OSError as exc:
             raise StoreError(f"{self.store.path}: cannot write the run into the store ({exc.strerror or exc})") from None
-        (dest / OWNER_FILE).unlink(missing_ok=True)
-        self.dir = None
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
         return dest
+
+    @staticmethod
+    def _point(dest: Path, versions: Path, name: str, replace: bool) -> Path | str | None:
+        """Point ``dest`` at the version ``name``. Returns what to remove afterwards ('' for nothing),
+        or None when ``dest`` exists and ``replace`` is false."""
+        target = _LINK_TARGET + name  # relative: the same from runs/ and from versions/
+        try:
+            fs.symlink(target, dest)  # a new run: created atomically, or FileExistsError
+            return ""
+        except FileExistsError:
+            if not replace:
+                return None
+        link = versions / f".{name}.link"
+        fs.symlink(target, link)
+        if dest.is_symlink():
+            old = os.readlink(dest)
+            fs.rename(link, dest)  # atomic: readers see the old target or the new one
+            old_name = old[len(_LINK_TARGET):] if old.startswith(_LINK_TARGET) else ""
+            return versions / old_name if _VERSION_RE.match(old_name) else ""
+        try:
+            fs.exchange(link, dest)  # a plain run directory (older stores) swapped with the link
+            return link  # now the old directory
+        except NotImplementedError:
+            aside = versions / f".{dest.name}.old-{uuid.uuid4().hex}"
+            fs.rename(dest, aside)
+            fs.rename(link, dest)
+            return aside

@@ -155,35 +155,14 @@ def sql(
     store: Optional[Path] = StoreOpt,
     json_out: bool = typer.Option(False, "--json", help="Print rows as JSON."),
 ) -> None:
-    """Run SQL against the store's tables and analysis views."""
+    """Run one read-only SQL query against the store's tables and analysis views (nothing else is readable)."""
     import json
 
-    import duckdb
+    from tracekit.sqlshell import run_query
 
-    from tracekit.errors import BadInputError
-
-    if not query.strip():
-        raise BadInputError("empty SQL query")
-    from tracekit import analyses
-
-    con = analyses.connect(_store(store, must_exist=True))
-    try:
-        statements = con.extract_statements(query)
-    except duckdb.Error as exc:
-        raise BadInputError(f"SQL error: {str(exc).splitlines()[0]}") from None
-    if len(statements) != 1:
-        raise BadInputError(f"give one SQL statement at a time (got {len(statements)})")
-    kind = statements[0].type
-    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
-        raise BadInputError(f"tracekit sql only reads: SELECT or EXPLAIN, not {kind.name}")
-    try:
-        cur = con.execute(query)
-    except duckdb.Error as exc:
-        raise BadInputError(f"SQL error: {str(exc).splitlines()[0]}") from None
-    if cur.description is None:
+    cols, rows = run_query(_store(store, must_exist=True), query)  # confined: reads the store only
+    if cols is None:
         return
-    cols = [d[0] for d in cur.description]
-    rows = cur.fetchall()
     if json_out:
         import math
 

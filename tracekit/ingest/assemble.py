@@ -32,7 +32,7 @@ from tracekit import SCHEMA_VERSION
 from tracekit.errors import FileError
 from tracekit.ingest.attribute import build_collectives
 from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS, link_rank
-from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
+from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, glob_escape
 
 
 def _sql_str(s: str) -> str:
@@ -127,7 +127,7 @@ def finish_run(
             f = stage / "events" / f"rank={rr['rank']}.parquet"
             tmp = f.with_suffix(".shifting")
             con.execute(
-                f"COPY (SELECT * REPLACE (ts_ns + {int(off)} AS ts_ns) FROM read_parquet({_sql_str(f)})) "
+                f"COPY (SELECT * REPLACE (ts_ns + {int(off)} AS ts_ns) FROM read_parquet({_sql_str(glob_escape(f))})) "
                 f"TO {_sql_str(tmp)} (FORMAT parquet, COMPRESSION zstd)"
             )
             tmp.replace(f)
