@@ -2,7 +2,7 @@
 
 Reads: collective_samples, collective_instances, runs, ranks, collectives
 
-**alpha_beta_fit**: α, β and n½ fitted per (run, op, group size). The fit itself lives in
+alpha_beta_fit: α, β and n½ fitted per (run, op, group size). The fit itself lives in
 :func:`tracekit.model.fit_alpha_beta` (a regression that weights relative error, with a robust
 outlier rule; the reference's "Fitting α and β"), which also judges it (:func:`tracekit.model.fit.judge_fit`):
 ``ok`` needs >= 3 distinct sizes spanning the fit's crossover D* and a per-size residual spread
@@ -42,7 +42,7 @@ max_size_bytes    BIGINT   largest size used (offered, when there is no fit)
 status            VARCHAR  'ok', 'insufficient' or 'poor'
 status_reason     VARCHAR  why not ok, in words (NULL when ok)
 
-**collective_reference**: for each (run, process group, op, group size) of collective_instances,
+collective_reference: for each (run, process group, op, group size) of collective_instances,
 the α–β reference its verdicts and efficiency use, chosen in this order (issue 15):
 
 1. the user's: ``--link PRESET`` (DuckDB variable tk_link) or α/β given (variables tk_alpha,

@@ -4,6 +4,8 @@ expected number is worked out in fixtures/handmade/NOTE.md) and on the real B200
 
 from __future__ import annotations
 
+from tracekit import analyses
+
 import gzip
 import json
 import math
@@ -28,7 +30,7 @@ ROWS = "SELECT rank, op, size_bytes, wire_bytes, group_size, pg_name, seq, dtype
 def _ingest(tmp_path, name, **kw):
     store = Store(tmp_path / "store")
     ingest_paths([H / name], store, run_id="x", **kw)
-    return store.connect()
+    return analyses.connect(store)
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ def test_b200_multimem_all_reduces_are_comm_with_their_size(tmp_path):
     assert len(want) == n_kernels == 73
     store = Store(tmp_path / "store")
     ingest_paths([path], store, run_id="b200")
-    con = store.connect()
+    con = analyses.connect(store)
     got = con.execute("SELECT size_bytes, group_size, meta_source, e.class, e.dur_ns FROM collectives c "
                       "JOIN events e USING (run_id, rank, event_id) WHERE op = 'all_reduce' ORDER BY size_bytes").fetchall()
     assert [g[0] for g in got] == want

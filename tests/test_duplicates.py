@@ -8,6 +8,8 @@ all_gather seq 1 sync time median(6, 12) = 9 µs) with rows repeated three ways.
 
 from __future__ import annotations
 
+from tracekit import analyses
+
 import copy
 import json
 
@@ -19,6 +21,7 @@ from tracekit.store import Store
 
 TWO = FIXTURES / "handmade" / "two_rank"
 SIGNED_NS = {("ranks", "clock_offset_ns")}  # DESIGN.md: a rank's clock offset is signed
+SIGNED_NS |= {("measured_vs_model", c) for c in ("gap_ns", "gap_transfer_ns", "gap_exposure_ns")}  # measured − model
 """(view, column) pairs whose *_ns values may be negative by definition."""
 
 
@@ -33,7 +36,7 @@ def _ingest(tmp_path, docs, name):
         (d / f"rank{r}.json").write_text(json.dumps(doc))
     st = Store(tmp_path / f"store-{name}")
     ingest_paths([str(d)], st, run_id=name)
-    return st.connect()
+    return analyses.connect(st)
 
 
 def _instances(con):
@@ -107,6 +110,7 @@ def test_a_conflicting_repeat_is_flagged_and_kept_out_of_the_statistics(tmp_path
 def _negatives(con) -> list[tuple[str, str, float]]:
     """(view, column, min) for every *_ns column of every view and table with a negative value."""
     found = []
+    con.load_all()  # every analysis of the pipeline (they are built on first use)
     objs = [o for (o,) in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()]
     assert {"collective_instances", "collective_waits", "collective_verdicts", "overlap_by_rank",
@@ -150,7 +154,7 @@ def test_no_view_has_a_negative_time_on_any_fixture_or_shared_trace(tmp_path):
         except BadInputError:
             pass  # defects fixtures that are refused on purpose
     assert ingested >= 15
-    con = st.connect()
+    con = analyses.connect(st)
     assert _negatives(con) == []
     # nothing in them is repeated: no window, copy or conflict is invented
     assert con.execute("SELECT * FROM collective_duplicates").fetchall() == []

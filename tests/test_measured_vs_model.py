@@ -79,7 +79,7 @@ def test_straggler_imposed_wait_on_dlrm(tmp_path):
     store = Store(tmp_path / "s")
     ingest_paths([d], store, run_id="dlrm")
     rep = build_report(store, "dlrm")
-    c = store.connect(analyses=False).execute(
+    c = store.connect().execute(
         "SELECT rank, pg_name, seq, ts_ns FROM collectives WHERE op IS NOT NULL AND op <> 'barrier'"
     ).df()
     c = c[c.groupby(["pg_name", "seq"])["rank"].transform("nunique") > 1]

@@ -101,7 +101,7 @@ NT = FIXTURES / "nccl_tests"
 def cluster(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("cluster"))
     rid = ingest_paths([NT], store, run_id="cluster")
-    return store, rid, store.connect()
+    return store, rid, analyses.connect(store)
 
 
 def test_each_benchmark_run_is_its_own_group(cluster):
@@ -173,7 +173,7 @@ def test_wrong_rows_kept_and_left_out_of_the_fit(cluster):
 def test_rccl_run_alone(tmp_path):
     store = Store(tmp_path / "s")
     ingest_paths([NT / "mi300x_bench.log"], store, run_id="mi300x")
-    con = store.connect()
+    con = analyses.connect(store)
     assert con.execute("SELECT backend, device_name, nccl_version, world_size FROM runs").fetchone() == (
         "rccl", "AMD Instinct MI300X", "2.20.5+hip6.2", 8)
     assert con.execute("SELECT count(*) FROM alpha_beta_fit").fetchone() == (0,)  # all its rows failed
@@ -188,7 +188,7 @@ def test_op_option_and_its_message(tmp_path, capsys):
     assert err.count("\n") == 1 and f"{nameless}: cannot tell which collective" in err and "pass --op" in err
     assert store_snapshot(tmp_path / "s") == {}
     assert main(["ingest", str(nameless), "--store", store, "--op", "allreduce", "--run-id", "named"]) == 0
-    con = Store(store).connect()
+    con = analyses.connect(Store(store))
     assert con.execute("SELECT DISTINCT op, pg_name, group_size FROM collectives").fetchall() == [
         ("all_reduce", "nccl_tests:all_reduce", 16)]
     capsys.readouterr()

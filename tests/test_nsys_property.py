@@ -102,7 +102,7 @@ def test_mutated_nsys_exports_ingest_or_raise_our_error(tmp_path_factory, data):
         OUTCOMES["error"] += 1
         return
     OUTCOMES["read"] += 1
-    con = store.connect(run_ids=[rid], analyses=False)
+    con = store.connect(run_ids=[rid])
     assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
     for table in ("events", "collectives"):
         assert con.execute(f"SELECT count(*) FROM {table} WHERE dur_ns < 0 OR ts_ns < 0").fetchone() == (0,), table

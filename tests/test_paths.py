@@ -8,6 +8,8 @@ reading it would show up as an extra run id and extra rank rows.
 
 from __future__ import annotations
 
+from tracekit import analyses
+
 import json
 import shutil
 
@@ -41,7 +43,7 @@ def test_store_path_is_literal(tmp_path, name, decoy, capsys):
         ingest_paths([str(TWO_RANK)], Store(tmp_path / decoy), run_id="mine")  # same id: same file names
     st = Store(tmp_path / name)
     rid = ingest_paths([str(TWO_HOSTS)], st, run_id="mine")
-    con = st.connect()
+    con = analyses.connect(st)
     assert [r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()] == ["mine"]
     assert con.execute("SELECT rank, events, clock_offset_ns FROM ranks ORDER BY rank").fetchall() == [
         (0, 5, 0), (1, 5, -5_000_000)]
@@ -64,7 +66,7 @@ def test_trace_path_is_literal(tmp_path, name):
     shutil.copytree(TWO_RANK, tmp_path / "t1")  # what t[1], t*, t? would also match
     st = Store(tmp_path / "store")
     ingest_paths([str(src)], st, run_id="r")
-    con = st.connect(analyses=False)
+    con = st.connect()
     assert con.execute("SELECT rank, events, source_path FROM ranks ORDER BY rank").fetchall() == [
         (0, 5, str(src / "rank0.json")), (1, 5, str(src / "rank1.json"))]
     con.close()

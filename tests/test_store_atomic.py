@@ -225,7 +225,7 @@ def test_readers_always_see_the_run_during_30_replaces(tmp_path, old_store):
                     missing[0] += 1
                 pq.ParquetFile(st.run_dir("r") / "run.parquet").read()
                 if polls[0] % 8 == 0:  # a whole connection now and then (slower)
-                    con = st.connect(run_ids=["r"], analyses=False)
+                    con = st.connect(run_ids=["r"])
                     con.execute("SELECT count(*) FROM events").fetchone()
                     con.close()
             except Exception as exc:  # noqa: BLE001 - any failure to read counts

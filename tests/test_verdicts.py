@@ -122,7 +122,7 @@ def test_tp_after_sweep_is_judged_by_the_sweep(sweep_then_tp):
     fit = {(r["op"], r["group_size"]): r for r in build_report(sweep_then_tp, "sweep")["fit"]}
     sweep_ar = fit[("all_reduce", 2)]
     assert sweep_ar["status"] == "ok"
-    con = sweep_then_tp.connect(run_ids=["tp", "sweep"])
+    con = analyses.connect(sweep_then_tp, run_ids=["tp", "sweep"])
     rows = con.execute(
         "SELECT op, verdict, verdict_basis, reference, ref_alpha_s, ref_beta_Bps FROM collective_verdicts "
         "WHERE run_id = 'tp' AND op <> 'barrier'"
@@ -216,7 +216,7 @@ def test_degraded_link_is_flagged_and_a_healthy_one_is_not(tmp_path):
     assert ok_eff(ok) == pytest.approx(0.95, rel=0.01)
     warn = [w for w in bad["warnings"] if "degraded" in w]
     assert warn and all("all_reduce on 8 ranks" in w and "of nvlink3" in w for w in warn)
-    assert any("13%" in w and "1.07 GB" in w for w in warn)
+    assert any("13%" in w and "1.074 GB" in w for w in warn)
     # and the real superbench logs of a healthy 8× A100 raise none (tests/test_nccl_tests_store.py)
     # the warning looks at sizes >= 16·D* of nvlink3, D* = 8·2 µs·240 GB/s = 3.84 MB: 61.44 MB and up
     assert {d["bucket_bytes"] for d in bad["degraded_links"]} == {1 << 26, 1 << 28, 1 << 30}

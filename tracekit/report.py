@@ -37,7 +37,7 @@ NO_WARNING_LINKS = ("loopback_gloo",)
 
 def _calibration_runs(st: Store) -> list[str]:
     """Runs that calibrate a machine (``collect sweep`` runs and nccl-tests logs), newest first."""
-    con = st.connect(analyses=False)
+    con = st.connect()
     try:
         return [r[0] for r in con.execute(
             "SELECT run_id FROM runs WHERE workload = 'sweep' OR source = 'nccl_tests' ORDER BY created_at DESC"
