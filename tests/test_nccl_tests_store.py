@@ -324,7 +324,11 @@ def test_fuzz_mutated_logs(tmp_path_factory):
         assert t and all(r["dur_ns"] >= 0 and r["ts_ns"] > 0 and r["size_bytes"] >= 0 for r in t)
         assert all(r["wrong"] is None or r["wrong"] >= 0 for r in t)
         assert all(r["log_busbw_gbps"] is None or 0 <= r["log_busbw_gbps"] <= 1e6 for r in t)
-        shutil.rmtree(store.run_dir(rid))  # back to the base store for the next example
+        run = store.run_dir(rid)  # back to the base store for the next example: the run's link
+        version = run.resolve()  # (runs/<id> -> versions/<id>@<n>, tracekit.store) and its version
+        run.unlink() if run.is_symlink() else shutil.rmtree(run)
+        if version != run:
+            shutil.rmtree(version)
         outcome["ok"] += 1
 
     run()
