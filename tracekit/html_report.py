@@ -631,6 +631,60 @@ def wait_heatmap(data: dict):
 # -- tables -------------------------------------------------------------------------------------
 
 
+
+GPU_BREAKDOWN_SERIES = (
+    # (key, legend, colour): the parts of gpu_time_breakdown that sum to the window, idle by class
+    ("compute_only_ns", "compute only", COMPUTE_COLOR),
+    ("comm_hidden_ns", "comm hidden by compute", OVERLAP_COLOR),
+    ("comm_exposed_ns", "comm exposed", COMM_COLOR),
+    ("memory_ns", "memcpy/memset", "#ae3ec9"),
+    ("sync_ns", "sync", "#495057"),
+    ("other_ns", "other GPU", "#adb5bd"),
+    ("idle_host_wait_ns", "idle: host wait", "#ffd43b"),
+    ("idle_kernel_wait_ns", "idle: kernel wait", "#ffe8cc"),
+    ("idle_other_ns", "idle: other", "#e9ecef"),
+)
+
+
+def gpu_breakdown_figure(data: dict):
+    """Stacked bars of each rank's GPU window (whole trace, and per profiler step when at most
+    MAX_STEP_RANK_GROUPS (step, rank) pairs): the parts of ``gpu_time_breakdown``, idle split into
+    HTA's classes; each bar's height is the window. None without GPU tracks."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    sec = data["report"].get("gpu_time_breakdown") or {}
+    by_rank, by_step = sec.get("by_rank") or [], sec.get("by_step") or []
+    if not by_rank:
+        return None
+    if len(by_step) > MAX_STEP_RANK_GROUPS:
+        by_step = []
+    unit, f = _time_unit(max([r["window_ns"] or 0 for r in by_rank] + [1]))
+    cols = 2 if by_step else 1
+    fig = make_subplots(rows=1, cols=cols, horizontal_spacing=0.08,
+                        subplot_titles=["per rank (whole trace)"] + (["per profiler step and rank"] if by_step else []))
+
+    def add(rows, x, col, showlegend):
+        for key, name, color in GPU_BREAKDOWN_SERIES:
+            fig.add_trace(go.Bar(
+                x=x, y=[(r[key] or 0) / f for r in rows], name=name, legendgroup=key, showlegend=showlegend,
+                marker_color=color,
+                customdata=[[fmt_pct((r[key] or 0) / r["window_ns"] if r["window_ns"] else None), fmt_ms(r["window_ns"])]
+                            for r in rows],
+                hovertemplate=name + ": %{y:,.3f} " + unit + " (%{customdata[0]} of the window %{customdata[1]} ms)"
+                              "<extra></extra>",
+            ), row=1, col=col)
+
+    add(by_rank, [f"rank {r['rank']}" for r in by_rank], 1, True)
+    if by_step:
+        add(by_step, [[f"step {r['step']}" for r in by_step], [f"r{r['rank']}" for r in by_step]], 2, False)
+    _layout(fig, "GPU time: compute, communication, memory, sync and idle", height=490, barmode="stack",
+            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    fig.update_yaxes(title_text=f"time ({unit})", row=1, col=1)
+    fig.update_layout(margin=dict(t=140))
+    return fig
+
+
 @dataclass
 class Column:
     """One table column: ``key`` into the row dicts, ``label`` for the header, ``fmt`` to text."""
@@ -855,6 +909,16 @@ FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
 )
 
 
+RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
+    # figures of analyses that only some runs have data for (a section saying so otherwise)
+    ("gpu-breakdown", "GPU time breakdown", gpu_breakdown_figure,
+     "Each bar is a rank's GPU window (first GPU op start to last end; per step: the GPU work launched in it), "
+     "split so the parts sum to it: compute only, communication hidden by compute or exposed, memcpy/memset, sync, "
+     "and idle (no GPU op on any stream) by HTA's classes: host wait (the next op was launched after the GPU went "
+     "idle), kernel wait (a gap under 30 ns), other (analyses/gpu_time_breakdown.sql)."),
+)
+
+
 def render_html(data: dict) -> str:
     """The page for :func:`html_data` output: one self-contained HTML document (plotly inlined)."""
     from plotly.offline import get_plotlyjs
@@ -881,7 +945,7 @@ def render_html(data: dict) -> str:
         f'<p class="note">{html.escape(line)}.</p></section>'
     )
     sections.append(glance)
-    for name, title, build, note in FIGURES:
+    for name, title, build, note in FIGURES + RUN_FIGURES:
         fig = build(data)
         if fig is None:
             body = '<p class="note">Nothing to draw for this run.</p>'

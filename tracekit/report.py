@@ -225,6 +225,7 @@ def build_report(
         furthest_from_model=furthest,
         measured_vs_model=mvm,
         warnings=warnings,
+        gpu_time_breakdown=gpu_breakdown_section(con, run_id),
     )
 
 
@@ -326,5 +327,44 @@ def print_report(report: dict, console=None) -> None:
         notes = sorted({r["note"] for r in report["measured_vs_model"] if r.get("note")})
         t.caption = "; ".join(notes)
         con.print(t)
+    print_gpu_breakdown(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+# -- GPU time breakdown (analyses/gpu_time_breakdown.sql) -----------------------------
+
+GPU_PARTS = ("compute_only_ns", "comm_exposed_ns", "comm_hidden_ns", "memory_ns", "sync_ns", "other_ns", "idle_ns")
+"""The parts of gpu_time_breakdown that sum to window_ns, in display order."""
+
+
+def gpu_breakdown_section(con, run_id: str) -> dict[str, list[dict]]:
+    """The report's ``gpu_time_breakdown`` key: ``by_rank`` (the whole-trace window of each rank)
+    and ``by_step`` (one row per rank and profiler step, ``step`` for ``grp``), each row the
+    columns of ``gpu_time_breakdown`` (analyses/gpu_time_breakdown.sql; ns, idle_fraction a ratio).
+    Both lists are empty for a run without GPU tracks (CPU-only traces, nccl-tests logs)."""
+    rows = _rows(con, "SELECT * EXCLUDE (run_id) FROM gpu_time_breakdown WHERE run_id = ? ORDER BY grp, rank", [run_id])
+    by_rank = [{k: v for k, v in r.items() if k != "grp"} for r in rows if r["grp"] == -1]
+    by_step = [{"step": r["grp"], **{k: v for k, v in r.items() if k != "grp"}} for r in rows if r["grp"] != -1]
+    return {"by_rank": by_rank, "by_step": by_step}
+
+
+def print_gpu_breakdown(report: dict, console) -> None:
+    """The GPU time breakdown per rank (whole trace) as a rich table; nothing without GPU tracks."""
+    from rich.table import Table
+
+    rows = (report.get("gpu_time_breakdown") or {}).get("by_rank") or []
+    if not rows:
+        return
+    t = Table(title="GPU time per rank (whole trace; parts sum to the window; idle = no GPU activity)")
+    for col in ("rank", "window ms", "compute only", "comm exposed", "comm hidden", "memcpy/set", "sync", "other",
+                "idle", "host wait ms", "kernel wait ms", "other idle ms"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        w = r["window_ns"] or None
+        t.add_row(str(r["rank"]), fmt_ms(r["window_ns"]),
+                  *(fmt_pct(None if w is None else r[k] / w) for k in GPU_PARTS),
+                  *(fmt_ms(r[k]) for k in ("idle_host_wait_ns", "idle_kernel_wait_ns", "idle_other_ns")))
+    t.caption = ("idle classes as HTA's idle-time breakdown: host wait = the next GPU op was launched after the GPU "
+                 "went idle; kernel wait = gap < 30 ns; other = the rest")
+    console.print(t)
