@@ -38,6 +38,7 @@ PIPELINE = (
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
     "measured_vs_model",     # Python
     "gpu_time_breakdown",    # SQL: GPU time by class and idle class, per rank and step (reads events only)
+    "kernel_summary",        # SQL: kernel_summary, gpu_launchers, gpu_time_by_launcher
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the export (collectives, waits,

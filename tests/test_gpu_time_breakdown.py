@@ -195,8 +195,9 @@ def test_report_json_and_terminal_sections(con, tmp_path, capsys):
 
 
 def test_html_section_renders_in_chromium(tmp_path):
-    """The GPU breakdown figure on the hand-made run: stacked parts whose heights are the windows,
-    drawn by plotly in headless Chromium (skips like the report test without chromium)."""
+    """The GPU breakdown figure on the hand-made run: stacked parts whose heights are the windows;
+    it and every other RUN_FIGURES figure drawn by plotly in headless Chromium (skips like the
+    report test without chromium)."""
     from tests.test_html_report import _run_chromium
     from tracekit.html_report import gpu_breakdown_figure, html_data, write_html_report
 
@@ -211,6 +212,9 @@ def test_html_section_renders_in_chromium(tmp_path):
                                                   "idle: other"]
     page = write_html_report(store, tmp_path / "gb.html", run_id="gb")
     dom, log = _run_chromium(page, tmp_path, None)
-    sec = dom.split('id="tk-sec-gpu-breakdown"', 1)[1].split("</section>", 1)[0]
-    assert 'id="tk-fig-gpu-breakdown"' in sec and 'class="main-svg"' in sec
+    from tracekit.html_report import RUN_FIGURES
+
+    for name in [f[0] for f in RUN_FIGURES]:  # this breakdown and the kernel summary's figure
+        sec = dom.split(f'id="tk-sec-{name}"', 1)[1].split("</section>", 1)[0]
+        assert f'id="tk-fig-{name}"' in sec and 'class="main-svg"' in sec, name
     assert "Uncaught" not in log

@@ -685,6 +685,43 @@ def gpu_breakdown_figure(data: dict):
     return fig
 
 
+def kernel_figure(data: dict):
+    """Horizontal bars: the largest GPU ops by total time (report['kernel_summary'], coloured by
+    class) beside GPU time per record_function range (report['gpu_time_by_launcher'], kind
+    annotation). None without GPU ops."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rep = data["report"]
+    kernels = sorted(rep.get("kernel_summary") or [], key=lambda r: r["total_ns"])
+    if not kernels:
+        return None
+    launch = sorted([r for r in rep.get("gpu_time_by_launcher") or [] if r["launcher_kind"] == "annotation"],
+                    key=lambda r: r["gpu_total_ns"])
+    unit, f = _time_unit(max(r["total_ns"] for r in kernels))
+    colors = {"compute": COMPUTE_COLOR, "comm": COMM_COLOR, "memory": "#ae3ec9", "sync": "#495057"}
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.3,
+                        subplot_titles=["largest GPU ops per class (total time)", "GPU time per record_function range"])
+    short = lambda n: n if len(n) <= 48 else n[:47] + "…"  # noqa: E731
+    fig.add_trace(go.Bar(
+        y=[f"{short(r['name'])} [{r['class']}]" for r in kernels], x=[r["total_ns"] / f for r in kernels],
+        orientation="h", marker_color=[colors.get(r["class"], "#adb5bd") for r in kernels], showlegend=False,
+        customdata=[[r["name"], r["count"], fmt_us(r["p50_ns"]), fmt_us(r["p95_ns"])] for r in kernels],
+        hovertemplate="%{customdata[0]}<br>%{x:,.3f} " + unit + " in %{customdata[1]} ops"
+                      "<br>p50 %{customdata[2]} µs, p95 %{customdata[3]} µs<extra></extra>"), row=1, col=1)
+    if launch:
+        fig.add_trace(go.Bar(
+            y=[short(r["launcher"] or "(none)") for r in launch], x=[r["gpu_total_ns"] / f for r in launch],
+            orientation="h", marker_color="#868e96", showlegend=False,
+            customdata=[[fmt_pct(r["share"]), r["gpu_ops"]] for r in launch],
+            hovertemplate="%{y}: %{x:,.3f} " + unit + " (%{customdata[0]}) in %{customdata[1]} GPU ops<extra></extra>"),
+            row=1, col=2)
+    _layout(fig, "Where GPU time goes: ops and the ranges that launched them",
+            height=max(420, 26 * max(len(kernels), len(launch)) + 160))
+    fig.update_xaxes(title_text=f"time ({unit})")
+    return fig
+
+
 @dataclass
 class Column:
     """One table column: ``key`` into the row dicts, ``label`` for the header, ``fmt`` to text."""
@@ -916,6 +953,10 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "split so the parts sum to it: compute only, communication hidden by compute or exposed, memcpy/memset, sync, "
      "and idle (no GPU op on any stream) by HTA's classes: host wait (the next op was launched after the GPU went "
      "idle), kernel wait (a gap under 30 ns), other (analyses/gpu_time_breakdown.sql)."),
+    ("kernels", "GPU ops and their launchers", kernel_figure,
+     "Left: the largest GPU ops of each class by total time over all ranks (sums of durations, so ops on "
+     "concurrent streams each count). Right: GPU time by the innermost record_function range around each op's "
+     "launch call (analyses/kernel_summary.sql)."),
 )
 
 

@@ -226,6 +226,7 @@ def build_report(
         measured_vs_model=mvm,
         warnings=warnings,
         gpu_time_breakdown=gpu_breakdown_section(con, run_id),
+        **kernel_sections(con, run_id),
     )
 
 
@@ -328,6 +329,7 @@ def print_report(report: dict, console=None) -> None:
         t.caption = "; ".join(notes)
         con.print(t)
     print_gpu_breakdown(report, con)
+    print_kernel_sections(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
@@ -368,3 +370,51 @@ def print_gpu_breakdown(report: dict, console) -> None:
     t.caption = ("idle classes as HTA's idle-time breakdown: host wait = the next GPU op was launched after the GPU "
                  "went idle; kernel wait = gap < 30 ns; other = the rest")
     console.print(t)
+
+
+# -- kernel summary and GPU time by launcher (analyses/kernel_summary.sql) -------------
+
+TOP_KERNELS_PER_CLASS = 5
+TOP_LAUNCHERS = 10
+
+
+def kernel_sections(con, run_id: str) -> dict[str, list[dict]]:
+    """The report's ``kernel_summary`` (the TOP_KERNELS_PER_CLASS largest GPU ops by total time in
+    each class: the columns of ``kernel_summary``, ns) and ``gpu_time_by_launcher`` (the
+    TOP_LAUNCHERS largest launchers per kind, cpu_op and annotation, plus the unattributed row,
+    launcher null: the columns of ``gpu_time_by_launcher``). Empty lists without GPU tracks."""
+    kernels = _rows(con, "SELECT * EXCLUDE (run_id) FROM kernel_summary WHERE run_id = ? AND class_rank <= ? "
+                         "ORDER BY class, class_rank", [run_id, TOP_KERNELS_PER_CLASS])
+    launchers = _rows(con, """
+        SELECT * EXCLUDE (run_id, n) FROM (
+            SELECT *, row_number() OVER (PARTITION BY launcher_kind ORDER BY launcher IS NULL, gpu_total_ns DESC,
+                                         launcher) AS n
+            FROM gpu_time_by_launcher WHERE run_id = ?)
+        WHERE n <= ? OR launcher IS NULL ORDER BY launcher_kind, launcher IS NULL, gpu_total_ns DESC, launcher
+        """, [run_id, TOP_LAUNCHERS])
+    return {"kernel_summary": kernels, "gpu_time_by_launcher": launchers}
+
+
+def print_kernel_sections(report: dict, console) -> None:
+    """The top GPU ops per class and the GPU time per launcher as rich tables (nothing without GPU ops)."""
+    from rich.table import Table
+
+    if report.get("kernel_summary"):
+        t = Table(title=f"Top GPU ops per class (by total time; top {TOP_KERNELS_PER_CLASS})")
+        for col in ("class", "name", "count", "total ms", "mean µs", "p50 µs", "p95 µs", "share of steps"):
+            if col == "name":
+                t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=56)
+            else:
+                t.add_column(col, justify="left" if col == "class" else "right")
+        for r in report["kernel_summary"]:
+            t.add_row(r["class"], r["name"], str(r["count"]), fmt_ms(r["total_ns"]), fmt_us(r["mean_ns"]),
+                      fmt_us(r["p50_ns"]), fmt_us(r["p95_ns"]), fmt_pct(r["step_share"]))
+        console.print(t)
+    if report.get("gpu_time_by_launcher"):
+        t = Table(title="GPU time by the CPU op / record_function range that launched it")
+        for col in ("kind", "launcher", "GPU ops", "GPU ms", "compute ms", "comm ms", "share"):
+            t.add_column(col, justify="left" if col in ("kind", "launcher") else "right")
+        for r in report["gpu_time_by_launcher"]:
+            t.add_row(r["launcher_kind"], r["launcher"] or "(none)", str(r["gpu_ops"]), fmt_ms(r["gpu_total_ns"]),
+                      fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_pct(r["share"]))
+        console.print(t)
