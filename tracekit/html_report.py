@@ -722,6 +722,41 @@ def kernel_figure(data: dict):
     return fig
 
 
+def alltoall_heatmap(data: dict):
+    """Rank × peer heatmap of the bytes all-to-alls sent over the run (report['alltoall_imbalance']
+    ['matrix_total']), beside each call's send and receive imbalance (max/mean). None without
+    all-to-alls with splits."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    sec = data["report"].get("alltoall_imbalance") or {}
+    cells = sec.get("matrix_total") or []
+    if not cells:
+        return None
+    ranks = sorted({c["src"] for c in cells} | {c["dst"] for c in cells})
+    at = {(c["src"], c["dst"]): c["bytes"] for c in cells}
+    z = [[at.get((s, d)) for d in ranks] for s in ranks]
+    calls = sorted(sec.get("calls") or [], key=lambda r: (str(r["pg_name"]), r["seq"]))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15, column_widths=[0.45, 0.55],
+                        subplot_titles=["bytes sent, summed over the run (row: sender, column: receiver)",
+                                        f"imbalance of the top {len(calls)} calls by cost (max/mean)"])
+    fig.add_trace(go.Heatmap(
+        z=z, x=[f"to {d}" for d in ranks], y=[f"rank {s}" for s in ranks], colorscale="Blues",
+        text=[[fmt_bytes(v) for v in row] for row in z], texttemplate="%{text}",
+        hovertemplate="%{y} → %{x}: %{text}<extra></extra>", colorbar=dict(title="bytes", x=0.42)), row=1, col=1)
+    x = [f"{r['pg_name']}:{r['seq']}" for r in calls]
+    for key, name, color in (("send_imbalance", "send", COMPUTE_COLOR), ("recv_imbalance", "receive", COMM_COLOR)):
+        fig.add_trace(go.Bar(x=x, y=[r[key] for r in calls], name=name, marker_color=color,
+                             hovertemplate=name + " max/mean %{y:.3f}<extra></extra>"), row=1, col=2)
+    fig.update_yaxes(autorange="reversed", row=1, col=1)
+    fig.update_yaxes(title_text="max / mean", row=1, col=2)
+    fig.update_xaxes(title_text="group:seq", type="category", row=1, col=2)
+    _layout(fig, "All-to-all: who sends how much to whom", height=max(420, 40 * len(ranks) + 220), barmode="group",
+            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    fig.update_layout(margin=dict(t=140))
+    return fig
+
+
 @dataclass
 class Column:
     """One table column: ``key`` into the row dicts, ``label`` for the header, ``fmt`` to text."""
@@ -957,6 +992,10 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "Left: the largest GPU ops of each class by total time over all ranks (sums of durations, so ops on "
      "concurrent streams each count). Right: GPU time by the innermost record_function range around each op's "
      "launch call (analyses/kernel_summary.sql)."),
+    ("alltoall", "All-to-all imbalance", alltoall_heatmap,
+     "Bytes each rank sent each peer in all-to-all(v) calls (collectives.in_splits × the element size; own "
+     "chunk on the diagonal), and per call the max/mean of the bytes ranks send and receive: 1 = even "
+     "(analyses/alltoall_imbalance.sql)."),
 )
 
 

@@ -227,6 +227,7 @@ def build_report(
         warnings=warnings,
         gpu_time_breakdown=gpu_breakdown_section(con, run_id),
         **kernel_sections(con, run_id),
+        alltoall_imbalance=alltoall_section(con, run_id),
     )
 
 
@@ -330,6 +331,7 @@ def print_report(report: dict, console=None) -> None:
         con.print(t)
     print_gpu_breakdown(report, con)
     print_kernel_sections(report, con)
+    print_alltoall(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
@@ -418,3 +420,42 @@ def print_kernel_sections(report: dict, console) -> None:
             t.add_row(r["launcher_kind"], r["launcher"] or "(none)", str(r["gpu_ops"]), fmt_ms(r["gpu_total_ns"]),
                       fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_pct(r["share"]))
         console.print(t)
+
+
+# -- all-to-all imbalance (analyses/alltoall_imbalance.sql) ----------------------------
+
+TOP_ALLTOALL = 10
+
+
+def alltoall_section(con, run_id: str) -> dict[str, Any]:
+    """The report's ``alltoall_imbalance``: ``calls`` (the TOP_ALLTOALL instances with the largest
+    imbalance_cost_ns, the columns of ``alltoall_imbalance``: bytes, ns, ratios), ``matrix_total``
+    (src, dst, calls, bytes: ``alltoall_matrix_total``), ``instances`` (all-to-alls with splits) and
+    ``imbalance_cost_ns`` (their imbalance_cost_ns summed). Empty lists and 0 without all-to-alls."""
+    calls = _rows(con, f"SELECT * EXCLUDE (run_id) FROM alltoall_imbalance WHERE run_id = ? "
+                       f"ORDER BY imbalance_cost_ns DESC NULLS LAST, pg_name, seq LIMIT {TOP_ALLTOALL}", [run_id])
+    matrix = _rows(con, "SELECT src, dst, calls, bytes FROM alltoall_matrix_total WHERE run_id = ? ORDER BY src, dst",
+                   [run_id])
+    n, cost = con.execute("SELECT count(*), coalesce(sum(imbalance_cost_ns), 0) FROM alltoall_imbalance "
+                          "WHERE run_id = ?", [run_id]).fetchone()
+    return {"calls": calls, "matrix_total": matrix, "instances": n, "imbalance_cost_ns": float(cost)}
+
+
+def print_alltoall(report: dict, console) -> None:
+    """The most imbalanced all-to-all calls as a rich table (nothing without all-to-alls with splits)."""
+    from rich.table import Table
+
+    sec = report.get("alltoall_imbalance") or {}
+    if not sec.get("calls"):
+        return
+    t = Table(title=f"All-to-all imbalance (top {TOP_ALLTOALL} of {sec['instances']} calls by imbalance cost)")
+    for col in ("pg", "seq", "bytes", "send max/mean", "recv max/mean", "heaviest recv", "sync µs", "imbalance cost µs",
+                "slowest rank", "its excess µs"):
+        t.add_column(col, justify="left" if col == "pg" else "right")
+    for r in sec["calls"]:
+        t.add_row(str(r["pg_name"]), str(r["seq"]), fmt_bytes(r["total_bytes"]), fmt_num(r["send_imbalance"]),
+                  fmt_num(r["recv_imbalance"]), str(r["heaviest_receiver"]), fmt_us(r["sync_time_ns"]),
+                  fmt_us(r["imbalance_cost_ns"]), str(r["slowest_rank"]), fmt_us(r["slowest_excess_ns"]))
+    t.caption = ("imbalance cost = sync × (1 − 1/max imbalance): the transfer time a balanced call would not need "
+                 f"if bandwidth-bound; all calls: {fmt_us(sec['imbalance_cost_ns'])} µs")
+    console.print(t)
