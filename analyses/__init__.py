@@ -40,6 +40,7 @@ PIPELINE = (
     "gpu_time_breakdown",    # SQL: GPU time by class and idle class, per rank and step (reads events only)
     "kernel_summary",        # SQL: kernel_summary, gpu_launchers, gpu_time_by_launcher
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
+    "node_locality",         # SQL: instance_locality, bandwidth_by_locality (reads collective_bandwidth)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the export (collectives, waits,

@@ -110,6 +110,7 @@ def test_report_section_heatmap_and_chromium(con, tmp_path):
     assert [list(r) for r in fig.data[0].z] == [[want[(0, 0)], want[(0, 1)]], [want[(1, 0)], want[(1, 1)]]]
     page = write_html_report(None, tmp_path / "ep.html", run_id="ep", report=rep, con=con)
     dom, log = _run_chromium(page, tmp_path, None)
-    part = dom.split('id="tk-sec-alltoall"', 1)[1].split("</section>", 1)[0]
-    assert 'id="tk-fig-alltoall"' in part and 'class="main-svg"' in part
+    for name in ("alltoall", "locality"):  # and the intra/inter-node bars (one host: intra-node)
+        part = dom.split(f'id="tk-sec-{name}"', 1)[1].split("</section>", 1)[0]
+        assert f'id="tk-fig-{name}"' in part and 'class="main-svg"' in part, name
     assert "Uncaught" not in log

@@ -757,6 +757,33 @@ def alltoall_heatmap(data: dict):
     return fig
 
 
+LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "unknown": "#adb5bd"}
+
+
+def locality_figure(data: dict):
+    """Median busbw per op, one bar per locality class (report['bandwidth_by_locality']; the hover
+    gives instances and median size). None without collectives."""
+    import plotly.graph_objects as go
+
+    rows = data["report"].get("bandwidth_by_locality") or []
+    rows = [r for r in rows if r["median_busbw_gbps"] is not None]
+    if not rows:
+        return None
+    fig = go.Figure()
+    for loc in ("intra_node", "inter_node", "unknown"):
+        sel = [r for r in rows if r["locality"] == loc]
+        if sel:
+            fig.add_trace(go.Bar(
+                x=[r["op"] for r in sel], y=[r["median_busbw_gbps"] for r in sel], name=loc.replace("_", "-"),
+                marker_color=LOCALITY_COLORS[loc],
+                customdata=[[r["instances"], fmt_bytes(r["median_size_bytes"]), fmt_num(r["max_busbw_gbps"])] for r in sel],
+                hovertemplate=(loc + " %{x}: median busbw %{y:,.2f} GB/s<br>%{customdata[0]} instances, median size "
+                               "%{customdata[1]}, best %{customdata[2]} GB/s<extra></extra>")))
+    _layout(fig, "Bus bandwidth within a node and across nodes", height=420, barmode="group")
+    fig.update_yaxes(title_text="median busbw (GB/s)")
+    return fig
+
+
 @dataclass
 class Column:
     """One table column: ``key`` into the row dicts, ``label`` for the header, ``fmt`` to text."""
@@ -996,6 +1023,10 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "Bytes each rank sent each peer in all-to-all(v) calls (collectives.in_splits × the element size; own "
      "chunk on the diagonal), and per call the max/mean of the bytes ranks send and receive: 1 = even "
      "(analyses/alltoall_imbalance.sql)."),
+    ("locality", "Intra- vs inter-node", locality_figure,
+     "Each instance is intra-node when every rank of its group is on one host (ranks.host), inter-node when they are "
+     "on several, unknown when a host is not known; bars are the median nccl-tests busbw per class "
+     "(analyses/node_locality.sql)."),
 )
 
 

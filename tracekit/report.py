@@ -228,6 +228,8 @@ def build_report(
         gpu_time_breakdown=gpu_breakdown_section(con, run_id),
         **kernel_sections(con, run_id),
         alltoall_imbalance=alltoall_section(con, run_id),
+        bandwidth_by_locality=_rows(con, "SELECT * EXCLUDE (run_id) FROM bandwidth_by_locality WHERE run_id = ? "
+                                         "ORDER BY op, locality", [run_id]),
     )
 
 
@@ -332,6 +334,7 @@ def print_report(report: dict, console=None) -> None:
     print_gpu_breakdown(report, con)
     print_kernel_sections(report, con)
     print_alltoall(report, con)
+    print_locality(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
@@ -458,4 +461,28 @@ def print_alltoall(report: dict, console) -> None:
                   fmt_us(r["imbalance_cost_ns"]), str(r["slowest_rank"]), fmt_us(r["slowest_excess_ns"]))
     t.caption = ("imbalance cost = sync × (1 − 1/max imbalance): the transfer time a balanced call would not need "
                  f"if bandwidth-bound; all calls: {fmt_us(sec['imbalance_cost_ns'])} µs")
+    console.print(t)
+
+
+# -- intra- vs inter-node (analyses/node_locality.sql) ----------------------------------
+
+
+def print_locality(report: dict, console) -> None:
+    """``report['bandwidth_by_locality']`` (the columns of ``bandwidth_by_locality``) as a rich
+    table; nothing when the run has no collectives or all are of unknown locality on one host."""
+    from rich.table import Table
+
+    rows = report.get("bandwidth_by_locality") or []
+    if not rows:
+        return
+    t = Table(title="Bandwidth by locality (group's ranks on one host = intra_node, on several = inter_node)")
+    for col in ("op", "locality", "instances", "total bytes", "median size", "median sync µs", "median busbw GB/s",
+                "max busbw GB/s"):
+        t.add_column(col, justify="left" if col in ("op", "locality") else "right")
+    for r in rows:
+        t.add_row(r["op"], r["locality"], str(r["instances"]), fmt_bytes(r["total_bytes"]),
+                  fmt_bytes(r["median_size_bytes"]), fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]),
+                  fmt_num(r["max_busbw_gbps"]))
+    if all(r["locality"] == "unknown" for r in rows):
+        t.caption = "hosts unknown: the traces name no host (ranks.host)"
     console.print(t)
