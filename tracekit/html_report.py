@@ -784,6 +784,30 @@ def locality_figure(data: dict):
     return fig
 
 
+def bubbles_figure(data: dict):
+    """Measured bubble fraction per (step, stage) beside the model's (p−1)/(m+p−1)
+    (report['pipeline_bubbles']). None for runs without send/recv."""
+    import plotly.graph_objects as go
+
+    rows = data["report"].get("pipeline_bubbles") or []
+    if not rows:
+        return None
+    x = [[f"step {r['step']}" for r in rows], [f"stage r{r['rank']}" for r in rows]]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(
+        x=x, y=[r["bubble_fraction"] for r in rows], name="measured", marker_color=COMM_WAIT_COLOR,
+        customdata=[[fmt_ms(r["window_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["recv_wait_ns"])] for r in rows],
+        hovertemplate=("bubble %{y:.1%}<br>step %{customdata[0]} ms, compute %{customdata[1]} ms, "
+                       "recv wait %{customdata[2]} ms<extra></extra>")))
+    fig.add_trace(go.Scatter(
+        x=x, y=[r["model_bubble_fraction"] for r in rows], name="model (p−1)/(m+p−1)", mode="markers",
+        marker=dict(symbol="line-ew-open", size=36, line=dict(width=3, color=FIT_COLOR)),
+        hovertemplate="model %{y:.1%}<extra></extra>"))
+    _layout(fig, "Pipeline bubble per stage and step: measured vs GPipe's (p−1)/(m+p−1)", height=420)
+    fig.update_yaxes(title_text="bubble fraction of the step", tickformat=".0%", rangemode="tozero")
+    return fig
+
+
 @dataclass
 class Column:
     """One table column: ``key`` into the row dicts, ``label`` for the header, ``fmt`` to text."""
@@ -1027,6 +1051,10 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "Each instance is intra-node when every rank of its group is on one host (ranks.host), inter-node when they are "
      "on several, unknown when a host is not known; bars are the median nccl-tests busbw per class "
      "(analyses/node_locality.sql)."),
+    ("bubbles", "Pipeline bubbles", bubbles_figure,
+     "Per pipeline stage and profiler step: the part of the step (first to last event over all stages) the "
+     "stage spends outside compute, beside the model's (p−1)/(m+p−1) for p stages and m micro-batches "
+     "(Huang et al., GPipe, 2019; analyses/pipeline_bubbles.sql)."),
 )
 
 

@@ -230,6 +230,8 @@ def build_report(
         alltoall_imbalance=alltoall_section(con, run_id),
         bandwidth_by_locality=_rows(con, "SELECT * EXCLUDE (run_id) FROM bandwidth_by_locality WHERE run_id = ? "
                                          "ORDER BY op, locality", [run_id]),
+        pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
+                                    "ORDER BY step, rank", [run_id]),
     )
 
 
@@ -335,6 +337,7 @@ def print_report(report: dict, console=None) -> None:
     print_kernel_sections(report, con)
     print_alltoall(report, con)
     print_locality(report, con)
+    print_bubbles(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
@@ -485,4 +488,26 @@ def print_locality(report: dict, console) -> None:
                   fmt_num(r["max_busbw_gbps"]))
     if all(r["locality"] == "unknown" for r in rows):
         t.caption = "hosts unknown: the traces name no host (ranks.host)"
+    console.print(t)
+
+
+# -- pipeline bubbles (analyses/pipeline_bubbles.sql) -----------------------------------
+
+
+def print_bubbles(report: dict, console) -> None:
+    """``report['pipeline_bubbles']`` (the columns of ``pipeline_bubbles``) as a rich table; nothing
+    for runs without send/recv."""
+    from rich.table import Table
+
+    rows = report.get("pipeline_bubbles") or []
+    if not rows:
+        return
+    t = Table(title="Pipeline bubbles per stage and step (measured vs (p−1)/(m+p−1), GPipe)")
+    for col in ("step", "stage (rank)", "step ms", "compute ms", "recv wait ms", "other ms", "bubble", "model"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["step"]), str(r["rank"]), fmt_ms(r["window_ns"]), fmt_ms(r["compute_ns"]),
+                  fmt_ms(r["recv_wait_ns"]), fmt_ms(r["other_ns"]), fmt_pct(r["bubble_fraction"]),
+                  fmt_pct(r["model_bubble_fraction"]))
+    t.caption = "bubble = (step − compute) / step; the model assumes equal stages and free transfers"
     console.print(t)
