@@ -37,6 +37,11 @@ PIPELINE = (
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
     "measured_vs_model",     # Python
+    "gpu_time_breakdown",    # SQL: GPU time by class and idle class, per rank and step (reads events only)
+    "kernel_summary",        # SQL: kernel_summary, gpu_launchers, gpu_time_by_launcher
+    "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
+    "node_locality",         # SQL: instance_locality, bandwidth_by_locality (reads collective_bandwidth)
+    "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the export (collectives, waits,
@@ -148,6 +153,7 @@ def register_udfs(con) -> None:
     tk_best_algo(op, D, n, α, β, sw) → VARCHAR fastest applicable algorithm under (α, β); in-switch
                                                (nvls) only when sw (an NVLink/NVSwitch preset)
     tk_best_time(op, D, n, α, β, sw) → DOUBLE  its time, s
+    tk_pipeline_bubble(p, m) → DOUBLE          GPipe/1F1B bubble fraction (p−1)/(m+p−1) (Huang et al. 2019)
     """
     from tracekit.errors import TracekitError
     from tracekit.model import (
@@ -160,6 +166,7 @@ def register_udfs(con) -> None:
         busbw_factor,
         custom_link,
         link_from_preset,
+        pipeline_bubble_fraction,
         predict_collective,
     )
 
@@ -241,6 +248,7 @@ def register_udfs(con) -> None:
         ["VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "DOUBLE", "BOOLEAN"], "VARCHAR")
     reg("tk_best_time", lambda op, d, n, a, b, sw: best(op, d, n, a, b, sw).time_s,
         ["VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "DOUBLE", "BOOLEAN"], "DOUBLE")
+    reg("tk_pipeline_bubble", lambda p, m: pipeline_bubble_fraction(int(p), int(m)), ["BIGINT", "BIGINT"], "DOUBLE")
 
 
 _DUCKDB_TYPES = {"int32": "INTEGER", "int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR", "bool": "BOOLEAN"}

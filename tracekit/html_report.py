@@ -651,6 +651,183 @@ def wait_heatmap(data: dict):
 # -- tables -------------------------------------------------------------------------------------
 
 
+
+GPU_BREAKDOWN_SERIES = (
+    # (key, legend, colour): the parts of gpu_time_breakdown that sum to the window, idle by class
+    ("compute_only_ns", "compute only", COMPUTE_COLOR),
+    ("comm_hidden_ns", "comm hidden by compute", OVERLAP_COLOR),
+    ("comm_exposed_ns", "comm exposed", COMM_COLOR),
+    ("memory_ns", "memcpy/memset", "#ae3ec9"),
+    ("sync_ns", "sync", "#495057"),
+    ("other_ns", "other GPU", "#adb5bd"),
+    ("idle_host_wait_ns", "idle: host wait", "#ffd43b"),
+    ("idle_kernel_wait_ns", "idle: kernel wait", "#ffe8cc"),
+    ("idle_other_ns", "idle: other", "#e9ecef"),
+)
+
+
+def gpu_breakdown_figure(data: dict):
+    """Stacked bars of each rank's GPU window (whole trace, and per profiler step when at most
+    MAX_STEP_RANK_GROUPS (step, rank) pairs): the parts of ``gpu_time_breakdown``, idle split into
+    HTA's classes; each bar's height is the window. None without GPU tracks."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    sec = data["report"].get("gpu_time_breakdown") or {}
+    by_rank, by_step = sec.get("by_rank") or [], sec.get("by_step") or []
+    if not by_rank:
+        return None
+    if len(by_step) > MAX_STEP_RANK_GROUPS:
+        by_step = []
+    unit, f = _time_unit(max([r["window_ns"] or 0 for r in by_rank] + [1]))
+    cols = 2 if by_step else 1
+    fig = make_subplots(rows=1, cols=cols, horizontal_spacing=0.08,
+                        subplot_titles=["per rank (whole trace)"] + (["per profiler step and rank"] if by_step else []))
+
+    def add(rows, x, col, showlegend):
+        for key, name, color in GPU_BREAKDOWN_SERIES:
+            fig.add_trace(go.Bar(
+                x=x, y=[(r[key] or 0) / f for r in rows], name=name, legendgroup=key, showlegend=showlegend,
+                marker_color=color,
+                customdata=[[fmt_pct((r[key] or 0) / r["window_ns"] if r["window_ns"] else None), fmt_ms(r["window_ns"])]
+                            for r in rows],
+                hovertemplate=name + ": %{y:,.3f} " + unit + " (%{customdata[0]} of the window %{customdata[1]} ms)"
+                              "<extra></extra>",
+            ), row=1, col=col)
+
+    add(by_rank, [f"rank {r['rank']}" for r in by_rank], 1, True)
+    if by_step:
+        add(by_step, [[f"step {r['step']}" for r in by_step], [f"r{r['rank']}" for r in by_step]], 2, False)
+    _layout(fig, "GPU time: compute, communication, memory, sync and idle", height=490, barmode="stack",
+            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    fig.update_yaxes(title_text=f"time ({unit})", row=1, col=1)
+    fig.update_layout(margin=dict(t=140))
+    return fig
+
+
+def kernel_figure(data: dict):
+    """Horizontal bars: the largest GPU ops by total time (report['kernel_summary'], coloured by
+    class) beside GPU time per record_function range (report['gpu_time_by_launcher'], kind
+    annotation). None without GPU ops."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rep = data["report"]
+    kernels = sorted(rep.get("kernel_summary") or [], key=lambda r: r["total_ns"])
+    if not kernels:
+        return None
+    launch = sorted([r for r in rep.get("gpu_time_by_launcher") or [] if r["launcher_kind"] == "annotation"],
+                    key=lambda r: r["gpu_total_ns"])
+    unit, f = _time_unit(max(r["total_ns"] for r in kernels))
+    colors = {"compute": COMPUTE_COLOR, "comm": COMM_COLOR, "memory": "#ae3ec9", "sync": "#495057"}
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.3,
+                        subplot_titles=["largest GPU ops per class (total time)", "GPU time per record_function range"])
+    short = lambda n: n if len(n) <= 48 else n[:47] + "…"  # noqa: E731
+    fig.add_trace(go.Bar(
+        y=[f"{short(r['name'])} [{r['class']}]" for r in kernels], x=[r["total_ns"] / f for r in kernels],
+        orientation="h", marker_color=[colors.get(r["class"], "#adb5bd") for r in kernels], showlegend=False,
+        customdata=[[r["name"], r["count"], fmt_us(r["p50_ns"]), fmt_us(r["p95_ns"])] for r in kernels],
+        hovertemplate="%{customdata[0]}<br>%{x:,.3f} " + unit + " in %{customdata[1]} ops"
+                      "<br>p50 %{customdata[2]} µs, p95 %{customdata[3]} µs<extra></extra>"), row=1, col=1)
+    if launch:
+        fig.add_trace(go.Bar(
+            y=[short(r["launcher"] or "(none)") for r in launch], x=[r["gpu_total_ns"] / f for r in launch],
+            orientation="h", marker_color="#868e96", showlegend=False,
+            customdata=[[fmt_pct(r["share"]), r["gpu_ops"]] for r in launch],
+            hovertemplate="%{y}: %{x:,.3f} " + unit + " (%{customdata[0]}) in %{customdata[1]} GPU ops<extra></extra>"),
+            row=1, col=2)
+    _layout(fig, "Where GPU time goes: ops and the ranges that launched them",
+            height=max(420, 26 * max(len(kernels), len(launch)) + 160))
+    fig.update_xaxes(title_text=f"time ({unit})")
+    return fig
+
+
+def alltoall_heatmap(data: dict):
+    """Rank × peer heatmap of the bytes all-to-alls sent over the run (report['alltoall_imbalance']
+    ['matrix_total']), beside each call's send and receive imbalance (max/mean). None without
+    all-to-alls with splits."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    sec = data["report"].get("alltoall_imbalance") or {}
+    cells = sec.get("matrix_total") or []
+    if not cells:
+        return None
+    ranks = sorted({c["src"] for c in cells} | {c["dst"] for c in cells})
+    at = {(c["src"], c["dst"]): c["bytes"] for c in cells}
+    z = [[at.get((s, d)) for d in ranks] for s in ranks]
+    calls = sorted(sec.get("calls") or [], key=lambda r: (str(r["pg_name"]), r["seq"]))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15, column_widths=[0.45, 0.55],
+                        subplot_titles=["bytes sent, summed over the run (row: sender, column: receiver)",
+                                        f"imbalance of the top {len(calls)} calls by cost (max/mean)"])
+    fig.add_trace(go.Heatmap(
+        z=z, x=[f"to {d}" for d in ranks], y=[f"rank {s}" for s in ranks], colorscale="Blues",
+        text=[[fmt_bytes(v) for v in row] for row in z], texttemplate="%{text}",
+        hovertemplate="%{y} → %{x}: %{text}<extra></extra>", colorbar=dict(title="bytes", x=0.42)), row=1, col=1)
+    x = [f"{r['pg_name']}:{r['seq']}" for r in calls]
+    for key, name, color in (("send_imbalance", "send", COMPUTE_COLOR), ("recv_imbalance", "receive", COMM_COLOR)):
+        fig.add_trace(go.Bar(x=x, y=[r[key] for r in calls], name=name, marker_color=color,
+                             hovertemplate=name + " max/mean %{y:.3f}<extra></extra>"), row=1, col=2)
+    fig.update_yaxes(autorange="reversed", row=1, col=1)
+    fig.update_yaxes(title_text="max / mean", row=1, col=2)
+    fig.update_xaxes(title_text="group:seq", type="category", row=1, col=2)
+    _layout(fig, "All-to-all: who sends how much to whom", height=max(420, 40 * len(ranks) + 220), barmode="group",
+            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    fig.update_layout(margin=dict(t=140))
+    return fig
+
+
+LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "unknown": "#adb5bd"}
+
+
+def locality_figure(data: dict):
+    """Median busbw per op, one bar per locality class (report['bandwidth_by_locality']; the hover
+    gives instances and median size). None without collectives."""
+    import plotly.graph_objects as go
+
+    rows = data["report"].get("bandwidth_by_locality") or []
+    rows = [r for r in rows if r["median_busbw_gbps"] is not None]
+    if not rows:
+        return None
+    fig = go.Figure()
+    for loc in ("intra_node", "inter_node", "unknown"):
+        sel = [r for r in rows if r["locality"] == loc]
+        if sel:
+            fig.add_trace(go.Bar(
+                x=[r["op"] for r in sel], y=[r["median_busbw_gbps"] for r in sel], name=loc.replace("_", "-"),
+                marker_color=LOCALITY_COLORS[loc],
+                customdata=[[r["instances"], fmt_bytes(r["median_size_bytes"]), fmt_num(r["max_busbw_gbps"])] for r in sel],
+                hovertemplate=(loc + " %{x}: median busbw %{y:,.2f} GB/s<br>%{customdata[0]} instances, median size "
+                               "%{customdata[1]}, best %{customdata[2]} GB/s<extra></extra>")))
+    _layout(fig, "Bus bandwidth within a node and across nodes", height=420, barmode="group")
+    fig.update_yaxes(title_text="median busbw (GB/s)")
+    return fig
+
+
+def bubbles_figure(data: dict):
+    """Measured bubble fraction per (step, stage) beside the model's (p−1)/(m+p−1)
+    (report['pipeline_bubbles']). None for runs without send/recv."""
+    import plotly.graph_objects as go
+
+    rows = data["report"].get("pipeline_bubbles") or []
+    if not rows:
+        return None
+    x = [[f"step {r['step']}" for r in rows], [f"stage r{r['rank']}" for r in rows]]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(
+        x=x, y=[r["bubble_fraction"] for r in rows], name="measured", marker_color=COMM_WAIT_COLOR,
+        customdata=[[fmt_ms(r["window_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["recv_wait_ns"])] for r in rows],
+        hovertemplate=("bubble %{y:.1%}<br>step %{customdata[0]} ms, compute %{customdata[1]} ms, "
+                       "recv wait %{customdata[2]} ms<extra></extra>")))
+    fig.add_trace(go.Scatter(
+        x=x, y=[r["model_bubble_fraction"] for r in rows], name="model (p−1)/(m+p−1)", mode="markers",
+        marker=dict(symbol="line-ew-open", size=36, line=dict(width=3, color=FIT_COLOR)),
+        hovertemplate="model %{y:.1%}<extra></extra>"))
+    _layout(fig, "Pipeline bubble per stage and step: measured vs GPipe's (p−1)/(m+p−1)", height=420)
+    fig.update_yaxes(title_text="bubble fraction of the step", tickformat=".0%", rangemode="tozero")
+    return fig
+
+
 @dataclass
 class Column:
     """One table column: ``key`` into the row dicts, ``label`` for the header, ``fmt`` to text."""
@@ -922,6 +1099,32 @@ FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
 )
 
 
+RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
+    # figures of analyses that only some runs have data for (a section saying so otherwise)
+    ("gpu-breakdown", "GPU time breakdown", gpu_breakdown_figure,
+     "Each bar is a rank's GPU window (first GPU op start to last end; per step: the GPU work launched in it), "
+     "split so the parts sum to it: compute only, communication hidden by compute or exposed, memcpy/memset, sync, "
+     "and idle (no GPU op on any stream) by HTA's classes: host wait (the next op was launched after the GPU went "
+     "idle), kernel wait (a gap under 30 ns), other (analyses/gpu_time_breakdown.sql)."),
+    ("kernels", "GPU ops and their launchers", kernel_figure,
+     "Left: the largest GPU ops of each class by total time over all ranks (sums of durations, so ops on "
+     "concurrent streams each count). Right: GPU time by the innermost record_function range around each op's "
+     "launch call (analyses/kernel_summary.sql)."),
+    ("alltoall", "All-to-all imbalance", alltoall_heatmap,
+     "Bytes each rank sent each peer in all-to-all(v) calls (collectives.in_splits × the element size; own "
+     "chunk on the diagonal), and per call the max/mean of the bytes ranks send and receive: 1 = even "
+     "(analyses/alltoall_imbalance.sql)."),
+    ("locality", "Intra- vs inter-node", locality_figure,
+     "Each instance is intra-node when every rank of its group is on one host (ranks.host), inter-node when they are "
+     "on several, unknown when a host is not known; bars are the median nccl-tests busbw per class "
+     "(analyses/node_locality.sql)."),
+    ("bubbles", "Pipeline bubbles", bubbles_figure,
+     "Per pipeline stage and profiler step: the part of the step (first to last event over all stages) the "
+     "stage spends outside compute, beside the model's (p−1)/(m+p−1) for p stages and m micro-batches "
+     "(Huang et al., GPipe, 2019; analyses/pipeline_bubbles.sql)."),
+)
+
+
 def render_html(data: dict) -> str:
     """The page for :func:`html_data` output: one self-contained HTML document (plotly inlined)."""
     from plotly.offline import get_plotlyjs
@@ -948,7 +1151,7 @@ def render_html(data: dict) -> str:
         f'<p class="note">{html.escape(line)}.</p></section>'
     )
     sections.append(glance)
-    for name, title, build, note in FIGURES:
+    for name, title, build, note in FIGURES + RUN_FIGURES:
         fig = build(data)
         if fig is None:
             body = '<p class="note">Nothing to draw for this run.</p>'

@@ -378,6 +378,13 @@ def build_report(
         furthest_from_model=furthest,
         measured_vs_model=mvm,
         warnings=warnings,
+        gpu_time_breakdown=gpu_breakdown_section(con, run_id),
+        **kernel_sections(con, run_id),
+        alltoall_imbalance=alltoall_section(con, run_id),
+        bandwidth_by_locality=_rows(con, "SELECT * EXCLUDE (run_id) FROM bandwidth_by_locality WHERE run_id = ? "
+                                         "ORDER BY op, locality", [run_id]),
+        pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
+                                    "ORDER BY step, rank", [run_id]),
     )
 
 
@@ -531,5 +538,181 @@ def print_report(report: dict, console=None) -> None:
             "gap ms = exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond the α–β model) "
             "+ exposure (what the overlap model would hide, minus what was hidden)"])
         con.print(t)
+    print_gpu_breakdown(report, con)
+    print_kernel_sections(report, con)
+    print_alltoall(report, con)
+    print_locality(report, con)
+    print_bubbles(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+# -- GPU time breakdown (analyses/gpu_time_breakdown.sql) -----------------------------
+
+GPU_PARTS = ("compute_only_ns", "comm_exposed_ns", "comm_hidden_ns", "memory_ns", "sync_ns", "other_ns", "idle_ns")
+"""The parts of gpu_time_breakdown that sum to window_ns, in display order."""
+
+
+def gpu_breakdown_section(con, run_id: str) -> dict[str, list[dict]]:
+    """The report's ``gpu_time_breakdown`` key: ``by_rank`` (the whole-trace window of each rank)
+    and ``by_step`` (one row per rank and profiler step, ``step`` for ``grp``), each row the
+    columns of ``gpu_time_breakdown`` (analyses/gpu_time_breakdown.sql; ns, idle_fraction a ratio).
+    Both lists are empty for a run without GPU tracks (CPU-only traces, nccl-tests logs)."""
+    rows = _rows(con, "SELECT * EXCLUDE (run_id) FROM gpu_time_breakdown WHERE run_id = ? ORDER BY grp, rank", [run_id])
+    by_rank = [{k: v for k, v in r.items() if k != "grp"} for r in rows if r["grp"] == -1]
+    by_step = [{"step": r["grp"], **{k: v for k, v in r.items() if k != "grp"}} for r in rows if r["grp"] != -1]
+    return {"by_rank": by_rank, "by_step": by_step}
+
+
+def print_gpu_breakdown(report: dict, console) -> None:
+    """The GPU time breakdown per rank (whole trace) as a rich table; nothing without GPU tracks."""
+    from rich.table import Table
+
+    rows = (report.get("gpu_time_breakdown") or {}).get("by_rank") or []
+    if not rows:
+        return
+    t = Table(title="GPU time per rank (whole trace; parts sum to the window; idle = no GPU activity)")
+    for col in ("rank", "window ms", "compute only", "comm exposed", "comm hidden", "memcpy/set", "sync", "other",
+                "idle", "host wait ms", "kernel wait ms", "other idle ms"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        w = r["window_ns"] or None
+        t.add_row(str(r["rank"]), fmt_ms(r["window_ns"]),
+                  *(fmt_pct(None if w is None else r[k] / w) for k in GPU_PARTS),
+                  *(fmt_ms(r[k]) for k in ("idle_host_wait_ns", "idle_kernel_wait_ns", "idle_other_ns")))
+    t.caption = ("idle classes as HTA's idle-time breakdown: host wait = the next GPU op was launched after the GPU "
+                 "went idle; kernel wait = gap < 30 ns; other = the rest")
+    console.print(t)
+
+
+# -- kernel summary and GPU time by launcher (analyses/kernel_summary.sql) -------------
+
+TOP_KERNELS_PER_CLASS = 5
+TOP_LAUNCHERS = 10
+
+
+def kernel_sections(con, run_id: str) -> dict[str, list[dict]]:
+    """The report's ``kernel_summary`` (the TOP_KERNELS_PER_CLASS largest GPU ops by total time in
+    each class: the columns of ``kernel_summary``, ns) and ``gpu_time_by_launcher`` (the
+    TOP_LAUNCHERS largest launchers per kind, cpu_op and annotation, plus the unattributed row,
+    launcher null: the columns of ``gpu_time_by_launcher``). Empty lists without GPU tracks."""
+    kernels = _rows(con, "SELECT * EXCLUDE (run_id) FROM kernel_summary WHERE run_id = ? AND class_rank <= ? "
+                         "ORDER BY class, class_rank", [run_id, TOP_KERNELS_PER_CLASS])
+    launchers = _rows(con, """
+        SELECT * EXCLUDE (run_id, n) FROM (
+            SELECT *, row_number() OVER (PARTITION BY launcher_kind ORDER BY launcher IS NULL, gpu_total_ns DESC,
+                                         launcher) AS n
+            FROM gpu_time_by_launcher WHERE run_id = ?)
+        WHERE n <= ? OR launcher IS NULL ORDER BY launcher_kind, launcher IS NULL, gpu_total_ns DESC, launcher
+        """, [run_id, TOP_LAUNCHERS])
+    return {"kernel_summary": kernels, "gpu_time_by_launcher": launchers}
+
+
+def print_kernel_sections(report: dict, console) -> None:
+    """The top GPU ops per class and the GPU time per launcher as rich tables (nothing without GPU ops)."""
+    from rich.table import Table
+
+    if report.get("kernel_summary"):
+        t = Table(title=f"Top GPU ops per class (by total time; top {TOP_KERNELS_PER_CLASS})")
+        for col in ("class", "name", "count", "total ms", "mean µs", "p50 µs", "p95 µs", "share of steps"):
+            if col == "name":
+                t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=56)
+            else:
+                t.add_column(col, justify="left" if col == "class" else "right")
+        for r in report["kernel_summary"]:
+            t.add_row(r["class"], r["name"], str(r["count"]), fmt_ms(r["total_ns"]), fmt_us(r["mean_ns"]),
+                      fmt_us(r["p50_ns"]), fmt_us(r["p95_ns"]), fmt_pct(r["step_share"]))
+        console.print(t)
+    if report.get("gpu_time_by_launcher"):
+        t = Table(title="GPU time by the CPU op / record_function range that launched it")
+        for col in ("kind", "launcher", "GPU ops", "GPU ms", "compute ms", "comm ms", "share"):
+            t.add_column(col, justify="left" if col in ("kind", "launcher") else "right")
+        for r in report["gpu_time_by_launcher"]:
+            t.add_row(r["launcher_kind"], r["launcher"] or "(none)", str(r["gpu_ops"]), fmt_ms(r["gpu_total_ns"]),
+                      fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_pct(r["share"]))
+        console.print(t)
+
+
+# -- all-to-all imbalance (analyses/alltoall_imbalance.sql) ----------------------------
+
+TOP_ALLTOALL = 10
+
+
+def alltoall_section(con, run_id: str) -> dict[str, Any]:
+    """The report's ``alltoall_imbalance``: ``calls`` (the TOP_ALLTOALL instances with the largest
+    imbalance_cost_ns, the columns of ``alltoall_imbalance``: bytes, ns, ratios), ``matrix_total``
+    (src, dst, calls, bytes: ``alltoall_matrix_total``), ``instances`` (all-to-alls with splits) and
+    ``imbalance_cost_ns`` (their imbalance_cost_ns summed). Empty lists and 0 without all-to-alls."""
+    calls = _rows(con, f"SELECT * EXCLUDE (run_id) FROM alltoall_imbalance WHERE run_id = ? "
+                       f"ORDER BY imbalance_cost_ns DESC NULLS LAST, pg_name, seq LIMIT {TOP_ALLTOALL}", [run_id])
+    matrix = _rows(con, "SELECT src, dst, calls, bytes FROM alltoall_matrix_total WHERE run_id = ? ORDER BY src, dst",
+                   [run_id])
+    n, cost = con.execute("SELECT count(*), coalesce(sum(imbalance_cost_ns), 0) FROM alltoall_imbalance "
+                          "WHERE run_id = ?", [run_id]).fetchone()
+    return {"calls": calls, "matrix_total": matrix, "instances": n, "imbalance_cost_ns": float(cost)}
+
+
+def print_alltoall(report: dict, console) -> None:
+    """The most imbalanced all-to-all calls as a rich table (nothing without all-to-alls with splits)."""
+    from rich.table import Table
+
+    sec = report.get("alltoall_imbalance") or {}
+    if not sec.get("calls"):
+        return
+    t = Table(title=f"All-to-all imbalance (top {TOP_ALLTOALL} of {sec['instances']} calls by imbalance cost)")
+    for col in ("pg", "seq", "bytes", "send max/mean", "recv max/mean", "heaviest recv", "sync µs", "imbalance cost µs",
+                "slowest rank", "its excess µs"):
+        t.add_column(col, justify="left" if col == "pg" else "right")
+    for r in sec["calls"]:
+        t.add_row(str(r["pg_name"]), str(r["seq"]), fmt_bytes(r["total_bytes"]), fmt_num(r["send_imbalance"]),
+                  fmt_num(r["recv_imbalance"]), str(r["heaviest_receiver"]), fmt_us(r["sync_time_ns"]),
+                  fmt_us(r["imbalance_cost_ns"]), str(r["slowest_rank"]), fmt_us(r["slowest_excess_ns"]))
+    t.caption = ("imbalance cost = sync × (1 − 1/max imbalance): the transfer time a balanced call would not need "
+                 f"if bandwidth-bound; all calls: {fmt_us(sec['imbalance_cost_ns'])} µs")
+    console.print(t)
+
+
+# -- intra- vs inter-node (analyses/node_locality.sql) ----------------------------------
+
+
+def print_locality(report: dict, console) -> None:
+    """``report['bandwidth_by_locality']`` (the columns of ``bandwidth_by_locality``) as a rich
+    table; nothing when the run has no collectives or all are of unknown locality on one host."""
+    from rich.table import Table
+
+    rows = report.get("bandwidth_by_locality") or []
+    if not rows:
+        return
+    t = Table(title="Bandwidth by locality (group's ranks on one host = intra_node, on several = inter_node)")
+    for col in ("op", "locality", "instances", "total bytes", "median size", "median sync µs", "median busbw GB/s",
+                "max busbw GB/s"):
+        t.add_column(col, justify="left" if col in ("op", "locality") else "right")
+    for r in rows:
+        t.add_row(r["op"], r["locality"], str(r["instances"]), fmt_bytes(r["total_bytes"]),
+                  fmt_bytes(r["median_size_bytes"]), fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]),
+                  fmt_num(r["max_busbw_gbps"]))
+    if all(r["locality"] == "unknown" for r in rows):
+        t.caption = "hosts unknown: the traces name no host (ranks.host)"
+    console.print(t)
+
+
+# -- pipeline bubbles (analyses/pipeline_bubbles.sql) -----------------------------------
+
+
+def print_bubbles(report: dict, console) -> None:
+    """``report['pipeline_bubbles']`` (the columns of ``pipeline_bubbles``) as a rich table; nothing
+    for runs without send/recv."""
+    from rich.table import Table
+
+    rows = report.get("pipeline_bubbles") or []
+    if not rows:
+        return
+    t = Table(title="Pipeline bubbles per stage and step (measured vs (p−1)/(m+p−1), GPipe)")
+    for col in ("step", "stage (rank)", "step ms", "compute ms", "recv wait ms", "other ms", "bubble", "model"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["step"]), str(r["rank"]), fmt_ms(r["window_ns"]), fmt_ms(r["compute_ns"]),
+                  fmt_ms(r["recv_wait_ns"]), fmt_ms(r["other_ns"]), fmt_pct(r["bubble_fraction"]),
+                  fmt_pct(r["model_bubble_fraction"]))
+    t.caption = "bubble = (step − compute) / step; the model assumes equal stages and free transfers"
+    console.print(t)

@@ -1,0 +1,80 @@
+-- pipeline_bubbles: for pipeline-parallel runs, each stage's idle time per profiler step and the
+-- bubble fraction measured, beside the model's (p−1)/(m+p−1).
+-- Reads: runs, events, collectives, intervals, overlap (compute_islands)
+--
+-- A PP run is a run with send/recv collectives. A stage is a rank with send/recv calls. Per rank and
+-- step (events.step):
+--   window       = the pipeline step: first start to last end of the compute and comm events of the
+--                  step over ALL stages (the schedule's step, which the model's fraction is of; so a
+--                  stage that finishes early has the tail as bubble, as in the GPipe figure);
+--   compute      = |∪ compute| in the step (overlap's compute_islands);
+--   recv_wait    = |∪ recv spans \ ∪ compute|, a recv span being the event of a recv collective
+--                  (collectives.event_id: the gloo:recv span or the NCCL kernel, as the overlap module
+--                  counts it), not the issuing call: time blocked receiving from another stage
+--                  (activations from the previous stage, gradients from the next), not hidden by
+--                  compute;
+--   other        = window − compute − recv_wait (sends that block, gaps, CPU work not classed compute);
+--   bubble       = window − compute, bubble_fraction = bubble / window.
+-- The model: tk_pipeline_bubble(p, m) = tracekit.model.pipeline_bubble_fraction, (p−1)/(m+p−1) for p
+-- stages and m micro-batches (GPipe, Huang et al., NeurIPS 2019; also 1F1B's), with p and m from
+-- the run's config ("stages", "microbatches"; the PP collector writes both), else p = the number of
+-- ranks with p2p calls and m NULL. It assumes equal stage times and free transfers, so a measured
+-- fraction differs from it by the imbalance of forward and backward and the transfer times.
+--
+-- run_id                VARCHAR  run
+-- rank                  INTEGER  global rank (the stage)
+-- step                  BIGINT   profiler step number
+-- stages                BIGINT   p: pipeline stages
+-- microbatches          BIGINT   m: micro-batches per step; NULL when the run's config does not say
+-- window_ns             BIGINT   the pipeline step's window (the same for every stage), ns
+-- compute_ns            BIGINT   |∪ compute| in the step, ns
+-- recv_wait_ns          BIGINT   blocked in receives, not under compute, ns
+-- other_ns              BIGINT   window − compute − recv_wait, ns
+-- bubble_ns             BIGINT   window − compute, ns
+-- bubble_fraction       DOUBLE   bubble_ns / window_ns; NULL when window_ns = 0
+-- model_bubble_fraction DOUBLE   (p−1)/(m+p−1); NULL when m is unknown
+CREATE OR REPLACE VIEW _pp_runs AS
+SELECT c.run_id,
+       coalesce(TRY_CAST(json_extract_string(any_value(r.config), '$.stages') AS BIGINT),
+                count(DISTINCT c.rank)) AS stages,
+       TRY_CAST(json_extract_string(any_value(r.config), '$.microbatches') AS BIGINT) AS microbatches
+FROM collectives c JOIN runs r USING (run_id)
+WHERE c.op IN ('send', 'recv')
+GROUP BY c.run_id;
+
+CREATE OR REPLACE VIEW _pp_recv_spans AS
+SELECT c.run_id, c.rank, e.step AS grp, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e
+FROM collectives c JOIN events e USING (run_id, rank, event_id)
+WHERE c.op = 'recv' AND e.step IS NOT NULL;
+
+CREATE OR REPLACE VIEW _pp_recv_islands AS SELECT * FROM merge_intervals('_pp_recv_spans');
+CREATE OR REPLACE VIEW _pp_recv_hidden AS SELECT * FROM intersect_islands('_pp_recv_islands', 'compute_islands');
+
+CREATE OR REPLACE VIEW pipeline_bubbles AS
+WITH span AS (
+    SELECT e.run_id, e.step, min(e.ts_ns) AS s, max(e.ts_ns + e.dur_ns) AS e
+    FROM events e JOIN _pp_runs USING (run_id)
+    WHERE e.step IS NOT NULL AND e.class IN ('compute', 'comm')
+    GROUP BY e.run_id, e.step
+),
+win AS (
+    SELECT DISTINCT k.run_id, k.rank, sp.step, sp.s, sp.e
+    FROM (SELECT DISTINCT run_id, rank FROM collectives WHERE op IN ('send', 'recv')) k JOIN span sp USING (run_id)
+),
+comp AS (SELECT run_id, rank, grp AS step, sum(e - s) AS ns FROM compute_islands WHERE grp >= 0 GROUP BY ALL),
+recv AS (SELECT run_id, rank, grp AS step, sum(e - s) AS ns FROM _pp_recv_islands GROUP BY ALL),
+hid AS (SELECT run_id, rank, grp AS step, sum(e - s) AS ns FROM _pp_recv_hidden WHERE grp >= 0 GROUP BY ALL),
+parts AS (
+    SELECT w.run_id, w.rank::INTEGER AS rank, w.step, (w.e - w.s)::BIGINT AS window_ns,
+           coalesce(c.ns, 0)::BIGINT AS compute_ns, (coalesce(r.ns, 0) - coalesce(h.ns, 0))::BIGINT AS recv_wait_ns
+    FROM win w
+    LEFT JOIN comp c USING (run_id, rank, step)
+    LEFT JOIN recv r USING (run_id, rank, step)
+    LEFT JOIN hid h USING (run_id, rank, step)
+)
+SELECT p.run_id, p.rank, p.step, r.stages, r.microbatches, p.window_ns, p.compute_ns, p.recv_wait_ns,
+       (p.window_ns - p.compute_ns - p.recv_wait_ns)::BIGINT AS other_ns,
+       (p.window_ns - p.compute_ns)::BIGINT AS bubble_ns,
+       CASE WHEN p.window_ns > 0 THEN (p.window_ns - p.compute_ns) / p.window_ns END AS bubble_fraction,
+       tk_pipeline_bubble(r.stages, r.microbatches) AS model_bubble_fraction
+FROM parts p JOIN _pp_runs r USING (run_id);
