@@ -143,3 +143,4 @@ def _run_with_status(job, title: str):
 from tracekit.cli import collect_sweep as _collect_sweep  # noqa: E402,F401
 from tracekit.cli import collect_ep as _collect_ep  # noqa: E402,F401
 from tracekit.cli import collect_pp as _collect_pp  # noqa: E402,F401
+from tracekit.cli import collect_3d as _collect_3d  # noqa: E402,F401
