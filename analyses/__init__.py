@@ -37,6 +37,7 @@ PIPELINE = (
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
     "measured_vs_model",     # Python
+    "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the collective queries of export and
