@@ -254,3 +254,19 @@ def test_process_groups_of_the_recorded_run(fixture_store):
     dims = dict(con.execute("SELECT pg_name, dimension FROM process_groups").fetchall())
     assert dims["p2p:0->4"] == "pp" and dims["p2p:4->0"] == "pp"
     assert dims["0"] == "other"
+
+
+def test_cli_bad_config_exits_2(capsys):
+    from tracekit.cli import main
+
+    assert main(["collect", "3d", "--layers", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "tracekit: layers (3) must be divisible by pp (2): each stage holds layers/pp layers"
+
+
+def test_nccl_without_cuda_is_bad_input(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(BadInputError, match="needs CUDA"):
+        threed.run_3d(threed.ThreeDConfig(backend="nccl", out=str(tmp_path)))
+    assert list(tmp_path.iterdir()) == []

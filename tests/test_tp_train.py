@@ -198,3 +198,10 @@ def test_real_2rank_train_run(tmp_path):
         names = {e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"}
         assert any("SGD" in n for n in names) and any("Backward" in n for n in names)
     assert _no_rank_processes_left()
+
+
+def test_cli_train_with_chunks_exits_2(capsys):
+    from tracekit.cli import main
+
+    assert main(["collect", "tp", "--mode", "train", "--overlap-chunks", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "tracekit: overlap_chunks > 1 is a forward-only option (mode 'forward')"
