@@ -1166,6 +1166,14 @@ def render_html(data: dict) -> str:
         + ("".join(_table_html(t) for t in tables) or '<p class="note">No collectives with a model.</p>')
         + "</section>"
     )
+    if rep.get("process_groups"):
+        groups = Table("Per dimension", infer_columns(rep.get("by_dimension") or []), rep.get("by_dimension") or [],
+                       id="by-dimension")
+        per_group = Table("Per process group", infer_columns(rep["process_groups"]), rep["process_groups"],
+                          note="dimension: the group's description (tp/pp/dp/ep/cp), else inferred from the run's "
+                          "layout, else other; overlap: the part of its calls covered by compute.", id="process-groups")
+        sections.append('<section id="tk-sec-groups"><h2>Process groups</h2>'
+                        + _table_html(groups) + _table_html(per_group) + "</section>")
     meta = "".join(_table_html(t) for t in metadata_tables(rep))
     warns = rep.get("warnings") or []
     warn_html = (

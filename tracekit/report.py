@@ -316,6 +316,8 @@ def build_report(
         """,
     )
     mvm = _rows(con, "SELECT * EXCLUDE (run_id) FROM measured_vs_model WHERE run_id = ? ORDER BY rank", p)
+    process_groups = _rows(
+        con, "SELECT * EXCLUDE (run_id) FROM process_groups WHERE run_id = ? ORDER BY dimension, pg_name", p)
     warnings = []
     is_log = run.get("source") == "nccl_tests"
     if is_log:
@@ -377,6 +379,8 @@ def build_report(
         degraded_links=degraded,
         furthest_from_model=furthest,
         measured_vs_model=mvm,
+        process_groups=process_groups,
+        by_dimension=by_dimension(process_groups),
         warnings=warnings,
         gpu_time_breakdown=gpu_breakdown_section(con, run_id),
         **kernel_sections(con, run_id),
@@ -386,6 +390,23 @@ def build_report(
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
     )
+
+
+def by_dimension(groups: list[dict]) -> list[dict]:
+    """The process_groups rows summed per dimension (tp, pp, dp, ep, cp, other): groups, calls,
+    instances, incomplete, bytes, sync_time_ns, comm_ns, overlap_ns, overlap_fraction
+    (overlap / comm; None without communication)."""
+    out: dict[str, dict] = {}
+    for g in groups:
+        d = out.setdefault(g["dimension"], {"dimension": g["dimension"], "groups": 0, "calls": 0, "instances": 0,
+                                            "incomplete": 0, "bytes": 0, "sync_time_ns": 0.0, "comm_ns": 0,
+                                            "overlap_ns": 0})
+        d["groups"] += 1
+        for k in ("calls", "instances", "incomplete", "bytes", "sync_time_ns", "comm_ns", "overlap_ns"):
+            d[k] += g[k] or 0
+    for d in out.values():
+        d["overlap_fraction"] = d["overlap_ns"] / d["comm_ns"] if d["comm_ns"] else None
+    return sorted(out.values(), key=lambda d: (d["dimension"] == "other", d["dimension"]))
 
 
 def report_json(report: dict) -> str:
@@ -537,6 +558,14 @@ def print_report(report: dict, console=None) -> None:
         t.caption = "; ".join(notes + [
             "gap ms = exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond the α–β model) "
             "+ exposure (what the overlap model would hide, minus what was hidden)"])
+        con.print(t)
+    if len(report.get("by_dimension") or []) > 1 or any(d["dimension"] != "other" for d in report.get("by_dimension") or []):
+        t = Table(title="Process groups by dimension (tp/pp/dp/ep from the groups' descriptions, else the run's layout)")
+        for col in ("dimension", "groups", "calls", "instances", "incomplete", "bytes", "sync ms", "comm ms", "overlap"):
+            t.add_column(col, justify="left" if col == "dimension" else "right")
+        for d in report["by_dimension"]:
+            t.add_row(d["dimension"], str(d["groups"]), str(d["calls"]), str(d["instances"]), str(d["incomplete"]),
+                      fmt_bytes(d["bytes"]), fmt_ms(d["sync_time_ns"]), fmt_ms(d["comm_ns"]), fmt_pct(d["overlap_fraction"]))
         con.print(t)
     print_gpu_breakdown(report, con)
     print_kernel_sections(report, con)

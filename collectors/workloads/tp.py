@@ -26,6 +26,18 @@ all-reduces are in flight) and launching its all-reduce asynchronously; the
 layer ends by waiting for the MLP all-reduces. A step then issues
 ``2 × layers × N`` all-reduces of ``batch × seq × hidden / N`` elements.
 
+**Training** (``mode="train"``, :func:`forward_train`): each step is a forward, a
+mean-squared-error loss against a fixed target, a backward and an SGD step
+(``lr``). Megatron's conjugate operators carry the communication (Shoeybi et
+al., "Megatron-LM", 2019, section 3, fig. 3): *f* before each column-parallel
+input is the identity in forward and an all-reduce of the input's gradient in
+backward; *g* after each row-parallel output is an all-reduce in forward and
+the identity in backward. Each block has one of each, so a step issues
+``4 × layers`` all-reduces of ``batch × seq × hidden`` elements (two in
+forward, two in backward) and nothing else communicates. The check compares
+the first step's loss and every parameter's gradient with a single-process
+forward/backward of the same weights (the gradient sliced as the weights are).
+
 Every rank builds the full model from the seed (identical weights on every
 rank, no broadcast needed) and slices its shard. After the run every rank
 recomputes the forward single-process with the full weights and compares; a
@@ -57,6 +69,7 @@ from tracekit.errors import BadInputError, TracekitError
 
 DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PROFILERS = ("torch", "nsys")
+MODES = ("forward", "train")
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 #: The TP-vs-single-process check, per dtype. float32: elementwise
 #: |tp − ref| ≤ atol + rtol·|ref| (observed errors ~1e-6). Half precisions: the
@@ -90,6 +103,12 @@ class TPConfig(_launch.RunOptions):
     overlap_chunks: int = _launch.option(
         1, "Split the tokens into N chunks; chunk i's all-reduce runs (async) while chunk i+1 computes."
     )
+    mode: str = _launch.option(
+        "forward",
+        "forward (inference, no_grad: 2 all-reduces per layer) or train (forward + backward + SGD step, "
+        "Megatron's f/g: 4 all-reduces per layer).",
+    )
+    lr: float = _launch.option(0.01, "train mode: SGD learning rate.")
     profiler: str = _launch.option(
         "torch",
         "torch (torch.profiler, Kineto JSON per rank) or nsys (each rank under `nsys profile`, "
@@ -128,6 +147,12 @@ class TPConfig(_launch.RunOptions):
             raise BadInputError(
                 f"overlap_chunks ({n}) must divide the tokens (batch x seq = {c.batch * c.seq}) into equal chunks"
             )
+        if c.mode not in MODES:
+            raise BadInputError(f"unknown mode {c.mode!r} (choose one of {', '.join(MODES)})")
+        if c.mode == "train" and n > 1:
+            raise BadInputError("overlap_chunks > 1 is a forward-only option (mode 'forward')")
+        if c.mode == "train" and not (isinstance(c.lr, (int, float)) and c.lr > 0):
+            raise BadInputError(f"lr must be a positive number, got {c.lr}")
         c.steps = _launch.validate_schedule(c.wait, c.warmup, c.active, c.steps)
         if c.backend not in _launch.BACKENDS:
             raise BadInputError(f"unknown backend {c.backend!r} (choose one of {', '.join(_launch.BACKENDS)})")
@@ -146,6 +171,11 @@ class TPConfig(_launch.RunOptions):
     @property
     def dtype_bytes(self) -> int:
         return DTYPES[_DTYPE_ALIASES.get(self.dtype, self.dtype)]
+
+    @property
+    def all_reduces_per_layer(self) -> int:
+        """All-reduce calls per layer per step: 2 × overlap_chunks (forward), 4 (train: f and g of both blocks)."""
+        return 4 if self.mode == "train" else 2 * max(1, self.overlap_chunks)
 
     @property
     def all_reduce_bytes(self) -> int:
@@ -350,6 +380,181 @@ def forward_chunked(x, shard: dict[str, Any], all_reduce_async: Callable[[Any], 
     return rms_norm(x, shard["final_norm"], eps).reshape(B, S, H)
 
 
+# --------------------------------------------------------------------------- training (Megatron's f and g)
+
+
+def _tp_ops():
+    """The autograd functions of Megatron's conjugate operators f and g (built on first use: torch is lazy)."""
+    global _F_OP, _G_OP
+    if _F_OP is None:
+        import torch
+
+        class CopyToTP(torch.autograd.Function):
+            """f: identity forward, all-reduce of the gradient backward."""
+
+            @staticmethod
+            def forward(ctx, x, all_reduce):
+                ctx.all_reduce = all_reduce
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, grad):
+                grad = grad.contiguous().clone()
+                ctx.all_reduce(grad)
+                return grad, None
+
+        class ReduceFromTP(torch.autograd.Function):
+            """g: all-reduce forward, identity backward."""
+
+            @staticmethod
+            def forward(ctx, x, all_reduce):
+                out = x.contiguous().clone()
+                all_reduce(out)
+                return out
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad, None
+
+        _F_OP, _G_OP = CopyToTP, ReduceFromTP
+    return _F_OP, _G_OP
+
+
+_F_OP = _G_OP = None
+
+
+def copy_to_tp(x, all_reduce: Callable[[Any], Any] | None):
+    """Megatron's f: ``x`` unchanged; in backward its gradient is summed in place by
+    ``all_reduce`` over the TP group. ``all_reduce=None``: the identity (one process)."""
+    return x if all_reduce is None else _tp_ops()[0].apply(x, all_reduce)
+
+
+def reduce_from_tp(x, all_reduce: Callable[[Any], Any] | None):
+    """Megatron's g: ``x`` summed over the TP group by ``all_reduce`` (on a copy); the
+    gradient passes through unchanged. ``all_reduce=None``: the identity (one process)."""
+    return x if all_reduce is None else _tp_ops()[1].apply(x, all_reduce)
+
+
+def block_train(x, layer: dict[str, Any], all_reduce: Callable[[Any], Any] | None, eps: float = 1e-6, name: str = "layer"):
+    """One transformer layer for training, on a rank's shard: the attention and MLP
+    blocks each with f before the column-parallel input and g after the row-parallel
+    output (four all-reduces with the backward). ``record_function`` ranges
+    ``{name}.attention`` / ``{name}.mlp`` wrap the forward of each block."""
+    from torch.profiler import record_function
+
+    with record_function(f"{name}.attention"):
+        h = copy_to_tp(rms_norm(x, layer["attn_norm"], eps), all_reduce)
+        x = x + reduce_from_tp(attention_partial(h, layer), all_reduce)
+    with record_function(f"{name}.mlp"):
+        h = copy_to_tp(rms_norm(x, layer["mlp_norm"], eps), all_reduce)
+        x = x + reduce_from_tp(mlp_partial(h, layer), all_reduce)
+    return x
+
+
+def forward_train(x, shard: dict[str, Any], all_reduce: Callable[[Any], Any] | None = None, eps: float = 1e-6):
+    """The transformer forward with autograd through Megatron's f/g (module docstring,
+    "Training"); `shard`'s tensors are the parameters (``requires_grad``). Returns (B, S, H)."""
+    for i, layer in enumerate(shard["layers"]):
+        x = block_train(x, layer, all_reduce, eps, f"layer{i}")
+    return rms_norm(x, shard["final_norm"], eps)
+
+
+#: the parameter tensors of a shard's layer, in order (local_heads is an int)
+LAYER_PARAMS = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
+
+
+def shard_parameters(shard: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(name, tensor) of every parameter of `shard`, made leaves that require grad
+    (in place in `shard`): ``layers.{i}.{param}`` in layer order, then ``final_norm``."""
+    out = []
+    for i, layer in enumerate(shard["layers"]):
+        for k in LAYER_PARAMS:
+            layer[k] = layer[k].detach().clone().requires_grad_(True)
+            out.append((f"layers.{i}.{k}", layer[k]))
+    if "final_norm" in shard:
+        shard["final_norm"] = shard["final_norm"].detach().clone().requires_grad_(True)
+        out.append(("final_norm", shard["final_norm"]))
+    return out
+
+
+def make_target(cfg: TPConfig, device="cpu"):
+    """The training target (batch, seq, hidden) from ``cfg.seed`` (same on every rank)."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed + 2_000_003)
+    return torch.randn(cfg.batch, cfg.seq, cfg.hidden, generator=g).to(device=device, dtype=torch_dtype(cfg.dtype))
+
+
+def mse_loss(out, target):
+    """The training loss: mean((out − target)²), computed in float32."""
+    return (out.float() - target.float()).pow(2).mean()
+
+
+def sharded_grads(full_grads: dict[str, Any], rank: int, world_size: int, heads: int) -> dict[str, Any]:
+    """Rank `rank`'s slice of the single-process gradients, named as :func:`shard_parameters`.
+
+    `full_grads` is {name: grad} of a one-rank shard (``wqkv`` = [wq; wk; wv], ``w_gate_up``
+    = [w_gate; w_up]); they are split back into the full model's layout and sliced by
+    :func:`shard_weights`, so a gradient is sharded exactly as its weight."""
+    layers = []
+    i = 0
+    while f"layers.{i}.wqkv" in full_grads:
+        g = {k: full_grads[f"layers.{i}.{k}"] for k in LAYER_PARAMS}
+        wq, wk, wv = g["wqkv"].chunk(3)
+        gate, up = g["w_gate_up"].chunk(2)
+        layers.append({"attn_norm": g["attn_norm"], "wq": wq, "wk": wk, "wv": wv, "wo": g["wo"],
+                       "mlp_norm": g["mlp_norm"], "w_gate": gate, "w_up": up, "w_down": g["w_down"]})
+        i += 1
+    full = {"layers": layers, "final_norm": full_grads.get("final_norm")}
+    shard = shard_weights(full, rank, world_size, heads)
+    out = {}
+    for j, layer in enumerate(shard["layers"]):
+        for k in LAYER_PARAMS:
+            out[f"layers.{j}.{k}"] = layer[k]
+    if full["final_norm"] is not None:
+        out["final_norm"] = full["final_norm"]
+    return out
+
+
+def reference_grads(cfg: TPConfig, full: dict[str, Any], x, target) -> tuple[Any, dict[str, Any]]:
+    """Single-process forward/backward with the full weights: (loss, {name: grad}) with
+    one-rank shard names (see :func:`sharded_grads`)."""
+    shard = shard_weights(full, 0, 1, cfg.heads)
+    params = shard_parameters(shard)
+    loss = mse_loss(forward_train(x, shard, None, cfg.eps), target)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in params}
+
+
+#: The gradient check, per dtype: per tensor, ‖grad − ref‖₂ / ‖ref‖₂ ≤ rel_rms. Relative, not
+#: elementwise: the MSE gradients are small (~1e-4), so an absolute bound would let a
+#: missing backward all-reduce pass. float32 errors observed ~1e-6.
+GRAD_TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 6e-2, "float16": 2e-2}
+
+
+def compare_grads(grads: dict[str, Any], ref: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """Every gradient in `ref` against `grads` by relative RMS error (:data:`GRAD_TOLERANCE`).
+    Returns {"passed", "max_rel_rms_err", "worst" (the tensor with the largest error),
+    "criterion"}; a missing or non-finite gradient fails."""
+    import torch
+
+    tol = GRAD_TOLERANCE[_DTYPE_ALIASES.get(dtype, dtype)]
+    worst, worst_err, passed = None, 0.0, True
+    for name, r in ref.items():
+        g = grads.get(name)
+        if g is None or not bool(torch.isfinite(g.float()).all()):
+            err = float("inf")
+        else:
+            d = (g.float() - r.float()).norm().item()
+            n = r.float().norm().item()
+            err = d / n if n > 0 else d
+        if worst is None or err > worst_err:
+            worst, worst_err = name, err
+        passed = passed and err <= tol
+    return {"passed": passed, "max_rel_rms_err": worst_err, "worst": worst,
+            "criterion": f"per gradient, relative RMS error <= {tol:g}"}
+
+
 def compare(out, ref, dtype: str) -> dict[str, Any]:
     """Check `out` against `ref` with :data:`TOLERANCE` for `dtype`. Returns
     {"passed", "max_abs_err", "rel_rms_err", "criterion"}; non-finite output fails."""
@@ -396,7 +601,24 @@ def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
     def all_reduce_async(t):
         return dist.all_reduce(t, async_op=True)
 
+    train = cfg.mode == "train"
+    first: dict[str, Any] = {}  # train: the first step's loss and gradients, for the check
+    if train:
+        params = shard_parameters(shard)
+        target = make_target(cfg, device=device)
+        opt = torch.optim.SGD([p for _, p in params], lr=cfg.lr)
+
     def step_forward():
+        if train:
+            opt.zero_grad(set_to_none=True)
+            out = forward_train(x, shard, all_reduce, cfg.eps)
+            loss = mse_loss(out, target)
+            loss.backward()
+            if not first:
+                first["loss"] = loss.detach().clone()
+                first["grads"] = {n: p.grad.detach().clone() for n, p in params}
+            opt.step()
+            return out.detach()
         if cfg.overlap_chunks > 1:
             return forward_chunked(x, shard, all_reduce_async, cfg.overlap_chunks, cfg.eps)
         return forward(x, shard, all_reduce, cfg.eps)
@@ -413,7 +635,7 @@ def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
         prof = _launch.make_profiler(schedule, out_file, use_cuda=ctx.is_cuda)
         step_s: list[float] = []
         out = None
-        with torch.no_grad(), prof:
+        with _grad_mode(cfg), prof:
             for step in range(cfg.steps):
                 t0 = time.perf_counter()
                 out = step_forward()
@@ -426,26 +648,63 @@ def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
         if not out_file.exists():
             raise TracekitError(f"{out_file}: the profiler exported no trace")
 
-    if ctx.rank == 0:
-        ctx.progress("checking TP output against the single-process forward")
-    with torch.no_grad():
-        ref = forward(x, shard_weights(full, 0, 1, cfg.heads), None, cfg.eps)
-    check = compare(out, ref, cfg.dtype)
-    if not check["passed"]:
-        raise TPMismatchError(
-            f"TP output differs from the single-process forward: max abs error {check['max_abs_err']:.3g}, "
-            f"relative RMS error {check['rel_rms_err']:.3g} (needs {check['criterion']} for {cfg.dtype})"
-        )
+    if train:
+        if ctx.rank == 0:
+            ctx.progress("checking TP gradients against the single-process backward")
+        check = _train_check(cfg, full, x, target, first, ctx.rank, ctx.world_size)
+    else:
+        if ctx.rank == 0:
+            ctx.progress("checking TP output against the single-process forward")
+        with torch.no_grad():
+            ref = forward(x, shard_weights(full, 0, 1, cfg.heads), None, cfg.eps)
+        check = compare(out, ref, cfg.dtype)
+        if not check["passed"]:
+            raise TPMismatchError(
+                f"TP output differs from the single-process forward: max abs error {check['max_abs_err']:.3g}, "
+                f"relative RMS error {check['rel_rms_err']:.3g} (needs {check['criterion']} for {cfg.dtype})"
+            )
     return {
         "rank": ctx.rank,
-        "max_abs_err": check["max_abs_err"],
-        "rel_rms_err": check["rel_rms_err"],
-        "criterion": check["criterion"],
+        **check,
         "step_s": step_s,
         "threads": torch.get_num_threads(),
         # under nsys the SQLite is written by nsys after this process exits (run_tp fills the size)
         "trace": out_file.name if out_file is not None else f"rank{ctx.rank}.sqlite",
         "trace_bytes": out_file.stat().st_size if out_file is not None else None,
+    }
+
+
+def _grad_mode(cfg: TPConfig):
+    """torch.no_grad() for the forward-only mode; nothing for training."""
+    import contextlib
+
+    import torch
+
+    return contextlib.nullcontext() if cfg.mode == "train" else torch.no_grad()
+
+
+def _train_check(cfg: TPConfig, full, x, target, first: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """The first step's loss and gradients against the single-process backward of the same
+    (initial) weights. Returns the result fields (max_abs_err: of the loss; rel_rms_err: the
+    worst gradient's); raises TPMismatchError beyond :data:`GRAD_TOLERANCE`."""
+    ref_loss, ref_grads = reference_grads(cfg, full, x, target)
+    g = compare_grads(first["grads"], sharded_grads(ref_grads, rank, world, cfg.heads), cfg.dtype)
+    loss_err = abs(first["loss"].item() - ref_loss.item())
+    loss_rel = loss_err / abs(ref_loss.item()) if ref_loss.item() else loss_err
+    if not g["passed"] or not loss_rel <= GRAD_TOLERANCE[cfg.dtype]:
+        raise TPMismatchError(
+            f"TP gradients differ from the single-process backward: worst {g['worst']} relative RMS error "
+            f"{g['max_rel_rms_err']:.3g}, loss {first['loss'].item():.6g} vs {ref_loss.item():.6g} "
+            f"(needs {g['criterion']} for {cfg.dtype})"
+        )
+    return {
+        "max_abs_err": loss_err,
+        "rel_rms_err": g["max_rel_rms_err"],
+        "criterion": g["criterion"],
+        "worst_grad": g["worst"],
+        "loss": first["loss"].item(),
+        "ref_loss": ref_loss.item(),
+        "grads_checked": len(first["grads"]),
     }
 
 
@@ -474,7 +733,7 @@ def _nsys_steps(ctx: _launch.RankContext, cfg: TPConfig, step_forward: Callable[
     last_active = first_active + cfg.active - 1
     step_s: list[float] = []
     out = None
-    with torch.no_grad():
+    with _grad_mode(cfg):
         for step in range(cfg.steps):
             active = first_active <= step <= last_active
             if ctx.is_cuda and step == first_active:
@@ -574,14 +833,15 @@ def build_run_config(
         **_launch.run_config_base(info, results, backend, cfg.wait, cfg.warmup, cfg.active),
         "expected": {
             # per call: with overlap_chunks N each block's all-reduce is N calls of 1/N the size
-            "all_reduce_per_step": 2 * cfg.layers * cfg.overlap_chunks,
-            "all_reduce_per_rank_active": 2 * cfg.layers * cfg.active * cfg.overlap_chunks,
+            # forward: 2 per layer (x chunks); train: 4 per layer (g twice in forward, f twice in backward)
+            "all_reduce_per_step": cfg.all_reduces_per_layer * cfg.layers,
+            "all_reduce_per_rank_active": cfg.all_reduces_per_layer * cfg.layers * cfg.active,
             "all_reduce_bytes": cfg.all_reduce_bytes,
             "all_reduce_elems": cfg.batch * cfg.seq * cfg.hidden // cfg.overlap_chunks,
             "all_reduce_async": cfg.overlap_chunks > 1,
             "block_all_reduce_bytes": cfg.block_bytes,
         },
-        "tp_check": {
+        "tp_check": _train_check_doc(cfg, results) if cfg.mode == "train" else {
             "passed": True,
             "max_abs_err": max(r["max_abs_err"] for r in results),
             "rel_rms_err": max(r["rel_rms_err"] for r in results),
@@ -605,6 +865,23 @@ def build_run_config(
         doc["profiler"] = _nsys_profiler_doc(cfg, backend, info, active_steps)
         doc["timing"]["clock"] = "time.perf_counter around each forward step, per rank; active steps include NVTX overhead"
     return doc
+
+
+def _train_check_doc(cfg: TPConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run config's ``tp_check`` for a training run: the first step's gradients and loss."""
+    return {
+        "passed": True,
+        "max_abs_err": max(r["max_abs_err"] for r in results),  # of the loss
+        "max_grad_rel_rms_err": max(r["rel_rms_err"] for r in results),
+        "worst_grad": max(results, key=lambda r: r["rel_rms_err"])["worst_grad"],
+        "grads_checked_per_rank": results[0]["grads_checked"],
+        "loss": results[0]["loss"],
+        "ref_loss": results[0]["ref_loss"],
+        "criterion": results[0]["criterion"],
+        "rel_rms": GRAD_TOLERANCE[cfg.dtype],
+        "reference": "single-process forward/backward of the initial weights (first step, before the SGD step), "
+        "every rank's gradients sliced as its weights",
+    }
 
 
 def _nsys_profiler_doc(cfg: TPConfig, backend: str, info: dict[str, Any], active_steps: list[int]) -> dict[str, Any]:

@@ -97,15 +97,17 @@ def tp(config: TPConfig, store: Optional[str], ingest: bool) -> None:
         f"tp: {cfg.ranks} ranks, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
         f"seq {cfg.seq}, batch {cfg.batch}, {cfg.dtype}"
         + (f", {cfg.overlap_chunks} overlap chunks" if cfg.overlap_chunks > 1 else "")
+        + (", training (forward + backward + SGD)" if cfg.mode == "train" else "")
         + (", under nsys" if cfg.profiler == "nsys" else "")
     )
     run_dir, config_dict = run_workload(lambda progress: run_tp(cfg, on_progress=progress), f"tp on {cfg.ranks} ranks")
     check = config_dict["tp_check"]
-    print(
-        f"{title}: {run_dir} (TP check passed, max abs error {check['max_abs_err']:.3g}; "
-        f"job {config_dict['timing']['job_wall_s']:.1f} s)",
-        file=sys.stderr,
+    what = (
+        f"gradient check passed, max relative error {check['max_grad_rel_rms_err']:.3g}"
+        if cfg.mode == "train"
+        else f"TP check passed, max abs error {check['max_abs_err']:.3g}"
     )
+    print(f"{title}: {run_dir} ({what}; job {config_dict['timing']['job_wall_s']:.1f} s)", file=sys.stderr)
     if ingest:
         ingest_and_report(run_dir, "tp", config_dict, store)
 
@@ -141,3 +143,4 @@ def _run_with_status(job, title: str):
 from tracekit.cli import collect_sweep as _collect_sweep  # noqa: E402,F401
 from tracekit.cli import collect_ep as _collect_ep  # noqa: E402,F401
 from tracekit.cli import collect_pp as _collect_pp  # noqa: E402,F401
+from tracekit.cli import collect_3d as _collect_3d  # noqa: E402,F401
