@@ -277,7 +277,8 @@ def _make_collective_command(op: str):
 for _op in _COLLECTIVE_OPS:
     _cmd = _make_collective_command(_op)
     app.command(_op)(_cmd)
-    app.command(_op.replace("_", "-"), hidden=True)(_cmd)
+    if "_" in _op:  # the dashed alias (all-reduce); one named like the op itself would hide it from --help
+        app.command(_op.replace("_", "-"), hidden=True)(_cmd)
 
 
 @app.command("overlap")
