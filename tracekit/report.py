@@ -236,15 +236,44 @@ def report_json(report: dict) -> str:
 # -- rendering --------------------------------------------------------------------
 
 
+def _table(title: str):
+    """A report table: compact rules, no side borders; its title printed above it by :func:`_show`."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    t.tk_title = title
+    return t
 
 
+def _show(con, t) -> None:
+    """Print a :func:`_table`: title and caption as text wrapping at spaces at any width, and the
+    table with no cell cut (each column at least as wide as its longest word, so cells wrap only
+    between words); at 100 columns every table of the report fits (tests/test_report_width.py)."""
+    from rich.text import Text
 
+    if getattr(t, "tk_title", None):
+        con.print()
+        con.print(Text(t.tk_title, style="bold"))
+    widths = []
+    for col in t.columns:
+        cells = [str(col.header)] + [str(c) for c in col._cells]
+        widths.append(max([len(w) for c in cells for w in c.split()] + [1]))
+    if sum(widths) + 2 * len(widths) <= con.width:  # else rich folds the longest words rather than crop the table
+        for col, w in zip(t.columns, widths):
+            col.min_width = w
+            cells = [str(c) for c in col._cells]
+            if cells and not any(" " in c.strip() for c in cells) and max(map(len, cells)) >= len(str(col.header)):
+                col.no_wrap = True  # single words at least as wide as the header: never squeezed
+    caption, t.caption = t.caption, None
+    con.print(t)
+    if caption:
+        con.print(Text(caption, style="dim"))
 
 
 def print_report(report: dict, console=None) -> None:
     """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
     from rich.console import Console
-    from rich.table import Table
 
     import sys
 
@@ -258,7 +287,7 @@ def print_report(report: dict, console=None) -> None:
     if offs:
         con.print("clock offsets applied: " + ", ".join(
             f"rank {r['rank']} {r['clock_offset_ns'] / 1e3:+,.1f} µs (± {r['clock_offset_err_ns'] / 1e3:,.1f})" for r in offs))
-    t = Table(title="Collectives per op (matched instances; sync = after the last rank arrived)")
+    t = _table("Collectives per op (matched instances; sync = after the last rank arrived)")
     for col in ("op", "count", "total bytes", "median size", "median sync µs", "median busbw GB/s", "total wait ms", "incomplete"):
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
     for r in report["collectives"]:
@@ -269,62 +298,68 @@ def print_report(report: dict, console=None) -> None:
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
         t.caption = f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here"
-    con.print(t)
+    _show(con, t)
     if run.get("source") == "nccl_tests":
         con.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
-    t = Table(title="Overlap per rank (whole trace)")
+    t = _table("Overlap per rank (whole trace)")
     for col in ("rank", "comm ms", "compute ms", "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
     for r in report["overlap_by_rank"]:  # empty for nccl-tests runs
         t.add_row(str(r["rank"]), fmt_ms(r["comm_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["overlap_ns"]),
                   fmt_ms(r["exposed_comm_ns"]), fmt_pct(r["overlap_ratio"]))
     if report["overlap_by_rank"]:
-        con.print(t)
+        _show(con, t)
     if report["stragglers"]:
-        t = Table(title=f"Worst stragglers (top {TOP_STRAGGLERS} instances by skew)")
+        t = _table(f"Worst stragglers (top {TOP_STRAGGLERS} instances by skew)")
         for col in ("op", "pg", "seq", "size", "straggler rank", "skew µs", "sync µs"):
             t.add_column(col, justify="right" if col not in ("op", "pg") else "left")
         for r in report["stragglers"]:
             t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), fmt_bytes(r["size_bytes"]), str(r["straggler"]),
                       fmt_us(r["skew_ns"]), fmt_us(r["sync_time_ns"]))
-        con.print(t)
+        _show(con, t)
     if report.get("fit"):
-        t = Table(title="α–β fit per op (this run's sync times; weighted by relative error)")
+        t = _table("α–β fit per op (this run's sync times; weighted by relative error)")
         for col in ("op", "k", "samples used", "α µs", "β GB/s", "n½", "residual spread", "status"):
             t.add_column(col, justify="left" if col in ("op", "status") else "right", no_wrap=(col == "op"))
         for r in report["fit"]:
             t.add_row(r["op"], str(r["group_size"]), f"{r['n_used']}/{r['n_samples']}",
                       fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6), fmt_num(r["beta_gbps"]),
                       fmt_bytes(r["n_half_bytes"]), fmt_pct(r["residual_spread"]), r["status"])
-        con.print(t)
+        _show(con, t)
     if report.get("verdicts"):
         basis = f"fit, else {report['link']}" if report.get("link") else "fit (use --link PRESET to compare with a link)"
-        t = Table(title=f"Verdicts (model basis: {basis})")
+        t = _table(f"Verdicts (model basis: {basis})")
         for col in ("op", "verdict", "basis", "count", "median efficiency"):
             t.add_column(col, justify="right" if col in ("count", "median efficiency") else "left")
         for r in report["verdicts"]:
             eff = r["median_efficiency"] if r["median_efficiency"] is not None else r["median_efficiency_link"]
             t.add_row(r["op"], r["verdict"] or "no model", r["verdict_basis"] or "—", str(r["count"]), fmt_num(eff))
-        con.print(t)
+        _show(con, t)
     if report.get("furthest_from_model"):
-        t = Table(title="Furthest from the model (lowest predicted/measured)")
+        t = _table("Furthest from the model (lowest predicted/measured)")
         for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "best algo"):
             t.add_column(col, justify="left" if col in ("op", "verdict", "best algo") else "right")
         for r in report["furthest_from_model"]:
             t.add_row(r["op"], str(r["seq"]), fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]), fmt_us(r["predicted_ns"]),
                       fmt_num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
-        con.print(t)
+        _show(con, t)
     if report.get("measured_vs_model"):
-        t = Table(title="Measured vs model (per step, exposed communication)")
-        for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms", "model", "predicted comm ms",
-                    "predicted exposed ms", "gap", "α/β from"):
+        rows = report["measured_vs_model"]
+        t = _table("Measured per step (means over the profiled steps)")
+        for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]))
+        _show(con, t)
+        t = _table("Model per step (α–β prediction under the run's overlap model) against the measurement")
+        for col in ("rank", "model", "predicted comm ms", "predicted exposed ms", "measured / predicted", "α/β from"):
             t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
-        for r in report["measured_vs_model"]:
+        for r in rows:
             gap = "—" if r["gap_ratio"] is None else f"{r['gap_ratio']:.2f}× ({r['larger']} larger)"
-            t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]),
-                      r["model"], fmt_ms(r["predicted_comm_ns"]), fmt_ms(r["predicted_exposed_ns"]), gap, r["ab_source"] or "—")
-        notes = sorted({r["note"] for r in report["measured_vs_model"] if r.get("note")})
+            t.add_row(str(r["rank"]), r["model"], fmt_ms(r["predicted_comm_ns"]), fmt_ms(r["predicted_exposed_ns"]), gap,
+                      r["ab_source"] or "—")
+        notes = sorted({r["note"] for r in rows if r.get("note")})
         t.caption = "; ".join(notes)
-        con.print(t)
+        _show(con, t)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
