@@ -262,7 +262,7 @@ def rows_for(con, link: str | None) -> list[dict]:
         a = a_alpha + a_beta
         row.update(alpha_s=used[0], beta_Bps=used[1], ab_source=used[2], predicted_comm_ns=a * 1e9)
         exposed = a
-        note = "no overlap: every collective exposed"
+        note = "model: no overlap assumed, so predicted exposed = predicted comm (measured overlap is in its own column)"
         om = overlap_model(workload, cfg)
         kind, prm = om["kind"], om["params"]
         if kind == "chunked" and int(prm.get("chunks") or 1) > 1 and n_calls:

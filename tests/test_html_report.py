@@ -137,8 +137,10 @@ def test_table_section_is_generic():
                     "size_bytes": "131.1 kB", "beta_Bps": "2.50", "alpha_s": "20.00", "model": "chunked"}
     assert cols["exposed_ns"].label == "exposed (µs)" and cols["beta_Bps"].label == "beta (GB/s)"
     report = {"verdicts": [], "fit": [], "furthest_from_model": [], "measured_vs_model": [dict(rows[0], note="n = 4")]}
-    (t,) = report_tables(report)
-    assert t.id == "measured-vs-model" and t.note == "n = 4" and "note" not in [c.key for c in t.columns]
+    measured, model = report_tables(report)  # what was measured, then the model's side (one table would overflow)
+    assert measured.id == "measured-vs-model" and model.id == "model-per-step" and model.note == "n = 4"
+    assert [c.key for c in measured.columns] == ["rank", "exposed_ns", "overlap_ratio", "size_bytes"]
+    assert [c.key for c in model.columns] == ["rank", "gap_ratio", "beta_Bps", "alpha_s", "model"]
 
 
 def test_analyze_html_cli(store, tmp_path, capsys):

@@ -11,8 +11,14 @@ SCHEMA_VERSION = "1.0"
 
 
 def __getattr__(name: str):
-    """Lazy exports: ``tracekit.profile`` (context manager) and ``tracekit.step()``,
+    """Lazy exports: ``tracekit.open(store)`` (the Python API), ``tracekit.profile`` (context
+    manager) and ``tracekit.step()``,
     imported on first use so that ``import tracekit`` stays free of torch/DuckDB."""
+    if name == "open":  # the notebook API, tracekit/api.py
+        from tracekit.api import open as open_
+
+        globals()["open"] = open_
+        return open_
     if name in ("profile", "step"):
         import importlib
 

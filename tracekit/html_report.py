@@ -90,6 +90,65 @@ def default_presets(backend: str | None, link: str | None = None, device: str | 
     return list(DEFAULT_PRESETS.get((backend or "").lower(), FALLBACK_PRESETS))
 
 
+def reference_presets(run: dict, ranks: Sequence[dict] = (), link: str | None = None) -> list[str]:
+    """The preset links drawn beside the fit, chosen as the verdicts choose: ``link`` (``--link``)
+    when given; else from the device and the topology (:func:`tracekit.model.presets_for_device`:
+    the device's intra-node link, plus its systems' NIC when the ranks span several hosts); CPU
+    runs (gloo) get Ethernet presets; an unknown GPU gets NVLink 4 and PCIe 4."""
+    if link:
+        return [link]
+    device = str(run.get("device_name") or "")
+    backend = str(run.get("backend") or "").lower()
+    hosts = len({r.get("host") for r in ranks if r.get("host")}) or 1
+    from tracekit.model import presets_for_device
+
+    got = presets_for_device(device, backend, hosts)
+    if got:
+        return got
+    low = device.lower()
+    if backend == "gloo" or low.startswith("cpu") or (not low and backend not in ("nccl", "rccl")):
+        return list(DEFAULT_PRESETS["gloo"])
+    return ["nvlink4", "pcie4"] + (["ib_ndr"] if hosts > 1 else [])
+
+
+def per_size_rows(bandwidth: Sequence[dict]) -> list[dict]:
+    """Per op and message size (for sweeps and nccl-tests runs: an op with two sizes or more): the
+    instances, median sync time (ns), median algbw/busbw (GB/s), median model prediction (ns) and
+    median efficiency (predicted / measured) of :func:`html_data`'s ``bandwidth`` rows."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in bandwidth:
+        groups.setdefault((r["op"], r["group_size"], r["size_bytes"]), []).append(r)
+    sizes: dict[tuple, int] = {}
+    for op, k, _ in groups:
+        sizes[(op, k)] = sizes.get((op, k), 0) + 1
+
+    def med(rows, key):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    return [
+        dict(op=op, group_size=k, size_bytes=size, instances=len(rows), median_sync_time_ns=med(rows, "sync_time_ns"),
+             median_algbw_gbps=med(rows, "algbw_gbps"), median_busbw_gbps=med(rows, "busbw_gbps"),
+             median_predicted_ns=med(rows, "predicted_ns"), median_efficiency=med(rows, "efficiency"))
+        for (op, k, size), rows in sorted(groups.items()) if sizes[(op, k)] > 1
+    ]
+
+
+def run_versions(run: dict) -> list[str]:
+    """``["torch 2.13.0", "NCCL 2.21.5", ...]``: the versions the trace (run row) or the run's config
+    records; none when neither has them (nothing is printed for a missing one)."""
+    cfg = run.get("config") if isinstance(run.get("config"), dict) else {}
+    nested = cfg.get("versions") if isinstance(cfg.get("versions"), dict) else {}
+    out = []
+    for key, label in (("torch_version", "torch"), ("nccl_version", "NCCL"), ("cuda_version", "CUDA")):
+        v = run.get(key) or cfg.get(key) or nested.get(key) or nested.get(label.lower())
+        if v:
+            out.append(f"{label} {v}")
+    return out
+
+
 def html_data(
     store: Store | str | os.PathLike | None = None,
     run_id: str | None = None,
@@ -146,8 +205,7 @@ def html_data(
     finally:
         if own:
             con.close()
-    names = list(presets) if presets is not None else default_presets(
-        report["run"].get("backend"), link, report["run"].get("device_name"))
+    names = list(presets) if presets is not None else reference_presets(report["run"], report["ranks"], link)
     return dict(
         report=report,
         bandwidth=bandwidth,
@@ -974,10 +1032,19 @@ def report_tables(report: dict) -> list[Table]:
     extra = report.get("measured_vs_model")
     if extra:
         notes = sorted({str(r["note"]) for r in extra if r.get("note")})
-        cols = [c for c in infer_columns(extra) if c.key != "note"]
+        cols = [c for c in infer_columns(extra) if c.key not in ("note", "run_id", "workload")]
+        # two tables, as in the terminal: what was measured, then what the model predicts (and
+        # one table of ~18 columns would not fit the page)
+        model_keys = {"model", "alpha_s", "beta_Bps", "ab_source", "gap_ratio", "larger", "bubble_fraction"}
+        is_model = [c.key in model_keys or c.key.startswith("predicted") for c in cols]
+        rank = [c for c in cols if c.key == "rank"]
         tables.append(Table(
-            "Measured vs model for the workload (per rank, means per profiler step)", cols, list(extra),
-            note="; ".join(notes), id="measured-vs-model",
+            "Measured for the workload (per rank, means per profiler step)",
+            [c for c, m in zip(cols, is_model) if not m], list(extra), id="measured-vs-model",
+        ))
+        tables.append(Table(
+            "Model for the workload (the α–β prediction under the run's overlap model)",
+            rank + [c for c, m in zip(cols, is_model) if m], list(extra), note="; ".join(notes), id="model-per-step",
         ))
     return tables
 
@@ -1012,12 +1079,15 @@ body { font-family: "DejaVu Sans", "Liberation Sans", Arial, sans-serif; font-si
 header { background: #212529; color: #f8f9fa; padding: 18px 32px; }
 header h1 { margin: 0 0 6px 0; font-size: 24px; }
 header .meta { font-size: 15px; color: #ced4da; }
-main { padding: 8px 32px 40px 32px; max-width: 1500px; }
-section { background: white; border: 1px solid #dee2e6; border-radius: 6px; margin: 18px 0; padding: 14px 18px; }
+main { padding: 8px 32px 40px 32px; max-width: 1500px; box-sizing: border-box; }
+section { background: white; border: 1px solid #dee2e6; border-radius: 6px; margin: 18px 0; padding: 14px 18px;
+          overflow-x: auto; }
 h2 { font-size: 19px; margin: 4px 0 8px 0; }
 p.note { color: #495057; margin: 4px 0 10px 0; font-size: 14px; }
 table { border-collapse: collapse; font-size: 14px; margin: 6px 0 12px 0; }
-th, td { border-bottom: 1px solid #e9ecef; padding: 5px 12px; text-align: left; }
+th, td { border-bottom: 1px solid #e9ecef; padding: 5px 10px; text-align: left; overflow-wrap: break-word; }
+th { white-space: normal; max-width: 12em; }
+td { max-width: 28em; }
 th { background: #f1f3f5; font-weight: 600; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .badges span { display: inline-block; padding: 4px 10px; border-radius: 12px; color: white; margin: 0 6px 6px 0;
@@ -1025,7 +1095,8 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 ul.warnings li { color: #862e9c; }
 #tk-js-errors { color: #c92a2a; background: #fff5f5; border: 1px solid #ffc9c9; padding: 8px; white-space: pre-wrap; }
 .figure { margin: 0; }
-.table-wrap { overflow-x: auto; }
+.table-wrap { overflow-x: auto; max-width: 100%; }
+pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 """
 
 _ERROR_HOOK = """
@@ -1053,6 +1124,20 @@ _DONE_HOOK = """
   figs.forEach(function (d) { if (d.querySelector('.main-svg')) { drawn += 1; } });
   var s = document.getElementById('tk-status');
   if (s) { s.setAttribute('data-figures', String(figs.length)); s.setAttribute('data-drawn', String(drawn)); }
+  function measure() {  // horizontal overflow, read by the browser test: scroll width vs the window
+    if (!s) { return; }
+    s.setAttribute('data-scroll-width', String(document.documentElement.scrollWidth));
+    s.setAttribute('data-inner-width', String(window.innerWidth));
+    var over = 0, where = '';  // the most any table or section is wider than its box (its own scroll bar)
+    document.querySelectorAll('.table-wrap, section').forEach(function (b) {
+      var d = b.scrollWidth - b.clientWidth;
+      if (d > over) { over = d; where = b.id || (b.querySelector('table') || {}).id || b.className; }
+    });
+    s.setAttribute('data-box-overflow', String(over));
+    s.setAttribute('data-box-overflow-at', where);
+  }
+  measure();
+  window.addEventListener('load', function () { setTimeout(measure, 200); });
 })();
 """
 
@@ -1093,7 +1178,8 @@ FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "Per rank: compute (union of compute kernels/ops), communication (light = waiting for the slowest rank, "
      "dark = transfer after the last arrival) and where they overlap. Zoom with the mouse; double-click resets."),
     ("overlap", "Overlap", overlap_figure,
-     "comm = |∪ comm|, overlap = |comm ∩ compute|, exposed = comm − overlap (DESIGN.md, Overlap)."),
+     "comm = |∪ comm| (the union of communication intervals), overlap = |∪ comm ∩ ∪ compute|, "
+     "exposed = comm − overlap, overlap ratio = overlap / comm."),
     ("waits", "Who waits for whom", wait_heatmap,
      "Time each rank spent waiting for the last rank to arrive at each collective; × marks the straggler."),
 )
@@ -1151,21 +1237,36 @@ def render_html(data: dict) -> str:
         f'<p class="note">{html.escape(line)}.</p></section>'
     )
     sections.append(glance)
+    empty = []  # sections with nothing to show: one line at the end, not one empty box each
     for name, title, build, note in FIGURES + RUN_FIGURES:
         fig = build(data)
         if fig is None:
-            body = '<p class="note">Nothing to draw for this run.</p>'
-        else:
-            body = f'<div class="figure">{_figure_html(fig, name)}</div>'
+            empty.append(title)
+            continue
         sections.append(
-            f'<section id="tk-sec-{name}"><h2>{html.escape(title)}</h2><p class="note">{html.escape(note)}</p>{body}</section>'
+            f'<section id="tk-sec-{name}"><h2>{html.escape(title)}</h2><p class="note">{html.escape(note)}</p>'
+            f'<div class="figure">{_figure_html(fig, name)}</div></section>'
         )
     tables = report_tables(rep)
-    sections.append(
-        '<section id="tk-sec-model"><h2>Measured vs model</h2>'
-        + ("".join(_table_html(t) for t in tables) or '<p class="note">No collectives with a model.</p>')
-        + "</section>"
-    )
+    sizes = per_size_rows(data.get("bandwidth") or [])
+    if sizes:
+        tables.insert(0, Table(
+            "Per message size", [
+                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("size_bytes", "size", fmt_bytes, True),
+                Column("instances", "instances", fmt_num, True),
+                Column("median_sync_time_ns", "median sync (µs)", fmt_us, True),
+                Column("median_algbw_gbps", "median algbw (GB/s)", fmt_num, True),
+                Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
+                Column("median_predicted_ns", "model (µs)", fmt_us, True),
+                Column("median_efficiency", "efficiency", fmt_num, True),
+            ], sizes, note="Medians over the instances of each size; model = the fit, else the preset; "
+                           "efficiency = model / measured.", id="per-size",
+        ))
+    if tables:
+        sections.append('<section id="tk-sec-model"><h2>Measured vs model</h2>'
+                        + "".join(_table_html(t) for t in tables) + "</section>")
+    else:
+        empty.append("Measured vs model")
     if rep.get("process_groups"):
         groups = Table("Per dimension", infer_columns(rep.get("by_dimension") or []), rep.get("by_dimension") or [],
                        id="by-dimension")
@@ -1174,6 +1275,9 @@ def render_html(data: dict) -> str:
                           "layout, else other; overlap: the part of its calls covered by compute.", id="process-groups")
         sections.append('<section id="tk-sec-groups"><h2>Process groups</h2>'
                         + _table_html(groups) + _table_html(per_group) + "</section>")
+    if empty:
+        sections.append(f'<section id="tk-sec-empty"><p class="note">Nothing to show in this run for: '
+                        f'{html.escape(", ".join(empty))}.</p></section>')
     meta = "".join(_table_html(t) for t in metadata_tables(rep))
     warns = rep.get("warnings") or []
     warn_html = (
@@ -1185,11 +1289,13 @@ def render_html(data: dict) -> str:
         f'<section id="tk-sec-metadata"><h2>Run metadata</h2>{meta}{warn_html}'
         f"<details><summary>configuration</summary><pre>{config}</pre></details></section>"
     )
+    facts = [f"workload {run.get('workload')}", f"backend {run.get('backend')}",
+             f"{run.get('world_size')} ranks ({len(rep['ranks'])} ingested)", str(run.get("device_name") or "device unknown"),
+             *run_versions(run),
+             ("reference links: " + ", ".join(data["presets"])) if data.get("presets") else "no reference links"]
     header = (
         f"<header><h1>tracekit report — run {html.escape(str(run['run_id']))}</h1>"
-        f'<div class="meta">workload {html.escape(str(run.get("workload")))} · backend {html.escape(str(run.get("backend")))}'
-        f" · {run.get('world_size')} ranks ({len(rep['ranks'])} ingested) · {html.escape(str(run.get('device_name') or 'device unknown'))}"
-        f" · torch {html.escape(str(run.get('torch_version') or '—'))} · NCCL {html.escape(str(run.get('nccl_version') or '—'))}</div></header>"
+        f'<div class="meta">{" · ".join(html.escape(f) for f in facts)}</div></header>'
     )
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

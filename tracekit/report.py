@@ -417,15 +417,44 @@ def report_json(report: dict) -> str:
 # -- rendering --------------------------------------------------------------------
 
 
+def _table(title: str):
+    """A report table: compact rules, no side borders; its title printed above it by :func:`_show`."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    t.tk_title = title
+    return t
 
 
+def _show(con, t) -> None:
+    """Print a :func:`_table`: title and caption as text wrapping at spaces at any width, and the
+    table with no cell cut (each column at least as wide as its longest word, so cells wrap only
+    between words); at 100 columns every table of the report fits (tests/test_report_width.py)."""
+    from rich.text import Text
 
+    if getattr(t, "tk_title", None):
+        con.print()
+        con.print(Text(t.tk_title, style="bold"))
+    widths = []
+    for col in t.columns:
+        cells = [str(col.header)] + [str(c) for c in col._cells]
+        widths.append(max([len(w) for c in cells for w in c.split()] + [1]))
+    if sum(widths) + 2 * len(widths) <= con.width:  # else rich folds the longest words rather than crop the table
+        for col, w in zip(t.columns, widths):
+            col.min_width = w
+            cells = [str(c) for c in col._cells]
+            if cells and not any(" " in c.strip() for c in cells) and max(map(len, cells)) >= len(str(col.header)):
+                col.no_wrap = True  # single words at least as wide as the header: never squeezed
+    caption, t.caption = t.caption, None
+    con.print(t)
+    if caption:
+        con.print(Text(caption, style="dim"))
 
 
 def print_report(report: dict, console=None) -> None:
     """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
     from rich.console import Console
-    from rich.table import Table
 
     import sys
 
@@ -439,7 +468,7 @@ def print_report(report: dict, console=None) -> None:
     if offs:
         con.print("clock offsets applied: " + ", ".join(
             f"rank {r['rank']} {r['clock_offset_ns'] / 1e3:+,.1f} µs (± {r['clock_offset_err_ns'] / 1e3:,.1f})" for r in offs))
-    t = Table(title="Collectives per op (matched instances; sync = after the last rank arrived)")
+    t = _table("Collectives per op (matched instances; sync = after the last rank arrived)")
     for col in ("op", "count", "total bytes", "median size", "median sync µs", "median busbw GB/s", "total wait ms", "incomplete"):
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
     for r in report["collectives"]:
@@ -450,34 +479,34 @@ def print_report(report: dict, console=None) -> None:
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
         t.caption = f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here"
-    con.print(t)
+    _show(con, t)
     if run.get("source") == "nccl_tests":
         con.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
-    t = Table(title="Overlap per rank (whole trace)")
+    t = _table("Overlap per rank (whole trace)")
     for col in ("rank", "comm ms", "compute ms", "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
     for r in report["overlap_by_rank"]:  # empty for nccl-tests runs
         t.add_row(str(r["rank"]), fmt_ms(r["comm_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["overlap_ns"]),
                   fmt_ms(r["exposed_comm_ns"]), fmt_pct(r["overlap_ratio"]))
     if report["overlap_by_rank"]:
-        con.print(t)
+        _show(con, t)
     if report["stragglers"]:
-        t = Table(title=f"Worst stragglers (top {TOP_STRAGGLERS} instances by skew)")
+        t = _table(f"Worst stragglers (top {TOP_STRAGGLERS} instances by skew)")
         for col in ("op", "pg", "seq", "size", "straggler rank", "skew µs", "sync µs"):
             t.add_column(col, justify="right" if col not in ("op", "pg") else "left")
         for r in report["stragglers"]:
             t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), fmt_bytes(r["size_bytes"]), str(r["straggler"]),
                       fmt_us(r["skew_ns"]), fmt_us(r["sync_time_ns"]))
-        con.print(t)
+        _show(con, t)
     if report.get("straggler_ranks"):
-        t = Table(title="Stragglers by rank (the waiting each imposed on the others)")
+        t = _table("Stragglers by rank (the waiting each imposed on the others)")
         for col in ("rank", "times last", "waiting imposed ms", "largest waits summed ms"):
             t.add_column(col, justify="right")
         for r in report["straggler_ranks"]:
             t.add_row(str(r["rank"]), str(r["times_last"]), fmt_ms(r["wait_caused_ns"]), fmt_ms(r["skew_sum_ns"]))
-        con.print(t)
+        _show(con, t)
     if report.get("fit"):
-        t = Table(title="α–β fit per op (this run's sync times; weighted by relative error; only 'ok' fits judge anything)")
+        t = _table("α–β fit per op (this run's sync times; weighted by relative error; only 'ok' fits judge anything)")
         for col in ("op", "k", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)", "D*",
                     "link n½", "spread (sizes)", "status"):
             t.add_column(col, justify="left" if col in ("op", "status") else "right", no_wrap=(col == "op"))
@@ -496,9 +525,9 @@ def print_report(report: dict, console=None) -> None:
         t.caption = ("D* = the collective's crossover size (α term = β term): its latency/bandwidth boundary; "
                      "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
                      "(of the per-size medians, which is judged: ok <= 15 %)")
-        con.print(t)
+        _show(con, t)
     if report.get("references"):
-        t = Table(title="Reference of the verdicts (what each op was judged against)")
+        t = _table("Reference of the verdicts (what each op was judged against)")
         for col in ("op", "k", "instances", "reference", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)",
                     "link n½", "note"):
             t.add_column(col, justify="left" if col in ("op", "reference", "note") else "right")
@@ -508,9 +537,9 @@ def print_report(report: dict, console=None) -> None:
                       r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""),
                       fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6), fmt_us(r["fixed_latency_ns"]),
                       fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]), note or "")
-        con.print(t)
+        _show(con, t)
     if report.get("verdicts"):
-        t = Table(title="Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
+        t = _table("Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
         for col in ("op", "verdict", "reference", "count", "median efficiency", "vs link"):
             t.add_column(col, justify="right" if col in ("count", "median efficiency", "vs link") else "left")
         for r in report["verdicts"]:
@@ -519,10 +548,10 @@ def print_report(report: dict, console=None) -> None:
             link = "" if not r.get("link") else f" ({r['link']})"
             t.add_row(r["op"], verdict, ref, str(r["count"]), fmt_num(r["median_efficiency"]),
                       fmt_num(r["median_efficiency_link"]) + link)
-        con.print(t)
+        _show(con, t)
     eff = [r for r in report.get("efficiency_by_size") or [] if r.get("link")]
     if eff:
-        t = Table(title="Efficiency against the link per op and size (predicted / measured sync time; "
+        t = _table("Efficiency against the link per op and size (predicted / measured sync time; "
                         "nccl-tests-style buckets)")
         for col in ("op", "k", "size ≥", "count", "median sync µs", "median busbw GB/s", "peak busbw GB/s",
                     "link", "link µs", "efficiency", "regime"):
@@ -534,21 +563,21 @@ def print_report(report: dict, console=None) -> None:
                       r["link_regime"] or "—")
         t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
                      "raises the degraded-link warning")
-        con.print(t)
+        _show(con, t)
     if report.get("furthest_from_model"):
-        t = Table(title="Furthest from the model (lowest predicted/measured under each verdict's reference)")
+        t = _table("Furthest from the model (lowest predicted/measured under each verdict's reference)")
         for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "reference", "best algo"):
             t.add_column(col, justify="left" if col in ("op", "verdict", "reference", "best algo") else "right")
         for r in report["furthest_from_model"]:
             t.add_row(r["op"], str(r["seq"]), fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]), fmt_us(r["predicted_ns"]),
                       fmt_num(r["efficiency"]), r["verdict"] or "—", r.get("reference") or "—", r["best_algo"] or "—")
-        con.print(t)
+        _show(con, t)
     if report.get("measured_vs_model"):
-        t = Table(title="Measured vs model (per step, exposed communication)")
+        t = _table("Measured vs model (per step, exposed communication)")
         for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms", "model", "predicted comm ms",
                     "predicted exposed ms", "gap", "gap ms", "skew", "transfer", "exposure", "α/β from"):
             t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
-        for r in report["measured_vs_model"]:
+        for r in rows:
             gap = "—" if r["gap_ratio"] is None else f"{r['gap_ratio']:.2f}× ({r['larger']} larger)"
             t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]),
                       r["model"], fmt_ms(r["predicted_comm_ns"]), fmt_ms(r["predicted_exposed_ns"]), gap,
@@ -558,15 +587,15 @@ def print_report(report: dict, console=None) -> None:
         t.caption = "; ".join(notes + [
             "gap ms = exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond the α–β model) "
             "+ exposure (what the overlap model would hide, minus what was hidden)"])
-        con.print(t)
+        _show(con, t)
     if len(report.get("by_dimension") or []) > 1 or any(d["dimension"] != "other" for d in report.get("by_dimension") or []):
-        t = Table(title="Process groups by dimension (tp/pp/dp/ep from the groups' descriptions, else the run's layout)")
+        t = _table("Process groups by dimension (tp/pp/dp/ep from the groups' descriptions, else the run's layout)")
         for col in ("dimension", "groups", "calls", "instances", "incomplete", "bytes", "sync ms", "comm ms", "overlap"):
             t.add_column(col, justify="left" if col == "dimension" else "right")
         for d in report["by_dimension"]:
             t.add_row(d["dimension"], str(d["groups"]), str(d["calls"]), str(d["instances"]), str(d["incomplete"]),
                       fmt_bytes(d["bytes"]), fmt_ms(d["sync_time_ns"]), fmt_ms(d["comm_ns"]), fmt_pct(d["overlap_fraction"]))
-        con.print(t)
+        _show(con, t)
     print_gpu_breakdown(report, con)
     print_kernel_sections(report, con)
     print_alltoall(report, con)
@@ -600,7 +629,7 @@ def print_gpu_breakdown(report: dict, console) -> None:
     rows = (report.get("gpu_time_breakdown") or {}).get("by_rank") or []
     if not rows:
         return
-    t = Table(title="GPU time per rank (whole trace; parts sum to the window; idle = no GPU activity)")
+    t = _table("GPU time per rank (whole trace; parts sum to the window; idle = no GPU activity)")
     for col in ("rank", "window ms", "compute only", "comm exposed", "comm hidden", "memcpy/set", "sync", "other",
                 "idle", "host wait ms", "kernel wait ms", "other idle ms"):
         t.add_column(col, justify="right")
@@ -642,7 +671,7 @@ def print_kernel_sections(report: dict, console) -> None:
     from rich.table import Table
 
     if report.get("kernel_summary"):
-        t = Table(title=f"Top GPU ops per class (by total time; top {TOP_KERNELS_PER_CLASS})")
+        t = _table(f"Top GPU ops per class (by total time; top {TOP_KERNELS_PER_CLASS})")
         for col in ("class", "name", "count", "total ms", "mean µs", "p50 µs", "p95 µs", "share of steps"):
             if col == "name":
                 t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=56)
@@ -653,7 +682,7 @@ def print_kernel_sections(report: dict, console) -> None:
                       fmt_us(r["p50_ns"]), fmt_us(r["p95_ns"]), fmt_pct(r["step_share"]))
         console.print(t)
     if report.get("gpu_time_by_launcher"):
-        t = Table(title="GPU time by the CPU op / record_function range that launched it")
+        t = _table("GPU time by the CPU op / record_function range that launched it")
         for col in ("kind", "launcher", "GPU ops", "GPU ms", "compute ms", "comm ms", "share"):
             t.add_column(col, justify="left" if col in ("kind", "launcher") else "right")
         for r in report["gpu_time_by_launcher"]:
@@ -688,7 +717,7 @@ def print_alltoall(report: dict, console) -> None:
     sec = report.get("alltoall_imbalance") or {}
     if not sec.get("calls"):
         return
-    t = Table(title=f"All-to-all imbalance (top {TOP_ALLTOALL} of {sec['instances']} calls by imbalance cost)")
+    t = _table(f"All-to-all imbalance (top {TOP_ALLTOALL} of {sec['instances']} calls by imbalance cost)")
     for col in ("pg", "seq", "bytes", "send max/mean", "recv max/mean", "heaviest recv", "sync µs", "imbalance cost µs",
                 "slowest rank", "its excess µs"):
         t.add_column(col, justify="left" if col == "pg" else "right")
@@ -712,7 +741,7 @@ def print_locality(report: dict, console) -> None:
     rows = report.get("bandwidth_by_locality") or []
     if not rows:
         return
-    t = Table(title="Bandwidth by locality (group's ranks on one host = intra_node, on several = inter_node)")
+    t = _table("Bandwidth by locality (group's ranks on one host = intra_node, on several = inter_node)")
     for col in ("op", "locality", "instances", "total bytes", "median size", "median sync µs", "median busbw GB/s",
                 "max busbw GB/s"):
         t.add_column(col, justify="left" if col in ("op", "locality") else "right")
@@ -736,7 +765,7 @@ def print_bubbles(report: dict, console) -> None:
     rows = report.get("pipeline_bubbles") or []
     if not rows:
         return
-    t = Table(title="Pipeline bubbles per stage and step (measured vs (p−1)/(m+p−1), GPipe)")
+    t = _table("Pipeline bubbles per stage and step (measured vs (p−1)/(m+p−1), GPipe)")
     for col in ("step", "stage (rank)", "step ms", "compute ms", "recv wait ms", "other ms", "bubble", "model"):
         t.add_column(col, justify="right")
     for r in rows:

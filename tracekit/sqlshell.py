@@ -109,9 +109,10 @@ def confine(con, files: list[str]) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def run_query(store, query: str):
+def run_query(store, query: str, *, arrow: bool = False):
     """Run one read-only query on the store, confined. Returns ``(columns, rows)`` (``columns`` is
-    None for a statement without a result).
+    None for a statement without a result), or with ``arrow`` the result as a pyarrow Table (None
+    without a result).
 
     Raises BadInputError for a refused or failing query, StoreError for an unreadable store. A
     query that runs out of DuckDB's memory budget is run again on a fresh confined connection with
@@ -138,7 +139,9 @@ def run_query(store, query: str):
                 # retried by the pipeline while the query names analyses not built yet
                 cur = acon._retry(lambda: con._con.execute(query))
                 if cur.description is None:
-                    return None, []
+                    return None if arrow else (None, [])
+                if arrow:
+                    return cur.fetch_arrow_table()
                 return [d[0] for d in cur.description], cur.fetchall()
             except duckdb.OutOfMemoryException:
                 if limit >= ANALYSIS_MEMORY_MAX:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -73,31 +72,16 @@ _OP_ALIASES = {
 }
 DTYPE_BYTES = 4  # float32
 MAX_BYTES_LIMIT = 1 << 30  # per buffer; more is a typo, not a calibration
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(i?b?)\s*$", re.I)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from ``1024``, ``1K``/``1KiB`` (binary: the sweep's power-of-two sizes, K = 1024),
-    ``16M``/``16MiB``, ``1G``; ``1KB``, ``16MB`` are decimal, as everywhere in tracekit
-    (:func:`tracekit.model.parse_bytes`, ../shared/reference/alpha-beta.md "Units").
-    Raises BadInputError for anything else, or a fraction of a byte."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise BadInputError(f"bad size {text!r} (use bytes, or a number with K, M or G: 1K, 16M)")
-    if m.group(2) and m.group(3).lower() == "b":  # KB / MB / GB: decimal
-        from tracekit.model import parse_bytes
+    """Whole bytes from ``1024``, ``1K``/``1KiB`` (binary, K = 1024: the sweep's power-of-two sizes),
+    ``16M``, ``1G``; ``1KB``, ``16MB`` are decimal: :func:`tracekit.model.units.parse_size`, the one
+    size reading of every command-line option. Raises BadInputError for anything else, or a
+    fraction of a byte."""
+    from tracekit.model.units import parse_size as _parse_size
 
-        value = parse_bytes(str(text).strip().upper())
-        if value != int(value):
-            raise BadInputError(f"bad size {text!r}: not a whole number of bytes")
-        return int(value)
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value != int(value):
-        raise BadInputError(f"bad size {text!r}: not a whole number of bytes")
-    return int(value)
+    return _parse_size(text)
 
 
 def parse_ops(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:

@@ -29,6 +29,9 @@ app = typer.Typer(
 )
 
 from tracekit.cli import commands as _commands  # noqa: E402,F401  (registers the commands)
+from tracekit.cli import conventions as _conventions  # noqa: E402
+
+_conventions.apply(app)  # --flag/--no-flag, typed metavars (tracekit/cli/conventions.py)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,6 +71,9 @@ def workload_command(name: str, config_cls):
 
     def deco(fn):
         def command(**kw):
+            from tracekit.cli.conventions import require_torch
+
+            require_torch(f"collect {name}")
             out, store, ingest = kw.pop("out"), kw.pop("store"), kw.pop("ingest")
             return fn(config_cls(**kw, out=str(out)), store, ingest)
 

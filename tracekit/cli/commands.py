@@ -48,7 +48,9 @@ def _print_rank_warnings(st, rid: str) -> None:
 
 @app.command()
 def ingest(
-    paths: List[Path] = typer.Argument(..., help="Kineto .json/.json.gz files, or directories of rank files."),
+    paths: List[Path] = typer.Argument(
+        ..., help="Trace files or folders of rank files: Kineto .json/.json.gz, Nsight Systems .sqlite, nccl-tests logs."
+    ),
     store: Optional[Path] = StoreOpt,
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run (default: from the files)."),
     replace: bool = typer.Option(False, "--replace", help="Replace a run with the same id or the same files."),
@@ -72,11 +74,14 @@ def ingest(
     if jobs is not None and jobs < 1:
         raise BadInputError(f"--jobs must be at least 1, got {jobs}")
     st = _store(store)
+    before = set(st.run_ids()) if st.runs_dir.is_dir() else set()
     with terminal_progress() as progress:
         rid = ingest_paths(
             [str(p) for p in paths], st, run_id=run_id, replace=replace, workload=workload,
             comm_patterns=comm_pattern, jobs=jobs, align=align, progress=progress, op=op,
         )
+    if rid in before and not replace:  # ingest_paths found the same files (sha256) in the store
+        typer.echo(f"tracekit: these files are already ingested as {rid} (use --replace to ingest them again)", err=True)
     typer.echo(f"run {rid} in {st.path}")
     _print_rank_warnings(st, rid)
     if analyze:
@@ -123,7 +128,7 @@ def runs(
     store: Optional[Path] = StoreOpt,
     json_out: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:
-    """List the runs in the store."""
+    """List the runs in the store (full run ids, oldest first; created_at in UTC)."""
     import json
 
     st = _store(store, must_exist=True)
@@ -141,46 +146,46 @@ def runs(
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"runs in {st.path}")
-    for c in cols:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*["" if r[c] is None else str(r[c]) for c in cols])
-    Console().print(t)
+    from rich import box
+
+    t = Table(title=f"runs in {st.path}", box=box.SIMPLE_HEAD)
+    cells = [["" if r[c] is None else (str(r[c])[:19] if c == "created_at" else str(r[c])) for c in cols] for r in rows]
+    for i, c in enumerate(cols):  # a run id is typed back by the user: no cell is ever cut or folded
+        t.add_column(c, no_wrap=True, min_width=max([len(c)] + [len(row[i]) for row in cells]))
+    for row in cells:
+        t.add_row(*row)
+    need = sum(max([len(c)] + [len(row[i]) for row in cells]) + 3 for i, c in enumerate(cols)) + 1
+    console = Console()
+    console.width = max(console.width, need)  # wider than the terminal: its lines wrap, nothing is cut
+    console.print(t)
 
 
 @app.command()
 def sql(
     query: str = typer.Argument(..., help="SQL over the views: runs, ranks, events, collectives, collective_instances, ..."),
     store: Optional[Path] = StoreOpt,
-    json_out: bool = typer.Option(False, "--json", help="Print rows as JSON."),
+    fmt: str = typer.Option("table", "--format", metavar="table|csv|json|parquet",
+                            help="Output format (parquet needs --output)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write the result to this file instead of printing it."),
+    json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
 ) -> None:
-    """Run one read-only SQL query against the store's tables and analysis views (nothing else is readable)."""
-    import json
-
+    """Run one read-only SQL statement (SELECT or EXPLAIN of one) against the store's tables and analysis
+    views; nothing else is readable (tracekit/sqlshell.py)."""
+    from tracekit.cli import sqlout
     from tracekit.sqlshell import run_query
 
-    cols, rows = run_query(_store(store, must_exist=True), query)  # confined: reads the store only
-    if cols is None:
-        return
     if json_out:
-        import math
-
-        def clean(v):  # JSON has no NaN/inf: null, as everywhere in tracekit
-            return None if isinstance(v, float) and not math.isfinite(v) else v
-
-        typer.echo(json.dumps([{c: clean(v) for c, v in zip(cols, r)} for r in rows], indent=2, default=str,
-                              allow_nan=False))
+        fmt = "json"
+    sqlout.check(fmt, output)
+    table = run_query(_store(store, must_exist=True), query, arrow=True)  # confined: reads the store only
+    if table is None:
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table()
-    for c in cols:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*["NULL" if v is None else str(v) for v in r])
-    Console(width=max(120, os.get_terminal_size().columns if sys.stdout.isatty() else 200)).print(t)
+    # formatting after the query: only --output writes, from Python (tracekit/cli/sqlout.py)
+    if output is not None:
+        typer.echo(f"wrote {table.num_rows} rows to {sqlout.write(table, fmt, output)}", err=True)
+        return
+    width = max(120, os.get_terminal_size().columns) if sys.stdout.isatty() else 200
+    typer.echo(sqlout.render(table, fmt, width=width), nl=False)
 
 
 from tracekit.cli import export_diff as _export_diff  # noqa: E402,F401  (registers `export` and `diff`)

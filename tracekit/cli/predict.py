@@ -25,6 +25,7 @@ from tracekit.errors import BadInputError
 from tracekit import model
 from tracekit.model import format_bandwidth as _fbw
 from tracekit.model import format_bytes as _fb
+from tracekit.model.units import parse_size
 from tracekit.model import format_time as _ft
 
 app = typer.Typer(
@@ -131,7 +132,7 @@ def _run_collective(
     as_json: bool,
     nics_per_node: Optional[int] = None,
 ) -> None:
-    size_bytes = model.parse_bytes(size)
+    size_bytes = parse_size(size, whole=False)
     hierarchical = algo is not None and algo.strip().lower() == "hierarchical"
     if hierarchical:
         _run_hierarchical(
@@ -264,7 +265,7 @@ def _run_hierarchical(
 
 def _make_collective_command(op: str):
     def command(
-        size: str = typer.Option(..., "--bytes", help="Bytes per rank (nccl-tests S), e.g. 100MB, 1GiB."),
+        size: str = typer.Option(..., "--bytes", help="Bytes per rank (nccl-tests S): 100MB = 1e8, 1G = 1GiB = 2**30, 1e9."),
         ranks: Optional[str] = typer.Option(None, "--ranks", help="Group size k."),
         link: Optional[str] = typer.Option(None, "--link", help=f"Link preset: {', '.join(model.LINK_PRESETS)}."),
         alpha: Optional[str] = typer.Option(None, "--alpha", help="Override α, e.g. 2us."),
@@ -313,7 +314,8 @@ def _make_collective_command(op: str):
 for _op in _COLLECTIVE_OPS:
     _cmd = _make_collective_command(_op)
     app.command(_op)(_cmd)
-    app.command(_op.replace("_", "-"), hidden=True)(_cmd)
+    if "_" in _op:  # the dashed alias (all-reduce); one named like the op itself would hide it from --help
+        app.command(_op.replace("_", "-"), hidden=True)(_cmd)
 
 
 @app.command("overlap")
@@ -372,7 +374,7 @@ def overlap(
 
 @app.command("transfer")
 def transfer(
-    size: str = typer.Option(..., "--bytes", help="Total bytes to ship, e.g. 1.342GB."),
+    size: str = typer.Option(..., "--bytes", help="Total bytes to ship: 1.342GB = 1.342e9, 1G = 1GiB = 2**30."),
     link: Optional[str] = typer.Option(None, "--link", help=f"Link preset: {', '.join(model.LINK_PRESETS)}."),
     alpha: Optional[str] = typer.Option(None, "--alpha", help="Override α, e.g. 5us."),
     beta: Optional[str] = typer.Option(None, "--beta", help="Override effective β per NIC, e.g. 40GB/s."),
@@ -389,7 +391,7 @@ def transfer(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (seconds, bytes)."),
 ) -> None:
     """Exposed time of a bulk transfer (α + bytes/β') vs layer by layer (α + (bytes/L)/β'), β' = nics·β."""
-    size_bytes = model.parse_bytes(size)
+    size_bytes = parse_size(size, whole=False)
     the_link = _resolve_link(link, alpha, beta, _float(efficiency, "--efficiency"))
     s_l = model.parse_time(layer_compute) if layer_compute is not None else None
     r = model.layer_transfer(

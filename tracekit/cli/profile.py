@@ -75,6 +75,10 @@ def profile(
         raise BadInputError(f"{USAGE}{extra}")
     if ctx.args:
         raise BadInputError(f"unexpected argument(s) before --: {' '.join(ctx.args)} ({USAGE})")
+    if not nsys:
+        from tracekit.cli.conventions import require_torch
+
+        require_torch("profile")  # the injected profiler is torch.profiler (--nsys needs no torch here)
     if nsys:
         from tracekit.collectors.nsys import find_nsys
 
@@ -98,7 +102,9 @@ def profile(
 
         print_report(build_report(st, rid))
         overhead = cfg.get("profiler_overhead_pct")
-        tail = f"; profiler overhead {overhead:+.1f}% per recorded step" if overhead is not None else ""
+        from tracekit.cli.conventions import overhead_text
+
+        tail = f"; {overhead_text(overhead)}" if overhead is not None else ""
         if nsys:
             progress(
                 f"run {rid} in {st.path}: one nsys session, {result.traces[0].name}, ingested as one rank "

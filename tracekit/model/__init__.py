@@ -52,6 +52,7 @@ from tracekit.model.fit import AlphaBetaFit, fit_alpha_beta, fit_unweighted
 from tracekit.model.links import (
     DEFAULT_EFFICIENCY,
     DEVICE_PRESETS,
+    presets_for_device,
     LINK_PRESETS,
     Link,
     LinkPreset,
@@ -95,6 +96,7 @@ __all__ = [
     "Coefficients",
     "DEFAULT_EFFICIENCY",
     "DEVICE_PRESETS",
+    "presets_for_device",
     "device_presets",
     "network_link",
     "HierarchicalPrediction",

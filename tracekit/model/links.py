@@ -19,6 +19,7 @@ __all__ = [
     "LinkPreset",
     "LINK_PRESETS",
     "DEVICE_PRESETS",
+    "presets_for_device",
     "device_presets",
     "network_link",
     "link_from_preset",
@@ -185,6 +186,17 @@ def device_presets(device_name: str | None) -> tuple[str, str] | None:
         if re.search(pattern, str(device_name), re.I):
             return intra, nic
     return None
+
+
+def presets_for_device(device_name: str | None, backend: str | None = None, hosts: int = 1) -> list[str]:
+    """The presets that describe a run's links: the device's intra-node preset, and its systems'
+    typical NIC when the ranks span several hosts (:func:`device_presets`); [] for an unknown
+    device (``backend`` is accepted for callers that know it; the device decides)."""
+    got = device_presets(device_name)
+    if got is None:
+        return []
+    intra, nic = got
+    return [intra] + ([nic] if hosts > 1 and nic else [])
 
 
 def network_link(name: str, nics_per_node: int | None = None, gpus_per_node: int | None = None,

@@ -4,7 +4,9 @@ Conventions (../shared/reference/alpha-beta.md, "Units"):
 
 - bytes use decimal prefixes, 1 KB = 1e3 B, 1 MB = 1e6 B, 1 GB = 1e9 B (what
   nccl-tests reports); KiB/MiB/GiB/TiB (powers of 1024) are accepted when
-  written as such, and a bare ``K``/``M``/``G`` is refused rather than guessed;
+  written as such, and a bare ``K``/``M``/``G`` is refused rather than guessed by
+  :func:`parse_bytes`; the command line's :func:`parse_size` reads it as binary, the
+  nccl-tests flags' convention, and says so in every option's help;
 - a bandwidth is bytes per second, per direction: ``400Gb/s`` (bits) is
   5e10 B/s, and a figure marked ``bidirectional`` is halved;
 - times are seconds (float).
@@ -22,6 +24,7 @@ from tracekit.errors import BadInputError
 
 __all__ = [
     "parse_bytes",
+    "parse_size",
     "parse_bandwidth",
     "parse_time",
     "format_bytes",
@@ -224,3 +227,49 @@ def format_time(seconds: float) -> str:
 def format_bandwidth(bps: float) -> str:
     """``3.6e11`` → ``'360 GB/s'`` (bytes per second, decimal prefixes)."""
     return format_bytes(bps) + "/s"
+
+
+def parse_size(text: str | int | float, *, whole: bool = True) -> int | float:
+    """The size of a command-line option (``--bytes``, ``--min-bytes``, ``--max-bytes``): one
+    reading everywhere in the CLI.
+
+    ============================  =====================  ==============================
+    written                       means                  why
+    ============================  =====================  ==============================
+    ``4096``, ``1e9``, ``4096B``  bytes                  plain numbers are bytes
+    ``1KB``, ``1MB``, ``1GB``     1e3, 1e6, 1e9 B        decimal: alpha-beta.md "Units",
+                                                         what nccl-tests *reports*
+    ``1KiB``, ``1MiB``, ``1GiB``  2**10, 2**20, 2**30 B  binary, written as such
+    ``1K``, ``1M``, ``1G``        2**10, 2**20, 2**30 B  binary: nccl-tests' own ``-b``/
+                                                         ``-e`` size flags (``-e 1G``)
+    ============================  =====================  ==============================
+
+    So the letter alone never silently means a power of 1000: ``1G`` is 1 GiB as in nccl-tests'
+    flags, ``1GB`` is 1e9 B as in its output; outputs print decimal units (``1.07 GB``).
+    :func:`parse_bytes` (the model's own API) stays strict and refuses the bare letter.
+    ``whole``: the result must be a whole number of bytes and is returned as ``int``.
+    Raises BadInputError (one line) for anything else, bits (``1Gb``), negatives, a fraction
+    of a byte when ``whole``.
+    """
+    if isinstance(text, bool):
+        raise BadInputError(f"cannot read {text!r} as a byte size: {_SIZE_EXPECTED}")
+    value: float
+    if isinstance(text, (int, float)):
+        value = parse_bytes(text)
+    else:
+        m = re.fullmatch(r"\s*" + _NUMBER + r"\s*(?P<p>[kKmMgG])\s*", str(text))
+        if m is not None:
+            value = float(m.group("num")) * _BINARY[m.group("p").lower() + "i"]
+        else:
+            value = parse_bytes(text)
+    if not whole:
+        return value
+    if value != int(value):
+        raise BadInputError(f"bad size {text!r}: not a whole number of bytes ({value:g})")
+    return int(value)
+
+
+_SIZE_EXPECTED = (
+    "expected bytes (4096, 1e9), KB/MB/GB (powers of 1000) or K/M/G = KiB/MiB/GiB (powers of 1024), "
+    "e.g. 100MB, 1G, 1GiB"
+)

@@ -1,0 +1,278 @@
+"""The Python API for notebooks: ``tracekit.open(store)`` → :class:`Session`, ``.run()`` → :class:`Run`.
+
+Every table comes back as a pandas DataFrame whose columns carry their unit in the name:
+``_ns`` (nanoseconds, int64 exact where the store is), ``_bytes``, ``_GBps`` (GB/s with
+GB = 1e9, the nccl-tests convention: ../shared/reference/alpha-beta.md "Units"), ``_s``
+(seconds), ``_Bps`` (bytes/s); a name without a suffix is a count, a ratio or a label. The
+DataFrames are the analysis views of ``tracekit sql`` (README "Analysis views", column meanings
+in each ``analyses/<name>`` header) filtered to the run, with only ``*_gbps`` renamed
+``*_GBps``.
+
+Lazy: ``tracekit.open`` reads nothing; a :class:`Run` opens its DuckDB connection on the first
+method call, and each analysis is built the first time a method needs it (``tracekit.analyses``
+builds modules on first use), then reused by every later call on the same run.
+
+    import tracekit
+    tk = tracekit.open("tracekit-store")
+    run = tk.run()                      # the newest run
+    run.overlap(by="step")              # DataFrame: rank, step, comm_ns, ..., overlap_ratio
+    run.sql("SELECT op, count(*) FROM collective_verdicts GROUP BY op").df()
+
+Errors are tracekit's own (:mod:`tracekit.errors`): StoreError for an empty store or an unknown
+run, BadInputError for bad arguments (an unknown ``by``, an unknown link preset).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+from tracekit.errors import BadInputError, StoreError
+from tracekit.store import Store
+
+__all__ = ["open", "Session", "Run"]
+
+_GBPS = re.compile(r"_gbps$")
+
+
+def _units(df):
+    """``*_gbps`` → ``*_GBps`` (every other column already ends in its unit, or has none)."""
+    return df.rename(columns={c: _GBPS.sub("_GBps", c) for c in df.columns if _GBPS.search(c)})
+
+
+def open(store: str | os.PathLike | Store | None = None) -> "Session":  # noqa: A001 - tracekit.open
+    """A handle on the store at ``store`` (default: ``$TRACEKIT_STORE`` or ``./tracekit-store``).
+
+    Reads nothing until a method is called; a store folder that does not exist yet is created by
+    the first :meth:`Session.ingest`.
+    """
+    return Session(store)
+
+
+class Session:
+    """A store: its runs, ingesting into it, and one :class:`Run` per run id."""
+
+    def __init__(self, store: str | os.PathLike | Store | None = None):
+        self.store = store if isinstance(store, Store) else Store(store)
+
+    def __repr__(self) -> str:
+        return f"tracekit.open({str(self.store.path)!r})"
+
+    def runs(self):
+        """The runs in the store, oldest first: one row per run.
+
+        Columns: ``run_id``, ``created_at`` (timestamp, UTC), ``workload``, ``source`` (kineto,
+        nsys, nccl_tests), ``backend``, ``world_size``, ``torch_version``, ``nccl_version``,
+        ``device_name``, ``ranks`` (rank files ingested), ``events`` (events stored). Empty
+        DataFrame (same columns) for an empty or missing store.
+        """
+        import pandas as pd
+
+        cols = ["run_id", "created_at", "workload", "source", "backend", "world_size", "torch_version",
+                "nccl_version", "device_name", "ranks", "events"]
+        if not self.store.path.is_dir() or not self.store.run_ids():
+            return pd.DataFrame(columns=cols)
+        con = self.store.connect()
+        try:
+            return con.execute(
+                "SELECT r.run_id, r.created_at, r.workload, r.source, r.backend, r.world_size, r.torch_version, "
+                "r.nccl_version, r.device_name, count(k.rank) AS ranks, sum(k.events)::BIGINT AS events "
+                "FROM runs r LEFT JOIN ranks k USING (run_id) GROUP BY ALL ORDER BY r.created_at, r.run_id"
+            ).df()
+        finally:
+            con.close()
+
+    def ingest(self, paths: str | os.PathLike | Sequence[str | os.PathLike], **opts) -> "Run":
+        """Ingest trace files (one run, one file per rank) and return the :class:`Run`.
+
+        ``paths``: a file, a folder of rank files, or a list of them (Kineto ``.json``/``.json.gz``,
+        Nsight Systems ``.sqlite``, nccl-tests logs). ``opts``: the keyword arguments of
+        :func:`tracekit.ingest.ingest_paths` (``run_id``, ``replace``, ``workload``,
+        ``comm_patterns``, ``align``, ``jobs``). The same files ingested again give the existing
+        run unless ``replace=True``. Raises FileError/BadInputError for unreadable or bad input.
+        """
+        from tracekit.ingest import ingest_paths
+
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        rid = ingest_paths([str(p) for p in paths], self.store, **opts)
+        return Run(self.store, rid)
+
+    def run(self, run_id: str | None = None, link: str | None = None) -> "Run":
+        """The run ``run_id`` (default: the newest), compared with link preset ``link`` if given.
+
+        Raises StoreError for an empty store or an unknown run id, BadInputError for an unknown
+        preset (``tracekit predict links`` lists them).
+        """
+        if run_id is None:
+            run_id = self.store.latest_run_id()
+        elif not self.store.has_run(run_id):
+            known = ", ".join(self.store.run_ids()[:8]) or "none"
+            raise StoreError(f"run {run_id!r} is not in {self.store.path} (runs: {known})")
+        if link is not None:
+            from tracekit.model import link_from_preset
+
+            link_from_preset(link)
+        return Run(self.store, run_id, link)
+
+
+class Run:
+    """One run's analyses as DataFrames (module docstring: units, laziness).
+
+    The connection covers this run and the store's newest sweep run (whose α, β feed
+    :meth:`measured_vs_model`, as in ``tracekit analyze``); every method filters to this run.
+    :meth:`close` releases it (a closed run reopens on the next call).
+    """
+
+    def __init__(self, store: Store, run_id: str, link: str | None = None):
+        self.store = store
+        self.run_id = run_id
+        self.link = link
+        self._con = None
+
+    def __repr__(self) -> str:
+        return f"<tracekit run {self.run_id!r} in {str(self.store.path)!r}>"
+
+    @property
+    def con(self):
+        """The run's DuckDB connection (``tracekit.analyses.connect``), opened on first use."""
+        if self._con is None:
+            from tracekit.report import report_connection
+
+            _, self._con = report_connection(self.store, self.run_id, self.link)
+        return self._con
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _view(self, view: str, order: str):
+        cur = self.con.execute(f"SELECT * FROM {view} WHERE run_id = ? ORDER BY {order}", [self.run_id])
+        return _units(cur.df())
+
+    def sql(self, query: str, params: list | None = None):
+        """``query`` on the run's connection → a DuckDB relation (``.df()``, ``.arrow()``, ``.fetchall()``; duckdb 2 relations have no ``fetchone``).
+
+        Every view of ``tracekit sql`` is there (README "Analysis views"), covering this run and
+        the newest sweep run: filter with ``WHERE run_id = '...'`` (:attr:`run_id`). Columns keep
+        the views' names (``*_gbps``). Raises duckdb's errors for bad SQL.
+        """
+        return self.con.sql(query, params=params) if params else self.con.sql(query)
+
+    def collectives(self):
+        """One row per collective call per rank (the ``collectives`` table), by rank then start.
+
+        Columns: ``rank``, ``pg_name``, ``seq`` (call number in the group), ``op``, ``dtype``,
+        ``size_bytes`` (the nccl-tests size), ``wire_bytes``, ``ts_ns``/``dur_ns`` (start, length
+        on the run's common clock), ``issue_ts_ns``, ``peer``, ``algo``, ``proto``,
+        ``meta_source`` (where the op and size came from), ``approx``, ``log_algbw_GBps``/
+        ``log_busbw_GBps`` (nccl-tests logs only), DESIGN.md "collectives".
+        """
+        return self._view("collectives", "rank, ts_ns, event_id")
+
+    def instances(self):
+        """One row per collective instance, matched across ranks by (pg_name, seq).
+
+        Columns: ``op``, ``size_bytes``, ``group_size``, ``ranks_seen``, ``complete``,
+        ``disagree``, ``first_arrival_ns``, ``last_arrival_ns``, ``last_end_ns``, ``skew_ns``
+        (last − first arrival), ``sync_time_ns`` (median over ranks of end − last arrival),
+        ``straggler`` (the last rank to arrive), ``algo``.
+        """
+        return self._view("collective_instances", "first_arrival_ns, pg_name, seq")
+
+    def waits(self):
+        """One row per rank per instance: ``wait_ns`` = last arrival − the rank's start.
+
+        Columns: ``pg_name``, ``seq``, ``rank``, ``event_id``, ``op``, ``ts_ns``, ``dur_ns``,
+        ``wait_ns``, ``is_straggler``.
+        """
+        return self._view("collective_waits", "pg_name, seq, rank")
+
+    def bandwidth(self):
+        """One row per instance: ``algbw_GBps`` = size / sync time, ``busbw_GBps`` = algbw × bus factor.
+
+        The nccl-tests rules (alpha-beta.md "Bus bandwidth"); GB = 1e9. Columns: ``pg_name``,
+        ``seq``, ``op``, ``size_bytes``, ``group_size``, ``sync_time_ns``, ``algbw_GBps``,
+        ``bus_factor``, ``busbw_GBps``.
+        """
+        return self._view("collective_bandwidth", "pg_name, seq")
+
+    def overlap(self, by: str = "rank"):
+        """How much communication was hidden behind compute, on unions of intervals.
+
+        ``by="rank"``: one row per rank (``overlap_by_rank``); ``"step"``: per rank per profiler
+        step (``overlap_by_step``, adds ``step``); columns ``comm_ns`` = |∪comm|, ``compute_ns``,
+        ``overlap_ns`` = |∪comm ∩ ∪compute|, ``exposed_comm_ns`` = comm − overlap,
+        ``overlap_ratio`` = overlap / comm (null without communication). ``"call"``: one row per
+        communication span (``collective_overlap``): ``rank``, ``event_id``, ``name``, ``ts_ns``,
+        ``dur_ns``, ``overlap_ns``, ``overlap_fraction``. Raises BadInputError for another ``by``.
+        """
+        views = {"rank": ("overlap_by_rank", "rank"), "step": ("overlap_by_step", "rank, step"),
+                 "call": ("collective_overlap", "rank, ts_ns, event_id")}
+        if by not in views:
+            raise BadInputError(f"overlap(by={by!r}): by is one of rank, step, call")
+        return self._view(*views[by])
+
+    def fit(self):
+        """The α–β fit per (op, group size) from this run's own collectives (``alpha_beta_fit``).
+
+        T(D) = a + b·D by least squares on sync times (alpha-beta.md "Fitting"); columns
+        ``op``, ``group_size``, ``algo``, ``n_samples``/``n_used``/``n_dropped``/``n_warmup``,
+        ``alpha_s`` (s), ``beta_Bps`` (bytes/s), ``beta_GBps``, ``n_half_bytes`` (the size where
+        α and β terms are equal), ``a_s``, ``b_s_per_byte``, ``residual_spread``,
+        ``residual_max_abs``, ``min_size_bytes``, ``max_size_bytes``, ``status`` (why a fit is
+        missing, e.g. a single size).
+        """
+        return self._view("alpha_beta_fit", "op, group_size")
+
+    def verdicts(self):
+        """One row per instance: latency-, bandwidth- or skew-bound, and the model's prediction.
+
+        skew-bound when the longest wait exceeds the sync time, else latency-bound when the α
+        term ≥ the β term, else bandwidth-bound (DESIGN.md "verdict"). Columns: ``op``,
+        ``size_bytes``, ``group_size``, ``model_algo``, ``sync_time_ns``, ``skew_ns``,
+        ``fit_alpha_s``, ``fit_beta_Bps``, ``fit_alpha_term_ns``, ``fit_beta_term_ns``,
+        ``fit_predicted_ns``, ``link`` (the preset, if any), ``link_*_ns``, ``verdict``,
+        ``verdict_basis`` (fit or link), ``efficiency`` (predicted / measured),
+        ``efficiency_link``, ``best_algo``, ``best_predicted_ns``.
+        """
+        return self._view("collective_verdicts", "pg_name, seq")
+
+    def measured_vs_model(self):
+        """Per rank: measured exposed communication per step against the model's prediction.
+
+        Columns: ``workload``, ``rank``, ``steps``, ``compute_ns``, ``comm_ns``, ``overlap_ns``,
+        ``exposed_ns`` (measured, per step), ``model`` (the run's overlap model),
+        ``predicted_comm_ns``, ``predicted_exposed_ns``, ``alpha_s``, ``beta_Bps``,
+        ``ab_source`` (link preset, sweep run or this run's fit), ``gap_ratio`` (measured /
+        predicted), ``larger``, ``bubble_fraction``, ``note``.
+        """
+        return self._view("measured_vs_model", "rank")
+
+    def report(self) -> dict:
+        """The report as data: the dict ``tracekit analyze --json`` prints (:func:`tracekit.report.build_report`)."""
+        from tracekit.report import build_report
+
+        return build_report(self.store, self.run_id, self.link, con=self.con)
+
+    def html(self, path: str | os.PathLike) -> Path:
+        """Write the self-contained HTML report (``tracekit analyze --html``) to ``path``; returns it."""
+        from tracekit.html_report import write_html_report
+
+        return write_html_report(self.store, path, run_id=self.run_id, link=self.link,
+                                 report=self.report(), con=self.con)
+
+    def export_perfetto(self, path: str | os.PathLike):
+        """Write the run as one Chrome/Perfetto JSON (``tracekit export --perfetto``); returns ExportStats."""
+        from tracekit.export import export_perfetto
+
+        return export_perfetto(self.store, path, run_id=self.run_id)
