@@ -162,3 +162,16 @@ def test_notebook_tour_runs(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "all_reduce" in p.stdout and (tmp_path / "s" / "report.html").is_file()
+
+
+def test_sql_is_confined_like_the_cli(run):
+    """issue 17: the API's .sql() on a user's query reads the store only and refuses writes."""
+    from tracekit.errors import BadInputError
+
+    for q in ("SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/proc/self/environ')",
+              "COPY (SELECT 1) TO 'x.csv'", "ATTACH 'x.db'", "SET threads = 1", "SELECT 1; SELECT 2",
+              "EXPLAIN ANALYZE COPY (SELECT 1) TO 'x.csv'"):
+        with pytest.raises(BadInputError):
+            run.sql(q).fetchall()
+    # the views still answer, on the confined connection
+    assert run.sql("SELECT count(*) FROM collective_verdicts WHERE run_id = ?", [run.run_id]).fetchall()[0][0] >= 0

@@ -126,7 +126,7 @@ def test_report_sections_and_figure(con):
     print_report(rep, Console(file=buf, width=250))
     text = buf.getvalue()
     assert "Top GPU ops per class" in text and "GPU time by the CPU op" in text
-    assert next(l for l in text.splitlines() if "│ fwd" in l).split("│")[4].strip() == "0.071"  # 70,980 ns in ms
+    assert "0.071" in next(l for l in text.splitlines() if " fwd " in f" {l} ").split()  # 70,980 ns in ms
     fig = kernel_figure({"report": rep})
     assert list(fig.data[0].x)[-1] == pytest.approx(45.0)  # largest bar: the all-reduces, 45 µs
     assert list(fig.data[1].y) == ["(none)", "bwd", "fwd"]

@@ -131,6 +131,7 @@ class Run:
         self.run_id = run_id
         self.link = link
         self._con = None
+        self._sql_con = None  # the confined connection user queries run on (:meth:`sql`)
 
     def __repr__(self) -> str:
         return f"<tracekit run {self.run_id!r} in {str(self.store.path)!r}>"
@@ -145,9 +146,10 @@ class Run:
         return self._con
 
     def close(self) -> None:
-        if self._con is not None:
-            self._con.close()
-            self._con = None
+        for con in (self._con, self._sql_con):
+            if con is not None:
+                con.close()
+        self._con = self._sql_con = None
 
     def __enter__(self) -> "Run":
         return self
@@ -160,13 +162,33 @@ class Run:
         return _units(cur.df())
 
     def sql(self, query: str, params: list | None = None):
-        """``query`` on the run's connection → a DuckDB relation (``.df()``, ``.arrow()``, ``.fetchall()``; duckdb 2 relations have no ``fetchone``).
+        """``query`` (one read-only statement) → a DuckDB relation (``.df()``, ``.arrow()``, ``.fetchall()``; duckdb 2 relations have no ``fetchone``).
 
         Every view of ``tracekit sql`` is there (README "Analysis views"), covering this run and
-        the newest sweep run: filter with ``WHERE run_id = '...'`` (:attr:`run_id`). Columns keep
-        the views' names (``*_gbps``). Raises duckdb's errors for bad SQL.
+        the store's calibration runs: filter with ``WHERE run_id = '...'`` (:attr:`run_id`). Columns
+        keep the views' names (``*_gbps``). The query runs confined, as ``tracekit sql`` runs it
+        (:mod:`tracekit.sqlshell`: SELECT or EXPLAIN of one only, the store's own files only, the
+        connection's configuration locked), on a connection of its own.
+        Raises BadInputError for a refused or failing query.
         """
-        return self.con.sql(query, params=params) if params else self.con.sql(query)
+        import duckdb
+
+        from tracekit.errors import BadInputError
+        from tracekit.sqlshell import check_read_only, confine
+
+        check_read_only(query)
+        if self._sql_con is None:
+            from tracekit.report import report_connection
+
+            _, acon = report_connection(self.store, self.run_id, self.link)
+            confine(acon._con, acon._con.bound_files)
+            self._sql_con = acon
+        raw = self._sql_con._con._con  # the DuckDB connection (SET is locked: no budget retry)
+        try:
+            return self._sql_con._retry(lambda: raw.sql(query, params=params) if params else raw.sql(query))
+        except duckdb.Error as exc:
+            lines = str(exc).splitlines()
+            raise BadInputError(f"SQL error: {lines[0] if lines else type(exc).__name__}") from None
 
     def collectives(self):
         """One row per collective call per rank (the ``collectives`` table), by rank then start.

@@ -1012,11 +1012,16 @@ def report_tables(report: dict) -> list[Table]:
                 Column("beta_gbps", "β (GB/s)", fmt_num, True),
                 Column("beta_lo_gbps", "β 95 % low", fmt_num, True),
                 Column("beta_hi_gbps", "β 95 % high", lambda v: "∞" if v is None else fmt_num(v), True),
+            ], report["fit"], id="fit",
+        ))
+        tables.append(Table(
+            "α–β fit quality: the boundary it implies, its spread, its status", [
+                Column("op", "op"), Column("group_size", "k", fmt_num, True),
                 Column("crossover_bytes", "D*", fmt_bytes, True), Column("n_half_bytes", "link n½", fmt_bytes, True),
                 Column("residual_spread", "residual spread", fmt_pct, True),
                 Column("size_spread", "per-size spread", fmt_pct, True), Column("status", "status"),
                 Column("status_reason", "why", lambda v: v or ""),
-            ], report["fit"], id="fit",
+            ], report["fit"], id="fit-quality",
             note="Only ok fits judge anything: >= 3 sizes spanning D*, both parameters determined, per-size spread <= 15 %.",
         ))
     if report.get("furthest_from_model"):
@@ -1270,7 +1275,10 @@ def render_html(data: dict) -> str:
     if rep.get("process_groups"):
         groups = Table("Per dimension", infer_columns(rep.get("by_dimension") or []), rep.get("by_dimension") or [],
                        id="by-dimension")
-        per_group = Table("Per process group", infer_columns(rep["process_groups"]), rep["process_groups"],
+        shown = ("pg_name", "dimension", "group_size", "ops", "calls", "instances", "incomplete", "bytes",
+                 "median_sync_time_ns", "overlap_fraction")  # the rest is in the JSON (fits 1400 px)
+        per_group = Table("Per process group", [c for c in infer_columns(rep["process_groups"]) if c.key in shown],
+                          rep["process_groups"],
                           note="dimension: the group's description (tp/pp/dp/ep/cp), else inferred from the run's "
                           "layout, else other; overlap: the part of its calls covered by compute.", id="process-groups")
         sections.append('<section id="tk-sec-groups"><h2>Process groups</h2>'

@@ -507,9 +507,8 @@ def print_report(report: dict, console=None) -> None:
         _show(con, t)
     if report.get("fit"):
         t = _table("α–β fit per op (this run's sync times; weighted by relative error; only 'ok' fits judge anything)")
-        for col in ("op", "k", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)", "D*",
-                    "link n½", "spread (sizes)", "status"):
-            t.add_column(col, justify="left" if col in ("op", "status") else "right", no_wrap=(col == "op"))
+        for col in ("op", "k", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)"):
+            t.add_column(col, justify="left" if col == "op" else "right", no_wrap=(col == "op"))
         for r in report["fit"]:
             a = r["alpha_s"]
             alpha = "—" if a is None else (
@@ -517,10 +516,15 @@ def print_report(report: dict, console=None) -> None:
                 f"{fmt_num(None if r['alpha_hi_s'] is None else r['alpha_hi_s'] * 1e6)})")
             beta = "—" if r["beta_gbps"] is None else (
                 f"{r['beta_gbps']:,.2f} ({fmt_num(r['beta_lo_gbps'])}–{fmt_num(r['beta_hi_gbps']) if r['beta_hi_gbps'] is not None else '∞'})")
-            status = r["status"] + (f": {r['status_reason']}" if r.get("status_reason") else "")
             t.add_row(r["op"], str(r["group_size"]), f"{r['n_used']}/{r['n_samples']}", str(r.get("n_sizes") or 0),
-                      alpha, fmt_us(None if r["fixed_latency_s"] is None else r["fixed_latency_s"] * 1e9), beta,
-                      fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]),
+                      alpha, fmt_us(None if r["fixed_latency_s"] is None else r["fixed_latency_s"] * 1e9), beta)
+        _show(con, t)
+        t = _table("α–β fit quality per op: the boundary it implies, its spread, its status")
+        for col in ("op", "k", "D*", "link n½", "spread (sizes)", "status"):
+            t.add_column(col, justify="left" if col in ("op", "status") else "right", no_wrap=(col == "op"))
+        for r in report["fit"]:
+            status = r["status"] + (f": {r['status_reason']}" if r.get("status_reason") else "")
+            t.add_row(r["op"], str(r["group_size"]), fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]),
                       f"{fmt_pct(r['residual_spread'])} ({fmt_pct(r.get('size_spread'))})", status)
         t.caption = ("D* = the collective's crossover size (α term = β term): its latency/bandwidth boundary; "
                      "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
@@ -528,65 +532,86 @@ def print_report(report: dict, console=None) -> None:
         _show(con, t)
     if report.get("references"):
         t = _table("Reference of the verdicts (what each op was judged against)")
-        for col in ("op", "k", "instances", "reference", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)",
-                    "link n½", "note"):
+        for col in ("op", "k", "instances", "reference", "note"):
             t.add_column(col, justify="left" if col in ("op", "reference", "note") else "right")
         for r in report["references"]:
             note = r["no_model_reason"] if r["kind"] is None else (r["note"] or "")
             t.add_row(r["op"], str(r["group_size"]), str(r["instances"]),
-                      r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""),
-                      fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6), fmt_us(r["fixed_latency_ns"]),
-                      fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]), note or "")
+                      r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""), note or "")
         _show(con, t)
+        t = _table("The references' α and β, fixed latency and boundary D*")
+        for col in ("op", "k", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)", "link n½"):
+            t.add_column(col, justify="left" if col == "op" else "right")
+        for r in report["references"]:
+            if r["kind"] is None:
+                continue
+            t.add_row(r["op"], str(r["group_size"]), fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
+                      fmt_us(r["fixed_latency_ns"]), fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]),
+                      fmt_bytes(r["n_half_bytes"]))
+        if t.row_count:
+            _show(con, t)
     if report.get("verdicts"):
         t = _table("Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
-        for col in ("op", "verdict", "reference", "count", "median efficiency", "vs link"):
-            t.add_column(col, justify="right" if col in ("count", "median efficiency", "vs link") else "left")
+        for col in ("op", "verdict", "reference", "count", "efficiency", "vs link", "link"):
+            t.add_column(col, justify="right" if col in ("count", "efficiency", "vs link") else "left")
         for r in report["verdicts"]:
             ref = r["reference"] + (f" [{r['verdict_basis']}]" if r["verdict_basis"] else "")
             verdict = r["verdict"] or ("no model: " + (r.get("no_model_reason") or "no reference"))
-            link = "" if not r.get("link") else f" ({r['link']})"
             t.add_row(r["op"], verdict, ref, str(r["count"]), fmt_num(r["median_efficiency"]),
-                      fmt_num(r["median_efficiency_link"]) + link)
+                      fmt_num(r["median_efficiency_link"]), r.get("link") or "—")
+        t.caption = "efficiency: median predicted / measured sync time, against the reference; vs link: against the link"
         _show(con, t)
     eff = [r for r in report.get("efficiency_by_size") or [] if r.get("link")]
     if eff:
-        t = _table("Efficiency against the link per op and size (predicted / measured sync time; "
-                        "nccl-tests-style buckets)")
-        for col in ("op", "k", "size ≥", "count", "median sync µs", "median busbw GB/s", "peak busbw GB/s",
-                    "link", "link µs", "efficiency", "regime"):
-            t.add_column(col, justify="left" if col in ("op", "link", "regime") else "right")
+        t = _table("Measured per op and size (nccl-tests-style power-of-two buckets)")
+        for col in ("op", "k", "size ≥", "count", "median sync µs", "median busbw GB/s", "peak busbw GB/s"):
+            t.add_column(col, justify="left" if col == "op" else "right")
         for r in eff:
             t.add_row(r["op"], str(r["group_size"]), fmt_bytes(r["bucket_bytes"]), str(r["count"]),
-                      fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
-                      r["link"], fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]),
-                      r["link_regime"] or "—")
+                      fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]))
+        _show(con, t)
+        t = _table("Efficiency against the link per op and size (predicted / measured sync time)")
+        for col in ("op", "k", "size ≥", "link", "link µs", "efficiency", "regime"):
+            t.add_column(col, justify="left" if col in ("op", "link", "regime") else "right")
+        for r in eff:
+            t.add_row(r["op"], str(r["group_size"]), fmt_bytes(r["bucket_bytes"]), r["link"],
+                      fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]), r["link_regime"] or "—")
         t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
                      "raises the degraded-link warning")
         _show(con, t)
     if report.get("furthest_from_model"):
-        t = _table("Furthest from the model (lowest predicted/measured under each verdict's reference)")
-        for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "reference", "best algo"):
-            t.add_column(col, justify="left" if col in ("op", "verdict", "reference", "best algo") else "right")
+        t = _table("Furthest from the model (lowest predicted/measured under each verdict's reference, see above)")
+        for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "best algo"):
+            t.add_column(col, justify="left" if col in ("op", "verdict", "best algo") else "right")
         for r in report["furthest_from_model"]:
             t.add_row(r["op"], str(r["seq"]), fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]), fmt_us(r["predicted_ns"]),
-                      fmt_num(r["efficiency"]), r["verdict"] or "—", r.get("reference") or "—", r["best_algo"] or "—")
+                      fmt_num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
         _show(con, t)
     if report.get("measured_vs_model"):
-        t = _table("Measured vs model (per step, exposed communication)")
-        for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms", "model", "predicted comm ms",
-                    "predicted exposed ms", "gap", "gap ms", "skew", "transfer", "exposure", "α/β from"):
+        rows = report["measured_vs_model"]
+        t = _table("Measured per step (means over the profiled steps)")
+        for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]))
+        _show(con, t)
+        t = _table("Model per step (α–β prediction under the run's overlap model) against the measurement")
+        for col in ("rank", "model", "predicted comm ms", "predicted exposed ms", "measured / predicted", "α/β from"):
             t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
         for r in rows:
             gap = "—" if r["gap_ratio"] is None else f"{r['gap_ratio']:.2f}× ({r['larger']} larger)"
-            t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]),
-                      r["model"], fmt_ms(r["predicted_comm_ns"]), fmt_ms(r["predicted_exposed_ns"]), gap,
-                      fmt_ms(r.get("gap_ns")), fmt_ms(r.get("gap_skew_ns")), fmt_ms(r.get("gap_transfer_ns")),
-                      fmt_ms(r.get("gap_exposure_ns")), r["ab_source"] or "—")
-        notes = sorted({r["note"] for r in report["measured_vs_model"] if r.get("note")})
-        t.caption = "; ".join(notes + [
-            "gap ms = exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond the α–β model) "
-            "+ exposure (what the overlap model would hide, minus what was hidden)"])
+            t.add_row(str(r["rank"]), r["model"], fmt_ms(r["predicted_comm_ns"]), fmt_ms(r["predicted_exposed_ns"]), gap,
+                      r["ab_source"] or "—")
+        t.caption = "; ".join(sorted({r["note"] for r in rows if r.get("note")}))
+        _show(con, t)
+        t = _table("Gap per step, decomposed: which part to fix")
+        for col in ("rank", "gap ms", "skew ms", "transfer ms", "exposure ms"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(str(r["rank"]), fmt_ms(r.get("gap_ns")), fmt_ms(r.get("gap_skew_ns")), fmt_ms(r.get("gap_transfer_ns")),
+                      fmt_ms(r.get("gap_exposure_ns")))
+        t.caption = ("gap = measured exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond "
+                     "the α–β model) + exposure (what the overlap model would hide, minus what was hidden)")
         _show(con, t)
     if len(report.get("by_dimension") or []) > 1 or any(d["dimension"] != "other" for d in report.get("by_dimension") or []):
         t = _table("Process groups by dimension (tp/pp/dp/ep from the groups' descriptions, else the run's layout)")
@@ -640,7 +665,7 @@ def print_gpu_breakdown(report: dict, console) -> None:
                   *(fmt_ms(r[k]) for k in ("idle_host_wait_ns", "idle_kernel_wait_ns", "idle_other_ns")))
     t.caption = ("idle classes as HTA's idle-time breakdown: host wait = the next GPU op was launched after the GPU "
                  "went idle; kernel wait = gap < 30 ns; other = the rest")
-    console.print(t)
+    _show(console, t)
 
 
 # -- kernel summary and GPU time by launcher (analyses/kernel_summary.sql) -------------
@@ -680,7 +705,7 @@ def print_kernel_sections(report: dict, console) -> None:
         for r in report["kernel_summary"]:
             t.add_row(r["class"], r["name"], str(r["count"]), fmt_ms(r["total_ns"]), fmt_us(r["mean_ns"]),
                       fmt_us(r["p50_ns"]), fmt_us(r["p95_ns"]), fmt_pct(r["step_share"]))
-        console.print(t)
+        _show(console, t)
     if report.get("gpu_time_by_launcher"):
         t = _table("GPU time by the CPU op / record_function range that launched it")
         for col in ("kind", "launcher", "GPU ops", "GPU ms", "compute ms", "comm ms", "share"):
@@ -688,7 +713,7 @@ def print_kernel_sections(report: dict, console) -> None:
         for r in report["gpu_time_by_launcher"]:
             t.add_row(r["launcher_kind"], r["launcher"] or "(none)", str(r["gpu_ops"]), fmt_ms(r["gpu_total_ns"]),
                       fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_pct(r["share"]))
-        console.print(t)
+        _show(console, t)
 
 
 # -- all-to-all imbalance (analyses/alltoall_imbalance.sql) ----------------------------
@@ -727,7 +752,7 @@ def print_alltoall(report: dict, console) -> None:
                   fmt_us(r["imbalance_cost_ns"]), str(r["slowest_rank"]), fmt_us(r["slowest_excess_ns"]))
     t.caption = ("imbalance cost = sync × (1 − 1/max imbalance): the transfer time a balanced call would not need "
                  f"if bandwidth-bound; all calls: {fmt_us(sec['imbalance_cost_ns'])} µs")
-    console.print(t)
+    _show(console, t)
 
 
 # -- intra- vs inter-node (analyses/node_locality.sql) ----------------------------------
@@ -751,7 +776,7 @@ def print_locality(report: dict, console) -> None:
                   fmt_num(r["max_busbw_gbps"]))
     if all(r["locality"] == "unknown" for r in rows):
         t.caption = "hosts unknown: the traces name no host (ranks.host)"
-    console.print(t)
+    _show(console, t)
 
 
 # -- pipeline bubbles (analyses/pipeline_bubbles.sql) -----------------------------------
@@ -773,4 +798,4 @@ def print_bubbles(report: dict, console) -> None:
                   fmt_ms(r["recv_wait_ns"]), fmt_ms(r["other_ns"]), fmt_pct(r["bubble_fraction"]),
                   fmt_pct(r["model_bubble_fraction"]))
     t.caption = "bubble = (step − compute) / step; the model assumes equal stages and free transfers"
-    console.print(t)
+    _show(console, t)

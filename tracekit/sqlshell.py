@@ -141,7 +141,7 @@ def run_query(store, query: str, *, arrow: bool = False):
                 if cur.description is None:
                     return None if arrow else (None, [])
                 if arrow:
-                    return cur.fetch_arrow_table()
+                    return cur.to_arrow_table()
                 return [d[0] for d in cur.description], cur.fetchall()
             except duckdb.OutOfMemoryException:
                 if limit >= ANALYSIS_MEMORY_MAX:
