@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -168,14 +167,9 @@ def export_perfetto(
     no half-written file. Returns :class:`ExportStats`. Raises StoreError for an empty store or an
     unknown run; OSError when ``out_path`` cannot be written.
     """
-    from tracekit.errors import StoreError
 
     st = store if isinstance(store, Store) else Store(store)
-    if run_id is None:
-        run_id = st.latest_run_id()
-    elif not st.has_run(run_id):
-        known = ", ".join(st.run_ids()[:8]) or "none"
-        raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
+    run_id = st.resolve_run(run_id)
     from tracekit import analyses
 
     con = analyses.connect(st, run_ids=[run_id])
@@ -202,67 +196,57 @@ def _write(con, run_id: str, out: Path) -> ExportStats:
     where: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rank, event_id) → (pid, tid, start ns)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            first = True
+    from tracekit.store import atomic_output
 
-            def emit(ev: dict) -> None:
-                nonlocal first
-                fh.write("\n" if first else ",\n")
-                fh.write(json.dumps(ev, separators=(",", ":"), allow_nan=False))
-                first = False
+    with atomic_output(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        first = True
 
-            fh.write('{"traceEvents":[')
-            next_tid = 1
-            for rank, host, offset in ranks:
-                pid = int(rank)
-                label = f"rank {rank}" + (f" ({host})" if host else "")
-                emit({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
-                emit({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
-                emit({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
-                      "args": {"labels": f"clock offset {int(offset or 0) / 1000:g} µs"}})
-                stats.processes += 1
-                next_tid = _write_rank(con, run_id, pid, origin, coll, where, emit, stats, next_tid)
-            for inst, calls in _instances(con, run_id):
-                # chain by the start of each rank's slice (normally the arrival order), so that no
-                # arrow points back in time even where a call's start differs from its span's
-                placed = sorted(
-                    (where[(rank, eid)][2], ts, rank, eid) for ts, rank, eid in calls if (rank, eid) in where
-                )
-                if len(placed) < 2:
-                    continue
-                stats.instances_linked += 1
-                for (_, _, ra, ea), (_, _, rb, eb) in zip(placed, placed[1:]):
-                    stats.flows += 1
-                    pa_, ta, sa = where[(ra, ea)]
-                    pb, tb, sb = where[(rb, eb)]
-                    common = {"name": inst, "cat": FLOW_CATEGORY, "id": stats.flows, "bp": "e"}
-                    emit({"ph": "s", "pid": pa_, "tid": ta, "ts": _us(sa - origin), **common})
-                    emit({"ph": "f", "pid": pb, "tid": tb, "ts": _us(sb - origin), **common})
-            other = {
-                "run_id": run_id,
-                "time_origin_ns": origin,
-                "clock": "the run's common clock (ns) minus time_origin_ns, in µs",
-                "producer": "tracekit export --perfetto",
-            }
-            if run is not None:
-                for k, v in zip(("workload", "backend", "world_size", "device_name", "torch_version", "nccl_version"), run):
-                    if v is not None:
-                        other[k] = v
-            fh.write('\n],"displayTimeUnit":"ns","otherData":')
-            fh.write(json.dumps(other, allow_nan=False, default=str))
-            fh.write("}\n")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp made it 0600
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        def emit(ev: dict) -> None:
+            nonlocal first
+            fh.write("\n" if first else ",\n")
+            fh.write(json.dumps(ev, separators=(",", ":"), allow_nan=False))
+            first = False
+
+        fh.write('{"traceEvents":[')
+        next_tid = 1
+        for rank, host, offset in ranks:
+            pid = int(rank)
+            label = f"rank {rank}" + (f" ({host})" if host else "")
+            emit({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}})
+            emit({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+            emit({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
+                  "args": {"labels": f"clock offset {int(offset or 0) / 1000:g} µs"}})
+            stats.processes += 1
+            next_tid = _write_rank(con, run_id, pid, origin, coll, where, emit, stats, next_tid)
+        for inst, calls in _instances(con, run_id):
+            # chain by the start of each rank's slice (normally the arrival order), so that no
+            # arrow points back in time even where a call's start differs from its span's
+            placed = sorted(
+                (where[(rank, eid)][2], ts, rank, eid) for ts, rank, eid in calls if (rank, eid) in where
+            )
+            if len(placed) < 2:
+                continue
+            stats.instances_linked += 1
+            for (_, _, ra, ea), (_, _, rb, eb) in zip(placed, placed[1:]):
+                stats.flows += 1
+                pa_, ta, sa = where[(ra, ea)]
+                pb, tb, sb = where[(rb, eb)]
+                common = {"name": inst, "cat": FLOW_CATEGORY, "id": stats.flows, "bp": "e"}
+                emit({"ph": "s", "pid": pa_, "tid": ta, "ts": _us(sa - origin), **common})
+                emit({"ph": "f", "pid": pb, "tid": tb, "ts": _us(sb - origin), **common})
+        other = {
+            "run_id": run_id,
+            "time_origin_ns": origin,
+            "clock": "the run's common clock (ns) minus time_origin_ns, in µs",
+            "producer": "tracekit export --perfetto",
+        }
+        if run is not None:
+            for k, v in zip(("workload", "backend", "world_size", "device_name", "torch_version", "nccl_version"), run):
+                if v is not None:
+                    other[k] = v
+        fh.write('\n],"displayTimeUnit":"ns","otherData":')
+        fh.write(json.dumps(other, allow_nan=False, default=str))
+        fh.write("}\n")
     return stats
 
 

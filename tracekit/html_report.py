@@ -1315,13 +1315,6 @@ def render_html(data: dict) -> str:
     )
 
 
-def _umask_mode(path: str) -> None:
-    """Give a mkstemp file (0600) the mode a plain open() would: 0666 less the umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
 def write_html_report(
     store: Store | str | os.PathLike | None,
     path: str | os.PathLike,
@@ -1339,7 +1332,6 @@ def write_html_report(
     Written to a temporary file beside ``path`` and renamed. Raises StoreError for an empty
     store or unknown run, BadInputError for an unknown ``link``.
     """
-    import tempfile
 
     if link:
         from tracekit.model import link_from_preset
@@ -1351,16 +1343,8 @@ def write_html_report(
     if not out.parent.is_dir():
         raise BadInputError(f"{out}: its folder {out.parent} does not exist")
     page = render_html(html_data(store, run_id, link=link, presets=presets, steps=steps, report=report, con=con))
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(page)
-        _umask_mode(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from tracekit.store import atomic_output
+
+    with atomic_output(out) as tmp:
+        tmp.write_text(page, encoding="utf-8")
     return out

@@ -94,14 +94,9 @@ def report_connection(store: Store | str | None = None, run_id: str | None = Non
     unknown, BadInputError for an unknown ``link``.
     """
     from tracekit import analyses
-    from tracekit.errors import StoreError
 
     st = store if isinstance(store, Store) else Store(store)
-    if run_id is None:
-        run_id = st.latest_run_id()
-    elif not st.has_run(run_id):
-        known = ", ".join(st.run_ids()[:8]) or "none"
-        raise StoreError(f"run {run_id!r} is not in {st.path} (runs: {known})")
+    run_id = st.resolve_run(run_id)
     calib = [r for r in _calibration_runs(st) if r != run_id]
     return run_id, analyses.connect(st, run_ids=[run_id] + calib, link=link)
 

@@ -24,6 +24,7 @@ schemas below are its executable form.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -222,6 +223,28 @@ def _lock_exclusive(version: Path) -> int | None:
 _NS_PER_UNIT = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 
 
+
+@contextlib.contextmanager
+def atomic_output(out: Path):
+    """A temporary path beside ``out`` for the caller to write; renamed over ``out`` when the block
+    ends without error, removed otherwise (so ``out`` is never half-written), with the default
+    permissions (0666 & ~umask, not mkstemp's 0600). Raises what the writing raises (OSError)."""
+    out = Path(out)
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
 def default_store_path() -> Path:
     """The store directory: ``$TRACEKIT_STORE`` if set, else ``./tracekit-store``."""
     return Path(os.environ.get("TRACEKIT_STORE") or "tracekit-store")
@@ -409,6 +432,16 @@ class Store:
                 d = (dirs or {}).get(rid) or self.run_dir(rid).resolve()
                 files.extend(sorted(str(p) for p in d.glob(pattern)))
         return out
+
+    def resolve_run(self, run_id: str | None = None) -> str:
+        """``run_id``, or the newest run when None. Raises StoreError when the store is empty or the
+        run is not in it (naming the runs it has)."""
+        if run_id is None:
+            return self.latest_run_id()
+        if not self.has_run(run_id):
+            known = ", ".join(self.run_ids()[:8]) or "none"
+            raise StoreError(f"run {run_id!r} is not in {self.path} (runs: {known})")
+        return run_id
 
     def latest_run_id(self, workload: str | None = None, required: bool = True) -> str | None:
         """The most recently created run (of ``workload`` if given; nccl-tests runs excluded then).

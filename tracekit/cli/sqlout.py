@@ -22,8 +22,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from tracekit.errors import BadInputError
@@ -92,30 +90,18 @@ def render(table, fmt: str, width: int | None = None) -> str:
 
 
 def write(table, fmt: str, output: Path) -> Path:
-    """Write ``table`` to ``output`` in ``fmt``, atomically; returns the path."""
-    fd, tmp = tempfile.mkstemp(prefix=output.name + ".", suffix=".tmp", dir=output.parent)
-    try:
+    """Write ``table`` to ``output`` in ``fmt``, atomically (:func:`tracekit.store.atomic_output`); returns the path."""
+    from tracekit.store import atomic_output
+
+    with atomic_output(output) as tmp:
         if fmt == "parquet":
-            os.close(fd)
             import pyarrow.parquet as pq
 
             pq.write_table(table, tmp)
         else:
             text = render(table, fmt) if fmt != "table" else _table_text(table, 200, plain=True)
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            with open(tmp, "w", encoding="utf-8", newline="") as fh:
                 fh.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, output)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     return output
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
