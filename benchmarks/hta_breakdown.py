@@ -15,29 +15,14 @@ stderr. The options are those of ``hta_overlap.py`` (HTA_DISABLE_NS_ROUNDING=1;
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
+
+from hta_overlap import run_hta  # beside this file: the argument parsing and HTA loading they share
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace_dir")
-    ap.add_argument("--no-ns-rounding", action="store_true")
-    ap.add_argument("--include-last-step", action="store_true")
-    args = ap.parse_args(argv)
-    if args.no_ns_rounding:
-        os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"  # read by HTA at parse time
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr
-    try:
-        from hta.trace_analysis import TraceAnalysis
-
-        ta = TraceAnalysis(trace_dir=os.path.abspath(args.trace_dir), include_last_profiler_step=args.include_last_step)
-        df = ta.get_temporal_breakdown(visualize=False)
-    finally:
-        sys.stdout = real_stdout
+    df = run_hta(argv, __doc__.splitlines()[0], "get_temporal_breakdown")
     out = {}
     for row in df.to_dict("records"):
         out[str(int(row["rank"]))] = {

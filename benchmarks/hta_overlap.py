@@ -30,25 +30,30 @@ import os
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_hta(argv: list[str] | None, description: str, method: str):
+    """Parse ``TRACE_DIR [--no-ns-rounding] [--include-last-step]`` from ``argv``, load the traces
+    with HTA (``TraceAnalysis``) and return ``getattr(ta, method)(visualize=False)``, a DataFrame.
+    HTA logs to stdout through its logger config: stdout is kept for our JSON only."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("trace_dir")
     ap.add_argument("--no-ns-rounding", action="store_true")
     ap.add_argument("--include-last-step", action="store_true")
     args = ap.parse_args(argv)
     if args.no_ns_rounding:
         os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"  # read by HTA at parse time
-
-    # HTA logs to stdout through its logger config; keep stdout for our JSON only.
     real_stdout = sys.stdout
     sys.stdout = sys.stderr
     try:
         from hta.trace_analysis import TraceAnalysis
 
         ta = TraceAnalysis(trace_dir=os.path.abspath(args.trace_dir), include_last_profiler_step=args.include_last_step)
-        df = ta.get_comm_comp_overlap(visualize=False)
+        return getattr(ta, method)(visualize=False)
     finally:
         sys.stdout = real_stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    df = run_hta(argv, __doc__.splitlines()[0], "get_comm_comp_overlap")
     out = {}
     for rank, pct in zip(df["rank"].tolist(), df["comp_comm_overlap_pctg"].tolist()):
         pct = float(pct)
