@@ -19,7 +19,7 @@ What it does in a process:
    ``tracekit.step()``; once ``tracekit.step()`` has been called, optimizer steps
    no longer count.
 3. A process that never initialises torch.distributed starts profiling at its
-   first step instead (rank from ``$RANK``, else 0), with a note. A process that
+   first step instead (rank from ``$RANK``, else ``$SLURM_PROCID``, else 0), with a note. A process that
    neither initialises torch.distributed nor steps (e.g. torchrun's launcher) is
    never profiled.
 4. The trace of each completed cycle is exported (gzipped Kineto JSON, written
@@ -30,9 +30,11 @@ What it does in a process:
    stopped, which writes what it recorded; one still in wait/warm-up writes
    nothing. A process killed with SIGKILL, or ending in ``os._exit``, or blocked
    in a C++ call until SIGKILL, keeps only what was already exported.
-5. A status file ``<dir>/logs/agent.<pid>.json`` records the rank, world size,
+5. A status file ``<dir>/logs/agent.<host>.<pid>.json`` records the rank, world size,
    how stepping was driven, per-step wall times by profiler phase, the traces
-   written and notes; the runner reads it (missing ranks, overhead, notes).
+   written, notes and the job marker of the ``tracekit profile`` that started it
+   (``job``: a multi-node run folder holds every node's agents); the runner reads
+   it (missing ranks, overhead, notes).
 
 Step wall times give the profiler's overhead in place: steps recorded by the
 profiler (active window) against steps with it idle (wait steps after the first,
@@ -60,7 +62,9 @@ import time
 ENV_DIR = "TRACEKIT_PROFILE_DIR"
 ENV_CONFIG = "TRACEKIT_PROFILE_CONFIG"
 ENV_AGENT = "TRACEKIT_PROFILE_AGENT"
+ENV_JOB = "TRACEKIT_PROFILE_JOB"
 MODULE_NAME = "_tracekit_profile_agent"
+_HOST = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname()) or "host"
 DEFAULTS = {"wait": 1, "warmup": 1, "active": 3, "repeat": 1, "record_shapes": True, "with_stack": False}
 MAX_TIMED_STEPS = 10_000
 
@@ -277,8 +281,8 @@ class Agent:
                 return
         except Exception:  # noqa: BLE001
             pass
-        rank = _env_int("RANK", 0)
-        world = _env_int("WORLD_SIZE", 1)
+        rank = _env_int("RANK", _env_int("SLURM_PROCID", 0))  # srun sets only the SLURM_* names
+        world = _env_int("WORLD_SIZE", _env_int("SLURM_NTASKS", 1))
         self.notes.append(
             f"torch.distributed was never initialised in pid {self.pid}: profiled as a single process "
             f"(rank {rank}) from its first step"
@@ -318,7 +322,7 @@ class Agent:
 
     def _trace_path(self, cycle: int) -> str:
         if self.claimed is False:
-            return os.path.join(self.out_dir, "extra", f"pid{self.pid}.cycle{cycle}.pt.trace.json.gz")
+            return os.path.join(self.out_dir, "extra", f"{_HOST}.pid{self.pid}.cycle{cycle}.pt.trace.json.gz")
         if cycle == 1:
             return os.path.join(self.out_dir, trace_name(self.rank))
         return os.path.join(self.out_dir, f"cycle{cycle}", trace_name(self.rank))
@@ -399,7 +403,8 @@ class Agent:
             "world_size": self.world_size,
             "dist": self.dist,
             "backend": self.backend,
-            "host": socket.gethostname(),
+            "host": _HOST,
+            "job": os.environ.get(ENV_JOB),
             "torch_version": self.torch_version,
             "step_source": self.mode,
             "steps": self.steps,
@@ -425,7 +430,7 @@ class Agent:
         try:
             logs = os.path.join(self.out_dir, "logs")
             os.makedirs(logs, exist_ok=True)
-            path = os.path.join(logs, f"agent.{self.pid}.json")
+            path = os.path.join(logs, f"agent.{_HOST}.{self.pid}.json")  # one run folder may serve many nodes
             tmp = path + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(self.status(), f, indent=1)

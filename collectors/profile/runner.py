@@ -84,6 +84,10 @@ class ProfileOptions:
     grace_s: float = 10.0
     #: run the command under ``nsys profile`` instead of injecting torch.profiler
     nsys: bool = False
+    #: multi-node: ranks node 0 waits for (None: the world size the ranks report)
+    expect_ranks: int | None = None
+    #: multi-node: how long node 0 waits for the other nodes after its own job ended, s
+    wait_timeout_s: float = 300.0
 
     def validated(self) -> "ProfileOptions":
         for name in ("wait", "warmup", "repeat"):
@@ -98,6 +102,10 @@ class ProfileOptions:
             check_run_id(self.run_id)
         if self.grace_s < 0:
             raise BadInputError(f"grace must be >= 0 s, got {self.grace_s}")
+        if self.expect_ranks is not None and (not isinstance(self.expect_ranks, int) or self.expect_ranks < 1):
+            raise BadInputError(f"--expect-ranks must be an integer >= 1, got {self.expect_ranks}")
+        if not self.wait_timeout_s >= 0:
+            raise BadInputError(f"--wait-timeout must be >= 0 s, got {self.wait_timeout_s}")
         return self
 
     def agent_config(self) -> dict[str, Any]:
@@ -127,6 +135,10 @@ class JobResult:
     config: dict[str, Any] = field(default_factory=dict)
     #: the ``nsys profile ...`` prefix the command ran under (empty: torch.profiler agent)
     nsys_command: list[str] = field(default_factory=list)
+    #: a multi-node job: this ``tracekit profile``'s place in it (None: single node)
+    launcher: Any = None
+    #: multi-node, node 0: what waiting for the other nodes saw (tracekit.rundir.WaitResult)
+    wait: Any = None
 
     @property
     def partial(self) -> bool:
@@ -268,12 +280,21 @@ def run_job(
     if not command:
         raise BadInputError(USAGE)
     opts = opts.validated()
+    from tracekit.rundir import detect_launcher, join_run_dir, slurm_rank_env
+
+    launcher = detect_launcher(list(command))
     prefix: list[str] = []
     if opts.nsys:
         from tracekit.collectors.nsys import find_nsys
 
+        if launcher is not None:
+            raise BadInputError("--nsys profiles one node's job as one file: not for a multi-node launch "
+                                f"({launcher.source} {launcher.index}); drop --nsys")
         nsys = find_nsys()  # no nsys: a clear error before anything is created
-    run_dir = _make_run_dir(opts)
+    if launcher is not None:
+        run_dir = join_run_dir(opts.out, opts.run_id or launcher.default_run_id, launcher)
+    else:
+        run_dir = _make_run_dir(opts)
     site_dir = _prepare_site_dir()
     marker = secrets.token_hex(8)
     if opts.nsys:
@@ -283,6 +304,8 @@ def run_job(
         env = {**os.environ, ENV_JOB: marker}  # no agent: nsys records
     else:
         env = job_env(site_dir, run_dir, opts, marker)
+        if launcher is not None and launcher.slurm_ranks:
+            env.update(slurm_rank_env(env))
     kwargs: dict[str, Any] = {}
     if sys.version_info >= (3, 11):
         kwargs["process_group"] = 0
@@ -292,13 +315,12 @@ def run_job(
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(prefix + list(command), env=env, **kwargs)
-    except FileNotFoundError:
-        shutil.rmtree(site_dir, ignore_errors=True)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise BadInputError(f"{command[0]}: command not found") from None
     except OSError as exc:
         shutil.rmtree(site_dir, ignore_errors=True)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if launcher is None:  # a shared multi-node folder holds the other nodes' files: kept
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, FileNotFoundError):
+            raise BadInputError(f"{command[0]}: command not found") from None
         raise BadInputError(f"{command[0]}: cannot start it ({exc.strerror or exc})") from None
     pgid = proc.pid
 
@@ -350,10 +372,35 @@ def run_job(
         code = 130
     result = JobResult(
         run_id=run_dir.name, run_dir=run_dir, command=list(command), exit_code=code,
-        interrupted=interrupted, wall_s=wall, nsys_command=prefix,
+        interrupted=interrupted, wall_s=wall, nsys_command=prefix, launcher=launcher,
     )
+    if launcher is not None and not _node_done(result, opts, marker, on_progress):
+        return result  # not node 0: its ranks' files are written, node 0 ingests
     gather(result, opts, created, leftovers)
     return result
+
+
+def _node_done(result: JobResult, opts: ProfileOptions, marker: str, on_progress) -> bool:
+    """Multi-node: write this node's logs/node{i}.json; on node 0 wait for the others (True: gather
+    and ingest here); elsewhere fill `result` with this node's own ranks (False: done)."""
+    from tracekit.rundir import read_statuses, wait_for_ranks, write_node_status
+
+    launcher, run_dir = result.launcher, result.run_dir
+    mine = [s for s in read_statuses(run_dir, "agent.*.json") if s.get("job") == marker]
+    ranks = sorted({s["rank"] for s in mine if isinstance(s.get("rank"), int) and s.get("claimed", True)})
+    write_node_status(run_dir, launcher, {
+        "exit_code": result.exit_code, "interrupted": result.interrupted, "wall_s": round(result.wall_s, 3),
+        "ranks": ranks, "source": launcher.source,
+    })
+    if launcher.index != 0:
+        result.statuses = mine
+        result.traces = {r: run_dir / f"rank{r}.pt.trace.json.gz" for r in ranks
+                         if (run_dir / f"rank{r}.pt.trace.json.gz").is_file()}
+        return False
+    if not result.interrupted:
+        result.wait = wait_for_ranks(run_dir, launcher, expect_ranks=opts.expect_ranks,
+                                     timeout_s=opts.wait_timeout_s, on_progress=on_progress)
+    return True
 
 
 # --------------------------------------------------------------------------- what the job wrote
@@ -380,7 +427,8 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
             result.notes.append(f"{f}: unreadable agent status (process killed while writing it?)")
     statuses.sort(key=lambda s: (s.get("rank") is None, s.get("rank") or 0, s.get("pid") or 0))
     result.statuses = statuses
-    for f in run_dir.rglob("*.tmp*.gz"):  # an export cut short (process killed while writing)
+    still_writing = result.wait is not None and result.wait.timed_out  # another node may be exporting
+    for f in ([] if still_writing else run_dir.rglob("*.tmp*.gz")):  # an export cut short (process killed)
         result.notes.append(f"{f.name}: a trace export was cut short (process killed while writing); removed")
         f.unlink(missing_ok=True)
     for f in sorted(run_dir.glob("rank*.pt.trace.json.gz")):
@@ -395,6 +443,8 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
         result.world_size = max([s.get("world_size") or 1 for s in statuses] + [len(result.traces)])
     elif result.traces:
         result.world_size = max(result.traces) + 1
+    if opts.expect_ranks:
+        result.world_size = max(result.world_size or 0, opts.expect_ranks)
     if result.world_size:
         result.missing_ranks = [r for r in range(result.world_size) if r not in result.traces]
 
@@ -413,13 +463,16 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
     for s in statuses:
         if s.get("rank") is not None:
             by_rank.setdefault(s["rank"], []).append(s)
+    unseen = [r for r in result.missing_ranks if not by_rank.get(r)]
+    if unseen:  # one line however many
+        notes.append(
+            f"rank{'s' if len(unseen) > 1 else ''} {', '.join(map(str, unseen))}: no trace and no agent status (the "
+            "process died before torch.distributed was initialised, was killed with SIGKILL or os._exit before "
+            "writing, or did not run Python" + (", or its node has not finished" if result.launcher else "") + ")"
+        )
     for r in result.missing_ranks:
         sts = by_rank.get(r)
         if not sts:
-            notes.append(
-                f"rank {r}: no trace and no agent status (the process died before torch.distributed was "
-                "initialised, was killed with SIGKILL or os._exit before writing, or did not run Python)"
-            )
             continue
         s = sts[0]
         if s.get("finished"):
@@ -498,6 +551,8 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
         "traces": [p.name for _, p in sorted(result.traces.items())],
         "overlap_model": {"kind": "no_overlap", "params": {}},  # a user's job: nothing known about its overlap
     }
+    if result.launcher is not None:
+        _multinode_config(result, cfg)
     if per_rank_overhead:
         cfg["profiler_overhead_pct"] = round(statistics.median(per_rank_overhead.values()), 2)
         cfg["profiler_overhead"] = {
@@ -510,6 +565,34 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(cfg, indent=2, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def _multinode_config(result: JobResult, cfg: dict) -> None:
+    """Node 0 of a multi-node job: every node's end (logs/node{i}.json) and the wait, into the config."""
+    from tracekit.rundir import read_statuses
+
+    launcher, wait = result.launcher, result.wait
+    nodes = sorted(read_statuses(result.run_dir, "node*.json"), key=lambda n: n.get("index", 0))
+    done = {n.get("index") for n in nodes}
+    missing_nodes = [i for i in range(launcher.count or 0) if i not in done]
+    failed = {n["index"]: n.get("exit_code") for n in nodes if n.get("exit_code")}
+    cfg["launch"] = {"source": launcher.source, "launchers": launcher.count, "job_key": launcher.job_key}
+    cfg["nodes"] = nodes
+    cfg["missing_nodes"] = missing_nodes
+    cfg["failed_nodes"] = failed
+    cfg["hosts"] = sorted({n.get("host") for n in nodes if n.get("host")})
+    if wait is not None:
+        cfg["wait"] = {"waited_s": round(wait.waited_s, 3), "timed_out": wait.timed_out}
+        if wait.timed_out and result.missing_ranks:
+            cfg["notes"].insert(0, f"waited {wait.waited_s:.0f} s for the other nodes: no trace from rank(s) "
+                                   f"{', '.join(map(str, result.missing_ranks))} of {result.world_size}")
+    if failed:
+        cfg["notes"].append("node(s) " + ", ".join(f"{i} (exit code {c})" for i, c in sorted(failed.items()))
+                            + " ended with an error")
+    if missing_nodes:  # partial only through the ranks they leave missing
+        cfg["notes"].append(f"node(s) {', '.join(map(str, missing_nodes))} wrote no logs/node<i>.json before node 0 "
+                            "stopped waiting" + ("" if result.missing_ranks else " (every rank's trace is here)"))
+    cfg["partial"] = bool(cfg["partial"] or failed)
 
 
 def _gather_nsys(result: JobResult, opts: ProfileOptions, created: _dt.datetime, leftovers: list[int] = ()) -> None:
@@ -583,7 +666,11 @@ def profile_command(
 ) -> tuple[JobResult, str | None]:
     """Run `command` under the profiler, then ingest its traces as one run.
 
-    Returns (result, run_id in the store, or None when no trace was written).
+    Multi-node (torchrun ``--nnodes`` > 1 with ``--node-rank``, or srun's ``SLURM_NTASKS`` > 1; see
+    tracekit.rundir): every node writes into the shared folder ``<out>/<run id>``; node 0 waits for the
+    others (``opts.wait_timeout_s``) and ingests; another node returns (result, None) after its job.
+
+    Returns (result, run_id in the store, or None when no trace was written or this is not node 0).
     Raises BadInputError before starting anything when the command is empty, an
     option is bad, or ``--run-id`` already names a run in the store.
     """
@@ -593,11 +680,16 @@ def profile_command(
     if not command:
         raise BadInputError(USAGE)
     opts = opts.validated()
-    if opts.run_id is not None and st.has_run(opts.run_id):
-        raise BadInputError(f"run {opts.run_id!r} already exists in {st.path} (choose another --run-id)")
+    from tracekit.rundir import detect_launcher
+
+    launcher = detect_launcher(list(command))
+    rid = opts.run_id or (launcher.default_run_id if launcher is not None else None)
+    if rid is not None and (launcher is None or launcher.index == 0) and st.has_run(rid):
+        raise BadInputError(f"run {rid!r} already exists in {st.path} (choose another --run-id"
+                            + (", the same on every node)" if launcher is not None else ")"))
     result = run_job(command, opts, on_progress=on_progress)
-    if not result.traces:
-        return result, None
+    if not result.traces or (result.launcher is not None and result.launcher.index != 0):
+        return result, None  # another node than 0: node 0 ingests
     from tracekit.ingest import ingest_paths
 
     if on_progress:

@@ -38,6 +38,7 @@ HELP = (
     'Profile a live job with no change to its code, then ingest it and print the report.\n\n'
     "Runs COMMAND (e.g. `torchrun --nproc-per-node 2 train.py`, `python -m torch.distributed.run ...`, `python train.py`) with torch.profiler injected into every Python process it starts: a `sitecustomize` first on PYTHONPATH starts the profiler when torch.distributed is initialised, advances its schedule on every optimizer step (or on every `tracekit.step()` in loops without an optimizer), and writes each rank's trace after the active steps or at exit. The traces are then ingested as one run (workload `external`, the command recorded in its config) and the report is printed.\n\n"
     "A job that exits non-zero still has what it wrote ingested; the run is marked partial and tracekit exits with the job's code. Ctrl-C stops the whole job (a second Ctrl-C forces it) and keeps what was written (exit 130).\n\n"
+    "Multi-node: run the same `tracekit profile --out DIR -- torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT ... train.py` on every node, or `srun tracekit profile --out DIR -- python train.py` (one per task: rank and world size from SLURM_PROCID and SLURM_NTASKS, set as RANK, WORLD_SIZE and LOCAL_RANK when the job's environment has none), with DIR on a filesystem every node sees. All nodes write into one run folder, DIR/<run id> (--run-id, else one derived from torchrun's --rdzv-id, else from the rendezvous and the command, or the SLURM job and step), each rank's trace under its own name; node 0 (--node-rank 0, SLURM_PROCID 0) waits until every node's job has ended or every expected rank (--expect-ranks, else the world size the ranks report) has finished, at most --wait-timeout seconds, names the ranks still missing, and ingests; the other nodes only write (or ingest the folder later with `tracekit ingest DIR/<run id>`).\n\n"
     "With --nsys the job runs under `nsys profile` (Nsight Systems, which must be on PATH) instead: no torch.profiler is injected, the schedule options do not apply, and nsys' one SQLite export of the whole job (job.sqlite, every process of the job in that one file) is ingested as one rank.\n\n"
     'Overhead: the profiler slows the steps it records (the run config gets `profiler_overhead_pct`: recorded vs idle steps of the same run, when the job runs at least 2 steps of each). To keep it low: a short --active window (2-3 steps are enough for a steady loop), no --with-stack (Python stacks are costly), --no-record-shapes when collective sizes are not needed (they are on gloo/CPU), and --wait to skip the start-up steps.'
 )
@@ -66,6 +67,12 @@ def profile(
     nsys: bool = typer.Option(
         False, "--nsys", help="Run the job under `nsys profile` (needs nsys on PATH) instead of injecting torch.profiler."
     ),
+    expect_ranks: Optional[int] = typer.Option(
+        None, "--expect-ranks", help="Multi-node: the ranks node 0 waits for (default: the world size the ranks report)."
+    ),
+    wait_timeout: float = typer.Option(
+        300.0, "--wait-timeout", help="Multi-node: seconds node 0 waits for the other nodes after its own job ended."
+    ),
 ) -> None:
     from tracekit.collectors.profile.runner import USAGE, JobFailedError, ProfileOptions, no_trace_message, profile_command
 
@@ -89,6 +96,7 @@ def profile(
     opts = ProfileOptions(
         wait=wait, warmup=warmup, active=active, repeat=repeat, record_shapes=record_shapes,
         with_stack=with_stack, out=str(out), run_id=run_id, nsys=nsys,
+        expect_ranks=expect_ranks, wait_timeout_s=wait_timeout,
     )
 
     def progress(msg: str) -> None:
@@ -97,6 +105,14 @@ def profile(
     progress(f"running {' '.join(command)} " + ("under nsys profile" if nsys else "with the profiler injected"))
     result, rid = profile_command(command, opts, store=st, on_progress=progress)
     cfg = result.config
+    node = result.launcher
+    if node is not None and node.index != 0:
+        ranks = ", ".join(map(str, sorted(result.traces))) or "none"
+        progress(f"node {node.index} ({node.source}): job exited with code {result.exit_code}; traces of rank(s) "
+                 f"{ranks} in {result.run_dir}; node 0 ingests the run (or: tracekit ingest {result.run_dir})")
+        if result.exit_code:
+            raise JobFailedError(f"the job on node {node.index} exited with code {result.exit_code}", result.exit_code)
+        return
     if rid is not None:
         from tracekit.report import build_report, print_report
 
@@ -124,6 +140,10 @@ def profile(
         missing = cfg.get("missing_ranks") or []
         miss = f"; no trace from rank(s) {', '.join(map(str, missing))}" if missing else ""
         how = "was interrupted" if result.interrupted else f"exited with code {result.exit_code}"
+        if node is not None and not result.interrupted and not result.exit_code:  # node 0 ran fine: say which did not
+            bad = [f"node {i} exited with code {c}" for i, c in sorted(cfg.get("failed_nodes", {}).items())]
+            bad += [f"node(s) {', '.join(map(str, cfg['missing_nodes']))} did not finish"] if cfg.get("missing_nodes") else []
+            how = "exited with code 0 on node 0" + (", " + ", ".join(bad) if bad else "")
         msg = f"run {rid} is partial: the job {how}{miss}"
         if result.exit_code:
             raise JobFailedError(msg, result.exit_code)
