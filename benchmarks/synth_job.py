@@ -21,7 +21,9 @@ How the job is made from the base trace (every rank gets the same base timeline)
   ``dtype``, ``Group size``, ``Process Group Name``/``Description``/``Ranks``, ``Seq``). The base's
   own communication events (kernels, ``record_param_comms``, ``nccl:*``, ``c10d::*``, ``gloo:*``) and
   its flow events are dropped; the rest is kept (``compute_events`` keeps at most that many complete
-  events, evenly spaced in time, plus every ``ProfilerStep#`` span).
+  events, evenly spaced in time, plus every ``ProfilerStep#`` span). The collectives are GPU kernels
+  even on a CPU-only base, whose CPU ops then are no compute: such a job has no overlap (0 by
+  construction); a GPU base (e.g. ../shared/traces/hta_nccl_parser_a100_r0of2) keeps its kernels.
 - **process groups**: ``"0"`` is the world (``default_pg``); then the groups of each layout
   dimension, numbered ``"1"``, ``"2"``, ... in layout order (description = the dimension: tp, pp, dp,
   ep, cp). Rank coordinates follow the layout left to right, the first dimension varying fastest

@@ -17,7 +17,8 @@ into the store (workload ``external``) and prints the report. When
 torch.distributed is initialised, every rank runs the block: rank 0 chooses the
 run folder (broadcast to the others before profiling starts), each rank writes
 its own trace, and rank 0 ingests them all after a barrier (both outside the
-profiled window).
+profiled window). On several nodes ``out`` must be a folder every node sees (rank 0's
+run folder is where every rank writes).
 
 ``tracekit.step()`` marks the end of one iteration: under ``tracekit profile``
 it advances the injected profiler (for loops without an optimizer, e.g.

@@ -20,6 +20,13 @@ Failure handling:
   group — rank processes a launcher left behind — gets SIGTERM, then SIGKILL:
   no rank process outlives ``tracekit profile``.
 
+Multi-node (``tracekit.rundir.detect_launcher``: torchrun ``--nnodes`` > 1 with ``--node-rank``, or
+srun's ``SLURM_NTASKS`` > 1): the run folder is shared, ``<out>/<run id>`` with a run id every node
+derives alike (``tracekit.rundir.join_run_dir``); after its job each node writes
+``logs/node<i>.json``; node 0 then waits for the others (``tracekit.rundir.wait_for_ranks``,
+``expect_ranks``, ``wait_timeout_s``) and gathers every node's ranks; the other nodes stop there.
+Under srun the job gets RANK / WORLD_SIZE / LOCAL_RANK from the SLURM_* variables where unset.
+
 With ``ProfileOptions(nsys=True)`` (``tracekit profile --nsys``) no agent is
 injected: COMMAND runs as ``nsys profile ... -o <run_dir>/job COMMAND``
 (:func:`tracekit.collectors.nsys.nsys_command`; nsys follows the child processes itself)
