@@ -45,8 +45,10 @@ How the job is made from the base trace (every rank gets the same base timeline)
   node 0 none. A rank writes local = true − o_n, so o_n is the ``clock_offset_ns`` tracekit should add
   (tracekit.ingest.clocks: the median over common instances of end_a − end_b, relative to rank 0).
   Since every instance ends at one true time, every such difference is exactly o_b − o_a: the median
-  and the breadth-first sums are exact, the uncertainty is the 1 ns floor, and after alignment every
-  start equals its true arrival. The skews do not move the ends, so no skew can bias the estimate.
+  and the breadth-first sums are exact (the reported uncertainty is the 1 ns floor summed along the
+  chain, a few ns), and after alignment every start equals its true arrival. The skews do not move
+  the ends, so no skew can bias the estimate. (A rank's sync time is therefore the template's
+  duration plus ``max_skew_ns`` − the instance's largest skew.)
 
 truth.json (all ns on the true clock = rank 0's clock = the run clock after alignment)::
 
