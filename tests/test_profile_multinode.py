@@ -241,3 +241,33 @@ def test_two_slurm_tasks_give_one_run(tmp_path):
     assert (rc0, rc1) == (0, 0), err0 + err1
     cfg = _check_one_run(tmp_path, "external-slurm77.0")
     assert cfg["launch"]["source"] == "SLURM_PROCID"
+
+
+def test_cli_other_node_only_writes_and_node0_names_the_missing_ranks(tmp_path, capsys):
+    """Two launchers whose jobs write no trace (a stand-in `torchrun` that profiles nothing): node 1
+    says node 0 ingests and creates no store; node 0, once both nodes ended, names ranks 0 and 1."""
+    pytest.importorskip("torch")
+    from tracekit.cli import main
+
+    fake = tmp_path / "bin" / "torchrun"
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\nimport sys; sys.exit(0)\n")
+    fake.chmod(0o755)
+
+    def node(i, *opts):
+        return main(["profile", "--store", str(tmp_path / f"store{i}"), "--out", str(tmp_path / "runs"), *opts, "--",
+                     str(fake), "--nnodes", "2", "--node-rank", str(i), "--rdzv-endpoint", "127.0.0.1:1", "t.py"])
+
+    assert node(1) == 0
+    err = capsys.readouterr().err
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert f"node 1 (torchrun --node-rank): job exited with code 0; traces of rank(s) none in {run_dir}" in err
+    assert not (tmp_path / "store1").exists() and not (run_dir / "run_config.json").exists()
+    assert node(0, "--expect-ranks", "2", "--wait-timeout", "30") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "warning: ranks 0, 1: no trace and no agent status" in "\n".join(err)
+    assert err[-1].startswith("tracekit: no rank wrote a trace")
+    cfg = json.loads((run_dir / "run_config.json").read_text())
+    assert ([n["index"] for n in cfg["nodes"]], cfg["missing_ranks"], cfg["wait"]["timed_out"]) == ([0, 1], [0, 1], False)
+    assert node(0) == 2  # node 0 again in the same folder: refused, nothing run
+    assert "node 0 already ran in this folder" in capsys.readouterr().err
