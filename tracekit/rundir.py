@@ -64,7 +64,8 @@ class Launcher:
     ``index``: torchrun's ``--node-rank`` (or ``$PET_NODE_RANK``), else ``$SLURM_PROCID``;
     ``count``: torchrun's ``--nnodes`` (None for an elastic range ``MIN:MAX``), else ``$SLURM_NTASKS``;
     ``source``: where they came from; ``job_key``: the same string on every launcher of one job
-    (rendezvous endpoint and id, or the SLURM job and step); ``slurm_ranks``: the command is no
+    (rendezvous endpoint and id, or the SLURM job and step); ``default_run_id``: the run id every
+    launcher derives alike when ``--run-id`` is not given; ``slurm_ranks``: the command is no
     launcher (srun runs it once per rank), so its rank and world size are the task's.
     """
 
