@@ -42,6 +42,7 @@ PIPELINE = (
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (reads collective_bandwidth)
     "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
+    "critical_path",         # Python: critical_path, critical_path_summary (reads _instance_calls)
     "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
 )
 """The analysis modules in creation order (each after every module it reads). The collective
