@@ -11,9 +11,18 @@ its successor ready:
 - thread order: the same on a CPU thread, nested events skipped (ready = its end; the time between
   two CPU nodes is host code, so a gap after this edge counts as launch/CPU);
 - launch: the runtime call that launched a GPU op (events.launch_event_id; ready = the call's end,
-  or the op's start when the op started first);
+  or the op's start when the op started first), unless the call returned only after the op ended
+  (then the call waited for the op: the synchronization edge below, the other way);
 - synchronization: a CPU sync call (class sync) waits for the GPU op on its rank that ended last
-  before the call returned (ready = that op's end, when after the call's start);
+  before the call returned, and a runtime call whose own GPU op ended before the call returned (a
+  blocking cudaMemcpy, pageable cudaMemcpyAsync) waits for that op (ready = the op's end, when
+  after the call's start);
+- inferred, where the trace does not record the dependency: a GPU op also depends on the op of
+  its rank's other streams that ended last at or before its start (cross_stream: the CUDA event
+  waits between a compute and an NCCL stream, which Kineto records as cudaStreamWaitEvent calls
+  without their event), and a CPU node on the node of the rank's other threads that ended last
+  before it (host: e.g. the main thread blocked in backward() while the autograd thread launches);
+  both lose every tie, so they are taken only when nothing recorded explains a later start;
 - collective: an instance cannot finish before its last arrival (DESIGN.md, "Matching collectives
   across ranks"): each rank's collective span (collectives.event_id) depends on the start of the
   last-arriving rank's span of the same instance (_instance_calls: run, pg, window, seq), when that
@@ -21,22 +30,22 @@ its successor ready:
 
 The algorithm (a backward walk, the standard way to take a longest path of a replayed schedule):
 start from the rank's node that ends last in the window; at each node choose the predecessor
-whose ready time is latest (ties: collective, synchronization, stream/thread, launch), credit the
-node with [max(start, ready), cursor), credit the gap between the predecessor's ready time and the
-node's start (idle after a stream edge: the GPU had the op launched and nothing before it; launch/
-CPU after a thread or launch edge), move the cursor to the ready time and repeat, until a node has
-no predecessor in the window. The credited pieces tile [start_ns, end_ns) exactly, so the
+whose ready time is latest (ties: collective, synchronization, stream/thread, launch, then the
+inferred ones), credit the node with [max(start, ready), cursor), credit the gap between the
+predecessor's ready time and the node's start (launch/CPU after a thread or host edge: host code
+between calls; idle after a stream, launch or cross_stream edge: the op was launched and its stream
+free, and nothing recorded held it back: launch latency or an unrecorded wait), move the cursor
+to the ready time and repeat, until a node has no predecessor in the window. The credited pieces tile [start_ns, end_ns) exactly, so the
 composition sums to length_ns. Where every event starts at its latest predecessor's ready time
 plus its own delay, this is the longest path of the DAG with node weight = delay + duration
 (tests/test_critical_path.py checks it against networkx's dag_longest_path on one rank).
 
-Limits: dependencies the trace does not record are not edges — cross-stream waits (CUDA events
-between a compute and an NCCL stream), host waits on anything but a sync call (locks, data
-loading, a Python-side wait on a gloo work object), CPU work on threads other than the one that
-made the call. So a GPU op whose stream was free and whose launch was early, but which started
-late, shows as idle, and a step's path may be shorter than its wall time. A collective whose last
-arriving span lies in another window (step) is not followed. Clocks across hosts are taken as
-aligned (ranks.clock_offset_ns is already applied to the store's times).
+Limits: dependencies the trace does not record are only inferred (cross_stream, host: the
+latest-ending candidate, which may be an unrelated stream or thread), and host waits on anything
+but a sync call or another thread's node (locks, data loading, the network) show as launch/CPU or
+idle; a rank's several GPUs are taken as one device. A collective whose last arriving span lies
+in another window (step) is not followed. Clocks across hosts are taken as aligned
+(ranks.clock_offset_ns is already applied to the store's times).
 
 Memory: one window's nodes of every rank at a time (~60 B per node), plus the run's collective
 rows; the walk visits only the nodes on a path.
@@ -58,7 +67,8 @@ on_path_ns   BIGINT   the part of the event credited to the path, ns (0 for a sp
 gap_ns       BIGINT   the gap credited before this event's part (between its ready time and its
                       credited start), ns
 edge         VARCHAR  how the next event on the path depends on this one: stream, thread, launch,
-                      sync, collective; 'end' for the last event
+                      sync, collective, cross_stream, host (the last two inferred); 'end' for the
+                      last event
 
 critical_path_summary: one row per (run, rank, step) with GPU or CPU work: the path's length and
 composition. The composition columns sum to length_ns.
@@ -81,8 +91,8 @@ launch_cpu_ns    BIGINT   this rank's CPU on the path: runtime calls, CPU ops, h
 sync_other_ns    BIGINT   this rank's sync and other-class events on the path, ns
 straggler_ns     BIGINT   path time on other ranks (entered through a collective whose last
                           arrival was theirs): this rank's step waiting on a straggler's work, ns
-idle_ns          BIGINT   gaps on this rank after a stream edge (nothing the trace records held the
-                          op back), ns
+idle_ns          BIGINT   gaps on this rank before a GPU op whose stream and launch were ready
+                          (launch latency, unrecorded waits), ns
 path_events      BIGINT   events on the path
 other_ranks      INTEGER  distinct ranks other than rank on the path
 """
@@ -149,6 +159,11 @@ class _Window:
         self._tracks = {int(k): _Ends(self, self.tid == k) for k in np.unique(self.tid)}
         self._gpu = _Ends(self, self.gpu)
         self._cpu = _Ends(self, ~self.gpu)
+        self._launched: dict[int, int] = {}  # launch call's event_id → the GPU op it launched ending last
+        for j in np.flatnonzero(self.gpu & (self.launch >= 0)):
+            k = self._launched.get(int(self.launch[j]))
+            if k is None or self.e[j] > self.e[k]:
+                self._launched[int(self.launch[j])] = int(j)
 
     def __len__(self) -> int:
         return len(self.eid)
@@ -173,13 +188,21 @@ class _Window:
         out = [(int(self.e[j]), kind, (self, j)) for j, kind in found if j is not None]
         if gpu and self.launch[i] >= 0:
             k = self.pos(int(self.launch[i]))
-            if k is not None and k != i:
+            if k is not None and k != i and not self._blocking(k, i):
                 out.append((min(int(self.e[k]), s), "launch", (self, k)))
         if not gpu and self.cls[i] == "sync":
             g = self._gpu.last_by(int(self.e[i]), i)  # i is no GPU member: nothing excluded
             if g is not None and self.e[g] > s:
                 out.append((int(self.e[g]), "sync", (self, g)))
+        g = None if gpu else self._launched.get(int(self.eid[i]))
+        if g is not None and self._blocking(i, g):
+            out.append((int(self.e[g]), "sync", (self, g)))
         return out
+
+    def _blocking(self, call: int, op: int) -> bool:
+        """Whether launch call `call` returned only after its GPU op `op` ended (a blocking
+        cudaMemcpy, pageable cudaMemcpyAsync): then op → call is an edge and call → op is not."""
+        return bool(self.s[call] < self.e[op] <= self.e[call])
 
 
 def _last_arrivals(con, run_id: str) -> dict[tuple[int, int], tuple[int, int, int]]:
@@ -230,10 +253,9 @@ def walk(windows, rank: int, arrivals) -> tuple[list[dict], dict]:
         seg = min(max(s, best[0]) if best else s, cursor)
         ready = min(best[0], seg) if best else seg
         own = w.rank == rank
-        parts[_COMPOSITION[w.cls[i]] if own else "straggler_ns"] += cursor - seg
+        parts[_COMPOSITION.get(w.cls[i], "sync_other_ns") if own else "straggler_ns"] += cursor - seg
         if best is not None and seg > ready:
-            gap_part = "launch_cpu_ns" if best[1] in ("thread", "host") else "idle_ns"
-            parts[gap_part if own else "straggler_ns"] += seg - ready
+            parts[gap_part(best[1]) if own else "straggler_ns"] += seg - ready
         rows.append({"event_rank": w.rank, "event_id": int(w.eid[i]), "on_path_ns": cursor - seg,
                      "gap_ns": seg - ready, "edge": edge})
         cursor = ready
@@ -328,3 +350,41 @@ def create(con) -> None:
     )
     con.execute("DROP TABLE _cp_rows")
     con.execute("DROP TABLE _cp_summary")
+
+
+def gap_part(prev_edge: str) -> str:
+    """The composition part of a gap, from the edge that led back to the event before it."""
+    return "launch_cpu_ns" if prev_edge in ("thread", "host") else "idle_ns"
+
+
+def path_segments(con, run_id: str) -> list[dict]:
+    """The pieces that tile each path of ``run_id``, in time order, rebuilt from critical_path and
+    critical_path_summary: one dict per (rank, step) with ``rank``, ``step``, ``start_ns``,
+    ``end_ns`` and ``segments``, a list of [start_ns, end_ns, part, name, event_rank] (part: one of
+    PARTS without ``_ns``; name: the event's, or 'idle' / 'host code' for a gap). Zero-length
+    pieces are left out. Needs the critical_path tables on ``con``."""
+    starts = {(r, s): (a, b) for r, s, a, b in con.execute(
+        "SELECT rank, step, start_ns, end_ns FROM critical_path_summary WHERE run_id = ?", [run_id]).fetchall()}
+    out: dict[tuple, dict] = {}
+    prev_edge = None
+    for rank, step, name, cls, ev_rank, on_path, gap, edge in con.execute(
+            "SELECT rank, step, name, class, event_rank, on_path_ns, gap_ns, edge FROM critical_path "
+            "WHERE run_id = ? ORDER BY rank, step NULLS FIRST, pos", [run_id]).fetchall():
+        key = (rank, step)
+        if key not in out:
+            out[key] = {"rank": rank, "step": step, "start_ns": starts[key][0], "end_ns": starts[key][1],
+                        "segments": []}
+            cursor = starts[key][0]
+        segs = out[key]["segments"]
+        own = ev_rank == rank
+        if gap:
+            part = gap_part(prev_edge) if own else "straggler_ns"
+            segs.append([cursor, cursor + gap, part[:-3], "host code" if gap_part(prev_edge) == "launch_cpu_ns" else "idle",
+                         ev_rank])
+            cursor += gap
+        if on_path:
+            part = _COMPOSITION.get(cls, "sync_other_ns") if own else "straggler_ns"
+            segs.append([cursor, cursor + on_path, part[:-3], name, ev_rank])
+            cursor += on_path
+        prev_edge = edge
+    return list(out.values())

@@ -69,12 +69,17 @@ def make_two_rank(d):
 
 
 @pytest.fixture(scope="module")
-def two_rank(tmp_path_factory):
+def two_rank_store(tmp_path_factory):
     base = tmp_path_factory.mktemp("cp")
     make_two_rank(base / "tr")
     store = Store(base / "store")
     ingest_paths([base / "tr"], store, run_id="tr")
-    con = analyses.connect(store)
+    return store
+
+
+@pytest.fixture(scope="module")
+def two_rank(two_rank_store):
+    con = analyses.connect(two_rank_store)
     yield con
     con.close()
 
@@ -139,19 +144,27 @@ def _independent_dag(ev):
         tracks.setdefault((e["track_kind"], e["device"], e["track"]), []).append(e["event_id"])
         (gpu if e["track_kind"] == "gpu_stream" else cpu).append(e["event_id"])
     ready = {}  # (u, v) → ready time of v through u
+    launched = {}  # blocking call → the GPU ops that ended inside it
     for v in nodes:
         vid, s = v["event_id"], v["ts_ns"]
         group = tracks[(v["track_kind"], v["device"], v["track"])]
         for u in latest(group, v, s) + latest(gpu if v["track_kind"] == "gpu_stream" else cpu, v, s):
             ready[(u, vid)] = by_id[u]["end"]
-        if v["track_kind"] == "gpu_stream" and v["launch_event_id"] in by_id:
-            ready[(v["launch_event_id"], vid)] = min(by_id[v["launch_event_id"]]["end"], s)
+        call = by_id.get(v["launch_event_id"]) if v["track_kind"] == "gpu_stream" else None
+        if call is not None:
+            if call["ts_ns"] < v["end"] <= call["end"]:  # a blocking call: it waited for its op
+                launched.setdefault(call["event_id"], []).append(v)
+            else:
+                ready[(call["event_id"], vid)] = min(call["end"], s)
         if v["track_kind"] != "gpu_stream" and v["class"] == "sync":
             ends = [by_id[g]["end"] for g in gpu if by_id[g]["end"] <= v["end"]]
             if ends and max(ends) > s:
                 for g in gpu:
                     if by_id[g]["end"] == max(ends):
                         ready[(g, vid)] = max(ends)
+    for cid, ops in launched.items():
+        last = max(ops, key=lambda o: o["end"])
+        ready[(last["event_id"], cid)] = last["end"]
     g = nx.DiGraph()
     origin = min(e["ts_ns"] for e in nodes)
     binding = {}
@@ -206,3 +219,68 @@ def test_one_rank_agrees_with_networkx_on_a_real_rank(tmp_path):
     store = Store(tmp_path / "s")
     ingest_paths(sorted(SHARED_DLRM.glob("worker0_*.json")), store, run_id="d0")
     _check_one_rank(analyses.connect(store), "d0", exact=False)  # 469 of 469 in ours
+
+
+# --- report, HTML, Perfetto ----------------------------------------------------------------------
+
+RANK0_PIECES = [  # (start µs after BASE, end, part, name, event rank): the hand-computed path of rank 0
+    (1, 1.5, "straggler", "cudaLaunchKernel", 1), (1.5, 2, "straggler", "idle", 1),
+    (2, 22, "straggler", "sm80_gemm_C", 1), (22, 40, "exposed_comm", NCCL, 0),
+    (40, 40.5, "sync_other", "cudaStreamSynchronize", 0), (40.5, 41, "launch_cpu", "host code", 0),
+    (41, 41.5, "launch_cpu", "cudaLaunchKernel", 0), (41.5, 45, "idle", "idle", 0), (45, 55, "compute", "sm80_gemm_B", 0),
+]
+
+
+def _ns_of(us):
+    return round((BASE + us) * 1000)
+
+
+def test_path_segments_tile_the_path(two_rank):
+    segs = {p["rank"]: p for p in analyses.critical_path.path_segments(two_rank, "tr")}
+    assert [tuple(s) for s in segs[0]["segments"]] == [
+        (_ns_of(a), _ns_of(b), part, name, r) for a, b, part, name, r in RANK0_PIECES]
+    for p in segs.values():
+        assert p["segments"][0][0] == p["start_ns"] and p["segments"][-1][1] == p["end_ns"]
+        assert all(a[1] == b[0] for a, b in zip(p["segments"], p["segments"][1:]))
+
+
+def test_report_section_and_json(two_rank, capsys):
+    from tracekit.report import build_report, print_report, report_json
+
+    rep = build_report(run_id="tr", con=two_rank)
+    sec = json.loads(report_json(rep))["critical_path"]
+    assert [(r["rank"], r["length_ns"], r["straggler_ns"]) for r in sec["summary"]] == [(0, 54_000, 21_000), (1, 37_000, 0)]
+    # gemm C is on both paths (20 µs each) of 54 + 37 µs in all
+    top = sec["top_events"][0]
+    assert (top["name"], top["events"], top["on_path_ns"], top["share"]) == ("sm80_gemm_C", 2, 40_000, pytest.approx(40 / 91))
+    assert [(r["rank"], r["name"]) for r in sec["top_by_path"]] == [
+        (0, "sm80_gemm_C"), (0, NCCL), (0, "sm80_gemm_B"), (1, "sm80_gemm_C"), (1, NCCL), (1, "cudaLaunchKernel")]
+    # strips: the pieces merged by part and rank (rank 0's first three are all rank 1's straggler work)
+    strip0 = sec["paths"][0]["segments"]
+    assert [(s[0], s[1], s[2], s[3], s[4]) for s in strip0[:2]] == [
+        (_ns_of(1), _ns_of(22), "straggler", "sm80_gemm_C", 3), (_ns_of(22), _ns_of(40), "exposed_comm", NCCL, 1)]
+    from rich.console import Console
+
+    print_report(rep, Console(width=100, file=None, force_terminal=False))
+    out = capsys.readouterr().out
+    assert "Critical path per step and rank" in out and "38.9%" in out  # rank 0: straggler 21 / 54
+
+
+def test_perfetto_track(two_rank_store, tmp_path):
+    from decimal import Decimal
+
+    from tracekit.export import export_perfetto
+
+    out = tmp_path / "tr.json"
+    stats = export_perfetto(two_rank_store, out, run_id="tr")
+    doc = json.loads(out.read_text(), parse_float=Decimal)
+    ev = doc["traceEvents"]
+    (pid,) = [e["pid"] for e in ev if e["ph"] == "M" and e["name"] == "process_name" and e["args"]["name"] == "critical path"]
+    assert pid == 2
+    tname = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid}
+    lane0 = [e for e in ev if e["ph"] == "X" and e["pid"] == pid and tname[e["tid"]] == "rank 0's path"]
+    origin = doc["otherData"]["time_origin_ns"]
+    got = [(int(e["ts"] * 1000) + origin, int((e["ts"] + e["dur"]) * 1000) + origin, e["args"]["part"], e["name"],
+            e["args"]["event_rank"]) for e in lane0]
+    assert got == [(_ns_of(a), _ns_of(b), part, name, r) for a, b, part, name, r in RANK0_PIECES]
+    assert stats.path_slices == len(RANK0_PIECES) + 4  # rank 1's path: launch, idle gap, gemm C, all-reduce
