@@ -885,7 +885,7 @@ def print_critical_path(report: dict, console) -> None:
     top = sec.get("top_events") or []
     if top:
         t = _table(f"Top events on the critical paths (top {TOP_PATH_EVENTS} by time on the paths)")
-        t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=56)
+        t.add_column("name")
         for col in ("class", "events", "ranks", "on path ms", "share"):
             t.add_column(col, justify="left" if col == "class" else "right")
         for r in top:
