@@ -309,10 +309,19 @@ _SUMMARY_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "star
                  "other_ranks": "INTEGER"}
 
 
+_ARROW = {"VARCHAR": "string", "INTEGER": "int32", "BIGINT": "int64"}
+
+
 def _table(con, name: str, cols: dict[str, str], rows: list[dict]) -> None:
-    """A temporary table `name` of `rows` with the given column types."""
-    sel = ", ".join(f"unnest(?::{t}[]) AS {c}" for c, t in cols.items())
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {sel}", [[r[c] for r in rows] for c in cols])
+    """A temporary table `name` of `rows` with the given column types (through Arrow)."""
+    import pyarrow as pa
+
+    tbl = pa.table({c: pa.array([r[c] for r in rows], type=getattr(pa, _ARROW[t])()) for c, t in cols.items()})
+    con.register(f"{name}_arrow", tbl)
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {name}_arrow")
+    finally:
+        con.unregister(f"{name}_arrow")
 
 
 def create(con) -> None:
