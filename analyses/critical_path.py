@@ -99,6 +99,8 @@ other_ranks      INTEGER  distinct ranks other than rank on the path
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 CLASSES = ("compute", "comm", "memory", "cpu", "sync", "other")
@@ -125,24 +127,24 @@ ORDER BY tid, end_ns, ts_ns, event_id
 
 class _Ends:
     """A subset of a window's nodes in (end, start, event_id) order, to find the one that ended
-    last by a given time."""
+    last by a given time (Python lists: the walk asks one node at a time)."""
 
     def __init__(self, w: "_Window", members: np.ndarray):
         pos = np.flatnonzero(members)
-        self.pos = pos[np.lexsort((w.eid[pos], w.s[pos], w.e[pos]))]
-        self.e = w.e[self.pos]
-        self.order = np.full(len(w.eid), len(self.pos), dtype=np.int64)
-        self.order[self.pos] = np.arange(len(self.pos))
+        pos = pos[np.lexsort((w.eid[pos], w.s[pos], w.e[pos]))]
+        self.pos = pos.tolist()
+        self.e = w.e[pos].tolist()
+        self.order = dict(zip(self.pos, range(len(self.pos))))
 
     def last_by(self, t: int, i: int) -> int | None:
         """The position of the member ending last at or before t, among those before node i in
         this order (so a zero-length node never precedes itself or a tie after it); None if none."""
-        k = min(int(np.searchsorted(self.e, t, "right")), int(self.order[i])) - 1
-        return int(self.pos[k]) if k >= 0 else None
+        k = min(bisect.bisect_right(self.e, t), self.order.get(i, len(self.pos))) - 1
+        return self.pos[k] if k >= 0 else None
 
 
 class _Window:
-    """One rank's nodes in one window (the columns of _NODES as numpy arrays)."""
+    """One rank's nodes in one window (the columns of _NODES; lists once indexed)."""
 
     def __init__(self, con, run_id: str, rank: int, step):
         t = con.execute(_NODES, [run_id, rank, step]).fetchnumpy()
@@ -154,55 +156,54 @@ class _Window:
         self.e = np.asarray(t["end_ns"], dtype=np.int64)
         self.cls = np.asarray(t["class"], dtype=object)
         self.launch = np.asarray(t["launch"], dtype=np.int64)
-        self._by_eid = np.argsort(self.eid, kind="stable")
-        self._eid_sorted = self.eid[self._by_eid]
         self._tracks = {int(k): _Ends(self, self.tid == k) for k in np.unique(self.tid)}
         self._gpu = _Ends(self, self.gpu)
         self._cpu = _Ends(self, ~self.gpu)
         self._launched: dict[int, int] = {}  # launch call's event_id → the GPU op it launched ending last
-        for j in np.flatnonzero(self.gpu & (self.launch >= 0)):
+        for j in np.flatnonzero(self.gpu & (self.launch >= 0)).tolist():
             k = self._launched.get(int(self.launch[j]))
             if k is None or self.e[j] > self.e[k]:
-                self._launched[int(self.launch[j])] = int(j)
+                self._launched[int(self.launch[j])] = j
+        self._pos = {int(x): n for n, x in enumerate(self.eid.tolist())} if len(self.eid) else {}
+        self._last = int(np.lexsort((self.s, self.e))[-1]) if len(self.eid) else -1
+        for name in ("eid", "gpu", "tid", "s", "e", "cls", "launch"):
+            setattr(self, name, getattr(self, name).tolist())
 
     def __len__(self) -> int:
         return len(self.eid)
 
     def pos(self, event_id: int) -> int | None:
         """The position of event_id among the nodes, or None."""
-        k = int(np.searchsorted(self._eid_sorted, event_id))
-        if k < len(self._eid_sorted) and self._eid_sorted[k] == event_id:
-            return int(self._by_eid[k])
-        return None
+        return self._pos.get(event_id)
 
     def last(self) -> int:
         """The node ending last (latest start on ties)."""
-        return int(np.lexsort((self.s, self.e))[-1])
+        return self._last
 
     def preds(self, i: int):
         """[(ready_ns, kind, (self, position))] of node i's predecessors in this window (the
         collective edge, which may lead to another rank's window, is added by :func:`walk`)."""
-        s, gpu = int(self.s[i]), bool(self.gpu[i])
-        found = [(self._tracks[int(self.tid[i])].last_by(s, i), "stream" if gpu else "thread"),
+        s, gpu = self.s[i], self.gpu[i]
+        found = [(self._tracks[self.tid[i]].last_by(s, i), "stream" if gpu else "thread"),
                  ((self._gpu if gpu else self._cpu).last_by(s, i), "cross_stream" if gpu else "host")]
-        out = [(int(self.e[j]), kind, (self, j)) for j, kind in found if j is not None]
+        out = [(self.e[j], kind, (self, j)) for j, kind in found if j is not None]
         if gpu and self.launch[i] >= 0:
-            k = self.pos(int(self.launch[i]))
+            k = self.pos(self.launch[i])
             if k is not None and k != i and not self._blocking(k, i):
-                out.append((min(int(self.e[k]), s), "launch", (self, k)))
+                out.append((min(self.e[k], s), "launch", (self, k)))
         if not gpu and self.cls[i] == "sync":
-            g = self._gpu.last_by(int(self.e[i]), i)  # i is no GPU member: nothing excluded
+            g = self._gpu.last_by(self.e[i], i)  # i is no GPU member: nothing excluded
             if g is not None and self.e[g] > s:
-                out.append((int(self.e[g]), "sync", (self, g)))
-        g = None if gpu else self._launched.get(int(self.eid[i]))
+                out.append((self.e[g], "sync", (self, g)))
+        g = None if gpu else self._launched.get(self.eid[i])
         if g is not None and self._blocking(i, g):
-            out.append((int(self.e[g]), "sync", (self, g)))
+            out.append((self.e[g], "sync", (self, g)))
         return out
 
     def _blocking(self, call: int, op: int) -> bool:
         """Whether launch call `call` returned only after its GPU op `op` ended (a blocking
         cudaMemcpy, pageable cudaMemcpyAsync): then op → call is an edge and call → op is not."""
-        return bool(self.s[call] < self.e[op] <= self.e[call])
+        return self.s[call] < self.e[op] <= self.e[call]
 
 
 def _last_arrivals(con, run_id: str) -> dict[tuple[int, int], tuple[int, int, int]]:
@@ -233,22 +234,22 @@ def walk(windows, rank: int, arrivals) -> tuple[list[dict], dict]:
     """
     w = windows(rank)
     i = w.last()
-    end = cursor = int(w.e[i])
+    end = cursor = w.e[i]
     parts = dict.fromkeys(PARTS, 0)
     rows: list[dict] = []
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int]] = set()  # (rank, position in its window)
     edge = "end"
     while True:
-        seen.add((w.rank, int(w.eid[i])))
-        s = int(w.s[i])
+        seen.add((w.rank, i))
+        s = w.s[i]
         cands = w.preds(i)
-        arr = arrivals.get((w.rank, int(w.eid[i])))
+        arr = arrivals.get((w.rank, w.eid[i]))
         if arr is not None:
             ow = windows(arr[0])
             k = ow.pos(arr[1]) if ow is not None else None
             if k is not None:
                 cands.append((arr[2], "collective", (ow, k)))
-        cands = [c for c in cands if c[0] <= cursor and (c[2][0].rank, int(c[2][0].eid[c[2][1]])) not in seen]
+        cands = [c for c in cands if c[0] <= cursor and (c[2][0].rank, c[2][1]) not in seen]
         best = max(cands, key=lambda c: (c[0], _PRIORITY[c[1]])) if cands else None
         seg = min(max(s, best[0]) if best else s, cursor)
         ready = min(best[0], seg) if best else seg
@@ -256,7 +257,7 @@ def walk(windows, rank: int, arrivals) -> tuple[list[dict], dict]:
         parts[_COMPOSITION.get(w.cls[i], "sync_other_ns") if own else "straggler_ns"] += cursor - seg
         if best is not None and seg > ready:
             parts[gap_part(best[1]) if own else "straggler_ns"] += seg - ready
-        rows.append({"event_rank": w.rank, "event_id": int(w.eid[i]), "on_path_ns": cursor - seg,
+        rows.append({"event_rank": w.rank, "event_id": w.eid[i], "on_path_ns": cursor - seg,
                      "gap_ns": seg - ready, "edge": edge})
         cursor = ready
         if best is None:

@@ -284,3 +284,23 @@ def test_perfetto_track(two_rank_store, tmp_path):
             e["args"]["event_rank"]) for e in lane0]
     assert got == [(_ns_of(a), _ns_of(b), part, name, r) for a, b, part, name, r in RANK0_PIECES]
     assert stats.path_slices == len(RANK0_PIECES) + 4  # rank 1's path: launch, idle gap, gemm C, all-reduce
+
+
+def test_html_strip_renders_in_chromium(two_rank, tmp_path):
+    from tests.test_html_report import _run_chromium
+    from tracekit.html_report import critical_path_figure, write_html_report
+    from tracekit.report import build_report
+
+    rep = build_report(run_id="tr", con=two_rank)
+    fig = critical_path_figure({"report": rep})
+    assert {t.name for t in fig.data} == {
+        "compute", "exposed communication", "launch/CPU", "sync/other", "on a straggler's work", "idle"}
+    comm = next(t for t in fig.data if t.name == "exposed communication")
+    # µs from the earliest path start (1 µs): rank 0's all-reduce [22, 40), rank 1's [22, 38)
+    assert list(comm.y) == ["step 1 · rank 0", "step 1 · rank 1"]
+    assert list(comm.base) == [21.0, 21.0] and list(comm.x) == [18.0, 16.0]
+    page = write_html_report(None, tmp_path / "tr.html", run_id="tr", report=rep, con=two_rank)
+    dom, log = _run_chromium(page, tmp_path, None)
+    part = dom.split('id="tk-sec-critical-path"', 1)[1].split("</section>", 1)[0]
+    assert 'id="tk-fig-critical-path"' in part and 'class="main-svg"' in part
+    assert "Uncaught" not in log
