@@ -47,8 +47,9 @@ idle; a rank's several GPUs are taken as one device. A collective whose last arr
 in another window (step) is not followed. Clocks across hosts are taken as aligned
 (ranks.clock_offset_ns is already applied to the store's times).
 
-Memory: one window's nodes of every rank at a time (~60 B per node), plus the run's collective
-rows; the walk visits only the nodes on a path.
+Memory: one window's nodes of every rank at a time (numpy arrays, ~110 B per node measured on
+hta_ddp_v100's steps), plus the run's collective rows; the walk visits only the nodes on a path
+(time per path event, not per node: ~15 µs).
 
 critical_path: one row per event on each path, in path order.
 
@@ -99,11 +100,10 @@ other_ranks      INTEGER  distinct ranks other than rank on the path
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 CLASSES = ("compute", "comm", "memory", "cpu", "sync", "other")
+_SYNC = CLASSES.index("sync") + 1
 _COMPOSITION = {"compute": "compute_ns", "comm": "exposed_comm_ns", "memory": "memory_ns",
                 "cpu": "launch_cpu_ns", "sync": "sync_other_ns", "other": "sync_other_ns"}
 PARTS = ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sync_other_ns",
@@ -116,7 +116,7 @@ _PRIORITY = {"collective": 4, "sync": 3, "stream": 2, "thread": 2, "launch": 1, 
 _NODES = """
 SELECT event_id, track_kind = 'gpu_stream' AS gpu,
        dense_rank() OVER (ORDER BY track_kind, device, track) AS tid,
-       ts_ns, ts_ns + dur_ns AS end_ns, coalesce(class, 'other') AS class,
+       ts_ns, ts_ns + dur_ns AS end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class,
        coalesce(launch_event_id, -1) AS launch
 FROM events
 WHERE run_id = ? AND rank = ? AND step IS NOT DISTINCT FROM ? AND ts_ns IS NOT NULL AND dur_ns >= 0
@@ -127,83 +127,98 @@ ORDER BY tid, end_ns, ts_ns, event_id
 
 class _Ends:
     """A subset of a window's nodes in (end, start, event_id) order, to find the one that ended
-    last by a given time (Python lists: the walk asks one node at a time)."""
+    last by a given time."""
 
-    def __init__(self, w: "_Window", members: np.ndarray):
+    def __init__(self, w: "_Window", members: np.ndarray, order: np.ndarray):
+        """order: an array over all the window's nodes, shared by disjoint subsets; this subset
+        writes its members' ranks in it."""
         pos = np.flatnonzero(members)
-        pos = pos[np.lexsort((w.eid[pos], w.s[pos], w.e[pos]))]
-        self.pos = pos.tolist()
-        self.e = w.e[pos].tolist()
-        self.order = dict(zip(self.pos, range(len(self.pos))))
+        self.pos = pos[np.lexsort((w.eid[pos], w.s[pos], w.e[pos]))]
+        self.e = w.e[self.pos]
+        self.order = order
+        order[self.pos] = np.arange(len(self.pos))
 
-    def last_by(self, t: int, i: int) -> int | None:
-        """The position of the member ending last at or before t, among those before node i in
-        this order (so a zero-length node never precedes itself or a tie after it); None if none."""
-        k = min(bisect.bisect_right(self.e, t), self.order.get(i, len(self.pos))) - 1
-        return self.pos[k] if k >= 0 else None
+    def last_by(self, t: int, i: int | None) -> int | None:
+        """The position of the member ending last at or before t, among those before member i in
+        this order (so a zero-length node never precedes itself or a tie after it; i = None: no
+        such limit); None if none."""
+        k = int(np.searchsorted(self.e, t, "right"))
+        if i is not None:
+            k = min(k, int(self.order[i]))
+        return int(self.pos[k - 1]) if k >= 1 else None
 
 
 class _Window:
-    """One rank's nodes in one window (the columns of _NODES; lists once indexed)."""
+    """One rank's nodes in one window (the columns of _NODES as numpy arrays)."""
 
     def __init__(self, con, run_id: str, rank: int, step):
-        t = con.execute(_NODES, [run_id, rank, step]).fetchnumpy()
+        t = con.execute(_NODES, [list(CLASSES), run_id, rank, step]).fetchnumpy()
         self.rank = rank
         self.eid = np.asarray(t["event_id"], dtype=np.int64)
         self.gpu = np.asarray(t["gpu"], dtype=bool)
         self.tid = np.asarray(t["tid"], dtype=np.int64)
         self.s = np.asarray(t["ts_ns"], dtype=np.int64)
         self.e = np.asarray(t["end_ns"], dtype=np.int64)
-        self.cls = np.asarray(t["class"], dtype=object)
+        self.cls = np.asarray(t["class"], dtype=np.int8)  # 1-based index into CLASSES, 0: none
         self.launch = np.asarray(t["launch"], dtype=np.int64)
-        self._tracks = {int(k): _Ends(self, self.tid == k) for k in np.unique(self.tid)}
-        self._gpu = _Ends(self, self.gpu)
-        self._cpu = _Ends(self, ~self.gpu)
-        self._launched: dict[int, int] = {}  # launch call's event_id → the GPU op it launched ending last
-        for j in np.flatnonzero(self.gpu & (self.launch >= 0)).tolist():
-            k = self._launched.get(int(self.launch[j]))
-            if k is None or self.e[j] > self.e[k]:
-                self._launched[int(self.launch[j])] = j
-        self._pos = {int(x): n for n, x in enumerate(self.eid.tolist())} if len(self.eid) else {}
-        self._last = int(np.lexsort((self.s, self.e))[-1]) if len(self.eid) else -1
-        for name in ("eid", "gpu", "tid", "s", "e", "cls", "launch"):
-            setattr(self, name, getattr(self, name).tolist())
+        self._by_eid = np.argsort(self.eid, kind="stable")
+        self._eid_sorted = self.eid[self._by_eid]
+        in_track, in_kind = np.empty(len(self.eid), np.int64), np.empty(len(self.eid), np.int64)
+        bounds = np.flatnonzero(np.r_[True, self.tid[1:] != self.tid[:-1]]) if len(self.tid) else []
+        self._tracks = {int(self.tid[b]): _Ends(self, self.tid == self.tid[b], in_track) for b in bounds}
+        self._gpu = _Ends(self, self.gpu, in_kind)
+        self._cpu = _Ends(self, ~self.gpu, in_kind)
+        # launch call's event_id → the GPU op it launched ending last (sorted ids, their ops)
+        ops = np.flatnonzero(self.gpu & (self.launch >= 0))
+        ops = ops[np.lexsort((self.e[ops], self.launch[ops]))]
+        last = np.r_[self.launch[ops][1:] != self.launch[ops][:-1], True] if len(ops) else np.zeros(0, bool)
+        self._launch_ids, self._launch_ops = self.launch[ops][last], ops[last]
 
     def __len__(self) -> int:
         return len(self.eid)
 
     def pos(self, event_id: int) -> int | None:
         """The position of event_id among the nodes, or None."""
-        return self._pos.get(event_id)
+        k = int(np.searchsorted(self._eid_sorted, event_id))
+        if k < len(self._eid_sorted) and self._eid_sorted[k] == event_id:
+            return int(self._by_eid[k])
+        return None
 
     def last(self) -> int:
         """The node ending last (latest start on ties)."""
-        return self._last
+        return int(np.lexsort((self.s, self.e))[-1])
 
     def preds(self, i: int):
         """[(ready_ns, kind, (self, position))] of node i's predecessors in this window (the
         collective edge, which may lead to another rank's window, is added by :func:`walk`)."""
-        s, gpu = self.s[i], self.gpu[i]
-        found = [(self._tracks[self.tid[i]].last_by(s, i), "stream" if gpu else "thread"),
+        s, gpu = int(self.s[i]), bool(self.gpu[i])
+        found = [(self._tracks[int(self.tid[i])].last_by(s, i), "stream" if gpu else "thread"),
                  ((self._gpu if gpu else self._cpu).last_by(s, i), "cross_stream" if gpu else "host")]
-        out = [(self.e[j], kind, (self, j)) for j, kind in found if j is not None]
+        out = [(int(self.e[j]), kind, (self, j)) for j, kind in found if j is not None]
         if gpu and self.launch[i] >= 0:
-            k = self.pos(self.launch[i])
+            k = self.pos(int(self.launch[i]))
             if k is not None and k != i and not self._blocking(k, i):
-                out.append((min(self.e[k], s), "launch", (self, k)))
-        if not gpu and self.cls[i] == "sync":
-            g = self._gpu.last_by(self.e[i], i)  # i is no GPU member: nothing excluded
+                out.append((min(int(self.e[k]), s), "launch", (self, k)))
+        if not gpu and self.cls[i] == _SYNC:
+            g = self._gpu.last_by(int(self.e[i]), None)  # i is no GPU member: nothing excluded
             if g is not None and self.e[g] > s:
-                out.append((self.e[g], "sync", (self, g)))
-        g = None if gpu else self._launched.get(self.eid[i])
+                out.append((int(self.e[g]), "sync", (self, g)))
+        g = None if gpu else self._launched(int(self.eid[i]))
         if g is not None and self._blocking(i, g):
-            out.append((self.e[g], "sync", (self, g)))
+            out.append((int(self.e[g]), "sync", (self, g)))
         return out
+
+    def _launched(self, event_id: int) -> int | None:
+        """The position of the GPU op ending last among those launched by event_id, or None."""
+        k = int(np.searchsorted(self._launch_ids, event_id))
+        if k < len(self._launch_ids) and self._launch_ids[k] == event_id:
+            return int(self._launch_ops[k])
+        return None
 
     def _blocking(self, call: int, op: int) -> bool:
         """Whether launch call `call` returned only after its GPU op `op` ended (a blocking
         cudaMemcpy, pageable cudaMemcpyAsync): then op → call is an edge and call → op is not."""
-        return self.s[call] < self.e[op] <= self.e[call]
+        return bool(self.s[call] < self.e[op] <= self.e[call])
 
 
 def _last_arrivals(con, run_id: str) -> dict[tuple[int, int], tuple[int, int, int]]:
@@ -234,30 +249,31 @@ def walk(windows, rank: int, arrivals) -> tuple[list[dict], dict]:
     """
     w = windows(rank)
     i = w.last()
-    end = cursor = w.e[i]
+    end = cursor = int(w.e[i])
     parts = dict.fromkeys(PARTS, 0)
     rows: list[dict] = []
-    seen: set[tuple[int, int]] = set()  # (rank, position in its window)
+    seen: set[tuple[int, int]] = set()
     edge = "end"
     while True:
-        seen.add((w.rank, i))
-        s = w.s[i]
+        seen.add((w.rank, int(w.eid[i])))
+        s = int(w.s[i])
         cands = w.preds(i)
-        arr = arrivals.get((w.rank, w.eid[i]))
+        arr = arrivals.get((w.rank, int(w.eid[i])))
         if arr is not None:
             ow = windows(arr[0])
             k = ow.pos(arr[1]) if ow is not None else None
             if k is not None:
                 cands.append((arr[2], "collective", (ow, k)))
-        cands = [c for c in cands if c[0] <= cursor and (c[2][0].rank, c[2][1]) not in seen]
+        cands = [c for c in cands if c[0] <= cursor and (c[2][0].rank, int(c[2][0].eid[c[2][1]])) not in seen]
         best = max(cands, key=lambda c: (c[0], _PRIORITY[c[1]])) if cands else None
         seg = min(max(s, best[0]) if best else s, cursor)
         ready = min(best[0], seg) if best else seg
         own = w.rank == rank
-        parts[_COMPOSITION.get(w.cls[i], "sync_other_ns") if own else "straggler_ns"] += cursor - seg
+        parts[_COMPOSITION.get(CLASSES[w.cls[i] - 1] if w.cls[i] else "other", "sync_other_ns") if own
+              else "straggler_ns"] += cursor - seg
         if best is not None and seg > ready:
             parts[gap_part(best[1]) if own else "straggler_ns"] += seg - ready
-        rows.append({"event_rank": w.rank, "event_id": w.eid[i], "on_path_ns": cursor - seg,
+        rows.append({"event_rank": w.rank, "event_id": int(w.eid[i]), "on_path_ns": cursor - seg,
                      "gap_ns": seg - ready, "edge": edge})
         cursor = ready
         if best is None:
