@@ -292,11 +292,12 @@ def _steps(con, run_id: str) -> list:
 
 
 def run_paths(con, run_id: str):
-    """(path rows, summary rows) of every rank and window of one run (see the module docstring)."""
+    """Per window (profiler step) of one run, (path rows, summary rows) of every rank: dicts with
+    the columns of _PATH_COLS and _SUMMARY_COLS (see the module docstring). A generator, so that
+    one window's paths are held at a time."""
     arrivals = _last_arrivals(con, run_id)
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM events WHERE run_id = ? ORDER BY rank",
                                        [run_id]).fetchall()]
-    path, summary = [], []
     for step in _steps(con, run_id):
         cache: dict[int, _Window | None] = {}
 
@@ -306,6 +307,7 @@ def run_paths(con, run_id: str):
                 cache[r] = win if len(win) else None
             return cache[r]
 
+        path, summary = [], []
         for rank in ranks:
             if windows(rank) is None:
                 continue
@@ -315,7 +317,7 @@ def run_paths(con, run_id: str):
             summary.append({"run_id": run_id, "rank": rank, "step": step, **summ,
                             "path_events": len(rows),
                             "other_ranks": len({r["event_rank"] for r in rows} - {rank})})
-    return path, summary
+        yield path, summary
 
 
 _PATH_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "pos": "INTEGER",
@@ -329,14 +331,15 @@ _SUMMARY_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "star
 _ARROW = {"VARCHAR": "string", "INTEGER": "int32", "BIGINT": "int64"}
 
 
-def _table(con, name: str, cols: dict[str, str], rows: list[dict]) -> None:
-    """A temporary table `name` of `rows` with the given column types (through Arrow)."""
+def _append(con, name: str, cols: dict[str, str], rows: list[dict]) -> None:
+    """Append `rows` to the temporary table `name` (created empty, with the given column types,
+    on the first call of a connection's build) through Arrow."""
     import pyarrow as pa
 
     tbl = pa.table({c: pa.array([r[c] for r in rows], type=getattr(pa, _ARROW[t])()) for c, t in cols.items()})
     con.register(f"{name}_arrow", tbl)
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {name}_arrow")
+        con.execute(f"INSERT INTO {name} SELECT * FROM {name}_arrow")
     finally:
         con.unregister(f"{name}_arrow")
 
@@ -344,13 +347,12 @@ def _table(con, name: str, cols: dict[str, str], rows: list[dict]) -> None:
 def create(con) -> None:
     """Create the tables ``critical_path`` and ``critical_path_summary`` on ``con`` (needs the
     view _instance_calls of instance_rows)."""
-    path, summary = [], []
+    for name, cols in (("_cp_rows", _PATH_COLS), ("_cp_summary", _SUMMARY_COLS)):
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({', '.join(f'{c} {t}' for c, t in cols.items())})")
     for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
-        p, s = run_paths(con, run_id)
-        path += p
-        summary += s
-    _table(con, "_cp_rows", _PATH_COLS, path)
-    _table(con, "_cp_summary", _SUMMARY_COLS, summary)
+        for path, summary in run_paths(con, run_id):
+            _append(con, "_cp_rows", _PATH_COLS, path)
+            _append(con, "_cp_summary", _SUMMARY_COLS, summary)
     con.execute(
         """
         CREATE OR REPLACE TABLE critical_path AS
