@@ -6,17 +6,19 @@
    every path from a root to the last node weighs end − origin minus its non-binding slack, so
    the longest weighs exactly end − origin, and only a chain of latest-ready predecessors does.
 3. The report section, the HTML figure and the Perfetto track.
+4. The real 8-rank DLRM step (../shared/traces, skipped when absent), read as an engineer would:
+   host-bound, every path crossing to the straggler collective_instances names.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 
 import pytest
 
 from conftest import FIXTURES
 from tracekit import analyses
+from tracekit.analyses import critical_path as cp
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
 
@@ -108,7 +110,7 @@ def test_two_rank_path_by_hand(two_rank):
         (1, 1, 1, "sm80_gemm_C", "compute", 20 * US, 500, "stream"),
         (1, 2, 1, NCCL, "comm", 16 * US, 0, "end"),  # rank 1 arrived last: [22, 38)
     ]
-    cols = ["rank", "step", "length_ns", *analyses.critical_path.PARTS, "path_events", "other_ranks"]
+    cols = ["rank", "step", "length_ns", *cp.PARTS, "path_events", "other_ranks"]
     summ = two_rank.execute(f"SELECT {', '.join(cols)} FROM critical_path_summary ORDER BY rank").fetchall()
     # rank 0: [1, 55) = 54 µs = compute 10 + exposed comm 18 + memory 0 + launch/CPU 0.5 + 0.5
     # + sync 0.5 + straggler (rank 1: 0.5 + 0.5 + 20) 21 + idle 3.5
@@ -116,7 +118,7 @@ def test_two_rank_path_by_hand(two_rank):
     # rank 1: [1, 38) = 37 µs = compute 20 + comm 16 + launch 0.5 + idle (launch → kernel) 0.5
     assert summ[1] == (1, 1, 37 * US, 20 * US, 16 * US, 0, 500, 0, 0, 500, 3, 0)
     for r in two_rank.execute("SELECT * FROM critical_path_summary").df().to_dict("records"):
-        assert sum(r[p] for p in analyses.critical_path.PARTS) == r["length_ns"] == r["end_ns"] - r["start_ns"]
+        assert sum(r[p] for p in cp.PARTS) == r["length_ns"] == r["end_ns"] - r["start_ns"]
 
 
 # --- one rank: agreement with an independent longest path --------------------------------------
@@ -236,7 +238,7 @@ def _ns_of(us):
 
 
 def test_path_segments_tile_the_path(two_rank):
-    segs = {p["rank"]: p for p in analyses.critical_path.path_segments(two_rank, "tr")}
+    segs = {p["rank"]: p for p in cp.path_segments(two_rank, "tr")}
     assert [tuple(s) for s in segs[0]["segments"]] == [
         (_ns_of(a), _ns_of(b), part, name, r) for a, b, part, name, r in RANK0_PIECES]
     for p in segs.values():
@@ -304,3 +306,30 @@ def test_html_strip_renders_in_chromium(two_rank, tmp_path):
     part = dom.split('id="tk-sec-critical-path"', 1)[1].split("</section>", 1)[0]
     assert 'id="tk-fig-critical-path"' in part and 'class="main-svg"' in part
     assert "Uncaught" not in log
+
+
+@pytest.mark.skipif(not SHARED_DLRM.is_dir(), reason="../shared/traces/param_dlrm_8rank_v100 is absent")
+def test_dlrm_8_ranks_read_as_a_performance_engineer(tmp_path):
+    """The real 8-rank DLRM step: host-bound (its kernels are µs long), and rank 7 arrived last at
+    the forward all-to-all (default:1): every other rank's path crosses to rank 7 exactly there,
+    as collective_instances names it the straggler, and the part of its path on rank 7 is its
+    straggler time."""
+    store = Store(tmp_path / "s")
+    ingest_paths([SHARED_DLRM], store, run_id="dlrm")
+    con = analyses.connect(store)
+    rows = con.execute("SELECT rank, length_ns, straggler_ns, launch_cpu_ns, compute_ns, other_ranks, "
+                       + " + ".join(cp.PARTS) + " FROM critical_path_summary ORDER BY rank").fetchall()
+    assert [r[0] for r in rows] == list(range(8))
+    for rank, length, straggler, cpu, compute, others, parts in rows:
+        assert parts == length and cpu > 0.5 * length and compute < 0.01 * length
+        assert (others, straggler > 0.3 * length) == ((0, False) if rank == 7 else (1, True))
+    jumps = con.execute("""
+        SELECT p.rank, p.event_rank, i.straggler, c.pg_name || ':' || c.seq
+        FROM critical_path p
+        JOIN collectives c ON c.run_id = p.run_id AND c.rank = p.event_rank AND c.event_id = p.event_id
+        JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name AND i.seq = c.seq
+        WHERE p.edge = 'collective' ORDER BY p.rank""").fetchall()
+    assert jumps == [(r, 7, 7, "default:1") for r in range(7)]
+    on7 = con.execute("SELECT rank, sum(on_path_ns + gap_ns) FILTER (WHERE event_rank = 7) FROM critical_path "
+                      "WHERE rank < 7 GROUP BY rank ORDER BY rank").fetchall()
+    assert [n for _, n in on7] == [r[2] for r in rows[:7]]
