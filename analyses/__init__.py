@@ -33,6 +33,7 @@ PIPELINE = (
     "collective_samples",
     "fit",                   # Python: alpha_beta_fit
     "verdicts",              # collective_verdicts
+    "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
     "intervals",             # SQL: the interval macros
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
@@ -45,8 +46,8 @@ PIPELINE = (
     "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
 )
 """The analysis modules in creation order (each after every module it reads). The collective
-chain comes first and the overlap chain after it, so that the export (collectives, waits,
-verdicts) never sweeps the events for overlap."""
+chain comes first, then the critical path, and the overlap chain after them, so that the export
+(collectives, waits, verdicts, the critical path's track) never sweeps the events for overlap."""
 
 
 def modules() -> dict[str, str]:

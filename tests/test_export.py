@@ -45,10 +45,13 @@ def check_trace(doc: dict) -> dict:
     for e in ev:
         if e["ph"] == "M" and e["name"] == "process_name":
             names[e["pid"]] = e["args"]["name"]
+    path_pid = {p for p, n in names.items() if n == "critical path"}
+    names = {p: n for p, n in names.items() if p not in path_pid}  # the ranks'
+    for e in ev:
         if e["ph"] == "M" and e["name"] == "thread_name":
             assert (e["pid"], e["tid"]) not in threads, "a thread is named twice"
             threads.add((e["pid"], e["tid"]))
-    tracks = defaultdict(list)
+    tracks, path_tracks = defaultdict(list), defaultdict(list)
     for e in ev:
         if e["ph"] != "X":
             continue
@@ -57,7 +60,11 @@ def check_trace(doc: dict) -> dict:
         s = _ns(e["ts"])
         d = _ns(e["dur"])
         assert d >= 0
-        tracks[(e["pid"], e["tid"])].append((s, s + d, e))
+        assert (e["pid"] in path_pid) == (e.get("cat") == "critical_path")
+        (path_tracks if e["pid"] in path_pid else tracks)[(e["pid"], e["tid"])].append((s, s + d, e))
+    for spans in path_tracks.values():  # a path's pieces tile it: they never overlap
+        spans.sort(key=lambda x: x[0])
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     # no partial overlap on a track: sorted by (start, longest first), each slice either starts
     # after the enclosing one ended or ends inside it
     for key, spans in tracks.items():
@@ -84,7 +91,7 @@ def check_trace(doc: dict) -> dict:
             assert inside, f"flow {fid} end not inside a slice of instance {e['name']}"
             linked[e["name"]].add(e["pid"])
         assert _ns(ends["s"]["ts"]) <= _ns(ends["f"]["ts"]), "flow goes back in time"
-    return dict(origin=origin, processes=names, tracks=tracks, linked=linked, flows=by_id)
+    return dict(origin=origin, processes=names, tracks=tracks, linked=linked, flows=by_id, path_tracks=path_tracks)
 
 
 def _expected_instances(store: Store, run_id: str) -> dict[str, set[int]]:
@@ -184,7 +191,8 @@ def test_crossing_cpu_ops_go_to_an_overflow_track(tmp_path):
     facts = check_trace(doc)
     assert stats.overflow_slices == 1
     names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
-    (crossing,) = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "aten::crossing"]
+    (crossing,) = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "aten::crossing"
+                   and e["cat"] != "critical_path"]
     assert names[crossing["tid"]].endswith("(overflow 1)")
     assert facts["origin"] == 100_000
     assert (crossing["ts"], crossing["dur"]) == (Decimal("40.0"), Decimal("30.5"))  # moved, never cut
@@ -208,7 +216,7 @@ def test_dlrm_8_ranks_merged(tmp_path):
     doc = _load(out)
     facts = check_trace(doc)
     assert sorted(facts["processes"]) == list(range(8)) and stats.processes == 8
-    assert {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(8))
+    assert {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "critical_path"} == set(range(8))
     expected = _expected_instances(st, rid)
     assert len(expected) == 8 and all(len(r) == 8 for r in expected.values())
     assert facts["linked"] == expected

@@ -2,13 +2,18 @@
 m = 4 micro-batches, gloo on CPU): every part recomputed independently from the events and
 collectives tables, and the model column against (p−1)/(m+p−1) = 1/5.
 
-Measured against model: on this recording the measured bubble fraction is 0.52–0.63 per stage
-and step against the ideal 0.2: the formula assumes free transfers and no work between a stage's
-ops, while here each 32 kB gloo send/recv costs 0.1–6 ms and the CPU time between aten ops (Python,
-autograd) is not compute. The test asserts what holds whatever the machine: measured ≥ model.
+Measured against model (the stated tolerance, see analyses/pipeline_bubbles.sql's header): on this
+recording the measured bubble fraction is 0.52–0.63 per stage and step against the ideal 0.2. The
+GPipe recurrence (stage s runs F0..F3 then B3..B0; an op starts when its stage is free and its
+input from the neighbour stage is done; transfers free) fed with the measured durations of the
+`stage{s}.forward.mb{j}` / `.backward.mb{j}` ranges gives the bubble the schedule itself explains
+with these unequal stages: within 0.12 of (p−1)/(m+p−1) (stage imbalance), while the measured
+fraction is at or above it (gloo transfers of 0.1–6 ms and the CPU time between aten ops only add).
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -99,3 +104,46 @@ def test_html_section_renders_in_chromium(con, tmp_path):
     part = dom.split('id="tk-sec-bubbles"', 1)[1].split("</section>", 1)[0]
     assert 'id="tk-fig-bubbles"' in part and 'class="main-svg"' in part
     assert "Uncaught" not in log
+
+
+def _gpipe_recurrence(f, b):
+    """GPipe schedule with free transfers: f[s][j], b[s][j] the forward/backward durations of
+    micro-batch j on stage s. Returns (makespan, busy per stage), in the durations' unit."""
+    p, m = len(f), len(f[0])
+    free = [0] * p
+    end_f = [[0] * m for _ in range(p)]
+    end_b = [[0] * m for _ in range(p)]
+    for j in range(m):
+        for s in range(p):
+            free[s] = end_f[s][j] = max(free[s], end_f[s - 1][j] if s else 0) + f[s][j]
+    for j in reversed(range(m)):
+        for s in reversed(range(p)):
+            free[s] = end_b[s][j] = max(free[s], end_b[s + 1][j] if s + 1 < p else 0) + b[s][j]
+    return max(free), [sum(f[s]) + sum(b[s]) for s in range(p)]
+
+
+def test_gpipe_recurrence_by_hand():
+    # equal stages (f = 1, b = 2), p = 2, m = 4: makespan (m + p − 1)(f + b) = 15, bubble 1 − 12/15 = 0.2
+    span, busy = _gpipe_recurrence([[1] * 4] * 2, [[2] * 4] * 2)
+    assert (span, busy) == (15, [12, 12]) and 1 - busy[0] / span == pytest.approx(0.2)
+
+
+def test_bubble_tolerance_against_the_schedule(con):
+    rows = con.execute("SELECT rank, step, name, dur_ns FROM events WHERE "
+                       "regexp_matches(name, '^stage[0-9]+[.](forward|backward)[.]mb[0-9]+$')").fetchall()
+    dur = {}
+    for rank, step, name, d in rows:
+        s, kind, j = re.match(r"stage(\d+)\.(forward|backward)\.mb(\d+)", name).groups()
+        assert int(s) == rank
+        dur[(step, kind, rank, int(j))] = d
+    measured = {(r, st): (frac, model, window) for r, st, frac, model, window in
+                con.execute("SELECT rank, step, bubble_fraction, model_bubble_fraction, window_ns FROM pipeline_bubbles").fetchall()}
+    for step in (2, 3):
+        f = [[dur[(step, "forward", s, j)] for j in range(4)] for s in range(2)]
+        b = [[dur[(step, "backward", s, j)] for j in range(4)] for s in range(2)]
+        span, busy = _gpipe_recurrence(f, b)
+        for s in range(2):
+            frac, model, window = measured[(s, step)]
+            schedule = 1 - busy[s] / span
+            assert abs(schedule - model) <= 0.12  # stage imbalance only: 0.19–0.30 here
+            assert window >= span and frac >= schedule  # transfers and CPU overheads only add bubble

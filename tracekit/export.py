@@ -13,6 +13,15 @@
   instance's ranks in the order their slices start (the order of arrival when a call starts with
   its span, so the last arrow then ends at the straggler).
 
+The run's critical paths (analyses/critical_path.py) come as one more process, ``critical path``
+(pid = the highest rank + 1, sorted first), one thread per rank whose steps' paths it draws
+(``rank N's path``; a step's path that starts, on another rank, before the rank's previous one
+ended goes to an overflow thread): a slice per piece of the path (``cat`` ``critical_path``): the part of an
+event on the path, named as the event, or a gap (``idle`` / ``host code``), with ``args`` part
+(critical_path_summary's column without ``_ns``), event_rank (the rank the event ran on),
+path_rank, step. The pieces of a path
+tile it, so they never overlap on their track.
+
 Slices on one track never partially overlap: the trace-event format lets ``X`` events on one
 thread nest, not cross. Events are laid out per track with :func:`nest_lanes`; one that would cross
 an earlier slice moves to an overflow track (``… (overflow 1)``) under the same thread's name, so
@@ -46,6 +55,7 @@ class ExportStats:
     collectives: int = 0
     instances_linked: int = 0
     flows: int = 0
+    path_slices: int = 0
     time_origin_ns: int = 0
 
     def to_dict(self) -> dict:
@@ -218,6 +228,8 @@ def _write(con, run_id: str, out: Path) -> ExportStats:
                   "args": {"labels": f"clock offset {int(offset or 0) / 1000:g} µs"}})
             stats.processes += 1
             next_tid = _write_rank(con, run_id, pid, origin, coll, where, emit, stats, next_tid)
+        pid = max([int(r[0]) for r in ranks], default=-1) + 1
+        next_tid = _write_critical_path(con, run_id, pid, origin, emit, stats, next_tid)
         for inst, calls in _instances(con, run_id):
             # chain by the start of each rank's slice (normally the arrival order), so that no
             # arrow points back in time even where a call's start differs from its span's
@@ -308,4 +320,41 @@ def _write_rank(con, run_id, pid, origin, coll, where, emit, stats: ExportStats,
             if lane:
                 stats.overflow_slices += 1
         i = j
+    return next_tid
+
+
+def _write_critical_path(con, run_id, pid, origin, emit, stats: ExportStats, next_tid: int) -> int:
+    """Emit the ``critical path`` process (module docstring); returns the next free tid. Nothing
+    when the run has no path (no events)."""
+    from tracekit.analyses.critical_path import path_segments
+
+    paths = path_segments(con, run_id)
+    if not paths:
+        return next_tid
+    emit({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "critical path"}})
+    emit({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": -1}})
+    emit({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
+          "args": {"labels": "per rank and step: the chain of dependencies that ends its last event"}})
+    lanes: dict[int, list[list[int]]] = {}  # rank → [[tid, end of its last path]]; overlapping paths get a lane each
+    for p in sorted(paths, key=lambda p: (p["rank"], p["start_ns"])):
+        rank = p["rank"]
+        lane = next((ln for ln in lanes.setdefault(rank, []) if ln[1] <= p["start_ns"]), None)
+        if lane is None:
+            n = len(lanes[rank])
+            lane = [next_tid, 0]
+            lanes[rank].append(lane)
+            name = f"rank {rank}'s path" + (f" (overflow {n})" if n else "")
+            emit({"ph": "M", "name": "thread_name", "pid": pid, "tid": next_tid, "args": {"name": name}})
+            emit({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": next_tid,
+                  "args": {"sort_index": 1000 * rank + n}})
+            next_tid += 1
+            stats.tracks += 1
+        lane[1] = p["end_ns"]
+        for s, e, part, name, ev_rank in p["segments"]:
+            args = {"part": part, "event_rank": ev_rank, "path_rank": rank}
+            if p["step"] is not None:
+                args["step"] = p["step"]
+            emit({"ph": "X", "pid": pid, "tid": lane[0], "name": name or "", "cat": "critical_path",
+                  "ts": _us(s - origin), "dur": _us(e - s), "args": args})
+            stats.path_slices += 1
     return next_tid

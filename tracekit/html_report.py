@@ -1348,3 +1348,60 @@ def write_html_report(
     with atomic_output(out) as tmp:
         tmp.write_text(page, encoding="utf-8")
     return out
+
+
+# -- critical path (analyses/critical_path.py) ----------------------------------------------------
+
+CRITICAL_PATH_SERIES = (
+    # (part, legend label, colour): the composition of critical_path_summary
+    ("compute", "compute", COMPUTE_COLOR),
+    ("exposed_comm", "exposed communication", COMM_COLOR),
+    ("memory", "memcpy/memset", "#ae3ec9"),
+    ("launch_cpu", "launch/CPU", "#fab005"),
+    ("sync_other", "sync/other", "#868e96"),
+    ("straggler", "on a straggler's work", "#f783ac"),
+    ("idle", "idle", "#e9ecef"),
+)
+
+
+def critical_path_figure(data: dict):
+    """A Gantt-like strip per (step, rank) of its critical path (report['critical_path']['paths']):
+    the pieces that tile the path in time, coloured by part; hover names the piece's longest event
+    and the rank it ran on. None for a run without paths."""
+    import plotly.graph_objects as go
+
+    paths = ((data["report"].get("critical_path") or {}).get("paths")) or []
+    if not paths:
+        return None
+    origin = min(p["start_ns"] for p in paths)
+    unit, f = _time_unit(max(p["end_ns"] for p in paths) - origin)
+    labels = [("" if p["step"] is None else f"step {p['step']} · ") + f"rank {p['rank']}" for p in paths]
+    fig = go.Figure()
+    for part, name, color in CRITICAL_PATH_SERIES:
+        segs = [(lab, s) for lab, p in zip(labels, paths) for s in p["segments"] if s[2] == part]
+        if not segs:
+            continue
+        fig.add_trace(go.Bar(
+            orientation="h", y=[lab for lab, _ in segs], x=[(s[1] - s[0]) / f for _, s in segs],
+            base=[(s[0] - origin) / f for _, s in segs], name=name, marker_color=color,
+            marker_line=dict(width=0),
+            customdata=[[s[3], s[4], s[5], fmt_us(s[1] - s[0])] for _, s in segs],
+            hovertemplate=(name + ": %{customdata[3]} µs<br>%{customdata[0]} (%{customdata[1]} piece(s), "
+                           "rank %{customdata[2]})<extra></extra>")))
+    _layout(fig, "Critical path per step and rank, coloured by what it is made of", barmode="overlay",
+            height=max(300, 120 + 34 * len(paths)),
+            legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+    fig.update_xaxes(title_text=f"time ({unit}) from the earliest path start")
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_layout(margin=dict(t=120, l=140))
+    return fig
+
+
+RUN_FIGURES = RUN_FIGURES + (
+    ("critical-path", "Critical path", critical_path_figure,
+     "Each strip is the chain of dependencies that ends at the rank's last event of the step: stream order, "
+     "launch, host thread order, syncs, and collectives (an instance ends no earlier than its last arrival, so "
+     "the path continues on the last-arriving rank: pink). Cross-stream and cross-thread waits are inferred "
+     "(the op that ended last before); idle = a launched op on a free stream that nothing recorded held back "
+     "(analyses/critical_path.py)."),
+)

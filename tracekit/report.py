@@ -384,6 +384,7 @@ def build_report(
                                          "ORDER BY op, locality", [run_id]),
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
+        critical_path=critical_path_section(con, run_id),
     )
 
 
@@ -621,6 +622,7 @@ def print_report(report: dict, console=None) -> None:
     print_alltoall(report, con)
     print_locality(report, con)
     print_bubbles(report, con)
+    print_critical_path(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
@@ -794,3 +796,100 @@ def print_bubbles(report: dict, console) -> None:
                   fmt_pct(r["model_bubble_fraction"]))
     t.caption = "bubble = (step − compute) / step; the model assumes equal stages and free transfers"
     _show(console, t)
+
+
+# -- critical path (analyses/critical_path.py) ------------------------------------------
+
+TOP_PATH_EVENTS = 10
+"""Events shown in the report's "Top events on the critical paths" (by time on the paths)."""
+MAX_PATH_ROWS = 16
+"""(step, rank) rows of the terminal's critical-path table; the JSON has them all."""
+PATH_PARTS = ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sync_other_ns", "straggler_ns",
+              "idle_ns")
+"""critical_path_summary's composition columns (they sum to length_ns), in display order."""
+
+
+def critical_path_section(con, run_id: str) -> dict[str, Any]:
+    """The report's ``critical_path``: ``summary`` (the columns of ``critical_path_summary`` per rank
+    and step, ns), ``top_events`` (the TOP_PATH_EVENTS (name, class) with the most time on the run's
+    paths: events, ranks, on_path_ns, share = on_path_ns / the paths' summed length) and
+    ``top_by_path`` (per rank and step, its 3 events with the most time on its path). Empty lists for
+    a run without events."""
+    summary = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_summary WHERE run_id = ? "
+                         "ORDER BY step, rank", [run_id])
+    total = sum(r["length_ns"] for r in summary)
+    top = _rows(con, """
+        SELECT name, class, count(*) AS events, count(DISTINCT event_rank) AS ranks, sum(on_path_ns) AS on_path_ns
+        FROM critical_path WHERE run_id = ? AND on_path_ns > 0
+        GROUP BY name, class ORDER BY on_path_ns DESC, name LIMIT ?""", [run_id, TOP_PATH_EVENTS])
+    for r in top:
+        r["share"] = r["on_path_ns"] / total if total else None
+    by_path = _rows(con, """
+        SELECT rank, step, event_rank, event_id, name, class, start_ns, end_ns, on_path_ns FROM (
+            SELECT *, row_number() OVER (PARTITION BY rank, step ORDER BY on_path_ns DESC, pos) AS n
+            FROM critical_path WHERE run_id = ? AND on_path_ns > 0)
+        WHERE n <= 3 ORDER BY step, rank, on_path_ns DESC""", [run_id])
+    return {"summary": summary, "top_events": top, "top_by_path": by_path, "paths": path_strips(con, run_id)}
+
+
+MAX_PATH_STRIPS = 16
+"""Paths (rank, step) whose pieces the report keeps (``critical_path.paths``, the HTML's strip)."""
+
+
+def path_strips(con, run_id: str) -> list[dict]:
+    """The first MAX_PATH_STRIPS paths (by step, rank) as time strips: ``rank``, ``step``,
+    ``start_ns``, ``end_ns`` and ``segments``, consecutive pieces of one part and rank merged:
+    [start_ns, end_ns, part, name of the longest piece, pieces, event_rank] (ns on the run clock;
+    part as critical_path_summary's columns without ``_ns``)."""
+    from tracekit.analyses.critical_path import path_segments
+
+    paths = sorted(path_segments(con, run_id), key=lambda p: (p["step"] is not None, p["step"] or 0, p["rank"]))
+    out = []
+    for p in paths[:MAX_PATH_STRIPS]:
+        merged: list[list] = []
+        longest = 0
+        for s, e, part, name, ev_rank in p["segments"]:
+            if merged and merged[-1][2] == part and merged[-1][5] == ev_rank and merged[-1][1] == s:
+                m = merged[-1]
+                m[1], m[4] = e, m[4] + 1
+                if e - s > longest:
+                    m[3], longest = name, e - s
+            else:
+                merged.append([s, e, part, name, 1, ev_rank])
+                longest = e - s
+        out.append({**{k: p[k] for k in ("rank", "step", "start_ns", "end_ns")}, "segments": merged})
+    return out
+
+
+def print_critical_path(report: dict, console) -> None:
+    """The critical path per step and rank (its length and composition in % of it) and the top
+    events on the paths, as rich tables; nothing for a run without events."""
+    sec = report.get("critical_path") or {}
+    rows = sec.get("summary") or []
+    if not rows:
+        return
+    shown = rows[:MAX_PATH_ROWS]
+    t = _table("Critical path per step and rank (parts in % of the path; they sum to it)")
+    for col in ("step", "rank", "path ms", "step ms", "compute", "comm", "memory", "CPU", "sync", "straggler", "idle"):
+        t.add_column(col, justify="right")
+    for r in shown:
+        n = r["length_ns"] or None
+        t.add_row("—" if r["step"] is None else str(r["step"]), str(r["rank"]), fmt_ms(r["length_ns"]),
+                  fmt_ms(r["window_ns"]), *(fmt_pct(None if n is None else r[k] / n) for k in PATH_PARTS))
+    more = f"; {len(shown)} of {len(rows)} rows (all in --json)" if len(rows) > len(shown) else ""
+    t.caption = ("the chain of stream order, launches, host thread order, syncs and collective last arrivals that "
+                 "ends at the rank's last event of the step; comm = communication after the last arrival; "
+                 "straggler = the path on other ranks' work; CPU = runtime calls and host code; idle = a launched "
+                 "op on a free stream held back by nothing recorded (cross-stream and host waits are inferred)" + more)
+    _show(console, t)
+    top = sec.get("top_events") or []
+    if top:
+        t = _table(f"Top events on the critical paths (top {TOP_PATH_EVENTS} by time on the paths)")
+        t.add_column("name")
+        for col in ("class", "events", "ranks", "on path ms", "share"):
+            t.add_column(col, justify="left" if col == "class" else "right")
+        for r in top:
+            t.add_row(r["name"] or "", r["class"], str(r["events"]), str(r["ranks"]), fmt_ms(r["on_path_ns"]),
+                      fmt_pct(r["share"]))
+        t.caption = "share = time on the paths / the paths' summed length (gaps are in no event)"
+        _show(console, t)

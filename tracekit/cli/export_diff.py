@@ -32,6 +32,7 @@ def export(
         f"wrote {st.path}: run {st.run_id}, {st.processes} ranks, {st.tracks} tracks, {st.slices:,} slices"
         + (f" ({st.overflow_slices:,} on overflow tracks)" if st.overflow_slices else "")
         + f", {st.instances_linked:,} collective instances linked by {st.flows:,} flow arrows"
+        + (f", critical paths in {st.path_slices:,} slices" if st.path_slices else "")
     )
 
 
