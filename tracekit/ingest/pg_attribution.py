@@ -11,16 +11,19 @@ rank's warnings. Nothing is guessed: a group is assigned only when every other c
 ruled out by one of the rules below, each a property of the collectives or of gloo.
 
 Collectives (every op but send/recv). Candidates: the groups of ``pg_config`` of two or more
-ranks that hold the calling rank. Then, until nothing changes:
+ranks that hold the calling rank; for an all-to-all whose splits the trace records, only those
+of as many ranks as it has splits. A call's signature is (op, bytes), an all-to-all's its op only
+(uneven splits: each rank sends its own bytes). Then, until nothing changes:
 
 1. *Same clock* (only when the ranks share one: ``align`` none): for an op whose every output
    depends on every member's input (all-reduce, all-gather, reduce-scatter, all-to-all, barrier),
    no member can finish it before every other member has started it, so a call on rank r can be
-   in group G only if every other member of G has a call of the same (op, bytes), still possibly
-   in G, whose interval [ts, ts + dur] intersects r's.
-2. *Counts*: every member of G issues the same calls on G, so for each (G, op, bytes) the count N
-   lies between the largest number of calls certainly in G on one member and the smallest number
-   possibly in G. Where those meet, N is known: on a member with exactly N possible calls they
+   in group G only if every other member of G has a call of the same signature, still possibly
+   in G, whose interval [ts, ts + dur] intersects r's (for an all-to-all, also one whose splits
+   agree: what r sends that member is what the member receives from r, and the reverse).
+2. *Counts*: every member of G issues the same calls on G, so for each (G, signature) the count
+   N lies between the largest number of calls certainly in G on one member and the smallest
+   number possibly in G. Where those meet, N is known: on a member with exactly N possible calls they
    are all in G; on a member with N certain ones the others are not.
 3. *Worker threads*: a ``ProcessGroupGloo`` runs its collectives on its own worker threads, so
    the calls whose ``gloo:*`` span is on one thread are in one group (candidates intersected).
@@ -30,7 +33,7 @@ ranks that hold the calling rank. Then, until nothing changes:
    when all names are numbers; a thread-id wraparound while the groups are created would break
    it, which rule 5 then catches as disagreeing sequences).
 
-5. *Check*: the calls assigned to G must form the same sequence of (op, bytes) on every member
+5. *Check*: the calls assigned to G must form the same sequence of signatures on every member
    (in issue order); otherwise all of G's calls are unassigned and the rank is warned.
 
 Send/recv: the trace's peer argument k is a group rank; the candidate peers are ``G.ranks[k]``
@@ -84,6 +87,7 @@ class _Calls:
     def __init__(self):
         self.rank, self.op, self.size, self.tag, self.t0, self.t1, self.order = [], [], [], [], [], [], []
         self.track, self.where, self.cand = [], [], []  # where: (rank, row index in its table)
+        self.splits = []  # all-to-all: (in_splits, out_splits), elements per group rank, or None
 
     def add(self, rank, i, row, facts, cand):
         self.rank.append(rank)
@@ -95,10 +99,26 @@ class _Calls:
         self.order.append((row["issue_ts_ns"], row["ts_ns"], row["event_id"]))
         self.track.append(facts.get("track"))
         self.where.append((rank, i))
+        ins, outs = row.get("in_splits"), row.get("out_splits")
+        self.splits.append((list(ins), list(outs)) if ins and outs and len(ins) == len(outs) else None)
+        if self.splits[-1] is not None:  # rule 0: one split per rank of the group
+            cand = [g for g in cand if len(cand[g]) == len(ins)] if isinstance(cand, dict) else cand
         self.cand.append(set(cand))
 
     def sig(self, i):
-        return (self.op[i], self.size[i]) if self.op[i] not in P2P else (self.size[i], self.tag[i])
+        """What every end of one call shares: (op, bytes); an all-to-all's bytes are each rank's own."""
+        if self.op[i] in P2P:
+            return (self.size[i], self.tag[i])
+        return (self.op[i], None) if self.op[i] == "all_to_all" else (self.op[i], self.size[i])
+
+    def splits_agree(self, i, j, members) -> bool:
+        """All-to-all i (on rank r) and j (on m) as one call of the group ``members``: what r sends
+        m is what m receives from r, and the reverse (true when either has no splits)."""
+        a, b = self.splits[i], self.splits[j]
+        if a is None or b is None:
+            return True
+        r, m = members.index(self.rank[i]), members.index(self.rank[j])
+        return a[0][m] == b[1][r] and a[1][m] == b[0][r]
 
 
 def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
@@ -130,7 +150,7 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
                 peers = {groups[g][k] for g in mine[r] if 0 <= k < len(groups[g]) and groups[g][k] != r}
                 p2p.add(r, i, row, f, peers)
             else:
-                calls.add(r, i, row, f, mine[r])
+                calls.add(r, i, row, f, {g: groups[g] for g in mine[r]})
     present = {r for r, _ in tables}
     whole = {g: rk for g, rk in groups.items() if all(m in present for m in rk)}  # rules 1, 2, 5 need all members
     _solve_collectives(calls, groups, whole, same_clock)
@@ -196,7 +216,7 @@ def _solve_collectives(c: _Calls, groups: dict, whole: dict, same_clock: bool) -
                 if c.op[i] not in ALL_DEPENDENT_OPS:
                     continue
                 for g in list(c.cand[i] & whole.keys()):
-                    if not all(_overlapping(c, by_rank_sig, starts, longest, i, m, g)
+                    if not all(_overlapping(c, by_rank_sig, starts, longest, i, m, g, groups)
                                for m in groups[g] if m != c.rank[i]):
                         c.cand[i].discard(g)
                         changed = True
@@ -209,8 +229,9 @@ def _solve_collectives(c: _Calls, groups: dict, whole: dict, same_clock: bool) -
             changed |= _creation_order(c)
 
 
-def _overlapping(c, by_rank_sig, starts, longest, i, m, g) -> bool:
-    """Whether rank m has a call of i's signature, possibly in g, whose interval meets i's."""
+def _overlapping(c, by_rank_sig, starts, longest, i, m, g, groups) -> bool:
+    """Whether rank m has a call of i's signature, possibly in g, whose interval meets i's (and,
+    for an all-to-all, whose splits agree with i's as members of g)."""
     key = (m, c.sig(i))
     ids = by_rank_sig.get(key)
     if not ids:
@@ -222,7 +243,7 @@ def _overlapping(c, by_rank_sig, starts, longest, i, m, g) -> bool:
         j = ids[k]
         if c.t0[j] < lo:
             break
-        if c.t1[j] > c.t0[i] and g in c.cand[j]:
+        if c.t1[j] > c.t0[i] and g in c.cand[j] and c.splits_agree(i, j, groups[g]):
             return True
     return False
 
@@ -285,7 +306,7 @@ def _creation_order(c: _Calls) -> bool:
 
 
 def _check_sequences(c: _Calls, groups: dict) -> set:
-    """Rule 5: the groups whose members' assigned calls differ as sequences of (op, bytes)."""
+    """Rule 5: the groups whose members' assigned calls differ as sequences of signatures."""
     seqs = defaultdict(lambda: defaultdict(list))
     for i in sorted(range(len(c.rank)), key=lambda i: c.order[i]):
         if len(c.cand[i]) == 1:
