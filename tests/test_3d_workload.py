@@ -180,6 +180,11 @@ def test_real_3d_ddp_2x2x2(tmp_path):
     got = {(r, size): ov for r, size, ov in rows}
     for key in first:
         assert got.get(key, 0) > 0, key
+    # a fresh recording (two active steps, its own timing): every call in its own group, all matched
+    assert con.execute("SELECT count(*) FROM collectives WHERE pg_name IS NULL OR pg_name = '0'").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM collective_instances WHERE NOT complete").fetchone() == (0,)
+    models = dict(con.execute("SELECT DISTINCT dimension, model FROM measured_vs_model_by_dimension").fetchall())
+    assert models == {"tp": "no_overlap", "pp": "pipeline", "dp": "bucket_overlap"}
     assert _no_rank_processes_left()
 
 

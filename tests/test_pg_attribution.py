@@ -100,3 +100,12 @@ def test_only_the_world_group_keeps_todays_rows():
     calls = [(r, "all_reduce", 64, 0, 10, None, None, None) for r in range(2)]
     got, warnings = _run(calls, pg_config={"0": [0, 1]})
     assert _names(got) == {0: ["0"], 1: ["0"]} and warnings == {}
+
+
+def test_a_lone_rank_keeps_the_default_group_with_a_warning():
+    # only rank 0 of the grid ingested: no group can be checked, the row stays as it was
+    got, warnings = _run([(0, "all_reduce", 64, 0, 10, None, None, None), (0, "send", 8, 20, 5, None, 1, "0")])
+    assert [(x["pg_name"], x["seq"]) for x in got[0]] == [("0", 0), ("0", 1)]
+    assert warnings == {0: ["2 gloo call(s) without a process group in the trace stay in the default group "
+                            "(send/recv: peers numbered in it), unverified: the other ranks of the groups they "
+                            "may belong to were not ingested"]}

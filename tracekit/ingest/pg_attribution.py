@@ -42,7 +42,9 @@ of the same bytes and tag whose candidates include r (and the reverse); rule 2 a
 directed pair and (bytes, tag). A unique peer names the pair group ``p2p:src->dst`` as before.
 
 A rank whose only group is the default one (or a trace without ``pg_config``) keeps today's
-assignment: every call in group "0"/"default".
+assignment: every call in group "0"/"default". So does a call none of whose candidate groups
+(peers) has every rank ingested (one rank of a large job): nothing can be checked, and the rank
+is warned that the default group is unverified.
 """
 
 from __future__ import annotations
@@ -133,8 +135,11 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
     mine = {r: [g for g, rk in groups.items() if r in rk] for r, _ in tables}
     if not any(len(gs) > 1 for gs in mine.values()):
         return tables, {}
+    present = {r for r, _ in tables}
+    whole = {g: rk for g, rk in groups.items() if all(m in present for m in rk)}  # rules 1, 2, 5 need all members
     rows = {}
     calls, p2p = _Calls(), _Calls()
+    unchecked: dict = defaultdict(int)
     for r, t in tables:
         fs = facts.get(r) or []
         if not any(f and f["unnamed"] for f in fs):
@@ -148,11 +153,14 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
                 if k is None:
                     continue
                 peers = {groups[g][k] for g in mine[r] if 0 <= k < len(groups[g]) and groups[g][k] != r}
+                if len(peers) > 1 and not peers & present:
+                    unchecked[r] += 1  # no peer's trace to check against: today's row stays
+                    continue
                 p2p.add(r, i, row, f, peers)
+            elif len(mine[r]) > 1 and not any(g in whole for g in mine[r]):
+                unchecked[r] += 1
             else:
                 calls.add(r, i, row, f, {g: groups[g] for g in mine[r]})
-    present = {r for r, _ in tables}
-    whole = {g: rk for g, rk in groups.items() if all(m in present for m in rk)}  # rules 1, 2, 5 need all members
     _solve_collectives(calls, groups, whole, same_clock)
     bad_groups = _check_sequences(calls, whole)
     _solve_p2p(p2p, present)
@@ -179,6 +187,10 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
     for g in sorted(bad_groups):
         for r in groups[g]:
             warnings[r].append(f"process group {g}: its members' calls, as attributed, do not form one sequence")
+    for r, n in unchecked.items():
+        warnings[r].append(
+            f"{n} gloo call(s) without a process group in the trace stay in the default group (send/recv: peers "
+            "numbered in it), unverified: the other ranks of the groups they may belong to were not ingested")
     for r, n in unassigned.items():
         warnings[r].append(
             f"{n} gloo call(s) without a process group in the trace could not be put in one group "
