@@ -78,12 +78,12 @@ def expected_counts(cfg: "_ep.EPConfig") -> dict[str, Any]:
             "dp_bucket_bytes": [sum(shapes[i][1][0] * shapes[i][1][1] for i in b) * cfg.dtype_bytes for b in bks]}
 
 
-def make_target(cfg: "_ep.EPConfig", rank: int, step: int):
+def make_target(cfg: "_ep.EPConfig", rank: int, step: int, device="cpu"):
     """Rank `rank`'s regression target at step `step` (batch, seq, hidden), from ``cfg.seed``."""
     import torch
 
     g = torch.Generator(device="cpu").manual_seed(cfg.seed + 2_000_029 + 7919 * rank + 104_729 * step)
-    return torch.randn(cfg.batch, cfg.seq, cfg.hidden, generator=g).to(_tp.torch_dtype(cfg.dtype))
+    return torch.randn(cfg.batch, cfg.seq, cfg.hidden, generator=g).to(device=device, dtype=_tp.torch_dtype(cfg.dtype))
 
 
 def forward(x, shard: dict[str, Any], cfg: "_ep.EPConfig", ep: int, group, routing: list):
@@ -118,7 +118,7 @@ def forward(x, shard: dict[str, Any], cfg: "_ep.EPConfig", ep: int, group, routi
         with record_function(f"layer{i}.experts"):
             # received rows: by source rank, then by local expert; every local expert runs (maybe
             # on no rows) so that each of its weights gets a gradient every step
-            row_expert = torch.repeat_interleave(torch.arange(El).repeat(ep), per_src.reshape(-1))
+            row_expert = torch.repeat_interleave(torch.arange(El, device=recv.device).repeat(ep), per_src.reshape(-1))
             by_expert = torch.argsort(row_expert, stable=True)
             rows = recv[by_expert]
             sizes = per_src.sum(0).tolist()
@@ -177,7 +177,7 @@ def _rank(ctx: _launch.RankContext, cfg: "_ep.EPConfig") -> dict[str, Any]:
                 named.append({"pg_name": g.group_name, "desc": dim, "ranks": ranks})
     if cfg.fault == "raise" and ctx.rank == ctx.world_size - 1:
         raise RuntimeError("injected fault (EPConfig.fault='raise')")
-    shard = _ep.shard_weights(_ep.init_weights(cfg), e_idx, ep)
+    shard = _ep.shard_weights(_ep.init_weights(cfg, device=ctx.device), e_idx, ep)
     params = _trained(shard)
     if cfg.fault == "corrupt_expert" and ctx.rank == ctx.world_size - 1:
         with torch.no_grad():
@@ -192,11 +192,13 @@ def _rank(ctx: _launch.RankContext, cfg: "_ep.EPConfig") -> dict[str, Any]:
     with prof:
         for step in range(cfg.steps):
             t0 = time.perf_counter()
-            out = forward(_ep.make_input(cfg, ctx.rank, step), shard, cfg, ep, mine["ep"], [])
-            loss = _tp.mse_loss(out, make_target(cfg, ctx.rank, step))
+            out = forward(_ep.make_input(cfg, ctx.rank, step, device=ctx.device), shard, cfg, ep, mine["ep"], [])
+            loss = _tp.mse_loss(out, make_target(cfg, ctx.rank, step, device=ctx.device))
             dp_state.arm()
             loss.backward()
             dp_state.finish()
+            if ctx.is_cuda:
+                torch.cuda.synchronize(ctx.device)
             losses.append(loss.item())
             step_s.append(time.perf_counter() - t0)
             prof.step()
@@ -206,7 +208,8 @@ def _rank(ctx: _launch.RankContext, cfg: "_ep.EPConfig") -> dict[str, Any]:
         raise TracekitError(f"{out_file}: the profiler exported no trace")
     if ctx.rank == 0:
         ctx.progress("checking expert gradients against the single-process reference")
-    g = _tp.compare_grads(dp_state.reduced, reference_grads(cfg, e_idx), cfg.dtype)
+    got = {n: v.cpu() for n, v in dp_state.reduced.items()}  # the reference runs on the CPU
+    g = _tp.compare_grads(got, reference_grads(cfg, e_idx), cfg.dtype)
     if not g["passed"]:
         raise _ep.EPMismatchError(
             f"EP x DP expert gradients differ from the single-process reference: worst {g['worst']} relative RMS "
