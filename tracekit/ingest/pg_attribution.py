@@ -8,7 +8,8 @@ with a DP one. This module, run once over all ranks' collectives rows before the
 and the matching, puts each such call in the one group the evidence allows, or leaves it
 unassigned (``pg_name``, ``pg_ranks`` and ``seq`` null: never matched) and counts it in the
 rank's warnings. Nothing is guessed: a group is assigned only when every other candidate has been
-ruled out by one of the rules below, each a property of the collectives or of gloo.
+ruled out by one of the rules below, each a property of the collectives or of gloo (rule 4 also
+of how Linux numbers threads).
 
 Collectives (every op but send/recv). Candidates: the groups of ``pg_config`` of two or more
 ranks that hold the calling rank; for an all-to-all whose splits the trace records, only those
@@ -23,15 +24,15 @@ of as many ranks as it has splits. A call's signature is (op, bytes), an all-to-
    agree: what r sends that member is what the member receives from r, and the reverse).
 2. *Counts*: every member of G issues the same calls on G, so for each (G, signature) the count
    N lies between the largest number of calls certainly in G on one member and the smallest
-   number possibly in G. Where those meet, N is known: on a member with exactly N possible calls they
-   are all in G; on a member with N certain ones the others are not.
+   number possibly in G. Where those meet, N is known: on a member with exactly N possible
+   calls they are all in G; on a member with N certain ones the others are not.
 3. *Worker threads*: a ``ProcessGroupGloo`` runs its collectives on its own worker threads, so
    the calls whose ``gloo:*`` span is on one thread are in one group (candidates intersected).
 4. *Creation order*: gloo starts a group's worker threads when the group is created, groups are
    created in the order of their (numeric) pg_name, and Linux gives threads increasing ids, so a
    thread of an earlier group has a smaller id than every thread of a later one (only applied
    when all names are numbers; a thread-id wraparound while the groups are created would break
-   it, which rule 5 then catches as disagreeing sequences).
+   it, which rule 5 may then catch as disagreeing sequences).
 
 5. *Check*: the calls assigned to G must form the same sequence of signatures on every member
    (in issue order); otherwise all of G's calls are unassigned and the rank is warned.
