@@ -638,7 +638,8 @@ def print_report(report: dict, console=None) -> None:
         _show(con, t)
     if report.get("model_by_dimension"):
         t = _table("Measured vs model per dimension (means over ranks, per step; each dimension's overlap model)")
-        for col in ("dim", "model", "ranks", "calls", "comm ms", "exposed ms", "max rank ms", "predicted ms", "meas/pred"):
+        for col in ("dim", "model", "ranks", "calls", "comm ms", "exposed ms", "max rank ms", "pred. exposed ms",
+                    "meas/pred"):
             t.add_column(col, justify="left" if col in ("dim", "model") else "right")
         for d in report["model_by_dimension"]:
             t.add_row(d["dimension"], d["model"] or "—", str(d["ranks"]), fmt_num(d["calls"]), fmt_ms(d["comm_ns"]),
