@@ -37,13 +37,13 @@ PIPELINE = (
     "intervals",             # SQL: the interval macros
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
-    "measured_vs_model",     # Python
+    "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
+    "measured_vs_model",     # Python: per rank, and per rank and dimension (reads process_groups)
     "gpu_time_breakdown",    # SQL: GPU time by class and idle class, per rank and step (reads events only)
     "kernel_summary",        # SQL: kernel_summary, gpu_launchers, gpu_time_by_launcher
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (reads collective_bandwidth)
     "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
-    "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first, then the critical path, and the overlap chain after them, so that the export

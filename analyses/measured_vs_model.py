@@ -1,6 +1,7 @@
 """measured_vs_model: per run and rank, the measured overlap against what the α–β model predicts.
 
-Reads: overlap_by_step, collectives, events, runs, alpha_beta_fit, collective_reference, collective_waits
+Reads: overlap_by_step, collectives, events, runs, alpha_beta_fit, collective_reference, collective_waits,
+process_groups, collective_overlap
 
 For every rank of every run, over the profiler steps that hold communication:
 measured compute, communication, overlap and exposed communication (means per
@@ -50,6 +51,27 @@ parts that add up to it, so that the report says which one to fix:
 
 W + (comm − W − A) + (A − P − overlap) = comm − overlap − P = exposed − P.
 
+Per dimension (multi-dimensional runs: tp/pp/dp/ep groups at once). A run config may also hold
+``overlap_models`` = {dimension: {"kind", "params"}}, one model per parallel dimension (the 3d
+and ep × dp collectors record it; :func:`dimension_models` maps 3d configs written before). Each
+dimension's calls (a call's dimension: its group's in ``process_groups``) are predicted on their
+own, T per call as above, and their exposed part by the dimension's model:
+
+- ``no_overlap`` (TP's all-reduces on the critical path, EP's all-to-alls) — exposed = a;
+- ``pipeline`` (PP's sends, params ``stages``, ``microbatches``) — exposed = a, and the row
+  carries the bubble fraction (p−1)/(m+p−1);
+- ``bucket_overlap`` (DP, params ``buckets`` = B per step, an int or a list per rank) — DDP
+  launches each gradient bucket during the backward as soon as it is full (Li et al., "PyTorch
+  Distributed", VLDB 2020), so all but the last can hide behind the backward still to run:
+  exposed = the α–β time of the dimension's calls of a step after its first B − 1 (the last
+  bucket; with ZeRO/FSDP also the all-gathers after the step). It assumes the backward left
+  after each launch is longer than that bucket's transfer: a lower bound on what is exposed.
+
+Measured per dimension: Σ over its calls in the steps of their span (dur_ns) and of their part
+covered by compute (collective_overlap.overlap_ns), per step; sums over calls, not unions (two
+calls of a dimension in flight at once count twice).
+
+measured_vs_model:
 run_id               VARCHAR  run
 workload             VARCHAR  workload label
 rank                 INTEGER  global rank
@@ -74,6 +96,23 @@ gap_ns               DOUBLE   exposed_ns − predicted_exposed_ns, ns per step
 gap_skew_ns          DOUBLE   part of the gap spent waiting for stragglers, ns per step
 gap_transfer_ns      DOUBLE   part of the gap that is transfer beyond the α–β model, ns per step
 gap_exposure_ns      DOUBLE   part of the gap that is communication the overlap model would have hidden, ns
+
+measured_vs_model_by_dimension:
+run_id               VARCHAR  run
+rank                 INTEGER  global rank
+dimension            VARCHAR  tp / pp / dp / ep / cp / other (process_groups.dimension)
+groups               VARCHAR  the rank's process groups of the dimension, comma-separated
+steps                INTEGER  profiler steps averaged (the rank's steps with communication)
+calls                DOUBLE   the dimension's calls per step
+comm_ns              DOUBLE   Σ dur_ns of those calls per step, ns
+overlap_ns           DOUBLE   Σ of their part covered by compute per step, ns
+exposed_ns           DOUBLE   comm_ns − overlap_ns, ns
+model                VARCHAR  the dimension's overlap model (no_overlap, pipeline, bucket_overlap)
+predicted_comm_ns    DOUBLE   α–β time of the dimension's calls per step, ns
+predicted_exposed_ns DOUBLE   exposed communication the model predicts per step, ns
+gap_ns               DOUBLE   exposed_ns − predicted_exposed_ns, ns
+bubble_fraction      DOUBLE   pipeline only: (p−1)/(m+p−1)
+note                 VARCHAR  what the prediction assumed, in words
 """
 
 from __future__ import annotations
@@ -318,9 +357,118 @@ def rows_for(con, link: str | None) -> list[dict]:
     return out
 
 
+DIM_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()), ("rank", pa.int32()), ("dimension", pa.string()), ("groups", pa.string()),
+        ("steps", pa.int32()), ("calls", pa.float64()), ("comm_ns", pa.float64()), ("overlap_ns", pa.float64()),
+        ("exposed_ns", pa.float64()), ("model", pa.string()), ("predicted_comm_ns", pa.float64()),
+        ("predicted_exposed_ns", pa.float64()), ("gap_ns", pa.float64()), ("bubble_fraction", pa.float64()),
+        ("note", pa.string()),
+    ]
+)
+
+
+def dimension_models(workload: str | None, cfg: dict) -> dict[str, dict]:
+    """dimension → overlap model ``{"kind", "params"}`` of a multi-dimensional run (module
+    docstring); {} for a run with none. ``cfg["overlap_models"]`` when the collector recorded it;
+    a 3d config written before that key: tp no_overlap, pp pipeline (pp stages, microbatches), dp
+    bucket_overlap with each rank's ``expected.per_rank_per_step[r].dp_buckets``."""
+    m = cfg.get("overlap_models")
+    if isinstance(m, dict):
+        return {d: {"kind": v["kind"], "params": v.get("params") if isinstance(v.get("params"), dict) else {}}
+                for d, v in m.items() if isinstance(v, dict) and isinstance(v.get("kind"), str)}
+    if workload == "3d" and isinstance(cfg.get("expected"), dict):
+        per_rank = cfg["expected"].get("per_rank_per_step") or []
+        return {"tp": {"kind": "no_overlap", "params": {}},
+                "pp": {"kind": "pipeline", "params": {"stages": int(cfg.get("pp") or 1),
+                                                      "microbatches": int(cfg.get("microbatches") or 1)}},
+                "dp": {"kind": "bucket_overlap", "params": {"buckets": [int(r.get("dp_buckets") or 0) for r in per_rank]}}}
+    return {}
+
+
+def _buckets_of(prm: dict, rank: int) -> int | None:
+    b = prm.get("buckets")
+    if isinstance(b, list):
+        b = b[rank] if 0 <= rank < len(b) else None
+    return int(b) if isinstance(b, (int, float)) and b >= 1 else None
+
+
+def dimension_rows(con, link: str | None) -> list[dict]:
+    """The rows of ``measured_vs_model_by_dimension`` (module docstring) for the runs whose
+    config gives per-dimension overlap models (:func:`dimension_models`)."""
+    from tracekit.model import pipeline_bubble_fraction
+
+    models = {}
+    for run_id, workload, config in con.execute("SELECT run_id, workload, config FROM runs").fetchall():
+        dm = dimension_models(workload, json.loads(config or "{}"))
+        if dm:
+            models[run_id] = dm
+    if not models:
+        return []
+    ab = _AlphaBeta(con, link)
+    steps = defaultdict(set)  # (run, rank) → the steps measured_vs_model averages over
+    for run_id, rank, step in con.execute(
+            "SELECT run_id, rank, step FROM overlap_by_step WHERE comm_ns > 0").fetchall():
+        steps[(run_id, rank)].add(step)
+    # per (run, rank, dimension, step): [(α–β time or None, dur, overlap)] in time order
+    calls: dict = defaultdict(lambda: defaultdict(list))
+    groups: dict = defaultdict(set)
+    for run_id, rank, step, dim, pg, op, size, k, dur, ov in con.execute(
+        "SELECT c.run_id, c.rank, e.step, coalesce(g.dimension, 'other'), c.pg_name, c.op, c.size_bytes, c.group_size, "
+        "c.dur_ns, coalesce(o.overlap_ns, 0) FROM collectives c JOIN events e USING (run_id, rank, event_id) "
+        "LEFT JOIN process_groups g USING (run_id, pg_name) LEFT JOIN collective_overlap o USING (run_id, rank, event_id) "
+        "WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL AND c.pg_name IS NOT NULL "
+        "ORDER BY c.run_id, c.rank, e.step, c.ts_ns, c.event_id"
+    ).fetchall():
+        if run_id not in models or step not in steps.get((run_id, rank), ()):
+            continue
+        got = ab.get(run_id, op, k)
+        t = _terms(op, size, k, got[0], got[1]) if got else None
+        calls[(run_id, rank, dim)][step].append((sum(t) if t else None, dur, ov))
+        groups[(run_id, rank, dim)].add(pg)
+    out = []
+    for (run_id, rank, dim), per_step in sorted(calls.items()):
+        n = len(steps[(run_id, rank)])
+        every = [c for cs in per_step.values() for c in cs]
+        comm, ov = sum(c[1] for c in every) / n, sum(c[2] for c in every) / n
+        row = dict(run_id=run_id, rank=rank, dimension=dim, groups=",".join(sorted(groups[(run_id, rank, dim)], key=str)),
+                   steps=n, calls=len(every) / n, comm_ns=comm, overlap_ns=ov, exposed_ns=comm - ov)
+        om = models[run_id].get(dim)
+        if om is None:
+            row["note"] = f"the run config gives no overlap model for {dim}: not predicted"
+            out.append(row)
+            continue
+        kind, prm = om["kind"], om["params"]
+        row["model"] = kind
+        if any(c[0] is None for c in every):
+            row["note"] = "no α/β or no size for some of its calls: not predicted"
+            out.append(row)
+            continue
+        a = sum(c[0] for c in every) / n
+        if kind in ("no_overlap", "pipeline"):
+            exposed = a
+            note = "no overlap: every call on the critical path"
+            if kind == "pipeline":
+                p, m = int(prm.get("stages") or 1), int(prm.get("microbatches") or 1)
+                row["bubble_fraction"] = pipeline_bubble_fraction(max(1, p), max(1, m))
+                note = f"no overlap of the stage sends; GPipe bubble (p−1)/(m+p−1) with p = {p}, m = {m}"
+        elif kind == "bucket_overlap" and (b := _buckets_of(prm, rank)) is not None:
+            exposed = sum(c[0] for cs in per_step.values() for c in cs[b - 1:]) / n
+            note = f"DDP buckets: the first {b - 1} of {b} per step hidden by the backward, the rest exposed"
+        else:
+            row["note"] = f"unknown overlap model {kind!r} for {dim} (or no bucket count): not predicted"
+            out.append(row)
+            continue
+        row.update(predicted_comm_ns=a * 1e9, predicted_exposed_ns=exposed * 1e9,
+                   gap_ns=row["exposed_ns"] - exposed * 1e9, note=note)
+        out.append(row)
+    return out
+
+
 def create(con) -> None:
-    """Create the table ``measured_vs_model`` on ``con``."""
+    """Create the tables ``measured_vs_model`` and ``measured_vs_model_by_dimension`` on ``con``."""
     link = con.execute("SELECT getvariable('tk_link')").fetchone()[0]
     from tracekit.analyses import create_table_from_rows
 
     create_table_from_rows(con, "measured_vs_model", SCHEMA, rows_for(con, link))
+    create_table_from_rows(con, "measured_vs_model_by_dimension", DIM_SCHEMA, dimension_rows(con, link))

@@ -180,6 +180,11 @@ def test_real_3d_ddp_2x2x2(tmp_path):
     got = {(r, size): ov for r, size, ov in rows}
     for key in first:
         assert got.get(key, 0) > 0, key
+    # a fresh recording (two active steps, its own timing): every call in its own group, all matched
+    assert con.execute("SELECT count(*) FROM collectives WHERE pg_name IS NULL OR pg_name = '0'").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM collective_instances WHERE NOT complete").fetchone() == (0,)
+    models = dict(con.execute("SELECT DISTINCT dimension, model FROM measured_vs_model_by_dimension").fetchall())
+    assert models == {"tp": "no_overlap", "pp": "pipeline", "dp": "bucket_overlap"}
     assert _no_rank_processes_left()
 
 
@@ -224,9 +229,6 @@ def fixture_store(tmp_path_factory):
     return store
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ingest gap: torch 2.13's CPU (gloo) traces carry no Process Group Name on c10d ops and give p2p peers "
-    "as group ranks, so the store puts every all-reduce in group '0' and names PP pairs by group ranks"))
 def test_ingested_collectives_are_matched_within_their_own_groups(fixture_store):
     from tracekit import analyses
 
@@ -246,14 +248,28 @@ def test_ingested_collectives_are_matched_within_their_own_groups(fixture_store)
 
 
 def test_process_groups_of_the_recorded_run(fixture_store):
-    """What the store supports today: the PP pairs whose group ranks happen to be global (stage 0
-    of replica 0, TP index 0: ranks 0 and 4) are inferred as pp from the run's layout."""
+    """Each group is reported by its dimension: tp/dp from the description the collector gave it,
+    the PP send/recv pairs (global ranks now) from the run's layout; rank 4 talks to 0, 5 and 6."""
     from tracekit import analyses
 
+    conf = json.loads((FIXTURE / "run_config.json").read_text())
     con = analyses.connect(fixture_store)
-    dims = dict(con.execute("SELECT pg_name, dimension FROM process_groups").fetchall())
-    assert dims["p2p:0->4"] == "pp" and dims["p2p:4->0"] == "pp"
-    assert dims["0"] == "other"
+    got = {pg: (dim, ranks, calls, inc) for pg, dim, ranks, calls, inc in con.execute(
+        "SELECT pg_name, dimension, ranks, calls, incomplete FROM process_groups").fetchall()}
+    for g in conf["process_groups"]:
+        if g["desc"] == "pp":
+            assert g["pg_name"] not in got  # p2p goes by pair, not by the pp group
+            a, b = g["ranks"]
+            for pair in (f"p2p:{a}->{b}", f"p2p:{b}->{a}"):
+                # 1F1B, 2 micro-batches: 2 activations one way, 2 gradients back; a row per end
+                assert got[pair][0] == "pp" and got[pair][2] == 4 and got[pair][3] == 0, pair
+        else:
+            dim, ranks, calls, inc = got[g["pg_name"]]
+            assert (dim, ranks, inc) == (g["desc"], sorted(g["ranks"]), 0)
+            # per rank: tp 8 all-reduces (4 × 1 layer × 2 micro-batches), dp 2 buckets
+            assert calls == {"tp": 8, "dp": 2}[g["desc"]] * 2, g
+    assert "0" not in got  # nothing left in the world group
+    assert con.execute("SELECT sum(calls) FROM process_groups").fetchone() == (8 * (8 + 2 + 4),)
 
 
 def test_cli_bad_config_exits_2(capsys):

@@ -540,3 +540,102 @@ def test_wrong_ep_fails_loudly(tmp_path):
     assert "EP output differs from the single-process reference" in msg and "\n" not in msg
     assert ei.value.exit_code == 1
     assert not (next(tmp_path.iterdir()) / "run_config.json").exists()
+
+
+# --------------------------------------------------------------------------- EP x DP (collectors/workloads/epdp.py)
+
+from tracekit.collectors.workloads import epdp  # noqa: E402
+
+EPDP_CFG = dict(dp=2, layers=2, hidden=32, heads=2, ffn=48, experts=4, top_k=2, seq=8, batch=2,
+                wait=0, warmup=1, active=1, bucket_kb=32)
+
+
+def test_epdp_layout_and_counts():
+    lay = epdp.layout(2, 2)
+    assert lay == {"ep": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]}
+    cfg = ep.EPConfig(**EPDP_CFG).resolved()
+    assert (cfg.ranks, cfg.experts_per_rank) == (4, 2)  # default ranks: 2 x dp
+    # per (layer, local expert): w_gate_up 96 x 32, w_down 32 x 48, float32 = 12,288 + 6,144 bytes;
+    # reversed, layer 1's two experts (36,864 B >= 32 KiB) close bucket 0, layer 0's make bucket 1
+    c = epdp.expected_counts(cfg)
+    assert c["dp_bucket_bytes"] == [36_864, 36_864] and c["dp_all_reduce"] == 2
+    # forward 3 per layer (split counts, dispatch, combine); backward 2 per layer but layer 0's dispatch
+    assert (c["ep_all_to_all_forward"], c["ep_all_to_all_backward"], c["ep_all_to_all"]) == (6, 3, 9)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(dp=2, ranks=3), "ranks \\(3\\) must be divisible by dp \\(2\\)"),
+    (dict(dp=2, ranks=4, experts=3), "experts \\(3\\) must be divisible by the EP group size \\(2\\)"),
+    (dict(dp=2, two_batch_overlap=True), "two-batch overlap is a forward-only"),
+    (dict(dp=0), "dp must be a positive integer"),
+])
+def test_epdp_bad_configs(kw, words):
+    with pytest.raises(BadInputError, match=words):
+        ep.EPConfig(**kw).resolved()
+
+
+def _a2a_by_range(path) -> tuple[dict, int]:
+    """{range name: all-to-alls issued inside it} within the profiled steps, and their total."""
+    doc = load_trace(path)
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
+    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    calls = [e for e in ev if e["name"] == "c10d::alltoall_base_" and lo <= e["ts"] <= hi]
+    ranges = [e for e in ev if e["name"].startswith("layer") and e["name"].endswith((".dispatch", ".combine"))]
+    inside = {r["name"]: sum(r["ts"] <= c["ts"] <= r["ts"] + r["dur"] and r["tid"] == c["tid"] for c in calls)
+              for r in ranges if lo <= r["ts"] <= hi}
+    return inside, len(calls)
+
+
+@pytest.mark.slow
+def test_real_ep2_dp2_gloo_run(tmp_path, capsys):
+    from tracekit.analyses import connect
+    from tracekit.cli import main
+    from tracekit.ingest import ingest_paths
+    from tracekit.store import Store
+
+    argv = [x for k, v in EPDP_CFG.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    assert main(["collect", "ep", *argv, "--out", str(tmp_path), "--no-ingest"]) == 0
+    assert "ep 2 x dp 2 (experts trained" in capsys.readouterr().err
+    (run_dir,) = tmp_path.glob("ep-*")
+    conf = json.loads((run_dir / "run_config.json").read_text())
+    assert conf["ranks"] == 4 and conf["overlap_models"]["dp"] == {"kind": "bucket_overlap", "params": {"buckets": 2}}
+    assert conf["check"]["passed"] and conf["check"]["max_grad_rel_rms_err"] < 1e-4
+    assert sorted((g["desc"], g["ranks"]) for g in conf["process_groups"]) == [
+        ("dp", [0, 2]), ("dp", [1, 3]), ("ep", [0, 1]), ("ep", [2, 3])]
+    for r in range(4):  # forward, per layer: split counts + dispatch, then combine; 9 in all with backward
+        inside, total = _a2a_by_range(run_dir / f"rank{r}.pt.trace.json.gz")
+        assert inside == {"layer0.dispatch": 2, "layer0.combine": 1, "layer1.dispatch": 2, "layer1.combine": 1}
+        assert total == 9
+    store = Store(tmp_path / "store")
+    ingest_paths([str(run_dir)], store, workload="ep", config=conf, run_id="epdp")
+    con = connect(store)
+    names = {g["pg_name"]: g for g in conf["process_groups"]}
+    got = {pg: rest for pg, *rest in con.execute(
+        "SELECT pg_name, dimension, ops, instances, incomplete, bytes FROM process_groups").fetchall()}
+    assert set(got) == set(names)  # nothing in the world group, nothing unassigned
+    for pg, g in names.items():
+        dim, ops, inst, inc, nbytes = got[pg]
+        assert (dim, inc) == (g["desc"], 0)
+        if dim == "ep":  # 5 x 2 layers - 1 per step, one active step
+            assert (ops, inst) == ("all_to_all", 9)
+        else:  # one all-reduce per bucket per step, of the bucket's bytes
+            assert (ops, inst, nbytes) == ("all_reduce", 2, 2 * 36_864)
+    # the DP buckets are launched during the backward: they overlap it
+    (ov,) = con.execute("SELECT min(overlap_ns) FROM process_groups WHERE dimension = 'dp'").fetchone()
+    assert ov > 0
+    # measured vs model per dimension, with nvlink4 (α 2 µs, β 3.6e11 B/s): ep all-to-alls exposed,
+    # pairwise on k = 2: (k−1)·α + (k−1)/k·S/β each; dp: the last of 2 buckets, 2α + 36,864/β
+    con = connect(store, link="nvlink4")
+    rows = con.execute("SELECT rank, dimension, calls, model, predicted_comm_ns, predicted_exposed_ns "
+                       "FROM measured_vs_model_by_dimension ORDER BY rank, dimension").fetchall()
+    sizes = dict(((r, d), s) for r, d, s in con.execute(
+        "SELECT c.rank, g.dimension, sum(c.size_bytes) FROM collectives c JOIN process_groups g USING (run_id, pg_name) "
+        "JOIN events e USING (run_id, rank, event_id) WHERE e.step IS NOT NULL GROUP BY ALL").fetchall())
+    assert [(r, d, n, m) for r, d, n, m, _, _ in rows] == [
+        (r, d, n, m) for r in range(4) for d, n, m in (("dp", 2, "bucket_overlap"), ("ep", 9, "no_overlap"))]
+    for r, d, _, _, comm, exposed in rows:
+        if d == "ep":
+            assert comm == pytest.approx((9 * 2e-6 + sizes[(r, d)] / 2 / 3.6e11) * 1e9) == exposed
+        else:
+            assert comm == pytest.approx(2 * (4e-6 + 36_864 / 3.6e11) * 1e9) and exposed == pytest.approx(comm / 2)

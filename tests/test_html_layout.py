@@ -5,6 +5,8 @@ has them, the repository's fixtures always)."""
 
 from __future__ import annotations
 
+import json
+
 import re
 import shutil
 import subprocess
@@ -98,6 +100,9 @@ def _scroll(page, tmp_path):
 def _runs(store, tmp_path):
     yield store, "tp"
     yield store, "sweep"
+    st = Store(tmp_path / "3d")  # many process groups, measured vs model per dimension
+    yield st, ingest_paths([FIXTURES / "3d_2x2x2"], st, workload="3d", run_id="3d",
+                           config=json.loads((FIXTURES / "3d_2x2x2" / "run_config.json").read_text()))
     if (TRACES / "param_dlrm_8rank_v100").exists():
         st = Store(tmp_path / "dlrm")
         yield st, ingest_paths([TRACES / "param_dlrm_8rank_v100"], st, run_id="dlrm")
@@ -126,4 +131,4 @@ def test_no_horizontal_overflow_at_1400px(store, tmp_path):
         sw, iw, over, where = _scroll(page, tmp_path)
         assert iw == 1400 and sw <= iw and over <= 0, (rid, sw, iw, over, where)
         seen.append(rid)
-    assert {"tp", "sweep"} <= set(seen)
+    assert {"tp", "sweep", "3d"} <= set(seen)

@@ -178,3 +178,68 @@ def test_pp_bubble(workloads):
     """pp train, 2 stages, 4 micro-batches: bubble (p−1)/(m+p−1) = 1/5."""
     con, rids = workloads
     assert con.execute("SELECT bubble_fraction FROM measured_vs_model WHERE run_id = 'pp'").fetchall() == [(0.2,), (0.2,)]
+
+
+# --------------------------------------------------------------------------- per dimension (3d fixture)
+
+
+@pytest.fixture(scope="module")
+def threed(tmp_path_factory):
+    import json
+
+    store = Store(tmp_path_factory.mktemp("mvm3d"))
+    conf = json.loads((FIXTURES / "3d_2x2x2" / "run_config.json").read_text())
+    rid = ingest_paths([FIXTURES / "3d_2x2x2"], store, workload="3d", config=conf, run_id="3d")
+    return store, rid
+
+
+def test_3d_each_dimension_gets_its_own_model(threed):
+    """nvlink4: α = 2 µs, β = 450 GB/s × 0.8 = 3.6e11 B/s. Per rank and step (fixtures/3d_2x2x2/NOTE.md):
+    tp: 8 ring all-reduces of 8,192 B on k = 2: 8 × (2α + D/β) = 8 × 4.022756 µs = 32.182044 µs, all exposed;
+    pp: 2 sends + 2 recvs of 8,192 B: 4 × (α + D/β) = 8.091022 µs, exposed, bubble (2−1)/(2+2−1) = 1/3;
+    dp: 2 buckets (stage 0: 73,728 and 33,280 B; stage 1: 73,984 and 33,280 B), DDP: the first hidden,
+    the last exposed: 2α + 33,280/β = 4.092444 µs of 4.204800 + 4.092444 (stage 1: 4.205511 + 4.092444)."""
+    store, rid = threed
+    con = analyses.connect(store, link="nvlink4")
+    rows = con.execute("SELECT rank, dimension, calls, model, predicted_comm_ns, predicted_exposed_ns, bubble_fraction "
+                       "FROM measured_vs_model_by_dimension ORDER BY rank, dimension").fetchall()
+    assert len(rows) == 8 * 3
+    ar = lambda d: 2 * 2e-6 + d / 3.6e11  # noqa: E731
+    for rank, dim, calls, model, comm, exposed, bubble in rows:
+        if dim == "tp":
+            assert (calls, model, bubble) == (8, "no_overlap", None)
+            assert comm == pytest.approx(8 * ar(8192) * 1e9) == exposed
+            assert comm == pytest.approx(32_182.044, abs=1e-3)
+        elif dim == "pp":
+            assert (calls, model) == (4, "pipeline") and bubble == pytest.approx(1 / 3)
+            assert comm == pytest.approx(4 * (2e-6 + 8192 / 3.6e11) * 1e9) == exposed
+        else:
+            first = 73_728 if rank < 4 else 73_984
+            assert (dim, calls, model) == ("dp", 2, "bucket_overlap")
+            assert comm == pytest.approx((ar(first) + ar(33_280)) * 1e9)
+            assert exposed == pytest.approx(ar(33_280) * 1e9) == pytest.approx(4_092.444, abs=1e-3)
+
+
+def test_3d_measured_side_per_dimension_is_the_sum_over_its_calls(threed):
+    """Measured comm and overlap per dimension, recomputed from the collectives and collective_overlap
+    tables with the group → dimension map the run config gives (tp/dp by desc, p2p pairs are pp)."""
+    import json
+
+    store, rid = threed
+    con = analyses.connect(store, link="nvlink4")
+    conf = json.loads((FIXTURES / "3d_2x2x2" / "run_config.json").read_text())
+    dim_of = {g["pg_name"]: g["desc"] for g in conf["process_groups"]}
+    want = {}
+    for rank, pg, dur, ov in con.execute(
+            "SELECT c.rank, c.pg_name, c.dur_ns, o.overlap_ns FROM collectives c "
+            "JOIN collective_overlap o USING (run_id, rank, event_id) JOIN events e USING (run_id, rank, event_id) "
+            "WHERE e.step IS NOT NULL").fetchall():
+        d = "pp" if pg.startswith("p2p:") else dim_of[pg]
+        acc = want.setdefault((rank, d), [0, 0])
+        acc[0] += dur
+        acc[1] += ov
+    got = {(r, d): (c, o, e) for r, d, c, o, e in con.execute(
+        "SELECT rank, dimension, comm_ns, overlap_ns, exposed_ns FROM measured_vs_model_by_dimension").fetchall()}
+    assert set(got) == set(want)
+    for k, (c, o) in want.items():  # one profiled step
+        assert got[k] == (c, o, c - o)

@@ -5,6 +5,7 @@ where nothing wraps (a cell folded mid-word would print fragments instead)."""
 from __future__ import annotations
 
 import io
+import json
 import re
 
 import pytest
@@ -25,6 +26,11 @@ def reports(tmp_path_factory):
         rid = ingest_paths([FIXTURES / name], st)
         for link in (None, "eth100"):
             out[f"{name}-{link}"] = build_report(st, rid, link)
+    # many process groups at once; measured vs model per dimension
+    conf = json.loads((FIXTURES / "3d_2x2x2" / "run_config.json").read_text())
+    rid = ingest_paths([FIXTURES / "3d_2x2x2"], st, workload="3d", config=conf, run_id="3d")
+    out["3d_2x2x2-nvlink4"] = build_report(st, rid, "nvlink4")
+    assert out["3d_2x2x2-nvlink4"]["model_by_dimension"]
     return out
 
 

@@ -1051,6 +1051,17 @@ def report_tables(report: dict) -> list[Table]:
             "Model for the workload (the α–β prediction under the run's overlap model)",
             rank + [c for c, m in zip(cols, is_model) if m], list(extra), note="; ".join(notes), id="model-per-step",
         ))
+    dims = report.get("model_by_dimension")
+    if dims:
+        tables.append(Table(
+            "Measured vs model per dimension (means over ranks, per step)",
+            [Column("dimension", "dimension"), Column("model", "model"), Column("ranks", "ranks", fmt_num, True),
+             Column("calls", "calls", fmt_num, True), Column("comm_ns", "comm (ms)", fmt_ms, True),
+             Column("exposed_ns", "exposed (ms)", fmt_ms, True), Column("max_exposed_ns", "max rank (ms)", fmt_ms, True),
+             Column("predicted_exposed_ns", "predicted exposed (ms)", fmt_ms, True),
+             Column("ratio", "measured / predicted", fmt_num, True)],
+            dims, note="; ".join(f"{d['dimension']}: {d['note']}" for d in dims), id="model-by-dimension",
+        ))
     return tables
 
 

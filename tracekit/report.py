@@ -117,7 +117,10 @@ def build_report(
     alpha_beta_fit), ``verdicts`` (counts per op and verdict), ``furthest_from_model``
     (lowest efficiency), ``link`` (the preset compared with, or None),
     ``measured_vs_model`` (per rank: measured vs predicted exposed communication per
-    step; α/β from --link, else the newest sweep run, else this run's fit), ``warnings``;
+    step; α/β from --link, else the newest sweep run, else this run's fit),
+    ``measured_vs_model_by_dimension`` (per rank and dimension tp/pp/dp/ep, each under its own
+    overlap model; empty for a run without per-dimension models) and ``model_by_dimension`` (those
+    rows summed per dimension, :func:`model_by_dimension`), ``warnings``;
     ``references`` (per op, group size and reference: what the verdicts were judged against,
     with α, β, the collective's crossover size D* and fixed latency, or the reason for "no
     model"), ``efficiency_by_size`` (per op, group size and power-of-two size bucket: median
@@ -311,6 +314,8 @@ def build_report(
         """,
     )
     mvm = _rows(con, "SELECT * EXCLUDE (run_id) FROM measured_vs_model WHERE run_id = ? ORDER BY rank", p)
+    mvm_dim = _rows(con, "SELECT * EXCLUDE (run_id) FROM measured_vs_model_by_dimension WHERE run_id = ? "
+                         "ORDER BY dimension, rank", p)
     process_groups = _rows(
         con, "SELECT * EXCLUDE (run_id) FROM process_groups WHERE run_id = ? ORDER BY dimension, pg_name", p)
     warnings = []
@@ -374,6 +379,8 @@ def build_report(
         degraded_links=degraded,
         furthest_from_model=furthest,
         measured_vs_model=mvm,
+        measured_vs_model_by_dimension=mvm_dim,
+        model_by_dimension=model_by_dimension(mvm_dim),
         process_groups=process_groups,
         by_dimension=by_dimension(process_groups),
         warnings=warnings,
@@ -403,6 +410,27 @@ def by_dimension(groups: list[dict]) -> list[dict]:
     for d in out.values():
         d["overlap_fraction"] = d["overlap_ns"] / d["comm_ns"] if d["comm_ns"] else None
     return sorted(out.values(), key=lambda d: (d["dimension"] == "other", d["dimension"]))
+
+
+def model_by_dimension(rows: list[dict]) -> list[dict]:
+    """measured_vs_model_by_dimension summed per dimension: dimension, model, ranks, and means over
+    its ranks of calls, comm_ns, exposed_ns, predicted_exposed_ns (ns per step; None when some rank
+    has no prediction), max_exposed_ns (the rank exposing most), ratio (measured / predicted
+    exposed, None when predicted is 0 or missing), note."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["dimension"], []).append(r)
+    out = []
+    for dim, rs in sorted(by.items()):
+        n = len(rs)
+        pred = None if any(r["predicted_exposed_ns"] is None for r in rs) else sum(r["predicted_exposed_ns"] for r in rs) / n
+        exposed = sum(r["exposed_ns"] for r in rs) / n
+        out.append(dict(dimension=dim, model=rs[0]["model"], ranks=n, calls=sum(r["calls"] for r in rs) / n,
+                        comm_ns=sum(r["comm_ns"] for r in rs) / n, exposed_ns=exposed,
+                        max_exposed_ns=max(r["exposed_ns"] for r in rs), predicted_exposed_ns=pred,
+                        ratio=exposed / pred if pred else None,
+                        note="; ".join(sorted({r["note"] for r in rs if r.get("note")}))))
+    return out
 
 
 def report_json(report: dict) -> str:
@@ -608,6 +636,18 @@ def print_report(report: dict, console=None) -> None:
                       fmt_ms(r.get("gap_exposure_ns")))
         t.caption = ("gap = measured exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond "
                      "the α–β model) + exposure (what the overlap model would hide, minus what was hidden)")
+        _show(con, t)
+    if report.get("model_by_dimension"):
+        t = _table("Measured vs model per dimension (means over ranks, per step; each dimension's overlap model)")
+        for col in ("dim", "model", "ranks", "calls", "comm ms", "exposed ms", "max rank ms", "pred. exposed ms",
+                    "meas/pred"):
+            t.add_column(col, justify="left" if col in ("dim", "model") else "right")
+        for d in report["model_by_dimension"]:
+            t.add_row(d["dimension"], d["model"] or "—", str(d["ranks"]), fmt_num(d["calls"]), fmt_ms(d["comm_ns"]),
+                      fmt_ms(d["exposed_ns"]), fmt_ms(d["max_exposed_ns"]), fmt_ms(d["predicted_exposed_ns"]),
+                      "—" if d["ratio"] is None else f"{d['ratio']:.3g}×")
+        t.caption = ("exposed = Σ over the dimension's calls of their time not covered by compute; predicted: α–β "
+                     "per call, then " + "; ".join(f"{d['dimension']}: {d['note']}" for d in report["model_by_dimension"]))
         _show(con, t)
     if len(report.get("by_dimension") or []) > 1 or any(d["dimension"] != "other" for d in report.get("by_dimension") or []):
         t = _table("Process groups by dimension (tp/pp/dp/ep from the groups' descriptions, else the run's layout)")

@@ -90,7 +90,7 @@ class EPConfig(_launch.RunOptions):
     """Options of the EP workload. ``steps=None`` means wait + warmup + active;
     ``ffn=None`` means 2 × hidden (each expert's SwiGLU inner size)."""
 
-    ranks: int = _launch.option(2, "Expert-parallel ranks (processes), 1-8.")
+    ranks: int | None = _launch.option(None, "Ranks (processes), 1-8: ep x dp (default: 2 x dp).")
     layers: int = _launch.option(4, "MoE transformer layers.")
     hidden: int = _launch.option(512, "Hidden size.")
     heads: int = _launch.option(8, "Attention heads (replicated attention; hidden divisible by heads).")
@@ -104,6 +104,10 @@ class EPConfig(_launch.RunOptions):
         False, "Split each batch in two halves; one half's all-to-all runs (async) while the other computes."
     )
     attention: bool = _launch.option(True, "Include the replicated attention block.")
+    dp: int = _launch.option(1, "Data-parallel replicas: > 1 trains the experts, sharded over ranks/dp EP ranks "
+                                "inside each replica (collectors/workloads/epdp.py).")
+    bucket_kb: int = _launch.option(256, "With --dp > 1: DDP gradient bucket size, KiB.")
+    lr: float = 0.05  # with dp > 1: the SGD learning rate of the experts
     # fault (from RunOptions), testing only: "corrupt_expert" perturbs one expert's weights on the last
     # rank (the check must then fail); "raise" makes the last rank raise
 
@@ -112,17 +116,26 @@ class EPConfig(_launch.RunOptions):
         Raises BadInputError (one line) for an impossible configuration.
         Does not look at the backend (see :func:`tracekit.collectors.launch.resolve_backend`)."""
         c = dataclasses.replace(self)
+        if isinstance(c.dp, bool) or not isinstance(c.dp, int) or c.dp < 1:
+            raise BadInputError(f"dp must be a positive integer, got {c.dp}")
+        if c.ranks is None:
+            c.ranks = 2 * c.dp
         _launch.validate_ranks(c.ranks)
-        for name in ("layers", "hidden", "heads", "experts", "top_k", "seq", "batch"):
+        if c.ranks % c.dp:
+            raise BadInputError(f"ranks ({c.ranks}) must be divisible by dp ({c.dp}): each replica is ranks/dp EP ranks")
+        for name in ("layers", "hidden", "heads", "experts", "top_k", "seq", "batch", "bucket_kb"):
             v = getattr(c, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise BadInputError(f"{name} must be a positive integer, got {v}")
-        if c.experts < c.ranks:
-            raise BadInputError(f"experts ({c.experts}) must be at least ranks ({c.ranks}): every rank holds experts")
-        if c.experts % c.ranks:
+        ep, what = c.ranks // c.dp, "ranks" if c.dp == 1 else "the EP group size"
+        if c.experts < ep:
+            raise BadInputError(f"experts ({c.experts}) must be at least {what} ({ep}): every rank holds experts")
+        if c.experts % ep:
             raise BadInputError(
-                f"experts ({c.experts}) must be divisible by ranks ({c.ranks}): each rank holds experts/ranks experts"
+                f"experts ({c.experts}) must be divisible by {what} ({ep}): each rank holds experts/{what} experts"
             )
+        if c.dp > 1 and c.two_batch_overlap:
+            raise BadInputError("two-batch overlap is a forward-only (dp 1) option; --dp > 1 trains")
         if c.top_k > c.experts:
             raise BadInputError(f"top_k ({c.top_k}) must not exceed experts ({c.experts})")
         if c.attention and c.hidden % c.heads:
@@ -159,7 +172,7 @@ class EPConfig(_launch.RunOptions):
 
     @property
     def experts_per_rank(self) -> int:
-        return self.experts // self.ranks
+        return self.experts // (self.ranks // self.dp)
 
     @property
     def tokens_per_rank(self) -> int:
@@ -572,6 +585,10 @@ def run_ep(config: EPConfig, on_progress: Callable[[str], None] | None = None) -
     RankFailedError when a rank fails (including an EP mismatch).
     """
     cfg = config.resolved()
+    if cfg.dp > 1:
+        from tracekit.collectors.workloads.epdp import run_epdp
+
+        return run_epdp(cfg, on_progress)
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "ep")

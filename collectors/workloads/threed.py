@@ -616,6 +616,13 @@ def build_run_config(run_id, cfg: ThreeDConfig, backend, info, results, wall_s, 
         },
         "traces": [r["trace"] for r in results],
         "overlap_model": _launch.overlap_model("pipeline", stages=cfg.pp, microbatches=cfg.microbatches),
+        # per dimension, the model analyses/measured_vs_model.py applies to that dimension's calls
+        "overlap_models": {
+            "tp": _launch.overlap_model("no_overlap"),
+            "pp": _launch.overlap_model("pipeline", stages=cfg.pp, microbatches=cfg.microbatches),
+            "dp": _launch.overlap_model("bucket_overlap",
+                                        buckets=[expected_counts(cfg, r)["dp_buckets"] for r in range(cfg.ranks)]),
+        },
     }
 
 

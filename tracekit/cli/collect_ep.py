@@ -26,7 +26,16 @@ def ep(config: EPConfig, store: Optional[str], ingest: bool) -> None:
         + (", two-batch overlap" if cfg.two_batch_overlap else "")
         + f", {cfg.dtype}"
     )
+    if cfg.dp > 1:
+        title += f", ep {cfg.ranks // cfg.dp} x dp {cfg.dp} (experts trained, DDP buckets of {cfg.bucket_kb} KiB)"
     run_dir, config_dict = run_workload(lambda progress: run_ep(cfg, on_progress=progress), f"ep on {cfg.ranks} ranks")
+    if cfg.dp > 1:
+        print(f"{title}: {run_dir} (gradient check passed, max relative RMS error "
+              f"{config_dict['check']['max_grad_rel_rms_err']:.3g}; job {config_dict['timing']['job_wall_s']:.1f} s)",
+              file=sys.stderr)
+        if ingest:
+            ingest_and_report(run_dir, "ep", config_dict, store)
+        return
     check = config_dict["ep_check"]
     measured = config_dict["measured"]["skew_measured"]
     print(

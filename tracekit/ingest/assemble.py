@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from tracekit import SCHEMA_VERSION
 from tracekit.errors import FileError
+from tracekit.ingest import pg_attribution
 from tracekit.ingest.attribute import build_collectives
 from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS, link_rank
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, glob_escape
@@ -52,6 +53,7 @@ def finish_run(
     world_size = _world_size(results, ranks)
     pg_config = _pg_config(results)
     (stage / "events").mkdir()
+    facts: dict = {}  # rank → per collectives row, what pg_attribution needs
     tables: list = []  # per rank: (rank, its collectives table); memory linear in the run's collectives
     rank_rows = []
     hosts = {}
@@ -66,7 +68,7 @@ def finish_run(
         rows = build_collectives(
             run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only,
         )
-        table = rank_collectives(rows)
+        table = rank_collectives(pg_attribution.tap(rows, facts.setdefault(rank, [])))
         del meta, lk, rows
         tables.append((rank, table))
         n_unattributed = table.column("op").null_count
@@ -114,6 +116,9 @@ def finish_run(
     mode = choose_alignment(align, hosts)
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
         _check_one_timeline(extent, results, ranks)
+    tables, pg_notes = pg_attribution.attribute(tables, facts, pg_config, same_clock=mode == "none")
+    for rr in rank_rows:
+        rr["warnings"].extend(pg_notes.get(rr["rank"], []))
     offsets = estimate_offsets(_light_rows(tables) if mode != "none" else [], sorted(hosts), hosts, mode)
     con = None
     for rr in rank_rows:
@@ -175,6 +180,13 @@ def rank_collectives(rows) -> pa.Table:
     need = pc.and_(seq.is_null(), table.column("op").is_valid()).to_numpy()
     if not need.any():
         return table.combine_chunks()
+    return number_seq(table, need)
+
+
+def number_seq(table: pa.Table, need: np.ndarray) -> pa.Table:
+    """``table`` with the rows of the bool mask ``need`` numbered 0, 1... per pg_name in call order
+    (issue_ts_ns, ts_ns, event_id, row order): their ``seq``; other rows keep theirs."""
+    seq = table.column("seq")
     df = table.select(["pg_name", "issue_ts_ns", "ts_ns", "event_id"]).to_pandas()[need]
     df = df.sort_values(["issue_ts_ns", "ts_ns", "event_id"], kind="stable")
     number = df.groupby("pg_name", sort=False, dropna=False).cumcount()

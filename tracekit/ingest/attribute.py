@@ -38,6 +38,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from tracekit.ingest import pg_attribution
 from tracekit.ingest.comm_families import kernel_op, resolve_family
 from tracekit.ingest.kineto import int_or_none, parse_split_list
 from tracekit.model import busbw_factor
@@ -402,6 +403,7 @@ def _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config) -> Iterator[d
         enclosing = ([iss] if iss is not None else []) + ([sp] if _numel(sp.get("input_dims")) is not None else [])
         res = _resolve(dict(sp, gpu=False), enclosing)
         row = _finish_row(run_id, rank, sp, res, iss["ts_ns"] if iss else None, world_size, pg_config)
+        pg_attribution.row_facts(row, sp, iss, res)  # groups of unnamed calls: decided across ranks
         if iss is not None and res["op"] in P2P_OPS:
             start = min(iss["ts_ns"], sp["ts_ns"])
             end = max(iss["ts_ns"] + iss["dur_ns"], sp["ts_ns"] + sp["dur_ns"])
