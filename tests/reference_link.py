@@ -24,7 +24,8 @@ def _sql_str(s: str) -> str:
 
 
 def _events_sql(
-    run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, step: str, step_join: str = "", pdl: bool = False
+    run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, step: str, step_join: str = "", pdl: bool = False,
+    call_names: tuple = (),
 ) -> str:
     """COPY statement: raw rows → final events rows (launch link, clipping, class, step).
 
@@ -36,6 +37,7 @@ def _events_sql(
     CASE tree over the rank's steps instead of an ASOF join that sorts every event.
     """
     src = f"read_parquet({_sql_str(raw)})"
+    call_names = "(" + ", ".join(_sql_str(n) for n in call_names) + ")" if call_names else "(NULL)"
     return f"""
     COPY (
       WITH launch AS (
@@ -58,8 +60,7 @@ def _events_sql(
           FROM {src}
           WHERE {str(cpu_only).upper()} AND track_kind = 'cpu_thread' AND NOT coalesce(is_comm, false)
             AND device IS NOT NULL AND track IS NOT NULL
-            AND (name LIKE 'c10d::%' OR name LIKE 'nccl:%' OR name LIKE 'rccl:%' OR name LIKE 'gloo:%'
-                 OR name = 'record_param_comms')
+            AND (name = 'record_param_comms' OR name IN {call_names})
             AND NOT EXISTS (SELECT 1 FROM {src} WHERE track_kind = 'cpu_thread' AND is_comm)
         ) WHERE prev_end IS NULL OR ts_ns >= prev_end
       ),
@@ -149,7 +150,11 @@ def reference_link(raw: pa.Table, run_id: str, rank: int, cpu_only: bool, steps,
     pq.write_table(raw, src)
     con = duckdb.connect()
     step, step_join = _step_expr(con, steps, "x.step_ts", f"steps_{rank}")
-    con.execute(_events_sql(run_id, rank, str(src), out, cpu_only, step, step_join, pdl))
+    from tracekit.model.ops import canonical_op  # names a collective: the one rule shared with linkpass
+
+    names = {n for n in raw.column("name").to_pylist() if n}
+    calls = tuple(sorted(n for n in names if n.startswith(("c10d::", "nccl:", "rccl:")) and canonical_op(n, trace=True)))
+    con.execute(_events_sql(run_id, rank, str(src), out, cpu_only, step, step_join, pdl, calls))
     ev = f"read_parquet({_sql_str(out)})"
     spans, launches = {}, {}
     for eid, ts, dur, pid, tid, lts, ldur in con.execute(

@@ -49,7 +49,7 @@ def test_cpu_side_calls_are_collectives(cpu_nccl):
     assert [(n, c) for _, n, c in got] == [
         ("ProfilerStep#1", "cpu"), ("aten::mm", "compute"), ("c10d::allreduce_", "comm"),
         ("record_param_comms", "cpu"), ("nccl:all_reduce", "cpu"), ("aten::empty", "cpu"),
-        ("aten::add", "compute"), ("nccl:all_reduce", "comm"),
+        ("aten::add", "compute"), ("c10d::wait", "cpu"), ("nccl:all_reduce", "comm"),
     ]
 
 

@@ -97,7 +97,7 @@ def test_link_pass_equals_the_sql_reference(rel, tmp_path, monkeypatch):
 _CATS = ["runtime", "driver", "kernel", "memcpy", "memset", "sync", "cpu_op", "user_annotation", "python", None]
 _NAMES = ["cudaLaunchKernel", "cudaStreamSynchronize", "hipEventSynchronize", "cuda_sync_wait", "c10d::send",
           "c10d::recv_", "gloo:send", "gloo:recv", "gloo:all_reduce", "nccl:all_reduce", "record_param_comms",
-          "c10d::allreduce_", "aten::mm", "ncclKernel_AllReduce", "gemm", "", None,
+          "c10d::allreduce_", "c10d::wait", "aten::mm", "ncclKernel_AllReduce", "gemm", "", None,
           "CUDASTREAMSYNCHRONIZE", "cudaStreamſynchronize", "cudaStreamSynchronİze"]  # ASCII case folding only
 
 

@@ -288,7 +288,7 @@ def build_collectives(
 
     CPU-side collectives (``cpu_only``: the rank's trace has no GPU activity), one rule: the
     rank's ``gloo:*`` spans when it has any (:func:`_cpu_rows`), else its collective CPU calls,
-    the outermost ``c10d::*`` / ``nccl:*`` / ``rccl:*`` / ``record_param_comms`` op of each call
+    the outermost ``c10d::*`` / ``nccl:*`` / ``rccl:*`` / ``record_param_comms`` op naming a collective
     (``calls``: their event ids, :class:`tracekit.ingest.linkpass._CpuCalls`; :func:`_cpu_call_rows`).
     Their rows have ``cpu_side`` true; a call's span is the call itself, launch and waiting included.
     GPU ranks: a collective is a comm kernel (``cpu_side`` false); a CPU call that launched none

@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.ingest.staging import _BatchWriter
+from tracekit.model.ops import canonical_op
 from tracekit.store import EVENTS_SCHEMA
 
 SYNC_NAME = re.compile(
@@ -109,6 +110,7 @@ CLASSES = ("comm", "sync", "compute", "memory", "other", "cpu")
 _COMM, _SYNC, _COMPUTE, _MEMORY, _OTHER, _CPU = range(6)
 _CPU_ONLY_COMM_CALLS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
 _COLLECTIVE_CPU = ("c10d::", "nccl:", "rccl:", "gloo:")
+_CALL_PREFIX = ("c10d::", "nccl:", "rccl:")  # with a collective's name: a CPU-only rank's collective calls
 
 # category → bits
 _C_LAUNCH, _C_RUNTIME, _C_GPU_OP, _C_KERNEL, _C_MEMORY, _C_SYNC, _C_CPU_OP = 1, 2, 4, 8, 16, 32, 64
@@ -122,7 +124,7 @@ _CATEGORY_BITS = {
     "cpu_op": _C_CPU_OP,
 }
 # name → bits
-_N_CPU_ONLY_COMM, _N_SYNC, _N_COLLECTIVE_CPU, _N_NULL, _N_GLOO_P2P = 1, 2, 4, 8, 16
+_N_CPU_ONLY_COMM, _N_SYNC, _N_COLLECTIVE_CPU, _N_NULL, _N_GLOO_P2P, _N_CALL = 1, 2, 4, 8, 16, 32
 
 
 def _name_bits(name: str | None) -> int:
@@ -137,6 +139,8 @@ def _name_bits(name: str | None) -> int:
         bits |= _N_COLLECTIVE_CPU
     if name in ("gloo:send", "gloo:recv"):
         bits |= _N_GLOO_P2P
+    if name == "record_param_comms" or (name.startswith(_CALL_PREFIX) and canonical_op(name, trace=True)):
+        bits |= _N_CALL
     return bits
 
 
@@ -274,8 +278,9 @@ def _concat(parts: list, dtype) -> np.ndarray:
 class _CpuCalls:
     """The collective calls of a CPU-only rank without gloo spans: its outermost collective CPU ops.
 
-    ``ops``: rows (device, track, ts_ns, dur_ns, event_id) of the rank's ``c10d::*`` / ``nccl:*`` /
-    ``rccl:*`` / ``record_param_comms`` CPU ops, or None (a GPU rank, or one with gloo spans). An
+    ``ops``: rows (device, track, ts_ns, dur_ns, event_id) of the rank's ``record_param_comms`` and
+    ``c10d::*`` / ``nccl:*`` / ``rccl:*`` CPU ops that name a collective (``canonical_op``: not
+    ``c10d::wait`` or the coalescing markers), or None (a GPU rank, or one with gloo spans). An
     op is a call when no earlier op on its thread (by start, the longer first) still runs at its
     start: ``c10d::allreduce_`` around ``record_param_comms`` around ``nccl:all_reduce`` is one
     call, the outer op. The calls are the rank's communication (class ``comm``); the CPU ops
@@ -361,7 +366,7 @@ class _Tables:
                 if t.any():
                     threads.update(zip(dev[t].tolist(), trk[t].tolist()))
                 self.has_gloo |= bool((comm & ~gpu).any())
-                c = ~comm.astype(bool) & ~gpu & ((nb & _N_COLLECTIVE_CPU) > 0) & _all_valid(dev_ok, n) & _all_valid(trk_ok, n)
+                c = ~comm.astype(bool) & ~gpu & ((nb & _N_CALL) > 0) & _all_valid(dev_ok, n) & _all_valid(trk_ok, n)
                 if c.any():
                     dur = _ints(b.column("dur_ns"))[0]
                     calls.append(np.stack([dev[c], trk[c], _ints(b.column("ts_ns"))[0][c], dur[c],
