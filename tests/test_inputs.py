@@ -37,36 +37,44 @@ def cpu_nccl(tmp_path_factory):
 def test_cpu_side_calls_are_collectives(cpu_nccl):
     _, con = cpu_nccl
     rows = con.execute("SELECT rank, seq, op, pg_name, size_bytes, meta_source, cpu_side, ts_ns, dur_ns "
-                       "FROM collectives ORDER BY seq, rank").fetchall()
+                       "FROM collectives ORDER BY pg_name, seq, rank").fetchall()
     assert rows == [
         (0, 0, "all_reduce", "0", 4096, "record_param_comms", True, T0 + 100 * US, 200 * US),
         (1, 0, "all_reduce", "0", 4096, "record_param_comms", True, T0 + 150 * US, 150 * US),
         (0, 1, "all_reduce", "0", 2048, "cpu_op_dims", True, T0 + 400 * US, 20 * US),
         (1, 1, "all_reduce", "0", 2048, "cpu_op_dims", True, T0 + 380 * US, 45 * US),
+        (0, 0, "send", "p2p:0->1", 32768, "cpu_op_dims", True, T0 + 500 * US, 40 * US),
+        (1, 0, "recv", "p2p:0->1", 32768, "cpu_op_dims", True, T0 + 480 * US, 60 * US),
     ]
+    assert con.execute("SELECT rank, peer, wire_bytes FROM collectives WHERE peer IS NOT NULL ORDER BY rank"
+                       ).fetchall() == [(0, 1, 32768), (1, 0, 0)]
     # the calls are the outer ops; the ops inside them are neither comm nor compute
     got = con.execute("SELECT rank, name, class FROM events WHERE rank = 0 ORDER BY ts_ns, dur_ns DESC").fetchall()
     assert [(n, c) for _, n, c in got] == [
         ("ProfilerStep#1", "cpu"), ("aten::mm", "compute"), ("c10d::allreduce_", "comm"),
         ("record_param_comms", "cpu"), ("nccl:all_reduce", "cpu"), ("aten::empty", "cpu"),
         ("aten::add", "compute"), ("c10d::wait", "cpu"), ("nccl:all_reduce", "comm"),
+        ("c10d::send", "comm"), ("nccl:send", "cpu"),
     ]
 
 
 def test_cpu_side_instances_waits_and_overlap(cpu_nccl):
     _, con = cpu_nccl
-    assert con.execute("SELECT seq, sync_time_ns, skew_ns, straggler, complete FROM collective_instances "
-                       "ORDER BY seq").fetchall() == [(0, 150 * US, 50 * US, 1, True), (1, 22.5 * US, 20 * US, 0, True)]
-    assert con.execute("SELECT seq, rank, wait_ns FROM collective_waits ORDER BY seq, rank").fetchall() == [
-        (0, 0, 50 * US), (0, 1, 0), (1, 0, 0), (1, 1, 20 * US)]
+    assert con.execute("SELECT pg_name, seq, sync_time_ns, skew_ns, straggler, complete FROM collective_instances "
+                       "ORDER BY pg_name, seq").fetchall() == [
+        ("0", 0, 150 * US, 50 * US, 1, True), ("0", 1, 22.5 * US, 20 * US, 0, True),
+        ("p2p:0->1", 0, 40 * US, 20 * US, 0, True)]
+    assert con.execute("SELECT pg_name, seq, rank, wait_ns FROM collective_waits ORDER BY ALL").fetchall() == [
+        ("0", 0, 0, 50 * US), ("0", 0, 1, 0), ("0", 1, 0, 0), ("0", 1, 1, 20 * US),
+        ("p2p:0->1", 0, 0, 0), ("p2p:0->1", 0, 1, 20 * US)]
     assert con.execute("SELECT rank, comm_ns, compute_ns, overlap_ns FROM overlap_by_rank ORDER BY rank").fetchall() == [
-        (0, 220 * US, 100 * US, 60 * US), (1, 195 * US, 40 * US, 0)]
+        (0, 260 * US, 100 * US, 60 * US), (1, 255 * US, 40 * US, 0)]
 
 
 def test_cpu_only_report_says_so(cpu_nccl):
     store, _ = cpu_nccl
     rep = build_report(store, "r")
-    assert rep["cpu_side"] == {"cpu_only_ranks": [0, 1], "cpu_side_calls": 4, "same_stream_overlaps": {}}
+    assert rep["cpu_side"] == {"cpu_only_ranks": [0, 1], "cpu_side_calls": 6, "same_stream_overlaps": {}}
     assert [r["gpu_events"] for r in rep["ranks"]] == [0, 0]
     assert not any("no communication" in w for w in rep["warnings"])
     assert rep["gpu_time_breakdown"] == {"by_rank": [], "by_step": []}  # no GPU: no GPU time at all
@@ -74,7 +82,7 @@ def test_cpu_only_report_says_so(cpu_nccl):
     print_report(rep, Console(file=out, width=100))
     text = out.getvalue()
     assert "ranks 0, 1: no GPU activity in the trace; compute = CPU op time, not GPU compute" in text
-    assert "4 CPU-side collective call(s), no GPU kernel: span = the CPU call" in text
+    assert "6 CPU-side collective call(s), no GPU kernel: span = the CPU call" in text
     assert "CPU compute ms" in text
 
 
