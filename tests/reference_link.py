@@ -24,7 +24,8 @@ def _sql_str(s: str) -> str:
 
 
 def _events_sql(
-    run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, step: str, step_join: str = ""
+    run_id: str, rank: int, raw: str, out: Path, cpu_only: bool, step: str, step_join: str = "", pdl: bool = False,
+    call_names: tuple = (),
 ) -> str:
     """COPY statement: raw rows → final events rows (launch link, clipping, class, step).
 
@@ -36,6 +37,7 @@ def _events_sql(
     CASE tree over the rank's steps instead of an ASOF join that sorts every event.
     """
     src = f"read_parquet({_sql_str(raw)})"
+    call_names = "(" + ", ".join(_sql_str(n) for n in call_names) + ")" if call_names else "(NULL)"
     return f"""
     COPY (
       WITH launch AS (
@@ -51,13 +53,27 @@ def _events_sql(
         SELECT event_id, lead(ts_ns) OVER (PARTITION BY device, track ORDER BY ts_ns, event_id) AS next_ts
         FROM {src} WHERE track_kind = 'gpu_stream' AND category IN ('kernel', 'memcpy', 'memset')
       ),
+      cpu_calls AS (  -- CPU-only ranks without gloo spans: the outermost collective CPU op of each call
+        SELECT device, track, ts_ns AS cs, ts_ns + dur_ns AS ce, event_id FROM (
+          SELECT *, max(ts_ns + dur_ns) OVER (PARTITION BY device, track ORDER BY ts_ns, dur_ns DESC, event_id
+                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+          FROM {src}
+          WHERE {str(cpu_only).upper()} AND track_kind = 'cpu_thread' AND NOT coalesce(is_comm, false)
+            AND device IS NOT NULL AND track IS NOT NULL
+            AND (name = 'record_param_comms' OR name IN {call_names})
+            AND NOT EXISTS (SELECT 1 FROM {src} WHERE track_kind = 'cpu_thread' AND is_comm)
+        ) WHERE prev_end IS NULL OR ts_ns >= prev_end
+      ),
       sync_names AS (  -- Stream/Event/Device synchronize calls, by name (every match contains one of the ILIKEs)
         SELECT DISTINCT name FROM {src}
         WHERE (name ILIKE '%synchronize%' OR name ILIKE '%cuda_sync%') AND regexp_matches(name, {_sql_str(_SYNC_NAME)})
       ),
       linked AS (
         SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
-               (ct.track IS NOT NULL) AS on_comm_thread, g.next_ts, (sn.name IS NOT NULL) AS sync_name
+               (ct.track IS NOT NULL) AS on_comm_thread, g.next_ts, (sn.name IS NOT NULL) AS sync_name,
+               r.event_id IN (SELECT event_id FROM cpu_calls) AS is_call,
+               EXISTS (SELECT 1 FROM cpu_calls c WHERE r.track_kind = 'cpu_thread' AND c.device = r.device
+                       AND c.track = r.track AND r.ts_ns >= c.cs AND r.ts_ns + r.dur_ns <= c.ce) AS in_call
         FROM {src} r
         LEFT JOIN launch l ON r.track_kind = 'gpu_stream' AND r.correlation = l.correlation
         LEFT JOIN comm_threads ct ON r.track_kind = 'cpu_thread' AND r.device = ct.device AND r.track = ct.track
@@ -65,30 +81,31 @@ def _events_sql(
         LEFT JOIN sync_names sn ON r.name = sn.name
       ),
       clipped AS (
-        SELECT *, (next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}) AS clipped,
-               CASE WHEN next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}
-                    THEN ts_ns + dur_ns - greatest(next_ts, ts_ns) ELSE 0 END AS clipped_ns
+        SELECT *, (NOT {str(pdl).upper()} AND next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}) AS clipped,
+               CASE WHEN NOT {str(pdl).upper()} AND next_ts IS NOT NULL AND ts_ns + dur_ns - next_ts > {CLIP_TOLERANCE_NS}
+                    THEN ts_ns + dur_ns - greatest(next_ts, ts_ns) ELSE 0 END AS clipped_ns,
+               (next_ts IS NOT NULL AND ts_ns + dur_ns > next_ts) AS overlaps_next
         FROM linked
       )
       SELECT {_sql_str(run_id)} AS run_id, CAST({rank} AS INTEGER) AS rank, x.event_id, x.track_kind,
              x.device, x.track, x.category, x.name, x.ts_ns, x.dur_ns - x.clipped_ns AS dur_ns,
              x.correlation, x.external_id, x.launch_id AS launch_event_id,
              CASE
-               WHEN x.is_comm THEN 'comm'
+               WHEN x.is_comm OR x.is_call THEN 'comm'
                WHEN {str(cpu_only).upper()} AND x.name IN ('c10d::send', 'c10d::recv_', 'c10d::recv_any_source_')
                  THEN 'comm'
                WHEN x.category = 'sync' OR x.sync_name THEN 'sync'
                WHEN x.category = 'kernel' THEN 'compute'
                WHEN x.category IN ('memcpy', 'memset') THEN 'memory'
                WHEN x.track_kind = 'gpu_stream' THEN 'other'
-               WHEN {str(cpu_only).upper()} AND x.category = 'cpu_op' AND NOT x.on_comm_thread
-                    AND NOT (x.name LIKE 'c10d::%' OR x.name LIKE 'nccl:%' OR x.name LIKE 'gloo:%'
-                             OR x.name = 'record_param_comms')
+               WHEN {str(cpu_only).upper()} AND x.category = 'cpu_op' AND NOT x.on_comm_thread AND NOT x.in_call
+                    AND NOT (x.name LIKE 'c10d::%' OR x.name LIKE 'nccl:%' OR x.name LIKE 'rccl:%'
+                             OR x.name LIKE 'gloo:%' OR x.name = 'record_param_comms')
                  THEN 'compute'
                ELSE 'cpu'
              END AS class,
              {step} AS step,
-             x.clipped, x.clipped_ns
+             x.clipped, x.clipped_ns, x.overlaps_next
       FROM clipped x {step_join}
     ) TO {_sql_str(out)} (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1, ROW_GROUP_SIZE {EVENTS_ROW_GROUP})
     """
@@ -120,8 +137,10 @@ def _step_expr(con, steps, ts: str, name: str) -> tuple[str, str]:
     return f"CASE WHEN {ts} < {starts[0]} THEN CAST(NULL AS BIGINT) ELSE {tree(0, len(order))} END", ""
 
 
-def reference_link(raw: pa.Table, run_id: str, rank: int, cpu_only: bool, steps, tmp_path):
-    """Run the SQL link pass over ``raw`` (RAW_SCHEMA rows; dictionary columns are decoded)."""
+def reference_link(raw: pa.Table, run_id: str, rank: int, cpu_only: bool, steps, tmp_path, pdl: bool = False):
+    """Run the SQL link pass over ``raw`` (RAW_SCHEMA rows; dictionary columns are decoded).
+    Its events file has one more column, ``overlaps_next`` (a GPU op running past the next op's
+    start on its stream); the stats end with the count of those not clipped."""
     raw = pa.table({f.name: (raw.column(f.name).cast(pa.string()) if pa.types.is_dictionary(f.type)
                              else raw.column(f.name)) for f in raw.schema})
     src = tmp_path / f"ref_raw_{rank}.parquet"
@@ -131,7 +150,11 @@ def reference_link(raw: pa.Table, run_id: str, rank: int, cpu_only: bool, steps,
     pq.write_table(raw, src)
     con = duckdb.connect()
     step, step_join = _step_expr(con, steps, "x.step_ts", f"steps_{rank}")
-    con.execute(_events_sql(run_id, rank, str(src), out, cpu_only, step, step_join))
+    from tracekit.model.ops import canonical_op  # names a collective: the one rule shared with linkpass
+
+    names = {n for n in raw.column("name").to_pylist() if n}
+    calls = tuple(sorted(n for n in names if n.startswith(("c10d::", "nccl:", "rccl:")) and canonical_op(n, trace=True)))
+    con.execute(_events_sql(run_id, rank, str(src), out, cpu_only, step, step_join, pdl, calls))
     ev = f"read_parquet({_sql_str(out)})"
     spans, launches = {}, {}
     for eid, ts, dur, pid, tid, lts, ldur in con.execute(
@@ -147,4 +170,5 @@ def reference_link(raw: pa.Table, run_id: str, rank: int, cpu_only: bool, steps,
             FROM {ev} k JOIN {ev} l ON k.launch_event_id = l.event_id
             WHERE k.track_kind = 'gpu_stream' AND k.ts_ns < l.ts_ns"""
     ).fetchone()
-    return out, spans, launches, tuple(stats)
+    kept = con.execute(f"SELECT count(*) FROM {ev} WHERE overlaps_next AND NOT clipped").fetchone()[0]
+    return out, spans, launches, tuple(stats) + (kept,)

@@ -106,6 +106,17 @@ def _cases(tmp_path):
     p = tmp_path / "notrace.json"
     p.write_text('{"traceEvents": []')
     cases["no closing brace"] = (p, "truncated JSON")
+    p = tmp_path / "empty_list.json"
+    p.write_text("[]")
+    cases["empty JSON list"] = (p, "not a trace: a JSON list holds no event objects")
+    cases["list of non-events"] = (FIXTURES / "inputs" / "not_a_trace_list.json",
+                                   'no item is a trace event (an object with a "ph")')
+    p = tmp_path / "null.json"
+    p.write_text("null")
+    cases["top-level null"] = (p, "not a JSON trace")
+    p = tmp_path / "dict_no_events.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": []}))
+    cases["dict without traceEvents"] = (p, "no traceEvents array: a JSON dict")
     return cases
 
 
@@ -116,6 +127,7 @@ CASE_NAMES = [
     "array never closed", "malformed event", "trailing data", "second traceEvents", "malformed, offset",
     "events are numbers", "directory of mixed garbage",
     "ranks not identifiable", "sqlite that is not nsys", "log that is not nccl-tests", "no closing brace",
+    "empty JSON list", "list of non-events", "top-level null", "dict without traceEvents",
 ]
 
 

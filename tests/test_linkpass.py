@@ -35,12 +35,15 @@ def _rows_differ(a: Path, b: Path) -> tuple[int, int]:
             con.execute(f"SELECT count(*) FROM ({qb} EXCEPT ALL {qa})").fetchone()[0])
 
 
-def _check_against_reference(raw, out, run_id, rank, cpu_only, steps, got, tmp_path):
-    ref_out, spans, launches, stats = reference_link(_read_stage(raw), run_id, rank, cpu_only, steps, tmp_path)
-    assert _rows_differ(out, ref_out) == (0, 0)
+def _check_against_reference(raw, out, run_id, rank, cpu_only, steps, got, tmp_path, pdl=False):
+    ref_out, spans, launches, stats = reference_link(_read_stage(raw), run_id, rank, cpu_only, steps, tmp_path, pdl)
+    ref_events = tmp_path / f"ref_events_{rank}_cols.parquet"
+    duckdb.connect().execute(f"COPY (SELECT * EXCLUDE (overlaps_next) FROM read_parquet('{ref_out}')) "
+                             f"TO '{ref_events}' (FORMAT parquet)")
+    assert _rows_differ(out, ref_events) == (0, 0)
     assert got.spans.to_dict() == spans
     assert got.launches.to_dict() == launches
-    assert (got.n_clipped, got.max_clip_ns, got.n_skew, got.max_skew_ns) == stats
+    assert (got.n_clipped, got.max_clip_ns, got.n_skew, got.max_skew_ns, got.same_stream_overlaps) == stats
     n, lo, hi = duckdb.connect().execute(
         f"SELECT count(*), min(ts_ns), max(ts_ns + dur_ns) FROM read_parquet('{out}')").fetchone()
     assert (got.ts_lo, got.ts_hi) == (lo, hi)
@@ -57,6 +60,9 @@ _TARGETS = [
     "fixtures/defects/overlapping_kernels.json",
     "fixtures/defects/sync_not_compute.json",
     "fixtures/defects/custom_allreduce.json",
+    "fixtures/inputs/cpu_nccl_2rank",
+    "fixtures/inputs/stream_overlap_h100.json",
+    "fixtures/inputs/stream_overlap_v100.json",
     "traces/param_dlrm_8rank_v100",
     "traces/hta_nccl_parser_a100_r0of2",
     "traces/hta_pyper_a100_r0of16",
@@ -78,9 +84,9 @@ def test_link_pass_equals_the_sql_reference(rel, tmp_path, monkeypatch):
         src = FIXTURES.parent / rel
     seen = []
 
-    def checked(raw, out, run_id, rank, cpu_only, steps, *writer_cls):
-        got = link_rank(raw, out, run_id, rank, cpu_only, steps, *writer_cls)
-        seen.append(_check_against_reference(raw, out, run_id, rank, cpu_only, steps, got, tmp_path))
+    def checked(raw, out, run_id, rank, cpu_only, steps, *writer_cls, pdl=False):
+        got = link_rank(raw, out, run_id, rank, cpu_only, steps, *writer_cls, pdl=pdl)
+        seen.append(_check_against_reference(raw, out, run_id, rank, cpu_only, steps, got, tmp_path, pdl))
         return got
 
     monkeypatch.setattr(assemble, "link_rank", checked)
@@ -91,16 +97,18 @@ def test_link_pass_equals_the_sql_reference(rel, tmp_path, monkeypatch):
 _CATS = ["runtime", "driver", "kernel", "memcpy", "memset", "sync", "cpu_op", "user_annotation", "python", None]
 _NAMES = ["cudaLaunchKernel", "cudaStreamSynchronize", "hipEventSynchronize", "cuda_sync_wait", "c10d::send",
           "c10d::recv_", "gloo:send", "gloo:recv", "gloo:all_reduce", "nccl:all_reduce", "record_param_comms",
-          "c10d::allreduce_", "aten::mm", "ncclKernel_AllReduce", "gemm", "", None,
+          "c10d::allreduce_", "c10d::wait", "aten::mm", "ncclKernel_AllReduce", "gemm", "", None,
           "CUDASTREAMSYNCHRONIZE", "cudaStreamſynchronize", "cudaStreamSynchronİze"]  # ASCII case folding only
 
 
-def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int, ts_order: str = "random") -> None:
+def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int, ts_order: str = "random",
+                  cpu_comm: bool = True) -> None:
     """A staging file of n random rows in ``batches`` batches (each its own dictionaries).
 
     ``ts_order``: "random" starts; "sorted": non-decreasing in file order (ties kept), so every
     stream's ops are in start order;
-    "late_inversion": sorted except one step back in the last batch.
+    "late_inversion": sorted except one step back in the last batch. ``cpu_comm`` False: no CPU
+    row is comm (no gloo spans: a CPU-only rank's collective CPU calls become its communication).
     """
     w = open_stage_writer(path)
     first = 0
@@ -133,7 +141,8 @@ def _random_stage(path: Path, rng: np.random.Generator, n: int, batches: int, ts
                 pa.array(rng.integers(0, 300, size), pa.int64()),
                 ints(0, size // 3 + 2, 0.3),  # duplicate and missing correlation ids
                 ints(0, 50, 0.5),
-                pa.array([None if rng.random() < 0.05 else bool(rng.random() < 0.05) for _ in range(size)], pa.bool_()),
+                pa.array([None if rng.random() < 0.05 else bool(rng.random() < 0.05 and (g or cpu_comm))
+                          for g in gpu.tolist()], pa.bool_()),
             ],
             schema=RAW_SCHEMA,
         )
@@ -149,12 +158,15 @@ def test_link_pass_on_random_staging_rows(seed, cpu_only, ts_order, tmp_path):
     rng = np.random.default_rng(seed)
     raw = tmp_path / "raw.arrows"
     batches = int(rng.integers(1, 5)) if ts_order == "random" else int(rng.integers(3, 9))
-    _random_stage(raw, rng, n=int(rng.integers(50, 3000)), batches=batches, ts_order=ts_order)
+    pdl, cpu_comm = seed % 2 == 1, seed % 4 < 2  # odd seeds: a PDL device; seeds 2, 3, 6, 7: no gloo spans
+    _random_stage(raw, rng, n=int(rng.integers(50, 3000)), batches=batches, ts_order=ts_order, cpu_comm=cpu_comm)
     starts = sorted(rng.integers(0, 500, int(rng.integers(0, 8))).tolist())  # duplicates and gaps
     steps = [(int(s % 5), i, int(st), int(st + rng.integers(1, 120))) for i, (s, st) in enumerate(zip(range(100), starts))]
     out = tmp_path / "events.parquet"
-    got = link_rank(raw, out, "r", 3, cpu_only, steps, _BatchWriter)
-    assert _check_against_reference(raw, out, "r", 3, cpu_only, steps, got, tmp_path) > 0
+    got = link_rank(raw, out, "r", 3, cpu_only, steps, _BatchWriter, pdl=pdl)
+    assert _check_against_reference(raw, out, "r", 3, cpu_only, steps, got, tmp_path, pdl) > 0
+    if cpu_only and not cpu_comm:
+        assert len(got.cpu_calls) > 0  # the collective-call rule ran
 
 
 def _one_batch_stage(path: Path, rows: list[dict]) -> None:

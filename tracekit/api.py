@@ -197,7 +197,9 @@ class Run:
         ``size_bytes`` (the nccl-tests size), ``wire_bytes``, ``ts_ns``/``dur_ns`` (start, length
         on the run's common clock), ``issue_ts_ns``, ``peer``, ``algo``, ``proto``,
         ``meta_source`` (where the op and size came from), ``approx``, ``log_algbw_GBps``/
-        ``log_busbw_GBps`` (nccl-tests logs only), DESIGN.md "collectives".
+        ``log_busbw_GBps`` (nccl-tests logs only), ``cpu_side`` (a CPU span, no GPU kernel: a gloo
+        span or a CPU-only trace's collective call, launch and waiting included; README
+        "Definitions"), DESIGN.md "collectives".
         """
         return self._view("collectives", "rank, ts_ns, event_id")
 

@@ -1248,9 +1248,12 @@ def render_html(data: dict) -> str:
     if rep["overlap_by_rank"]:
         line += (f'; communication over all ranks {fmt_ms(tot["comm_ns"])} ms, of which '
                  f'{fmt_ms(tot["exposed_comm_ns"])} ms exposed (overlap ratio {fmt_pct(ratio)})')
+    from tracekit.report import cpu_side_lines
+
+    notes = "".join(f'<p class="note">{html.escape(n)}.</p>' for n in cpu_side_lines(rep))
     glance = (
         f'<section id="tk-summary"><h2>At a glance</h2><div class="badges">{badges or "no collectives"}</div>'
-        f'<p class="note">{html.escape(line)}.</p></section>'
+        f'<p class="note">{html.escape(line)}.</p>{notes}</section>'
     )
     sections.append(glance)
     empty = []  # sections with nothing to show: one line at the end, not one empty box each

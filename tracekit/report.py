@@ -107,7 +107,8 @@ def build_report(
 ) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
-    Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings),
+    Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
+    CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),
     ``collectives`` (per op: count, bytes, median sync time, busbw, total wait),
     ``unattributed`` (comm spans with no collective), ``instances`` (matching
     health), ``overlap_by_rank``, ``overlap_by_step``, ``stragglers`` (worst
@@ -154,8 +155,8 @@ def build_report(
     run["created_at"] = str(run.get("created_at"))
     ranks = _rows(
         con,
-        "SELECT rank, host, source_path, events, events_quarantined, clock_offset_ns, clock_offset_err_ns, warnings "
-        "FROM ranks WHERE run_id = ? ORDER BY rank",
+        "SELECT rank, host, source_path, events, events_quarantined, clock_offset_ns, clock_offset_err_ns, warnings, "
+        "gpu_events, same_stream_overlaps FROM ranks WHERE run_id = ? ORDER BY rank",
         p,
     )
     # per op over the run's instances: bandwidth, completeness and waits as three aggregates by
@@ -384,6 +385,7 @@ def build_report(
         process_groups=process_groups,
         by_dimension=by_dimension(process_groups),
         warnings=warnings,
+        cpu_side=cpu_side_section(con, run_id, ranks),
         gpu_time_breakdown=gpu_breakdown_section(con, run_id),
         **kernel_sections(con, run_id),
         alltoall_imbalance=alltoall_section(con, run_id),
@@ -488,6 +490,7 @@ def print_report(report: dict, console=None) -> None:
         f"[bold]run[/bold] {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
         f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
     )
+    print_cpu_side(report, con)
     offs = [r for r in report["ranks"] if r.get("clock_offset_ns")]
     if offs:
         con.print("clock offsets applied: " + ", ".join(
@@ -507,7 +510,7 @@ def print_report(report: dict, console=None) -> None:
     if run.get("source") == "nccl_tests":
         con.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
     t = _table("Overlap per rank (whole trace)")
-    for col in ("rank", "comm ms", "compute ms", "overlap ms", "exposed comm ms", "overlap ratio"):
+    for col in ("rank", "comm ms", compute_header(report), "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
     for r in report["overlap_by_rank"]:  # empty for nccl-tests runs
         t.add_row(str(r["rank"]), fmt_ms(r["comm_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["overlap_ns"]),
@@ -614,7 +617,7 @@ def print_report(report: dict, console=None) -> None:
     if report.get("measured_vs_model"):
         rows = report["measured_vs_model"]
         t = _table("Measured per step (means over the profiled steps)")
-        for col in ("rank", "compute ms", "comm ms", "overlap ms", "exposed ms"):
+        for col in ("rank", compute_header(report), "comm ms", "overlap ms", "exposed ms"):
             t.add_column(col, justify="right")
         for r in rows:
             t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]))
@@ -665,6 +668,62 @@ def print_report(report: dict, console=None) -> None:
     print_critical_path(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+# -- CPU-only ranks, CPU-side collectives, same-stream overlaps (tracekit.ingest.linkpass) ---------
+
+
+def cpu_side_section(con, run_id: str, ranks: list[dict]) -> dict:
+    """The report's ``cpu_side`` key: ``cpu_only_ranks`` (ranks whose trace has no GPU activity,
+    ``ranks.gpu_events`` = 0: their "compute" is CPU op time), ``cpu_side_calls`` (collectives rows
+    with ``cpu_side``: a CPU span, no GPU kernel), ``same_stream_overlaps`` (per rank with any: GPU
+    ops kept whole over the next op on their stream, ``ranks.same_stream_overlaps``)."""
+    n = con.execute("SELECT count(*) FROM collectives WHERE run_id = ? AND cpu_side", [run_id]).fetchone()[0]
+    return dict(
+        cpu_only_ranks=[r["rank"] for r in ranks if r.get("gpu_events") == 0],
+        cpu_side_calls=int(n),
+        same_stream_overlaps={r["rank"]: r["same_stream_overlaps"] for r in ranks if r.get("same_stream_overlaps")},
+    )
+
+
+def compute_header(report: dict) -> str:
+    """"compute ms", or "CPU compute ms" when every rank of the run is CPU-only."""
+    cs = report.get("cpu_side") or {}
+    cpu = cs.get("cpu_only_ranks") or []
+    return "CPU compute ms" if cpu and len(cpu) == len(report["ranks"]) else "compute ms"
+
+
+def _rank_list(ranks: list) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+
+
+def cpu_side_lines(report: dict) -> list[str]:
+    """One line each, as plain text: the CPU-only ranks (their compute is CPU op time), the
+    CPU-side collectives (their span is the CPU call), the same-stream overlaps kept whole."""
+    from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS
+
+    cs = report.get("cpu_side") or {}
+    out = []
+    cpu = cs.get("cpu_only_ranks") or []
+    if cpu:
+        out.append(f"{_rank_list(cpu)}: no GPU activity in the trace; compute = CPU op time, not GPU compute")
+    if cs.get("cpu_side_calls"):
+        out.append(f"{cs['cpu_side_calls']:,} CPU-side collective call(s), no GPU kernel: span = the CPU call "
+                   "(launch and wait included) or gloo's span")
+    ss = cs.get("same_stream_overlaps") or {}
+    if ss:
+        out.append(f"{sum(ss.values()):,} GPU op(s) overlap the next on their stream ({_rank_list(sorted(ss))}; "
+                   f"programmatic dependent launch on sm_90+, or <= {CLIP_TOLERANCE_NS} ns): kept whole, "
+                   "counted once in the unions")
+    return out
+
+
+def print_cpu_side(report: dict, console) -> None:
+    """The :func:`cpu_side_lines` under the run's header."""
+    from rich.text import Text
+
+    for line in cpu_side_lines(report):
+        console.print(Text(line))
 
 
 # -- GPU time breakdown (analyses/gpu_time_breakdown.sql) -----------------------------

@@ -68,6 +68,8 @@ RANKS_SCHEMA = pa.schema(
         ("events", pa.int64()),
         ("events_quarantined", pa.int64()),
         ("warnings", pa.list_(pa.string())),
+        ("gpu_events", pa.int64()),  # events on GPU streams; 0: the rank's trace has no GPU activity (CPU-only)
+        ("same_stream_overlaps", pa.int64()),  # GPU ops kept whole over the next op on their stream (PDL, noise)
     ]
 )
 
@@ -120,6 +122,7 @@ COLLECTIVES_SCHEMA = pa.schema(
         ("log_busbw_gbps", pa.float64()),  # nccl-tests runs: the log's own busbw, GB/s
         ("in_place", pa.bool_()),  # nccl-tests runs: the in-place column
         ("wrong", pa.int64()),  # nccl-tests runs: wrong values of the row (#wrong; see nccl_tests_run); else null
+        ("cpu_side", pa.bool_()),  # a CPU span with no GPU kernel (gloo span or collective CPU call); null: nccl-tests
     ]
 )
 

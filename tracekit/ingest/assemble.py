@@ -7,7 +7,8 @@ gives its collectives rows:
 * ``launch_event_id``: a GPU event's runtime launch call on the CPU (the
   ``cudaLaunchKernel``/``hipLaunchKernel``... event with the same correlation id);
 * ``class`` (DESIGN.md, "Classifying events"): ``comm`` for communication
-  kernels (metadata or name) and, on CPU-only traces, the ``gloo:*`` spans;
+  kernels (metadata or name) and, on CPU-only traces, the ``gloo:*`` spans (or,
+  without any, the collective CPU calls: linkpass ``_CpuCalls``);
   ``compute`` for other kernels and, on CPU-only traces, the ``cpu_op`` events
   of threads that do no communication; ``memory`` for memcpy/memset; ``sync``
   for ``cuda_sync`` and Stream/Event/Device synchronize calls; ``cpu`` for other
@@ -32,7 +33,7 @@ from tracekit import SCHEMA_VERSION
 from tracekit.errors import FileError
 from tracekit.ingest import pg_attribution
 from tracekit.ingest.attribute import build_collectives
-from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS, link_rank
+from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS, link_rank, supports_pdl
 from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, glob_escape
 
 
@@ -61,12 +62,14 @@ def finish_run(
     for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
         cpu_only = not rf.has_gpu
         out = stage / "events" / f"rank={rank}.parquet"
-        lk = link_rank(raw, out, run_id, rank, cpu_only, rf.steps)
+        lk = link_rank(raw, out, run_id, rank, cpu_only, rf.steps, pdl=supports_pdl(rf.meta.get("deviceProperties")))
         n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
+        gpu_events, same_stream = lk.gpu_events, lk.same_stream_overlaps
         extent[rank] = (lk.ts_lo, lk.ts_hi)
         meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
             run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only,
+            calls=lk.cpu_calls,
         )
         table = rank_collectives(pg_attribution.tap(rows, facts.setdefault(rank, [])))
         del meta, lk, rows
@@ -79,7 +82,8 @@ def finish_run(
         if n_clipped:
             warnings.append(
                 f"{n_clipped} GPU event(s) overlapped the next on their stream by more than {CLIP_TOLERANCE_NS} ns "
-                f"and were clipped to its start (largest cut {max_clip / 1e3:.3f} µs)"
+                f"and were clipped to its start (largest cut {max_clip / 1e3:.3f} µs; a clock defect: the device is not "
+                "known to run programmatic dependent launch, sm_90+)"
             )
         if n_skew:
             warnings.append(
@@ -109,6 +113,8 @@ def finish_run(
                 events=rf.events,
                 events_quarantined=rf.quarantined,
                 warnings=warnings,
+                gpu_events=gpu_events,
+                same_stream_overlaps=same_stream,
             )
         )
         Path(raw).unlink(missing_ok=True)

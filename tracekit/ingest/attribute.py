@@ -276,6 +276,7 @@ def build_collectives(
     world_size: int,
     pg_config: dict[str, list[int]],
     cpu_only: bool,
+    calls=None,
 ) -> Iterator[dict]:
     """Rows of the collectives table for one rank, in the order of the comm spans in the file.
 
@@ -285,10 +286,22 @@ def build_collectives(
     kernels missing from it were launched outside the capture. ``pg_config`` maps process-group
     name → global ranks (from ``distributedInfo.pg_config``). ``seq`` is left null where the
     trace has none (:func:`tracekit.ingest.assemble.rank_collectives` numbers it).
+
+    CPU-side collectives (``cpu_only``: the rank's trace has no GPU activity), one rule: the
+    rank's ``gloo:*`` spans when it has any (:func:`_cpu_rows`), else its collective CPU calls,
+    the outermost ``c10d::*`` / ``nccl:*`` / ``rccl:*`` / ``record_param_comms`` op naming a collective
+    (``calls``: their event ids, :class:`tracekit.ingest.linkpass._CpuCalls`; :func:`_cpu_call_rows`).
+    Their rows have ``cpu_side`` true; a call's span is the call itself, launch and waiting included.
+    GPU ranks: a collective is a comm kernel (``cpu_side`` false); a CPU call that launched none
+    (a 1-rank group, say) is not one.
     """
     if cpu_only:
-        cpu = ~meta.gpu & ~meta.names_where(lambda nm: nm.startswith("gloo:"))
-        yield from _cpu_rows(run_id, rank, meta, np.flatnonzero(cpu), world_size, pg_config)
+        gloo = meta.names_where(lambda nm: nm.startswith("gloo:"))
+        rows = (_cpu_rows(run_id, rank, meta, np.flatnonzero(~meta.gpu & ~gloo), world_size, pg_config)
+                if gloo.any() else _cpu_call_rows(run_id, rank, meta, calls, world_size, pg_config))
+        for row in rows:
+            row["cpu_side"] = True
+            yield row
         return
     gpu = np.flatnonzero(meta.gpu)
     found, cols, _ = launches.lookup(meta.event_id[gpu])
@@ -298,7 +311,9 @@ def build_collectives(
         res = _resolve(sp, [meta.row(j) for j in enclosing.get(k, ())])
         if not has and res["meta_source"] == "name_only":
             res["launch_outside_capture"] = True
-        yield _finish_row(run_id, rank, sp, res, lts if has else None, world_size, pg_config)
+        row = _finish_row(run_id, rank, sp, res, lts if has else None, world_size, pg_config)
+        row["cpu_side"] = False
+        yield row
 
 
 ENCLOSING_WINDOW = 64
@@ -408,11 +423,42 @@ def _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config) -> Iterator[d
             start = min(iss["ts_ns"], sp["ts_ns"])
             end = max(iss["ts_ns"] + iss["dur_ns"], sp["ts_ns"] + sp["dur_ns"])
             row.update(ts_ns=start, dur_ns=end - start)
-            peer = _p2p_peer(iss, row.get("pg_ranks"))
-            if peer is not None:
-                src, dst = (rank, peer) if res["op"] == "send" else (peer, rank)
-                row.update(peer=peer, pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2, seq=None,
-                           wire_bytes=row["size_bytes"] if res["op"] == "send" else 0)
+            _p2p_pair(row, iss, rank)
+        yield row
+
+
+def _p2p_pair(row: dict, issuer: dict, rank: int) -> None:
+    """A CPU send/recv row gets its peer and its pair group ``p2p:<src>-><dst>`` (global ranks; seq
+    numbered per pair) from the issuing c10d call, when the call names the peer."""
+    peer = _p2p_peer(issuer, row.get("pg_ranks"))
+    if peer is not None:
+        src, dst = (rank, peer) if row["op"] == "send" else (peer, rank)
+        row.update(peer=peer, pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2, seq=None,
+                   wire_bytes=row["size_bytes"] if row["op"] == "send" else 0)
+
+
+def _cpu_call_rows(run_id, rank, meta, calls, world_size, pg_config) -> Iterator[dict]:
+    """CPU-only traces without gloo spans: each collective CPU call (the outermost collective op of
+    a call, ``calls``: event ids) is a collective whose span is the call (launch and waiting
+    included); op and size come from the call and the collective ops inside it on its thread
+    (innermost first, then the call): ``record_param_comms`` metadata, then ``nccl:*``/``c10d::*``
+    ``Input Dims`` (the rules of :func:`_resolve`). A call whose op cannot be named is kept with op
+    null (unattributed). Rows in call order."""
+    if calls is None or not len(calls) or not len(meta):
+        return
+    cpu = np.flatnonzero(~meta.gpu)
+    cpu = cpu[np.lexsort((meta.event_id[cpu], -meta.dur_ns[cpu], meta.ts_ns[cpu]))]  # by start, longer first
+    starts, ends, thread = meta.ts_ns[cpu], meta.ts_ns[cpu] + meta.dur_ns[cpu], meta.thread[cpu]
+    for k in np.flatnonzero(np.isin(meta.event_id[cpu], calls)).tolist():
+        root = meta.row(int(cpu[k]))
+        hi = int(np.searchsorted(starts, ends[k], side="right"))  # ops starting within the call
+        w = np.arange(k + 1, hi)
+        inner = cpu[w[(thread[w] == thread[k]) & (ends[w] <= ends[k])]]
+        enclosing = [meta.row(int(i)) for i in inner[::-1]] + [root]  # innermost (latest start) first
+        res = _resolve(dict(name=root["name"], gpu=False), enclosing)
+        row = _finish_row(run_id, rank, root, res, root["ts_ns"], world_size, pg_config)
+        if res["op"] in P2P_OPS:
+            _p2p_pair(row, next((r for r in enclosing if str(r.get("name", "")).startswith("c10d::")), root), rank)
         yield row
 
 

@@ -505,6 +505,7 @@ class TraceStream:
         self.events_dropped = 0  # malformed events that could not be read (quarantined)
         self._recover_from = 0  # _cut reads events one by one only from this much text on
         self.slow_from: int | None = None  # byte where the msgspec path took over, if it did
+        self.bare_array = False  # the document is a bare JSON array (Chrome's array form), not an object
 
     def __iter__(self) -> Iterator[Chunk]:
         if not self.path.exists():
@@ -529,8 +530,9 @@ class TraceStream:
         if self.events_dropped:
             self.notes.append(f"{self.events_dropped} malformed event(s) quarantined")
         self.notes = list(dict.fromkeys(self.notes))
-        if n_events == 0 and any("non-object" in n for n in self.notes):
-            raise FileError(self.path, "not a trace: traceEvents holds no event objects")
+        if n_events == 0 and (self.bare_array or any("non-object" in n for n in self.notes)):
+            where = "a JSON list" if self.bare_array else "traceEvents"
+            raise FileError(self.path, f"not a trace: {where} holds no event objects")
 
     # -- phases ------------------------------------------------------------------
 
@@ -547,6 +549,7 @@ class TraceStream:
         if first == b"[":  # bare JSON-array form of the Chrome trace format
             body = buf[i + 1 :]
             self._array_closed_by = b""
+            self.bare_array = True
         elif first == b"{":
             body = yield from self._header(rd, buf)
             self._array_closed_by = b"}"

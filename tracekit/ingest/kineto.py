@@ -48,7 +48,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from tracekit.errors import BadInputError
+from tracekit.errors import BadInputError, FileError
 from tracekit.ingest import staging
 from tracekit.ingest.comm_families import CPU_OP_NAMES, KERNEL_PATTERNS
 from tracekit.ingest.jsonstream import FastChunk, TraceStream
@@ -357,6 +357,8 @@ def read_rank_file(
             if len(rf.comm_meta) >= META_BATCH_ROWS:
                 rf.flush_meta(out_stage.with_suffix(".meta"))
     rf.close_meta()
+    if stream.bare_array and state.phased == 0:  # Chrome's array form, but no item is a trace event
+        raise FileError(path, 'not a trace: a JSON list in which no item is a trace event (an object with a "ph")')
     state.finish(rf)
     rf.quarantined += stream.events_dropped
     rf.meta = stream.meta
@@ -375,6 +377,7 @@ class _ChunkState:
         self.comm_name_cache: dict = {}
         self.name_flags: dict = {}
         self.no_ph = 0  # events without a phase (quarantined)
+        self.phased = 0  # events with a phase (any "ph": X, B/E, M, ...)
         self.open: dict = {}  # (pid, tid) → stack of B events not yet ended
         self.unmatched_e: list = []  # E events with no B open on their thread
 
@@ -831,6 +834,8 @@ def chunk_batches(chunk, rf: RankFile, st: "_ChunkState") -> list[pa.RecordBatch
     events) → its RAW_SCHEMA batches: its complete events, then the B/E spans it completed."""
     d = _fast_events(chunk, rf, st) if isinstance(chunk, FastChunk) else _slow_events(chunk, rf, st)
     st.no_ph += d.no_ph
+    items = len(chunk.records) // REC_DTYPE.itemsize if isinstance(chunk, FastChunk) else len(chunk.events)
+    st.phased += items - d.no_ph
     out = [] if d.events is None else [_build_batch(d.events, rf, st)]
     if d.be:
         spans = st.pair(d.be)

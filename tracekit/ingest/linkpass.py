@@ -10,7 +10,11 @@ order), plus what the collectives need (:class:`LinkResult`). Per row:
 * ``clipped`` / ``clipped_ns`` / ``dur_ns`` — a kernel, memcpy or memset that runs
   past the start of the next such op on its GPU stream (order: ts, then event_id)
   by more than :data:`CLIP_TOLERANCE_NS` is cut to that start (a clock artefact:
-  one stream runs one op at a time); ``dur_ns`` is the cut duration;
+  one stream runs one op at a time); ``dur_ns`` is the cut duration. Not on a GPU
+  with programmatic dependent launch (:func:`supports_pdl`: sm_90 and later), where
+  a kernel may start before the previous one ends: there, as for overlaps up to the
+  tolerance anywhere, the op is kept whole (the overlap is counted once in the unions
+  of the analyses) and counted in ``same_stream_overlaps``;
 * ``class`` (DESIGN.md, "Classifying events"), first rule that holds: ``comm`` for
   communication rows (``is_comm``: comm kernels, ``gloo:*`` spans) and, on CPU-only
   traces, the blocking ``c10d::send``/``recv_`` calls; ``sync`` for category
@@ -18,7 +22,8 @@ order), plus what the collectives need (:class:`LinkResult`). Per row:
   ``compute`` for kernels; ``memory`` for memcpy/memset; ``other`` for the rest of
   the GPU streams; on CPU-only traces ``compute`` for ``cpu_op`` rows of threads that
   run no gloo work, other than ``c10d::*``/``nccl:*``/``gloo:*``/``record_param_comms``;
-  ``cpu`` for everything else;
+  on CPU-only traces without gloo spans the outermost collective CPU calls are ``comm``
+  (:class:`_CpuCalls`) and the ops inside them not ``compute``; ``cpu`` for everything else;
 * ``step`` — the ``ProfilerStep#N`` window ``[start, end)`` that starts last at or
   before the row's time (a GPU row's launch time when it has a launch), if the time
   is before that window's end; else null.
@@ -44,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.ingest.staging import _BatchWriter
+from tracekit.model.ops import canonical_op
 from tracekit.store import EVENTS_SCHEMA
 
 SYNC_NAME = re.compile(
@@ -53,7 +59,41 @@ SYNC_NAME = re.compile(
 so ``ſ`` is not an ``s``)."""
 
 CLIP_TOLERANCE_NS = 100
-"""Overlaps of consecutive GPU ops on one stream up to this are clock noise, not clipped."""
+"""Overlaps of consecutive GPU ops on one stream up to this are clock noise: kept and counted
+(``same_stream_overlaps``), not clipped."""
+
+PDL_PRESETS = frozenset({"nvlink4", "pcie5", "nvlink5"})
+"""Intra-node link presets (tracekit.model.DEVICE_PRESETS) of the NVIDIA devices of sm_90 and later
+(Hopper H100/H200/GH200, Blackwell B200/B300/GB200): the devices with programmatic dependent launch."""
+
+
+def supports_pdl(device_properties) -> bool:
+    """Whether a rank's GPUs run programmatic dependent launch (PDL, CUDA 11.8+ on sm_90 and later:
+    a kernel may start before the previous one on its stream ends, so ops on one stream overlap
+    legitimately). ``device_properties``: Kineto's ``deviceProperties`` list. True when every
+    listed device is an NVIDIA GPU of compute capability 9 or more (``computeMajor``; AMD GPUs
+    also report a ``computeMajor``, their gfx major, so a name of an AMD device never counts), or,
+    without ``computeMajor``, whose name maps to a Hopper/Blackwell link preset (:data:`PDL_PRESETS`).
+    False for an empty or missing list (an unknown device keeps the clipping of clock defects)."""
+    from tracekit.model.links import device_presets
+
+    if not isinstance(device_properties, list) or not device_properties:
+        return False
+    for d in device_properties:
+        if not isinstance(d, dict):
+            return False
+        name = str(d.get("name") or "")
+        if re.search(r"AMD|Instinct|\bMI\d|Radeon", name, re.I):
+            return False
+        major = d.get("computeMajor")
+        if type(major) is int:
+            if major < 9:
+                return False
+            continue
+        preset = device_presets(name)
+        if preset is None or preset[0] not in PDL_PRESETS:
+            return False
+    return True
 
 EVENTS_ROW_GROUP = 32_768
 """Rows per Parquet row group of events files."""
@@ -69,7 +109,8 @@ and read back as plain strings (the file stores no Arrow schema)."""
 CLASSES = ("comm", "sync", "compute", "memory", "other", "cpu")
 _COMM, _SYNC, _COMPUTE, _MEMORY, _OTHER, _CPU = range(6)
 _CPU_ONLY_COMM_CALLS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
-_COLLECTIVE_CPU = ("c10d::", "nccl:", "gloo:")
+_COLLECTIVE_CPU = ("c10d::", "nccl:", "rccl:", "gloo:")
+_CALL_PREFIX = ("c10d::", "nccl:", "rccl:")  # with a collective's name: a CPU-only rank's collective calls
 
 # category → bits
 _C_LAUNCH, _C_RUNTIME, _C_GPU_OP, _C_KERNEL, _C_MEMORY, _C_SYNC, _C_CPU_OP = 1, 2, 4, 8, 16, 32, 64
@@ -83,7 +124,7 @@ _CATEGORY_BITS = {
     "cpu_op": _C_CPU_OP,
 }
 # name → bits
-_N_CPU_ONLY_COMM, _N_SYNC, _N_COLLECTIVE_CPU, _N_NULL, _N_GLOO_P2P = 1, 2, 4, 8, 16
+_N_CPU_ONLY_COMM, _N_SYNC, _N_COLLECTIVE_CPU, _N_NULL, _N_GLOO_P2P, _N_CALL = 1, 2, 4, 8, 16, 32
 
 
 def _name_bits(name: str | None) -> int:
@@ -98,6 +139,8 @@ def _name_bits(name: str | None) -> int:
         bits |= _N_COLLECTIVE_CPU
     if name in ("gloo:send", "gloo:recv"):
         bits |= _N_GLOO_P2P
+    if name == "record_param_comms" or (name.startswith(_CALL_PREFIX) and canonical_op(name, trace=True)):
+        bits |= _N_CALL
     return bits
 
 
@@ -146,7 +189,11 @@ class LinkResult:
     ``spans``: comm rows by event_id → (ts_ns, dur_ns after clipping). ``launches``: comm
     GPU rows by event_id → (pid, tid, launch ts_ns, launch end ns) of their launch call
     (:class:`ById`, in memory). ``n_clipped``/``max_clip_ns``: GPU ops cut to the next op's
-    start, and the largest cut. ``n_skew``/``max_skew_ns``: GPU rows that start before their
+    start, and the largest cut. ``same_stream_overlaps``: GPU ops that overlap the next op on their
+    stream and were kept whole (by at most CLIP_TOLERANCE_NS, or any amount on a device with
+    programmatic dependent launch). ``gpu_events``: rows on GPU streams (0: a CPU-only rank).
+    ``cpu_calls``: event ids of the collective CPU calls of a CPU-only rank without gloo spans
+    (:class:`_CpuCalls`; class ``comm``), ascending. ``n_skew``/``max_skew_ns``: GPU rows that start before their
     launch call, and the largest such gap. ``ts_lo``/``ts_hi``: the rank's first start
     and last end (ns), None when it has no rows.
     """
@@ -155,6 +202,9 @@ class LinkResult:
     launches: ById = field(default_factory=lambda: _empty(4))
     n_clipped: int = 0
     max_clip_ns: int | None = None
+    same_stream_overlaps: int = 0
+    gpu_events: int = 0
+    cpu_calls: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     n_skew: int = 0
     max_skew_ns: int | None = None
     ts_lo: int | None = None
@@ -225,6 +275,51 @@ def _concat(parts: list, dtype) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
 
+class _CpuCalls:
+    """The collective calls of a CPU-only rank without gloo spans: its outermost collective CPU ops.
+
+    ``ops``: rows (device, track, ts_ns, dur_ns, event_id) of the rank's ``record_param_comms`` and
+    ``c10d::*`` / ``nccl:*`` / ``rccl:*`` CPU ops that name a collective (``canonical_op``: not
+    ``c10d::wait`` or the coalescing markers), or None (a GPU rank, or one with gloo spans). An
+    op is a call when no earlier op on its thread (by start, the longer first) still runs at its
+    start: ``c10d::allreduce_`` around ``record_param_comms`` around ``nccl:all_reduce`` is one
+    call, the outer op. The calls are the rank's communication (class ``comm``); the CPU ops
+    inside a call (its launch and wait) are not compute.
+    """
+
+    def __init__(self, ops: np.ndarray | None):
+        self.ids = np.empty(0, dtype=np.int64)
+        self.by_thread: dict = {}  # (device, track) → (starts, ends) of its calls, by start
+        if ops is None or not len(ops):
+            return
+        o = np.lexsort((ops[:, 4], -ops[:, 3], ops[:, 2], ops[:, 1], ops[:, 0]))
+        ops = ops[o]
+        root = np.ones(len(ops), dtype=bool)
+        for key in {(int(d), int(t)) for d, t in ops[:, :2].tolist()}:
+            m = np.flatnonzero((ops[:, 0] == key[0]) & (ops[:, 1] == key[1]))
+            end = ops[m, 2] + ops[m, 3]
+            running = np.maximum.accumulate(end)
+            root[m[1:]] = ops[m[1:], 2] >= running[:-1]
+            r = m[root[m]]
+            self.by_thread[key] = (ops[r, 2], ops[r, 2] + ops[r, 3])
+        self.ids = np.sort(ops[root, 4])
+
+    def is_call(self, eid: np.ndarray) -> np.ndarray:
+        """Per row: whether it is one of the calls."""
+        return np.isin(eid, self.ids) if len(self.ids) else np.zeros(len(eid), dtype=bool)
+
+    def inside(self, dev, trk, ok, ts, end) -> np.ndarray:
+        """Per row (``ok``: device and track known): whether it lies within a call on its thread."""
+        out = np.zeros(len(ts), dtype=bool)
+        for (d, t), (cs, ce) in self.by_thread.items():
+            m = np.flatnonzero(ok & (dev == d) & (trk == t))
+            if len(m):
+                i = np.searchsorted(cs, ts[m], side="right") - 1
+                ic = np.maximum(i, 0)
+                out[m] = (i >= 0) & (end[m] <= ce[ic])
+        return out
+
+
 class _Tables:
     """What scan one keeps for the writing scan: per GPU op (in file order, the order the writing
     scan meets them again) the next op's start on its stream; per correlation id its best launch
@@ -236,10 +331,13 @@ class _Tables:
         kind_cache: dict = {}
         streams: dict = {}
         threads: set = set()
+        self.has_gloo = False  # a CPU-only rank with gloo:* spans (then they are its communication)
+        calls: list = []  # CPU-only: collective CPU ops (device, track, ts, dur, event_id)
         self._sizes: list = []  # per batch: its GPU ops
         op_stream, op_ts = [], []  # per GPU op, in file order
         l_corr, l_kind, l_eid, l_ts = [], [], [], []  # per launch call with a correlation id
-        cols = ["event_id", "track_kind", "device", "track", "category", "name", "ts_ns", "correlation", "is_comm"]
+        cols = ["event_id", "track_kind", "device", "track", "category", "name", "ts_ns", "dur_ns", "correlation",
+                "is_comm"]
         for b in scan(cols):
             n = b.num_rows
             cat = _lut(b.column("category"), lambda c: _CATEGORY_BITS.get(c, 0), cat_cache)
@@ -267,7 +365,14 @@ class _Tables:
                 t &= _all_valid(dev_ok, n) & _all_valid(trk_ok, n)
                 if t.any():
                     threads.update(zip(dev[t].tolist(), trk[t].tolist()))
+                self.has_gloo |= bool((comm & ~gpu).any())
+                c = ~comm.astype(bool) & ~gpu & ((nb & _N_CALL) > 0) & _all_valid(dev_ok, n) & _all_valid(trk_ok, n)
+                if c.any():
+                    dur = _ints(b.column("dur_ns"))[0]
+                    calls.append(np.stack([dev[c], trk[c], _ints(b.column("ts_ns"))[0][c], dur[c],
+                                           _ints(b.column("event_id"))[0][c]], axis=1).astype(np.int64))
         self.comm_threads = threads
+        self.calls = _CpuCalls(_concat(calls, np.int64).reshape(-1, 5) if calls and not self.has_gloo else None)
         # next starts: the ops in (stream, start, file order) — lexsort is stable — and an op's
         # next op is the one after it in that order on the same stream
         st, ts = _concat(op_stream, np.int32), _concat(op_ts, np.int64)
@@ -328,11 +433,13 @@ def _scanner(raw: str | Path):
 
 
 def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool, steps,
-              writer_cls=_BatchWriter) -> LinkResult:
+              writer_cls=_BatchWriter, pdl: bool = False) -> LinkResult:
     """Write ``out`` (EVENTS_SCHEMA, zstd level 1, row groups of at most EVENTS_ROW_GROUP rows)
     from the staging file ``raw``; see the module docstring. Returns the :class:`LinkResult`.
 
     ``steps``: (step, event_id, start_ns, end_ns) of the rank's ProfilerStep windows.
+    ``pdl``: the rank's GPU runs programmatic dependent launch (:func:`supports_pdl`): an op that
+    overlaps the next on its stream is kept whole and counted, never clipped.
     ``writer_cls``: a batch writer (``staging._BatchWriter``) called as
     ``writer_cls(path, schema, parquet_options, row_group_size=...)``, used as a context
     manager with ``write(batch)``. Errors of the staging file (OSError, ArrowInvalid) propagate.
@@ -367,8 +474,11 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
             found, l_eid, l_ts = tab.launch_of(corr, gpu & _all_valid(corr_ok, n))
             has_next, nxt = tab.next_of(_gpu_ops(gpu, cat))
             end = ts + dur
-            clipped = has_next & (end - nxt > CLIP_TOLERANCE_NS)
+            overlap = has_next & (end > nxt)
+            clipped = overlap & (end - nxt > CLIP_TOLERANCE_NS) & (not pdl)
             clipped_ns = np.where(clipped, end - np.maximum(nxt, ts), 0)
+            res.same_stream_overlaps += int((overlap & ~clipped).sum())
+            res.gpu_events += int(gpu.sum())
             step_ts = np.where(found, l_ts, ts)
 
             if len(st_start):
@@ -381,18 +491,21 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
                 step = np.zeros(n, dtype=np.int64)
 
             cpu_compute = np.zeros(n, dtype=bool)
+            cpu_call = np.zeros(n, dtype=bool)
             if cpu_only:
                 on_thread = np.zeros(n, dtype=bool)
-                if tab.comm_threads:
-                    dev, dev_ok = _ints(b.column("device"))
-                    trk, trk_ok = _ints(b.column("track"))
-                    ok = ~gpu & _all_valid(dev_ok, n) & _all_valid(trk_ok, n)
-                    for d, t in tab.comm_threads:
-                        on_thread |= ok & (dev == d) & (trk == t)
+                dev, dev_ok = _ints(b.column("device"))
+                trk, trk_ok = _ints(b.column("track"))
+                ok = ~gpu & _all_valid(dev_ok, n) & _all_valid(trk_ok, n)
+                for d, t in tab.comm_threads:
+                    on_thread |= ok & (dev == d) & (trk == t)
+                if len(tab.calls.ids):
+                    cpu_call = tab.calls.is_call(eid)
+                    on_thread |= tab.calls.inside(dev, trk, ok, ts, ts + dur)
                 cpu_compute = ((cat & _C_CPU_OP) > 0) & ~on_thread & ((nb & (_N_COLLECTIVE_CPU | _N_NULL)) == 0)
             cls = np.select(
                 [
-                    comm | (cpu_only & ((nb & _N_CPU_ONLY_COMM) > 0)),
+                    comm | cpu_call | (cpu_only & ((nb & _N_CPU_ONLY_COMM) > 0)),
                     ((cat & _C_SYNC) > 0) | ((nb & _N_SYNC) > 0),
                     (cat & _C_KERNEL) > 0,
                     (cat & _C_MEMORY) > 0,
@@ -447,6 +560,7 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
                 pa.array(clipped_ns, pa.int64()),
             ]
             w.write(pa.RecordBatch.from_arrays(cols, schema=_WRITE_SCHEMA))
+    res.cpu_calls = tab.calls.ids
     del tab
     res.spans = ById(_concat(span_eid, np.int64), [_concat(span_ts, np.int64), _concat(span_dur, np.int64)],
                      [None, None])  # event ids ascend in the file
