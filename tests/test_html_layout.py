@@ -61,8 +61,8 @@ def test_per_size_table_for_sweeps(store):
     page = render_html(html_data(store, "sweep"))
     assert 'id="tk-table-per-size"' in page
     body = page.split('id="tk-table-per-size"')[1].split("</table>")[0]
-    # sweep_2rank: sizes 1 KiB ... ×4: the 1.024 kB row of all_reduce is there
-    assert "all_reduce" in body and "1.024 kB" in body
+    # sweep_2rank: sizes 1 KiB ... ×4: the 1 KiB bucket of all_reduce is there, one row per op and bucket
+    assert "all_reduce" in body and "1 KiB–2 KiB" in body
     assert 'id="tk-table-per-size"' not in render_html(html_data(store, "tp"))  # one size: no table
 
 
