@@ -93,7 +93,7 @@ def size_bucket(size_bytes: int | None) -> int | None:
     per-op statistics (medians of sync time and busbw) are taken per bucket, never across sizes.
     ``size_bucket(131072)`` → 131072, ``size_bucket(200_000)`` → 131072; 0 or a negative size → 0
     (its own bucket); None → None. The SQL analyses use :data:`SIZE_BUCKET_SQL`, the same rule
-    (``tk_size_bucket``, tests/test_sizes.py checks that they agree).
+    (``tk_size_bucket``; tests/test_size_buckets.py checks that they agree).
     """
     if size_bytes is None:
         return None
