@@ -1205,8 +1205,8 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "(analyses/alltoall_imbalance.sql)."),
     ("locality", "Intra- vs inter-node", locality_figure,
      "Each instance is intra-node when every rank of its group is on one host (ranks.host), inter-node when they are "
-     "on several, unknown when a host is not known; bars are the median nccl-tests busbw per class "
-     "(analyses/node_locality.sql)."),
+     "on several, unknown when a host is not known; one line per op and class: the median nccl-tests busbw "
+     "of each power-of-two size bucket (analyses/node_locality.sql)."),
     ("bubbles", "Pipeline bubbles", bubbles_figure,
      "Per pipeline stage and profiler step: the part of the step (first to last event over all stages) the "
      "stage spends outside compute, beside the model's (p−1)/(m+p−1) for p stages and m micro-batches "
@@ -1279,7 +1279,7 @@ def render_html(data: dict) -> str:
         groups = Table("Per dimension", infer_columns(rep.get("by_dimension") or []), rep.get("by_dimension") or [],
                        id="by-dimension")
         shown = ("pg_name", "dimension", "group_size", "ops", "calls", "instances", "incomplete", "bytes",
-                 "median_sync_time_ns", "overlap_fraction")  # the rest is in the JSON (fits 1400 px)
+                 "sync_time_ns", "overlap_fraction")  # the rest is in the JSON (fits 1400 px); no median across sizes
         per_group = Table("Per process group", [c for c in infer_columns(rep["process_groups"]) if c.key in shown],
                           rep["process_groups"],
                           note="dimension: the group's description (tp/pp/dp/ep/cp), else inferred from the run's "
