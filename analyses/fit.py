@@ -203,8 +203,9 @@ def _var(con, name: str):
         return None
 
 
-def reference_rows(con) -> list[dict]:
-    """The rows of ``collective_reference`` (columns and the order of choice in the module docstring)."""
+def reference_rows(con, localities: dict | None = None) -> list[dict]:
+    """The rows of ``collective_reference`` (columns and the order of choice in the module docstring);
+    ``localities``: :func:`group_localities` when the caller has it already."""
     from tracekit.model import custom_link, device_presets, link_from_preset, network_link
 
     user_link = _var(con, "tk_link")
@@ -223,7 +224,8 @@ def reference_rows(con) -> list[dict]:
         "WHERE status = 'ok' AND scope = 'group'"
     ).fetchall():
         fits[rid][(pg, op, k)] = (a, b, algo, c, n)
-    localities = group_localities(con)
+    if localities is None:
+        localities = group_localities(con)
     # the groups to judge, with the hosts and rank count of the ranks that recorded them
     groups = con.execute(
         """
@@ -375,11 +377,11 @@ def reference_rows(con) -> list[dict]:
     return out
 
 
-def create_reference(con) -> None:
+def create_reference(con, localities: dict | None = None) -> None:
     """(Re)create the table ``collective_reference`` on ``con`` (after changing tk_alpha/tk_beta/tk_nics_per_node)."""
     from tracekit.analyses import create_table_from_rows
 
-    create_table_from_rows(con, "collective_reference", REFERENCE_SCHEMA, reference_rows(con))
+    create_table_from_rows(con, "collective_reference", REFERENCE_SCHEMA, reference_rows(con, localities))
 
 
 def group_localities(con) -> dict:
@@ -395,5 +397,6 @@ def create(con) -> None:
     ).fetchall()
     from tracekit.analyses import create_table_from_rows
 
-    create_table_from_rows(con, "alpha_beta_fit", SCHEMA, fit_rows(samples, group_localities(con)))
-    create_reference(con)
+    localities = group_localities(con)
+    create_table_from_rows(con, "alpha_beta_fit", SCHEMA, fit_rows(samples, localities))
+    create_reference(con, localities)

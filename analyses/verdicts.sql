@@ -34,7 +34,8 @@
 -- skew_ns             BIGINT   longest wait of any rank for the last one, ns
 -- reference           VARCHAR  the verdict's reference in words (collective_reference.reference)
 -- ref_note            VARCHAR  fallbacks and assumptions made in choosing it
--- no_model_reason     VARCHAR  why there is no verdict (NULL when there is a reference)
+-- no_model_reason     VARCHAR  why there is no verdict: no reference, not judged (incomplete) or no sync
+--                               time (collective_instances); NULL when there is a verdict
 -- ref_alpha_s         DOUBLE   reference α, s per step
 -- ref_beta_Bps        DOUBLE   reference β, bytes/s per direction
 -- ref_alpha_term_ns   DOUBLE   A·α under the reference = the collective's fixed latency, ns
@@ -108,7 +109,9 @@ q AS (
 )
 SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, sync_time_ns, skew_ns,
        reference, ref_note,
-       CASE WHEN verdict_basis IS NOT NULL THEN NULL
+       CASE WHEN judged AND sync_time_ns IS NULL THEN
+                 'no sync time: the ranks'' clocks disagree by more than the transfer, or conflicting spans'
+            WHEN verdict_basis IS NOT NULL THEN NULL
             WHEN NOT judged THEN 'incomplete: ' || ranks_seen || ' of ' || group_size
                  || ' ranks recorded, its sync time still holds the wait for the others'
             WHEN no_model_reason IS NOT NULL THEN no_model_reason

@@ -234,13 +234,12 @@ def build_report(
     )
     fit = _rows(
         con,
-        "SELECT f.scope, f.pg_name, g.description, g.dimension, f.locality, f.groups, f.op, f.group_size, f.algo, "
+        "SELECT f.scope, f.pg_name, f.locality, f.groups, f.op, f.group_size, f.algo, "
         "f.source, f.n_samples, f.n_used, f.n_dropped, f.n_warmup, f.n_sizes, f.alpha_s, f.alpha_se_s, "
         "f.alpha_lo_s, f.alpha_hi_s, f.fixed_latency_s, f.beta_gbps, f.beta_se_Bps / 1e9 AS beta_se_gbps, "
         "f.beta_lo_Bps / 1e9 AS beta_lo_gbps, f.beta_hi_Bps / 1e9 AS beta_hi_gbps, f.n_half_bytes, f.crossover_bytes, "
         "f.residual_spread, f.size_spread, f.residual_max_abs, f.min_size_bytes, f.max_size_bytes, f.status, "
         "f.status_reason FROM alpha_beta_fit f "
-        "LEFT JOIN process_groups g ON g.run_id = f.run_id AND g.pg_name = f.pg_name "
         "WHERE f.run_id = ? ORDER BY f.op, f.group_size, f.scope, f.locality, f.pg_name",
         p,
     )
@@ -339,6 +338,10 @@ def build_report(
     mvm = _rows(con, "SELECT * EXCLUDE (run_id) FROM measured_vs_model WHERE run_id = ? ORDER BY rank", p)
     process_groups = _rows(
         con, "SELECT * EXCLUDE (run_id) FROM process_groups WHERE run_id = ? ORDER BY dimension, pg_name", p)
+    named = {g["pg_name"]: g for g in process_groups}
+    for f in fit:  # the fitted group's description and dimension (process_groups), None for a class
+        g = named.get(f["pg_name"]) or {}
+        f["description"], f["dimension"] = g.get("description"), g.get("dimension")
     warnings = []
     if is_log:
         # one row per message size from rank 0's log: nothing to match, no timeline to overlap
@@ -491,9 +494,17 @@ def fit_group_label(r: dict) -> str:
     locality class's pooled groups."""
     if r.get("scope") == "locality":
         return f"all {LOCALITY_SHORT.get(r['locality'], r['locality'])} ({r['groups']})"
+    if r.get("source") == "nccl_tests":
+        return bench_label(r.get("pg_name"))
     name = str(r.get("pg_name"))
     label = r.get("description") or (r.get("dimension") if r.get("dimension") not in (None, "other") else None)
     return f"{label} ({name})" if label and label != name else name
+
+
+def bench_label(pg_name) -> str:
+    """A nccl-tests benchmark run's group name as the tables print it: ``nccl_tests:all_reduce:run1``
+    → ``run1`` (the op is in its own column)."""
+    return str(pg_name).rsplit(":", 1)[-1]
 
 
 def print_by_size(report: dict, con) -> None:
@@ -509,7 +520,7 @@ def print_by_size(report: dict, con) -> None:
         t.add_column(col, justify="left" if col in ("op", "run", "bound") else "right", no_wrap=(col == "op"))
     for r in rows:
         bound = (r["verdict"] or "—").replace("-bound", "") + ("*" if (r["verdicts"] or 0) > 1 else "")
-        t.add_row(r["op"], str(r["group_size"]), *((str(r["bench_run"]),) if runs else ()),
+        t.add_row(r["op"], str(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
                   size_label(r["bucket_bytes"]), str(r["count"]), fmt_us(r["median_sync_time_ns"]),
                   fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
                   fmt_us(r["median_predicted_ns"]), fmt_num(r["median_efficiency"]), bound)
@@ -522,7 +533,7 @@ def print_by_size(report: dict, con) -> None:
         for col in ("op", "k") + (("run",) if runs else ()) + ("peak busbw GB/s", "at size", "sizes"):
             t.add_column(col, justify="left" if col in ("op", "run") else "right")
         for r in report["peak_busbw"]:
-            t.add_row(r["op"], str(r["group_size"]), *((str(r["bench_run"]),) if runs else ()),
+            t.add_row(r["op"], str(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
                       fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["at_size_bytes"]), str(r["size_buckets"]))
         _show(con, t)
 
@@ -587,7 +598,7 @@ def print_report(report: dict, console=None) -> None:
         t = _table("α–β fit per op and process group (this run's sync times; weighted by relative error; "
                    "only a group's 'ok' fit judges anything)")
         for col in ("op", "k", "group", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)"):
-            t.add_column(col, justify="left" if col == "op" else "right", no_wrap=(col == "op"))
+            t.add_column(col, justify="left" if col in ("op", "group") else "right", no_wrap=(col == "op"))
         for r in report["fit"]:
             a = r["alpha_s"]
             alpha = "—" if a is None else (
@@ -638,7 +649,7 @@ def print_report(report: dict, console=None) -> None:
             t.add_column(col, justify="right" if col in ("count", "efficiency", "vs link") else "left")
         for r in report["verdicts"]:
             ref = r["reference"] + (f" [{r['verdict_basis']}]" if r["verdict_basis"] else "")
-            verdict = r["verdict"] or ("no model: " + (r.get("no_model_reason") or "no reference"))
+            verdict = r["verdict"] or ("no verdict: " + (r.get("no_model_reason") or "no reference"))
             t.add_row(r["op"], LOCALITY_SHORT.get(r["locality"], "?"), verdict, ref, str(r["count"]),
                       fmt_num(r["median_efficiency"]), fmt_num(r["median_efficiency_link"]))
         links = sorted({r["link"] for r in report["verdicts"] if r.get("link")})
