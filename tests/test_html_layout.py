@@ -98,6 +98,8 @@ def _scroll(page, tmp_path):
 def _runs(store, tmp_path):
     yield store, "tp"
     yield store, "sweep"
+    st = Store(tmp_path / "two_runs")  # two benchmark runs: the per-size table's benchmark-run column
+    yield st, ingest_paths([FIXTURES / "nccl_tests" / "two_runs.md"], st, run_id="two_runs")
     if (TRACES / "param_dlrm_8rank_v100").exists():
         st = Store(tmp_path / "dlrm")
         yield st, ingest_paths([TRACES / "param_dlrm_8rank_v100"], st, run_id="dlrm")

@@ -259,6 +259,13 @@ def test_report_names_group_and_class(two_hosts, capsys):
     print_report(rep)
     out = capsys.readouterr().out
     assert "α–β fit per op and process group" in out and "all inter (2)" in out and "tp0" in out
+    from tracekit.html_report import html_data, render_html
+
+    page = render_html(html_data(two_hosts, "job", report=rep))
+    quality = page.split('id="tk-table-fit-quality"')[1].split("</table>")[0]
+    assert "all inter (2)" in quality and "inter_node" in quality and ">tp0<" in quality
+    per_size = page.split('id="tk-table-per-size"')[1].split("</table>")[0]
+    assert "64 MiB–128 MiB" in per_size  # tp0's sweep, 1 KiB … 64 MiB, one row per bucket
 
 
 # -- the real DLRM trace: no median across sizes in the report's JSON -------------------------------

@@ -372,8 +372,8 @@ def build_report(
         )
     if own_fit:
         warnings.append(
-            f"{own_fit} instance(s) judged with a fit from this run's own instances (no sweep, nccl-tests fit "
-            "or preset applies): their efficiency is ≈ 1 by construction; run `tracekit collect sweep` or pass --link"
+            f"{own_fit} instance(s) judged with their own process group's ok α–β fit: their efficiency is ≈ 1 by "
+            "construction and cannot show a slow link; 'vs link' (or --link) compares them with the hardware"
         )
     for rk, pg, kind, n in con.execute(  # a rank's repeated (pg, seq) rows (analyses/instance_rows.sql)
             "SELECT rank, pg_name, kind, n FROM collective_duplicates WHERE run_id = ? ORDER BY ALL", p).fetchall():
