@@ -340,7 +340,7 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
         own = fits.get(rid, {}).get((pg, "send" if op == "recv" else op, k))
         if own is not None:
             kind = ("nccl_tests" if run.get("source") == "nccl_tests" else "sweep") if rid in calib else "own_fit"
-            note = ("this calibration run's own fit" if rid in calib else
+            note = (f"this calibration run's own fit (group {pg})" if rid in calib else
                     "this group's own ok fit: efficiency measures scatter about it, not the hardware (vs link does)")
             chosen = dict(ref_kind=kind, reference=f"{kind} run {rid}" if rid in calib else f"own fit of group {pg}",
                           ref_run_id=rid, ref_algo=own[2], ref_alpha_s=own[0], ref_beta_Bps=own[1], ref_note=note)

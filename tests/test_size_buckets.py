@@ -185,6 +185,9 @@ def test_two_benchmark_runs_get_two_fits(tmp_path):
         assert f[5] == pytest.approx(alpha, rel=0.01) and f[6] == pytest.approx(beta, rel=0.01)
         assert refs[f[1]] == f[5]  # each benchmark run judged by its own fit
     rep = build_report(store, "log")
+    # one reference row per benchmark run's fit, each with its own α
+    refs_rows = sorted((r["alpha_s"], r["groups"]) for r in rep["references"])
+    assert refs_rows == [(pytest.approx(fits[0][5]), 1), (pytest.approx(fits[1][5]), 1)]
     # the nccl-tests-style table: one row per benchmark run and size, peak busbw per run
     assert len(rep["by_size"]) == 2 * len(SIZES) and len({r["bench_run"] for r in rep["by_size"]}) == 2
     peaks = sorted(rep["peak_busbw"], key=lambda r: r["peak_busbw_gbps"])

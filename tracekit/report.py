@@ -126,7 +126,8 @@ def build_report(
     (lowest efficiency), ``link`` (the preset compared with, or None),
     ``measured_vs_model`` (per rank: measured vs predicted exposed communication per
     step; α/β from --link, else the newest sweep run, else this run's fit), ``warnings``;
-    ``references`` (per op, group size, locality class and reference: what the verdicts were judged against,
+    ``references`` (per op, group size, locality class and reference — each fit its own row, ``groups``
+    the process groups judged by it: what the verdicts were judged against,
     with α, β, the collective's crossover size D* and fixed latency, or the reason for "no
     model") and ``degraded_links`` (the buckets that raised the degraded-link warning).
     ``alpha_s`` and ``beta_Bps`` (both, seconds and bytes/s) are the user's own α/β, used as the
@@ -265,13 +266,15 @@ def build_report(
         con,
         """
         SELECT op, group_size, locality, verdict_basis AS kind, coalesce(reference, 'no model') AS reference,
-               any_value(ref_note) AS note, any_value(no_model_reason) AS no_model_reason, count(*) AS instances,
+               ref_note AS note, any_value(no_model_reason) AS no_model_reason, count(*) AS instances,
+               count(DISTINCT pg_name) AS groups,
                any_value(ref_alpha_s) AS alpha_s, any_value(ref_beta_Bps) / 1e9 AS beta_gbps,
                any_value(ref_alpha_s * ref_beta_Bps) AS n_half_bytes, any_value(crossover_bytes) AS crossover_bytes,
                any_value(ref_alpha_term_ns) AS fixed_latency_ns, any_value(link) AS link,
                any_value(link_crossover_bytes) AS link_crossover_bytes
-        FROM __report_verdicts GROUP BY op, group_size, locality, verdict_basis, reference
-        ORDER BY op, group_size, locality, reference
+        FROM __report_verdicts
+        GROUP BY op, group_size, locality, verdict_basis, reference, ref_note, ref_alpha_s, ref_beta_Bps
+        ORDER BY op, group_size, locality, reference, note
         """,
     )
     own_fit = sum(r["instances"] for r in references if r["kind"] == "own_fit")
