@@ -259,6 +259,14 @@ def test_report_names_group_and_class(two_hosts, capsys):
     assert ("group", "tp0", "intra_node") in fit and ("locality", None, "inter_node") in fit
     assert {(r["locality"], r["reference"]) for r in rep["references"]} == {
         ("intra_node", "own fit of group tp0"), ("intra_node", "nvlink4"), ("inter_node", "ib_ndr")}
+    # the 1 MiB bucket per class, each against its own link (ring k = 2: T = 2α + D/β):
+    # inter-node dp0, dp1: 6 calls of 200 µs, ib_ndr 2 × 5 µs + 1,048,576 B / 40 GB/s = 36.2144 µs;
+    # intra-node tp1 (3 × 200 µs) and tp0's 1 MiB call (62.4288 µs), nvlink4 2 × 2 µs + D / 360 GB/s
+    mib = {r["locality"]: r for r in rep["by_size"] if r["bucket_bytes"] == 1 << 20}
+    assert (mib["inter_node"]["count"], mib["inter_node"]["link"]) == (6, "ib_ndr")
+    assert mib["inter_node"]["median_efficiency_link"] == pytest.approx((10 + (1 << 20) / 40e3) / 200)
+    assert (mib["intra_node"]["count"], mib["intra_node"]["link"]) == (4, "nvlink4")
+    assert mib["intra_node"]["median_efficiency_link"] == pytest.approx((4 + (1 << 20) / 360e3) / 200)
     print_report(rep)
     out = capsys.readouterr().out
     assert "α–β fit per op and process group" in out and "all inter (2)" in out and "tp0" in out

@@ -113,12 +113,13 @@ def reference_presets(run: dict, ranks: Sequence[dict] = (), link: str | None = 
 
 
 def per_size_rows(by_size: Sequence[dict]) -> list[dict]:
-    """The rows of ``report['by_size']`` (per op, k, benchmark run and power-of-two size bucket) of the
-    ops measured at two size buckets or more (sweeps, nccl-tests runs): the page's per-size table."""
+    """The rows of ``report['by_size']`` (per op, k, locality class, benchmark run and power-of-two size
+    bucket) of the ops measured at two size buckets or more (sweeps, nccl-tests runs): the page's
+    per-size table."""
     buckets: dict[tuple, set] = {}
     for r in by_size:
-        buckets.setdefault((r["op"], r["group_size"], r["bench_run"]), set()).add(r["bucket_bytes"])
-    return [r for r in by_size if len(buckets[(r["op"], r["group_size"], r["bench_run"])]) > 1]
+        buckets.setdefault((r["op"], r["group_size"], r["locality"], r["bench_run"]), set()).add(r["bucket_bytes"])
+    return [r for r in by_size if len(buckets[(r["op"], r["group_size"], r["locality"], r["bench_run"])]) > 1]
 
 
 def run_versions(run: dict) -> list[str]:
@@ -978,7 +979,7 @@ def report_tables(report: dict) -> list[Table]:
     if eff:
         tables.append(Table(
             "Efficiency against the link per op and size", [
-                Column("op", "op"), Column("group_size", "k", fmt_num, True),
+                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("locality", "class"),
                 Column("bucket_bytes", "size", size_bucket_label, True), Column("count", "instances", fmt_num, True),
                 Column("median_sync_time_ns", "median sync (µs)", fmt_us, True),
                 Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
@@ -1254,6 +1255,7 @@ def render_html(data: dict) -> str:
     sizes = per_size_rows(rep.get("by_size") or [])
     if sizes:
         runs = [Column("bench_run", "benchmark run")] if any(r["bench_run"] for r in sizes) else []
+        runs = ([Column("locality", "class")] if len({r["locality"] for r in sizes}) > 1 else []) + runs
         tables.insert(0, Table(
             "Per op and message size", [
                 Column("op", "op"), Column("group_size", "k", fmt_num, True), *runs,

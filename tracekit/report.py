@@ -110,7 +110,7 @@ def build_report(
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings),
     ``collectives`` (per op: count, bytes, size range and buckets, peak busbw and the size it was
     reached at, total wait; nothing is a median across sizes), ``by_size`` (per op, group size,
-    benchmark run of a nccl-tests log (``bench_run``, else None) and power-of-two size bucket
+    locality class (instance_locality), benchmark run of a nccl-tests log (``bench_run``, else None) and power-of-two size bucket
     (``bucket_bytes``, tracekit.model.size_bucket): count, medians within the bucket of sync time,
     algbw, busbw, the reference's predicted time and efficiency, peak busbw, the most frequent
     verdict, and the efficiency against the link with the bucket's regime), ``peak_busbw`` (per op,
@@ -279,14 +279,15 @@ def build_report(
     )
     own_fit = sum(r["instances"] for r in references if r["kind"] == "own_fit")
     con.execute("CREATE OR REPLACE TEMP TABLE __report_buckets AS SELECT * FROM __report_verdicts WHERE size_bytes > 0")
-    # per op, k and size bucket (and benchmark run, for a nccl-tests log: each run its own rows), the
-    # nccl-tests-style table: medians within the bucket only
+    # per op, k, locality class (each judged against its own link) and size bucket (and benchmark
+    # run, for a nccl-tests log: each run its own rows), the nccl-tests-style table: medians within
+    # the bucket only
     is_log = run.get("source") == "nccl_tests"
     bench = "pg_name" if is_log else "NULL::VARCHAR"
     by_size = _rows(
         con,
         f"""
-        SELECT op, group_size, {bench} AS bench_run, bucket_bytes, count(*) AS count,
+        SELECT op, group_size, locality, {bench} AS bench_run, bucket_bytes, count(*) AS count,
                count(DISTINCT size_bytes) AS sizes,
                median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
                median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps,
@@ -296,8 +297,8 @@ def build_report(
                median(efficiency_link) AS median_efficiency_link, any_value(link_crossover_bytes) AS link_crossover_bytes,
                CASE WHEN any_value(link_crossover_bytes) IS NULL THEN NULL
                     WHEN bucket_bytes >= any_value(link_crossover_bytes) THEN 'bandwidth' ELSE 'latency' END AS link_regime
-        FROM __report_buckets GROUP BY op, group_size, bench_run, bucket_bytes
-        ORDER BY op, group_size, bench_run, bucket_bytes
+        FROM __report_buckets GROUP BY op, group_size, locality, bench_run, bucket_bytes
+        ORDER BY op, group_size, locality, bench_run, bucket_bytes
         """,
     )
     # peak busbw per op and k (per benchmark run of a log): the headline of a sweep, not a median
@@ -517,13 +518,15 @@ def print_by_size(report: dict, con) -> None:
     if not rows:
         return
     runs = any(r["bench_run"] for r in rows)
+    classes = len({r["locality"] for r in rows}) > 1
     t = _table("Collectives per op and size (power-of-two buckets as nccl-tests steps sizes; medians within a bucket)")
-    for col in ("op", "k") + (("run",) if runs else ()) + (
+    for col in ("op", "k") + (("class",) if classes else ()) + (("run",) if runs else ()) + (
             "size ≥", "count", "sync µs", "algbw", "busbw", "peak", "model µs", "eff", "bound"):
-        t.add_column(col, justify="left" if col in ("op", "run", "bound") else "right", no_wrap=(col == "op"))
+        t.add_column(col, justify="left" if col in ("op", "class", "run", "bound") else "right", no_wrap=(col == "op"))
     for r in rows:
         bound = (r["verdict"] or "—").replace("-bound", "") + ("*" if (r["verdicts"] or 0) > 1 else "")
-        t.add_row(r["op"], str(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
+        t.add_row(r["op"], str(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
+                  *((bench_label(r["bench_run"]),) if runs else ()),
                   size_label(r["bucket_bytes"]), str(r["count"]), fmt_us(r["median_sync_time_ns"]),
                   fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
                   fmt_us(r["median_predicted_ns"]), fmt_num(r["median_efficiency"]), bound)
@@ -663,10 +666,12 @@ def print_report(report: dict, console=None) -> None:
     eff = [r for r in report.get("by_size") or [] if r.get("link")]
     if eff:
         t = _table("Efficiency against the link per op and size (predicted / measured sync time)")
-        for col in ("op", "k", "size ≥", "link", "link µs", "efficiency", "regime"):
-            t.add_column(col, justify="left" if col in ("op", "link", "regime") else "right")
+        classes = len({r["locality"] for r in eff}) > 1
+        for col in ("op", "k") + (("class",) if classes else ()) + ("size ≥", "link", "link µs", "efficiency", "regime"):
+            t.add_column(col, justify="left" if col in ("op", "class", "link", "regime") else "right")
         for r in eff:
-            t.add_row(r["op"], str(r["group_size"]), size_label(r["bucket_bytes"]), r["link"],
+            t.add_row(r["op"], str(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
+                      size_label(r["bucket_bytes"]), r["link"],
                       fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]), r["link_regime"] or "—")
         t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
                      "raises the degraded-link warning")
