@@ -639,12 +639,12 @@ def print_report(report: dict, console=None) -> None:
                       r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""), note or "")
         _show(con, t)
         t = _table("The references' α and β, fixed latency and boundary D*")
-        for col in ("op", "k", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)", "link n½"):
-            t.add_column(col, justify="left" if col == "op" else "right")
+        for col in ("op", "k", "reference", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)", "link n½"):
+            t.add_column(col, justify="left" if col in ("op", "reference") else "right")
         for r in report["references"]:
             if r["kind"] is None:
                 continue
-            t.add_row(r["op"], str(r["group_size"]), fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
+            t.add_row(r["op"], str(r["group_size"]), r["reference"], fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
                       fmt_us(r["fixed_latency_ns"]), fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]),
                       fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
