@@ -644,7 +644,8 @@ def print_report(report: dict, console=None) -> None:
         for r in report["references"]:
             if r["kind"] is None:
                 continue
-            t.add_row(r["op"], str(r["group_size"]), r["reference"], fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
+            short = r["kind"] if r["kind"] in ("sweep", "nccl_tests") else r["reference"]  # run ids are long
+            t.add_row(r["op"], str(r["group_size"]), short, fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
                       fmt_us(r["fixed_latency_ns"]), fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]),
                       fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
