@@ -249,6 +249,10 @@ def test_reference_per_locality_class(two_hosts):
     assert sorted((f[2], f[3]) for f in fits if f[0] == "locality") == [("inter_node", 2), ("intra_node", 2)]
     assert shared["dp0"][3:] == ("ib_ndr (1 NIC/2 GPUs)", pytest.approx(20e9))
     assert shared["tp1"][3:] == ("nvlink4", pytest.approx(360e9))
+    # the user's --link comes before a group's own fit
+    user = analyses.connect(two_hosts, link="nvlink3")
+    assert {r[1:3] for r in _refs(user).values()} == {("link", "nvlink3")}
+    user.close()
 
 
 def test_report_names_group_and_class(two_hosts, capsys):
