@@ -31,6 +31,7 @@ PIPELINE = (
     "collective_bandwidth",
     "collective_waits",
     "collective_samples",
+    "node_locality",         # SQL: instance_locality, bandwidth_by_locality (the fit and reference read the class)
     "fit",                   # Python: alpha_beta_fit
     "verdicts",              # collective_verdicts
     "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
@@ -42,7 +43,6 @@ PIPELINE = (
     "gpu_time_breakdown",    # SQL: GPU time by class and idle class, per rank and step (reads events only)
     "kernel_summary",        # SQL: kernel_summary, gpu_launchers, gpu_time_by_launcher
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
-    "node_locality",         # SQL: instance_locality, bandwidth_by_locality (reads collective_bandwidth)
     "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
@@ -156,6 +156,8 @@ def register_udfs(con) -> None:
                                                (nvls) only when sw (an NVLink/NVSwitch preset)
     tk_best_time(op, D, n, α, β, sw) → DOUBLE  its time, s
     tk_pipeline_bubble(p, m) → DOUBLE          GPipe/1F1B bubble fraction (p−1)/(m+p−1) (Huang et al. 2019)
+    tk_size_bucket(S) → BIGINT                 power-of-two size bucket, largest 2^k <= S (a macro:
+                                               tracekit.model.size_bucket, SIZE_BUCKET_SQL)
     """
     from tracekit.errors import TracekitError
     from tracekit.model import (
@@ -251,6 +253,9 @@ def register_udfs(con) -> None:
     reg("tk_best_time", lambda op, d, n, a, b, sw: best(op, d, n, a, b, sw).time_s,
         ["VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "DOUBLE", "BOOLEAN"], "DOUBLE")
     reg("tk_pipeline_bubble", lambda p, m: pipeline_bubble_fraction(int(p), int(m)), ["BIGINT", "BIGINT"], "DOUBLE")
+    from tracekit.model import SIZE_BUCKET_SQL
+
+    con.execute(SIZE_BUCKET_SQL)
 
 
 _DUCKDB_TYPES = {"int32": "INTEGER", "int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR", "bool": "BOOLEAN"}

@@ -24,3 +24,28 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, sync_time_ns,
        tk_busbw_factor(op, group_size) AS bus_factor,
        tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps
 FROM collective_instances;
+
+-- bandwidth_by_size: per run, process group (a nccl-tests log: benchmark run), op, group size and
+-- power-of-two size bucket (tk_size_bucket = tracekit.model.size_bucket, the largest 2^k <= S: one
+-- bucket per nccl-tests size), the instances' bandwidth. Medians are within one bucket, never across
+-- sizes; the peak is the bucket's best busbw.
+--
+-- run_id              VARCHAR  run
+-- pg_name             VARCHAR  process group name (nccl-tests: one benchmark run)
+-- op                  VARCHAR  canonical op
+-- group_size          INTEGER  n
+-- bucket_bytes        BIGINT   size bucket: sizes in [bucket_bytes, 2·bucket_bytes), bytes (NULL: size unknown)
+-- instances           BIGINT   instances
+-- sizes               BIGINT   distinct sizes in the bucket
+-- total_bytes         BIGINT   sum of size_bytes, bytes
+-- median_sync_time_ns DOUBLE   median sync time, ns
+-- median_algbw_gbps   DOUBLE   median algbw, GB/s
+-- median_busbw_gbps   DOUBLE   median busbw, GB/s
+-- peak_busbw_gbps     DOUBLE   largest busbw, GB/s
+CREATE OR REPLACE VIEW bandwidth_by_size AS
+SELECT run_id, pg_name, op, group_size, tk_size_bucket(size_bytes) AS bucket_bytes, count(*) AS instances,
+       count(DISTINCT size_bytes) AS sizes, sum(size_bytes)::BIGINT AS total_bytes,
+       median(sync_time_ns)::DOUBLE AS median_sync_time_ns, median(algbw_gbps)::DOUBLE AS median_algbw_gbps,
+       median(busbw_gbps)::DOUBLE AS median_busbw_gbps, max(busbw_gbps)::DOUBLE AS peak_busbw_gbps
+FROM collective_bandwidth
+GROUP BY run_id, pg_name, op, group_size, tk_size_bucket(size_bytes);

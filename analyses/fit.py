@@ -1,8 +1,13 @@
 """alpha_beta_fit and collective_reference — Python analyses.
 
-Reads: collective_samples, collective_instances, runs, ranks, collectives
+Reads: collective_samples, collective_instances, instance_locality, runs, ranks, collectives
 
-alpha_beta_fit: α, β and n½ fitted per (run, op, group size). The fit itself lives in
+alpha_beta_fit: α, β and n½ fitted per (run, process group, op, group size) — scope ``group``: a
+process group of a trace, or one benchmark run (one header and its rows) of a nccl-tests log, so two
+runs in one log get two fits, never one over both — and, for traces, per (run, locality class, op,
+group size) over the samples of every group of that class (instance_locality: intra_node /
+inter_node / unknown) where the class holds two groups or more of that op and size — scope
+``locality``, pg_name NULL; only group fits are a reference for verdicts. The fit itself lives in
 :func:`tracekit.model.fit_alpha_beta` (a regression that weights relative error, with a robust
 outlier rule; the reference's "Fitting α and β"), which also judges it (:func:`tracekit.model.fit.judge_fit`):
 ``ok`` needs >= 3 distinct sizes spanning the fit's crossover D* and a per-size residual spread
@@ -12,6 +17,10 @@ fewer than two distinct sizes cannot separate α from β at all: NULL parameters
 
 run_id            VARCHAR  run
 source            VARCHAR  'trace' or 'nccl_tests'
+scope             VARCHAR  'group' (one process group / benchmark run) or 'locality' (a class's groups pooled)
+pg_name           VARCHAR  the process group or benchmark run fitted (NULL for scope 'locality')
+locality          VARCHAR  intra_node / inter_node / unknown (analyses/node_locality.sql) of the group or class
+groups            INTEGER  process groups whose samples were fitted (1 for scope 'group')
 op                VARCHAR  canonical op
 group_size        INTEGER  k
 algo              VARCHAR  the algorithm whose coefficients turn (a, b) into (α, β)
@@ -43,11 +52,14 @@ status            VARCHAR  'ok', 'insufficient' or 'poor'
 status_reason     VARCHAR  why not ok, in words (NULL when ok)
 
 collective_reference: for each (run, process group, op, group size) of collective_instances,
-the α–β reference its verdicts and efficiency use, chosen in this order (issue 15):
+the α–β reference its verdicts and efficiency use, chosen in this order (issues 15 and 18):
 
 1. the user's: ``--link PRESET`` (DuckDB variable tk_link) or α/β given (variables tk_alpha,
    tk_beta, seconds and bytes/s) — ref_kind ``link`` / ``user``;
-2. the newest ``ok`` fit of a calibration run (a ``collect sweep`` run or a nccl-tests log) on the
+2. the ``ok`` fit of the instance's own process group (scope ``group``: >= 3 distinct sizes spanning
+   its crossover, within the spread bound) — ref_kind ``own_fit``, or ``sweep`` / ``nccl_tests``
+   when the run is a calibration run (its own benchmark run's fit);
+3. the newest ``ok`` fit of a calibration run (a ``collect sweep`` run or a nccl-tests log) on the
    same machine: same backend and device name and, when both record hosts, the group's hosts
    among the calibration run's; a calibration run's own fit first for itself. Same op and group
    size, else the same op at the nearest group size (said in ref_note); never another op's fit
@@ -59,17 +71,18 @@ the α–β reference its verdicts and efficiency use, chosen in this order (iss
    ``tk_nics_per_node`` NICs when set (tracekit.model.network_link). Hosts not recorded: a group
    of <= 8 ranks is taken as one host (said in ref_note), a larger one has no preset —
    ref_kind ``preset``;
-4. the run's own ``ok`` fit — ref_kind ``own_fit``, with a note that judging instances by a line
-   fitted to them is circular (efficiency ≈ 1 by construction);
 5. none: ref_kind NULL and no_model_reason says why.
 
-Separately, the *link* for efficiency against the hardware: the user's link (1), else the
-preset of (3) — whatever the verdict's reference is.
+A group's own fit (2) judges instances by a line fitted to them: its efficiency measures their
+scatter about it, not the hardware (ref_note says so). Separately, the *link* for efficiency
+against the hardware: the user's link (1), else the preset of (4) — whatever the verdict's
+reference is — so a slow link still shows in ``efficiency_link``.
 
 run_id           VARCHAR  run
 pg_name          VARCHAR  process group
 op               VARCHAR  canonical op
 group_size       INTEGER  k
+locality         VARCHAR  intra_node / inter_node / unknown: the group's class (instance_locality)
 hosts            VARCHAR  distinct hosts of the ranks that recorded the group, comma-separated ('' unknown)
 ref_kind         VARCHAR  link / user / sweep / nccl_tests / preset / own_fit, NULL for none
 reference        VARCHAR  the reference in words (preset name, or "sweep <run>: all_reduce k=2 fit")
@@ -95,7 +108,8 @@ import pyarrow as pa
 
 SCHEMA = pa.schema(
     [
-        ("run_id", pa.string()), ("source", pa.string()), ("op", pa.string()), ("group_size", pa.int32()),
+        ("run_id", pa.string()), ("source", pa.string()), ("scope", pa.string()), ("pg_name", pa.string()),
+        ("locality", pa.string()), ("groups", pa.int32()), ("op", pa.string()), ("group_size", pa.int32()),
         ("algo", pa.string()), ("n_samples", pa.int32()), ("n_used", pa.int32()), ("n_dropped", pa.int32()),
         ("n_warmup", pa.int32()), ("n_sizes", pa.int32()), ("alpha_s", pa.float64()), ("alpha_se_s", pa.float64()),
         ("alpha_lo_s", pa.float64()), ("alpha_hi_s", pa.float64()), ("fixed_latency_s", pa.float64()),
@@ -111,7 +125,7 @@ SCHEMA = pa.schema(
 REFERENCE_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()), ("pg_name", pa.string()), ("op", pa.string()), ("group_size", pa.int32()),
-        ("hosts", pa.string()), ("ref_kind", pa.string()), ("reference", pa.string()), ("ref_run_id", pa.string()),
+        ("locality", pa.string()), ("hosts", pa.string()), ("ref_kind", pa.string()), ("reference", pa.string()), ("ref_run_id", pa.string()),
         ("ref_algo", pa.string()), ("ref_alpha_s", pa.float64()), ("ref_beta_Bps", pa.float64()),
         ("ref_note", pa.string()), ("no_model_reason", pa.string()), ("link", pa.string()),
         ("link_alpha_s", pa.float64()), ("link_beta_Bps", pa.float64()), ("link_note", pa.string()),
@@ -122,45 +136,64 @@ ASSUMED_ONE_HOST_MAX = 8
 """A group of at most this many ranks whose hosts are not recorded is taken as one host (8 GPUs per node)."""
 
 
-def fit_rows(samples: list[tuple]) -> list[dict]:
-    """samples: (run_id, source, op, group_size, algo, size_bytes, time_ns, warmup, seq) → table rows."""
+def fit_rows(samples: list[tuple], localities: dict | None = None) -> list[dict]:
+    """samples: (run_id, source, pg_name, op, group_size, algo, size_bytes, time_ns, warmup, seq);
+    localities: (run_id, pg_name) → locality class (default unknown) → the table rows: one fit per
+    (run, group, op, k), then per (run, class, op, k) over a trace's groups where a class has >= 2."""
+    loc = localities or {}
+    groups: dict = defaultdict(list)
+    classes: dict = defaultdict(list)
+    for s in samples:
+        c = loc.get((s[0], s[2]), "unknown")
+        groups[(s[0], s[1], s[2], s[3], s[4])].append(s)
+        if s[1] == "trace":
+            classes[(s[0], s[1], c, s[3], s[4])].append(s)
+    order = lambda kv: tuple(str(x) for x in kv[0])  # noqa: E731
+    rows = [_fit_one(lst, op, k, dict(run_id=rid, source=src, scope="group", pg_name=pg,
+                                      locality=loc.get((rid, pg), "unknown"), groups=1))
+            for (rid, src, pg, op, k), lst in sorted(groups.items(), key=order)]
+    for (rid, src, c, op, k), lst in sorted(classes.items(), key=order):
+        n = len({s[2] for s in lst})
+        if n >= 2:
+            rows.append(_fit_one(lst, op, k, dict(run_id=rid, source=src, scope="locality", pg_name=None,
+                                                  locality=c, groups=n)))
+    return rows
+
+
+def _fit_one(lst: list[tuple], op: str, k: int, row: dict) -> dict:
+    """One row of alpha_beta_fit: ``row`` (its keys) completed with the fit of the samples ``lst``."""
     from tracekit.errors import TracekitError
     from tracekit.model import ALGORITHMS, fit_alpha_beta
 
-    groups: dict = defaultdict(list)
-    for s in samples:
-        groups[(s[0], s[1], s[2], s[3])].append(s)
-    rows = []
-    for (run_id, source, op, k), lst in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
-        # a total order (seq, then size and time): the regression's float sums must not depend on row order
-        lst.sort(key=lambda s: (s[8] if s[8] is not None else 0, s[5] if s[5] is not None else 0, s[6] or 0))
-        warm = [s for s in lst if s[7]]
-        use = [s for s in lst if not s[7]]
-        algos = ALGORITHMS.get(op)
-        algo = algos[0] if algos else None
-        row = dict(run_id=run_id, source=source, op=op, group_size=k, algo=algo, n_samples=len(use), n_used=0,
-                   n_dropped=0, n_warmup=len(warm), n_sizes=len({s[5] for s in use}),
-                   min_size_bytes=min((s[5] for s in use), default=None),
-                   max_size_bytes=max((s[5] for s in use), default=None))
-        if algo is None:
-            row.update(status="insufficient", status_reason=f"no model for {op}")
-        else:
-            try:
-                f = fit_alpha_beta([float(s[5]) for s in use], [s[6] * 1e-9 for s in use], op, int(k),
-                                   algo=algo, warmup_first=False)
-                row.update(n_used=f.n_used, n_dropped=f.n_dropped, n_sizes=f.n_sizes, alpha_s=f.alpha_s,
-                           alpha_se_s=f.alpha_se_s, alpha_lo_s=f.alpha_ci_s[0], alpha_hi_s=f.alpha_ci_s[1],
-                           fixed_latency_s=f.a_s, beta_Bps=f.beta_Bps, beta_gbps=f.beta_Bps / 1e9,
-                           beta_se_Bps=f.beta_se_Bps, beta_lo_Bps=f.beta_ci_Bps[0], beta_hi_Bps=f.beta_ci_Bps[1],
-                           n_half_bytes=f.n_half_bytes, crossover_bytes=f.crossover_bytes, a_s=f.a_s,
-                           b_s_per_byte=f.b_s_per_byte, residual_spread=f.residual_spread,
-                           size_spread=f.size_spread, residual_max_abs=f.residual_max_abs,
-                           min_size_bytes=f.min_size_bytes, max_size_bytes=f.max_size_bytes,
-                           status=f.status, status_reason=f.status_reason or None)
-            except TracekitError as exc:
-                row.update(status="insufficient", status_reason=str(exc))
-        rows.append(row)
-    return rows
+    # a total order (group, seq, then size and time): the regression's float sums must not depend on row order
+    lst = sorted(lst, key=lambda s: (str(s[2]), s[9] if s[9] is not None else 0, s[6] if s[6] is not None else 0,
+                                     s[7] or 0))
+    warm = [s for s in lst if s[8]]
+    use = [s for s in lst if not s[8]]
+    algos = ALGORITHMS.get(op)
+    algo = algos[0] if algos else None
+    row.update(op=op, group_size=k, algo=algo, n_samples=len(use), n_used=0, n_dropped=0, n_warmup=len(warm),
+               n_sizes=len({s[6] for s in use}), min_size_bytes=min((s[6] for s in use), default=None),
+               max_size_bytes=max((s[6] for s in use), default=None))
+    if algo is None:
+        row.update(status="insufficient", status_reason=f"no model for {op}")
+        return row
+    try:
+        f = fit_alpha_beta([float(s[6]) for s in use], [s[7] * 1e-9 for s in use], op, int(k),
+                           algo=algo, warmup_first=False)
+    except TracekitError as exc:
+        row.update(status="insufficient", status_reason=str(exc))
+        return row
+    row.update(n_used=f.n_used, n_dropped=f.n_dropped, n_sizes=f.n_sizes, alpha_s=f.alpha_s,
+               alpha_se_s=f.alpha_se_s, alpha_lo_s=f.alpha_ci_s[0], alpha_hi_s=f.alpha_ci_s[1],
+               fixed_latency_s=f.a_s, beta_Bps=f.beta_Bps, beta_gbps=f.beta_Bps / 1e9,
+               beta_se_Bps=f.beta_se_Bps, beta_lo_Bps=f.beta_ci_Bps[0], beta_hi_Bps=f.beta_ci_Bps[1],
+               n_half_bytes=f.n_half_bytes, crossover_bytes=f.crossover_bytes, a_s=f.a_s,
+               b_s_per_byte=f.b_s_per_byte, residual_spread=f.residual_spread,
+               size_spread=f.size_spread, residual_max_abs=f.residual_max_abs,
+               min_size_bytes=f.min_size_bytes, max_size_bytes=f.max_size_bytes,
+               status=f.status, status_reason=f.status_reason or None)
+    return row
 
 
 def _var(con, name: str):
@@ -170,8 +203,9 @@ def _var(con, name: str):
         return None
 
 
-def reference_rows(con) -> list[dict]:
-    """The rows of ``collective_reference`` (columns and the order of choice in the module docstring)."""
+def reference_rows(con, localities: dict | None = None) -> list[dict]:
+    """The rows of ``collective_reference`` (columns and the order of choice in the module docstring);
+    ``localities``: :func:`group_localities` when the caller has it already."""
     from tracekit.model import custom_link, device_presets, link_from_preset, network_link
 
     user_link = _var(con, "tk_link")
@@ -184,11 +218,14 @@ def reference_rows(con) -> list[dict]:
     run_hosts: dict = defaultdict(set)
     for rid, host in con.execute("SELECT DISTINCT run_id, host FROM ranks WHERE host IS NOT NULL").fetchall():
         run_hosts[rid].add(host)
-    fits: dict = defaultdict(dict)  # run_id → {(op, k): (α, β, algo)}
-    for rid, op, k, a, b, algo in con.execute(
-        "SELECT run_id, op, group_size, alpha_s, beta_Bps, algo FROM alpha_beta_fit WHERE status = 'ok'"
+    fits: dict = defaultdict(dict)  # run_id → {(pg, op, k): (α, β, algo, locality, n_used)}
+    for rid, pg, op, k, a, b, algo, c, n in con.execute(
+        "SELECT run_id, pg_name, op, group_size, alpha_s, beta_Bps, algo, locality, n_used FROM alpha_beta_fit "
+        "WHERE status = 'ok' AND scope = 'group'"
     ).fetchall():
-        fits[rid][(op, k)] = (a, b, algo)
+        fits[rid][(pg, op, k)] = (a, b, algo, c, n)
+    if localities is None:
+        localities = group_localities(con)
     # the groups to judge, with the hosts and rank count of the ranks that recorded them
     groups = con.execute(
         """
@@ -213,8 +250,8 @@ def reference_rows(con) -> list[dict]:
         key=lambda rid: str(runs[rid]["created"]), reverse=True,
     )
 
-    def pick_fit(rid, op, k):
-        """(α, β, algo, note) from run rid's ok fits for (op, k), with the fallbacks of the docstring."""
+    def pick_fit(rid, op, k, locality):
+        """(α, β, algo, note) from run rid's ok group fits for (op, k), with the fallbacks of the docstring."""
         # same op only: α per step is what the fit's algorithm and protocol make of the link (the
         # superbench A100 log: 12.4 µs per pairwise all_to_all step, ~2.5 µs per ring all_reduce step),
         # so another op's fit would misjudge this one; without one the preset comes next.
@@ -222,27 +259,36 @@ def reference_rows(con) -> list[dict]:
         # are used as the link's, through the instance's own modelled algorithm (NULL)
         fs = fits.get(rid) or {}
         mop = "send" if op == "recv" else op
-        if (mop, k) in fs:
-            return (*fs[(mop, k)], "")
-        near = sorted((abs(kk - k), kk) for (o, kk) in fs if o == mop)
-        if near:
-            kk = near[0][1]
-            a, b, _ = fs[(mop, kk)]
-            return a, b, None, f"no ok {op} k={k} fit there: nearest group size, k={kk}"
-        return None
+        cands = sorted(((abs(kk - k), f[3] != locality, -(f[4] or 0), str(g)), (g, kk))
+                       for (g, o, kk), f in fs.items() if o == mop)
+        if not cands:
+            return None
+        g, kk = cands[0][1]
+        a, b, algo, c, _ = fs[(g, mop, kk)]
+        notes = [] if c == locality else [f"fit of a {c} group ({g}), this group is {locality}"]
+        if kk != k:
+            notes.insert(0, f"no ok {op} k={k} fit there: nearest group size, k={kk}")
+            algo = None
+        return a, b, algo, "; ".join(notes)
 
     from tracekit.model import ALGORITHMS
 
     out = []
     for rid, pg, op, k, ranks_seen, n_hosts, no_host, hosts, per_host in groups:
         run = runs.get(rid, {})
-        row = dict(run_id=rid, pg_name=pg, op=op, group_size=k, hosts=hosts or "")
+        locality = localities.get((rid, pg), "unknown")
+        row = dict(run_id=rid, pg_name=pg, op=op, group_size=k, locality=locality, hosts=hosts or "")
         if ("send" if op == "recv" else op) not in ALGORITHMS:
             row["no_model_reason"] = f"the model has no algorithm for {op}"
             out.append(row)
             continue
-        # topology of the group
-        if n_hosts and (n_hosts > 1):
+        # topology of the group: its locality class, else the hosts of the ranks that recorded it
+        if locality == "inter_node":
+            topo, topo_note = "multi", ""
+            n_hosts = max(n_hosts or 0, 2)
+        elif locality == "intra_node":
+            topo, topo_note = "one", ""
+        elif n_hosts and (n_hosts > 1):
             topo, topo_note = "multi", ""
         elif n_hosts == 1 and not no_host and (ranks_seen or 0) >= (k or 0):
             topo, topo_note = "one", ""
@@ -291,22 +337,27 @@ def reference_rows(con) -> list[dict]:
             out.append(row)
             continue
         chosen = None
+        own = fits.get(rid, {}).get((pg, "send" if op == "recv" else op, k))
+        if own is not None:
+            kind = ("nccl_tests" if run.get("source") == "nccl_tests" else "sweep") if rid in calib else "own_fit"
+            note = (f"this calibration run's own fit (group {pg})" if rid in calib else
+                    "this group's own ok fit: efficiency measures scatter about it, not the hardware (vs link does)")
+            chosen = dict(ref_kind=kind, reference=f"{kind} run {rid}" if rid in calib else f"own fit of group {pg}",
+                          ref_run_id=rid, ref_algo=own[2], ref_alpha_s=own[0], ref_beta_Bps=own[1], ref_note=note)
         mine = runs.get(rid, {})
         my_hosts = set((hosts or "").split(",")) - {""}
-        order = ([rid] if rid in calib else []) + [c for c in calib if c != rid]
-        for c in order:
+        for c in ([] if chosen else calib):
             cr = runs[c]
-            if c != rid:
-                if cr["backend"] != mine.get("backend") or cr["device"] != mine.get("device"):
-                    continue
-                if my_hosts and run_hosts.get(c) and not my_hosts <= run_hosts[c]:
-                    continue
-            got = pick_fit(c, op, k)
+            if cr["backend"] != mine.get("backend") or cr["device"] != mine.get("device"):
+                continue
+            if my_hosts and run_hosts.get(c) and not my_hosts <= run_hosts[c]:
+                continue
+            got = pick_fit(c, op, k, locality)
             if got:
                 kind = "nccl_tests" if cr["source"] == "nccl_tests" else "sweep"
                 notes = [got[3]] if got[3] else []
                 if c == rid:
-                    notes.append("this calibration run's own fit")
+                    notes.append("this calibration run's fit of another of its groups")
                 elif not (my_hosts and run_hosts.get(c)):
                     notes.append("hosts not recorded: matched on backend and device only")
                 chosen = dict(ref_kind=kind, reference=f"{kind} run {c}", ref_run_id=c, ref_algo=got[2],
@@ -315,35 +366,37 @@ def reference_rows(con) -> list[dict]:
         if chosen is None and link is not None:
             chosen = dict(ref_kind="preset", reference=link.name, ref_alpha_s=link.alpha_s,
                           ref_beta_Bps=link.beta_Bps, ref_note=link_note)
-        if chosen is None and (op, k) in fits.get(rid, {}):
-            a, b, algo = fits[rid][(op, k)]
-            chosen = dict(ref_kind="own_fit", reference=f"own fit {op} k={k}", ref_run_id=rid, ref_algo=algo,
-                          ref_alpha_s=a, ref_beta_Bps=b,
-                          ref_note="fitted on this run's own instances: efficiency ≈ 1 by construction")
         if chosen is None:
             reasons = ["no --link", "no ok sweep/nccl-tests fit from this machine"]
             if link_note:
                 reasons.append(link_note)
-            reasons.append("no ok fit of its own")
+            reasons.append("no ok fit of its own group")
             chosen = dict(no_model_reason="; ".join(reasons))
         row.update(chosen)
         out.append(row)
     return out
 
 
-def create_reference(con) -> None:
+def create_reference(con, localities: dict | None = None) -> None:
     """(Re)create the table ``collective_reference`` on ``con`` (after changing tk_alpha/tk_beta/tk_nics_per_node)."""
     from tracekit.analyses import create_table_from_rows
 
-    create_table_from_rows(con, "collective_reference", REFERENCE_SCHEMA, reference_rows(con))
+    create_table_from_rows(con, "collective_reference", REFERENCE_SCHEMA, reference_rows(con, localities))
+
+
+def group_localities(con) -> dict:
+    """(run_id, pg_name) → the group's locality class (the most frequent over its instances)."""
+    return {(r, g): c for r, g, c in con.execute(
+        "SELECT run_id, pg_name, mode(locality) FROM instance_locality GROUP BY ALL").fetchall()}
 
 
 def create(con) -> None:
     """Create the tables ``alpha_beta_fit`` and ``collective_reference`` on ``con``."""
     samples = con.execute(
-        "SELECT run_id, source, op, group_size, algo, size_bytes, time_ns, warmup, seq FROM collective_samples"
+        "SELECT run_id, source, pg_name, op, group_size, algo, size_bytes, time_ns, warmup, seq FROM collective_samples"
     ).fetchall()
     from tracekit.analyses import create_table_from_rows
 
-    create_table_from_rows(con, "alpha_beta_fit", SCHEMA, fit_rows(samples))
-    create_reference(con)
+    localities = group_localities(con)
+    create_table_from_rows(con, "alpha_beta_fit", SCHEMA, fit_rows(samples, localities))
+    create_reference(con, localities)

@@ -40,24 +40,26 @@ SELECT i.run_id, i.pg_name, i.seq, i.op, i.group_size, coalesce(h.hosts, 0) AS h
             ELSE 'unknown' END AS locality
 FROM collective_instances i LEFT JOIN h USING (run_id, pg_name, seq);
 
--- bandwidth_by_locality: per run, locality and op, the instances' bandwidth (collective_bandwidth:
--- nccl-tests algbw/busbw over the sync time, GB/s with GB = 1e9).
+-- bandwidth_by_locality: per run, locality, op and power-of-two size bucket (tk_size_bucket,
+-- tracekit.model.size_bucket: the largest 2^k <= S), the instances' bandwidth (collective_bandwidth:
+-- nccl-tests algbw/busbw over the sync time, GB/s with GB = 1e9). Medians are within one bucket,
+-- never across sizes; the class's α–β fits are alpha_beta_fit's rows of scope 'locality'.
 --
 -- run_id              VARCHAR  run
 -- locality            VARCHAR  intra_node / inter_node / unknown
 -- op                  VARCHAR  canonical op
+-- bucket_bytes        BIGINT   size bucket: sizes in [bucket_bytes, 2·bucket_bytes), bytes (NULL: size unknown)
 -- instances           BIGINT   instances
 -- total_bytes         BIGINT   sum of size_bytes (nccl-tests S), bytes
--- median_size_bytes   DOUBLE   median S, bytes
--- median_sync_time_ns DOUBLE   median sync time, ns
--- median_algbw_gbps   DOUBLE   median algbw, GB/s
--- median_busbw_gbps   DOUBLE   median busbw, GB/s
--- max_busbw_gbps      DOUBLE   best busbw, GB/s
+-- median_sync_time_ns DOUBLE   median sync time in the bucket, ns
+-- median_algbw_gbps   DOUBLE   median algbw in the bucket, GB/s
+-- median_busbw_gbps   DOUBLE   median busbw in the bucket, GB/s
+-- max_busbw_gbps      DOUBLE   best busbw in the bucket, GB/s
 CREATE OR REPLACE VIEW bandwidth_by_locality AS
-SELECT l.run_id, l.locality, l.op, count(*) AS instances, sum(b.size_bytes)::BIGINT AS total_bytes,
-       median(b.size_bytes)::DOUBLE AS median_size_bytes, median(b.sync_time_ns)::DOUBLE AS median_sync_time_ns,
+SELECT l.run_id, l.locality, l.op, tk_size_bucket(b.size_bytes) AS bucket_bytes, count(*) AS instances,
+       sum(b.size_bytes)::BIGINT AS total_bytes, median(b.sync_time_ns)::DOUBLE AS median_sync_time_ns,
        median(b.algbw_gbps)::DOUBLE AS median_algbw_gbps, median(b.busbw_gbps)::DOUBLE AS median_busbw_gbps,
        max(b.busbw_gbps)::DOUBLE AS max_busbw_gbps
 FROM instance_locality l JOIN collective_bandwidth b USING (run_id, pg_name, seq)
 WHERE l.op IS NOT NULL
-GROUP BY l.run_id, l.locality, l.op;
+GROUP BY l.run_id, l.locality, l.op, tk_size_bucket(b.size_bytes);

@@ -8,8 +8,9 @@
 --         or α/β; else the machine's newest ok sweep / nccl-tests fit; else the device's preset; else
 --         the run's own ok fit; else none, with no_model_reason) — the verdict and `efficiency` use it;
 --   link: the hardware link (the user's, else the device/topology preset) — `efficiency_link`;
---   fit:  the run's own ok fit for (op, k) (alpha_beta_fit; fits that are insufficient or poor are
---         never used) — shown for comparison only.
+--   fit:  the ok fit of the instance's own process group for (op, k) (alpha_beta_fit, scope 'group';
+--         fits that are insufficient or poor are never used) — shown for comparison (and the
+--         reference itself when collective_reference chose it).
 -- The algorithm modelled: the kernel's when the model has it (RING → ring, TREE → double_binary_tree,
 -- NVLS → nvls), else the op's default (ring; pairwise for all-to-all; p2p for send); a fit's own
 -- prediction uses the algorithm its α, β were derived through (so that it reproduces the fitted line).
@@ -27,12 +28,14 @@
 -- op                  VARCHAR  canonical op
 -- size_bytes          BIGINT   nccl-tests S, bytes
 -- group_size          INTEGER  k
+-- locality            VARCHAR  intra_node / inter_node / unknown: the group's class (collective_reference)
 -- model_algo          VARCHAR  algorithm the link prediction assumes
 -- sync_time_ns        DOUBLE   measured transfer time after the last arrival, ns
 -- skew_ns             BIGINT   longest wait of any rank for the last one, ns
 -- reference           VARCHAR  the verdict's reference in words (collective_reference.reference)
 -- ref_note            VARCHAR  fallbacks and assumptions made in choosing it
--- no_model_reason     VARCHAR  why there is no verdict (NULL when there is a reference)
+-- no_model_reason     VARCHAR  why there is no verdict: no reference, not judged (incomplete) or no sync
+--                               time (collective_instances); NULL when there is a verdict
 -- ref_alpha_s         DOUBLE   reference α, s per step
 -- ref_beta_Bps        DOUBLE   reference β, bytes/s per direction
 -- ref_alpha_term_ns   DOUBLE   A·α under the reference = the collective's fixed latency, ns
@@ -40,7 +43,7 @@
 -- predicted_ns        DOUBLE   reference prediction, ns
 -- crossover_bytes     DOUBLE   D* = A·α·β/B under the reference: the latency/bandwidth boundary of
 --                               this op, algorithm and k (n½ = α·β is the link's, not this)
--- fit_alpha_s         DOUBLE   the run's own ok fit: α, s (NULL without one)
+-- fit_alpha_s         DOUBLE   its own group's ok fit: α, s (NULL without one)
 -- fit_beta_Bps        DOUBLE   its β, bytes/s per direction
 -- fit_alpha_term_ns   DOUBLE   A·α, ns
 -- fit_beta_term_ns    DOUBLE   B·D/β, ns
@@ -66,12 +69,13 @@ WITH i AS (
     FROM collective_instances i LEFT JOIN runs r USING (run_id)
 ),
 f AS (
-    SELECT run_id, op, group_size, algo AS fit_algo, alpha_s, beta_Bps FROM alpha_beta_fit WHERE status = 'ok'
+    SELECT run_id, pg_name, op, group_size, algo AS fit_algo, alpha_s, beta_Bps FROM alpha_beta_fit
+    WHERE status = 'ok' AND scope = 'group'
 ),
 t AS (
     SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo,
            i.sync_time_ns, i.skew_ns, i.judged, i.ranks_seen,
-           r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
+           r.locality, r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
            coalesce(r.ref_algo, i.model_algo) AS ref_algo,
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps,
            -- the fit's α, β are defined through its own algorithm's coefficients: predict with those
@@ -83,7 +87,7 @@ t AS (
            tk_alpha_coeff(i.op, i.model_algo, i.group_size) * r.link_alpha_s * r.link_beta_Bps
                / tk_beta_coeff(i.op, i.model_algo, i.group_size) AS link_crossover_bytes
     FROM i
-    LEFT JOIN f ON f.run_id = i.run_id AND f.op = i.op AND f.group_size = i.group_size
+    LEFT JOIN f ON f.run_id = i.run_id AND f.pg_name = i.pg_name AND f.op = i.op AND f.group_size = i.group_size
     LEFT JOIN collective_reference r
            ON r.run_id = i.run_id AND r.pg_name = i.pg_name AND r.op = i.op AND r.group_size = i.group_size
 ),
@@ -103,9 +107,11 @@ q AS (
                AS verdict_basis
     FROM p
 )
-SELECT run_id, pg_name, seq, op, size_bytes, group_size, model_algo, sync_time_ns, skew_ns,
+SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, sync_time_ns, skew_ns,
        reference, ref_note,
-       CASE WHEN verdict_basis IS NOT NULL THEN NULL
+       CASE WHEN judged AND sync_time_ns IS NULL THEN
+                 'no sync time: the ranks'' clocks disagree by more than the transfer, or conflicting spans'
+            WHEN verdict_basis IS NOT NULL THEN NULL
             WHEN NOT judged THEN 'incomplete: ' || ranks_seen || ' of ' || group_size
                  || ' ranks recorded, its sync time still holds the wait for the others'
             WHEN no_model_reason IS NOT NULL THEN no_model_reason

@@ -63,8 +63,8 @@ def test_per_size_table_for_sweeps(store):
     page = render_html(html_data(store, "sweep"))
     assert 'id="tk-table-per-size"' in page
     body = page.split('id="tk-table-per-size"')[1].split("</table>")[0]
-    # sweep_2rank: sizes 1 KiB ... ×4: the 1.024 kB row of all_reduce is there
-    assert "all_reduce" in body and "1.024 kB" in body
+    # sweep_2rank: sizes 1 KiB ... ×4: the 1 KiB bucket of all_reduce is there, one row per op and bucket
+    assert "all_reduce" in body and "1 KiB–2 KiB" in body
     assert 'id="tk-table-per-size"' not in render_html(html_data(store, "tp"))  # one size: no table
 
 
@@ -103,6 +103,8 @@ def _runs(store, tmp_path):
     st = Store(tmp_path / "3d")  # many process groups, measured vs model per dimension
     yield st, ingest_paths([FIXTURES / "3d_2x2x2"], st, workload="3d", run_id="3d",
                            config=json.loads((FIXTURES / "3d_2x2x2" / "run_config.json").read_text()))
+    st = Store(tmp_path / "two_runs")  # two benchmark runs: the per-size table's benchmark-run column
+    yield st, ingest_paths([FIXTURES / "nccl_tests" / "two_runs.md"], st, run_id="two_runs")
     if (TRACES / "param_dlrm_8rank_v100").exists():
         st = Store(tmp_path / "dlrm")
         yield st, ingest_paths([TRACES / "param_dlrm_8rank_v100"], st, run_id="dlrm")

@@ -35,7 +35,8 @@ def test_instances_classed_by_hosts(con):
 
 def test_bandwidth_per_class_by_hand(con):
     (row,) = con.execute("SELECT op, instances, total_bytes, median_sync_time_ns, median_algbw_gbps, median_busbw_gbps, "
-                         "max_busbw_gbps FROM bandwidth_by_locality WHERE run_id = 'hosts'").fetchall()
+                         "max_busbw_gbps, bucket_bytes FROM bandwidth_by_locality WHERE run_id = 'hosts'").fetchall()
+    assert row[7] == 4096  # one size: one power-of-two bucket, [4 KiB, 8 KiB)
     # 5 all-reduces of 4,096 B; after the clock offset, sync times 28, 28, 28, 28 and 128 µs (instance 4:
     # rank 1 leaves 200 µs late, fixtures/defects/make_defects.py); median 28 µs;
     # algbw = 4,096 B / 28,000 ns = 0.146286 GB/s, busbw = algbw × 2(2−1)/2
@@ -52,4 +53,5 @@ def test_report_section(con):
     assert [(r["locality"], r["op"], r["instances"]) for r in rep["bandwidth_by_locality"]] == [
         ("inter_node", "all_reduce", 5)]
     fig = locality_figure({"report": rep})
-    assert [t.name for t in fig.data] == ["inter-node"] and fig.data[0].y[0] == pytest.approx(4096 / 28_000)
+    assert [t.name for t in fig.data] == ["all_reduce, inter-node"]
+    assert list(fig.data[0].x) == [4096] and fig.data[0].y[0] == pytest.approx(4096 / 28_000)

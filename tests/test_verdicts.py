@@ -208,7 +208,7 @@ def test_degraded_link_is_flagged_and_a_healthy_one_is_not(tmp_path):
     # A100-SXM4's preset, and that one does
     assert {r["reference"] for r in bad["verdicts"]} == {"nccl_tests run degraded"}
     assert all(r["median_efficiency"] == pytest.approx(1.0, rel=1e-3) for r in bad["verdicts"])
-    eff = {r["bucket_bytes"]: r for r in bad["efficiency_by_size"] if r["op"] == "all_reduce"}
+    eff = {r["bucket_bytes"]: r for r in bad["by_size"] if r["op"] == "all_reduce"}
     big = eff[1 << 30]
     assert big["link"] == "nvlink3" and big["link_regime"] == "bandwidth"
     # at 1 GiB the β term dominates: efficiency ≈ 0.13 (α term 14 µs against 7.8 ms of β term)
@@ -223,7 +223,7 @@ def test_degraded_link_is_flagged_and_a_healthy_one_is_not(tmp_path):
 
 
 def ok_eff(rep):
-    return [r for r in rep["efficiency_by_size"] if r["bucket_bytes"] == 1 << 30][0]["median_efficiency_link"]
+    return [r for r in rep["by_size"] if r["bucket_bytes"] == 1 << 30][0]["median_efficiency_link"]
 
 
 def test_users_alpha_beta_is_the_reference(two, capsys):

@@ -221,14 +221,23 @@ class Run:
         """
         return self._view("collective_waits", "pg_name, seq, rank")
 
-    def bandwidth(self):
-        """One row per instance: ``algbw_GBps`` = size / sync time, ``busbw_GBps`` = algbw × bus factor.
+    def bandwidth(self, by: str = "instance"):
+        """Bandwidth by the nccl-tests rules (alpha-beta.md "Bus bandwidth"); GB = 1e9.
 
-        The nccl-tests rules (alpha-beta.md "Bus bandwidth"); GB = 1e9. Columns: ``pg_name``,
-        ``seq``, ``op``, ``size_bytes``, ``group_size``, ``sync_time_ns``, ``algbw_GBps``,
-        ``bus_factor``, ``busbw_GBps``.
+        ``by="instance"``: one row per instance (``collective_bandwidth``): ``pg_name``, ``seq``,
+        ``op``, ``size_bytes``, ``group_size``, ``sync_time_ns``, ``algbw_GBps`` = size / sync time,
+        ``bus_factor``, ``busbw_GBps`` = algbw × bus factor. ``by="size"``: one row per process group
+        (nccl-tests: benchmark run), op, group size and power-of-two size bucket
+        (``bandwidth_by_size``, tracekit.model.size_bucket): ``bucket_bytes``, ``instances``,
+        ``sizes``, ``total_bytes``, ``median_sync_time_ns``, ``median_algbw_GBps``,
+        ``median_busbw_GBps``, ``peak_busbw_GBps`` (medians within a bucket, never across sizes).
+        Raises BadInputError for another ``by``.
         """
-        return self._view("collective_bandwidth", "pg_name, seq")
+        views = {"instance": ("collective_bandwidth", "pg_name, seq"),
+                 "size": ("bandwidth_by_size", "op, group_size, pg_name, bucket_bytes")}
+        if by not in views:
+            raise BadInputError(f"bandwidth(by={by!r}): by is one of instance, size")
+        return self._view(*views[by])
 
     def overlap(self, by: str = "rank"):
         """How much communication was hidden behind compute, on unions of intervals.
@@ -247,23 +256,26 @@ class Run:
         return self._view(*views[by])
 
     def fit(self):
-        """The α–β fit per (op, group size) from this run's own collectives (``alpha_beta_fit``).
+        """The α–β fits from this run's own collectives (``alpha_beta_fit``): one per (process group
+        or nccl-tests benchmark run, op, group size), ``scope`` 'group', and one per (locality
+        class, op, group size) over a trace's groups of that class, ``scope`` 'locality'.
 
         T(D) = a + b·D by least squares on sync times (alpha-beta.md "Fitting"); columns
-        ``op``, ``group_size``, ``algo``, ``n_samples``/``n_used``/``n_dropped``/``n_warmup``,
+        ``scope``, ``pg_name``, ``locality``, ``groups``, ``op``, ``group_size``, ``algo``, ``n_samples``/``n_used``/``n_dropped``/``n_warmup``,
         ``alpha_s`` (s), ``beta_Bps`` (bytes/s), ``beta_GBps``, ``n_half_bytes`` (the size where
         α and β terms are equal), ``a_s``, ``b_s_per_byte``, ``residual_spread``,
         ``residual_max_abs``, ``min_size_bytes``, ``max_size_bytes``, ``status`` (why a fit is
         missing, e.g. a single size).
         """
-        return self._view("alpha_beta_fit", "op, group_size")
+        return self._view("alpha_beta_fit", "op, group_size, scope, locality, pg_name")
 
     def verdicts(self):
         """One row per instance: latency-, bandwidth- or skew-bound, and the model's prediction.
 
         skew-bound when the longest wait exceeds the sync time, else latency-bound when the α
         term ≥ the β term, else bandwidth-bound (DESIGN.md "verdict"). Columns: ``op``,
-        ``size_bytes``, ``group_size``, ``model_algo``, ``sync_time_ns``, ``skew_ns``,
+        ``size_bytes``, ``group_size``, ``locality`` (the group's class), ``model_algo``,
+        ``sync_time_ns``, ``skew_ns``,
         ``fit_alpha_s``, ``fit_beta_Bps``, ``fit_alpha_term_ns``, ``fit_beta_term_ns``,
         ``fit_predicted_ns``, ``link`` (the preset, if any), ``link_*_ns``, ``verdict``,
         ``verdict_basis`` (fit or link), ``efficiency`` (predicted / measured),

@@ -4,11 +4,13 @@
 GB = 1e9); ``tracekit diff RUN_A RUN_B`` renders it (``--json`` prints it as is).
 
 Rows: one per (op, size bucket) present in either run. A bucket is the power-of-two range
-``[2^k, 2^(k+1))`` bytes holding the instance's nccl-tests size (size 0 is its own bucket,
-unknown sizes are ``unknown``). Per run and row:
+``[2^k, 2^(k+1))`` bytes holding the instance's nccl-tests size (``tracekit.model.size_bucket``, the
+one definition the report and HTML use too; size 0 is its own bucket, unknown sizes are ``unknown``).
+Nothing is a median across sizes. Per run and row:
 
 - ``count``: matched collective instances (collective_bandwidth);
-- ``median_sync_time_ns``, ``median_busbw_gbps``: medians over those instances;
+- ``median_sync_time_ns``, ``median_busbw_gbps``: medians over those instances; ``peak_busbw_gbps``:
+  their largest busbw (GB/s);
 - ``wait_ns``: total time ranks waited for the last arrival (collective_waits, summed over
   ranks and instances);
 - ``comm_ns``: the ranks' communication spans of those instances (wait + transfer), summed;
@@ -39,19 +41,9 @@ WITH calls AS (
     LEFT JOIN collective_overlap o ON o.run_id = c.run_id AND o.rank = c.rank AND o.event_id = c.event_id
     WHERE c.run_id = ? AND c.op IS NOT NULL AND c.seq IS NOT NULL
 ),
-inst0 AS (
-    SELECT b.pg_name, b.seq, b.op, b.size_bytes, b.sync_time_ns, b.busbw_gbps,
-           floor(log2(greatest(b.size_bytes, 1)))::BIGINT AS k0
+inst AS (  -- the power-of-two size bucket of tracekit.model.size_bucket
+    SELECT b.pg_name, b.seq, b.op, b.size_bytes, b.sync_time_ns, b.busbw_gbps, tk_size_bucket(b.size_bytes) AS bucket
     FROM collective_bandwidth b WHERE b.run_id = ?
-),
-inst AS (  -- bucket b holds [2^(b−1), 2^b); 0 holds size 0; log2 corrected for rounding near 2^k
-    SELECT * EXCLUDE (k0),
-           CASE WHEN size_bytes IS NULL THEN NULL
-                WHEN size_bytes <= 0 THEN 0
-                WHEN (1::HUGEINT << k0) > size_bytes THEN k0
-                WHEN (1::HUGEINT << (k0 + 1)) <= size_bytes THEN k0 + 2
-                ELSE k0 + 1 END AS bucket
-    FROM inst0
 ),
 w AS (
     SELECT pg_name, seq, sum(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL
@@ -61,7 +53,7 @@ sp AS (
 )
 SELECT i.op, i.bucket, count(*) AS count,
        median(i.sync_time_ns) AS median_sync_time_ns,
-       median(i.busbw_gbps) AS median_busbw_gbps,
+       median(i.busbw_gbps) AS median_busbw_gbps, max(i.busbw_gbps) AS peak_busbw_gbps,
        coalesce(sum(w.wait_ns), 0)::BIGINT AS wait_ns,
        coalesce(sum(sp.comm_ns), 0)::BIGINT AS comm_ns,
        coalesce(sum(sp.overlap_ns), 0)::BIGINT AS overlap_ns
@@ -71,40 +63,25 @@ LEFT JOIN sp USING (pg_name, seq)
 GROUP BY i.op, i.bucket
 """
 
-_METRICS = ("count", "median_sync_time_ns", "median_busbw_gbps", "wait_ns", "comm_ns", "overlap_ns",
+_METRICS = ("count", "median_sync_time_ns", "median_busbw_gbps", "peak_busbw_gbps", "wait_ns", "comm_ns", "overlap_ns",
             "exposed_comm_ns", "overlap_ratio")
 _TOTALS = ("ranks", "comm_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "overlap_ratio")
 
 
 def size_bucket(size_bytes: int | None) -> dict[str, Any]:
-    """The power-of-two bucket of a size: {'lo_bytes', 'hi_bytes', 'label'} (hi exclusive).
+    """The power-of-two bucket of a size (tracekit.model.size_bucket): {'lo_bytes', 'hi_bytes', 'label'},
+    hi exclusive. ``size_bucket(131072)`` → lo 131072, hi 262144, label ``'128 KiB–256 KiB'``; 0 → the
+    bucket ``'0 B'``; None → ``'unknown'``."""
+    from tracekit.model import size_bucket as lo_of
 
-    ``size_bucket(131072)`` → lo 131072, hi 262144, label ``'128 KiB–256 KiB'``; 0 → the bucket
-    ``'0 B'``; None → ``'unknown'``.
-    """
-    if size_bytes is None:
-        return {"lo_bytes": None, "hi_bytes": None, "label": "unknown"}
-    if size_bytes <= 0:
-        return {"lo_bytes": 0, "hi_bytes": 1, "label": "0 B"}
-    k = int(size_bytes).bit_length() - 1
-    return _bucket_from_index(k + 1)
+    return _bucket(lo_of(size_bytes))
 
 
-def _bucket_from_index(b: int | None) -> dict[str, Any]:
-    if b is None:
-        return {"lo_bytes": None, "hi_bytes": None, "label": "unknown"}
-    if b == 0:
-        return {"lo_bytes": 0, "hi_bytes": 1, "label": "0 B"}
-    lo, hi = 1 << (b - 1), 1 << b
-    return {"lo_bytes": lo, "hi_bytes": hi, "label": f"{_binary(lo)}–{_binary(hi)}"}
+def _bucket(lo: int | None) -> dict[str, Any]:
+    from tracekit.model import size_bucket_label
 
-
-def _binary(n: int) -> str:
-    """Power-of-two byte counts with binary prefixes: 1024 → '1 KiB'."""
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= f:
-            return f"{n / f:g} {unit}"
-    return f"{n} B"
+    hi = None if lo is None else (1 if lo == 0 else 2 * lo)
+    return {"lo_bytes": lo, "hi_bytes": hi, "label": size_bucket_label(lo)}
 
 
 def _finite(x):
@@ -187,7 +164,7 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
         delta = {m: _delta(za.get(m), zb.get(m)) for m in _METRICS}
         rows.append(
             dict(
-                op=key[0], bucket=_bucket_from_index(key[1]), a=pa_, b=pb, delta=delta,
+                op=key[0], bucket=_bucket(key[1]), a=pa_, b=pb, delta=delta,
                 sync_time_change=_rel(za.get("median_sync_time_ns"), zb.get("median_sync_time_ns")),
             )
         )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tracekit.errors import BadInputError
+from tracekit.model import size_bucket_label
 from tracekit.store import Store
 from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us  # noqa: F401  (also this module's API)
 
@@ -111,29 +112,14 @@ def reference_presets(run: dict, ranks: Sequence[dict] = (), link: str | None = 
     return ["nvlink4", "pcie4"] + (["ib_ndr"] if hosts > 1 else [])
 
 
-def per_size_rows(bandwidth: Sequence[dict]) -> list[dict]:
-    """Per op and message size (for sweeps and nccl-tests runs: an op with two sizes or more): the
-    instances, median sync time (ns), median algbw/busbw (GB/s), median model prediction (ns) and
-    median efficiency (predicted / measured) of :func:`html_data`'s ``bandwidth`` rows."""
-    import statistics
-
-    groups: dict[tuple, list[dict]] = {}
-    for r in bandwidth:
-        groups.setdefault((r["op"], r["group_size"], r["size_bytes"]), []).append(r)
-    sizes: dict[tuple, int] = {}
-    for op, k, _ in groups:
-        sizes[(op, k)] = sizes.get((op, k), 0) + 1
-
-    def med(rows, key):
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
-
-    return [
-        dict(op=op, group_size=k, size_bytes=size, instances=len(rows), median_sync_time_ns=med(rows, "sync_time_ns"),
-             median_algbw_gbps=med(rows, "algbw_gbps"), median_busbw_gbps=med(rows, "busbw_gbps"),
-             median_predicted_ns=med(rows, "predicted_ns"), median_efficiency=med(rows, "efficiency"))
-        for (op, k, size), rows in sorted(groups.items()) if sizes[(op, k)] > 1
-    ]
+def per_size_rows(by_size: Sequence[dict]) -> list[dict]:
+    """The rows of ``report['by_size']`` (per op, k, locality class, benchmark run and power-of-two size
+    bucket) of the ops measured at two size buckets or more (sweeps, nccl-tests runs): the page's
+    per-size table."""
+    buckets: dict[tuple, set] = {}
+    for r in by_size:
+        buckets.setdefault((r["op"], r["group_size"], r["locality"], r["bench_run"]), set()).add(r["bucket_bytes"])
+    return [r for r in by_size if len(buckets[(r["op"], r["group_size"], r["locality"], r["bench_run"])]) > 1]
 
 
 def run_versions(run: dict) -> list[str]:
@@ -272,11 +258,13 @@ def model_curves(bandwidth: Sequence[dict], fit: Sequence[dict], presets: Sequen
         for r in rows:
             counts[r["group_size"]] = counts.get(r["group_size"], 0) + 1
         k_main = max(counts, key=lambda k: (counts[k], k))
-        fits = [f for f in fit if f["op"] == op and f["status"] == "ok" and f["alpha_s"] is not None]
+        fits = [f for f in fit if f["op"] == op and f["status"] == "ok" and f["alpha_s"] is not None
+                and f.get("scope", "group") == "group"]
         fit_links = []
-        for f in fits:
+        for f in fits:  # one line per group's fit: "fit", or "fit <group>" where several groups have one
             try:
-                fit_links.append((f, custom_link(f["alpha_s"], f["beta_Bps"], name="fit")))
+                fit_links.append((f, custom_link(f["alpha_s"], f["beta_Bps"],
+                                                 name="fit" if len(fits) == 1 else f"fit {f.get('pg_name')}")))
             except TracekitError:
                 continue
         marks = [r["size_bytes"] for r in rows]
@@ -839,25 +827,28 @@ LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "unknown": 
 
 
 def locality_figure(data: dict):
-    """Median busbw per op, one bar per locality class (report['bandwidth_by_locality']; the hover
-    gives instances and median size). None without collectives."""
+    """Median busbw per op and size bucket, one line per (op, locality class)
+    (report['bandwidth_by_locality']; the hover gives instances and the bucket's best busbw). None
+    without collectives."""
     import plotly.graph_objects as go
 
     rows = data["report"].get("bandwidth_by_locality") or []
-    rows = [r for r in rows if r["median_busbw_gbps"] is not None]
+    rows = [r for r in rows if r["median_busbw_gbps"] is not None and r["bucket_bytes"]]
     if not rows:
         return None
     fig = go.Figure()
     for loc in ("intra_node", "inter_node", "unknown"):
-        sel = [r for r in rows if r["locality"] == loc]
-        if sel:
-            fig.add_trace(go.Bar(
-                x=[r["op"] for r in sel], y=[r["median_busbw_gbps"] for r in sel], name=loc.replace("_", "-"),
-                marker_color=LOCALITY_COLORS[loc],
-                customdata=[[r["instances"], fmt_bytes(r["median_size_bytes"]), fmt_num(r["max_busbw_gbps"])] for r in sel],
-                hovertemplate=(loc + " %{x}: median busbw %{y:,.2f} GB/s<br>%{customdata[0]} instances, median size "
-                               "%{customdata[1]}, best %{customdata[2]} GB/s<extra></extra>")))
-    _layout(fig, "Bus bandwidth within a node and across nodes", height=420, barmode="group")
+        for op in sorted({r["op"] for r in rows if r["locality"] == loc}):
+            sel = sorted((r for r in rows if r["locality"] == loc and r["op"] == op), key=lambda r: r["bucket_bytes"])
+            fig.add_trace(go.Scatter(
+                x=[r["bucket_bytes"] for r in sel], y=[r["median_busbw_gbps"] for r in sel], mode="lines+markers",
+                name=f"{op}, {loc.replace('_', '-')}", line=dict(color=LOCALITY_COLORS[loc]),
+                customdata=[[size_bucket_label(r["bucket_bytes"]), r["instances"], fmt_num(r["max_busbw_gbps"])]
+                            for r in sel],
+                hovertemplate=(f"{op} {loc}: %{{customdata[0]}}<br>median busbw %{{y:,.2f}} GB/s, "
+                               "%{customdata[1]} instances, best %{customdata[2]} GB/s<extra></extra>")))
+    _layout(fig, "Bus bandwidth within a node and across nodes, per size", height=420)
+    fig.update_xaxes(title_text="size bucket (bytes, ≥)", type="log")
     fig.update_yaxes(title_text="median busbw (GB/s)")
     return fig
 
@@ -953,7 +944,7 @@ def report_tables(report: dict) -> list[Table]:
     if report.get("references"):
         tables.append(Table(
             "Reference of the verdicts", [
-                Column("op", "op"), Column("group_size", "k", fmt_num, True),
+                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("locality", "class"),
                 Column("instances", "instances", fmt_num, True),
                 Column("reference", "reference"), Column("kind", "kind", lambda v: v or "—"),
                 Column("alpha_s", "α per step (µs)", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
@@ -964,15 +955,16 @@ def report_tables(report: dict) -> list[Table]:
                 Column("note", "note", lambda v: v or ""),
                 Column("no_model_reason", "why no model", lambda v: v or ""),
             ], report["references"],
-            note=("Chosen in order: --link or the user's α/β; the machine's newest ok sweep / nccl-tests fit; the "
-                  "device's preset; the run's own ok fit; else no model, with the reason. D* = A·α·β/B is where the "
+            note=("Chosen in order: --link or the user's α/β; the ok fit of the instance's own process group; the "
+                  "machine's newest ok sweep / nccl-tests fit; the preset of the device for the group's class (one host: "
+                  "NVLink/xGMI/PCIe; several: the network); else no model, with the reason. D* = A·α·β/B is where the "
                   "collective's α and β terms are equal."),
             id="references",
         ))
     if report.get("verdicts"):
         tables.append(Table(
             "Verdicts and efficiency per op", [
-                Column("op", "op"), Column("verdict", "verdict", lambda v: v or "no model"),
+                Column("op", "op"), Column("locality", "class"), Column("verdict", "verdict", lambda v: v or "no model"),
                 Column("reference", "reference"), Column("verdict_basis", "kind", lambda v: v or "—"),
                 Column("count", "instances", fmt_num, True),
                 Column("median_efficiency", "median efficiency (reference)", fmt_num, True),
@@ -983,12 +975,12 @@ def report_tables(report: dict) -> list[Table]:
             note="efficiency = predicted / measured sync time (1 = as the model says, < 1 slower).",
             id="verdicts",
         ))
-    eff = [r for r in report.get("efficiency_by_size") or [] if r.get("link")]
+    eff = [r for r in report.get("by_size") or [] if r.get("link")]
     if eff:
         tables.append(Table(
             "Efficiency against the link per op and size", [
-                Column("op", "op"), Column("group_size", "k", fmt_num, True),
-                Column("bucket_bytes", "size ≥", fmt_bytes, True), Column("count", "instances", fmt_num, True),
+                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("locality", "class"),
+                Column("bucket_bytes", "size", size_bucket_label, True), Column("count", "instances", fmt_num, True),
                 Column("median_sync_time_ns", "median sync (µs)", fmt_us, True),
                 Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
                 Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True), Column("link", "link"),
@@ -1001,9 +993,13 @@ def report_tables(report: dict) -> list[Table]:
             id="efficiency-by-size",
         ))
     if report.get("fit"):
+        from tracekit.report import fit_group_label
+
+        fits = [dict(r, group=fit_group_label(r)) for r in report["fit"]]
         tables.append(Table(
-            "α–β fit per op and group size", [
-                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("algo", "algorithm"),
+            "α–β fit per op and process group", [
+                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("group", "group"),
+                Column("algo", "algorithm"),
                 Column("n_used", "samples used", fmt_num, True), Column("n_sizes", "sizes", fmt_num, True),
                 Column("alpha_s", "α per step (µs)", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
                 Column("alpha_lo_s", "α 95 % low", lambda v: "—" if v is None else f"{v * 1e6:,.3f}", True),
@@ -1012,17 +1008,20 @@ def report_tables(report: dict) -> list[Table]:
                 Column("beta_gbps", "β (GB/s)", fmt_num, True),
                 Column("beta_lo_gbps", "β 95 % low", fmt_num, True),
                 Column("beta_hi_gbps", "β 95 % high", lambda v: "∞" if v is None else fmt_num(v), True),
-            ], report["fit"], id="fit",
+            ], fits, id="fit",
         ))
         tables.append(Table(
             "α–β fit quality: the boundary it implies, its spread, its status", [
-                Column("op", "op"), Column("group_size", "k", fmt_num, True),
+                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("group", "group"),
+                Column("locality", "class"),
                 Column("crossover_bytes", "D*", fmt_bytes, True), Column("n_half_bytes", "link n½", fmt_bytes, True),
                 Column("residual_spread", "residual spread", fmt_pct, True),
                 Column("size_spread", "per-size spread", fmt_pct, True), Column("status", "status"),
                 Column("status_reason", "why", lambda v: v or ""),
-            ], report["fit"], id="fit-quality",
-            note="Only ok fits judge anything: >= 3 sizes spanning D*, both parameters determined, per-size spread <= 15 %.",
+            ], fits, id="fit-quality",
+            note=("Only a group's ok fit judges anything: >= 3 sizes spanning D*, both parameters determined, per-size "
+                  "spread <= 15 %. One fit per process group or nccl-tests benchmark run; 'all <class>': the groups of "
+                  "one locality class pooled."),
         ))
     if report.get("furthest_from_model"):
         tables.append(Table(
@@ -1218,8 +1217,8 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "(analyses/alltoall_imbalance.sql)."),
     ("locality", "Intra- vs inter-node", locality_figure,
      "Each instance is intra-node when every rank of its group is on one host (ranks.host), inter-node when they are "
-     "on several, unknown when a host is not known; bars are the median nccl-tests busbw per class "
-     "(analyses/node_locality.sql)."),
+     "on several, unknown when a host is not known; one line per op and class: the median nccl-tests busbw "
+     "of each power-of-two size bucket (analyses/node_locality.sql)."),
     ("bubbles", "Pipeline bubbles", bubbles_figure,
      "Per pipeline stage and profiler step: the part of the step (first to last event over all stages) the "
      "stage spends outside compute, beside the model's (p−1)/(m+p−1) for p stages and m micro-batches "
@@ -1267,19 +1266,25 @@ def render_html(data: dict) -> str:
             f'<div class="figure">{_figure_html(fig, name)}</div></section>'
         )
     tables = report_tables(rep)
-    sizes = per_size_rows(data.get("bandwidth") or [])
+    sizes = per_size_rows(rep.get("by_size") or [])
     if sizes:
+        runs = [Column("bench_run", "benchmark run")] if any(r["bench_run"] for r in sizes) else []
+        runs = ([Column("locality", "class")] if len({r["locality"] for r in sizes}) > 1 else []) + runs
         tables.insert(0, Table(
-            "Per message size", [
-                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("size_bytes", "size", fmt_bytes, True),
-                Column("instances", "instances", fmt_num, True),
+            "Per op and message size", [
+                Column("op", "op"), Column("group_size", "k", fmt_num, True), *runs,
+                Column("bucket_bytes", "size", size_bucket_label, True),
+                Column("count", "instances", fmt_num, True),
                 Column("median_sync_time_ns", "median sync (µs)", fmt_us, True),
                 Column("median_algbw_gbps", "median algbw (GB/s)", fmt_num, True),
                 Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
+                Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True),
                 Column("median_predicted_ns", "model (µs)", fmt_us, True),
                 Column("median_efficiency", "efficiency", fmt_num, True),
-            ], sizes, note="Medians over the instances of each size; model = the fit, else the preset; "
-                           "efficiency = model / measured.", id="per-size",
+                Column("verdict", "verdict (most frequent)", lambda v: v or "—"),
+            ], sizes, note="Power-of-two size buckets, as nccl-tests steps sizes; medians within a bucket, never "
+                           "across sizes; model = the verdicts' reference; efficiency = model / measured.",
+            id="per-size",
         ))
     if tables:
         sections.append('<section id="tk-sec-model"><h2>Measured vs model</h2>'
@@ -1290,7 +1295,7 @@ def render_html(data: dict) -> str:
         groups = Table("Per dimension", infer_columns(rep.get("by_dimension") or []), rep.get("by_dimension") or [],
                        id="by-dimension")
         shown = ("pg_name", "dimension", "group_size", "ops", "calls", "instances", "incomplete", "bytes",
-                 "median_sync_time_ns", "overlap_fraction")  # the rest is in the JSON (fits 1400 px)
+                 "sync_time_ns", "overlap_fraction")  # the rest is in the JSON (fits 1400 px); no median across sizes
         per_group = Table("Per process group", [c for c in infer_columns(rep["process_groups"]) if c.key in shown],
                           rep["process_groups"],
                           note="dimension: the group's description (tp/pp/dp/ep/cp), else inferred from the run's "

@@ -109,24 +109,31 @@ def build_report(
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),
-    ``collectives`` (per op: count, bytes, median sync time, busbw, total wait),
+    ``collectives`` (per op: count, bytes, size range and buckets, peak busbw and the size it was
+    reached at, total wait; nothing is a median across sizes), ``by_size`` (per op, group size,
+    locality class (instance_locality), benchmark run of a nccl-tests log (``bench_run``, else None) and power-of-two size bucket
+    (``bucket_bytes``, tracekit.model.size_bucket): count, medians within the bucket of sync time,
+    algbw, busbw, the reference's predicted time and efficiency, peak busbw, the most frequent
+    verdict, and the efficiency against the link with the bucket's regime), ``peak_busbw`` (per op,
+    group size and benchmark run: the largest busbw and the size it was reached at),
     ``unattributed`` (comm spans with no collective), ``instances`` (matching
     health), ``overlap_by_rank``, ``overlap_by_step``, ``stragglers`` (worst
     instances by skew) and ``straggler_ranks`` (per rank: times it arrived last, ``wait_caused_ns``
     = the waiting it imposed on the others, Σ over those instances of the other ranks' waits, and
-    ``skew_sum_ns`` = Σ of those instances' largest wait), ``fit`` (α, β, n½ per op from
-    alpha_beta_fit), ``verdicts`` (counts per op and verdict), ``furthest_from_model``
+    ``skew_sum_ns`` = Σ of those instances' largest wait), ``fit`` (alpha_beta_fit's rows: per
+    process group or benchmark run, named by its description and dimension from process_groups,
+    and per locality class: α, β, n½, D*, status), ``verdicts`` (counts per op, locality class and
+    verdict), ``furthest_from_model``
     (lowest efficiency), ``link`` (the preset compared with, or None),
     ``measured_vs_model`` (per rank: measured vs predicted exposed communication per
     step; α/β from --link, else the newest sweep run, else this run's fit),
     ``measured_vs_model_by_dimension`` (per rank and dimension tp/pp/dp/ep, each under its own
     overlap model; empty for a run without per-dimension models) and ``model_by_dimension`` (those
     rows summed per dimension, :func:`model_by_dimension`), ``warnings``;
-    ``references`` (per op, group size and reference: what the verdicts were judged against,
+    ``references`` (per op, group size, locality class and reference — each fit its own row, ``groups``
+    the process groups judged by it: what the verdicts were judged against,
     with α, β, the collective's crossover size D* and fixed latency, or the reason for "no
-    model"), ``efficiency_by_size`` (per op, group size and power-of-two size bucket: median
-    efficiency against the reference link, and whether the bucket is in the bandwidth regime) and
-    ``degraded_links`` (the buckets that raised the degraded-link warning).
+    model") and ``degraded_links`` (the buckets that raised the degraded-link warning).
     ``alpha_s`` and ``beta_Bps`` (both, seconds and bytes/s) are the user's own α/β, used as the
     reference for every verdict; ``nics_per_node`` shares a node's NICs among its GPUs for groups
     across hosts (collective_reference).
@@ -134,8 +141,6 @@ def build_report(
     α/β or NIC count.
     ``con``: a connection from :func:`report_connection` for this ``run_id`` and ``link`` (kept
     open for the caller); without it the report opens and closes its own.
-    Raises StoreError when the store is empty or the run is unknown; BadInputError for a bad
-    α/β or NIC count.
     """
     options = dict(alpha_s=alpha_s, beta_Bps=beta_Bps, nics_per_node=nics_per_node)
     if con is None:
@@ -159,14 +164,16 @@ def build_report(
         "gpu_events, same_stream_overlaps FROM ranks WHERE run_id = ? ORDER BY rank",
         p,
     )
-    # per op over the run's instances: bandwidth, completeness and waits as three aggregates by
-    # op, no join (at ×128 the joined statement outgrew the analysis budget)
+    # per op over the run's instances: no statistic across sizes (a median of different sizes
+    # describes no call); bandwidth, completeness and waits as three aggregates by op, no join (at
+    # ×128 the joined statement outgrew the analysis budget). Per size: by_size below
     by_op = _rows(
         con,
         """
         SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
-               median(size_bytes) AS median_size_bytes, median(sync_time_ns) AS median_sync_time_ns,
-               median(busbw_gbps) AS median_busbw_gbps, median(algbw_gbps) AS median_algbw_gbps
+               count(DISTINCT tk_size_bucket(size_bytes)) AS size_buckets,
+               min(size_bytes) AS min_size_bytes, max(size_bytes) AS max_size_bytes,
+               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes
         FROM collective_bandwidth
         WHERE run_id = ?
         GROUP BY op ORDER BY count(*) DESC, op
@@ -230,59 +237,79 @@ def build_report(
     )
     fit = _rows(
         con,
-        "SELECT op, group_size, algo, source, n_samples, n_used, n_dropped, n_warmup, n_sizes, alpha_s, alpha_se_s, "
-        "alpha_lo_s, alpha_hi_s, fixed_latency_s, beta_gbps, beta_se_Bps / 1e9 AS beta_se_gbps, "
-        "beta_lo_Bps / 1e9 AS beta_lo_gbps, beta_hi_Bps / 1e9 AS beta_hi_gbps, n_half_bytes, crossover_bytes, "
-        "residual_spread, size_spread, residual_max_abs, min_size_bytes, max_size_bytes, status, status_reason "
-        "FROM alpha_beta_fit WHERE run_id = ? ORDER BY op, group_size",
+        "SELECT f.scope, f.pg_name, f.locality, f.groups, f.op, f.group_size, f.algo, "
+        "f.source, f.n_samples, f.n_used, f.n_dropped, f.n_warmup, f.n_sizes, f.alpha_s, f.alpha_se_s, "
+        "f.alpha_lo_s, f.alpha_hi_s, f.fixed_latency_s, f.beta_gbps, f.beta_se_Bps / 1e9 AS beta_se_gbps, "
+        "f.beta_lo_Bps / 1e9 AS beta_lo_gbps, f.beta_hi_Bps / 1e9 AS beta_hi_gbps, f.n_half_bytes, f.crossover_bytes, "
+        "f.residual_spread, f.size_spread, f.residual_max_abs, f.min_size_bytes, f.max_size_bytes, f.status, "
+        "f.status_reason FROM alpha_beta_fit f "
+        "WHERE f.run_id = ? ORDER BY f.op, f.group_size, f.scope, f.locality, f.pg_name",
         p,
     )
     # collective_verdicts calls the model (Python UDFs) for every instance: evaluate it once for both queries
     con.execute(
         "CREATE OR REPLACE TEMP TABLE __report_verdicts AS "
         "SELECT op, verdict, verdict_basis, reference, ref_note, no_model_reason, efficiency, efficiency_link, "
-        "pg_name, seq, size_bytes, group_size, sync_time_ns, skew_ns, predicted_ns, fit_predicted_ns, "
+        "pg_name, seq, locality, size_bytes, group_size, sync_time_ns, skew_ns, predicted_ns, fit_predicted_ns, "
         "link_predicted_ns, best_algo, best_predicted_ns, ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, "
-        "crossover_bytes, link, link_crossover_bytes, tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps "
+        "crossover_bytes, link, link_crossover_bytes, tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps, "
+        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes "
         "FROM collective_verdicts WHERE run_id = ?",
         p,
     )
     verdicts = _rows(
         con,
-        "SELECT op, verdict, verdict_basis, coalesce(reference, 'no model') AS reference, count(*) AS count, "
+        "SELECT op, locality, verdict, verdict_basis, coalesce(reference, 'no model') AS reference, count(*) AS count, "
         "median(efficiency) AS median_efficiency, median(efficiency_link) AS median_efficiency_link, "
         "any_value(link) AS link, any_value(no_model_reason) AS no_model_reason "
-        "FROM __report_verdicts GROUP BY ALL ORDER BY op, verdict, reference",
+        "FROM __report_verdicts GROUP BY ALL ORDER BY op, locality, verdict, reference",
     )
     references = _rows(
         con,
         """
-        SELECT op, group_size, verdict_basis AS kind, coalesce(reference, 'no model') AS reference,
-               any_value(ref_note) AS note, any_value(no_model_reason) AS no_model_reason, count(*) AS instances,
+        SELECT op, group_size, locality, verdict_basis AS kind, coalesce(reference, 'no model') AS reference,
+               ref_note AS note, any_value(no_model_reason) AS no_model_reason, count(*) AS instances,
+               count(DISTINCT pg_name) AS groups,
                any_value(ref_alpha_s) AS alpha_s, any_value(ref_beta_Bps) / 1e9 AS beta_gbps,
                any_value(ref_alpha_s * ref_beta_Bps) AS n_half_bytes, any_value(crossover_bytes) AS crossover_bytes,
                any_value(ref_alpha_term_ns) AS fixed_latency_ns, any_value(link) AS link,
                any_value(link_crossover_bytes) AS link_crossover_bytes
-        FROM __report_verdicts GROUP BY op, group_size, verdict_basis, reference ORDER BY op, group_size, reference
+        FROM __report_verdicts
+        GROUP BY op, group_size, locality, verdict_basis, reference, ref_note, ref_alpha_s, ref_beta_Bps
+        ORDER BY op, group_size, locality, reference, note
         """,
     )
     own_fit = sum(r["instances"] for r in references if r["kind"] == "own_fit")
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE __report_buckets AS "
-        "SELECT *, CAST(2 ** floor(log2(size_bytes)) AS BIGINT) AS bucket_bytes FROM __report_verdicts "
-        "WHERE size_bytes > 0"
-    )
-    efficiency_by_size = _rows(
+    con.execute("CREATE OR REPLACE TEMP TABLE __report_buckets AS SELECT * FROM __report_verdicts WHERE size_bytes > 0")
+    # per op, k, locality class (each judged against its own link) and size bucket (and benchmark
+    # run, for a nccl-tests log: each run its own rows), the nccl-tests-style table: medians within
+    # the bucket only
+    is_log = run.get("source") == "nccl_tests"
+    bench = "pg_name" if is_log else "NULL::VARCHAR"
+    by_size = _rows(
         con,
-        """
-        SELECT op, group_size, bucket_bytes, count(*) AS count, median(sync_time_ns) AS median_sync_time_ns,
+        f"""
+        SELECT op, group_size, locality, {bench} AS bench_run, bucket_bytes, count(*) AS count,
+               count(DISTINCT size_bytes) AS sizes,
+               median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
                median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps,
                median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
+               mode(verdict) AS verdict, count(DISTINCT verdict) AS verdicts,
                any_value(link) AS link, median(link_predicted_ns) AS median_link_predicted_ns,
                median(efficiency_link) AS median_efficiency_link, any_value(link_crossover_bytes) AS link_crossover_bytes,
                CASE WHEN any_value(link_crossover_bytes) IS NULL THEN NULL
                     WHEN bucket_bytes >= any_value(link_crossover_bytes) THEN 'bandwidth' ELSE 'latency' END AS link_regime
-        FROM __report_buckets GROUP BY op, group_size, bucket_bytes ORDER BY op, group_size, bucket_bytes
+        FROM __report_buckets GROUP BY op, group_size, locality, bench_run, bucket_bytes
+        ORDER BY op, group_size, locality, bench_run, bucket_bytes
+        """,
+    )
+    # peak busbw per op and k (per benchmark run of a log): the headline of a sweep, not a median
+    peak_busbw = _rows(
+        con,
+        f"""
+        SELECT op, group_size, {bench} AS bench_run, max(busbw_gbps) AS peak_busbw_gbps,
+               arg_max(size_bytes, busbw_gbps) AS at_size_bytes, count(DISTINCT bucket_bytes) AS size_buckets
+        FROM __report_buckets WHERE busbw_gbps IS NOT NULL GROUP BY ALL ORDER BY ALL
         """,
     )
     # degraded links: per group and bucket, large-size instances (>= 16·D* of the link) well below
@@ -319,8 +346,11 @@ def build_report(
                          "ORDER BY dimension, rank", p)
     process_groups = _rows(
         con, "SELECT * EXCLUDE (run_id) FROM process_groups WHERE run_id = ? ORDER BY dimension, pg_name", p)
+    named = {g["pg_name"]: g for g in process_groups}
+    for f in fit:  # the fitted group's description and dimension (process_groups), None for a class
+        g = named.get(f["pg_name"]) or {}
+        f["description"], f["dimension"] = g.get("description"), g.get("dimension")
     warnings = []
-    is_log = run.get("source") == "nccl_tests"
     if is_log:
         # one row per message size from rank 0's log: nothing to match, no timeline to overlap
         overlap_rank, overlap_step, stragglers, straggler_ranks = [], [], [], []
@@ -350,8 +380,8 @@ def build_report(
         )
     if own_fit:
         warnings.append(
-            f"{own_fit} instance(s) judged with a fit from this run's own instances (no sweep, nccl-tests fit "
-            "or preset applies): their efficiency is ≈ 1 by construction; run `tracekit collect sweep` or pass --link"
+            f"{own_fit} instance(s) judged with their own process group's ok α–β fit: their efficiency is ≈ 1 by "
+            "construction and cannot show a slow link; 'vs link' (or --link) compares them with the hardware"
         )
     for rk, pg, kind, n in con.execute(  # a rank's repeated (pg, seq) rows (analyses/instance_rows.sql)
             "SELECT rank, pg_name, kind, n FROM collective_duplicates WHERE run_id = ? ORDER BY ALL", p).fetchall():
@@ -376,7 +406,8 @@ def build_report(
         verdicts=verdicts,
         references=references,
         reference_options={k: v for k, v in options.items() if v is not None},
-        efficiency_by_size=efficiency_by_size,
+        by_size=by_size,
+        peak_busbw=peak_busbw,
         degraded_links=degraded,
         furthest_from_model=furthest,
         measured_vs_model=mvm,
@@ -390,7 +421,7 @@ def build_report(
         **kernel_sections(con, run_id),
         alltoall_imbalance=alltoall_section(con, run_id),
         bandwidth_by_locality=_rows(con, "SELECT * EXCLUDE (run_id) FROM bandwidth_by_locality WHERE run_id = ? "
-                                         "ORDER BY op, locality", [run_id]),
+                                         "ORDER BY op, locality, bucket_bytes", [run_id]),
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
         critical_path=critical_path_section(con, run_id),
@@ -478,6 +509,70 @@ def _show(con, t) -> None:
         con.print(Text(caption, style="dim"))
 
 
+LOCALITY_SHORT = {"intra_node": "intra", "inter_node": "inter", "unknown": "unknown"}
+"""instance_locality's classes as the terminal tables print them."""
+
+
+def size_label(bucket_bytes) -> str:
+    """A size bucket's lower bound as the tables print it: binary prefixes (the buckets are powers
+    of two, 1048576 → '1 MiB'); None → '—'."""
+    from tracekit.model.bandwidth import _binary
+
+    return "—" if bucket_bytes is None else _binary(int(bucket_bytes))
+
+
+def fit_group_label(r: dict) -> str:
+    """What an alpha_beta_fit row (as report['fit']) fitted, in words: the group's description or
+    dimension with its name (``tp (pg 3)``), the benchmark run of a log, or ``all intra`` for a
+    locality class's pooled groups."""
+    if r.get("scope") == "locality":
+        return f"all {LOCALITY_SHORT.get(r['locality'], r['locality'])} ({r['groups']})"
+    if r.get("source") == "nccl_tests":
+        return bench_label(r.get("pg_name"))
+    name = str(r.get("pg_name"))
+    label = r.get("description") or (r.get("dimension") if r.get("dimension") not in (None, "other") else None)
+    return f"{label} ({name})" if label and label != name else name
+
+
+def bench_label(pg_name) -> str:
+    """A nccl-tests benchmark run's group name as the tables print it: ``nccl_tests:all_reduce:run1``
+    → ``run1`` (the op is in its own column)."""
+    return str(pg_name).rsplit(":", 1)[-1]
+
+
+def print_by_size(report: dict, con) -> None:
+    """``report['by_size']`` as the nccl-tests-style table (size, count, time, algbw, busbw, model
+    time, efficiency, verdict) and, for a sweep or nccl-tests log, the peak busbw per op."""
+    rows = report.get("by_size") or []
+    if not rows:
+        return
+    runs = any(r["bench_run"] for r in rows)
+    classes = len({r["locality"] for r in rows}) > 1
+    t = _table("Collectives per op and size (power-of-two buckets as nccl-tests steps sizes; medians within a bucket)")
+    for col in ("op", "k") + (("class",) if classes else ()) + (("run",) if runs else ()) + (
+            "size ≥", "count", "sync µs", "algbw", "busbw", "peak", "model µs", "eff", "bound"):
+        t.add_column(col, justify="left" if col in ("op", "class", "run", "bound") else "right", no_wrap=(col == "op"))
+    for r in rows:
+        bound = (r["verdict"] or "—").replace("-bound", "") + ("*" if (r["verdicts"] or 0) > 1 else "")
+        t.add_row(r["op"], str(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
+                  *((bench_label(r["bench_run"]),) if runs else ()),
+                  size_label(r["bucket_bytes"]), str(r["count"]), fmt_us(r["median_sync_time_ns"]),
+                  fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
+                  fmt_us(r["median_predicted_ns"]), fmt_num(r["median_efficiency"]), bound)
+    t.caption = ("algbw, busbw GB/s (nccl-tests rules); model, eff: the verdicts' reference (predicted / measured); "
+                 "bound: the most frequent verdict (* = the bucket holds several)")
+    _show(con, t)
+    workload, source = report["run"].get("workload"), report["run"].get("source")
+    if (workload == "sweep" or source == "nccl_tests") and report.get("peak_busbw"):
+        t = _table("Peak busbw per op" + (" and benchmark run" if runs else ""))
+        for col in ("op", "k") + (("run",) if runs else ()) + ("peak busbw GB/s", "at size", "sizes"):
+            t.add_column(col, justify="left" if col in ("op", "run") else "right")
+        for r in report["peak_busbw"]:
+            t.add_row(r["op"], str(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
+                      fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["at_size_bytes"]), str(r["size_buckets"]))
+        _show(con, t)
+
+
 def print_report(report: dict, console=None) -> None:
     """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
     from rich.console import Console
@@ -495,18 +590,21 @@ def print_report(report: dict, console=None) -> None:
     if offs:
         con.print("clock offsets applied: " + ", ".join(
             f"rank {r['rank']} {r['clock_offset_ns'] / 1e3:+,.1f} µs (± {r['clock_offset_err_ns'] / 1e3:,.1f})" for r in offs))
-    t = _table("Collectives per op (matched instances; sync = after the last rank arrived)")
-    for col in ("op", "count", "total bytes", "median size", "median sync µs", "median busbw GB/s", "total wait ms", "incomplete"):
+    t = _table("Collectives per op (matched instances; per size: the table by size below)")
+    for col in ("op", "count", "total bytes", "size buckets", "peak busbw GB/s", "at size", "total wait ms",
+                "incomplete"):
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
     for r in report["collectives"]:
         t.add_row(
-            r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), fmt_bytes(r["median_size_bytes"]),
-            fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]), fmt_ms(r["total_wait_ns"]), str(r["incomplete"]),
+            r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), str(r["size_buckets"]),
+            fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["peak_busbw_size_bytes"]), fmt_ms(r["total_wait_ns"]),
+            str(r["incomplete"]),
         )
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
         t.caption = f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here"
     _show(con, t)
+    print_by_size(report, con)
     if run.get("source") == "nccl_tests":
         con.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
     t = _table("Overlap per rank (whole trace)")
@@ -533,9 +631,10 @@ def print_report(report: dict, console=None) -> None:
             t.add_row(str(r["rank"]), str(r["times_last"]), fmt_ms(r["wait_caused_ns"]), fmt_ms(r["skew_sum_ns"]))
         _show(con, t)
     if report.get("fit"):
-        t = _table("α–β fit per op (this run's sync times; weighted by relative error; only 'ok' fits judge anything)")
-        for col in ("op", "k", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)"):
-            t.add_column(col, justify="left" if col == "op" else "right", no_wrap=(col == "op"))
+        t = _table("α–β fit per op and process group (this run's sync times; weighted by relative error; "
+                   "only a group's 'ok' fit judges anything)")
+        for col in ("op", "k", "group", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)"):
+            t.add_column(col, justify="left" if col in ("op", "group") else "right", no_wrap=(col == "op"))
         for r in report["fit"]:
             a = r["alpha_s"]
             alpha = "—" if a is None else (
@@ -543,65 +642,67 @@ def print_report(report: dict, console=None) -> None:
                 f"{fmt_num(None if r['alpha_hi_s'] is None else r['alpha_hi_s'] * 1e6)})")
             beta = "—" if r["beta_gbps"] is None else (
                 f"{r['beta_gbps']:,.2f} ({fmt_num(r['beta_lo_gbps'])}–{fmt_num(r['beta_hi_gbps']) if r['beta_hi_gbps'] is not None else '∞'})")
-            t.add_row(r["op"], str(r["group_size"]), f"{r['n_used']}/{r['n_samples']}", str(r.get("n_sizes") or 0),
-                      alpha, fmt_us(None if r["fixed_latency_s"] is None else r["fixed_latency_s"] * 1e9), beta)
+            t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), f"{r['n_used']}/{r['n_samples']}",
+                      str(r.get("n_sizes") or 0), alpha, fmt_us(None if r["fixed_latency_s"] is None else r["fixed_latency_s"] * 1e9), beta)
         _show(con, t)
         t = _table("α–β fit quality per op: the boundary it implies, its spread, its status")
-        for col in ("op", "k", "D*", "link n½", "spread (sizes)", "status"):
-            t.add_column(col, justify="left" if col in ("op", "status") else "right", no_wrap=(col == "op"))
+        for col in ("op", "k", "group", "class", "D*", "link n½", "spread (sizes)", "status"):
+            t.add_column(col, justify="left" if col in ("op", "group", "class", "status") else "right",
+                         no_wrap=(col == "op"))
         for r in report["fit"]:
             status = r["status"] + (f": {r['status_reason']}" if r.get("status_reason") else "")
-            t.add_row(r["op"], str(r["group_size"]), fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]),
+            t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), LOCALITY_SHORT.get(r["locality"], "?"),
+                      fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]),
                       f"{fmt_pct(r['residual_spread'])} ({fmt_pct(r.get('size_spread'))})", status)
         t.caption = ("D* = the collective's crossover size (α term = β term): its latency/bandwidth boundary; "
                      "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
-                     "(of the per-size medians, which is judged: ok <= 15 %)")
+                     "(of the per-size medians, which is judged: ok <= 15 %); class: the group's ranks on one "
+                     "host (intra), several (inter) or unknown; 'all <class>': that class's groups pooled")
         _show(con, t)
     if report.get("references"):
         t = _table("Reference of the verdicts (what each op was judged against)")
-        for col in ("op", "k", "instances", "reference", "note"):
-            t.add_column(col, justify="left" if col in ("op", "reference", "note") else "right")
+        for col in ("op", "k", "class", "instances", "reference", "note"):
+            t.add_column(col, justify="left" if col in ("op", "class", "reference", "note") else "right")
         for r in report["references"]:
             note = r["no_model_reason"] if r["kind"] is None else (r["note"] or "")
-            t.add_row(r["op"], str(r["group_size"]), str(r["instances"]),
+            t.add_row(r["op"], str(r["group_size"]), LOCALITY_SHORT.get(r["locality"], "?"), str(r["instances"]),
                       r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""), note or "")
         _show(con, t)
         t = _table("The references' α and β, fixed latency and boundary D*")
-        for col in ("op", "k", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)", "link n½"):
-            t.add_column(col, justify="left" if col == "op" else "right")
+        for col in ("op", "k", "reference", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)", "link n½"):
+            t.add_column(col, justify="left" if col in ("op", "reference") else "right")
         for r in report["references"]:
             if r["kind"] is None:
                 continue
-            t.add_row(r["op"], str(r["group_size"]), fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
+            short = r["kind"] if r["kind"] in ("sweep", "nccl_tests") else r["reference"]  # run ids are long
+            t.add_row(r["op"], str(r["group_size"]), short, fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
                       fmt_us(r["fixed_latency_ns"]), fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]),
                       fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
             _show(con, t)
     if report.get("verdicts"):
         t = _table("Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
-        for col in ("op", "verdict", "reference", "count", "efficiency", "vs link", "link"):
+        for col in ("op", "class", "verdict", "reference", "count", "efficiency", "vs link"):
             t.add_column(col, justify="right" if col in ("count", "efficiency", "vs link") else "left")
         for r in report["verdicts"]:
             ref = r["reference"] + (f" [{r['verdict_basis']}]" if r["verdict_basis"] else "")
-            verdict = r["verdict"] or ("no model: " + (r.get("no_model_reason") or "no reference"))
-            t.add_row(r["op"], verdict, ref, str(r["count"]), fmt_num(r["median_efficiency"]),
-                      fmt_num(r["median_efficiency_link"]), r.get("link") or "—")
-        t.caption = "efficiency: median predicted / measured sync time, against the reference; vs link: against the link"
+            verdict = r["verdict"] or ("no verdict: " + (r.get("no_model_reason") or "no reference"))
+            t.add_row(r["op"], LOCALITY_SHORT.get(r["locality"], "?"), verdict, ref, str(r["count"]),
+                      fmt_num(r["median_efficiency"]), fmt_num(r["median_efficiency_link"]))
+        links = sorted({r["link"] for r in report["verdicts"] if r.get("link")})
+        t.caption = ("efficiency: median predicted / measured sync time, against the reference; vs link: against "
+                     "the link (" + (", ".join(links) or "none") + "); class: the group's ranks on one host (intra), "
+                     "several (inter), unknown")
         _show(con, t)
-    eff = [r for r in report.get("efficiency_by_size") or [] if r.get("link")]
+    eff = [r for r in report.get("by_size") or [] if r.get("link")]
     if eff:
-        t = _table("Measured per op and size (nccl-tests-style power-of-two buckets)")
-        for col in ("op", "k", "size ≥", "count", "median sync µs", "median busbw GB/s", "peak busbw GB/s"):
-            t.add_column(col, justify="left" if col == "op" else "right")
-        for r in eff:
-            t.add_row(r["op"], str(r["group_size"]), fmt_bytes(r["bucket_bytes"]), str(r["count"]),
-                      fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]))
-        _show(con, t)
         t = _table("Efficiency against the link per op and size (predicted / measured sync time)")
-        for col in ("op", "k", "size ≥", "link", "link µs", "efficiency", "regime"):
-            t.add_column(col, justify="left" if col in ("op", "link", "regime") else "right")
+        classes = len({r["locality"] for r in eff}) > 1
+        for col in ("op", "k") + (("class",) if classes else ()) + ("size ≥", "link", "link µs", "efficiency", "regime"):
+            t.add_column(col, justify="left" if col in ("op", "class", "link", "regime") else "right")
         for r in eff:
-            t.add_row(r["op"], str(r["group_size"]), fmt_bytes(r["bucket_bytes"]), r["link"],
+            t.add_row(r["op"], str(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
+                      size_label(r["bucket_bytes"]), r["link"],
                       fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]), r["link_regime"] or "—")
         t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
                      "raises the degraded-link warning")
@@ -862,13 +963,13 @@ def print_locality(report: dict, console) -> None:
     rows = report.get("bandwidth_by_locality") or []
     if not rows:
         return
-    t = _table("Bandwidth by locality (group's ranks on one host = intra_node, on several = inter_node)")
-    for col in ("op", "locality", "instances", "total bytes", "median size", "median sync µs", "median busbw GB/s",
+    t = _table("Bandwidth by locality and size (group's ranks on one host = intra_node, on several = inter_node)")
+    for col in ("op", "locality", "size ≥", "instances", "total bytes", "median sync µs", "median busbw GB/s",
                 "max busbw GB/s"):
         t.add_column(col, justify="left" if col in ("op", "locality") else "right")
     for r in rows:
-        t.add_row(r["op"], r["locality"], str(r["instances"]), fmt_bytes(r["total_bytes"]),
-                  fmt_bytes(r["median_size_bytes"]), fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]),
+        t.add_row(r["op"], r["locality"], size_label(r["bucket_bytes"]), str(r["instances"]),
+                  fmt_bytes(r["total_bytes"]), fmt_us(r["median_sync_time_ns"]), fmt_num(r["median_busbw_gbps"]),
                   fmt_num(r["max_busbw_gbps"]))
     if all(r["locality"] == "unknown" for r in rows):
         t.caption = "hosts unknown: the traces name no host (ranks.host)"

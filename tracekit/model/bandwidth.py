@@ -17,7 +17,7 @@ import math
 from tracekit.errors import BadInputError
 from tracekit.model.ops import canonical_op
 
-__all__ = ["busbw_factor", "algbw", "busbw"]
+__all__ = ["busbw_factor", "algbw", "busbw", "size_bucket", "size_bucket_label", "SIZE_BUCKET_SQL"]
 
 _GB = 1e9
 
@@ -80,3 +80,51 @@ def busbw(op: str, size_bytes: float, seconds: float, n: float) -> float | None:
     factor = busbw_factor(op, n)
     bw = algbw(size_bytes, seconds)
     return None if bw is None else bw * factor
+
+
+# -- size buckets ------------------------------------------------------------------
+
+
+def size_bucket(size_bytes: int | None) -> int | None:
+    """The power-of-two size bucket of a message: the largest 2^k <= ``size_bytes``, in bytes.
+
+    nccl-tests steps its sizes by powers of two (``-f 2``, the default ``-b 8 -e 128M``), so a bucket
+    ``[2^k, 2^(k+1))`` holds exactly one nccl-tests size and every trace size falls in one of them;
+    per-op statistics (medians of sync time and busbw) are taken per bucket, never across sizes.
+    ``size_bucket(131072)`` → 131072, ``size_bucket(200_000)`` → 131072; 0 or a negative size → 0
+    (its own bucket); None → None. The SQL analyses use :data:`SIZE_BUCKET_SQL`, the same rule
+    (``tk_size_bucket``; tests/test_size_buckets.py checks that they agree).
+    """
+    if size_bytes is None:
+        return None
+    n = int(size_bytes)
+    return 0 if n <= 0 else 1 << (n.bit_length() - 1)
+
+
+def size_bucket_label(lo_bytes: int | None) -> str:
+    """A bucket's range with binary prefixes, hi exclusive: 131072 → ``'128 KiB–256 KiB'``; 0 → ``'0 B'``;
+    None → ``'unknown'``."""
+    if lo_bytes is None:
+        return "unknown"
+    if lo_bytes <= 0:
+        return "0 B"
+    return f"{_binary(lo_bytes)}–{_binary(2 * lo_bytes)}"
+
+
+def _binary(n: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f:
+            return f"{n / f:g} {unit}"
+    return f"{n} B"
+
+
+SIZE_BUCKET_SQL = """
+CREATE OR REPLACE TEMP MACRO tk_size_bucket(s) AS (CASE
+    WHEN s IS NULL THEN NULL
+    WHEN s <= 0 THEN 0
+    WHEN (1::HUGEINT << floor(log2(s))::BIGINT) > s THEN 1::HUGEINT << (floor(log2(s))::BIGINT - 1)
+    WHEN (1::HUGEINT << (floor(log2(s))::BIGINT + 1)) <= s THEN 1::HUGEINT << (floor(log2(s))::BIGINT + 1)
+    ELSE 1::HUGEINT << floor(log2(s))::BIGINT END)::BIGINT
+"""
+"""DuckDB macro ``tk_size_bucket(size_bytes) → BIGINT``: :func:`size_bucket` in SQL (log2 in floating
+point, corrected by one where rounding near 2^k put it on the wrong side)."""
