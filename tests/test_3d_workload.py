@@ -180,8 +180,19 @@ def test_real_3d_ddp_2x2x2(tmp_path):
     got = {(r, size): ov for r, size, ov in rows}
     for key in first:
         assert got.get(key, 0) > 0, key
-    # a fresh recording (two active steps, its own timing): every call in its own group, all matched
-    assert con.execute("SELECT count(*) FROM collectives WHERE pg_name IS NULL OR pg_name = '0'").fetchone() == (0,)
+    # a fresh recording (two active steps, its own timing): no call in the default group; a call
+    # whose group the timing leaves ambiguous (seen under heavy load: two DP buckets whose calls
+    # overlap calls of another group on every member) is left unassigned and counted in the
+    # rank's warning, never guessed; every assigned call is matched complete
+    assert con.execute("SELECT count(*) FROM collectives WHERE pg_name = '0'").fetchone() == (0,)
+    unassigned = dict(con.execute("SELECT rank, count(*) FROM collectives WHERE pg_name IS NULL GROUP BY rank").fetchall())
+    warned = {}
+    for rank, warns in con.execute("SELECT rank, warnings FROM ranks").fetchall():
+        for w in warns:
+            if "could not be put in one group unambiguously" in w:
+                warned[rank] = int(w.split()[0])
+    assert unassigned == warned
+    assert sum(unassigned.values()) <= 16  # at most 2 calls on each of the 8 ranks
     assert con.execute("SELECT count(*) FROM collective_instances WHERE NOT complete").fetchone() == (0,)
     models = dict(con.execute("SELECT DISTINCT dimension, model FROM measured_vs_model_by_dimension").fetchall())
     assert models == {"tp": "no_overlap", "pp": "pipeline", "dp": "bucket_overlap"}
