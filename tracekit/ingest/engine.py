@@ -102,10 +102,10 @@ class RayEngine:
     name = "ray"
 
     def __init__(self, address: str | None = None, workers: int | None = None):
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise BadInputError("--engine ray needs Ray, which is not installed: pip install 'tracekit[ray]'")
+        try:
+            import ray  # noqa: F401  (before any work: refuse at once when it is missing)
+        except ImportError:
+            raise BadInputError("--engine ray needs Ray, which is not installed: pip install 'tracekit[ray]'") from None
         self.address, self.workers = address, workers
         self._started = False
         self._remote = None
