@@ -2,6 +2,7 @@
 
     python benchmarks/bench_ray.py [--ranks 64 256 1024] [--workers 1 2] [--engines local ray]
                                    [--base DIR] [--workdir DIR] [--out results.json]
+    python benchmarks/bench_ray.py --per-rank FILE     # one large rank file in one Ray worker
 
 For every rank count N it writes a replica job (:func:`write_replica_job`) and, for every engine
 and worker count W, ingests it into a fresh store in its own driver process, which reports its
@@ -24,6 +25,10 @@ process group of ``pg_config`` widened to ranks 0..N-1, and every integer ``pid`
 process id, not a device index) made p + r·PID_STRIDE; timestamps are kept, so every rank shares
 the base ranks' timeline and every collective (pg, seq) is matched across all N ranks. It is
 written gzip level 1 as ``rank{r}.pt.trace.json.gz`` (about 18 kB a rank).
+
+``--per-rank FILE``: one rank file ingested inside one Ray worker (a fresh local Ray of one CPU):
+the task's wall time, its rate (JSON bytes, gunzipped, / 1e6 / s) and the worker's peak RSS (``ru_maxrss``),
+with the idle worker's beside it — the per-rank figures docs/scale.md extrapolates from.
 
 Writes nothing into the repository (replicas and stores live in a temporary directory, or
 --workdir). Numbers: benchmarks/README.md, "Ray engine".
@@ -114,6 +119,52 @@ def analyze_once(store: Path) -> dict:
     return dict(wall_s=wall, collectives=rows)
 
 
+def _ingest_in_worker(path: str, store: str) -> dict:
+    """A Ray task: ingest one rank file with the local engine inside this worker (the same two
+    per-file functions a Ray ingest runs); its wall and CPU time (the reader's second thread
+    included) and the worker's peak RSS."""
+    import resource
+
+    from tracekit.ingest import ingest_paths
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    t0, c0 = time.perf_counter(), time.process_time()
+    ingest_paths([path], store, run_id="one", jobs=1)
+    return dict(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0, worker_peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                worker_before_mib=before, file_bytes=os.path.getsize(path))
+
+
+def per_rank(path: Path, work: Path) -> dict:
+    """One large rank file ingested in a Ray worker of a fresh local Ray instance: what one task
+    costs (``wall_s``, ``MBps`` = JSON bytes / 1e6 / s, gunzipped size; ``MB_per_cpu_s`` the same per
+    CPU second, the rate on a core of its own) and holds (``worker_peak_mib``; the idle
+    worker, Ray and tracekit imported: ``worker_before_mib``)."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        store = work / "store-per-rank"
+        shutil.rmtree(store, ignore_errors=True)
+        out = ray.get(ray.remote(_ingest_in_worker).remote(str(path.resolve()), str(store.resolve())))
+    finally:
+        ray.shutdown()
+    out["json_bytes"] = _json_bytes(path)
+    out["MBps"] = out["json_bytes"] / 1e6 / out["wall_s"]
+    out["MB_per_cpu_s"] = out["json_bytes"] / 1e6 / out["cpu_s"]  # what a worker with a core of its own reads
+    return out
+
+
+def _json_bytes(path: Path) -> int:
+    """The JSON's size: the file's, or what it gunzips to."""
+    if not path.name.endswith(".gz"):
+        return path.stat().st_size
+    n = 0
+    with gzip.open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            n += len(chunk)
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
@@ -122,8 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=DEFAULT_BASE)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--per-rank", type=Path, default=None, metavar="FILE",
+                    help="only: ingest this one (large) rank file in a Ray worker; its time, rate and peak RSS")
     a = ap.parse_args(argv)
     work = a.workdir or Path(tempfile.mkdtemp(prefix="tracekit-bench-ray-"))
+    if a.per_rank:
+        print(json.dumps(per_rank(a.per_rank, work)))
+        return 0
     results: dict = dict(load_before=os.getloadavg()[0], runs=[], analyze=[])
     jobs = {}
     for n in a.ranks:
