@@ -247,3 +247,16 @@ def test_ctrl_c_cancels_the_tasks(cluster, tmp_path):
         p.kill()
         p.wait()
     assert not (tmp_path / "finished").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--address", "auto"], "tracekit: --address applies to --engine ray only"),
+    (["--engine", "dask"], "tracekit: --engine must be one of local, ray, got 'dask'"),
+])
+def test_engine_options_are_checked_before_any_work(tmp_path, capsys, args, message):
+    from tracekit.cli import main
+
+    rc = main(["ingest", str(FIXTURES / "tp_2rank"), "--store", str(tmp_path / "s"), *args])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+    assert not (tmp_path / "s").exists()
