@@ -260,3 +260,15 @@ def test_engine_options_are_checked_before_any_work(tmp_path, capsys, args, mess
     assert rc == 2
     assert capsys.readouterr().err.strip().splitlines() == [message]
     assert not (tmp_path / "s").exists()
+
+
+@needs_ray
+def test_unreachable_address_is_one_line(tmp_path):
+    # a process of its own (this one is connected to the module's cluster, which an ingest would use);
+    # nothing listens on port 1 of the loopback: refused at once, not Ray's minutes of retries
+    p = subprocess.run([sys.executable, "-m", "tracekit", "ingest", str(FIXTURES / "tp_2rank"), "--store",
+                        str(tmp_path / "s"), "--engine", "ray", "--address", "127.0.0.1:1"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["tracekit: cannot reach a Ray cluster at 127.0.0.1:1 (Connection refused)"]
+    assert not (tmp_path / "s").exists()

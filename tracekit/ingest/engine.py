@@ -94,9 +94,10 @@ class RayEngine:
     """Each task is one Ray task (``max_retries`` = :data:`RAY_MAX_RETRIES` for lost workers).
 
     ``address``: None starts a local Ray instance for this ingest (``num_cpus`` = ``workers`` when
-    given) and stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster. A process
-    already connected to Ray (``ray.init`` in a notebook) keeps its connection.
-    Raises BadInputError when Ray is not installed or the cluster cannot be joined.
+    given) and stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster (a HOST:PORT
+    that refuses a TCP connection fails at once). A process already connected to Ray (``ray.init``
+    in a notebook) keeps its connection, whatever ``address`` says.
+    Raises BadInputError when Ray is not installed or the cluster cannot be reached or joined.
     """
 
     name = "ray"
@@ -119,6 +120,8 @@ class RayEngine:
             if self.address is None:
                 kw["num_cpus"] = self.workers
             else:
+                if self.address != "auto":
+                    _check_reachable(self.address)
                 kw["address"] = self.address
             try:
                 ray.init(**kw)
@@ -154,6 +157,25 @@ class RayEngine:
             _cancel(ray, pending)
             raise
         return out
+
+
+RAY_CONNECT_TIMEOUT_S = 10.0
+"""How long ``--address HOST:PORT`` may take to accept a TCP connection (Ray itself retries for minutes)."""
+
+
+def _check_reachable(address: str) -> None:
+    """BadInputError unless ``HOST:PORT`` (a Ray head's GCS port, ``ray://`` for Ray Client) accepts a
+    TCP connection within RAY_CONNECT_TIMEOUT_S."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise BadInputError(f"--address must be auto or HOST:PORT, got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise BadInputError(f"cannot reach a Ray cluster at {address} ({exc.strerror or exc})") from None
 
 
 def _ray_result(ray, ref, name: str):
