@@ -56,7 +56,9 @@ def ingest(
     replace: bool = typer.Option(False, "--replace", help="Replace a run with the same id or the same files."),
     workload: Optional[str] = typer.Option(None, "--workload", help="Workload label (tp, ep, pp, disagg_kv, sweep, external)."),
     comm_pattern: List[str] = typer.Option([], "--comm-pattern", help="Extra communication kernels: REGEX (op unknown) or REGEX=OP, e.g. 'my_ar_kernel=all_reduce' (repeatable)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", help="Rank files read in parallel (default: cores, at most 4)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Rank files read in parallel (default: cores, at most 4); --engine ray without --address: the local Ray instance's CPUs."),
+    engine: str = typer.Option("local", "--engine", metavar="ENGINE", help="Where the per-file work runs: local (a process pool) | ray (a Ray task per file; pip install 'tracekit\\[ray]')."),
+    address: Optional[str] = typer.Option(None, "--address", metavar="ADDR", help="--engine ray: auto or HOST:PORT joins a running Ray cluster, whose workers must see the files and the store at the same paths (default: start a local Ray)."),
     align: Optional[str] = typer.Option(
         None, "--align", help="Clock alignment: none | host | collectives (default: collectives when hosts differ)."
     ),
@@ -79,6 +81,7 @@ def ingest(
         rid = ingest_paths(
             [str(p) for p in paths], st, run_id=run_id, replace=replace, workload=workload,
             comm_patterns=comm_pattern, jobs=jobs, align=align, progress=progress, op=op,
+            engine=engine, address=address,
         )
     if rid in before and not replace:  # ingest_paths found the same files (sha256) in the store
         typer.echo(f"tracekit: these files are already ingested as {rid} (use --replace to ingest them again)", err=True)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import re
 import socket
-from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
 from tracekit.errors import BadInputError, FileError
+from tracekit.ingest.engine import default_jobs, make_engine
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite", ".nsys-rep")
@@ -161,6 +161,8 @@ def ingest_paths(
     align: str | None = None,
     progress: Callable[..., None] | None = None,
     op: str | None = None,
+    engine: str = "local",
+    address: str | None = None,
 ) -> str:
     """Ingest trace files (one run; one file per rank) into ``store``; returns the run id.
 
@@ -176,6 +178,11 @@ def ingest_paths(
     ``collectives`` (default: collectives when the ranks' hosts differ, else none).
     ``progress``: see :mod:`tracekit.progress`. ``op``: the collective of nccl-tests runs whose
     log and file name do not name one (BadInputError with other inputs).
+    ``engine``: where the per-file work runs (tracekit.ingest.engine): ``local`` (a process pool of
+    ``jobs`` workers, used when ``jobs`` is given or the files exceed PARALLEL_MIN_BYTES) or
+    ``ray`` (one Ray task per file and per rank; ``address`` None: a local Ray instance of
+    ``jobs`` CPUs, ``auto`` or ``HOST:PORT``: a running cluster, whose workers must see the files
+    and the store at the same paths).
     Raises FileError / BadInputError (store unchanged) on bad input.
     """
     from tracekit.store import Store, check_run_id
@@ -213,6 +220,9 @@ def ingest_paths(
         workload = config.get("workload")
 
     patterns = list(BUILTIN_COMM_PATTERNS) + [k.pattern for k in user_kernels]
+    big = sum(f.stat().st_size for f in files) > PARALLEL_MIN_BYTES
+    runner = make_engine(engine, jobs=jobs if engine == "ray" else (jobs or default_jobs(len(files))),
+                         parallel=len(files) > 1 and (big or jobs is not None), address=address)
     with st.staging() as stg:
         raw_dir = stg.dir / "raw"
         raw_dir.mkdir()
@@ -237,59 +247,45 @@ def ingest_paths(
             build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {}, op=op)
             stg.commit(rid, replace=replace)
             return rid
-        tasks = [(str(f), str(raw_dir / f"file{i}.arrows"), patterns, d) for i, (f, d) in enumerate(zip(files, digests))]
+        where = os.path.abspath if engine == "ray" else str  # a Ray worker's cwd is not ours
+        tasks = [(where(f), where(raw_dir / f"file{i}.arrows"), patterns, d) for i, (f, d) in enumerate(zip(files, digests))]
         if progress:
             progress(f"reading {len(files)} file(s)", total=len(files))
-        njobs = jobs if jobs is not None else min(len(files), os.cpu_count() or 1, 4)
-        big = sum(f.stat().st_size for f in files) > PARALLEL_MIN_BYTES
-        if njobs > 1 and len(files) > 1 and (big or jobs is not None):
-            import multiprocessing
-            from concurrent.futures import as_completed
-
-            ctx = multiprocessing.get_context("forkserver")
-            with ProcessPoolExecutor(max_workers=njobs, mp_context=ctx) as ex:
-                futures = {ex.submit(_read_one, t): i for i, t in enumerate(tasks)}
-                per_file = [None] * len(tasks)
-                for fut in as_completed(futures):
-                    per_file[futures[fut]] = fut.result()
-                    if progress:
-                        progress(advance=1)
-        else:
-            per_file = []
-            for t in tasks:
-                per_file.append(_read_one(t))
-                if progress:
-                    progress(advance=1)
-        # one file may hold several ranks (a whole-job Nsight Systems report)
-        results = [rf for pairs in per_file for rf, _stage in pairs]
-        raw_files = [str(stage) for pairs in per_file for _rf, stage in pairs]
-        if len(results) != len(files):
-            # a file of several ranks is stored once per rank: look again for these files' run
-            existing = st.find_by_sha256([rf.sha256 for rf in results])
-            if existing is not None and not replace and (run_id is None or run_id == existing):
-                return existing
-        ranks = _assign_ranks(results)
-        rid = run_id or _default_run_id(paths, results, digests)
-        if st.has_run(rid) and not replace:
-            raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
-        from tracekit.ingest.assemble import finish_run
-
-        if progress:
-            progress("linking events and deriving collectives")
-        with user_families(user_kernels):  # their ops, for the collectives
-            finish_run(
-                stg.dir,
-                rid,
-                results,
-                ranks,
-                raw_files,
-                workload=workload,
-                config=config or {},
-                source=source or "kineto",
-                align=align,
-            )
-        stg.commit(rid, replace=replace)
+        with runner as ex:
+            per_file = ex.map(_read_one, tasks, [str(f) for f in files], progress)
+            rid, fresh = _finish_ranks(st, stg.dir, ex, paths, per_file, files, digests, run_id, replace, user_kernels,
+                                       workload=workload, config=config or {}, source=source or "kineto",
+                                       align=align, progress=progress)
+        if fresh:
+            stg.commit(rid, replace=replace)
     return rid
+
+
+def _finish_ranks(st, stage, ex, paths, per_file, files, digests, run_id, replace, user_kernels, *, progress, **kw):
+    """After the read phase: number the ranks, then the per-rank assemble phase on engine ``ex``
+    and the run's tables in ``stage`` (tracekit.ingest.assemble.finish_run). Returns (run id,
+    whether ``stage`` holds a new run to commit); (the existing run, False) when the files of a
+    multi-rank file are already in the store."""
+    # one file may hold several ranks (a whole-job Nsight Systems report)
+    results = [rf for pairs in per_file for rf, _stage in pairs]
+    raw_files = [str(stage) for pairs in per_file for _rf, stage in pairs]
+    if len(results) != len(files):
+        # a file of several ranks is stored once per rank: look again for these files' run
+        existing = st.find_by_sha256([rf.sha256 for rf in results])
+        if existing is not None and not replace and (run_id is None or run_id == existing):
+            return existing, False
+    ranks = _assign_ranks(results)
+    rid = run_id or _default_run_id(paths, results, digests)
+    if st.has_run(rid) and not replace:
+        raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
+    from tracekit.ingest.assemble import finish_run
+    from tracekit.ingest.comm_families import user_families
+
+    if progress:
+        progress("linking events and deriving collectives", total=len(results))
+    with user_families(user_kernels):  # their ops, for the collectives
+        finish_run(stage, rid, results, ranks, raw_files, engine=ex, user_kernels=user_kernels, progress=progress, **kw)
+    return rid, True
 
 
 def _collector_config(paths) -> dict | None:

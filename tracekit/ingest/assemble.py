@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,84 +42,139 @@ def _sql_str(s: str) -> str:
     return "'" + str(s).replace("'", "''") + "'"
 
 
+@dataclass
+class RankTask:
+    """One rank's second ingest phase (:func:`assemble_rank`); picklable, sent to a worker.
+
+    ``rf``: the reader's :class:`~tracekit.ingest.staging.RankFile`; ``raw``: its staging file;
+    ``out``: the events file to write; ``world_size``, ``pg_config``: from every rank's metadata;
+    ``user_kernels``: the ``--comm-pattern`` kernels (made active in the worker)."""
+
+    rf: object
+    rank: int
+    raw: str
+    out: str
+    run_id: str
+    world_size: int
+    pg_config: dict
+    user_kernels: tuple = ()
+
+
+@dataclass
+class RankResult:
+    """What :func:`assemble_rank` sends back to the driver (small: no events).
+
+    ``collectives``: the rank's COLLECTIVES_SCHEMA table (~150 B per collective), not yet shifted
+    by a clock offset; ``extent``: (first start, last end) ns of its events, (None, None) when it
+    has none; ``host``: its host name or None; ``row``: its ranks.parquet row (offsets 0)."""
+
+    rank: int
+    collectives: pa.Table
+    extent: tuple
+    host: str | None
+    row: dict
+    facts: list
+    """Per collectives row, what :func:`tracekit.ingest.pg_attribution.attribute` needs (or None)."""
+
+
+def assemble_rank(task: RankTask) -> RankResult:
+    """Phase two of one rank's ingest, in a worker or the driver (tracekit.ingest.engine): write
+    ``task.out`` (events: link pass, classes, steps; :func:`tracekit.ingest.linkpass.link_rank`)
+    from the staging file, build the rank's collectives (:func:`tracekit.ingest.attribute.build_collectives`,
+    seq via :func:`rank_collectives`) and its warnings; then delete the staging file and the
+    comm-metadata table. Memory: one rank's link pass. Errors of the staging file propagate."""
+    from tracekit.ingest.comm_families import user_families
+
+    rf, rank, raw, run_id = task.rf, task.rank, task.raw, task.run_id
+    cpu_only = not rf.has_gpu
+    with user_families(task.user_kernels):
+        lk = link_rank(raw, Path(task.out), run_id, rank, cpu_only, rf.steps,
+                       pdl=supports_pdl(rf.meta.get("deviceProperties")))
+        meta = rf.meta_rows(lk.spans)
+        rows = build_collectives(
+            run_id, rank, meta, lk.launches, world_size=task.world_size, pg_config=task.pg_config, cpu_only=cpu_only,
+            calls=lk.cpu_calls,
+        )
+        facts: list = []
+        table = rank_collectives(pg_attribution.tap(rows, facts))
+    n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
+    gpu_events, same_stream = lk.gpu_events, lk.same_stream_overlaps
+    extent = (lk.ts_lo, lk.ts_hi)
+    del meta, lk, rows
+    n_unattributed = table.column("op").null_count
+    warnings = list(dict.fromkeys(rf.warnings))
+    if rf.quarantined:
+        warnings.append(f"{rf.quarantined} event(s) quarantined in all (a missing or non-positive ts, a negative dur, "
+                        "or a reason warned above)")
+    if n_clipped:
+        warnings.append(
+            f"{n_clipped} GPU event(s) overlapped the next on their stream by more than {CLIP_TOLERANCE_NS} ns "
+            f"and were clipped to its start (largest cut {max_clip / 1e3:.3f} µs; a clock defect: the device is not "
+            "known to run programmatic dependent launch, sm_90+)"
+        )
+    if n_skew:
+        warnings.append(
+            f"{n_skew} GPU event(s) start before their own launch call (largest skew {max_skew / 1e3:.3f} µs): "
+            "CPU and GPU clocks disagree"
+        )
+    if rf.events == 0:
+        warnings.append("metadata only: the file holds no complete events")
+    if n_unattributed:
+        warnings.append(
+            f"{n_unattributed} communication span(s) unattributed (no collective metadata anywhere)"
+        )
+    if not table.num_rows and rf.events:
+        warnings.append("no communication in this rank's trace")
+    di = rf.meta.get("distributedInfo") if isinstance(rf.meta.get("distributedInfo"), dict) else {}
+    host = str(rf.meta.get("host_name") or di.get("host") or "") or None
+    row = dict(
+        run_id=run_id,
+        rank=rank,
+        host=host,
+        source_path=str(Path(rf.path).resolve()),
+        source_sha256=rf.sha256,
+        clock_offset_ns=0,
+        clock_offset_err_ns=0,
+        events=rf.events,
+        events_quarantined=rf.quarantined,
+        warnings=warnings,
+        gpu_events=gpu_events,
+        same_stream_overlaps=same_stream,
+    )
+    Path(raw).unlink(missing_ok=True)
+    rf.remove_meta()
+    return RankResult(rank, table, extent, host, row, facts)
+
+
 def finish_run(
-    stage: Path, run_id, results, ranks, raw_files, *, workload, config, source, align: str | None = None
+    stage: Path, run_id, results, ranks, raw_files, *, workload, config, source, align: str | None = None,
+    engine=None, user_kernels=(), progress=None,
 ) -> None:
     """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet into ``stage``.
 
     ``align``: ``none`` | ``host`` | ``collectives`` (default: collectives when the
     ranks' hosts differ, else none); see :func:`tracekit.ingest.clocks.estimate_offsets`.
+    ``engine``: runs :func:`assemble_rank` per rank (tracekit.ingest.engine; default: in this
+    process); ``user_kernels``: the ``--comm-pattern`` kernels; ``progress``: advanced per rank.
     """
     from tracekit.ingest.clocks import choose_alignment, estimate_offsets
+    from tracekit.ingest.engine import LocalEngine
 
     world_size = _world_size(results, ranks)
     pg_config = _pg_config(results)
     (stage / "events").mkdir()
-    facts: dict = {}  # rank → per collectives row, what pg_attribution needs
-    tables: list = []  # per rank: (rank, its collectives table); memory linear in the run's collectives
-    rank_rows = []
-    hosts = {}
-    extent = {}
-    for rf, rank, raw in sorted(zip(results, ranks, raw_files), key=lambda t: t[1]):
-        cpu_only = not rf.has_gpu
-        out = stage / "events" / f"rank={rank}.parquet"
-        lk = link_rank(raw, out, run_id, rank, cpu_only, rf.steps, pdl=supports_pdl(rf.meta.get("deviceProperties")))
-        n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
-        gpu_events, same_stream = lk.gpu_events, lk.same_stream_overlaps
-        extent[rank] = (lk.ts_lo, lk.ts_hi)
-        meta = rf.meta_rows(lk.spans)
-        rows = build_collectives(
-            run_id, rank, meta, lk.launches, world_size=world_size, pg_config=pg_config, cpu_only=cpu_only,
-            calls=lk.cpu_calls,
-        )
-        table = rank_collectives(pg_attribution.tap(rows, facts.setdefault(rank, [])))
-        del meta, lk, rows
-        tables.append((rank, table))
-        n_unattributed = table.column("op").null_count
-        warnings = list(dict.fromkeys(rf.warnings))
-        if rf.quarantined:
-            warnings.append(f"{rf.quarantined} event(s) quarantined in all (a missing or non-positive ts, a negative dur, "
-                            "or a reason warned above)")
-        if n_clipped:
-            warnings.append(
-                f"{n_clipped} GPU event(s) overlapped the next on their stream by more than {CLIP_TOLERANCE_NS} ns "
-                f"and were clipped to its start (largest cut {max_clip / 1e3:.3f} µs; a clock defect: the device is not "
-                "known to run programmatic dependent launch, sm_90+)"
-            )
-        if n_skew:
-            warnings.append(
-                f"{n_skew} GPU event(s) start before their own launch call (largest skew {max_skew / 1e3:.3f} µs): "
-                "CPU and GPU clocks disagree"
-            )
-        if rf.events == 0:
-            warnings.append("metadata only: the file holds no complete events")
-        if n_unattributed:
-            warnings.append(
-                f"{n_unattributed} communication span(s) unattributed (no collective metadata anywhere)"
-            )
-        if not table.num_rows and rf.events:
-            warnings.append("no communication in this rank's trace")
-        di = rf.meta.get("distributedInfo") if isinstance(rf.meta.get("distributedInfo"), dict) else {}
-        host = str(rf.meta.get("host_name") or di.get("host") or "") or None
-        hosts[rank] = host
-        rank_rows.append(
-            dict(
-                run_id=run_id,
-                rank=rank,
-                host=host,
-                source_path=str(Path(rf.path).resolve()),
-                source_sha256=rf.sha256,
-                clock_offset_ns=0,
-                clock_offset_err_ns=0,
-                events=rf.events,
-                events_quarantined=rf.quarantined,
-                warnings=warnings,
-                gpu_events=gpu_events,
-                same_stream_overlaps=same_stream,
-            )
-        )
-        Path(raw).unlink(missing_ok=True)
-        rf.remove_meta()
+    order = sorted(zip(results, ranks, raw_files), key=lambda t: t[1])
+    tasks = [RankTask(rf, rank, str(Path(raw).resolve()), str((stage / "events" / f"rank={rank}.parquet").resolve()),
+                      run_id, world_size, pg_config, tuple(user_kernels)) for rf, rank, raw in order]
+    names = [str(rf.path) for rf, _, _ in order]
+    done = (engine or LocalEngine(1, False)).map(assemble_rank, tasks, names, progress)
+    # per rank: (rank, its collectives table); memory linear in the run's collectives
+    tables = [(d.rank, d.collectives) for d in done]
+    rank_rows = [d.row for d in done]
+    hosts = {d.rank: d.host for d in done}
+    extent = {d.rank: d.extent for d in done}
+    facts = {d.rank: d.facts for d in done}  # rank → per collectives row, what pg_attribution needs
+    del done
     mode = choose_alignment(align, hosts)
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
         _check_one_timeline(extent, results, ranks)

@@ -1,0 +1,274 @@
+"""`tracekit ingest --engine ray` on a real local Ray cluster (issue 21, items 1 and 5).
+
+One cluster for the module (``ray.cluster_utils.Cluster``): a head node and a second node, one CPU
+each (two raylets, two object stores of 100 MB, a worker process per CPU), so tasks run two at a
+time in worker processes of two nodes. The Ray engine must give the stores the local engine gives, row for row
+(benchmarks/compare_checkouts.py's comparison: every table, EXCEPT ALL both ways, without
+created_at and source_path), on the 8-rank DLRM set and on a 64-rank replica job
+(benchmarks/bench_ray.py's write_replica_job: tp_2rank's two ranks copied 32 times each); a
+truncated rank file fails naming the file and leaves the store byte for byte as it was; a task
+whose worker dies is rerun, one that raises BadInputError is not. Skips when Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.conftest import FIXTURES, REPO, shared_trace, store_snapshot
+from tracekit.errors import FileError
+from tracekit.ingest import ingest_paths
+from tracekit.store import Store
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install 'tracekit[ray]')")
+MB = 100 * 2**20
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+compare = _load("compare_checkouts")
+replica = _load("bench_ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not HAVE_RAY:
+        pytest.skip("Ray is not installed (pip install 'tracekit[ray]')")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, object_store_memory=MB))
+    try:
+        c.add_node(num_cpus=1, object_store_memory=MB)
+        c.wait_for_nodes()
+        ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the tasks below, in the workers
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _same_stores(tmp_path, src) -> Store:
+    """Ingest ``src`` with each engine; assert the stores are equal; return the Ray one."""
+    local, remote = Store(tmp_path / "local"), Store(tmp_path / "ray")
+    ingest_paths([src], local, run_id="r")
+    ingest_paths([src], remote, run_id="r", engine="ray")
+    assert compare.compare_stores(local.path, remote.path) == []
+    return remote
+
+
+def _count(store: Store, table: str) -> int:
+    return duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{store.run_dir('r')}/{table}')").fetchone()[0]
+
+
+@needs_ray
+def test_cluster_has_two_nodes_of_one_cpu(cluster):
+    import ray
+
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    assert sorted(n["Resources"].get("CPU", 0) for n in alive) == [1, 1]
+
+
+@needs_ray
+def test_dlrm_8_ranks_ray_equals_local(cluster, tmp_path):
+    st = _same_stores(tmp_path, shared_trace("param_dlrm_8rank_v100"))
+    assert _count(st, "ranks.parquet") == 8
+    assert _count(st, "collectives.parquet") > 0
+    assert len(list((st.run_dir("r") / "events").iterdir())) == 8
+
+
+@needs_ray
+def test_synthetic_64_ranks_ray_equals_local(cluster, tmp_path):
+    job = tmp_path / "job"
+    replica.write_replica_job(FIXTURES / "tp_2rank", 64, job)
+    st = _same_stores(tmp_path, job)
+    # fixtures/tp_2rank/NOTE.md: 8 all-reduces of 131,072 B per rank, all matched across the 64 ranks
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT count(*), count(DISTINCT rank), min(size_bytes), max(size_bytes), count(DISTINCT seq) "
+                       f"FROM read_parquet('{st.run_dir('r')}/collectives.parquet') WHERE op = 'all_reduce'").fetchone()
+    assert rows == (512, 64, 131072, 131072, 8)
+
+
+@needs_ray
+def test_comm_pattern_reaches_the_workers(cluster, tmp_path):
+    # tests/test_comm_families.py: foo_kernel=all_gather makes the file's one kernel an all_gather
+    st = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "handmade" / "comm_families" / "user_kernel.json"], st, run_id="r", engine="ray",
+                 comm_patterns=["foo_kernel=all_gather"])
+    con = duckdb.connect()
+    assert con.execute(f"SELECT op, meta_source FROM read_parquet('{st.run_dir('r')}/collectives.parquet')"
+                       ).fetchall() == [("all_gather", "name_only")]
+
+
+def _truncate(f: Path) -> None:
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+
+
+@needs_ray
+def test_truncated_rank_file_names_it_and_leaves_the_store(cluster, tmp_path, capsys):
+    from tracekit.cli import main
+
+    st = Store(tmp_path / "store")
+    ingest_paths([FIXTURES / "tp_2rank"], st, run_id="old")
+    before = store_snapshot(st.path)
+    job = tmp_path / "job"
+    replica.write_replica_job(FIXTURES / "tp_2rank", 4, job)
+    bad = job / "rank2.pt.trace.json.gz"
+    _truncate(bad)
+    capsys.readouterr()
+    rc = main(["ingest", str(job), "--store", str(st.path), "--run-id", "new", "--engine", "ray",
+               "--address", cluster.address])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(lines) == 1 and lines[0].startswith(f"tracekit: {bad}: truncated gzip stream"), lines
+    assert store_snapshot(st.path) == before
+
+
+_ATTEMPTS = "attempts"
+
+
+def _die_first_time(folder: str) -> int:
+    """A task whose worker process dies (os._exit) on its first attempt."""
+    log = Path(folder) / _ATTEMPTS
+    with open(log, "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    if len(log.read_text().split()) == 1:
+        os._exit(1)
+    return 7
+
+
+def _bad_file(folder: str) -> int:
+    with open(Path(folder) / _ATTEMPTS, "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    raise FileError(Path(folder) / "rank3.json", "truncated gzip stream (file incomplete?)")
+
+
+@needs_ray
+def test_lost_worker_is_retried_bad_input_is_not(cluster, tmp_path):
+    from tracekit.ingest.engine import RayEngine
+
+    lost, bad = tmp_path / "lost", tmp_path / "bad"
+    lost.mkdir(), bad.mkdir()
+    with RayEngine(cluster.address) as eng:
+        assert eng.map(_die_first_time, [str(lost)], ["lost.json"]) == [7]
+        with pytest.raises(FileError, match=r"rank3\.json: truncated gzip stream"):
+            eng.map(_bad_file, [str(bad)], ["rank3.json"])
+    died, rerun = (lost / _ATTEMPTS).read_text().split()
+    assert died != rerun  # a new worker process ran it again
+    assert len((bad / _ATTEMPTS).read_text().split()) == 1
+
+
+def test_engine_ray_without_ray_says_how_to_install(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["ray"] = None  # as if Ray were not installed
+        sys.argv = ["tracekit", "ingest", {str(FIXTURES / 'tp_2rank')!r}, "--store", {str(tmp_path / 's')!r},
+                    "--engine", "ray"]
+        from tracekit.cli import entry
+        entry()
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["tracekit: --engine ray needs Ray, which is not installed: "
+                                            "pip install 'tracekit[ray]'"]
+    assert not (tmp_path / "s").exists()
+
+
+_BLOCKING_DRIVER = """
+import os, sys, time
+from pathlib import Path
+from tracekit.ingest.engine import RayEngine
+
+def block(folder):
+    Path(folder, f"started-{os.getpid()}").write_text("")
+    time.sleep(600)
+    Path(folder, "finished").write_text("")
+
+try:
+    with RayEngine(sys.argv[1]) as eng:  # joins the cluster: leaving the block keeps the connection
+        eng.map(block, [sys.argv[2]] * 2, ["a.json", "b.json"])
+except KeyboardInterrupt:
+    Path(sys.argv[2], "interrupted").write_text("")
+    time.sleep(600)  # the driver (the tasks' owner) stays: only ray.cancel can have stopped them
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
+def _poll(cond, limit_s: float) -> bool:
+    import time
+
+    end = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@needs_ray
+def test_ctrl_c_cancels_the_tasks(cluster, tmp_path):
+    import signal
+
+    script = tmp_path / "driver.py"
+    script.write_text(_BLOCKING_DRIVER)
+    p = subprocess.Popen([sys.executable, str(script), cluster.address, str(tmp_path)], stderr=subprocess.DEVNULL)
+    try:
+        assert _poll(lambda: len(list(tmp_path.glob("started-*"))) == 2, 60), "the two tasks never started"
+        p.send_signal(signal.SIGINT)
+        assert _poll(lambda: (tmp_path / "interrupted").exists(), 60), "the driver did not see the interrupt"
+        # the engine waits for the cancelled tasks before it raises: their workers are gone already
+        pids = [int(f.name.split("-")[1]) for f in tmp_path.glob("started-*")]
+        assert all(_gone(pid) for pid in pids), "a cancelled task's worker still runs"
+        assert p.poll() is None  # the driver still holds its connection
+    finally:
+        p.kill()
+        p.wait()
+    assert not (tmp_path / "finished").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--address", "auto"], "tracekit: --address applies to --engine ray only"),
+    (["--engine", "dask"], "tracekit: --engine must be one of local, ray, got 'dask'"),
+])
+def test_engine_options_are_checked_before_any_work(tmp_path, capsys, args, message):
+    from tracekit.cli import main
+
+    rc = main(["ingest", str(FIXTURES / "tp_2rank"), "--store", str(tmp_path / "s"), *args])
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+    assert not (tmp_path / "s").exists()
+
+
+@needs_ray
+def test_unreachable_address_is_one_line(tmp_path):
+    # a process of its own (this one is connected to the module's cluster, which an ingest would use);
+    # nothing listens on port 1 of the loopback: refused at once, not Ray's minutes of retries
+    p = subprocess.run([sys.executable, "-m", "tracekit", "ingest", str(FIXTURES / "tp_2rank"), "--store",
+                        str(tmp_path / "s"), "--engine", "ray", "--address", "127.0.0.1:1"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["tracekit: cannot reach a Ray cluster at 127.0.0.1:1 (Connection refused)"]
+    assert not (tmp_path / "s").exists()

@@ -1,0 +1,222 @@
+"""Where an ingest's per-file work runs: this machine's process pool, or a Ray cluster.
+
+An ingest has two per-file phases, each a module-level function of one picklable task run once
+per task by an engine (both engines run the same functions):
+
+1. read: :func:`tracekit.ingest._read_one` — one trace file → its staging file(s) and a
+   :class:`~tracekit.ingest.staging.RankFile` (metadata, steps, warnings);
+2. assemble: :func:`tracekit.ingest.assemble.assemble_rank` — one rank's staging file → its
+   events file (link pass, classes, steps) and its collectives table (attribution, seq).
+
+Between the phases the driver numbers the ranks and takes the world size and process groups from
+every file's metadata (they need all ranks); after the second it estimates clock offsets and
+writes the run's small tables, then commits the run (``tracekit.store.Staging``). The tasks read
+and write files only under the paths they are given: with Ray, the rank files and the store must be
+on a filesystem every worker mounts at the same path (docs/scale.md).
+
+An engine is a context manager with ``map(fn, tasks, names, progress)``: the results in task order.
+The first failing task's TracekitError is raised as is (its message names the file); any other
+failure of a task becomes a TracekitError naming ``names[i]``. When a task fails, or on Ctrl-C,
+the tasks not yet done are cancelled before the error propagates, so nothing writes into the
+staging directory once it is removed (the store stays unchanged).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+from tracekit.errors import BadInputError, TracekitError
+
+ENGINES = ("local", "ray")
+
+RAY_MAX_RETRIES = 3
+"""Times Ray reruns a task whose worker process or node died (``max_retries``). Exceptions a task
+raises are not retried (``retry_exceptions=False``): a bad file is as bad the second time."""
+
+RAY_CANCEL_WAIT_S = 10.0
+"""After a failure or Ctrl-C: how long the driver waits for cancelled tasks to stop."""
+
+
+class LocalEngine:
+    """Today's engine: a forkserver process pool of ``jobs`` workers when ``parallel``, else the
+    calling process itself (one pool for both phases of an ingest)."""
+
+    name = "local"
+
+    def __init__(self, jobs: int, parallel: bool):
+        self.jobs, self.parallel = jobs, parallel
+        self._pool = None
+
+    def __enter__(self) -> "LocalEngine":
+        if self.parallel and self.jobs > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("forkserver"))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def map(self, fn: Callable, tasks: Sequence, names: Sequence[str], progress=None) -> list:
+        if self._pool is None or len(tasks) < 2:
+            out = []
+            for t in tasks:
+                out.append(fn(t))
+                if progress:
+                    progress(advance=1)
+            return out
+        from concurrent.futures import as_completed
+
+        futures = {self._pool.submit(fn, t): i for i, t in enumerate(tasks)}
+        out = [None] * len(tasks)
+        try:
+            for fut in as_completed(futures):
+                out[futures[fut]] = fut.result()
+                if progress:
+                    progress(advance=1)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        return out
+
+
+def _ray_call(fn: Callable, task):
+    """The Ray task: ``fn(task)`` in a worker process."""
+    return fn(task)
+
+
+class RayEngine:
+    """Each task is one Ray task (``max_retries`` = :data:`RAY_MAX_RETRIES` for lost workers).
+
+    ``address``: None starts a local Ray instance for this ingest (``num_cpus`` = ``workers`` when
+    given) and stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster (a HOST:PORT
+    that refuses a TCP connection fails at once). A process already connected to Ray (``ray.init``
+    in a notebook) keeps its connection, whatever ``address`` says.
+    Raises BadInputError when Ray is not installed or the cluster cannot be reached or joined.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, workers: int | None = None):
+        try:
+            import ray  # noqa: F401  (before any work: refuse at once when it is missing)
+        except ImportError:
+            raise BadInputError("--engine ray needs Ray, which is not installed: pip install 'tracekit[ray]'") from None
+        self.address, self.workers = address, workers
+        self._started = False
+        self._remote = None
+
+    def __enter__(self) -> "RayEngine":
+        import ray
+
+        if not ray.is_initialized():
+            kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                      configure_logging=True)
+            if self.address is None:
+                kw["num_cpus"] = self.workers
+            else:
+                if self.address != "auto":
+                    _check_reachable(self.address)
+                kw["address"] = self.address
+            try:
+                ray.init(**kw)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                where = "a local Ray instance" if self.address is None else f"Ray cluster at {self.address!r}"
+                raise BadInputError(f"cannot start or join {where}: {' '.join(str(exc).split())[:300]}") from None
+            self._started = True
+        self._remote = ray.remote(_ray_call).options(max_retries=RAY_MAX_RETRIES, retry_exceptions=False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._started:
+            import ray
+
+            ray.shutdown()
+            self._started = False
+
+    def map(self, fn: Callable, tasks: Sequence, names: Sequence[str], progress=None) -> list:
+        import ray
+
+        refs = [self._remote.remote(fn, t) for t in tasks]
+        index = {r: i for i, r in enumerate(refs)}
+        out = [None] * len(tasks)
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    out[index[ref]] = _ray_result(ray, ref, names[index[ref]])
+                    if progress:
+                        progress(advance=1)
+        except BaseException:
+            _cancel(ray, pending)
+            raise
+        return out
+
+
+RAY_CONNECT_TIMEOUT_S = 10.0
+"""How long ``--address HOST:PORT`` may take to accept a TCP connection (Ray itself retries for minutes)."""
+
+
+def _check_reachable(address: str) -> None:
+    """BadInputError unless ``HOST:PORT`` (a Ray head's GCS port, ``ray://`` for Ray Client) accepts a
+    TCP connection within RAY_CONNECT_TIMEOUT_S."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise BadInputError(f"--address must be auto or HOST:PORT, got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise BadInputError(f"cannot reach a Ray cluster at {address} ({exc.strerror or exc})") from None
+
+
+def _ray_result(ray, ref, name: str):
+    """``ray.get(ref)``: a task's own TracekitError comes out as it was raised; Ray's failures
+    (a worker lost more than RAY_MAX_RETRIES times, a node gone) as one line naming the file."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else None
+        if isinstance(cause, TracekitError):
+            raise cause from None
+        raise TracekitError(f"{name}: the Ray task failed: {type(cause or exc).__name__}: {cause or exc}") from None
+    except ray.exceptions.RayError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise TracekitError(f"{name}: the Ray task was lost ({type(exc).__name__}; {first[:200]})") from None
+
+
+def _cancel(ray, refs) -> None:
+    """Cancel ``refs`` (their workers killed) and wait for them to stop."""
+    for r in refs:
+        try:
+            ray.cancel(r, force=True)
+        except Exception:  # a task already finished or never scheduled
+            pass
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=RAY_CANCEL_WAIT_S)
+
+
+def make_engine(engine: str, *, jobs: int | None, parallel: bool, address: str | None = None):
+    """The engine called ``engine`` (``local`` | ``ray``). ``jobs``: the local pool's size, or the
+    local Ray instance's CPUs; ``parallel``: whether the local engine uses its pool at all.
+    Raises BadInputError for another name, or ``address`` with the local engine."""
+    if engine == "local":
+        if address is not None:
+            raise BadInputError("--address applies to --engine ray only")
+        return LocalEngine(jobs or 1, parallel)
+    if engine == "ray":
+        return RayEngine(address, jobs)
+    raise BadInputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+
+
+def default_jobs(n_files: int) -> int:
+    """The local pool's default size: the files, the cores, at most 4."""
+    return min(n_files, os.cpu_count() or 1, 4)
