@@ -37,8 +37,9 @@ PIPELINE = (
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
     "measured_vs_model",     # Python
-    "gpu_time_breakdown",    # SQL: GPU time by class and idle class, per rank and step (reads events only)
-    "kernel_summary",        # SQL: kernel_summary, gpu_launchers, gpu_time_by_launcher
+    "gpu_time_breakdown",    # Python: GPU time by class and idle class, per rank and step (reads events only)
+    "gpu_launchers",         # Python: the CPU op / record_function range that launched each GPU op
+    "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads gpu_launchers)
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (reads collective_bandwidth)
     "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
