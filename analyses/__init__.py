@@ -37,8 +37,7 @@ PIPELINE = (
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
     "measured_vs_model",     # Python
-    "gpu_time_breakdown",    # Python: GPU time by class and idle class, per rank and step (reads events only)
-    "gpu_launchers",         # Python: the CPU op / record_function range that launched each GPU op
+    "gpu_time_breakdown",    # Python: GPU time by class and idle class per rank and step, gpu_launchers
     "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads gpu_launchers)
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (reads collective_bandwidth)

@@ -1,5 +1,6 @@
 """gpu_time_breakdown: where each rank's GPU time goes, per whole trace and per profiler step, as
-parts that sum exactly to the window — a Python analysis.
+parts that sum exactly to the window, and which CPU op / record_function range launched each GPU
+op — a Python analysis.
 
 Reads: events
 
@@ -35,10 +36,20 @@ streams rather than per stream: a gap [s, e) is
   other       otherwise (waiting on another stream, an event, a sync, or work without a launch link).
 A run without GPU tracks (CPU-only gloo traces) has no rows.
 
-How: per (run, rank), the GPU work is fetched once from DuckDB (start, end, class, step and the
-launch call's start, a few columns per GPU op) and swept in numpy (:func:`sweep`): the boundaries
-of every window sorted once, running class counters as cumulative sums, the segments' lengths summed
-per window and label. Memory grows with one rank's GPU ops, not with the other events.
+Launchers (gpu_launchers): GPU ops = events on GPU tracks (track_kind = 'gpu_stream': kernels,
+memcpy, memset, sync), one row each, whatever their duration. Their launch call is
+events.launch_event_id (the runtime call); the launchers are the innermost cpu_op and the innermost
+user_annotation other than ProfilerStep#N (record_function) that enclose that call on the launch's
+thread (same track; ranges of positive length), each kind on its own, found by
+tracekit.intervals.innermost_enclosing (binary searches over the thread's ranges sorted once; a
+range that does not nest properly gives NULL, never a wrong op).
+
+How: per (run, rank), two reads of the events — the GPU ops with their launch call (a join in
+DuckDB) and the CPU threads' ranges grouped by thread — then numpy: the windows swept (:func:`sweep`:
+the boundaries of every window sorted once, running class counters as cumulative sums, the
+segments' lengths summed per window and label) and the launchers searched per thread; their names
+are joined back in DuckDB. Memory grows with one rank's GPU ops and CPU ranges (a few tens of bytes
+each), not with the whole store.
 
 gpu_idle_gaps: one row per idle gap of a window (a table).
 
@@ -50,6 +61,17 @@ e           BIGINT   gap end (start of the GPU work after it), ns
 idle_ns     BIGINT   e − s, ns
 launch_ts_ns BIGINT  earliest CPU launch (runtime call start) of the spans starting at e, ns; NULL when none is linked
 idle_class  VARCHAR  host_wait / kernel_wait / other (header above)
+
+gpu_launchers: one row per GPU op (a table).
+
+run_id          VARCHAR  run
+rank            INTEGER  global rank
+event_id        BIGINT   the GPU op (events.event_id)
+launch_event_id BIGINT   its runtime launch call; NULL when not linked
+cpu_op_id       BIGINT   innermost cpu_op enclosing the launch (events.event_id); NULL when none
+cpu_op          VARCHAR  its name
+annotation_id   BIGINT   innermost user_annotation (record_function) enclosing the launch; NULL when none
+annotation      VARCHAR  its name
 
 gpu_time_breakdown: one row per rank and window; the seven parts before idle_host_wait_ns sum to
 window_ns, and the three idle classes sum to idle_ns.
@@ -89,15 +111,42 @@ KERNEL_WAIT_NS = 30
 _CLASSES = ("compute", "comm", "memory", "sync")  # counter k; every other non-NULL class → counter 4
 _NONE = np.iinfo(np.int64).max  # "no launch linked" inside the sweep
 
-_WORK = """
-SELECT e.ts_ns AS s, e.ts_ns + e.dur_ns AS e,
-       CASE e.class WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 WHEN 'memory' THEN 2 WHEN 'sync' THEN 3
-                    ELSE CASE WHEN e.class IS NULL THEN 5 ELSE 4 END END::TINYINT AS k,
-       e.step, l.ts_ns AS launch_ts_ns
-FROM (SELECT * FROM events WHERE run_id = $1 AND rank = $2 AND track_kind = 'gpu_stream' AND dur_ns > 0) e
-LEFT JOIN (SELECT event_id, ts_ns FROM events WHERE run_id = $1 AND rank = $2) l
-       ON l.event_id = e.launch_event_id
+_OPS = """
+SELECT g.event_id, g.ts_ns AS s, g.dur_ns,
+       CASE g.class WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 WHEN 'memory' THEN 2 WHEN 'sync' THEN 3
+                    ELSE CASE WHEN g.class IS NULL THEN 5 ELSE 4 END END::TINYINT AS k,
+       g.step, g.launch_event_id, l.track AS l_track, l.ts_ns AS l_s, l.ts_ns + l.dur_ns AS l_e
+FROM (SELECT * FROM events WHERE run_id = $1 AND rank = $2 AND track_kind = 'gpu_stream') g
+LEFT JOIN (SELECT event_id, track, ts_ns, dur_ns FROM events WHERE run_id = $1 AND rank = $2) l
+       ON l.event_id = g.launch_event_id
+ORDER BY g.step NULLS FIRST
 """
+"""One rank's GPU ops with their launch call (track, start, end), ordered by step (so that the step
+windows come grouped)."""
+
+_RANGES = """
+SELECT (category = 'user_annotation')::TINYINT AS kind, track, ts_ns AS s, ts_ns + dur_ns AS e, event_id
+FROM events
+WHERE run_id = $1 AND rank = $2 AND track_kind = 'cpu_thread' AND dur_ns > 0 AND ts_ns IS NOT NULL
+  AND (category = 'cpu_op' OR (category = 'user_annotation' AND name NOT LIKE 'ProfilerStep#%'))
+ORDER BY kind, track
+"""
+"""One rank's candidate launchers (kind 0 = cpu_op, 1 = annotation), grouped by (kind, track)."""
+
+_NAMED = """
+SELECT a.event_id, a.launch_event_id, a.cpu_op_id, c.name AS cpu_op, a.annotation_id, u.name AS annotation
+FROM _gpu_rank_part a
+LEFT JOIN (SELECT event_id, name FROM events WHERE run_id = $1 AND rank = $2 AND category = 'cpu_op') c
+       ON c.event_id = a.cpu_op_id
+LEFT JOIN (SELECT event_id, name FROM events WHERE run_id = $1 AND rank = $2 AND category = 'user_annotation') u
+       ON u.event_id = a.annotation_id
+"""
+"""gpu_launchers' columns after (run_id, rank) from the ids found (_gpu_rank_part)."""
+
+
+CHUNK_SPANS = 1 << 18
+"""Spans swept at once: windows are taken together up to this many spans (a larger one alone), so
+the sweep's arrays (~30 B per span boundary) stay small beside the rank's own columns."""
 
 
 def sweep(grp: np.ndarray, s: np.ndarray, e: np.ndarray, k: np.ndarray, launch: np.ndarray):
@@ -108,102 +157,193 @@ def sweep(grp: np.ndarray, s: np.ndarray, e: np.ndarray, k: np.ndarray, launch: 
     Returns (windows, parts, gaps): ``windows`` = (grp, start, end) int64 arrays, one entry per
     window ascending; ``parts`` an int64 array (windows × LABELS) of labelled lengths (ns);
     ``gaps`` = (window index, s, e, launch, idle class code) arrays, one entry per idle gap in
-    (window, s) order.
+    (window, s) order. Raises ValueError when the rank's spans cover 2^53 ns (104 days) or more.
     """
+    if (grp[1:] < grp[:-1]).any():
+        order = np.argsort(grp, kind="stable")
+        grp, s, e, k, launch = (x[order] for x in (grp, s, e, k, launch))
+    wfirst = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
+    wgrp = grp[wfirst]
+    bounds = np.r_[wfirst, len(grp)].tolist()
+    tmin = int(s.min())
+    span = int(e.max()) - tmin + 1
+    if span >= 2**53:
+        raise ValueError(f"GPU work spans {span} ns, too long to sweep")
+    per_key = 2**58 // span  # windows whose (window, time) keys fit one int64 beside 4 bits of code
+    outs, a = [], 0
+    while a < len(wgrp):
+        z = a + 1
+        while z < len(wgrp) and z - a < per_key and bounds[z + 1] - bounds[a] <= CHUNK_SPANS:
+            z += 1
+        lo, hi = bounds[a], bounds[z]
+        wid = np.searchsorted(wfirst[a:z], np.arange(lo, hi), side="right") - 1
+        lz = launch[lo:hi]
+        lz = np.where(lz == _NONE, _NONE, lz - tmin)
+        w, parts, g = _sweep_chunk(wid, s[lo:hi] - tmin, e[lo:hi] - tmin, k[lo:hi], lz, span)
+        outs.append(((w[0] + tmin, w[1] + tmin), parts, (g[0] + a, g[1] + tmin, g[2] + tmin,
+                                                         np.where(g[3] == _NONE, _NONE, g[3] + tmin), g[4])))
+        a = z
+    start = np.concatenate([o[0][0] for o in outs])
+    end = np.concatenate([o[0][1] for o in outs])
+    parts = np.concatenate([o[1] for o in outs])
+    gaps = tuple(np.concatenate([o[2][j] for o in outs]) for j in range(5))
+    return (wgrp, start, end), parts, gaps
+
+
+def _sweep_chunk(wid, s, e, k, launch, span):
+    """:func:`sweep` over windows 0..W−1 (``wid`` per span, non-decreasing), times in [0, span)
+    (``launch`` on the same origin, _NONE when not linked).
+    Returns ((start, end), parts, (window, s, e, launch, class)) as :func:`sweep`."""
     n = len(s)
-    order = np.lexsort((np.concatenate((s, e)), np.concatenate((grp, grp))))
-    t = np.concatenate((s, e))[order]
-    g = np.concatenate((grp, grp))[order]
-    is_start = order < n
-    kk = np.concatenate((k, k))[order]
-    # one boundary per distinct (window, t); the counters after it = cumulative deltas up to its last point
-    head = np.ones(len(t), dtype=bool)
-    head[1:] = (t[1:] != t[:-1]) | (g[1:] != g[:-1])
+    base = wid * span
+    # one int64 per boundary: (window, time) above 4 bits of code (class × 2 + is_end)
+    pts = np.empty(2 * n, dtype=np.int64)
+    pts[:n] = ((base + s) << 4) | (k.astype(np.int64) * 2)
+    pts[n:] = ((base + e) << 4) | (k.astype(np.int64) * 2 + 1)
+    pts.sort()
+    low = (pts & 15).astype(np.int8)
+    tk = pts >> 4
+    del pts
+    head = np.ones(2 * n, dtype=bool)
+    np.not_equal(tk[1:], tk[:-1], out=head[1:])
     hi = np.flatnonzero(head)
-    last = np.r_[hi[1:], len(t)] - 1
-    delta = np.where(is_start, 1, -1).astype(np.int32)
-    open_ = np.zeros((5, len(hi)), dtype=bool)
-    for c in range(5):  # every window closes all its spans, so one running sum serves all windows
-        open_[c] = np.cumsum(np.where(kk == c, delta, 0))[last] > 0
-    cm, cp = open_[1], open_[0]
-    label = np.select([cm & cp, cp, cm, open_[2], open_[3], open_[4]], [2, 0, 1, 3, 4, 5], default=6)
-    bt, bg = t[hi], g[hi]
+    del head
+    last = np.r_[hi[1:], 2 * n] - 1
+    # the counters after a boundary = the running sum up to its last point; every window closes
+    # all its spans, so one running sum serves all the windows
+    open_ = [np.cumsum((low == 2 * c).astype(np.int8) - (low == 2 * c + 1), dtype=np.int32)[last] > 0
+             for c in range(5)]
+    del low, last
+    label = np.full(len(hi), 6, dtype=np.int8)  # the rules of the module docstring, last one first
+    for code, c in ((5, 4), (4, 3), (3, 2), (1, 1), (0, 0)):
+        label[open_[c]] = code
+    label[open_[0] & open_[1]] = 2
+    del open_
+    bk = tk[hi]
+    del tk, hi
+    bw, bt = bk // span, bk % span
     # segment i = [bt[i], bt[i+1]) when both boundaries are in one window
-    inside = np.zeros(len(hi), dtype=bool)
-    inside[:-1] = bg[1:] == bg[:-1]
-    seg_len = np.zeros(len(hi), dtype=np.int64)
-    seg_len[:-1] = bt[1:] - bt[:-1]
-    whead = np.ones(len(hi), dtype=bool)
-    whead[1:] = bg[1:] != bg[:-1]
-    wid = np.cumsum(whead) - 1
-    wi = np.flatnonzero(whead)
-    nwin = len(wi)
-    wend = bt[np.r_[wi[1:], len(hi)] - 1]
-    parts = np.zeros((nwin, len(LABELS)), dtype=np.int64)
-    np.add.at(parts, (wid[inside], label[inside]), seg_len[inside])
-    # gaps: idle segments; the spans starting at the gap's end give its launch (earliest linked)
-    pl = np.where(is_start, np.concatenate((launch, launch))[order], _NONE)
-    bmin = np.minimum.reduceat(pl, hi)
+    inside = np.zeros(len(bk), dtype=bool)
+    inside[:-1] = bw[1:] == bw[:-1]
+    seg_len = np.zeros(len(bk), dtype=np.int64)
+    seg_len[:-1] = np.where(inside[:-1], bt[1:] - bt[:-1], 0)
+    wi = np.flatnonzero(np.r_[True, ~inside[:-1]])
+    wend = bt[np.r_[wi[1:], len(bk)] - 1]
+    # sums of int64 ns as float64: exact, every window being shorter than 2^53 ns
+    nl = len(LABELS)
+    parts = np.bincount(bw * nl + label, weights=seg_len, minlength=len(wi) * nl).astype(np.int64).reshape(-1, nl)
+    # gaps: idle segments; the earliest linked launch of the spans starting at the gap's end
     gi = np.flatnonzero(inside & (label == 6))
-    gs, ge, gl = bt[gi], bt[gi + 1], bmin[gi + 1]
+    gs, ge = bt[gi], bt[gi + 1]
+    sk = base + s
+    o = np.argsort(sk, kind="stable")
+    sks, ls = sk[o], launch[o]
+    first = np.flatnonzero(np.r_[True, sks[1:] != sks[:-1]])
+    lmin = np.minimum.reduceat(ls, first)
+    gl = lmin[np.searchsorted(sks[first], bk[gi + 1])]
     gclass = np.where((gl != _NONE) & (gl > gs), 0, np.where(ge - gs < KERNEL_WAIT_NS, 1, 2))
-    return (bg[wi], bt[wi], wend), parts, (wid[gi], gs, ge, gl, gclass)
+    return (bt[wi], wend), parts, (bw[gi], gs, ge, gl, gclass)
+
+
+def _col(tab, name: str, fill=None) -> np.ndarray:
+    """A column of a pyarrow table as int64 numpy (nulls → ``fill``; no copy when it has none)."""
+    import pyarrow.compute as pc
+
+    c = tab.column(name)
+    if c.null_count and fill is not None:
+        c = pc.fill_null(c, fill)
+    return c.to_numpy().astype(np.int64, copy=False)
+
+
+def _launchers(con, run_id: str, rank: int, ops):
+    """The ids of gpu_launchers (event_id, launch_event_id, cpu_op_id, annotation_id) of one rank's
+    GPU ops ``ops`` (the _OPS rows), as a pyarrow table."""
+    import pyarrow as pa
+
+    from tracekit.intervals import innermost_enclosing
+
+    rg = con.sql(_RANGES, params=[run_id, rank]).to_arrow_table()
+    kind, track = rg.column("kind").to_numpy(), _col(rg, "track", _NONE)
+    s, e, rid = _col(rg, "s"), _col(rg, "e"), _col(rg, "event_id", _NONE)
+    del rg
+    lt, ls, le = _col(ops, "l_track", _NONE), _col(ops, "l_s", _NONE), _col(ops, "l_e", _NONE)
+    linked = (ls != _NONE) & (le != _NONE)
+    found = {0: np.full(len(lt), -1, dtype=np.int64), 1: np.full(len(lt), -1, dtype=np.int64)}
+    cuts = np.flatnonzero(np.r_[True, (kind[1:] != kind[:-1]) | (track[1:] != track[:-1]), True]).tolist() \
+        if len(kind) else []
+    for a, z in zip(cuts[:-1], cuts[1:]):
+        if track[a] == _NONE:  # no thread: encloses nothing (NULL = NULL is not true in SQL either)
+            continue
+        q = np.flatnonzero(linked & (lt == track[a]))
+        hit = innermost_enclosing(s[a:z], e[a:z], ls[q], le[q])
+        found[int(kind[a])][q[hit >= 0]] = a + hit[hit >= 0]
+    ids = {}
+    rid = np.r_[rid, 0]  # index −1 (none found) picks this placeholder, masked to NULL
+    for kd, name in ((0, "cpu_op_id"), (1, "annotation_id")):
+        f = found[kd]
+        ids[name] = pa.array(rid[f], mask=(f < 0) | (rid[f] == _NONE))
+    return pa.table({"event_id": ops.column("event_id"), "launch_event_id": ops.column("launch_event_id"), **ids})
 
 
 def _rank_tables(con, run_id: str, rank: int):
-    """(windows table, gaps table) of one rank as pyarrow tables, or None without GPU work."""
+    """(windows, gaps, launchers ids) of one rank as pyarrow tables (the columns after run_id, rank;
+    windows and gaps None without GPU work)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    w = con.sql(_WORK, params=[run_id, rank]).to_arrow_table()
-    if w.num_rows == 0:
-        return None
-    s = w.column("s").to_numpy().astype(np.int64)
-    e = w.column("e").to_numpy().astype(np.int64)
-    k = w.column("k").to_numpy().astype(np.int8)
-    launch = pc.fill_null(w.column("launch_ts_ns"), _NONE).to_numpy().astype(np.int64)
-    step_ok = w.column("step").is_valid().to_numpy(zero_copy_only=False)
-    step = pc.fill_null(w.column("step"), 0).to_numpy().astype(np.int64)
-    m = step_ok
+    ops = con.sql(_OPS, params=[run_id, rank]).to_arrow_table()
+    launchers = _launchers(con, run_id, rank, ops)
+    dur = _col(ops, "dur_ns", 0)
+    w = np.flatnonzero(dur > 0)  # GPU work (ts_ns is set on every GPU op)
+    s = _col(ops, "s")[w]
+    e = s + dur[w]
+    k = ops.column("k").to_numpy()[w].astype(np.int8)
+    launch = _col(ops, "l_s", _NONE)[w]
+    m = ops.column("step").is_valid().to_numpy(zero_copy_only=False)[w]
+    step = _col(ops, "step", 0)[w]
+    del ops, dur
+    if len(w) == 0:
+        return None, None, launchers
     grp = np.concatenate((np.full(len(s), -1, dtype=np.int64), step[m]))
     (wg, ws, we), parts, (gw, gs, ge, gl, gc) = sweep(
         grp, np.concatenate((s, s[m])), np.concatenate((e, e[m])), np.concatenate((k, k[m])),
         np.concatenate((launch, launch[m])))
-    idle_by_class = np.zeros((len(wg), len(IDLE_CLASSES)), dtype=np.int64)
-    np.add.at(idle_by_class, (gw, gc), ge - gs)
+    nc = len(IDLE_CLASSES)  # float64 sums of ns, exact below 2^53 (sweep)
+    idle_by_class = np.bincount(gw * nc + gc, weights=ge - gs, minlength=len(wg) * nc).astype(np.int64).reshape(-1, nc)
     wins = {"grp": wg, "window_start_ns": ws, "window_end_ns": we}
     wins.update({f"{lab}_ns": parts[:, j] for j, lab in enumerate(LABELS)})
     wins.update({f"idle_{c}_ns": idle_by_class[:, j] for j, c in enumerate(IDLE_CLASSES)})
     gaps = {"grp": wg[gw], "s": gs, "e": ge,
             "launch_ts_ns": pa.array(gl, mask=gl == _NONE),
             "idle_class": pa.DictionaryArray.from_arrays(gc.astype(np.int8), list(IDLE_CLASSES))}
-    return pa.table(wins), pa.table(gaps)
+    return pa.table(wins), pa.table(gaps), launchers
 
 
 def create(con) -> None:
-    """Create the tables ``gpu_idle_gaps`` and ``gpu_time_breakdown`` on ``con`` from its ``events``."""
+    """Create the tables ``gpu_idle_gaps``, ``gpu_time_breakdown`` and ``gpu_launchers`` on ``con``
+    from its ``events``."""
     con.execute("""
         CREATE OR REPLACE TABLE gpu_idle_gaps (run_id VARCHAR, rank INTEGER, grp BIGINT, s BIGINT, e BIGINT,
             idle_ns BIGINT, launch_ts_ns BIGINT, idle_class VARCHAR)""")
+    con.execute("""
+        CREATE OR REPLACE TABLE gpu_launchers (run_id VARCHAR, rank INTEGER, event_id BIGINT,
+            launch_event_id BIGINT, cpu_op_id BIGINT, cpu_op VARCHAR, annotation_id BIGINT, annotation VARCHAR)""")
     con.execute("""
         CREATE OR REPLACE TEMP TABLE _gpu_windows (run_id VARCHAR, rank INTEGER, grp BIGINT,
             window_start_ns BIGINT, window_end_ns BIGINT, compute_only_ns BIGINT, comm_exposed_ns BIGINT,
             comm_hidden_ns BIGINT, memory_ns BIGINT, sync_ns BIGINT, other_ns BIGINT, idle_ns BIGINT,
             idle_host_wait_ns BIGINT, idle_kernel_wait_ns BIGINT, idle_other_ns BIGINT)""")
-    keys = con.execute("SELECT DISTINCT run_id, rank FROM events WHERE track_kind = 'gpu_stream' AND dur_ns > 0 "
+    keys = con.execute("SELECT DISTINCT run_id, rank FROM events WHERE track_kind = 'gpu_stream' "
                        "ORDER BY run_id, rank").fetchall()
     for run_id, rank in keys:
-        got = _rank_tables(con, run_id, rank)
-        if got is None:
-            continue
-        con.register("_gpu_rank_windows", got[0])
-        con.register("_gpu_rank_gaps", got[1])
-        con.execute("INSERT INTO _gpu_windows SELECT $run, $rank, * FROM _gpu_rank_windows",
-                    {"run": run_id, "rank": rank})
-        con.execute("INSERT INTO gpu_idle_gaps SELECT $run, $rank, grp, s, e, e - s, launch_ts_ns, "
-                    "idle_class::VARCHAR FROM _gpu_rank_gaps", {"run": run_id, "rank": rank})
-        con.unregister("_gpu_rank_windows")
-        con.unregister("_gpu_rank_gaps")
+        got = dict(zip(("_gpu_windows", "gpu_idle_gaps", "gpu_launchers"), _rank_tables(con, run_id, rank)))
+        for table, tab in got.items():
+            if tab is None:
+                continue
+            src = {"gpu_idle_gaps": "SELECT grp, s, e, e - s, launch_ts_ns, idle_class::VARCHAR FROM _gpu_rank_part",
+                   "gpu_launchers": _NAMED}.get(table, "SELECT * FROM _gpu_rank_part")
+            con.register("_gpu_rank_part", tab)
+            con.execute(f"INSERT INTO {table} SELECT $1, $2, * FROM ({src})", [run_id, rank])
+            con.unregister("_gpu_rank_part")
     con.execute("""
         CREATE OR REPLACE TABLE gpu_time_breakdown AS
         SELECT run_id, rank, grp, window_start_ns, window_end_ns,

@@ -1,6 +1,6 @@
 -- kernel_summary: GPU ops by name per class, and GPU time by the CPU op / record_function range that
 -- launched it.
--- Reads: events, gpu_time_breakdown, gpu_launchers
+-- Reads: events, gpu_time_breakdown, gpu_launchers (both analyses/gpu_time_breakdown.py)
 --
 -- GPU ops = events on GPU tracks (track_kind = 'gpu_stream': kernels, memcpy, memset, sync), one
 -- row each, durations as stored (dur_ns, after the ingest's stream clipping). Totals are sums of
