@@ -117,7 +117,9 @@ SELECT g.event_id, g.ts_ns AS s, g.dur_ns,
                     ELSE CASE WHEN g.class IS NULL THEN 5 ELSE 4 END END::TINYINT AS k,
        g.step, g.launch_event_id, l.track AS l_track, l.ts_ns AS l_s, l.ts_ns + l.dur_ns AS l_e
 FROM (SELECT * FROM events WHERE run_id = $1 AND rank = $2 AND track_kind = 'gpu_stream') g
-LEFT JOIN (SELECT event_id, track, ts_ns, dur_ns FROM events WHERE run_id = $1 AND rank = $2) l
+LEFT JOIN (SELECT event_id, track, ts_ns, dur_ns FROM events  -- the launch calls only: a small build side
+           WHERE run_id = $1 AND rank = $2 AND event_id IN (
+               SELECT launch_event_id FROM events WHERE run_id = $1 AND rank = $2 AND track_kind = 'gpu_stream')) l
        ON l.event_id = g.launch_event_id
 ORDER BY g.step NULLS FIRST
 """
