@@ -140,13 +140,20 @@ def innermost_enclosing(s: np.ndarray, e: np.ndarray, t: np.ndarray, te: np.ndar
     o = np.lexsort((np.arange(n), -e, s))
     so = s[o]
     ends = np.sort(e)
-    depth = np.arange(1, n + 1) - np.searchsorted(ends, so, side="right")
     started = np.searchsorted(so, t, side="right")  # #{start <= t}: the last such range is at started − 1
     d = started - np.searchsorted(ends, t, side="right")
-    # (depth, position in the order) as one key: the last range of depth d at or before position started − 1
-    key = depth * n + np.arange(n)
+    key = np.searchsorted(ends, so, side="right")  # ranges ended by each one's start
+    del so, ends
+    # depth = position (1-based) − key; (depth, position) as one key, built in place:
+    # the answer is the last range of depth d at or before position started − 1
+    pos = np.arange(n)
+    np.subtract(pos + 1, key, out=key)
+    key *= n
+    key += pos
+    del pos
     by = np.argsort(key, kind="stable")
     keys = key[by]
+    del key
     j = np.searchsorted(keys, d * n + started - 1, side="right") - 1
     hit = (d > 0) & (j >= 0)
     j = np.where(hit, j, 0)
