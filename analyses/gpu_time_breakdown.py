@@ -48,8 +48,8 @@ How: per (run, rank), two reads of the events — the GPU ops with their launch 
 DuckDB) and the CPU threads' ranges grouped by thread — then numpy: the windows swept (:func:`sweep`:
 the boundaries of every window sorted once, running class counters as cumulative sums, the
 segments' lengths summed per window and label) and the launchers searched per thread; their names
-are joined back in DuckDB. Memory grows with one rank's GPU ops and CPU ranges (a few tens of bytes
-each), not with the whole store.
+are joined back in DuckDB. Memory grows with one rank's GPU ops and CPU ranges, not with the whole
+store (benchmarks/README.md has the figures).
 
 gpu_idle_gaps: one row per idle gap of a window (a table).
 
@@ -109,7 +109,7 @@ KERNEL_WAIT_NS = 30
 """A gap shorter than this (and not host_wait) is kernel_wait: HTA's consecutive_kernel_delay."""
 
 _CLASSES = ("compute", "comm", "memory", "sync")  # counter k; every other non-NULL class → counter 4
-_NONE = np.iinfo(np.int64).max  # "no launch linked" inside the sweep
+_NONE = np.iinfo(np.int64).max  # "no value" in the int64 arrays: no launch linked, a NULL
 
 _OPS = """
 SELECT g.event_id, g.ts_ns AS s, g.dur_ns,
@@ -131,9 +131,9 @@ SELECT (category = 'user_annotation')::TINYINT AS kind, track, ts_ns AS s, ts_ns
 FROM events
 WHERE run_id = $1 AND rank = $2 AND track_kind = 'cpu_thread' AND dur_ns > 0 AND ts_ns IS NOT NULL
   AND (category = 'cpu_op' OR (category = 'user_annotation' AND name NOT LIKE 'ProfilerStep#%'))
-ORDER BY kind, track
 """
-"""One rank's candidate launchers (kind 0 = cpu_op, 1 = annotation), grouped by (kind, track)."""
+"""One rank's candidate launchers (kind 0 = cpu_op, 1 = annotation); not sorted (a sort here held
+~35 MB more at the peak than picking each thread's ranges out in numpy)."""
 
 _NAMED = """
 SELECT a.event_id, a.launch_event_id, a.cpu_op_id, c.name AS cpu_op, a.annotation_id, u.name AS annotation
@@ -271,14 +271,16 @@ def _launchers(con, run_id: str, rank: int, ops):
     lt, ls, le = _col(ops, "l_track", _NONE), _col(ops, "l_s", _NONE), _col(ops, "l_e", _NONE)
     linked = (ls != _NONE) & (le != _NONE)
     found = {0: np.full(len(lt), -1, dtype=np.int64), 1: np.full(len(lt), -1, dtype=np.int64)}
-    cuts = np.flatnonzero(np.r_[True, (kind[1:] != kind[:-1]) | (track[1:] != track[:-1]), True]).tolist() \
-        if len(kind) else []
-    for a, z in zip(cuts[:-1], cuts[1:]):
-        if track[a] == _NONE:  # no thread: encloses nothing (NULL = NULL is not true in SQL either)
-            continue
-        q = np.flatnonzero(linked & (lt == track[a]))
-        hit = innermost_enclosing(s[a:z], e[a:z], ls[q], le[q])
-        found[int(kind[a])][q[hit >= 0]] = a + hit[hit >= 0]
+    for kd in (0, 1):
+        tracks = np.sort(track[kind == kd])
+        tracks = tracks[np.r_[True, tracks[1:] != tracks[:-1]]].tolist() if len(tracks) else []
+        for tr in tracks:
+            if tr == _NONE:  # no thread: encloses nothing (NULL = NULL is not true in SQL either)
+                continue
+            sel = np.flatnonzero((kind == kd) & (track == tr))
+            q = np.flatnonzero(linked & (lt == tr))
+            hit = innermost_enclosing(s[sel], e[sel], ls[q], le[q])
+            found[kd][q[hit >= 0]] = sel[hit[hit >= 0]]
     ids = {}
     rid = np.r_[rid, 0]  # index −1 (none found) picks this placeholder, masked to NULL
     for kd, name in ((0, "cpu_op_id"), (1, "annotation_id")):
@@ -305,10 +307,16 @@ def _rank_tables(con, run_id: str, rank: int):
     del ops, dur
     if len(w) == 0:
         return None, None, launchers
-    grp = np.concatenate((np.full(len(s), -1, dtype=np.int64), step[m]))
-    (wg, ws, we), parts, (gw, gs, ge, gl, gc) = sweep(
-        grp, np.concatenate((s, s[m])), np.concatenate((e, e[m])), np.concatenate((k, k[m])),
-        np.concatenate((launch, launch[m])))
+    # the whole trace, then the steps (GPU work with a step): two sweeps, no concatenated copy
+    got = [sweep(np.full(len(s), -1, dtype=np.int64), s, e, k, launch)]
+    if m.any():
+        got.append(sweep(step[m], s[m], e[m], k[m], launch[m]))
+        got[1][2][0][:] += len(got[0][0][0])  # the steps' gaps: window index after the whole trace's
+    del s, e, k, launch, step, m
+    wg, ws, we = (np.concatenate([g[0][j] for g in got]) for j in range(3))
+    parts = np.concatenate([g[1] for g in got])
+    gw, gs, ge, gl, gc = (np.concatenate([g[2][j] for g in got]) for j in range(5))
+    del got
     nc = len(IDLE_CLASSES)  # float64 sums of ns, exact below 2^53 (sweep)
     idle_by_class = np.bincount(gw * nc + gc, weights=ge - gs, minlength=len(wg) * nc).astype(np.int64).reshape(-1, nc)
     wins = {"grp": wg, "window_start_ns": ws, "window_end_ns": we}
