@@ -40,8 +40,8 @@ PIPELINE = (
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
     "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
     "measured_vs_model",     # Python: per rank, and per rank and dimension (reads process_groups)
-    "gpu_time_breakdown",    # SQL: GPU time by class and idle class, per rank and step (reads events only)
-    "kernel_summary",        # SQL: kernel_summary, gpu_launchers, gpu_time_by_launcher
+    "gpu_time_breakdown",    # Python: GPU time by class and idle class per rank and step, gpu_launchers
+    "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads gpu_launchers)
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
     "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
 )

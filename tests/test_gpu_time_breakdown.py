@@ -1,4 +1,4 @@
-"""GPU time breakdown (analyses/gpu_time_breakdown.sql) on a hand-made trace, every number worked
+"""GPU time breakdown (analyses/gpu_time_breakdown.py) on a hand-made trace, every number worked
 out by hand in fixtures/handmade/NOTE.md ("gpu_breakdown/"), and its identities on real traces."""
 
 from __future__ import annotations
@@ -123,6 +123,27 @@ def test_real_trace_parts_sum_and_match_an_independent_sweep(tmp_path):
         assert hw + kw + ot == parts[-1], (rank, grp)
         assert tuple(parts) + (window,) == want[(rank, grp)], (rank, grp)
     c.close()
+
+
+def test_the_sweep_in_small_chunks_gives_the_same_tables(tmp_path, monkeypatch):
+    """Windows swept a few spans at a time (CHUNK_SPANS = 5: many chunks, a window larger than a
+    chunk alone) give the same rows as one chunk per rank."""
+    import tracekit.analyses.gpu_time_breakdown as gtb
+
+    store = Store(tmp_path / "s")
+    ingest_paths([shared_trace("param_dlrm_8rank_v100")], store, run_id="dlrm")
+
+    def tables():
+        c = analyses.connect(store)
+        out = {t: c.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+               for t in ("gpu_time_breakdown", "gpu_idle_gaps", "gpu_launchers")}
+        c.close()
+        return out
+
+    whole = tables()
+    monkeypatch.setattr(gtb, "CHUNK_SPANS", 5)
+    assert tables() == whole
+    assert len(whole["gpu_time_breakdown"]) > 4 and len(whole["gpu_idle_gaps"]) > 10
 
 
 HTA_PY = REPO / ".venv-hta" / "bin" / "python"

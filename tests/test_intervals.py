@@ -17,7 +17,7 @@ import pytest
 import tracekit.analyses.collective_instances as ci_mod
 import tracekit.analyses.overlap_windows as ow_mod
 from tracekit.ingest import ingest_paths
-from tracekit.intervals import UnionLengths
+from tracekit.intervals import UnionLengths, innermost_enclosing
 from tracekit.store import Store
 
 from conftest import FIXTURES, shared_trace
@@ -217,3 +217,46 @@ def test_most_common_op_dtype_and_algo_break_ties_alphabetically(monkeypatch):
         random.Random(trial).shuffle(rows)
         assert _instances_of(rows, 10**9, monkeypatch) == want
         assert _instances_of(rows, 1, monkeypatch) == want  # 8 parts of one row each on average
+
+
+def test_innermost_enclosing_hand_computed():
+    # A [0,100) holds B [10,50) holds C [20,30); D [60,90) in A; E [95,120) crosses A's end
+    s, e = _arr([0, 10, 20, 60, 95]), _arr([100, 50, 30, 90, 120])
+    t, te = _arr([25, 40, 5, 70, 96, 99, 130, 0, 20]), _arr([26, 45, 6, 71, 97, 105, 131, 200, 31])
+    # [99,105): E (open at 99 with A: depth 2) encloses it; [0,200): A is open but too short;
+    # [20,31): the innermost open range, C, ends before 31, so nothing (never B: not innermost)
+    assert innermost_enclosing(s, e, t, te).tolist() == [2, 1, 0, 3, 4, 4, -1, -1, -1]
+    assert innermost_enclosing(s[:0], e[:0], t, te).tolist() == [-1] * 9
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_innermost_enclosing_matches_brute_force_on_nested_ranges(seed):
+    rng = random.Random(seed)
+    ranges = []
+
+    def nest(lo, hi, depth):  # children inside [lo, hi), left to right, some sharing a start
+        x = lo
+        while x < hi - 2 and depth < 5:
+            a = x + rng.randrange(0, 3)
+            b = min(hi, a + rng.randrange(1, 40))
+            if a >= b:
+                break
+            ranges.append((a, b))
+            nest(a, b, depth + 1)
+            x = b + rng.randrange(0, 3)
+
+    nest(0, 1000, 0)
+    s, e = _arr([r[0] for r in ranges]), _arr([r[1] for r in ranges])
+    order = rng.sample(range(len(ranges)), len(ranges))  # input order must not matter
+    s, e = s[order], e[order]
+    t = _arr([rng.randrange(0, 1000) for _ in range(300)])
+    te = t + _arr([rng.randrange(1, 4) for _ in range(300)])  # launches of positive length
+    got = innermost_enclosing(s, e, t, te).tolist()
+    for q, (a, b) in enumerate(zip(t.tolist(), te.tolist())):
+        # nested ranges: the innermost open at t is the latest start, the shortest among equal
+        # starts; it is the answer when it lasts to te, else none (an outer one is never taken)
+        open_ = [i for i in range(len(s)) if s[i] <= a < e[i]]
+        inner = max(open_, key=lambda i: (s[i], -e[i])) if open_ else -1
+        want = inner if inner >= 0 and e[inner] >= b else -1
+        assert got[q] == want or (want >= 0 and (s[got[q]], e[got[q]]) == (s[want], e[want])), (a, b)
+    assert sum(g >= 0 for g in got) > 150  # most queries found a range

@@ -1206,11 +1206,11 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "Each bar is a rank's GPU window (first GPU op start to last end; per step: the GPU work launched in it), "
      "split so the parts sum to it: compute only, communication hidden by compute or exposed, memcpy/memset, sync, "
      "and idle (no GPU op on any stream) by HTA's classes: host wait (the next op was launched after the GPU went "
-     "idle), kernel wait (a gap under 30 ns), other (analyses/gpu_time_breakdown.sql)."),
+     "idle), kernel wait (a gap under 30 ns), other (analyses/gpu_time_breakdown.py)."),
     ("kernels", "GPU ops and their launchers", kernel_figure,
      "Left: the largest GPU ops of each class by total time over all ranks (sums of durations, so ops on "
      "concurrent streams each count). Right: GPU time by the innermost record_function range around each op's "
-     "launch call (analyses/kernel_summary.sql)."),
+     "launch call (analyses/gpu_time_breakdown.py)."),
     ("alltoall", "All-to-all imbalance", alltoall_heatmap,
      "Bytes each rank sent each peer in all-to-all(v) calls (collectives.in_splits × the element size; own "
      "chunk on the diagonal), and per call the max/mean of the bytes ranks send and receive: 1 = even "

@@ -1,4 +1,5 @@
-"""Union lengths of two interval sets per window, from spans streamed in start order.
+"""Union lengths of two interval sets per window, from spans streamed in start order; and the
+innermost range enclosing each of a set of points (:func:`innermost_enclosing`).
 
 For windows w (a key: here (rank, step) or (rank, whole trace)) and intervals tagged A or
 B (communication or compute), :class:`UnionLengths` gives per window
@@ -118,3 +119,45 @@ class UnionLengths:
         b = np.array([r[1] for r in rows], dtype=np.int64)
         both = np.array([r[2] for r in rows], dtype=np.int64)
         return keys, a, b, a + b - both
+
+
+def innermost_enclosing(s: np.ndarray, e: np.ndarray, t: np.ndarray, te: np.ndarray) -> np.ndarray:
+    """For ranges [s, e) of one thread (int64 ns, e > s), the index of the innermost range that
+    encloses each query [t, te) (s <= t and e >= te), −1 where none does; int64.
+
+    In O((n + q) log n) without a range join: with the ranges ordered by (start, longer first,
+    input order), a range's depth is its position in that order (1-based) minus the ranges that
+    ended at or before its start (the ranges open at its start, itself included: its nesting depth
+    when ranges nest); the number open at t is D = #{start <= t} − #{end <= t}; the innermost
+    enclosing range is the last range of depth D, in that order, starting at or before t. It is
+    kept only if it really encloses the query, so ranges that do not nest properly give −1, never
+    a wrong range.
+    """
+    out = np.full(len(t), -1, dtype=np.int64)
+    n = len(s)
+    if n == 0 or len(t) == 0:
+        return out
+    o = np.lexsort((np.arange(n), -e, s))
+    so = s[o]
+    ends = np.sort(e)
+    started = np.searchsorted(so, t, side="right")  # #{start <= t}: the last such range is at started − 1
+    d = started - np.searchsorted(ends, t, side="right")
+    key = np.searchsorted(ends, so, side="right")  # ranges ended by each one's start
+    del so, ends
+    # depth = position (1-based) − key; (depth, position) as one key, built in place:
+    # the answer is the last range of depth d at or before position started − 1
+    pos = np.arange(n)
+    np.subtract(pos + 1, key, out=key)
+    key *= n
+    key += pos
+    del pos
+    by = np.argsort(key, kind="stable")
+    keys = key[by]
+    del key
+    j = np.searchsorted(keys, d * n + started - 1, side="right") - 1
+    hit = (d > 0) & (j >= 0)
+    j = np.where(hit, j, 0)
+    r = o[by[j]]
+    hit &= (keys[j] // n == d) & (s[r] <= t) & (e[r] >= te)
+    out[hit] = r[hit]
+    return out

@@ -827,7 +827,7 @@ def print_cpu_side(report: dict, console) -> None:
         console.print(Text(line))
 
 
-# -- GPU time breakdown (analyses/gpu_time_breakdown.sql) -----------------------------
+# -- GPU time breakdown (analyses/gpu_time_breakdown.py) -----------------------------
 
 GPU_PARTS = ("compute_only_ns", "comm_exposed_ns", "comm_hidden_ns", "memory_ns", "sync_ns", "other_ns", "idle_ns")
 """The parts of gpu_time_breakdown that sum to window_ns, in display order."""
@@ -836,7 +836,7 @@ GPU_PARTS = ("compute_only_ns", "comm_exposed_ns", "comm_hidden_ns", "memory_ns"
 def gpu_breakdown_section(con, run_id: str) -> dict[str, list[dict]]:
     """The report's ``gpu_time_breakdown`` key: ``by_rank`` (the whole-trace window of each rank)
     and ``by_step`` (one row per rank and profiler step, ``step`` for ``grp``), each row the
-    columns of ``gpu_time_breakdown`` (analyses/gpu_time_breakdown.sql; ns, idle_fraction a ratio).
+    columns of ``gpu_time_breakdown`` (analyses/gpu_time_breakdown.py; ns, idle_fraction a ratio).
     Both lists are empty for a run without GPU tracks (CPU-only traces, nccl-tests logs)."""
     rows = _rows(con, "SELECT * EXCLUDE (run_id) FROM gpu_time_breakdown WHERE run_id = ? ORDER BY grp, rank", [run_id])
     by_rank = [{k: v for k, v in r.items() if k != "grp"} for r in rows if r["grp"] == -1]

@@ -1,0 +1,366 @@
+"""gpu_time_breakdown: where each rank's GPU time goes, per whole trace and per profiler step, as
+parts that sum exactly to the window, and which CPU op / record_function range launched each GPU
+op — a Python analysis.
+
+Reads: events
+
+GPU work = events on GPU tracks (track_kind = 'gpu_stream') with dur_ns > 0, every stream of the
+rank together. A window (grp) is the whole trace (grp = -1: all of the rank's GPU work) or one
+profiler step (grp = step: the GPU work launched in that step, events.step); it spans from the
+first start to the last end of that work, as HTA's temporal breakdown does ("kernel time" = end of
+the last kernel − start of the first; HTA 0.5, BreakdownAnalysis._get_idle_time_for_kernels). So a
+window never begins or ends idle: its idle time is the gaps between its GPU work.
+
+Every instant of the window gets exactly one label, by a sweep over the start/end boundaries of the
+window's spans (+1/−1 counters per class; the segment between consecutive boundaries is labelled by
+the counters after the first of them), first rule that applies:
+  comm ∧ compute                    → comm_hidden   (communication hidden behind compute)
+  compute                           → compute_only
+  comm                              → comm_exposed  (the overlap module's exposed_comm, on GPU work)
+  memory (memcpy/memset)            → memory
+  sync                              → sync
+  any other GPU event (class other) → other
+  nothing                           → idle
+so compute_only + comm_hidden = |∪ compute| (HTA's compute_time), comm_hidden + comm_exposed =
+|∪ comm|, and the seven parts sum to window_ns exactly (int64 ns, no rounding). A span whose class
+is NULL bounds segments but counts in no class.
+
+Idle is split as HTA's idle-time breakdown does (HTA 0.5 docs, "Idle Time Breakdown";
+BreakdownAnalysis._analyze_idle_time_for_stream), applied to the gaps of the rank's union of
+streams rather than per stream: a gap [s, e) is
+  host_wait   when the CPU launch of the work that ends the gap (events.launch_event_id → the
+              runtime call's ts_ns; the earliest such launch when several spans start at e)
+              started after the gap began (launch ts > s): the host was not enqueuing fast enough;
+  kernel_wait otherwise, when e − s < 30 ns (HTA's default consecutive_kernel_delay, 30 ns): the
+              overhead of launching back-to-back kernels;
+  other       otherwise (waiting on another stream, an event, a sync, or work without a launch link).
+A run without GPU tracks (CPU-only gloo traces) has no rows.
+
+Launchers (gpu_launchers): GPU ops = events on GPU tracks (track_kind = 'gpu_stream': kernels,
+memcpy, memset, sync), one row each, whatever their duration. Their launch call is
+events.launch_event_id (the runtime call); the launchers are the innermost cpu_op and the innermost
+user_annotation other than ProfilerStep#N (record_function) that enclose that call on the launch's
+thread (same track; ranges of positive length), each kind on its own, found by
+tracekit.intervals.innermost_enclosing (binary searches over the thread's ranges sorted once; a
+range that does not nest properly gives NULL, never a wrong op).
+
+How: per (run, rank), two reads of the events — the GPU ops with their launch call (a join in
+DuckDB) and the CPU threads' ranges grouped by thread — then numpy: the windows swept (:func:`sweep`:
+the boundaries of every window sorted once, running class counters as cumulative sums, the
+segments' lengths summed per window and label) and the launchers searched per thread; their names
+are joined back in DuckDB. Memory grows with one rank's GPU ops and CPU ranges, not with the whole
+store (benchmarks/README.md has the figures).
+
+gpu_idle_gaps: one row per idle gap of a window (a table).
+
+run_id      VARCHAR  run
+rank        INTEGER  global rank
+grp         BIGINT   -1 = whole trace, else the profiler step number
+s           BIGINT   gap start (end of the GPU work before it), ns
+e           BIGINT   gap end (start of the GPU work after it), ns
+idle_ns     BIGINT   e − s, ns
+launch_ts_ns BIGINT  earliest CPU launch (runtime call start) of the spans starting at e, ns; NULL when none is linked
+idle_class  VARCHAR  host_wait / kernel_wait / other (header above)
+
+gpu_launchers: one row per GPU op (a table).
+
+run_id          VARCHAR  run
+rank            INTEGER  global rank
+event_id        BIGINT   the GPU op (events.event_id)
+launch_event_id BIGINT   its runtime launch call; NULL when not linked
+cpu_op_id       BIGINT   innermost cpu_op enclosing the launch (events.event_id); NULL when none
+cpu_op          VARCHAR  its name
+annotation_id   BIGINT   innermost user_annotation (record_function) enclosing the launch; NULL when none
+annotation      VARCHAR  its name
+
+gpu_time_breakdown: one row per rank and window; the seven parts before idle_host_wait_ns sum to
+window_ns, and the three idle classes sum to idle_ns.
+
+run_id              VARCHAR  run
+rank                INTEGER  global rank
+grp                 BIGINT   -1 = whole trace, else the profiler step number
+window_start_ns     BIGINT   start of the window's first GPU work, ns
+window_end_ns       BIGINT   end of its last GPU work, ns
+window_ns           BIGINT   window_end_ns − window_start_ns, ns
+compute_only_ns     BIGINT   compute and no communication, ns
+comm_exposed_ns     BIGINT   communication with no compute under it, ns
+comm_hidden_ns      BIGINT   communication overlapped by compute, ns
+memory_ns           BIGINT   memcpy/memset and no compute or communication, ns
+sync_ns             BIGINT   sync events only, ns
+other_ns            BIGINT   other GPU events only, ns
+idle_ns             BIGINT   no GPU activity, ns
+idle_host_wait_ns   BIGINT   idle gaps classed host_wait (gpu_idle_gaps), ns
+idle_kernel_wait_ns BIGINT   idle gaps classed kernel_wait, ns
+idle_other_ns       BIGINT   idle gaps classed other, ns
+idle_fraction       DOUBLE   idle_ns / window_ns; NULL when window_ns = 0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LABELS = ("compute_only", "comm_exposed", "comm_hidden", "memory", "sync", "other", "idle")
+"""Segment labels, in the order of gpu_time_breakdown's parts (index = label code)."""
+
+IDLE_CLASSES = ("host_wait", "kernel_wait", "other")
+"""gpu_idle_gaps.idle_class values (index = class code)."""
+
+KERNEL_WAIT_NS = 30
+"""A gap shorter than this (and not host_wait) is kernel_wait: HTA's consecutive_kernel_delay."""
+
+_CLASSES = ("compute", "comm", "memory", "sync")  # counter k; every other non-NULL class → counter 4
+_NONE = np.iinfo(np.int64).max  # "no value" in the int64 arrays: no launch linked, a NULL
+
+_OPS = """
+SELECT g.event_id, g.ts_ns AS s, g.dur_ns,
+       CASE g.class WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 WHEN 'memory' THEN 2 WHEN 'sync' THEN 3
+                    ELSE CASE WHEN g.class IS NULL THEN 5 ELSE 4 END END::TINYINT AS k,
+       g.step, g.launch_event_id, l.track AS l_track, l.ts_ns AS l_s, l.ts_ns + l.dur_ns AS l_e
+FROM (SELECT * FROM events WHERE run_id = $1 AND rank = $2 AND track_kind = 'gpu_stream') g
+LEFT JOIN (SELECT event_id, track, ts_ns, dur_ns FROM events  -- the launch calls only: a small build side
+           WHERE run_id = $1 AND rank = $2 AND event_id IN (
+               SELECT launch_event_id FROM events WHERE run_id = $1 AND rank = $2 AND track_kind = 'gpu_stream')) l
+       ON l.event_id = g.launch_event_id
+ORDER BY g.step NULLS FIRST
+"""
+"""One rank's GPU ops with their launch call (track, start, end), ordered by step (so that the step
+windows come grouped)."""
+
+_RANGES = """
+SELECT (category = 'user_annotation')::TINYINT AS kind, track, ts_ns AS s, ts_ns + dur_ns AS e, event_id
+FROM events
+WHERE run_id = $1 AND rank = $2 AND track_kind = 'cpu_thread' AND dur_ns > 0 AND ts_ns IS NOT NULL
+  AND (category = 'cpu_op' OR (category = 'user_annotation' AND name NOT LIKE 'ProfilerStep#%'))
+"""
+"""One rank's candidate launchers (kind 0 = cpu_op, 1 = annotation); not sorted (a sort here held
+~35 MB more at the peak than picking each thread's ranges out in numpy)."""
+
+_NAMED = """
+SELECT a.event_id, a.launch_event_id, a.cpu_op_id, c.name AS cpu_op, a.annotation_id, u.name AS annotation
+FROM _gpu_rank_part a
+LEFT JOIN (SELECT event_id, name FROM events WHERE run_id = $1 AND rank = $2 AND category = 'cpu_op') c
+       ON c.event_id = a.cpu_op_id
+LEFT JOIN (SELECT event_id, name FROM events WHERE run_id = $1 AND rank = $2 AND category = 'user_annotation') u
+       ON u.event_id = a.annotation_id
+"""
+"""gpu_launchers' columns after (run_id, rank) from the ids found (_gpu_rank_part)."""
+
+
+CHUNK_SPANS = 1 << 18
+"""Spans swept at once: windows are taken together up to this many spans (a larger one alone), so
+the sweep's arrays (~30 B per span boundary) stay small beside the rank's own columns."""
+
+
+def sweep(grp: np.ndarray, s: np.ndarray, e: np.ndarray, k: np.ndarray, launch: np.ndarray):
+    """Label the windows of one rank. Spans: window ``grp``, start ``s`` < end ``e`` (int64 ns),
+    class code ``k`` (0–3 = _CLASSES, 4 other, 5 NULL), ``launch`` the launch call's start
+    (int64 ns, _NONE when not linked).
+
+    Returns (windows, parts, gaps): ``windows`` = (grp, start, end) int64 arrays, one entry per
+    window ascending; ``parts`` an int64 array (windows × LABELS) of labelled lengths (ns);
+    ``gaps`` = (window index, s, e, launch, idle class code) arrays, one entry per idle gap in
+    (window, s) order. Raises ValueError when the rank's spans cover 2^53 ns (104 days) or more.
+    """
+    if (grp[1:] < grp[:-1]).any():
+        order = np.argsort(grp, kind="stable")
+        grp, s, e, k, launch = (x[order] for x in (grp, s, e, k, launch))
+    wfirst = np.flatnonzero(np.r_[True, grp[1:] != grp[:-1]])
+    wgrp = grp[wfirst]
+    bounds = np.r_[wfirst, len(grp)].tolist()
+    tmin = int(s.min())
+    span = int(e.max()) - tmin + 1
+    if span >= 2**53:
+        raise ValueError(f"GPU work spans {span} ns, too long to sweep")
+    per_key = 2**58 // span  # windows whose (window, time) keys fit one int64 beside 4 bits of code
+    outs, a = [], 0
+    while a < len(wgrp):
+        z = a + 1
+        while z < len(wgrp) and z - a < per_key and bounds[z + 1] - bounds[a] <= CHUNK_SPANS:
+            z += 1
+        lo, hi = bounds[a], bounds[z]
+        wid = np.searchsorted(wfirst[a:z], np.arange(lo, hi), side="right") - 1
+        lz = launch[lo:hi]
+        lz = np.where(lz == _NONE, _NONE, lz - tmin)
+        w, parts, g = _sweep_chunk(wid, s[lo:hi] - tmin, e[lo:hi] - tmin, k[lo:hi], lz, span)
+        outs.append(((w[0] + tmin, w[1] + tmin), parts, (g[0] + a, g[1] + tmin, g[2] + tmin,
+                                                         np.where(g[3] == _NONE, _NONE, g[3] + tmin), g[4])))
+        a = z
+    start = np.concatenate([o[0][0] for o in outs])
+    end = np.concatenate([o[0][1] for o in outs])
+    parts = np.concatenate([o[1] for o in outs])
+    gaps = tuple(np.concatenate([o[2][j] for o in outs]) for j in range(5))
+    return (wgrp, start, end), parts, gaps
+
+
+def _sweep_chunk(wid, s, e, k, launch, span):
+    """:func:`sweep` over windows 0..W−1 (``wid`` per span, non-decreasing), times in [0, span)
+    (``launch`` on the same origin, _NONE when not linked).
+    Returns ((start, end), parts, (window, s, e, launch, class)) as :func:`sweep`."""
+    n = len(s)
+    base = wid * span
+    # one int64 per boundary: (window, time) above 4 bits of code (class × 2 + is_end)
+    pts = np.empty(2 * n, dtype=np.int64)
+    pts[:n] = ((base + s) << 4) | (k.astype(np.int64) * 2)
+    pts[n:] = ((base + e) << 4) | (k.astype(np.int64) * 2 + 1)
+    pts.sort()
+    low = (pts & 15).astype(np.int8)
+    tk = pts >> 4
+    del pts
+    head = np.ones(2 * n, dtype=bool)
+    np.not_equal(tk[1:], tk[:-1], out=head[1:])
+    hi = np.flatnonzero(head)
+    del head
+    last = np.r_[hi[1:], 2 * n] - 1
+    # the counters after a boundary = the running sum up to its last point; every window closes
+    # all its spans, so one running sum serves all the windows
+    open_ = [np.cumsum((low == 2 * c).astype(np.int8) - (low == 2 * c + 1), dtype=np.int32)[last] > 0
+             for c in range(5)]
+    del low, last
+    label = np.full(len(hi), 6, dtype=np.int8)  # the rules of the module docstring, last one first
+    for code, c in ((5, 4), (4, 3), (3, 2), (1, 1), (0, 0)):
+        label[open_[c]] = code
+    label[open_[0] & open_[1]] = 2
+    del open_
+    bk = tk[hi]
+    del tk, hi
+    bw, bt = bk // span, bk % span
+    # segment i = [bt[i], bt[i+1]) when both boundaries are in one window
+    inside = np.zeros(len(bk), dtype=bool)
+    inside[:-1] = bw[1:] == bw[:-1]
+    seg_len = np.zeros(len(bk), dtype=np.int64)
+    seg_len[:-1] = np.where(inside[:-1], bt[1:] - bt[:-1], 0)
+    wi = np.flatnonzero(np.r_[True, ~inside[:-1]])
+    wend = bt[np.r_[wi[1:], len(bk)] - 1]
+    # sums of int64 ns as float64: exact, every window being shorter than 2^53 ns
+    nl = len(LABELS)
+    parts = np.bincount(bw * nl + label, weights=seg_len, minlength=len(wi) * nl).astype(np.int64).reshape(-1, nl)
+    # gaps: idle segments; the earliest linked launch of the spans starting at the gap's end
+    gi = np.flatnonzero(inside & (label == 6))
+    gs, ge = bt[gi], bt[gi + 1]
+    sk = base + s
+    o = np.argsort(sk, kind="stable")
+    sks, ls = sk[o], launch[o]
+    first = np.flatnonzero(np.r_[True, sks[1:] != sks[:-1]])
+    lmin = np.minimum.reduceat(ls, first)
+    gl = lmin[np.searchsorted(sks[first], bk[gi + 1])]
+    gclass = np.where((gl != _NONE) & (gl > gs), 0, np.where(ge - gs < KERNEL_WAIT_NS, 1, 2))
+    return (bt[wi], wend), parts, (bw[gi], gs, ge, gl, gclass)
+
+
+def _col(tab, name: str, fill=None) -> np.ndarray:
+    """A column of a pyarrow table as int64 numpy (nulls → ``fill``; no copy when it has none)."""
+    import pyarrow.compute as pc
+
+    c = tab.column(name)
+    if c.null_count and fill is not None:
+        c = pc.fill_null(c, fill)
+    return c.to_numpy().astype(np.int64, copy=False)
+
+
+def _launchers(con, run_id: str, rank: int, ops):
+    """The ids of gpu_launchers (event_id, launch_event_id, cpu_op_id, annotation_id) of one rank's
+    GPU ops ``ops`` (the _OPS rows), as a pyarrow table."""
+    import pyarrow as pa
+
+    from tracekit.intervals import innermost_enclosing
+
+    rg = con.sql(_RANGES, params=[run_id, rank]).to_arrow_table()
+    kind, track = rg.column("kind").to_numpy(), _col(rg, "track", _NONE)
+    s, e, rid = _col(rg, "s"), _col(rg, "e"), _col(rg, "event_id", _NONE)
+    del rg
+    lt, ls, le = _col(ops, "l_track", _NONE), _col(ops, "l_s", _NONE), _col(ops, "l_e", _NONE)
+    linked = (ls != _NONE) & (le != _NONE)
+    found = {0: np.full(len(lt), -1, dtype=np.int64), 1: np.full(len(lt), -1, dtype=np.int64)}
+    for kd in (0, 1):
+        tracks = np.sort(track[kind == kd])
+        tracks = tracks[np.r_[True, tracks[1:] != tracks[:-1]]].tolist() if len(tracks) else []
+        for tr in tracks:
+            if tr == _NONE:  # no thread: encloses nothing (NULL = NULL is not true in SQL either)
+                continue
+            sel = np.flatnonzero((kind == kd) & (track == tr))
+            q = np.flatnonzero(linked & (lt == tr))
+            hit = innermost_enclosing(s[sel], e[sel], ls[q], le[q])
+            found[kd][q[hit >= 0]] = sel[hit[hit >= 0]]
+    ids = {}
+    rid = np.r_[rid, 0]  # index −1 (none found) picks this placeholder, masked to NULL
+    for kd, name in ((0, "cpu_op_id"), (1, "annotation_id")):
+        f = found[kd]
+        ids[name] = pa.array(rid[f], mask=(f < 0) | (rid[f] == _NONE))
+    return pa.table({"event_id": ops.column("event_id"), "launch_event_id": ops.column("launch_event_id"), **ids})
+
+
+def _rank_tables(con, run_id: str, rank: int):
+    """(windows, gaps, launchers ids) of one rank as pyarrow tables (the columns after run_id, rank;
+    windows and gaps None without GPU work)."""
+    import pyarrow as pa
+
+    ops = con.sql(_OPS, params=[run_id, rank]).to_arrow_table()
+    launchers = _launchers(con, run_id, rank, ops)
+    dur = _col(ops, "dur_ns", 0)
+    w = np.flatnonzero(dur > 0)  # GPU work (ts_ns is set on every GPU op)
+    s = _col(ops, "s")[w]
+    e = s + dur[w]
+    k = ops.column("k").to_numpy()[w].astype(np.int8)
+    launch = _col(ops, "l_s", _NONE)[w]
+    m = ops.column("step").is_valid().to_numpy(zero_copy_only=False)[w]
+    step = _col(ops, "step", 0)[w]
+    del ops, dur
+    if len(w) == 0:
+        return None, None, launchers
+    # the whole trace, then the steps (GPU work with a step): two sweeps, no concatenated copy
+    got = [sweep(np.full(len(s), -1, dtype=np.int64), s, e, k, launch)]
+    if m.any():
+        got.append(sweep(step[m], s[m], e[m], k[m], launch[m]))
+        got[1][2][0][:] += len(got[0][0][0])  # the steps' gaps: window index after the whole trace's
+    del s, e, k, launch, step, m
+    wg, ws, we = (np.concatenate([g[0][j] for g in got]) for j in range(3))
+    parts = np.concatenate([g[1] for g in got])
+    gw, gs, ge, gl, gc = (np.concatenate([g[2][j] for g in got]) for j in range(5))
+    del got
+    nc = len(IDLE_CLASSES)  # float64 sums of ns, exact below 2^53 (sweep)
+    idle_by_class = np.bincount(gw * nc + gc, weights=ge - gs, minlength=len(wg) * nc).astype(np.int64).reshape(-1, nc)
+    wins = {"grp": wg, "window_start_ns": ws, "window_end_ns": we}
+    wins.update({f"{lab}_ns": parts[:, j] for j, lab in enumerate(LABELS)})
+    wins.update({f"idle_{c}_ns": idle_by_class[:, j] for j, c in enumerate(IDLE_CLASSES)})
+    gaps = {"grp": wg[gw], "s": gs, "e": ge,
+            "launch_ts_ns": pa.array(gl, mask=gl == _NONE),
+            "idle_class": pa.DictionaryArray.from_arrays(gc.astype(np.int8), list(IDLE_CLASSES))}
+    return pa.table(wins), pa.table(gaps), launchers
+
+
+def create(con) -> None:
+    """Create the tables ``gpu_idle_gaps``, ``gpu_time_breakdown`` and ``gpu_launchers`` on ``con``
+    from its ``events``."""
+    con.execute("""
+        CREATE OR REPLACE TABLE gpu_idle_gaps (run_id VARCHAR, rank INTEGER, grp BIGINT, s BIGINT, e BIGINT,
+            idle_ns BIGINT, launch_ts_ns BIGINT, idle_class VARCHAR)""")
+    con.execute("""
+        CREATE OR REPLACE TABLE gpu_launchers (run_id VARCHAR, rank INTEGER, event_id BIGINT,
+            launch_event_id BIGINT, cpu_op_id BIGINT, cpu_op VARCHAR, annotation_id BIGINT, annotation VARCHAR)""")
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _gpu_windows (run_id VARCHAR, rank INTEGER, grp BIGINT,
+            window_start_ns BIGINT, window_end_ns BIGINT, compute_only_ns BIGINT, comm_exposed_ns BIGINT,
+            comm_hidden_ns BIGINT, memory_ns BIGINT, sync_ns BIGINT, other_ns BIGINT, idle_ns BIGINT,
+            idle_host_wait_ns BIGINT, idle_kernel_wait_ns BIGINT, idle_other_ns BIGINT)""")
+    keys = con.execute("SELECT DISTINCT run_id, rank FROM events WHERE track_kind = 'gpu_stream' "
+                       "ORDER BY run_id, rank").fetchall()
+    for run_id, rank in keys:
+        got = dict(zip(("_gpu_windows", "gpu_idle_gaps", "gpu_launchers"), _rank_tables(con, run_id, rank)))
+        for table, tab in got.items():
+            if tab is None:
+                continue
+            src = {"gpu_idle_gaps": "SELECT grp, s, e, e - s, launch_ts_ns, idle_class::VARCHAR FROM _gpu_rank_part",
+                   "gpu_launchers": _NAMED}.get(table, "SELECT * FROM _gpu_rank_part")
+            con.register("_gpu_rank_part", tab)
+            con.execute(f"INSERT INTO {table} SELECT $1, $2, * FROM ({src})", [run_id, rank])
+            con.unregister("_gpu_rank_part")
+    con.execute("""
+        CREATE OR REPLACE TABLE gpu_time_breakdown AS
+        SELECT run_id, rank, grp, window_start_ns, window_end_ns,
+               (window_end_ns - window_start_ns)::BIGINT AS window_ns,
+               compute_only_ns, comm_exposed_ns, comm_hidden_ns, memory_ns, sync_ns, other_ns, idle_ns,
+               idle_host_wait_ns, idle_kernel_wait_ns, idle_other_ns,
+               CASE WHEN window_end_ns > window_start_ns
+                    THEN idle_ns / (window_end_ns - window_start_ns) END AS idle_fraction
+        FROM _gpu_windows ORDER BY run_id, rank, grp""")
+    con.execute("DROP TABLE _gpu_windows")
