@@ -378,15 +378,16 @@ class Store:
         for table, files in self.table_files(ids, dirs).items():
             schema = TABLES[table][1]
             con.bound_files.extend(files)
+            con.register(f"__empty_{table}", schema.empty_table())
             if files:
-                # a literal file list (glob characters escaped): a store path is never a pattern
+                # a literal file list (glob characters escaped): a store path is never a pattern.
+                # By name after the empty table of this version's schema: a run written before a
+                # column was added reads it as NULL (same major schema version, same meaning)
                 con.execute(
-                    f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet({sql_file_list(files)}, "
-                    "union_by_name = true)"
+                    f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM __empty_{table} UNION ALL BY NAME "
+                    f"SELECT * FROM read_parquet({sql_file_list(files)}, union_by_name = true)"
                 )
             else:
-                empty = schema.empty_table()
-                con.register(f"__empty_{table}", empty)
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM __empty_{table}")
         if read_only_check and ids:
             newest = con.execute("SELECT schema_version FROM runs").fetchall()
