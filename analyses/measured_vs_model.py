@@ -140,17 +140,22 @@ P2P = {"send", "recv"}
 
 
 class _AlphaBeta:
-    """(op, k) → (α, β, source) from the verdicts' reference (module docstring)."""
+    """(process group, op, k) → (α, β, source) from the verdicts' reference (module docstring):
+    each group's own reference (its ok fit, its locality class's preset...); a call whose group
+    has none takes the first group's of the same (op, k), by pg_name."""
 
     def __init__(self, con, link: str | None):
         self.link = link
         self.refs: dict[str, dict] = defaultdict(dict)  # run_id → {(op, k): (α, β, source)}
-        for run_id, op, k, a, b, kind, ref in con.execute(
-            "SELECT run_id, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, coalesce(ref_run_id, reference) "
+        self.by_group: dict = {}  # (run_id, pg_name, op, k) → (α, β, source)
+        for run_id, pg, op, k, a, b, kind, ref in con.execute(
+            "SELECT run_id, pg_name, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, coalesce(ref_run_id, reference) "
             "FROM collective_reference WHERE ref_alpha_s IS NOT NULL AND ref_beta_Bps IS NOT NULL "
             "ORDER BY run_id, op, group_size, pg_name"
         ).fetchall():
-            self.refs[run_id].setdefault(("send" if op in P2P else op, k), (a, b, f"{kind}:{ref}"))
+            key = ("send" if op in P2P else op, k)
+            self.refs[run_id].setdefault(key, (a, b, f"{kind}:{ref}"))
+            self.by_group.setdefault((run_id, pg) + key, (a, b, f"{kind}:{ref}"))
 
     def _pick(self, fits: dict, op: str, k: int):
         key = ("send" if op in P2P else op, k)
@@ -161,12 +166,15 @@ class _AlphaBeta:
             return same_k[0]
         return next(iter(sorted(fits.items())))[1] if fits else None
 
-    def get(self, run_id: str, op: str, k: int):
+    def get(self, run_id: str, op: str, k: int, pg: str | None = None):
         if self.link:
             from tracekit.model import link_from_preset
 
             lk = link_from_preset(self.link)
             return lk.alpha_s, lk.beta_Bps, f"link:{self.link}"
+        own = self.by_group.get((run_id, pg, "send" if op in P2P else op, k))
+        if own is not None:
+            return own
         if self.refs.get(run_id):
             return self._pick(self.refs[run_id], op, k)
         return None
@@ -253,19 +261,19 @@ def rows_for(con, link: str | None) -> list[dict]:
     ab_memo: dict = {}
     terms_memo: dict = {}
     cur = con.execute(
-        "SELECT c.run_id, c.rank, e.step, c.op, c.size_bytes, c.group_size FROM collectives c "
+        "SELECT c.run_id, c.rank, e.step, c.op, c.size_bytes, c.group_size, c.pg_name FROM collectives c "
         "JOIN events e USING (run_id, rank, event_id) WHERE e.class = 'comm' AND e.step IS NOT NULL AND c.op IS NOT NULL "
         "ORDER BY c.run_id, c.rank, e.step, c.ts_ns, c.event_id"
     )
     while rows := cur.fetchmany(8192):  # nothing in this loop may run SQL on con: the result is streamed
-        for run_id, rank, step, op, size, k in rows:
+        for run_id, rank, step, op, size, k, pg in rows:
             if (run_id, rank, step) not in want:
                 continue
             acc = sums.get((run_id, rank))
             if acc is None:
                 acc = sums[(run_id, rank)] = [0.0, 0.0, 0, None, True]
-            key = (run_id, op, k)
-            got = ab_memo[key] if key in ab_memo else ab_memo.setdefault(key, ab.get(run_id, op, k))
+            key = (run_id, pg, op, k)
+            got = ab_memo[key] if key in ab_memo else ab_memo.setdefault(key, ab.get(run_id, op, k, pg))
             if got:
                 tkey = (op, size, k, got[0], got[1])
                 t = terms_memo[tkey] if tkey in terms_memo else terms_memo.setdefault(tkey, _terms(*tkey))
@@ -422,7 +430,7 @@ def dimension_rows(con, link: str | None) -> list[dict]:
     ).fetchall():
         if run_id not in models or step not in steps.get((run_id, rank), ()):
             continue
-        got = ab.get(run_id, op, k)
+        got = ab.get(run_id, op, k, pg)
         t = _terms(op, size, k, got[0], got[1]) if got else None
         calls[(run_id, rank, dim)][step].append((sum(t) if t else None, dur, ov))
         groups[(run_id, rank, dim)].add(pg)

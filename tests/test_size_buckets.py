@@ -255,6 +255,20 @@ def test_reference_per_locality_class(two_hosts):
     user.close()
 
 
+def test_measured_vs_model_uses_each_groups_reference(two_hosts):
+    """The model side of measured_vs_model takes the α, β of the call's own group: tp0's own fit
+    (β = 20 GB/s), tp1 nvlink4 (360 GB/s), dp0/dp1 ib_ndr (40 GB/s) — not one per (op, k)."""
+    import importlib
+
+    con = analyses.connect(two_hosts)
+    ab = importlib.import_module("tracekit.analyses.measured_vs_model")._AlphaBeta(con, None)
+    con.close()
+    got = {pg: ab.get("job", "all_reduce", 2, pg) for pg in ("tp0", "tp1", "dp0", "dp1")}
+    assert got["tp0"][1] == pytest.approx(20e9, rel=1e-3) and got["tp0"][2].startswith("own_fit")
+    assert got["tp1"][1] == pytest.approx(360e9) and got["tp1"][2] == "preset:nvlink4"
+    assert got["dp0"][1] == got["dp1"][1] == pytest.approx(40e9) and got["dp0"][2] == "preset:ib_ndr"
+
+
 def test_report_names_group_and_class(two_hosts, capsys):
     from tracekit.report import print_report
 
