@@ -65,7 +65,7 @@ the α–β reference its verdicts and efficiency use, chosen in this order (iss
    size, else the same op at the nearest group size (said in ref_note); never another op's fit
    (α per step depends on the algorithm and protocol NCCL picks for the op) — ref_kind
    ``sweep`` / ``nccl_tests``;
-3. a preset from the device and topology: the group's ranks on one host → that device's intra-node
+4. a preset from the device and topology: the group's ranks on one host → that device's intra-node
    link (tracekit.model.device_presets: NVLink, xGMI or PCIe; a CPU gloo run → loopback_gloo);
    across hosts → the typical NIC preset of such systems, shared by the node's GPUs over
    ``tk_nics_per_node`` NICs when set (tracekit.model.network_link). Hosts not recorded: a group
@@ -346,12 +346,16 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
                           ref_run_id=rid, ref_algo=own[2], ref_alpha_s=own[0], ref_beta_Bps=own[1], ref_note=note)
         mine = runs.get(rid, {})
         my_hosts = set((hosts or "").split(",")) - {""}
-        for c in ([] if chosen else calib):
+        # a calibration run's own fits first for itself (another of its benchmark runs), then the
+        # newest other calibration run of the same machine
+        order = ([rid] if rid in calib else []) + [c for c in calib if c != rid]
+        for c in ([] if chosen else order):
             cr = runs[c]
-            if cr["backend"] != mine.get("backend") or cr["device"] != mine.get("device"):
-                continue
-            if my_hosts and run_hosts.get(c) and not my_hosts <= run_hosts[c]:
-                continue
+            if c != rid:
+                if cr["backend"] != mine.get("backend") or cr["device"] != mine.get("device"):
+                    continue
+                if my_hosts and run_hosts.get(c) and not my_hosts <= run_hosts[c]:
+                    continue
             got = pick_fit(c, op, k, locality)
             if got:
                 kind = "nccl_tests" if cr["source"] == "nccl_tests" else "sweep"

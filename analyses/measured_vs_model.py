@@ -31,10 +31,11 @@ job (:func:`overlap_model` maps run configs written before that key existed); by
 - ``no_overlap`` (everything else: tp unchunked, ep without two-batch overlap, disagg-kv bulk,
   sweeps, external jobs) — exposed = a. An unknown kind gets no prediction, and a note.
 
-α and β (per op and group size) are the verdicts' reference (collective_reference:
-the ``--link`` preset or the user's α/β; else the newest ok sweep / nccl-tests fit
-of this machine; else the device's preset; else the run's own ok fit). A missing
-(op, k) falls back to the reference of another op of that k, then any op (α and
+α and β (per process group, op and group size) are the verdicts' reference
+(collective_reference: the ``--link`` preset or the user's α/β; else the group's own
+ok fit; else the newest ok sweep / nccl-tests fit of this machine; else the preset of
+the group's device and locality class; the order: analyses/fit.py). A call whose
+group has none takes the first group's of its (op, k); a missing (op, k) falls back to the reference of another op of that k, then any op (α and
 β are link properties in the model; the algorithm coefficients carry the op).
 send/recv are modelled as point-to-point messages (T = α + D/β).
 

@@ -2,7 +2,8 @@
 -- bubble fraction measured, beside the model's (p−1)/(m+p−1).
 -- Reads: runs, events, collectives, intervals, overlap (compute_islands)
 --
--- A PP run is a run with send/recv collectives. A stage is a rank with send/recv calls. Per rank and
+-- A PP run is a run with send/recv collectives that is not a calibration run (a `collect sweep` run
+-- or a nccl-tests log time send/recv alone, with no pipeline). A stage is a rank with send/recv calls. Per rank and
 -- step (events.step):
 --   window       = the pipeline step: first start to last end of the compute and comm events of the
 --                  step over ALL stages (the schedule's step, which the model's fraction is of; so a
@@ -50,7 +51,7 @@ SELECT c.run_id,
                 count(DISTINCT c.rank)) AS stages,
        TRY_CAST(json_extract_string(any_value(r.config), '$.microbatches') AS BIGINT) AS microbatches
 FROM collectives c JOIN runs r USING (run_id)
-WHERE c.op IN ('send', 'recv')
+WHERE c.op IN ('send', 'recv') AND coalesce(r.workload, '') <> 'sweep' AND coalesce(r.source, '') <> 'nccl_tests'
 GROUP BY c.run_id;
 
 CREATE OR REPLACE VIEW _pp_recv_spans AS

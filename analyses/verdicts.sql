@@ -5,8 +5,9 @@
 -- Every number from tracekit.model through tk_* UDFs: T = A·α + B·D/β with (A, B) =
 -- algorithm_coefficients (../shared/reference/alpha-beta.md). Three α/β sources per instance:
 --   ref:  the reference chosen for its (run, group, op, k) by collective_reference (the user's link
---         or α/β; else the machine's newest ok sweep / nccl-tests fit; else the device's preset; else
---         the run's own ok fit; else none, with no_model_reason) — the verdict and `efficiency` use it;
+--         or α/β; else the group's own ok fit; else the machine's newest ok sweep / nccl-tests fit;
+--         else the preset of its device and locality class; else none, with no_model_reason; the
+--         order and its reasons: analyses/fit.py) — the verdict and `efficiency` use it;
 --   link: the hardware link (the user's, else the device/topology preset) — `efficiency_link`;
 --   fit:  the ok fit of the instance's own process group for (op, k) (alpha_beta_fit, scope 'group';
 --         fits that are insufficient or poor are never used) — shown for comparison (and the

@@ -403,7 +403,7 @@ class Agent:
             "world_size": self.world_size,
             "dist": self.dist,
             "backend": self.backend,
-            "host": _HOST,
+            "host": socket.gethostname(),  # the raw name (as run_config hosts); _HOST only names files
             "job": os.environ.get(ENV_JOB),
             "torch_version": self.torch_version,
             "step_source": self.mode,

@@ -114,7 +114,8 @@ def build_report(
     locality class (instance_locality), benchmark run of a nccl-tests log (``bench_run``, else None) and power-of-two size bucket
     (``bucket_bytes``, tracekit.model.size_bucket): count, medians within the bucket of sync time,
     algbw, busbw, the reference's predicted time and efficiency, peak busbw, the most frequent
-    verdict, and the efficiency against the link with the bucket's regime), ``peak_busbw`` (per op,
+    verdict, ``references`` (how many references judged the bucket's groups: its model time and
+    efficiency are medians over them when > 1), and the efficiency against the link with the bucket's regime), ``peak_busbw`` (per op,
     group size and benchmark run: the largest busbw and the size it was reached at),
     ``unattributed`` (comm spans with no collective), ``instances`` (matching
     health), ``overlap_by_rank``, ``overlap_by_step``, ``stragglers`` (worst
@@ -126,7 +127,7 @@ def build_report(
     verdict), ``furthest_from_model``
     (lowest efficiency), ``link`` (the preset compared with, or None),
     ``measured_vs_model`` (per rank: measured vs predicted exposed communication per
-    step; α/β from --link, else the newest sweep run, else this run's fit),
+    step; α/β per call from its group's verdict reference, collective_reference),
     ``measured_vs_model_by_dimension`` (per rank and dimension tp/pp/dp/ep, each under its own
     overlap model; empty for a run without per-dimension models) and ``model_by_dimension`` (those
     rows summed per dimension, :func:`model_by_dimension`), ``warnings``;
@@ -295,6 +296,7 @@ def build_report(
                median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps,
                median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
                mode(verdict) AS verdict, count(DISTINCT verdict) AS verdicts,
+               count(DISTINCT coalesce(reference, 'no model')) AS references,
                any_value(link) AS link, median(link_predicted_ns) AS median_link_predicted_ns,
                median(efficiency_link) AS median_efficiency_link, any_value(link_crossover_bytes) AS link_crossover_bytes,
                CASE WHEN any_value(link_crossover_bytes) IS NULL THEN NULL
@@ -548,6 +550,10 @@ def print_by_size(report: dict, con) -> None:
         return
     runs = any(r["bench_run"] for r in rows)
     classes = len({r["locality"] for r in rows}) > 1
+
+    def mixed(r):
+        return "†" if (r.get("references") or 0) > 1 else ""
+
     t = _table("Collectives per op and size (power-of-two buckets as nccl-tests steps sizes; medians within a bucket)")
     for col in ("op", "k") + (("class",) if classes else ()) + (("run",) if runs else ()) + (
             "size ≥", "count", "sync µs", "algbw", "busbw", "peak", "model µs", "eff", "bound"):
@@ -558,9 +564,12 @@ def print_by_size(report: dict, con) -> None:
                   *((bench_label(r["bench_run"]),) if runs else ()),
                   size_label(r["bucket_bytes"]), str(r["count"]), fmt_us(r["median_sync_time_ns"]),
                   fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
-                  fmt_us(r["median_predicted_ns"]), fmt_num(r["median_efficiency"]), bound)
-    t.caption = ("algbw, busbw GB/s (nccl-tests rules); model, eff: the verdicts' reference (predicted / measured); "
-                 "bound: the most frequent verdict (* = the bucket holds several)")
+                  fmt_us(r["median_predicted_ns"]) + mixed(r), fmt_num(r["median_efficiency"]) + mixed(r), bound)
+    t.caption = ("algbw, busbw GB/s (nccl-tests rules); model, eff: the verdicts' reference (predicted / measured; "
+                 "† = medians over groups judged against different references: see the references below); "
+                 "bound: the most frequent verdict (* = the bucket holds several)"
+                 + ("; eff > 1: faster than the reference predicts (a pessimistic reference for that op and size, "
+                    "e.g. a preset's α)" if any((r["median_efficiency"] or 0) > 1 for r in rows) else ""))
     _show(con, t)
     workload, source = report["run"].get("workload"), report["run"].get("source")
     if (workload == "sweep" or source == "nccl_tests") and report.get("peak_busbw"):
@@ -979,6 +988,10 @@ def print_locality(report: dict, console) -> None:
 # -- pipeline bubbles (analyses/pipeline_bubbles.sql) -----------------------------------
 
 
+MAX_BUBBLE_ROWS = 16
+"""(step, stage) rows of the terminal's pipeline-bubble table; the JSON has them all."""
+
+
 def print_bubbles(report: dict, console) -> None:
     """``report['pipeline_bubbles']`` (the columns of ``pipeline_bubbles``) as a rich table; nothing
     for runs without send/recv."""
@@ -990,11 +1003,12 @@ def print_bubbles(report: dict, console) -> None:
     t = _table("Pipeline bubbles per stage and step (measured vs (p−1)/(m+p−1), GPipe)")
     for col in ("step", "stage (rank)", "step ms", "compute ms", "recv wait ms", "other ms", "bubble", "model"):
         t.add_column(col, justify="right")
-    for r in rows:
+    for r in rows[:MAX_BUBBLE_ROWS]:
         t.add_row(str(r["step"]), str(r["rank"]), fmt_ms(r["window_ns"]), fmt_ms(r["compute_ns"]),
                   fmt_ms(r["recv_wait_ns"]), fmt_ms(r["other_ns"]), fmt_pct(r["bubble_fraction"]),
                   fmt_pct(r["model_bubble_fraction"]))
-    t.caption = "bubble = (step − compute) / step; the model assumes equal stages and free transfers"
+    t.caption = ("bubble = (step − compute) / step; the model assumes equal stages and free transfers"
+                 + (f"; {MAX_BUBBLE_ROWS} of {len(rows)} rows (--json has them all)" if len(rows) > MAX_BUBBLE_ROWS else ""))
     _show(console, t)
 
 

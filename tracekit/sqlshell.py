@@ -137,11 +137,12 @@ def run_query(store, query: str, *, arrow: bool = False):
             try:
                 # on the DuckDB connection itself (AnalysisConnection.execute would SET the budget),
                 # retried by the pipeline while the query names analyses not built yet
+                if arrow:  # a relation straight to Arrow (a DB-API result would copy the rows once more)
+                    rel = acon._retry(lambda: con._con.sql(query))
+                    return None if rel is None else rel.to_arrow_table()
                 cur = acon._retry(lambda: con._con.execute(query))
                 if cur.description is None:
-                    return None if arrow else (None, [])
-                if arrow:
-                    return cur.to_arrow_table()
+                    return None, []
                 return [d[0] for d in cur.description], cur.fetchall()
             except duckdb.OutOfMemoryException:
                 if limit >= ANALYSIS_MEMORY_MAX:
