@@ -280,3 +280,28 @@ def test_legacy_aside_directory_is_restored(tmp_path, old_store):
     shutil.copytree(old_store.run_dir("r"), aside)
     _next_writer(old_store)
     assert not aside.exists() and _content(old_store) == before
+
+
+def test_unwritable_outputs_are_one_line_and_write_nothing(tmp_path, capsys):
+    """export --perfetto, analyze --html to a directory, into a missing system folder or below a
+    file: exit 2, one line naming the path (atomic_output), nothing left beside it."""
+    from tracekit.cli import main
+
+    st = tmp_path / "st"
+    ingest_paths([FIXTURES / "tp_2rank"], Store(st), run_id="tp")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    cases = [
+        (["export", "--perfetto", str(tmp_path)], f"{tmp_path}: is a directory"),
+        (["export", "--perfetto", str(afile / "x.json")], f"{afile / 'x.json'}: cannot create its folder"),
+        (["export", "--perfetto", "/proc/tk-no-such.json"], "/proc/tk-no-such.json: cannot write there"),
+        (["analyze", "--html", "/proc/tk-no-such.html"], "/proc/tk-no-such.html: cannot write there"),
+    ]
+    for args, msg in cases:
+        capsys.readouterr()
+        rc = main(args + ["--store", str(st)])
+        err = capsys.readouterr().err
+        assert rc == 2, (args, err)
+        assert msg in err and "internal error" not in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -205,8 +205,13 @@ def _write(con, run_id: str, out: Path) -> ExportStats:
     stats.collectives = len(coll)
     where: dict[tuple[int, int], tuple[int, int, int]] = {}  # (rank, event_id) → (pid, tid, start ns)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from tracekit.errors import FileError
     from tracekit.store import atomic_output
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FileError(out, f"cannot create its folder: {exc.strerror or exc}") from None
 
     with atomic_output(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         first = True

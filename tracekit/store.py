@@ -36,7 +36,7 @@ from typing import Iterable
 import pyarrow as pa
 
 from tracekit import SCHEMA_VERSION
-from tracekit.errors import StoreError
+from tracekit.errors import FileError, StoreError
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -231,16 +231,25 @@ _NS_PER_UNIT = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 def atomic_output(out: Path):
     """A temporary path beside ``out`` for the caller to write; renamed over ``out`` when the block
     ends without error, removed otherwise (so ``out`` is never half-written), with the default
-    permissions (0666 & ~umask, not mkstemp's 0600). Raises what the writing raises (OSError)."""
+    permissions (0666 & ~umask, not mkstemp's 0600). Raises FileError (one line naming ``out``) when
+    ``out`` is a directory or its folder cannot be written; otherwise what the writing raises."""
     out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    if out.is_dir():
+        raise FileError(out, "is a directory, not a file to write")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    except OSError as exc:
+        raise FileError(out, f"cannot write there: {exc.strerror or exc}") from None
     os.close(fd)
     try:
         yield Path(tmp)
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError as exc:
+            raise FileError(out, f"cannot write there: {exc.strerror or exc}") from None
     except BaseException:
         try:
             os.unlink(tmp)
