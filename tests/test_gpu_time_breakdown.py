@@ -212,7 +212,11 @@ def test_report_json_and_terminal_sections(con, tmp_path, capsys):
     assert "GPU time per rank" in text
     # rank 0's row: window 0.160 ms, compute only 39,980 / 160,000 = 25.0 %, idle 67,020 / 160,000 = 41.9 %
     line = next(l for l in text.splitlines() if "0.160" in l)
-    assert "25.0%" in line and "41.9%" in line and "0.064" in line
+    assert "25.0%" in line and "41.9%" in line
+    # its idle classes, a table of their own: idle 0.067 ms, of which host wait 0.064 ms
+    idle = text[text.index("GPU idle time per rank"):].splitlines()
+    row = next(l for l in idle if l.split()[:1] == ["0"])
+    assert row.split()[:3] == ["0", "0.067", "0.064"]
 
 
 def test_html_section_renders_in_chromium(tmp_path):

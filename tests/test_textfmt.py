@@ -17,3 +17,16 @@ def test_units_and_signs():
     assert fmt_ms(5e5, signed=True) == "+0.500"
     assert fmt_pct(0.1234) == "12.3%" and fmt_pct(0.05, signed=True) == "+5.0%" and fmt_pp(-0.05) == "-5.0 pp"
     assert fmt_num(1234567) == "1,234,567" and fmt_num(2.0) == "2.00" and fmt_num(3.14159, 3) == "3.142"
+
+
+def test_short_kernel_name_keeps_what_tells_kernels_apart():
+    from tracekit.textfmt import short_kernel_name
+
+    sqrt = ("void at::native::vectorized_elementwise_kernel<4, at::native::sqrt_kernel_cuda(at::TensorIteratorBase&)"
+            "::{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2> >(int)")
+    assert short_kernel_name(sqrt) == ("vectorized_elementwise_kernel<4, sqrt_kernel_cuda(TensorIteratorBase&)::λ::λ, "
+                                       "Array<char*, 2> >(int)")
+    assert short_kernel_name(sqrt, 40) == "vectorized_elementwise_kernel<4, sqrt_k…"
+    assert len(short_kernel_name(sqrt, 40)) == 40
+    nccl = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+    assert short_kernel_name(nccl) == nccl and short_kernel_name(None) == "—"

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from tracekit.store import Store
-from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us
+from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us, short_kernel_name
 
 TOP_STRAGGLERS = 10
 
@@ -499,12 +499,22 @@ def _show(con, t) -> None:
     for col in t.columns:
         cells = [str(col.header)] + [str(c) for c in col._cells]
         widths.append(max([len(w) for c in cells for w in c.split()] + [1]))
-    if sum(widths) + 2 * len(widths) <= con.width:  # else rich folds the longest words rather than crop the table
-        for col, w in zip(t.columns, widths):
-            col.min_width = w
-            cells = [str(c) for c in col._cells]
-            if cells and not any(" " in c.strip() for c in cells) and max(map(len, cells)) >= len(str(col.header)):
-                col.no_wrap = True  # single words at least as wide as the header: never squeezed
+    fits = sum(widths) + 2 * len(widths) <= con.width
+    # too wide: the widest column (a kernel or op name) folds inside its words, every other column
+    # keeps its longest word whole, so no number or label is cut
+    fold = None if fits else max(range(len(widths)), key=widths.__getitem__)
+    if fold is not None and sum(widths) - widths[fold] + 2 * len(widths) + 12 > con.width:
+        fold = -1  # even so too wide: rich folds the longest words rather than crop the table
+    for i, (col, w) in enumerate(zip(t.columns, widths)):
+        if fold == -1:
+            break
+        if i == fold:
+            col.no_wrap, col.overflow, col.min_width = False, "fold", 12
+            continue
+        col.min_width = w
+        cells = [str(c) for c in col._cells]
+        if cells and not any(" " in c.strip() for c in cells) and max(map(len, cells)) >= len(str(col.header)):
+            col.no_wrap = True  # single words at least as wide as the header: never squeezed
     caption, t.caption = t.caption, None
     con.print(t)
     if caption:
@@ -862,12 +872,17 @@ def print_gpu_breakdown(report: dict, console) -> None:
         return
     t = _table("GPU time per rank (whole trace; parts sum to the window; idle = no GPU activity)")
     for col in ("rank", "window ms", "compute only", "comm exposed", "comm hidden", "memcpy/set", "sync", "other",
-                "idle", "host wait ms", "kernel wait ms", "other idle ms"):
+                "idle"):
         t.add_column(col, justify="right")
     for r in rows:
         w = r["window_ns"] or None
-        t.add_row(str(r["rank"]), fmt_ms(r["window_ns"]),
-                  *(fmt_pct(None if w is None else r[k] / w) for k in GPU_PARTS),
+        t.add_row(str(r["rank"]), fmt_ms(r["window_ns"]), *(fmt_pct(None if w is None else r[k] / w) for k in GPU_PARTS))
+    _show(console, t)
+    t = _table("GPU idle time per rank, by class (whole trace)")
+    for col in ("rank", "idle ms", "host wait ms", "kernel wait ms", "other idle ms"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["rank"]), fmt_ms(r["idle_ns"]),
                   *(fmt_ms(r[k]) for k in ("idle_host_wait_ns", "idle_kernel_wait_ns", "idle_other_ns")))
     t.caption = ("idle classes as HTA's idle-time breakdown: host wait = the next GPU op was launched after the GPU "
                  "went idle; kernel wait = gap < 30 ns; other = the rest")
@@ -905,11 +920,11 @@ def print_kernel_sections(report: dict, console) -> None:
         t = _table(f"Top GPU ops per class (by total time; top {TOP_KERNELS_PER_CLASS})")
         for col in ("class", "name", "count", "total ms", "mean µs", "p50 µs", "p95 µs", "share of steps"):
             if col == "name":
-                t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=56)
+                t.add_column(col, overflow="fold", max_width=56)  # a long name wraps, never cut
             else:
                 t.add_column(col, justify="left" if col == "class" else "right")
         for r in report["kernel_summary"]:
-            t.add_row(r["class"], r["name"], str(r["count"]), fmt_ms(r["total_ns"]), fmt_us(r["mean_ns"]),
+            t.add_row(r["class"], short_kernel_name(r["name"], 90), str(r["count"]), fmt_ms(r["total_ns"]), fmt_us(r["mean_ns"]),
                       fmt_us(r["p50_ns"]), fmt_us(r["p95_ns"]), fmt_pct(r["step_share"]))
         _show(console, t)
     if report.get("gpu_time_by_launcher"):
@@ -917,7 +932,8 @@ def print_kernel_sections(report: dict, console) -> None:
         for col in ("kind", "launcher", "GPU ops", "GPU ms", "compute ms", "comm ms", "share"):
             t.add_column(col, justify="left" if col in ("kind", "launcher") else "right")
         for r in report["gpu_time_by_launcher"]:
-            t.add_row(r["launcher_kind"], r["launcher"] or "(none)", str(r["gpu_ops"]), fmt_ms(r["gpu_total_ns"]),
+            t.add_row(r["launcher_kind"], short_kernel_name(r["launcher"], 90) if r["launcher"] else "(none)",
+                      str(r["gpu_ops"]), fmt_ms(r["gpu_total_ns"]),
                       fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_pct(r["share"]))
         _show(console, t)
 

@@ -7,6 +7,8 @@ GB = 1e9 B, TB = 1e12 B), as the nccl-tests sizes and the store do.
 
 from __future__ import annotations
 
+import re
+
 NONE = "—"
 
 
@@ -52,3 +54,21 @@ def fmt_num(x, digits: int = 2) -> str:
     if isinstance(x, int):
         return f"{x:,}"
     return f"{x:,.{digits}f}"
+
+
+_NAMESPACES = re.compile(r"\b(?:at::native::|at::detail::|at::cuda::|c10::|at::|std::)")
+_LAMBDA = re.compile(r"\{lambda\([^(){}]*\)#\d+\}")
+_CALL_CONST = re.compile(r"::operator\(\)\(\)(?: const)?")
+
+
+def short_kernel_name(name: str | None, limit: int = 120) -> str:
+    """A demangled GPU kernel (or CPU op) name as the terminal tables print it: without a leading
+    ``void``, the ``at::native::``/``at::``/``c10::``/``std::`` namespaces, with each
+    ``{lambda(...)#N}`` as ``λ`` and ``::operator()() const`` dropped; then at most ``limit``
+    characters (``…`` at the end when cut). The JSON and HTML keep the full name."""
+    if not name:
+        return "—" if name is None else name
+    s = name[5:] if name.startswith("void ") else name
+    s = _CALL_CONST.sub("", _LAMBDA.sub("λ", _NAMESPACES.sub("", s)))
+    s = re.sub(r"\s+", " ", s).strip()
+    return s if len(s) <= limit else s[: limit - 1] + "…"

@@ -48,12 +48,25 @@ def _console():
     return console if console.is_terminal else Console(width=140)
 
 
+def _print(table, console=None) -> None:
+    """Print ``table`` with each column at least as wide as its longest word (header included),
+    so that cells wrap between words and no number or name is cut."""
+    for col in table.columns:
+        words = [w for c in [str(col.header)] + [str(c) for c in col._cells] for w in c.split()]
+        col.min_width = max([len(w) for w in words] + [1])
+    (console or _console()).print(table)
+
+
 def _table(title: str, columns: list[str], caption: Optional[str] = None):
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title, caption=caption)
+    # compact rules, no side borders (as the analyze report): 8 columns fit 100; a cell too narrow
+    # folds inside a word rather than being cut
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0))
     for i, col in enumerate(columns):
-        table.add_column(col, justify="left" if i == 0 else "right")
+        table.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
     return table
 
 
@@ -192,11 +205,11 @@ def _run_collective(
         caption += "; skipped: " + ", ".join(f"{s['algo']} ({s['reason']})" for s in skipped)
     table = _table(
         f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks",
-        ["algorithm", "time", "α term = fixed latency", "β term", "steps", "sent/rank", "D* (boundary)", "verdict"],
-        caption,
+        ["algorithm", "time", "α term", "β term", "steps", "sent/rank", "D*", "verdict"],
+        caption + "; α term = the collective's fixed latency (steps × α); D* = its latency/bandwidth boundary",
     )
     _prediction_rows(table, preds, lambda p: p.algo)
-    _console().print(table)
+    _print(table)
 
 
 def _run_hierarchical(
@@ -244,8 +257,8 @@ def _run_hierarchical(
         return
     table = _table(
         f"all_reduce of {_fb(size_bytes)} per rank on {nodes} nodes × {gpus_per_node} GPUs",
-        ["phase", "ranks", "bytes", "link", "time", "α term = fixed latency", "β term", "verdict"],
-        f"in: {_link_caption(lin)} | out: {_link_caption(lout)}",
+        ["phase", "ranks", "bytes", "link", "time", "α term", "β term", "verdict"],
+        f"in: {_link_caption(lin)} | out: {_link_caption(lout)}; α term = the fixed latency (steps × α)",
     )
     def row(label: str, ranks: int, size: float, link_name: str, r) -> None:
         table.add_row(
@@ -257,7 +270,7 @@ def _run_hierarchical(
     row("hierarchical total", nodes * gpus_per_node, size_bytes, "", h)
     row("flat ring", h.flat_ring.ranks, h.flat_ring.size_bytes, h.flat_ring.link, h.flat_ring)
     console = _console()
-    console.print(table)
+    _print(table, console)
     if h.speedup_vs_flat is not None:
         console.print(f"hierarchical is {h.speedup_vs_flat:.3g}× the speed of the flat ring")
     console.print(f"[dim]{h.flat_assumption}[/dim]")
@@ -343,7 +356,7 @@ def overlap(
         table.add_row("no overlap (c + a)", _ft(tb.serial_time_s))
         table.add_row("two-batch overlap", _ft(tb.time_s))
         table.add_row("hidden", _ft(tb.hidden_comm_s))
-        _console().print(table)
+        _print(table)
         return
     if chunks is None:
         raise BadInputError("give --chunks N (or 'best') with --alpha-chunk, or --two-batch")
@@ -369,7 +382,7 @@ def overlap(
     table.add_row(f"chunked, n = {result.chunks}", _ft(result.time_s))
     table.add_row("exposed beyond compute", _ft(result.exposed_comm_s))
     table.add_row("hidden", _ft(result.hidden_comm_s))
-    _console().print(table)
+    _print(table)
 
 
 @app.command("transfer")
@@ -408,7 +421,7 @@ def transfer(
     table.add_row("bulk, after compute", _ft(r.bulk_s))
     table.add_row(f"layer by layer, L = {r.layers} ({_fb(r.per_layer_bytes)} each)", _ft(r.layered_exposed_s))
     table.add_row("saved", _ft(r.saved_s))
-    _console().print(table)
+    _print(table)
 
 
 @app.command("pp-decode")
@@ -444,7 +457,7 @@ def pp_decode(
     table.add_row("steady-state utilisation", "n/a" if r.steady_utilisation is None else f"{r.steady_utilisation:.1%}")
     fill = "n/a" if r.microbatches_to_fill is None else str(r.microbatches_to_fill)
     table.add_row("micro-batches to keep every stage busy", fill)
-    _console().print(table)
+    _print(table)
 
 
 @app.command("links")
@@ -461,4 +474,4 @@ def links(
     table = _table("link presets (β per GPU per direction)", ["preset", "what", "nominal", "effective β", "α", "n½"])
     for l in rows:
         table.add_row(l.name, l.description, _fbw(l.nominal_Bps), _fbw(l.beta_Bps), _ft(l.alpha_s), _fb(l.n_half_bytes))
-    _console().print(table)
+    _print(table)
