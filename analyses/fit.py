@@ -101,6 +101,7 @@ link_note        VARCHAR  how it was chosen
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 import pyarrow as pa
@@ -203,6 +204,25 @@ def _var(con, name: str):
         return None
 
 
+def bench_groups(con) -> dict:
+    """(run_id, pg_name) → {device, hosts} of each benchmark run of a nccl-tests log, from the run
+    config's ``groups`` (tracekit.ingest.nccl_tests): its one device name (None when the header
+    names several or none) and its host names. Empty for trace runs."""
+    out = {}
+    for rid, config in con.execute("SELECT run_id, config FROM runs WHERE source = 'nccl_tests'").fetchall():
+        try:
+            groups = json.loads(config or "{}").get("groups") or []
+        except (ValueError, AttributeError):
+            continue
+        for g in groups:
+            if not isinstance(g, dict) or not g.get("pg_name"):
+                continue
+            devices = sorted(set(g.get("devices") or []))
+            out[(rid, g["pg_name"])] = dict(device=devices[0] if len(devices) == 1 else None,
+                                            hosts=sorted(set(g.get("hosts") or [])))
+    return out
+
+
 def reference_rows(con, localities: dict | None = None) -> list[dict]:
     """The rows of ``collective_reference`` (columns and the order of choice in the module docstring);
     ``localities``: :func:`group_localities` when the caller has it already."""
@@ -218,6 +238,7 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
     run_hosts: dict = defaultdict(set)
     for rid, host in con.execute("SELECT DISTINCT run_id, host FROM ranks WHERE host IS NOT NULL").fetchall():
         run_hosts[rid].add(host)
+    bench = bench_groups(con)  # nccl-tests logs: each benchmark run's own device and hosts
     fits: dict = defaultdict(dict)  # run_id → {(pg, op, k): (α, β, algo, locality, n_used)}
     for rid, pg, op, k, a, b, algo, c, n in con.execute(
         "SELECT run_id, pg_name, op, group_size, alpha_s, beta_Bps, algo, locality, n_used FROM alpha_beta_fit "
@@ -276,6 +297,12 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
     out = []
     for rid, pg, op, k, ranks_seen, n_hosts, no_host, hosts, per_host in groups:
         run = runs.get(rid, {})
+        g = bench.get((rid, pg))
+        if g is not None:  # a benchmark run of a log: its header's device and hosts, not the log's first
+            run = dict(run, device=g["device"] or run.get("device"))
+            if g["hosts"]:
+                n_hosts, no_host, ranks_seen, hosts = len(g["hosts"]), 0, k, ",".join(g["hosts"])
+                per_host = -(-(k or 1) // len(g["hosts"]))
         locality = localities.get((rid, pg), "unknown")
         row = dict(run_id=rid, pg_name=pg, op=op, group_size=k, locality=locality, hosts=hosts or "")
         if ("send" if op == "recv" else op) not in ALGORITHMS:

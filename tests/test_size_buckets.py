@@ -329,3 +329,17 @@ def test_dlrm_report_has_no_cross_size_median(tmp_path):
         if op == "all_reduce":
             expect[size_bucket(s)] = expect.get(size_bucket(s), 0) + 1
     assert {r["bucket_bytes"]: r["count"] for r in ar} == expect and len(expect) == 3
+
+
+def test_each_benchmark_run_is_judged_on_its_own_device(tmp_path):
+    """two_runs.md: run 0 on 8 H100s (gpu-b07), run 1 on 2 A100-SXM4s (gpu-c02): each run's preset
+    is its own GPU's NVLink (nvlink4: 450 GB/s × 0.8; nvlink3: 300 GB/s × 0.8), not the log's first
+    header's device for both."""
+    store = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "nccl_tests" / "two_runs.md"], store, run_id="two")
+    con = analyses.connect(store)
+    refs = {r[0]: r[1:] for r in con.execute(
+        "SELECT pg_name, link, link_beta_Bps, hosts FROM collective_reference ORDER BY 1").fetchall()}
+    con.close()
+    assert refs["nccl_tests:all_reduce:run0"] == ("nvlink4", pytest.approx(360e9), "gpu-b07")
+    assert refs["nccl_tests:all_reduce:run1"] == ("nvlink3", pytest.approx(240e9), "gpu-c02")
