@@ -64,9 +64,10 @@ def _events_sql(
             AND NOT EXISTS (SELECT 1 FROM {src} WHERE track_kind = 'cpu_thread' AND is_comm)
         ) WHERE prev_end IS NULL OR ts_ns >= prev_end
       ),
-      blocking AS (  -- CPU-only ranks: a thread's collective CPU ops and waits (the time it is blocked)
+      blocking AS (  -- CPU-only ranks: a thread's collective CPU calls and waits (the time it is blocked)
         SELECT device, track, ts_ns AS bs, ts_ns + dur_ns AS be FROM {src}
         WHERE {str(cpu_only).upper()} AND track_kind = 'cpu_thread' AND device IS NOT NULL AND track IS NOT NULL
+          AND NOT coalesce(is_comm, false)
           AND (name LIKE 'c10d::%' OR name LIKE 'nccl:%' OR name LIKE 'rccl:%' OR name LIKE 'gloo:%'
                OR name = 'record_param_comms')
       ),

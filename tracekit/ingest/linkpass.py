@@ -22,7 +22,8 @@ order), plus what the collectives need (:class:`LinkResult`). Per row:
   ``compute`` for kernels; ``memory`` for memcpy/memset; ``other`` for the rest of
   the GPU streams; on CPU-only traces ``compute`` for ``cpu_op`` rows of threads that
   run no gloo work, other than ``c10d::*``/``nccl:*``/``rccl:*``/``gloo:*``/``record_param_comms``
-  and other than those that meet, on their thread, the time of such an op (:class:`_Blocked`:
+  and other than those that meet, on their thread, the time of such an op other than the
+  ``gloo:*`` communication spans (:class:`_Blocked`:
   the thread is then blocked in a collective call or its wait, ``c10d::wait`` included): an op
   inside a call (its launch work) and an op around one (Megatron's ``ReduceFromTP`` around a
   blocking ``c10d::allreduce_``, whose wait the profiler records as no op of its own) are not
@@ -314,8 +315,10 @@ class _CpuCalls:
 
 class _Blocked:
     """Per thread of a CPU-only rank, the time it spends in collective CPU calls and their waits:
-    the union of its ``c10d::*`` / ``nccl:*`` / ``rccl:*`` / ``gloo:*`` / ``record_param_comms`` ops
-    (``c10d::wait`` and the issuing calls included), as islands ``[s, e)`` sorted by start.
+    the union of its ``c10d::*`` / ``nccl:*`` / ``rccl:*`` / ``record_param_comms`` ops (``c10d::wait``
+    and the issuing calls included; not the ``gloo:*`` spans, which are communication rows: gloo's
+    ``gloo:send``/``recv`` on the caller's thread last while an async transfer is in flight, and the
+    caller computes meanwhile), as islands ``[s, e)`` sorted by start.
 
     ``ops``: rows (device, track, ts_ns, end_ns). Islands merge only intervals that overlap
     (start < the running end), so touching ones stay apart and :meth:`meets` gives the same answer
@@ -363,7 +366,7 @@ class _Tables:
         threads: set = set()
         self.has_gloo = False  # a CPU-only rank with gloo:* spans (then they are its communication)
         calls: list = []  # CPU-only: collective CPU ops (device, track, ts, dur, event_id)
-        blocked: list = []  # CPU-only: collective CPU ops and waits (device, track, ts, end)
+        blocked: list = []  # CPU-only: collective CPU calls and waits (device, track, ts, end)
         self._sizes: list = []  # per batch: its GPU ops
         op_stream, op_ts = [], []  # per GPU op, in file order
         l_corr, l_kind, l_eid, l_ts = [], [], [], []  # per launch call with a correlation id
@@ -403,7 +406,7 @@ class _Tables:
                 if c.any():
                     calls.append(np.stack([dev[c], trk[c], ts[c], dur[c],
                                            _ints(b.column("event_id"))[0][c]], axis=1).astype(np.int64))
-                c = known & ((nb & _N_COLLECTIVE_CPU) > 0)
+                c = ~comm.astype(bool) & known & ((nb & _N_COLLECTIVE_CPU) > 0)
                 if c.any():
                     blocked.append(np.stack([dev[c], trk[c], ts[c], ts[c] + dur[c]], axis=1).astype(np.int64))
         self.comm_threads = threads
