@@ -28,7 +28,9 @@ order), plus what the collectives need (:class:`LinkResult`). Per row:
   inside a call (its launch work) and an op around one (Megatron's ``ReduceFromTP`` around a
   blocking ``c10d::allreduce_``, whose wait the profiler records as no op of its own) are not
   compute, the ops they enclose that meet no call still are. CPU compute is thus the union of
-  the compute ops of each thread without the time that thread spends in collective calls;
+  the compute ops of each thread without the time that thread spends in collective calls; a
+  row is classed whole, never split, so an enclosing op's own time outside the call (where the
+  unrecorded wait lies) goes with it, while its child ops keep theirs;
   on CPU-only traces without gloo spans the outermost collective CPU calls are ``comm``
   (:class:`_CpuCalls`); ``cpu`` for everything else;
 * ``step`` — the ``ProfilerStep#N`` window ``[start, end)`` that starts last at or
