@@ -64,6 +64,13 @@ def _events_sql(
             AND NOT EXISTS (SELECT 1 FROM {src} WHERE track_kind = 'cpu_thread' AND is_comm)
         ) WHERE prev_end IS NULL OR ts_ns >= prev_end
       ),
+      blocking AS (  -- CPU-only ranks: a thread's collective CPU calls and waits (the time it is blocked)
+        SELECT device, track, ts_ns AS bs, ts_ns + dur_ns AS be FROM {src}
+        WHERE {str(cpu_only).upper()} AND track_kind = 'cpu_thread' AND device IS NOT NULL AND track IS NOT NULL
+          AND NOT coalesce(is_comm, false)
+          AND (name LIKE 'c10d::%' OR name LIKE 'nccl:%' OR name LIKE 'rccl:%' OR name LIKE 'gloo:%'
+               OR name = 'record_param_comms')
+      ),
       sync_names AS (  -- Stream/Event/Device synchronize calls, by name (every match contains one of the ILIKEs)
         SELECT DISTINCT name FROM {src}
         WHERE (name ILIKE '%synchronize%' OR name ILIKE '%cuda_sync%') AND regexp_matches(name, {_sql_str(_SYNC_NAME)})
@@ -72,8 +79,8 @@ def _events_sql(
         SELECT r.*, l.launch_id, coalesce(l.launch_ts, r.ts_ns) AS step_ts,
                (ct.track IS NOT NULL) AS on_comm_thread, g.next_ts, (sn.name IS NOT NULL) AS sync_name,
                r.event_id IN (SELECT event_id FROM cpu_calls) AS is_call,
-               EXISTS (SELECT 1 FROM cpu_calls c WHERE r.track_kind = 'cpu_thread' AND c.device = r.device
-                       AND c.track = r.track AND r.ts_ns >= c.cs AND r.ts_ns + r.dur_ns <= c.ce) AS in_call
+               EXISTS (SELECT 1 FROM blocking c WHERE r.track_kind = 'cpu_thread' AND c.device = r.device
+                       AND c.track = r.track AND r.ts_ns < c.be AND c.bs < r.ts_ns + r.dur_ns) AS blocked
         FROM {src} r
         LEFT JOIN launch l ON r.track_kind = 'gpu_stream' AND r.correlation = l.correlation
         LEFT JOIN comm_threads ct ON r.track_kind = 'cpu_thread' AND r.device = ct.device AND r.track = ct.track
@@ -98,7 +105,7 @@ def _events_sql(
                WHEN x.category = 'kernel' THEN 'compute'
                WHEN x.category IN ('memcpy', 'memset') THEN 'memory'
                WHEN x.track_kind = 'gpu_stream' THEN 'other'
-               WHEN {str(cpu_only).upper()} AND x.category = 'cpu_op' AND NOT x.on_comm_thread AND NOT x.in_call
+               WHEN {str(cpu_only).upper()} AND x.category = 'cpu_op' AND NOT x.on_comm_thread AND NOT x.blocked
                     AND NOT (x.name LIKE 'c10d::%' OR x.name LIKE 'nccl:%' OR x.name LIKE 'rccl:%'
                              OR x.name LIKE 'gloo:%' OR x.name = 'record_param_comms')
                  THEN 'compute'

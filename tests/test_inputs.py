@@ -71,6 +71,30 @@ def test_cpu_side_instances_waits_and_overlap(cpu_nccl):
         (0, 260 * US, 100 * US, 60 * US), (1, 255 * US, 40 * US, 0)]
 
 
+def test_cpu_compute_excludes_ops_blocked_in_a_collective(tmp_path):
+    """cpu_gloo_tp_2rank (NOTE.md): ReduceFromTP encloses a blocking all-reduce call and its
+    c10d::wait, so it is no compute (before: 300 µs of compute hiding the whole TP all-reduce);
+    the ops it runs outside the call stay compute, and the async all-reduce keeps its overlap
+    with the aten::mm before its wait."""
+    con = analyses.connect(_store(tmp_path, FIXTURES / "inputs" / "cpu_gloo_tp_2rank"))
+    got = con.execute("SELECT name, ts_ns, class FROM events WHERE rank = 0 ORDER BY ts_ns, dur_ns DESC").fetchall()
+    assert [(n, (t - T0) // US, c) for n, t, c in got] == [
+        ("ProfilerStep#1", 0, "cpu"), ("aten::mm", 10, "compute"), ("ReduceFromTP", 120, "cpu"),
+        ("aten::clone", 130, "compute"), ("c10d::allreduce_", 160, "cpu"), ("gloo:all_reduce", 170, "comm"),
+        ("c10d::wait", 180, "cpu"), ("aten::add", 405, "compute"), ("aten::mm", 430, "compute"),
+        ("c10d::allreduce_", 540, "cpu"), ("gloo:all_reduce", 555, "comm"), ("aten::mm", 560, "compute"),
+        ("c10d::wait", 660, "cpu"),
+    ]
+    want = [(0, 365 * US, 330 * US, 100 * US, 265 * US), (1, 225 * US, 400 * US, 40 * US, 185 * US)]
+    for view in ("overlap_by_rank", "overlap_by_step"):
+        assert con.execute(f"SELECT rank, comm_ns, compute_ns, overlap_ns, exposed_comm_ns FROM {view} "
+                           "ORDER BY rank").fetchall() == want
+    # per call: the blocking (TP-like) all-reduce fully exposed, the async one hidden while aten::mm runs
+    assert con.execute("SELECT rank, (ts_ns - ?) // 1000, dur_ns // 1000, overlap_ns // 1000 FROM collective_overlap "
+                       "ORDER BY rank, ts_ns", [T0]).fetchall() == [
+        (0, 170, 220, 0), (0, 555, 145, 100), (1, 310, 80, 0), (1, 555, 145, 40)]
+
+
 def test_cpu_only_report_says_so(cpu_nccl):
     store, _ = cpu_nccl
     rep = build_report(store, "r")

@@ -243,3 +243,26 @@ def test_3d_measured_side_per_dimension_is_the_sum_over_its_calls(threed):
     assert set(got) == set(want)
     for k, (c, o) in want.items():  # one profiled step
         assert got[k] == (c, o, c - o)
+
+
+def test_3d_blocking_tp_all_reduces_are_exposed(threed):
+    """The TP all-reduces are blocking: ReduceFromTP / CopyToTPBackward enclose the call and its wait,
+    so on these CPU-only ranks no compute op meets a TP span (checked span by span against every
+    compute row, not through the unions) and the TP communication is all exposed (before CPU compute
+    left out the ops blocked in a collective, ReduceFromTP hid it all: 0 ms exposed of ~123 ms per
+    rank). The DP buckets, async, still overlap the compute after their launch."""
+    store, rid = threed
+    con = analyses.connect(store)
+    met = con.execute(
+        "SELECT count(*) FROM collectives c JOIN process_groups g USING (run_id, pg_name) "
+        "JOIN events k ON k.run_id = c.run_id AND k.rank = c.rank AND k.class = 'compute' "
+        " AND k.ts_ns < c.ts_ns + c.dur_ns AND c.ts_ns < k.ts_ns + k.dur_ns "
+        "WHERE g.dimension = 'tp'").fetchone()[0]
+    assert met == 0
+    rows = con.execute("SELECT rank, comm_ns, overlap_ns, exposed_ns FROM measured_vs_model_by_dimension "
+                       "WHERE dimension = 'tp' ORDER BY rank").fetchall()
+    assert [r[0] for r in rows] == list(range(8))
+    for _, comm, overlap, exposed in rows:
+        assert comm > 0 and overlap == 0 and exposed == comm
+    dp_overlap = con.execute("SELECT sum(overlap_ns) FROM measured_vs_model_by_dimension WHERE dimension = 'dp'").fetchone()[0]
+    assert dp_overlap > 0

@@ -21,9 +21,18 @@ order), plus what the collectives need (:class:`LinkResult`). Per row:
   ``sync`` or a Stream/Event/Device/Context synchronize call (:data:`SYNC_NAME`);
   ``compute`` for kernels; ``memory`` for memcpy/memset; ``other`` for the rest of
   the GPU streams; on CPU-only traces ``compute`` for ``cpu_op`` rows of threads that
-  run no gloo work, other than ``c10d::*``/``nccl:*``/``gloo:*``/``record_param_comms``;
+  run no gloo work, other than ``c10d::*``/``nccl:*``/``rccl:*``/``gloo:*``/``record_param_comms``
+  and other than those that meet, on their thread, the time of such an op other than the
+  ``gloo:*`` communication spans (:class:`_Blocked`:
+  the thread is then blocked in a collective call or its wait, ``c10d::wait`` included): an op
+  inside a call (its launch work) and an op around one (Megatron's ``ReduceFromTP`` around a
+  blocking ``c10d::allreduce_``, whose wait the profiler records as no op of its own) are not
+  compute, the ops they enclose that meet no call still are. CPU compute is thus the union of
+  the compute ops of each thread without the time that thread spends in collective calls; a
+  row is classed whole, never split, so an enclosing op's own time outside the call (where the
+  unrecorded wait lies) goes with it, while its child ops keep theirs;
   on CPU-only traces without gloo spans the outermost collective CPU calls are ``comm``
-  (:class:`_CpuCalls`) and the ops inside them not ``compute``; ``cpu`` for everything else;
+  (:class:`_CpuCalls`); ``cpu`` for everything else;
 * ``step`` — the ``ProfilerStep#N`` window ``[start, end)`` that starts last at or
   before the row's time (a GPU row's launch time when it has a launch), if the time
   is before that window's end; else null.
@@ -283,13 +292,11 @@ class _CpuCalls:
     ``c10d::wait`` or the coalescing markers), or None (a GPU rank, or one with gloo spans). An
     op is a call when no earlier op on its thread (by start, the longer first) still runs at its
     start: ``c10d::allreduce_`` around ``record_param_comms`` around ``nccl:all_reduce`` is one
-    call, the outer op. The calls are the rank's communication (class ``comm``); the CPU ops
-    inside a call (its launch and wait) are not compute.
+    call, the outer op. The calls are the rank's communication (class ``comm``).
     """
 
     def __init__(self, ops: np.ndarray | None):
         self.ids = np.empty(0, dtype=np.int64)
-        self.by_thread: dict = {}  # (device, track) → (starts, ends) of its calls, by start
         if ops is None or not len(ops):
             return
         o = np.lexsort((ops[:, 4], -ops[:, 3], ops[:, 2], ops[:, 1], ops[:, 0]))
@@ -300,23 +307,51 @@ class _CpuCalls:
             end = ops[m, 2] + ops[m, 3]
             running = np.maximum.accumulate(end)
             root[m[1:]] = ops[m[1:], 2] >= running[:-1]
-            r = m[root[m]]
-            self.by_thread[key] = (ops[r, 2], ops[r, 2] + ops[r, 3])
         self.ids = np.sort(ops[root, 4])
 
     def is_call(self, eid: np.ndarray) -> np.ndarray:
         """Per row: whether it is one of the calls."""
         return np.isin(eid, self.ids) if len(self.ids) else np.zeros(len(eid), dtype=bool)
 
-    def inside(self, dev, trk, ok, ts, end) -> np.ndarray:
-        """Per row (``ok``: device and track known): whether it lies within a call on its thread."""
+
+
+class _Blocked:
+    """Per thread of a CPU-only rank, the time it spends in collective CPU calls and their waits:
+    the union of its ``c10d::*`` / ``nccl:*`` / ``rccl:*`` / ``record_param_comms`` ops (``c10d::wait``
+    and the issuing calls included; not the ``gloo:*`` spans, which are communication rows: gloo's
+    ``gloo:send``/``recv`` on the caller's thread last while an async transfer is in flight, and the
+    caller computes meanwhile), as islands ``[s, e)`` sorted by start.
+
+    ``ops``: rows (device, track, ts_ns, end_ns). Islands merge only intervals that overlap
+    (start < the running end), so touching ones stay apart and :meth:`meets` gives the same answer
+    as testing every op.
+    """
+
+    def __init__(self, ops: np.ndarray):
+        self.by_thread: dict = {}  # (device, track) → (starts, ends) of its islands
+        if not len(ops):
+            return
+        ops = ops[np.lexsort((ops[:, 3], ops[:, 2], ops[:, 1], ops[:, 0]))]
+        for key in {(int(d), int(t)) for d, t in ops[:, :2].tolist()}:
+            m = np.flatnonzero((ops[:, 0] == key[0]) & (ops[:, 1] == key[1]))
+            s, e = ops[m, 2], ops[m, 3]
+            running = np.maximum.accumulate(e)
+            new = np.ones(len(m), dtype=bool)
+            new[1:] = s[1:] >= running[:-1]
+            starts = s[new]
+            ends = np.maximum.reduceat(running, np.flatnonzero(new))
+            self.by_thread[key] = (starts, ends)
+
+    def meets(self, dev, trk, ok, ts, end) -> np.ndarray:
+        """Per row (``ok``: device and track known): whether ``[ts, end)`` meets an island of its
+        thread, i.e. ``ts < island end`` and ``island start < end`` (an op inside a call, around
+        it, or across one of its ends)."""
         out = np.zeros(len(ts), dtype=bool)
         for (d, t), (cs, ce) in self.by_thread.items():
             m = np.flatnonzero(ok & (dev == d) & (trk == t))
             if len(m):
-                i = np.searchsorted(cs, ts[m], side="right") - 1
-                ic = np.maximum(i, 0)
-                out[m] = (i >= 0) & (end[m] <= ce[ic])
+                i = np.searchsorted(cs, end[m], side="left") - 1  # the last island starting before end
+                out[m] = (i >= 0) & (ce[np.maximum(i, 0)] > ts[m])
         return out
 
 
@@ -333,6 +368,7 @@ class _Tables:
         threads: set = set()
         self.has_gloo = False  # a CPU-only rank with gloo:* spans (then they are its communication)
         calls: list = []  # CPU-only: collective CPU ops (device, track, ts, dur, event_id)
+        blocked: list = []  # CPU-only: collective CPU calls and waits (device, track, ts, end)
         self._sizes: list = []  # per batch: its GPU ops
         op_stream, op_ts = [], []  # per GPU op, in file order
         l_corr, l_kind, l_eid, l_ts = [], [], [], []  # per launch call with a correlation id
@@ -366,13 +402,18 @@ class _Tables:
                 if t.any():
                     threads.update(zip(dev[t].tolist(), trk[t].tolist()))
                 self.has_gloo |= bool((comm & ~gpu).any())
-                c = ~comm.astype(bool) & ~gpu & ((nb & _N_CALL) > 0) & _all_valid(dev_ok, n) & _all_valid(trk_ok, n)
+                known = ~gpu & _all_valid(dev_ok, n) & _all_valid(trk_ok, n)
+                ts, dur = _ints(b.column("ts_ns"))[0], _ints(b.column("dur_ns"))[0]
+                c = ~comm.astype(bool) & known & ((nb & _N_CALL) > 0)
                 if c.any():
-                    dur = _ints(b.column("dur_ns"))[0]
-                    calls.append(np.stack([dev[c], trk[c], _ints(b.column("ts_ns"))[0][c], dur[c],
+                    calls.append(np.stack([dev[c], trk[c], ts[c], dur[c],
                                            _ints(b.column("event_id"))[0][c]], axis=1).astype(np.int64))
+                c = ~comm.astype(bool) & known & ((nb & _N_COLLECTIVE_CPU) > 0)
+                if c.any():
+                    blocked.append(np.stack([dev[c], trk[c], ts[c], ts[c] + dur[c]], axis=1).astype(np.int64))
         self.comm_threads = threads
         self.calls = _CpuCalls(_concat(calls, np.int64).reshape(-1, 5) if calls and not self.has_gloo else None)
+        self.blocked = _Blocked(_concat(blocked, np.int64).reshape(-1, 4))
         # next starts: the ops in (stream, start, file order) — lexsort is stable — and an op's
         # next op is the one after it in that order on the same stream
         st, ts = _concat(op_stream, np.int32), _concat(op_ts, np.int64)
@@ -501,7 +542,7 @@ def link_rank(raw: str | Path, out: Path, run_id: str, rank: int, cpu_only: bool
                     on_thread |= ok & (dev == d) & (trk == t)
                 if len(tab.calls.ids):
                     cpu_call = tab.calls.is_call(eid)
-                    on_thread |= tab.calls.inside(dev, trk, ok, ts, ts + dur)
+                on_thread |= tab.blocked.meets(dev, trk, ok, ts, ts + dur)
                 cpu_compute = ((cat & _C_CPU_OP) > 0) & ~on_thread & ((nb & (_N_COLLECTIVE_CPU | _N_NULL)) == 0)
             cls = np.select(
                 [
