@@ -79,6 +79,15 @@ def _interp(xs, ys, x):
     raise AssertionError("x outside the curve")
 
 
+def test_the_verdicts_preset_is_drawn(store):
+    """The TP fixture (CPU gloo, one host) is judged against loopback_gloo: the page draws that
+    line, not only the Ethernet presets of a CPU run."""
+    data = html_data(store, "tp")
+    assert [r["reference"] for r in data["report"]["references"]] == ["loopback_gloo"]
+    drawn = {c["name"] for c in data["curves"] if c["kind"] == "preset"}
+    assert {"loopback_gloo", "eth25", "eth100"} <= drawn
+
+
 def test_fit_curve_uses_the_runs_fit(dlrm_store):
     data = html_data(dlrm_store, "dlrm")
     fits = {f["op"]: f for f in data["fit"] if f["status"] == "ok"}

@@ -192,6 +192,18 @@ def html_data(
         if own:
             con.close()
     names = list(presets) if presets is not None else reference_presets(report["run"], report["ranks"], link)
+    if presets is None:  # the presets the verdicts were judged against are drawn too (first)
+        from tracekit.errors import BadInputError
+        from tracekit.model import link_from_preset
+
+        for r in report.get("references") or []:
+            ref = r.get("reference")
+            if r.get("kind") == "preset" and ref and ref not in names:
+                try:
+                    link_from_preset(ref)
+                except (BadInputError, KeyError, ValueError):
+                    continue  # a shared NIC ("ib_ndr (1 NIC/2 GPUs)"): not a preset name
+                names.insert(0, ref)
     return dict(
         report=report,
         bandwidth=bandwidth,
