@@ -5,7 +5,8 @@ each (two raylets, two object stores of 100 MB, a worker process per CPU), so ta
 time in worker processes of two nodes. The Ray engine must give the stores the local engine gives, row for row
 (benchmarks/compare_checkouts.py's comparison: every table, EXCEPT ALL both ways, without
 created_at and source_path), on the 8-rank DLRM set and on a 64-rank replica job
-(benchmarks/bench_ray.py's write_replica_job: tp_2rank's two ranks copied 32 times each); a
+(benchmarks/bench_ray.py's write_replica_job: tp_2rank's two ranks copied 32 times each) and a
+64-rank synthetic TP × PP × DP job with known truth (benchmarks/synth_job.py: offsets, stragglers); a
 truncated rank file fails naming the file and leaves the store byte for byte as it was; a task
 whose worker dies is rerun, one that raises BadInputError is not. Skips when Ray is not installed.
 """
@@ -43,6 +44,7 @@ def _load(name: str):
 
 compare = _load("compare_checkouts")
 replica = _load("bench_ray")
+synth = _load("synth_job")
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,27 @@ def test_synthetic_64_ranks_ray_equals_local(cluster, tmp_path):
     rows = con.execute(f"SELECT count(*), count(DISTINCT rank), min(size_bytes), max(size_bytes), count(DISTINCT seq) "
                        f"FROM read_parquet('{st.run_dir('r')}/collectives.parquet') WHERE op = 'all_reduce'").fetchone()
     assert rows == (512, 64, 131072, 131072, 8)
+
+
+@needs_ray
+def test_synth_job_64_ranks_ray_equals_local_and_the_truth(cluster, tmp_path):
+    """benchmarks/synth_job.py: 64 ranks in TP × PP × DP groups on 16 nodes with injected clock
+    offsets and a straggler (rank 37): both engines give the same store, and its clock offsets and
+    last arrivals are the injected ones."""
+    truth = synth.make_job(tmp_path / "job", 64, FIXTURES / "3d_2x2x2" / "rank0.pt.trace.json.gz",
+                           layout="tp2xpp2xdp", seed=4, straggler=37, gpus_per_node=4, compute_events=40)
+    st = _same_stores(tmp_path, Path(truth["traces_dir"]))
+    import tracekit
+
+    run = tracekit.open(st.path).run("r")
+    assert run.sql("SELECT clock_offset_ns FROM ranks ORDER BY rank").df()["clock_offset_ns"].tolist() == \
+        truth["clock_offset_ns"]
+    inst = run.instances().set_index(["pg_name", "seq"])
+    assert len(inst) == len(truth["instances"])
+    for t in truth["instances"]:
+        row = inst.loc[(t["pg_name"], t["seq"])]
+        assert int(row["straggler"]) == t["last_arrival_rank"] and int(row["last_arrival_ns"]) == t["last_arrival_ns"]
+    assert any(37 in t["ranks"] and t["last_arrival_rank"] == 37 for t in truth["instances"])
 
 
 @needs_ray
