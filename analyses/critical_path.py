@@ -113,15 +113,17 @@ PARTS = ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sync_ot
 # tie order between predecessors ready at the same time: the higher wins
 _PRIORITY = {"collective": 4, "sync": 3, "stream": 2, "thread": 2, "launch": 1, "cross_stream": 0, "host": 0}
 
+# every rank's nodes of one window in one statement (a statement per rank and window cost ~0.2 s
+# each at 1,024 ranks: each scans the run's events); tid numbers the tracks within each rank
 _NODES = """
-SELECT event_id, track_kind = 'gpu_stream' AS gpu,
-       dense_rank() OVER (ORDER BY track_kind, device, track) AS tid,
+SELECT rank, event_id, track_kind = 'gpu_stream' AS gpu,
+       dense_rank() OVER (PARTITION BY rank ORDER BY track_kind, device, track) AS tid,
        ts_ns, ts_ns + dur_ns AS end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class,
        coalesce(launch_event_id, -1) AS launch
 FROM events
-WHERE run_id = ? AND rank = ? AND step IS NOT DISTINCT FROM ? AND ts_ns IS NOT NULL AND dur_ns >= 0
+WHERE run_id = ? AND step IS NOT DISTINCT FROM ? AND ts_ns IS NOT NULL AND dur_ns >= 0
   AND (track_kind = 'gpu_stream' OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'))
-ORDER BY tid, end_ns, ts_ns, event_id
+ORDER BY rank, tid, end_ns, ts_ns, event_id
 """
 
 
@@ -151,16 +153,16 @@ class _Ends:
 class _Window:
     """One rank's nodes in one window (the columns of _NODES as numpy arrays)."""
 
-    def __init__(self, con, run_id: str, rank: int, step):
-        t = con.execute(_NODES, [list(CLASSES), run_id, rank, step]).fetchnumpy()
+    def __init__(self, rank: int, t: dict, rows: slice):
+        """t: the columns of _NODES as numpy arrays; rows: this rank's part of them."""
         self.rank = rank
-        self.eid = np.asarray(t["event_id"], dtype=np.int64)
-        self.gpu = np.asarray(t["gpu"], dtype=bool)
-        self.tid = np.asarray(t["tid"], dtype=np.int64)
-        self.s = np.asarray(t["ts_ns"], dtype=np.int64)
-        self.e = np.asarray(t["end_ns"], dtype=np.int64)
-        self.cls = np.asarray(t["class"], dtype=np.int8)  # 1-based index into CLASSES, 0: none
-        self.launch = np.asarray(t["launch"], dtype=np.int64)
+        self.eid = t["event_id"][rows]
+        self.gpu = t["gpu"][rows]
+        self.tid = t["tid"][rows]
+        self.s = t["ts_ns"][rows]
+        self.e = t["end_ns"][rows]
+        self.cls = t["class"][rows]  # 1-based index into CLASSES, 0: none
+        self.launch = t["launch"][rows]
         self._by_eid = np.argsort(self.eid, kind="stable")
         self._eid_sorted = self.eid[self._by_eid]
         in_track, in_kind = np.empty(len(self.eid), np.int64), np.empty(len(self.eid), np.int64)
@@ -291,6 +293,19 @@ def _steps(con, run_id: str) -> list:
     return steps or [None]
 
 
+_NODE_TYPES = {"event_id": np.int64, "gpu": bool, "tid": np.int64, "ts_ns": np.int64, "end_ns": np.int64,
+               "class": np.int8, "launch": np.int64}
+
+
+def _window_rows(con, run_id: str, step) -> tuple[dict, dict[int, slice]]:
+    """Every rank's nodes of one window: (the columns of _NODES as numpy arrays, rank → its rows)."""
+    t = con.execute(_NODES, [list(CLASSES), run_id, step]).fetchnumpy()
+    cols = {c: np.asarray(t[c], dtype=typ) for c, typ in _NODE_TYPES.items()}
+    rank = np.asarray(t["rank"], dtype=np.int64)
+    bounds = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1], True]) if len(rank) else np.zeros(1, np.int64)
+    return cols, {int(rank[a]): slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])}
+
+
 def run_paths(con, run_id: str):
     """Per window (profiler step) of one run, (path rows, summary rows) of every rank: dicts with
     the columns of _PATH_COLS and _SUMMARY_COLS (see the module docstring). A generator, so that
@@ -299,12 +314,14 @@ def run_paths(con, run_id: str):
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM events WHERE run_id = ? ORDER BY rank",
                                        [run_id]).fetchall()]
     for step in _steps(con, run_id):
-        cache: dict[int, _Window | None] = {}
+        rows_of = _window_rows(con, run_id, step)
+        cache: dict[int, _Window] = {}
 
-        def windows(r, step=step, cache=cache):
+        def windows(r, rows_of=rows_of, cache=cache):
             if r not in cache:
-                win = _Window(con, run_id, r, step)
-                cache[r] = win if len(win) else None
+                if r not in rows_of[1]:
+                    return None
+                cache[r] = _Window(r, rows_of[0], rows_of[1][r])
             return cache[r]
 
         path, summary = [], []
