@@ -112,38 +112,42 @@ _CLASSES = ("compute", "comm", "memory", "sync")  # counter k; every other non-N
 _NONE = np.iinfo(np.int64).max  # "no value" in the int64 arrays: no launch linked, a NULL
 
 _OPS = """
-SELECT g.event_id, g.ts_ns AS s, g.dur_ns,
+SELECT g.rank, g.event_id, g.ts_ns AS s, g.dur_ns,
        CASE g.class WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 WHEN 'memory' THEN 2 WHEN 'sync' THEN 3
                     ELSE CASE WHEN g.class IS NULL THEN 5 ELSE 4 END END::TINYINT AS k,
        g.step, g.launch_event_id, l.track AS l_track, l.ts_ns AS l_s, l.ts_ns + l.dur_ns AS l_e
-FROM (SELECT * FROM events WHERE run_id = $1 AND rank = $2 AND track_kind = 'gpu_stream') g
-LEFT JOIN (SELECT event_id, track, ts_ns, dur_ns FROM events  -- the launch calls only: a small build side
-           WHERE run_id = $1 AND rank = $2 AND event_id IN (
-               SELECT launch_event_id FROM events WHERE run_id = $1 AND rank = $2 AND track_kind = 'gpu_stream')) l
-       ON l.event_id = g.launch_event_id
-ORDER BY g.step NULLS FIRST
+FROM (SELECT * FROM events WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND track_kind = 'gpu_stream') g
+LEFT JOIN (SELECT rank, event_id, track, ts_ns, dur_ns FROM events  -- the launch calls only: a small build side
+           WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND event_id IN (
+               SELECT launch_event_id FROM events
+               WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND track_kind = 'gpu_stream')) l
+       ON l.rank = g.rank AND l.event_id = g.launch_event_id
+ORDER BY g.rank, g.step NULLS FIRST
 """
-"""One rank's GPU ops with their launch call (track, start, end), ordered by step (so that the step
-windows come grouped)."""
+"""The GPU ops of ranks $2..$3 with their launch call (track, start, end), ordered by rank and step
+(so that the step windows come grouped); ``rank`` first."""
 
 _RANGES = """
-SELECT (category = 'user_annotation')::TINYINT AS kind, track, ts_ns AS s, ts_ns + dur_ns AS e, event_id
+SELECT rank, (category = 'user_annotation')::TINYINT AS kind, track, ts_ns AS s, ts_ns + dur_ns AS e, event_id
 FROM events
-WHERE run_id = $1 AND rank = $2 AND track_kind = 'cpu_thread' AND dur_ns > 0 AND ts_ns IS NOT NULL
+WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND track_kind = 'cpu_thread' AND dur_ns > 0 AND ts_ns IS NOT NULL
   AND (category = 'cpu_op' OR (category = 'user_annotation' AND name NOT LIKE 'ProfilerStep#%'))
 """
-"""One rank's candidate launchers (kind 0 = cpu_op, 1 = annotation); not sorted (a sort here held
-~35 MB more at the peak than picking each thread's ranges out in numpy)."""
+"""The candidate launchers of ranks $2..$3 (kind 0 = cpu_op, 1 = annotation); sorted by rank only
+when there are several ranks (a sort here held ~35 MB more at the peak on one ×16 rank than picking
+each thread's ranges out in numpy)."""
 
 _NAMED = """
-SELECT a.event_id, a.launch_event_id, a.cpu_op_id, c.name AS cpu_op, a.annotation_id, u.name AS annotation
+SELECT a.rank, a.event_id, a.launch_event_id, a.cpu_op_id, c.name AS cpu_op, a.annotation_id, u.name AS annotation
 FROM _gpu_rank_part a
-LEFT JOIN (SELECT event_id, name FROM events WHERE run_id = $1 AND rank = $2 AND category = 'cpu_op') c
-       ON c.event_id = a.cpu_op_id
-LEFT JOIN (SELECT event_id, name FROM events WHERE run_id = $1 AND rank = $2 AND category = 'user_annotation') u
-       ON u.event_id = a.annotation_id
+LEFT JOIN (SELECT rank, event_id, name FROM events
+           WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND category = 'cpu_op') c
+       ON c.rank = a.rank AND c.event_id = a.cpu_op_id
+LEFT JOIN (SELECT rank, event_id, name FROM events
+           WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND category = 'user_annotation') u
+       ON u.rank = a.rank AND u.event_id = a.annotation_id
 """
-"""gpu_launchers' columns after (run_id, rank) from the ids found (_gpu_rank_part)."""
+"""gpu_launchers' columns after run_id from the ids found (_gpu_rank_part, with rank)."""
 
 
 CHUNK_SPANS = 1 << 18
@@ -257,14 +261,14 @@ def _col(tab, name: str, fill=None) -> np.ndarray:
     return c.to_numpy().astype(np.int64, copy=False)
 
 
-def _launchers(con, run_id: str, rank: int, ops):
+def _launchers(ops, rg):
     """The ids of gpu_launchers (event_id, launch_event_id, cpu_op_id, annotation_id) of one rank's
-    GPU ops ``ops`` (the _OPS rows), as a pyarrow table."""
+    GPU ops ``ops`` (its _OPS rows) among its candidate launchers ``rg`` (its _RANGES rows), as a
+    pyarrow table."""
     import pyarrow as pa
 
     from tracekit.intervals import innermost_enclosing
 
-    rg = con.sql(_RANGES, params=[run_id, rank]).to_arrow_table()
     kind, track = rg.column("kind").to_numpy(), _col(rg, "track", _NONE)
     s, e, rid = _col(rg, "s"), _col(rg, "e"), _col(rg, "event_id", _NONE)
     del rg
@@ -289,13 +293,12 @@ def _launchers(con, run_id: str, rank: int, ops):
     return pa.table({"event_id": ops.column("event_id"), "launch_event_id": ops.column("launch_event_id"), **ids})
 
 
-def _rank_tables(con, run_id: str, rank: int):
+def _rank_tables(ops, rg):
     """(windows, gaps, launchers ids) of one rank as pyarrow tables (the columns after run_id, rank;
-    windows and gaps None without GPU work)."""
+    windows and gaps None without GPU work), from its _OPS rows ``ops`` and _RANGES rows ``rg``."""
     import pyarrow as pa
 
-    ops = con.sql(_OPS, params=[run_id, rank]).to_arrow_table()
-    launchers = _launchers(con, run_id, rank, ops)
+    launchers = _launchers(ops, rg)
     dur = _col(ops, "dur_ns", 0)
     w = np.flatnonzero(dur > 0)  # GPU work (ts_ns is set on every GPU op)
     s = _col(ops, "s")[w]
@@ -328,6 +331,34 @@ def _rank_tables(con, run_id: str, rank: int):
     return pa.table(wins), pa.table(gaps), launchers
 
 
+CHUNK_EVENTS = 1 << 22
+"""Events whose ranks are read together (ranks are taken together up to this many events; a larger
+rank alone), so that a job of many small ranks costs a few statements, not several per rank."""
+
+
+def _rank_chunks(keys):
+    """(run_id, first rank, last rank) of consecutive ranks of one run holding up to CHUNK_EVENTS
+    events together, from (run_id, rank, events) rows sorted by run and rank."""
+    out, cur, n = [], None, 0
+    for run_id, rank, cnt in keys:
+        if cur is not None and cur[0] == run_id and n + cnt <= CHUNK_EVENTS:
+            cur[2], n = rank, n + cnt
+            continue
+        if cur is not None:
+            out.append(tuple(cur))
+        cur, n = [run_id, rank, rank], cnt
+    if cur is not None:
+        out.append(tuple(cur))
+    return out
+
+
+def _by_rank(tab) -> dict[int, tuple[int, int]]:
+    """rank → (first row, end row) of a table grouped by its ``rank`` column."""
+    r = tab.column("rank").to_numpy()
+    b = np.flatnonzero(np.r_[True, r[1:] != r[:-1], True]) if len(r) else np.zeros(1, np.int64)
+    return {int(r[x]): (int(x), int(y)) for x, y in zip(b[:-1], b[1:])}
+
+
 def create(con) -> None:
     """Create the tables ``gpu_idle_gaps``, ``gpu_time_breakdown`` and ``gpu_launchers`` on ``con``
     from its ``events``."""
@@ -342,17 +373,31 @@ def create(con) -> None:
             window_start_ns BIGINT, window_end_ns BIGINT, compute_only_ns BIGINT, comm_exposed_ns BIGINT,
             comm_hidden_ns BIGINT, memory_ns BIGINT, sync_ns BIGINT, other_ns BIGINT, idle_ns BIGINT,
             idle_host_wait_ns BIGINT, idle_kernel_wait_ns BIGINT, idle_other_ns BIGINT)""")
-    keys = con.execute("SELECT DISTINCT run_id, rank FROM events WHERE track_kind = 'gpu_stream' "
-                       "ORDER BY run_id, rank").fetchall()
-    for run_id, rank in keys:
-        got = dict(zip(("_gpu_windows", "gpu_idle_gaps", "gpu_launchers"), _rank_tables(con, run_id, rank)))
-        for table, tab in got.items():
-            if tab is None:
+    import pyarrow as pa
+
+    keys = con.execute("SELECT run_id, rank, count(*) FROM events GROUP BY run_id, rank "
+                       "HAVING bool_or(track_kind = 'gpu_stream') ORDER BY run_id, rank").fetchall()
+    for run_id, lo, hi in _rank_chunks(keys):
+        # a chunk's ranks in one statement each (one per rank cost ~0.1 s apiece at 1,024 ranks)
+        ops = con.sql(_OPS, params=[run_id, lo, hi]).to_arrow_table()
+        rg = con.sql(_RANGES + (" ORDER BY rank" if hi > lo else ""), params=[run_id, lo, hi]).to_arrow_table()
+        ops_of, rg_of = _by_rank(ops), _by_rank(rg)
+        parts: dict[str, list] = {"_gpu_windows": [], "gpu_idle_gaps": [], "gpu_launchers": []}
+        for rank, (a, b) in ops_of.items():
+            ra, rb = rg_of.get(rank, (0, 0))
+            got = _rank_tables(ops.slice(a, b - a), rg.slice(ra, rb - ra))
+            for table, tab in zip(parts, got):
+                if tab is not None:
+                    parts[table].append(tab.add_column(0, "rank", pa.array(np.full(len(tab), rank, np.int32))))
+        del ops, rg
+        for table, tabs in parts.items():
+            if not tabs:
                 continue
-            src = {"gpu_idle_gaps": "SELECT grp, s, e, e - s, launch_ts_ns, idle_class::VARCHAR FROM _gpu_rank_part",
+            src = {"gpu_idle_gaps": "SELECT rank, grp, s, e, e - s, launch_ts_ns, idle_class::VARCHAR FROM _gpu_rank_part",
                    "gpu_launchers": _NAMED}.get(table, "SELECT * FROM _gpu_rank_part")
-            con.register("_gpu_rank_part", tab)
-            con.execute(f"INSERT INTO {table} SELECT $1, $2, * FROM ({src})", [run_id, rank])
+            con.register("_gpu_rank_part", pa.concat_tables(tabs))
+            con.execute(f"INSERT INTO {table} SELECT $1, * FROM ({src})",
+                        [run_id, lo, hi] if table == "gpu_launchers" else [run_id])
             con.unregister("_gpu_rank_part")
     con.execute("""
         CREATE OR REPLACE TABLE gpu_time_breakdown AS

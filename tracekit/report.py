@@ -1058,7 +1058,7 @@ def critical_path_section(con, run_id: str) -> dict[str, Any]:
         SELECT rank, step, event_rank, event_id, name, class, start_ns, end_ns, on_path_ns FROM (
             SELECT *, row_number() OVER (PARTITION BY rank, step ORDER BY on_path_ns DESC, pos) AS n
             FROM critical_path WHERE run_id = ? AND on_path_ns > 0)
-        WHERE n <= 3 ORDER BY step, rank, on_path_ns DESC""", [run_id])
+        WHERE n <= 3 ORDER BY step, rank, n""", [run_id])  # n: on_path_ns DESC, ties by path position
     return {"summary": summary, "top_events": top, "top_by_path": by_path, "paths": path_strips(con, run_id)}
 
 
