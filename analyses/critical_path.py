@@ -438,3 +438,21 @@ def path_segments(con, run_id: str) -> list[dict]:
             cursor += on_path
         prev_edge = edge
     return list(out.values())
+
+
+CRITICAL_PATH_AUTO_EVENTS = 1_000_000
+"""Runs with more events (ranks.events summed) leave the critical path out of the report unless it
+is asked for (``analyze --critical-path``, ``export --critical-path``): its walk is plain Python, tens of µs per event on a path
+(benchmarks/README.md), the largest cost of ``analyze`` on a big trace."""
+
+
+def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str | None]:
+    """(build it?, why not): ``want`` when given, else whether the run has at most
+    CRITICAL_PATH_AUTO_EVENTS events."""
+    if want is not None:
+        return want, None if want else "left out (--no-critical-path)"
+    n = con.execute("SELECT coalesce(sum(events), 0) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
+    if n <= CRITICAL_PATH_AUTO_EVENTS:
+        return True, None
+    return False, (f"left out: the run has {n:,} events (> {CRITICAL_PATH_AUTO_EVENTS:,}); "
+                   "--critical-path builds it (slow on big traces)")

@@ -333,3 +333,25 @@ def test_dlrm_8_ranks_read_as_a_performance_engineer(tmp_path):
     on7 = con.execute("SELECT rank, sum(on_path_ns + gap_ns) FILTER (WHERE event_rank = 7) FROM critical_path "
                       "WHERE rank < 7 GROUP BY rank ORDER BY rank").fetchall()
     assert [n for _, n in on7] == [r[2] for r in rows[:7]]
+
+
+def test_big_runs_leave_the_path_out_unless_asked(tmp_path, monkeypatch):
+    """Above CRITICAL_PATH_AUTO_EVENTS events the report and the export leave the critical path out
+    (with the reason) unless asked for; asked for, it is the same as below the limit."""
+    import tracekit.analyses.critical_path as cp
+    from tracekit.export import export_perfetto
+    from tracekit.ingest import ingest_paths
+    from tracekit.report import build_report
+    from tracekit.store import Store
+
+    st = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "tp_2rank"], st, run_id="tp")
+    full = build_report(st, "tp")["critical_path"]
+    assert full["summary"] and "skipped" not in full
+    monkeypatch.setattr(cp, "CRITICAL_PATH_AUTO_EVENTS", 10)
+    auto = build_report(st, "tp")["critical_path"]
+    assert auto["summary"] == [] and auto["skipped"].startswith("left out: the run has ")
+    assert "(> 10)" in auto["skipped"] and "--critical-path" in auto["skipped"]
+    assert build_report(st, "tp", critical_path=True)["critical_path"] == full
+    assert export_perfetto(st, tmp_path / "a.json", "tp").path_slices == 0
+    assert export_perfetto(st, tmp_path / "b.json", "tp", critical_path=True).path_slices > 0

@@ -169,9 +169,13 @@ def _instances(con, run_id: str) -> list[tuple[str, list[tuple[int, int, int]]]]
 
 
 def export_perfetto(
-    store: Store | str | os.PathLike | None, out_path: str | os.PathLike, run_id: str | None = None
+    store: Store | str | os.PathLike | None, out_path: str | os.PathLike, run_id: str | None = None,
+    critical_path: bool | None = None,
 ) -> ExportStats:
     """Write run ``run_id`` (default: the newest) as one Chrome/Perfetto JSON file at ``out_path``.
+
+    ``critical_path``: add the critical-path process (True), not (False), or (None) when the run has
+    at most tracekit.analyses.critical_path.CRITICAL_PATH_AUTO_EVENTS events.
 
     The file is written to a temporary name beside ``out_path`` and renamed, so a failure leaves
     no half-written file. Returns :class:`ExportStats`. Raises StoreError for an empty store or an
@@ -184,12 +188,14 @@ def export_perfetto(
 
     con = analyses.connect(st, run_ids=[run_id])
     try:
-        return _write(con, run_id, Path(out_path))
+        return _write(con, run_id, Path(out_path), critical_path)
     finally:
         con.close()
 
 
-def _write(con, run_id: str, out: Path) -> ExportStats:
+def _write(con, run_id: str, out: Path, critical_path: bool | None = None) -> ExportStats:
+    from tracekit.analyses.critical_path import critical_path_wanted
+
     stats = ExportStats(run_id=run_id, path=str(out))
     run = con.execute(
         "SELECT workload, backend, world_size, device_name, torch_version, nccl_version FROM runs WHERE run_id = ?",
@@ -234,7 +240,8 @@ def _write(con, run_id: str, out: Path) -> ExportStats:
             stats.processes += 1
             next_tid = _write_rank(con, run_id, pid, origin, coll, where, emit, stats, next_tid)
         pid = max([int(r[0]) for r in ranks], default=-1) + 1
-        next_tid = _write_critical_path(con, run_id, pid, origin, emit, stats, next_tid)
+        if critical_path_wanted(con, run_id, critical_path)[0]:
+            next_tid = _write_critical_path(con, run_id, pid, origin, emit, stats, next_tid)
         for inst, calls in _instances(con, run_id):
             # chain by the start of each rank's slice (normally the arrival order), so that no
             # arrow points back in time even where a call's start differs from its span's

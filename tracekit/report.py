@@ -104,8 +104,12 @@ def report_connection(store: Store | str | None = None, run_id: str | None = Non
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
     alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None, con=None,
+    critical_path: bool | None = None,
 ) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
+
+    ``critical_path``: build the critical path (True), leave it out (False), or (None) build it
+    when the run has at most CRITICAL_PATH_AUTO_EVENTS events (tracekit.analyses.critical_path).
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),
@@ -147,7 +151,7 @@ def build_report(
     if con is None:
         run_id, con = report_connection(store, run_id, link)
         try:
-            return build_report(store, run_id, link, con=con, **options)
+            return build_report(store, run_id, link, con=con, critical_path=critical_path, **options)
         finally:
             con.close()
     st = store if isinstance(store, Store) else Store(store)
@@ -426,7 +430,7 @@ def build_report(
                                          "ORDER BY op, locality, bucket_bytes", [run_id]),
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
-        critical_path=critical_path_section(con, run_id),
+        critical_path=critical_path_section(con, run_id, critical_path),
     )
 
 
@@ -1039,12 +1043,18 @@ PATH_PARTS = ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sy
 """critical_path_summary's composition columns (they sum to length_ns), in display order."""
 
 
-def critical_path_section(con, run_id: str) -> dict[str, Any]:
-    """The report's ``critical_path``: ``summary`` (the columns of ``critical_path_summary`` per rank
+def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[str, Any]:
+    """The report's ``critical_path`` (``want``: see :func:`critical_path_wanted`; when it is not
+    built: empty lists and ``skipped``, the reason): ``summary`` (the columns of ``critical_path_summary`` per rank
     and step, ns), ``top_events`` (the TOP_PATH_EVENTS (name, class) with the most time on the run's
     paths: events, ranks, on_path_ns, share = on_path_ns / the paths' summed length) and
     ``top_by_path`` (per rank and step, its 3 events with the most time on its path). Empty lists for
     a run without events."""
+    from tracekit.analyses.critical_path import critical_path_wanted
+
+    build, why = critical_path_wanted(con, run_id, want)
+    if not build:
+        return {"summary": [], "top_events": [], "top_by_path": [], "paths": [], "skipped": why}
     summary = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_summary WHERE run_id = ? "
                          "ORDER BY step, rank", [run_id])
     total = sum(r["length_ns"] for r in summary)
@@ -1096,6 +1106,11 @@ def print_critical_path(report: dict, console) -> None:
     events on the paths, as rich tables; nothing for a run without events."""
     sec = report.get("critical_path") or {}
     rows = sec.get("summary") or []
+    if sec.get("skipped"):
+        from rich.text import Text
+
+        console.print()
+        console.print(Text(f"Critical path: {sec['skipped']}", style="dim"))
     if not rows:
         return
     shown = rows[:MAX_PATH_ROWS]

@@ -103,6 +103,9 @@ def analyze(
     alpha: Optional[str] = typer.Option(None, "--alpha", help="Judge every collective with this α per step (e.g. 5us); needs --beta."),
     beta: Optional[str] = typer.Option(None, "--beta", help="... and this effective β per direction (e.g. 40GB/s)."),
     nics_per_node: Optional[int] = typer.Option(None, "--nics-per-node", help="NICs per node shared by its GPUs, for groups across hosts (default one per GPU)."),
+    critical_path: Optional[bool] = typer.Option(
+        None, "--critical-path/--no-critical-path",
+        help="Build the cross-rank critical path (default: only for runs of at most 1,000,000 events; slow on big traces)."),
 ) -> None:
     """The report for a run: collectives, overlap, stragglers, α–β fit and verdicts."""
     from tracekit.model import parse_bandwidth, parse_time
@@ -113,7 +116,8 @@ def analyze(
     try:
         rep = build_report(st, rid, link, con=con,
                            alpha_s=None if alpha is None else parse_time(alpha),
-                           beta_Bps=None if beta is None else parse_bandwidth(beta), nics_per_node=nics_per_node)
+                           beta_Bps=None if beta is None else parse_bandwidth(beta), nics_per_node=nics_per_node,
+                           critical_path=critical_path)
         if html_out is not None:
             from tracekit.html_report import write_html_report
 

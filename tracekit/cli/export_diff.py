@@ -22,12 +22,15 @@ def export(
     perfetto: Path = typer.Option(..., "--perfetto", help="Write one merged Chrome/Perfetto trace JSON here."),
     run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the newest run)."),
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
+    critical_path: Optional[bool] = typer.Option(
+        None, "--critical-path/--no-critical-path",
+        help="Add the critical paths as a process (default: only for runs of at most 1,000,000 events)."),
 ) -> None:
     """Export a run as one Perfetto / chrome://tracing JSON: a process per rank, collectives linked across ranks."""
     from tracekit.export import export_perfetto
     from tracekit.store import Store
 
-    st = export_perfetto(Store(store), perfetto, run_id=run)
+    st = export_perfetto(Store(store), perfetto, run_id=run, critical_path=critical_path)
     typer.echo(
         f"wrote {st.path}: run {st.run_id}, {st.processes} ranks, {st.tracks} tracks, {st.slices:,} slices"
         + (f" ({st.overflow_slices:,} on overflow tracks)" if st.overflow_slices else "")
