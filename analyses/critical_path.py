@@ -124,7 +124,8 @@ SELECT rank, event_id, track_kind = 'gpu_stream' AS gpu,
        coalesce(launch_event_id, -1) AS launch
 FROM events
 WHERE run_id = ? AND step IS NOT DISTINCT FROM ? AND ts_ns IS NOT NULL AND dur_ns >= 0
-  AND (track_kind = 'gpu_stream' OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'))
+  AND ((track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
+       OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'))
 ORDER BY rank, tid, end_ns, ts_ns, event_id
 """
 

@@ -5,7 +5,8 @@ op — a Python analysis.
 Reads: events
 
 GPU work = events on GPU tracks (track_kind = 'gpu_stream') with dur_ns > 0, every stream of the
-rank together. A window (grp) is the whole trace (grp = -1: all of the rank's GPU work) or one
+rank together, except Kineto's ``gpu_user_annotation`` ranges (a record_function label drawn on
+the GPU track, spanning the work it names: not GPU work of its own). A window (grp) is the whole trace (grp = -1: all of the rank's GPU work) or one
 profiler step (grp = step: the GPU work launched in that step, events.step); it spans from the
 first start to the last end of that work, as HTA's temporal breakdown does ("kernel time" = end of
 the last kernel − start of the first; HTA 0.5, BreakdownAnalysis._get_idle_time_for_kernels). So a
@@ -116,11 +117,13 @@ SELECT g.rank, g.event_id, g.ts_ns AS s, g.dur_ns,
        CASE g.class WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 WHEN 'memory' THEN 2 WHEN 'sync' THEN 3
                     ELSE CASE WHEN g.class IS NULL THEN 5 ELSE 4 END END::TINYINT AS k,
        g.step, g.launch_event_id, l.track AS l_track, l.ts_ns AS l_s, l.ts_ns + l.dur_ns AS l_e
-FROM (SELECT * FROM events WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND track_kind = 'gpu_stream') g
+FROM (SELECT * FROM events WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND track_kind = 'gpu_stream'
+      AND category IS DISTINCT FROM 'gpu_user_annotation') g
 LEFT JOIN (SELECT rank, event_id, track, ts_ns, dur_ns FROM events  -- the launch calls only: a small build side
            WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND event_id IN (
                SELECT launch_event_id FROM events
-               WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND track_kind = 'gpu_stream')) l
+               WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND track_kind = 'gpu_stream'
+                     AND category IS DISTINCT FROM 'gpu_user_annotation')) l
        ON l.rank = g.rank AND l.event_id = g.launch_event_id
 ORDER BY g.rank, g.step NULLS FIRST
 """
@@ -376,7 +379,8 @@ def create(con) -> None:
     import pyarrow as pa
 
     keys = con.execute("SELECT run_id, rank, count(*) FROM events GROUP BY run_id, rank "
-                       "HAVING bool_or(track_kind = 'gpu_stream') ORDER BY run_id, rank").fetchall()
+                       "HAVING bool_or(track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation') "
+                       "ORDER BY run_id, rank").fetchall()
     for run_id, lo, hi in _rank_chunks(keys):
         # a chunk's ranks in one statement each (one per rank cost ~0.1 s apiece at 1,024 ranks)
         ops = con.sql(_OPS, params=[run_id, lo, hi]).to_arrow_table()

@@ -2,7 +2,8 @@
 -- launched it.
 -- Reads: events, gpu_time_breakdown, gpu_launchers (both analyses/gpu_time_breakdown.py)
 --
--- GPU ops = events on GPU tracks (track_kind = 'gpu_stream': kernels, memcpy, memset, sync), one
+-- GPU ops = events on GPU tracks (track_kind = 'gpu_stream': kernels, memcpy, memset, sync; not
+-- Kineto's gpu_user_annotation ranges, labels spanning the work they name), one
 -- row each, durations as stored (dur_ns, after the ingest's stream clipping). Totals are sums of
 -- durations, not unions: ops on different streams that run at once each count in full.
 --
@@ -24,7 +25,7 @@
 --                        grp >= 0: first start to last end of each step's GPU work); NULL without steps
 CREATE OR REPLACE VIEW _gpu_ops AS
 SELECT run_id, rank, event_id, class, name, ts_ns, dur_ns, step, launch_event_id
-FROM events WHERE track_kind = 'gpu_stream';
+FROM events WHERE track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation';
 
 CREATE OR REPLACE VIEW kernel_summary AS
 WITH steps AS (

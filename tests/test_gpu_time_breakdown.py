@@ -241,3 +241,26 @@ def test_html_section_renders_in_chromium(tmp_path):
         sec = dom.split(f'id="tk-sec-{name}"', 1)[1].split("</section>", 1)[0]
         assert f'id="tk-fig-{name}"' in sec and 'class="main-svg"' in sec, name
     assert "Uncaught" not in log
+
+
+def test_gpu_annotation_ranges_are_not_gpu_work(con, tmp_path):
+    """Kineto draws record_function ranges on the GPU track too (cat gpu_user_annotation), spanning
+    the work they name: the fixture with one such range over [5, 200) µs on its compute stream has
+    the same breakdown (no 'other', the same idle) and no annotation among the GPU ops."""
+    doc = json.loads((FIXTURES / "handmade" / "gpu_breakdown" / "rank0.json").read_text())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    events.append({"ph": "X", "cat": "gpu_user_annotation", "name": "model_forward", "pid": 0, "tid": 13,
+                   "ts": 1005.0, "dur": 195.0, "args": {"device": 0, "stream": 13}})
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "rank0.json").write_text(json.dumps(doc))
+    store = Store(tmp_path / "s")
+    ingest_paths([tmp_path / "t"], store, run_id="ann")
+    c = analyses.connect(store)
+    try:
+        with_ann = c.execute(f"SELECT {', '.join(COLS)} FROM gpu_time_breakdown ORDER BY grp").fetchall()
+        names = [r[0] for r in c.execute("SELECT name FROM kernel_summary").fetchall()]
+        n_ann = c.execute("SELECT count(*) FROM events WHERE category = 'gpu_user_annotation'").fetchone()[0]
+    finally:
+        c.close()
+    assert n_ann == 1 and "model_forward" not in names
+    assert with_ann == con.execute(f"SELECT {', '.join(COLS)} FROM gpu_time_breakdown ORDER BY grp").fetchall()
