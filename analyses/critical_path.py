@@ -7,7 +7,8 @@ run has no steps) that do or wait for work: every GPU op (kernel, memcpy, memset
 CPU threads the runtime calls (launches, synchronizations) and the events classed compute or comm
 (on CPU-only runs: the top-level aten ops and the gloo spans). Edges, each with the time it makes
 its successor ready:
-- stream order: on one GPU stream, the op ending last at or before an op's start (ready = its end);
+- stream order: on one GPU stream, the op before it by start (ready = its end, or the op's own start
+  when it started first: programmatic dependent launch on sm_90+, which the ingest keeps whole);
 - thread order: the same on a CPU thread, nested events skipped (ready = its end; the time between
   two CPU nodes is host code, so a gap after this edge counts as launch/CPU);
 - launch: the runtime call that launched a GPU op (events.launch_event_id; ready = the call's end,
@@ -176,6 +177,16 @@ class _Window:
         self._tracks = {int(self.tid[b]): _Ends(self, self.tid == self.tid[b], in_track) for b in bounds}
         self._gpu = _Ends(self, self.gpu, in_kind)
         self._cpu = _Ends(self, ~self.gpu, in_kind)
+        # stream order: each GPU op's previous op on its stream by start (-1: none). Not "the op
+        # ending last before its start": with programmatic dependent launch (sm_90+) an op starts
+        # before its predecessor ends, and the ingest keeps both whole (same_stream_overlaps)
+        self._stream_prev = np.full(len(self.eid), -1, np.int64)
+        g = np.flatnonzero(self.gpu)
+        if len(g):
+            g = g[np.lexsort((self.eid[g], self.s[g], self.tid[g]))]
+            same = self.tid[g][1:] == self.tid[g][:-1]
+            self._stream_prev[g[1:][same]] = g[:-1][same]
+        self._stream_prev = self._stream_prev.tolist()
         # launch call's event_id → the GPU op it launched ending last (sorted ids, their ops)
         ops = np.flatnonzero(self.gpu & (self.launch >= 0))
         ops = ops[np.lexsort((self.e[ops], self.launch[ops]))]
@@ -200,9 +211,13 @@ class _Window:
         """[(ready_ns, kind, (self, position))] of node i's predecessors in this window (the
         collective edge, which may lead to another rank's window, is added by :func:`walk`)."""
         s, gpu = int(self.s[i]), bool(self.gpu[i])
-        found = [(self._tracks[int(self.tid[i])].last_by(s, i), "stream" if gpu else "thread"),
-                 ((self._gpu if gpu else self._cpu).last_by(s, i), "cross_stream" if gpu else "host")]
+        found = [((self._gpu if gpu else self._cpu).last_by(s, i), "cross_stream" if gpu else "host")]
+        if not gpu:
+            found.append((self._tracks[int(self.tid[i])].last_by(s, i), "thread"))
         out = [(int(self.e[j]), kind, (self, j)) for j, kind in found if j is not None]
+        if gpu and self._stream_prev[i] >= 0:  # ready when it ended, or when this op started (PDL)
+            j = self._stream_prev[i]
+            out.append((min(int(self.e[j]), s), "stream", (self, j)))
         if gpu and self.launch[i] >= 0:
             k = self.pos(int(self.launch[i]))
             if k is not None and k != i and not self._blocking(k, i):

@@ -355,3 +355,18 @@ def test_big_runs_leave_the_path_out_unless_asked(tmp_path, monkeypatch):
     assert build_report(st, "tp", critical_path=True)["critical_path"] == full
     assert export_perfetto(st, tmp_path / "a.json", "tp").path_slices == 0
     assert export_perfetto(st, tmp_path / "b.json", "tp", critical_path=True).path_slices > 0
+
+
+def test_kernels_overlapping_on_one_stream_pdl_stay_on_the_path(tmp_path):
+    """fixtures/inputs/stream_overlap_h100.json (NOTE.md): on an H100 three kernels of one stream
+    overlap (programmatic dependent launch, kept whole by the ingest); GPU busy [0, 22.95) µs with no
+    gap. The path is the three kernels, all compute, no idle (the stream predecessor is the op
+    before by start, ready at min(its end, the next op's start))."""
+    from tracekit.ingest import ingest_paths
+    from tracekit.report import build_report
+    from tracekit.store import Store
+
+    st = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "inputs" / "stream_overlap_h100.json"], st, run_id="h")
+    (row,) = build_report(st, "h")["critical_path"]["summary"]
+    assert (row["length_ns"], row["compute_ns"], row["idle_ns"], row["path_events"]) == (22_950, 22_950, 0, 3)
