@@ -34,7 +34,6 @@ PIPELINE = (
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (the fit and reference read the class)
     "fit",                   # Python: alpha_beta_fit
     "verdicts",              # collective_verdicts
-    "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
     "intervals",             # SQL: the interval macros
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
@@ -44,10 +43,12 @@ PIPELINE = (
     "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads gpu_launchers)
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
     "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
+    "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
-chain comes first, then the critical path, and the overlap chain after them, so that the export
-(collectives, waits, verdicts, the critical path's track) never sweeps the events for overlap."""
+chain comes first and the overlap chain after it, so that the export (collectives, waits,
+verdicts) never sweeps the events for overlap; the critical path last, as the costliest (a Python
+walk over the events): a statement that needs any other module never builds it."""
 
 
 def modules() -> dict[str, str]:
