@@ -343,3 +343,24 @@ def test_each_benchmark_run_is_judged_on_its_own_device(tmp_path):
     con.close()
     assert refs["nccl_tests:all_reduce:run0"] == ("nvlink4", pytest.approx(360e9), "gpu-b07")
     assert refs["nccl_tests:all_reduce:run1"] == ("nvlink3", pytest.approx(240e9), "gpu-c02")
+
+
+def test_an_insufficient_fit_prints_no_alpha_beta_or_boundary(two_hosts):
+    """tp1 (one size: insufficient) shows '—' for α, fixed latency, β, D* and n½ in the terminal;
+    tp0's ok fit shows its α = 5 µs per step (the sweep's truth) and β = 20 GB/s."""
+    import io
+
+    from rich.console import Console
+
+    from tracekit.report import print_report
+
+    buf = io.StringIO()
+    print_report(build_report(two_hosts, "job"), Console(file=buf, width=160, no_color=True))
+    text = buf.getvalue()
+    fit = text[text.index("α–β fit per op and process group"):text.index("α–β fit quality")].splitlines()
+    row = {line.split()[2]: line.split() for line in fit if line.startswith("all_reduce")}
+    assert row["tp1"][-3:] == ["—", "—", "—"]
+    assert row["tp0"][5] == "5.00" and "20.00" in row["tp0"]
+    quality = text[text.index("α–β fit quality"):].splitlines()
+    q = next(line.split() for line in quality if line.startswith("all_reduce") and line.split()[2] == "tp1")
+    assert q[4:6] == ["—", "—"]

@@ -659,14 +659,17 @@ def print_report(report: dict, console=None) -> None:
         for col in ("op", "k", "group", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)"):
             t.add_column(col, justify="left" if col in ("op", "group") else "right", no_wrap=(col == "op"))
         for r in report["fit"]:
-            a = r["alpha_s"]
+            # an insufficient fit's α, β (clamped at their bounds, from too few sizes) describe nothing
+            shown = r["status"] != "insufficient"
+            a = r["alpha_s"] if shown else None
             alpha = "—" if a is None else (
                 f"{a * 1e6:,.2f} ({fmt_num(None if r['alpha_lo_s'] is None else r['alpha_lo_s'] * 1e6)}–"
                 f"{fmt_num(None if r['alpha_hi_s'] is None else r['alpha_hi_s'] * 1e6)})")
-            beta = "—" if r["beta_gbps"] is None else (
+            beta = "—" if r["beta_gbps"] is None or not shown else (
                 f"{r['beta_gbps']:,.2f} ({fmt_num(r['beta_lo_gbps'])}–{fmt_num(r['beta_hi_gbps']) if r['beta_hi_gbps'] is not None else '∞'})")
             t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), f"{r['n_used']}/{r['n_samples']}",
-                      str(r.get("n_sizes") or 0), alpha, fmt_us(None if r["fixed_latency_s"] is None else r["fixed_latency_s"] * 1e9), beta)
+                      str(r.get("n_sizes") or 0), alpha,
+                      fmt_us(None if r["fixed_latency_s"] is None or not shown else r["fixed_latency_s"] * 1e9), beta)
         _show(con, t)
         t = _table("α–β fit quality per op: the boundary it implies, its spread, its status")
         for col in ("op", "k", "group", "class", "D*", "link n½", "spread (sizes)", "status"):
@@ -675,7 +678,8 @@ def print_report(report: dict, console=None) -> None:
         for r in report["fit"]:
             status = r["status"] + (f": {r['status_reason']}" if r.get("status_reason") else "")
             t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), LOCALITY_SHORT.get(r["locality"], "?"),
-                      fmt_bytes(r["crossover_bytes"]), fmt_bytes(r["n_half_bytes"]),
+                      fmt_bytes(r["crossover_bytes"] if r["status"] != "insufficient" else None),
+                      fmt_bytes(r["n_half_bytes"] if r["status"] != "insufficient" else None),
                       f"{fmt_pct(r['residual_spread'])} ({fmt_pct(r.get('size_spread'))})", status)
         t.caption = ("D* = the collective's crossover size (α term = β term): its latency/bandwidth boundary; "
                      "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
