@@ -28,6 +28,7 @@ def store(tmp_path_factory):
     ingest_paths([FIXTURES / "handmade" / "two_rank"], st, run_id="hand")
     if CHUNKS.exists():
         ingest_paths([CHUNKS], st, run_id="tp_chunks")
+    ingest_paths([FIXTURES / "nccl_tests" / "two_runs.md"], st, run_id="log")
     return st
 
 
@@ -101,3 +102,28 @@ def test_diff_cli(store, capsys):
     out = capsys.readouterr().out
     assert "exposed comm ms" in out and "all_reduce" in out
     assert main(["diff", "tp", "nope", "--store", str(store.path)]) == 2
+
+
+def test_log_has_no_timeline_values(store, capsys):
+    """An nccl-tests log has no events: its comm, compute, overlap and wait are None (not 0), and so
+    are their deltas; the counts and medians it does have stay. two_runs.md holds two all_reduce runs
+    (sizes 1, 4, 64 MiB on 8 H100; 1, 8, 64 MiB on 2 A100), so the 1 MiB and 64 MiB buckets pool
+    two benchmark runs and the 4 MiB and 8 MiB buckets one; each size is two instances (out-of-place
+    and in-place)."""
+    d = diff_runs(store, "log", "tp")
+    assert d["run_a"]["timeline"] is False and d["run_b"]["timeline"] is True
+    ta, td = d["totals"]["a"], d["totals"]["delta"]
+    assert ta["ranks"] == 1 and all(ta[k] is None for k in ("comm_ns", "compute_ns", "overlap_ns", "exposed_comm_ns"))
+    assert all(td[k] is None for k in ("comm_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "overlap_ratio"))
+    rows = {(r["op"], r["bucket"]["lo_bytes"]): r for r in d["rows"]}
+    assert {k[1]: rows[k]["a"]["groups"] for k in rows if rows[k]["a"]} == {
+        1 << 20: 2, 4 << 20: 1, 8 << 20: 1, 64 << 20: 2}
+    one = rows[("all_reduce", 1 << 20)]
+    assert one["a"]["count"] == 4 and one["a"]["wait_ns"] is None and one["a"]["overlap_ratio"] is None
+    assert one["delta"]["comm_ns"] is None and one["delta"]["count"] == -4
+    # the trace's bucket, absent from the log: the log's side is unknown, not 0
+    tp = rows[("all_reduce", 131072)]
+    assert tp["a"] is None and tp["delta"]["comm_ns"] is None and tp["delta"]["count"] == 8
+    assert main(["diff", "log", "tp", "--store", str(store.path)]) == 0
+    out = capsys.readouterr().out
+    assert "A (log) has no timeline" in out and "A all_reduce 1 MiB–2 MiB: 2" in out

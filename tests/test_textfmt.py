@@ -30,3 +30,17 @@ def test_short_kernel_name_keeps_what_tells_kernels_apart():
     assert len(short_kernel_name(sqrt, 40)) == 40
     nccl = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
     assert short_kernel_name(nccl) == nccl and short_kernel_name(None) == "—"
+
+
+def test_piped_output_honours_columns(monkeypatch):
+    """Piped (pytest captures stdout: not a terminal), the console takes $COLUMNS when it is a
+    positive number, else the command's own width."""
+    from tracekit.textfmt import output_console
+
+    monkeypatch.setenv("COLUMNS", "90")
+    assert output_console(120).width == 90
+    for bad in ("", "wide", "0"):
+        monkeypatch.setenv("COLUMNS", bad)
+        assert output_console(120).width == 120
+    monkeypatch.delenv("COLUMNS")
+    assert output_console(160).width == 160

@@ -19,6 +19,12 @@ Nothing is a median across sizes. Per run and row:
   instances on one rank may overlap each other, and the run's totals also hold unattributed
   communication, so per-row times need not add up to the totals.
 
+``groups``: the process groups (for an nccl-tests log, its benchmark runs) the row's instances come
+from; more than one means the medians pool them (the terminal says so under the table).
+
+A run without a timeline (an nccl-tests log: no events, only each size's measured time) has no
+wait, comm, compute or overlap: those are None for it (and its deltas), never 0.
+
 ``totals`` per run come from overlap_by_rank (sums over ranks of the whole-trace unions:
 comm, compute, overlap, exposed comm; overlap_ratio = overlap / comm), with the change B − A.
 Rows are ordered by the absolute change in ``comm_ns`` (the time the bucket costs), largest
@@ -51,7 +57,7 @@ w AS (
 sp AS (
     SELECT pg_name, seq, sum(dur_ns) AS comm_ns, sum(overlap_ns) AS overlap_ns FROM calls GROUP BY ALL
 )
-SELECT i.op, i.bucket, count(*) AS count,
+SELECT i.op, i.bucket, count(*) AS count, count(DISTINCT i.pg_name) AS groups,
        median(i.sync_time_ns) AS median_sync_time_ns,
        median(i.busbw_gbps) AS median_busbw_gbps, max(i.busbw_gbps) AS peak_busbw_gbps,
        coalesce(sum(w.wait_ns), 0)::BIGINT AS wait_ns,
@@ -63,7 +69,9 @@ LEFT JOIN sp USING (pg_name, seq)
 GROUP BY i.op, i.bucket
 """
 
-_METRICS = ("count", "median_sync_time_ns", "median_busbw_gbps", "peak_busbw_gbps", "wait_ns", "comm_ns", "overlap_ns",
+_TIMELINE = ("wait_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "overlap_ratio")
+"""Metrics only a run with a timeline has (None for a benchmark log)."""
+_METRICS = ("count", "groups", "median_sync_time_ns", "median_busbw_gbps", "peak_busbw_gbps", "wait_ns", "comm_ns", "overlap_ns",
             "exposed_comm_ns", "overlap_ratio")
 _TOTALS = ("ranks", "comm_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "overlap_ratio")
 
@@ -88,7 +96,7 @@ def _finite(x):
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def _rows(con, run_id: str) -> dict[tuple, dict]:
+def _rows(con, run_id: str, timeline: bool) -> dict[tuple, dict]:
     cur = con.execute(_ROW_SQL, [run_id, run_id, run_id])
     cols = [d[0] for d in cur.description]
     out = {}
@@ -96,11 +104,16 @@ def _rows(con, run_id: str) -> dict[tuple, dict]:
         r = {c: _finite(v) for c, v in zip(cols, rec)}
         r["exposed_comm_ns"] = r["comm_ns"] - r["overlap_ns"]
         r["overlap_ratio"] = r["overlap_ns"] / r["comm_ns"] if r["comm_ns"] > 0 else None
+        if not timeline:
+            r.update(dict.fromkeys(_TIMELINE))
         out[(r["op"], r["bucket"])] = r
     return out
 
 
-def _totals(con, run_id: str) -> dict[str, Any]:
+def _totals(con, run_id: str, timeline: bool) -> dict[str, Any]:
+    if not timeline:
+        ranks = con.execute("SELECT count(*) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
+        return dict(ranks=int(ranks), **dict.fromkeys(_TOTALS[1:]))
     ranks, comm, compute, overlap, exposed = con.execute(
         "SELECT count(*), coalesce(sum(comm_ns), 0), coalesce(sum(compute_ns), 0), coalesce(sum(overlap_ns), 0), "
         "coalesce(sum(exposed_comm_ns), 0) FROM overlap_by_rank WHERE run_id = ?",
@@ -150,8 +163,10 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
                 "SELECT run_id, workload, backend, world_size, device_name, config FROM runs WHERE run_id = ?", [rid]
             ).fetchone()
             meta[rid] = dict(zip(("run_id", "workload", "backend", "world_size", "device_name"), rec[:5]))
-        ra, rb = _rows(con, run_a), _rows(con, run_b)
-        ta, tb = _totals(con, run_a), _totals(con, run_b)
+            meta[rid]["timeline"] = bool(con.execute(
+                "SELECT coalesce(sum(events), 0) > 0 FROM ranks WHERE run_id = ?", [rid]).fetchone()[0])
+        ra, rb = _rows(con, run_a, meta[run_a]["timeline"]), _rows(con, run_b, meta[run_b]["timeline"])
+        ta, tb = _totals(con, run_a, meta[run_a]["timeline"]), _totals(con, run_b, meta[run_b]["timeline"])
     finally:
         con.close()
     rows = []
@@ -159,9 +174,10 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
         a, b = ra.get(key), rb.get(key)
         pick = lambda r: None if r is None else {m: r[m] for m in _METRICS}  # noqa: E731
         pa_, pb = pick(a), pick(b)
-        za = pa_ or {m: 0 for m in ("count", "wait_ns", "comm_ns", "overlap_ns", "exposed_comm_ns")}
-        zb = pb or {m: 0 for m in ("count", "wait_ns", "comm_ns", "overlap_ns", "exposed_comm_ns")}
-        delta = {m: _delta(za.get(m), zb.get(m)) for m in _METRICS}
+        absent = lambda rid: {"count": 0, **{m: 0 if meta[rid]["timeline"] else None  # noqa: E731
+                                             for m in ("wait_ns", "comm_ns", "overlap_ns", "exposed_comm_ns")}}
+        za, zb = pa_ or absent(run_a), pb or absent(run_b)
+        delta = {m: _delta(za.get(m), zb.get(m)) for m in _METRICS if m != "groups"}
         rows.append(
             dict(
                 op=key[0], bucket=_bucket(key[1]), a=pa_, b=pb, delta=delta,
@@ -188,15 +204,18 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
 
 def print_diff(diff: dict, console=None) -> None:
     """Render a :func:`diff_runs` result as rich tables (A → B side by side, Δ after)."""
-    import sys
-
-    from rich.console import Console
     from rich.table import Table
 
-    con = console or Console(width=None if sys.stdout.isatty() else 160)
+    from tracekit.textfmt import output_console
+
+    con = console or output_console(160)
     a_id, b_id = diff["run_a"]["run_id"], diff["run_b"]["run_id"]
     con.print(f"[bold]diff[/bold] A = {a_id} ({diff['run_a'].get('workload')}, {diff['run_a'].get('world_size')} ranks)"
               f"  →  B = {b_id} ({diff['run_b'].get('workload')}, {diff['run_b'].get('world_size')} ranks)")
+    for side, meta in (("A", diff["run_a"]), ("B", diff["run_b"])):
+        if meta.get("timeline") is False:
+            con.print(f"{side} ({meta['run_id']}) has no timeline (a benchmark log: each size's measured time only): "
+                      "its comm, compute, overlap and wait are — (unknown, not 0)")
     t = Table(title="Run totals (sums over ranks of the whole-trace overlap, overlap_by_rank)")
     for col in ("", "A", "B", "Δ (B − A)"):
         t.add_column(col, justify="left" if not col else "right")
@@ -225,3 +244,7 @@ def print_diff(diff: dict, console=None) -> None:
             fmt_ms(r["delta"]["comm_ns"], signed=True),
         )
     con.print(t)
+    pooled = [f"{side} {r['op']} {r['bucket']['label']}: {r[k]['groups']}" for r in diff["rows"]
+              for side, k in (("A", "a"), ("B", "b")) if r[k] and (r[k].get("groups") or 0) > 1]
+    if pooled:
+        con.print("Rows whose medians pool several process groups / benchmark runs (count): " + "; ".join(pooled))

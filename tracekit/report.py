@@ -598,11 +598,9 @@ def print_by_size(report: dict, con) -> None:
 
 def print_report(report: dict, console=None) -> None:
     """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
-    from rich.console import Console
+    from tracekit.textfmt import output_console
 
-    import sys
-
-    con = console or Console(width=None if sys.stdout.isatty() else 120)
+    con = console or output_console(120)
     run = report["run"]
     con.print(
         f"[bold]run[/bold] {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "

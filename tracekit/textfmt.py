@@ -7,9 +7,23 @@ GB = 1e9 B, TB = 1e12 B), as the nccl-tests sizes and the store do.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 NONE = "—"
+
+
+def output_console(piped_width: int):
+    """A rich console for a command's output: the terminal's width on a terminal; when the output is
+    piped or redirected, ``$COLUMNS`` if it is set to a number, else ``piped_width`` (not rich's 80,
+    which would fold the tables)."""
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    cols = os.environ.get("COLUMNS", "")
+    return Console(width=int(cols) if cols.isdigit() and int(cols) > 0 else piped_width)
 
 
 def fmt_bytes(b) -> str:

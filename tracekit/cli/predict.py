@@ -41,11 +41,10 @@ def _emit_json(payload: dict) -> None:
 
 
 def _console():
-    """A rich console; when output is not a terminal (pipes, tests) it is 140 columns, not rich's 80."""
-    from rich.console import Console
+    """A rich console (tracekit.textfmt.output_console): piped, ``$COLUMNS`` or 140 columns."""
+    from tracekit.textfmt import output_console
 
-    console = Console()
-    return console if console.is_terminal else Console(width=140)
+    return output_console(140)
 
 
 def _print(table, console=None) -> None:
