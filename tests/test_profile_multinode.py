@@ -117,9 +117,15 @@ def test_wait_ends_when_every_node_ended_and_names_missing_ranks(tmp_path):
     _agent(d, 0)
     (d / "rank0.pt.trace.json.gz").write_bytes(b"x")
     t0 = time.monotonic()
-    w = wait_for_ranks(d, _launcher(0), expect_ranks=3, timeout_s=30, poll_s=0.05)
+    w = wait_for_ranks(d, _launcher(0), timeout_s=30, poll_s=0.05)
     assert time.monotonic() - t0 < 5
-    assert (w.world_size, w.missing, w.nodes_done, w.timed_out) == (3, [1, 2], [0, 1], False)
+    assert (w.world_size, w.missing, w.nodes_done, w.timed_out) == (2, [1], [0, 1], False)
+    (d / "logs" / f"agent.h.100.json").unlink()  # before any agent reports, --expect-ranks is the count
+    w = wait_for_ranks(d, _launcher(0), expect_ranks=3, timeout_s=30, poll_s=0.05)
+    assert (w.world_size, w.missing) == (3, [1, 2])
+    _agent(d, 0)  # an agent's torch.distributed world size (2) wins over a wrong --expect-ranks 3
+    w = wait_for_ranks(d, _launcher(0), expect_ranks=3, timeout_s=30, poll_s=0.05)
+    assert (w.world_size, w.missing) == (2, [1])
 
 
 def test_wait_ends_when_every_rank_finished_or_at_the_timeout(tmp_path):
@@ -154,6 +160,26 @@ def test_node0_config_names_the_nodes_and_the_missing_ranks(tmp_path):
     assert cfg["notes"][0] == "waited 300 s for the other nodes: no trace from rank(s) 1, 2 of 3"
     assert "ranks 1, 2: no trace and no agent status" in "\n".join(cfg["notes"])  # one line for both
     assert [n["index"] for n in cfg["nodes"]] == [0]
+
+
+def test_wrong_expect_ranks_is_said_not_reported_as_dead_ranks(tmp_path):
+    """--expect-ranks 4 on a job whose torch.distributed world size is 2: ranks 2 and 3 cannot
+    exist, so they are not missing (no 'no trace' line); the mismatch is one note."""
+    pytest.importorskip("torch")
+    from tracekit.collectors.profile import runner
+    from tracekit.rundir import WaitResult, write_node_status
+
+    d = join_run_dir(tmp_path, "external-x", _launcher(0))
+    for r in (0, 1):
+        _agent(d, r, world=2)
+        (d / f"rank{r}.pt.trace.json.gz").write_bytes(b"x")
+    write_node_status(d, _launcher(0), {"exit_code": 0, "ranks": [0, 1]})
+    res = runner.JobResult(run_id=d.name, run_dir=d, command=["torchrun"], exit_code=0, interrupted=False,
+                           wall_s=1.0, launcher=_launcher(0), wait=WaitResult(2, [], [0, 1], False, 1.0))
+    runner.gather(res, runner.ProfileOptions(expect_ranks=4), dt.datetime.now(dt.timezone.utc))
+    assert res.config["missing_ranks"] == [] and res.world_size == 2
+    notes = "\n".join(res.config["notes"])
+    assert "--expect-ranks 4, but the job's torch.distributed world size is 2" in notes and "no trace" not in notes
 
 
 # --------------------------------------------------------------------------- real 2-node jobs

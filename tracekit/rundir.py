@@ -277,7 +277,8 @@ def wait_for_ranks(
     """Wait until the multi-node run in ``run_dir`` is complete, for at most ``timeout_s`` seconds.
 
     Complete: every launcher (``launcher.count``) has written logs/node{i}.json, or every expected
-    rank (``expect_ranks``, else the largest world size an agent reported) has an agent status saying
+    rank (the largest world size an agent's torch.distributed reported — the job's own count, which
+    wins over ``expect_ranks`` — else ``expect_ranks``) has an agent status saying
     it finished and ``grace_s`` more seconds have passed (a launcher writes its node file a moment
     after its ranks end), or the launcher count is unknown. The ranks without a trace at the end are
     ``missing``.
@@ -291,7 +292,7 @@ def wait_for_ranks(
         nodes = sorted({s.get("index") for s in read_statuses(run_dir, "node*.json") if isinstance(s.get("index"), int)})
         agents = [s for s in read_statuses(run_dir, "agent.*.json") if isinstance(s.get("rank"), int)]
         worlds = [s["world_size"] for s in agents if s.get("dist") and isinstance(s.get("world_size"), int)]
-        world = expect_ranks or (max(worlds) if worlds else None)
+        world = max(worlds) if worlds else expect_ranks
         finished = {s["rank"] for s in agents if s.get("finished")}
         waited = time.monotonic() - t0
         all_nodes = launcher.count is not None and len(nodes) >= launcher.count

@@ -450,12 +450,16 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
         result.world_size = max([s.get("world_size") or 1 for s in statuses] + [len(result.traces)])
     elif result.traces:
         result.world_size = max(result.traces) + 1
-    if opts.expect_ranks:
+    notes = result.notes
+    if opts.expect_ranks and worlds and opts.expect_ranks != max(worlds):
+        # torch.distributed's world size is the job's own count: ranks beyond it cannot exist
+        notes.append(f"--expect-ranks {opts.expect_ranks}, but the job's torch.distributed world size is "
+                     f"{max(worlds)}: its ranks are counted against {max(worlds)}")
+    elif opts.expect_ranks:
         result.world_size = max(result.world_size or 0, opts.expect_ranks)
     if result.world_size:
         result.missing_ranks = [r for r in range(result.world_size) if r not in result.traces]
 
-    notes = result.notes
     if result.interrupted:
         notes.append("interrupted (Ctrl-C): the job was stopped; the traces written so far are kept")
     elif result.exit_code != 0:
