@@ -295,3 +295,27 @@ def test_unreachable_address_is_one_line(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["tracekit: cannot reach a Ray cluster at 127.0.0.1:1 (Connection refused)"]
     assert not (tmp_path / "s").exists()
+
+
+@needs_ray
+def test_address_of_another_service_fails_in_seconds(tmp_path):
+    """A port that accepts TCP but is not a Ray head (here a socket that accepts and says nothing):
+    one line naming the address, the store untouched — within the timeout below, where Ray's own
+    defaults retry for ~2 minutes (engine.RAY_JOIN_TIMEOUTS)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held = []
+    threading.Thread(target=lambda: [held.append(srv.accept()) for _ in iter(int, 1)], daemon=True).start()
+    addr = f"127.0.0.1:{srv.getsockname()[1]}"
+    p = subprocess.run([sys.executable, "-m", "tracekit", "ingest", str(FIXTURES / "tp_2rank"), "--store",
+                        str(tmp_path / "s"), "--engine", "ray", "--address", addr],
+                       capture_output=True, text=True, timeout=90)
+    srv.close()
+    assert p.returncode == 2
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith(f"tracekit: cannot start or join Ray cluster at {addr!r}: ") and "Failed to connect" in line
+    assert not (tmp_path / "s").exists()

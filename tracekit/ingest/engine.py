@@ -23,6 +23,8 @@ staging directory once it is removed (the store stays unchanged).
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from typing import Callable, Sequence
 
@@ -104,7 +106,8 @@ class RayEngine:
 
     def __init__(self, address: str | None = None, workers: int | None = None):
         try:
-            import ray  # noqa: F401  (before any work: refuse at once when it is missing)
+            with _join_timeouts(address not in (None, "auto")):  # Ray reads some when imported
+                import ray  # noqa: F401  (before any work: refuse at once when it is missing)
         except ImportError:
             raise BadInputError("--engine ray needs Ray, which is not installed: pip install 'tracekit[ray]'") from None
         self.address, self.workers = address, workers
@@ -124,7 +127,8 @@ class RayEngine:
                     _check_reachable(self.address)
                 kw["address"] = self.address
             try:
-                ray.init(**kw)
+                with _quiet_fd2(self.address is not None), _join_timeouts(self.address not in (None, "auto")):
+                    ray.init(**kw)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 where = "a local Ray instance" if self.address is None else f"Ray cluster at {self.address!r}"
                 raise BadInputError(f"cannot start or join {where}: {' '.join(str(exc).split())[:300]}") from None
@@ -161,6 +165,59 @@ class RayEngine:
 
 RAY_CONNECT_TIMEOUT_S = 10.0
 """How long ``--address HOST:PORT`` may take to accept a TCP connection (Ray itself retries for minutes)."""
+
+
+RAY_JOIN_TIMEOUTS = {
+    "RAY_gcs_server_port_wait_time_s": "2",      # attempts to reach the GCS (Ray's default: 20)
+    "RAY_gcs_rpc_server_connect_timeout_s": "3",  # each attempt's gRPC connect timeout, s
+    "RAY_py_gcs_connect_timeout_s": "5",         # each attempt's wait for the cluster id, s
+}
+"""Ray's own settings (environment variables) for joining
+``HOST:PORT``: with its defaults a port that accepts TCP but is not a Ray head (a mistyped port of
+another service) keeps ``ray.init`` retrying for ~2 minutes; with these it fails in ~20–30 s. A real head answers in well under a second. A value
+the user set in the environment is kept."""
+
+
+@contextlib.contextmanager
+def _quiet_fd2(on: bool):
+    """Hold what is written to file descriptor 2 (Ray's C++ client logs three warnings per failed
+    attempt to join a cluster there, below Python's sys.stderr) while the block runs; write it
+    out after a success, drop it after a failure (whose one-line error says what happened)."""
+    import sys
+    import tempfile
+
+    if not on:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        text = held.read().decode(errors="replace")
+    if text:
+        sys.stderr.write(text)
+
+
+@contextlib.contextmanager
+def _join_timeouts(on: bool):
+    """RAY_JOIN_TIMEOUTS in the environment while the block runs (Ray reads some when it is first
+    imported, the others in ``ray.init``), then the environment as it was (no later Ray start in
+    the process, e.g. a local head, gets them)."""
+    old = {k: os.environ.get(k) for k in RAY_JOIN_TIMEOUTS} if on else {}
+    for k, v in RAY_JOIN_TIMEOUTS.items() if on else ():
+        os.environ.setdefault(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
 
 
 def _check_reachable(address: str) -> None:
