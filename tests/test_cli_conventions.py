@@ -97,6 +97,23 @@ def test_sql_format_errors_and_read_only(store, tmp_path, capsys):
     assert not target.exists() and not (tmp_path / "o.csv").exists()
 
 
+def test_sql_run_restricts_every_view(tmp_path, capsys):
+    """--run: the tables and the analysis views hold that run's rows only (tp_2rank: 8 all-reduces
+    per rank, 2 ranks → 16 collectives rows, 8 instances; the handmade pair: 6 rows, 3 instances)."""
+    d = tmp_path / "s"
+    assert main(["ingest", "--store", str(d), str(TP), "--run-id", "tp"]) == 0
+    assert main(["ingest", "--store", str(d), str(FIXTURES / "handmade" / "two_rank"), "--run-id", "hand"]) == 0
+    capsys.readouterr()
+    q = ("SELECT (SELECT count(*) FROM collectives), (SELECT count(*) FROM collective_instances), "
+         "(SELECT string_agg(DISTINCT run_id, ',') FROM collective_instances)")
+    assert _sql(d, q, "--format", "csv", "--run", "tp") == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ['16,8,"tp"']
+    assert _sql(d, "SELECT count(DISTINCT run_id) FROM collectives", "--format", "csv", "--run", "tp", "--run", "hand") == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["2"]
+    assert _sql(d, "SELECT 1", "--run", "nope") == 2
+    assert capsys.readouterr().err.strip() == f"tracekit: run 'nope' is not in {d} (runs: hand, tp)"
+
+
 @pytest.mark.parametrize("argv", [["collect", "tp"], ["collect", "sweep"], ["profile", "--", "python", "x.py"]])
 def test_collect_and_profile_without_torch_exit_2(argv):
     code = ("import sys; sys.modules['torch'] = None\n"  # torch absent, as in a core-only install

@@ -109,10 +109,10 @@ def confine(con, files: list[str]) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def run_query(store, query: str, *, arrow: bool = False):
+def run_query(store, query: str, *, arrow: bool = False, run_ids: list[str] | None = None):
     """Run one read-only query on the store, confined. Returns ``(columns, rows)`` (``columns`` is
     None for a statement without a result), or with ``arrow`` the result as a pyarrow Table (None
-    without a result).
+    without a result). ``run_ids``: the runs every table and view holds (default: all).
 
     Raises BadInputError for a refused or failing query, StoreError for an unreadable store. A
     query that runs out of DuckDB's memory budget is run again on a fresh confined connection with
@@ -129,7 +129,7 @@ def run_query(store, query: str, *, arrow: bool = False):
     check_read_only(query)
     limit = ANALYSIS_MEMORY_LIMIT
     while True:
-        acon = analyses.connect(store)  # base views and UDFs; an analysis is built when the query needs it
+        acon = analyses.connect(store, run_ids=run_ids)  # base views and UDFs; an analysis is built when the query needs it
         con = acon._con  # tracekit.store.AnalysisConnection: its bound files, its close()
         try:
             con.execute(f"SET memory_limit = '{limit}B'")

@@ -175,16 +175,23 @@ def sql(
                             help="Output format (parquet needs --output)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write the result to this file instead of printing it."),
     json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
+    run: List[str] = typer.Option([], "--run", metavar="RUN_ID",
+                                  help="Only this run: every table and view holds its rows alone (repeatable)."),
 ) -> None:
     """Run one read-only SQL statement (SELECT or EXPLAIN of one) against the store's tables and analysis
     views; nothing else is readable (tracekit/sqlshell.py)."""
     from tracekit.cli import sqlout
+    from tracekit.errors import StoreError
     from tracekit.sqlshell import run_query
 
     if json_out:
         fmt = "json"
     sqlout.check(fmt, output)
-    table = run_query(_store(store, must_exist=True), query, arrow=True)  # confined: reads the store only
+    st = _store(store, must_exist=True)
+    for rid in run:
+        if not st.has_run(rid):
+            raise StoreError(f"run {rid!r} is not in {st.path} (runs: {', '.join(st.run_ids()[:8]) or 'none'})")
+    table = run_query(st, query, arrow=True, run_ids=sorted(set(run)) or None)  # confined: reads the store only
     if table is None:
         return
     # formatting after the query: only --output writes, from Python (tracekit/cli/sqlout.py)
