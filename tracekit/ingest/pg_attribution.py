@@ -55,6 +55,10 @@ from collections import defaultdict
 
 import pyarrow as pa
 
+LABEL_PREFIX = "tracekit.process_group:"
+"""A profiler range named this + a group's name around a c10d call names the call's group
+(rule 0; the ranges tracekit.collectors.pg_labels records; kineto.py keeps their rows)."""
+
 FACTS = "_pg_facts"
 """Key of the facts dict a gloo row carries from ``attribute._cpu_rows`` to :func:`tap`."""
 
@@ -74,7 +78,7 @@ def row_facts(row: dict, span: dict, issuer: dict | None, resolved: dict) -> Non
             peer_arg = tag = None
     row[FACTS] = dict(unnamed=resolved.get("pg_name") is None and resolved.get("pg_ranks") is None,
                       trace_seq=resolved.get("seq") is not None, track=span.get("track"),
-                      peer_arg=peer_arg, tag=tag)
+                      peer_arg=peer_arg, tag=tag, label=issuer.get("pg_label") if issuer else None)
 
 
 def tap(rows, sink: list):
@@ -141,6 +145,7 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
     rows = {}
     calls, p2p = _Calls(), _Calls()
     unchecked: dict = defaultdict(int)
+    mislabelled: dict = defaultdict(set)  # rank → the labels naming a group that does not hold it
     for r, t in tables:
         fs = facts.get(r) or []
         if not any(f and f["unnamed"] for f in fs):
@@ -149,15 +154,22 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
         for i, (row, f) in enumerate(zip(rows[r], fs)):
             if not f or not f["unnamed"] or row["op"] is None:
                 continue
+            lab = f.get("label")  # rule 0: the trace names it (ignored when it names a group without r)
+            if lab is not None and lab not in mine[r]:
+                mislabelled[r].add(lab)
+                lab = None
             if row["op"] in P2P:
                 k = f.get("peer_arg")
                 if k is None:
                     continue
-                peers = {groups[g][k] for g in mine[r] if 0 <= k < len(groups[g]) and groups[g][k] != r}
-                if len(peers) > 1 and not peers & present:
+                peers = {groups[g][k] for g in (mine[r] if lab is None else [lab])
+                         if 0 <= k < len(groups[g]) and groups[g][k] != r}
+                if lab is None and len(peers) > 1 and not peers & present:
                     unchecked[r] += 1  # no peer's trace to check against: today's row stays
                     continue
                 p2p.add(r, i, row, f, peers)
+            elif lab is not None:
+                calls.add(r, i, row, f, {lab: groups[lab]})
             elif len(mine[r]) > 1 and not any(g in whole for g in mine[r]):
                 unchecked[r] += 1
             else:
@@ -188,6 +200,10 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
     for g in sorted(bad_groups):
         for r in groups[g]:
             warnings[r].append(f"process group {g}: its members' calls, as attributed, do not form one sequence")
+    for r, labs in mislabelled.items():
+        warnings[r].append(
+            f"gloo call(s) inside a process-group range naming a group this rank is not in "
+            f"({', '.join(LABEL_PREFIX + g for g in sorted(labs))}): the range is ignored, as if absent")
     for r, n in unchecked.items():
         warnings[r].append(
             f"{n} gloo call(s) without a process group in the trace stay in the default group (send/recv: peers "
@@ -326,6 +342,8 @@ def _check_sequences(c: _Calls, groups: dict) -> set:
             seqs[next(iter(c.cand[i]))][c.rank[i]].append(c.sig(i))
     bad = set()
     for g, per in seqs.items():
+        if g not in groups:  # a labelled group not every member of which was ingested: no check
+            continue
         got = [per.get(m, []) for m in groups[g]]
         if any(s != got[0] for s in got):
             bad.add(g)
