@@ -9,12 +9,27 @@ and the matching, puts each such call in the one group the evidence allows, or l
 unassigned (``pg_name``, ``pg_ranks`` and ``seq`` null: never matched) and counts it in the
 rank's warnings. Nothing is guessed: a group is assigned only when every other candidate has been
 ruled out by one of the rules below, each a property of the collectives or of gloo (rule 4 also
-of how Linux numbers threads).
+of how Linux numbers threads), or named by the job itself (rule 0).
+
+0. *The trace names it*: a profiler range ``tracekit.process_group:<pg_name>`` (:data:`LABEL_PREFIX`)
+   enclosing the issuing ``c10d::*`` call on its thread (the innermost one;
+   ``attribute._group_labels``) makes that group the call's only candidate (for a send/recv,
+   the peer is that group's rank k). The job records it: tracekit's collectors wrap every
+   ``torch.distributed`` call on gloo in it (``tracekit.collectors.pg_labels``, which a user's job
+   can install too). Why it is needed: the timing rules below cannot separate two groups whose
+   members run calls of one signature at the same time (EP × DP: ranks 0 and 1's DP all-reduces
+   overlap each other and those of 2 and 3, so EP {0,1} explains them as well as DP {0,2});
+   gloo's worker threads would (each ``ProcessGroupGloo`` runs 2 per device), but the trace
+   records neither a group's thread count nor its devices. A range naming a group that does not
+   hold the rank is ignored (the call is attributed as if unlabelled) and the rank warned; the
+   rules below still apply to labelled calls, so evidence that contradicts a range (rule 1, 3,
+   5) leaves the call unassigned. A trace without ranges is attributed by rules 1-5 alone.
 
 Collectives (every op but send/recv). Candidates: the groups of ``pg_config`` of two or more
-ranks that hold the calling rank; for an all-to-all whose splits the trace records, only those
-of as many ranks as it has splits. A call's signature is (op, bytes), an all-to-all's its op only
-(uneven splits: each rank sends its own bytes). Then, until nothing changes:
+ranks that hold the calling rank (rule 0: the group named); for an all-to-all whose splits the
+trace records, only those of as many ranks as it has splits. A call's signature is (op, bytes),
+an all-to-all's its op only (uneven splits: each rank sends its own bytes). Then, until nothing
+changes:
 
 1. *Same clock* (only when the ranks share one: ``align`` none): for an op whose every output
    depends on every member's input (all-reduce, all-gather, reduce-scatter, all-to-all, barrier),
@@ -43,9 +58,9 @@ of the same bytes and tag whose candidates include r (and the reverse); rule 2 a
 directed pair and (bytes, tag). A unique peer names the pair group ``p2p:src->dst`` as before.
 
 A rank whose only group is the default one (or a trace without ``pg_config``) keeps today's
-assignment: every call in group "0"/"default". So does a call none of whose candidate groups
-(peers) has every rank ingested (one rank of a large job): nothing can be checked, and the rank
-is warned that the default group is unverified.
+assignment: every call in group "0"/"default". So does an unlabelled call none of whose candidate
+groups (peers) has every rank ingested (one rank of a large job): nothing can be checked, and the
+rank is warned that the default group is unverified; a labelled one goes to the group named.
 """
 
 from __future__ import annotations
