@@ -22,7 +22,9 @@ Public API:
   that all-reduces each gradient bucket inside the range (DDP's reducer calls the process group
   from C++, where :func:`install` cannot reach), averaging as DDP's default hook does.
 
-A call on a group this rank is not in (``GroupMember.NON_GROUP_MEMBER``) is not labelled.
+A call on a group this rank is not in (``GroupMember.NON_GROUP_MEMBER``) is not labelled, nor is
+what a library issues from C++ past both (DDP's reducer broadcasting its rebuilt bucket order
+once, at its second iteration): the ingest attributes those by the timing rules, as before.
 """
 
 from __future__ import annotations
@@ -86,13 +88,17 @@ def install() -> None:
             setattr(dist, name, _wrap(fn))
 
 
-def allreduce_hook(process_group: Any, bucket: Any):
+def allreduce_hook(process_group, bucket):
     """DDP communication hook: all-reduce the bucket's flattened gradients on ``process_group``
-    (None: the default group) inside its range, divided by the group size (DDP's default hook)."""
+    (None: the default group) inside its range, divided by the group size (DDP's default hook).
+    Unannotated: DDP rejects annotations other than its own, and this module's are strings."""
     import torch.distributed as dist
+
+    import contextlib
 
     tensor = bucket.buffer()
     tensor.div_(dist.get_world_size(process_group))
-    with label(process_group):
+    installed = getattr(dist.all_reduce, _MARK, False)  # then the call labels itself: one range, not two
+    with contextlib.nullcontext() if installed else label(process_group):
         work = dist.all_reduce(tensor, group=process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
