@@ -151,3 +151,51 @@ def test_a_label_decides_without_the_other_ranks():
     assert warnings == {0: ["1 gloo call(s) without a process group in the trace stay in the default group "
                             "(send/recv: peers numbered in it), unverified: the other ranks of the groups they "
                             "may belong to were not ingested"]}
+
+
+def _grid_trace(rank: int, label: str | None) -> dict:
+    """A hand-written gloo trace of one rank of GRID: one 64 B all-reduce at [100, 110) µs, issued
+    on thread 1 (inside the range ``tracekit.process_group:<label>`` when given), run on gloo
+    worker thread 9. Every rank the same: the timing fits tp and dp alike."""
+    mine = [g for g, rk in GRID.items() if rank in rk]
+    desc = {"0": "default_pg", "1": "tp", "2": "tp", "3": "dp", "4": "dp"}
+    ev = [dict(ph="X", cat="user_annotation", name="ProfilerStep#0", pid=1, tid=1, ts=50, dur=100),
+          dict(ph="X", cat="cpu_op", name="c10d::allreduce_", pid=1, tid=1, ts=101, dur=2,
+               args={"Input Dims": [[[16]], [], [], [], [], []], "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"],
+                     "Concrete Inputs": ["", "", "", "", "True", "-1"]}),
+          dict(ph="X", cat="user_annotation", name="gloo:all_reduce", pid=1, tid=9, ts=102, dur=8,
+               args={"Input Dims": [[16]], "Input type": ["float"]})]
+    if label is not None:
+        ev.append(dict(ph="X", cat="user_annotation", name=f"tracekit.process_group:{label}", pid=1, tid=1, ts=100, dur=4))
+    pgs = [dict(pg_name=g, pg_desc=desc[g], backend_config="cpu:gloo", pg_size=len(GRID[g]), ranks=GRID[g]) for g in mine]
+    return {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 4, "pg_count": len(pgs), "pg_config": pgs},
+            "traceEvents": ev}
+
+
+def test_the_ingest_reads_the_range_around_a_gloo_call(tmp_path):
+    """End to end on hand-written traces: without ranges (a user's trace) the four calls stay
+    unassigned and warned, as before; with each rank's dp range, each is in its dp group and
+    matched complete."""
+    import json
+
+    from tracekit.analyses import connect
+    from tracekit.ingest import ingest_paths
+    from tracekit.store import Store
+
+    for labels, want in ((None, {r: None for r in range(4)}), (("3", "4", "3", "4"), {0: "3", 1: "4", 2: "3", 3: "4"})):
+        d = tmp_path / ("labelled" if labels else "plain")
+        d.mkdir()
+        for r in range(4):
+            (d / f"rank{r}.pt.trace.json").write_text(json.dumps(_grid_trace(r, labels[r] if labels else None)))
+        store = Store(tmp_path / "store")
+        ingest_paths([str(d)], store, run_id=d.name)
+        con = connect(store, [d.name])
+        assert dict(con.execute("SELECT rank, pg_name FROM collectives").fetchall()) == want
+        warned = {r for r, ws in con.execute("SELECT rank, warnings FROM ranks").fetchall()
+                  if any("could not be put in one group unambiguously" in w for w in ws)}
+        if labels:
+            assert warned == set()
+            assert con.execute("SELECT pg_name, count(*), bool_and(complete) FROM collective_instances "
+                               "GROUP BY ALL ORDER BY 1").fetchall() == [("3", 1, True), ("4", 1, True)]
+        else:
+            assert warned == {0, 1, 2, 3}

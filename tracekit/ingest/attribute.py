@@ -430,6 +430,12 @@ def _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config) -> Iterator[d
         yield row
 
 
+LABEL_WINDOW = 64
+"""A call's process-group range is looked for among the last this many ranges of its thread
+that start at or before it: one around more than this many earlier sibling ranges is missed (the
+call is then attributed as unlabelled); the ranges of collectors/pg_labels.py hold one call each."""
+
+
 def _group_labels(meta):
     """meta row of a c10d call → the group its innermost enclosing process-group range names
     (``pg_attribution.LABEL_PREFIX`` + name, on the call's thread: start ≤ the call's start,
@@ -453,9 +459,6 @@ def _group_labels(meta):
         return None
 
     return label
-
-
-LABEL_WINDOW = 64
 
 
 def _p2p_pair(row: dict, issuer: dict, rank: int) -> None:
