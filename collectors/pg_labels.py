@@ -17,7 +17,9 @@ Public API:
 - :func:`install`: wraps the collective and point-to-point functions of ``torch.distributed``
   (:data:`WRAPPED`) in this process, so that every later call through the module
   (``dist.all_reduce(...)``, ``torch.distributed.nn.functional``'s forward and backward calls
-  included) runs inside its group's range; idempotent. The built-in collectors call it on gloo;
+  included) runs inside its group's range while the profiler records (otherwise the call goes
+  straight through); idempotent. The built-in collectors call it on gloo. Cost: one
+  ``record_function`` per profiled call (benchmarks/README.md);
 - :func:`allreduce_hook`: a DDP communication hook (``ddp.register_comm_hook(group, hook)``)
   that all-reduces each gradient bucket inside the range (DDP's reducer calls the process group
   from C++, where :func:`install` cannot reach), averaging as DDP's default hook does.
@@ -38,7 +40,8 @@ LABEL_PREFIX = "tracekit.process_group:"
 WRAPPED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
            "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier",
            "send", "recv", "isend", "irecv")
-"""The ``torch.distributed`` functions :func:`install` wraps (each takes a ``group`` argument)."""
+"""The ``torch.distributed`` functions :func:`install` wraps (those of them this torch has, with a
+``group`` argument)."""
 
 _MARK = "_tracekit_pg_label"
 
@@ -63,14 +66,17 @@ def label(group: Any):
 
 
 def _wrap(fn):
-    sig = inspect.signature(fn)
+    import torch
+
+    params = list(inspect.signature(fn).parameters.values())
+    at = [p.name for p in params].index("group")
+    default = params[at].default
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        try:
-            group = sig.bind_partial(*args, **kwargs).arguments.get("group")
-        except TypeError:  # let the function raise its own error
+        if not torch.autograd._profiler_enabled():  # nothing records the range: no cost
             return fn(*args, **kwargs)
+        group = kwargs["group"] if "group" in kwargs else args[at] if len(args) > at else default
         with label(group):
             return fn(*args, **kwargs)
 
@@ -84,7 +90,7 @@ def install() -> None:
 
     for name in WRAPPED:
         fn = getattr(dist, name, None)
-        if fn is not None and not getattr(fn, _MARK, False):
+        if fn is not None and not getattr(fn, _MARK, False) and "group" in inspect.signature(fn).parameters:
             setattr(dist, name, _wrap(fn))
 
 
