@@ -31,11 +31,12 @@ once, at its second iteration): the ingest attributes those by the timing rules,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from typing import Any
 
-LABEL_PREFIX = "tracekit.process_group:"
+from tracekit.ingest.pg_attribution import LABEL_PREFIX  # the ingest reads what this writes
 
 WRAPPED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
            "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier",
@@ -57,8 +58,6 @@ def group_name(group: Any) -> str | None:
 
 def label(group: Any):
     """The profiler range naming ``group`` (a context manager; a no-op one when the rank is not in it)."""
-    import contextlib
-
     from torch.profiler import record_function
 
     name = group_name(group)
@@ -99,8 +98,6 @@ def allreduce_hook(process_group, bucket):
     (None: the default group) inside its range, divided by the group size (DDP's default hook).
     Unannotated: DDP rejects annotations other than its own, and this module's are strings."""
     import torch.distributed as dist
-
-    import contextlib
 
     tensor = bucket.buffer()
     tensor.div_(dist.get_world_size(process_group))

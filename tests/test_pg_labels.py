@@ -71,6 +71,6 @@ def test_every_call_runs_inside_its_groups_range(tmp_path):
 
 
 def test_the_reader_keeps_the_ranges_the_attribution_reads():
-    assert pg_attribution.LABEL_PREFIX == LABEL_PREFIX
-    assert LABEL_PREFIX in kineto._COMM_CPU_PREFIX
+    assert LABEL_PREFIX == pg_attribution.LABEL_PREFIX == "tracekit.process_group:"
+    assert LABEL_PREFIX in kineto._COMM_CPU_PREFIX  # the reader keeps their rows for attribute.py
     assert {"all_reduce", "all_to_all_single", "reduce_scatter_tensor", "send", "irecv"} <= set(WRAPPED)
