@@ -134,7 +134,7 @@ def test_a_label_naming_a_group_without_the_rank_is_ignored():
     lab = ("2", None, None, None)
     got, warnings = _run([(r, "all_reduce", 64, 0, 10, None, None, None, lab[r]) for r in range(4)])
     assert _names(got) == {r: [None] for r in range(4)}
-    assert warnings[0] == ["gloo call(s) inside a process-group range naming a group this rank is not in "
+    assert warnings[0] == ["1 gloo call(s) inside a process-group range naming a group this rank is not in "
                            "(tracekit.process_group:2): the range is ignored, as if absent",
                            "1 gloo call(s) without a process group in the trace could not be put in one group "
                            "unambiguously: left unassigned (no pg_name, not matched across ranks)"]
@@ -199,3 +199,15 @@ def test_the_ingest_reads_the_range_around_a_gloo_call(tmp_path):
                                "GROUP BY ALL ORDER BY 1").fetchall() == [("3", 1, True), ("4", 1, True)]
         else:
             assert warned == {0, 1, 2, 3}
+
+
+def test_a_label_may_name_a_one_rank_group():
+    # pg_config's 1-rank groups are no candidates of the timing rules, but a range may name one
+    cfg = dict(GRID, **{"5": [0]})
+    got, warnings = _run([(r, "all_reduce", 64, 0, 10, None, None, None, "5" if r == 0 else None) for r in range(2)]
+                         + [(0, "all_reduce", 32, 20, 10, None, None, None, "1"),
+                            (1, "all_reduce", 32, 20, 10, None, None, None, "1")], pg_config=cfg)
+    assert [(x["pg_name"], x["group_size"]) for x in got[0]] == [("5", 1), ("1", 2)]
+    # rank 1's 64 B call: not tp {0,1} (rank 0's is in "5"), and the world or dp {1,3} (ranks 2, 3
+    # not ingested) cannot be told apart: unassigned
+    assert _names(got)[1] == [None, "1"] and warnings[1][0].startswith("1 gloo call(s) without a process group")

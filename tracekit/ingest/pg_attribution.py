@@ -160,7 +160,7 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
     rows = {}
     calls, p2p = _Calls(), _Calls()
     unchecked: dict = defaultdict(int)
-    mislabelled: dict = defaultdict(set)  # rank → the labels naming a group that does not hold it
+    mislabelled: dict = defaultdict(list)  # rank → the labels naming a group that does not hold it
     for r, t in tables:
         fs = facts.get(r) or []
         if not any(f and f["unnamed"] for f in fs):
@@ -170,21 +170,21 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
             if not f or not f["unnamed"] or row["op"] is None:
                 continue
             lab = f.get("label")  # rule 0: the trace names it (ignored when it names a group without r)
-            if lab is not None and lab not in mine[r]:
-                mislabelled[r].add(lab)
+            if lab is not None and r not in pg_config.get(lab, ()):
+                mislabelled[r].append(lab)
                 lab = None
             if row["op"] in P2P:
                 k = f.get("peer_arg")
                 if k is None:
                     continue
-                peers = {groups[g][k] for g in (mine[r] if lab is None else [lab])
-                         if 0 <= k < len(groups[g]) and groups[g][k] != r}
+                peers = {pg_config[g][k] for g in (mine[r] if lab is None else [lab])
+                         if 0 <= k < len(pg_config[g]) and pg_config[g][k] != r}
                 if lab is None and len(peers) > 1 and not peers & present:
                     unchecked[r] += 1  # no peer's trace to check against: today's row stays
                     continue
                 p2p.add(r, i, row, f, peers)
             elif lab is not None:
-                calls.add(r, i, row, f, {lab: groups[lab]})
+                calls.add(r, i, row, f, {lab: pg_config[lab]})  # a 1-rank group too
             elif len(mine[r]) > 1 and not any(g in whole for g in mine[r]):
                 unchecked[r] += 1
             else:
@@ -198,9 +198,9 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
         row, c = rows[r][j], calls.cand[i]
         if len(c) == 1 and not (c & bad_groups):
             (g,) = c
-            row.update(pg_name=g, pg_ranks=list(groups[g]), group_size=len(groups[g]), seq=None)
+            row.update(pg_name=g, pg_ranks=list(pg_config[g]), group_size=len(pg_config[g]), seq=None)
         else:
-            sizes = {len(groups[g]) for g in c}
+            sizes = {len(pg_config[g]) for g in c}
             row.update(pg_name=None, pg_ranks=None, seq=None, group_size=sizes.pop() if len(sizes) == 1 else None)
             unassigned[r] += 1
     for i, (r, j) in enumerate(p2p.where):
@@ -217,8 +217,8 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
             warnings[r].append(f"process group {g}: its members' calls, as attributed, do not form one sequence")
     for r, labs in mislabelled.items():
         warnings[r].append(
-            f"gloo call(s) inside a process-group range naming a group this rank is not in "
-            f"({', '.join(LABEL_PREFIX + g for g in sorted(labs))}): the range is ignored, as if absent")
+            f"{len(labs)} gloo call(s) inside a process-group range naming a group this rank is not in "
+            f"({', '.join(LABEL_PREFIX + g for g in sorted(set(labs)))}): the range is ignored, as if absent")
     for r, n in unchecked.items():
         warnings[r].append(
             f"{n} gloo call(s) without a process group in the trace stay in the default group (send/recv: peers "
