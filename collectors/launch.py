@@ -451,6 +451,10 @@ def rank_main(fd: int) -> int:
             timeout=_dt.timedelta(seconds=job["timeout_s"]),
             **init_kwargs,
         )
+        if backend == "gloo":  # gloo's trace names no call's group: the job names it (pg_labels)
+            from tracekit.collectors import pg_labels
+
+            pg_labels.install()
         ctx = RankContext(
             rank=rank, world_size=world_size, backend=backend, run_dir=Path(job["run_dir"]), device=device, _queue=chan
         )

@@ -587,6 +587,28 @@ def _a2a_by_range(path) -> tuple[dict, int]:
     return inside, len(calls)
 
 
+def _call_labels(path) -> dict:
+    """{(c10d op, description of the group its innermost tracekit.process_group range names): calls}
+    within the profiled steps (None: no range around it)."""
+    from tracekit.collectors.pg_labels import LABEL_PREFIX
+
+    doc = load_trace(path)
+    desc = {g["pg_name"]: g["pg_desc"] for g in doc["distributedInfo"]["pg_config"]}
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in ev if e["name"].startswith("ProfilerStep#")]
+    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    labels = [e for e in ev if e["name"].startswith(LABEL_PREFIX)]
+    out: dict = {}
+    for c in ev:
+        if c["name"].startswith("c10d::") and c["name"] != "c10d::wait" and lo <= c["ts"] <= hi:
+            around = [e for e in labels if e["tid"] == c["tid"] and e["ts"] <= c["ts"]
+                      and c["ts"] + c["dur"] <= e["ts"] + e["dur"]]
+            g = max(around, key=lambda e: e["ts"])["name"][len(LABEL_PREFIX):] if around else None
+            key = (c["name"], desc.get(g))
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
 @pytest.mark.slow
 def test_real_ep2_dp2_gloo_run(tmp_path, capsys):
     from tracekit.analyses import connect
@@ -607,26 +629,21 @@ def test_real_ep2_dp2_gloo_run(tmp_path, capsys):
         inside, total = _a2a_by_range(run_dir / f"rank{r}.pt.trace.json.gz")
         assert inside == {"layer0.dispatch": 2, "layer0.combine": 1, "layer1.dispatch": 2, "layer1.combine": 1}
         assert total == 9
+        # every call inside its group's range (collectors/pg_labels.py): all-to-alls ep, buckets dp
+        assert _call_labels(run_dir / f"rank{r}.pt.trace.json.gz") == {
+            ("c10d::alltoall_base_", "ep"): 9, ("c10d::allreduce_", "dp"): 2}
     store = Store(tmp_path / "store")
     ingest_paths([str(run_dir)], store, workload="ep", config=conf, run_id="epdp")
     con = connect(store)
     names = {g["pg_name"]: g for g in conf["process_groups"]}
     got = {pg: rest for pg, *rest in con.execute(
         "SELECT pg_name, dimension, ops, instances, incomplete, bytes FROM process_groups").fetchall()}
-    # nothing in the world group; a DP bucket whose group the timing leaves ambiguous (seen on a
-    # loaded machine: the DP all-reduces of ranks 0 and 1 run at once, each could be their EP
-    # group's) is left unassigned and counted in the rank's warning, never guessed (pg_attribution)
-    unassigned = con.execute("SELECT rank, op, size_bytes FROM collectives WHERE pg_name IS NULL").fetchall()
-    assert all((op, size) == ("all_reduce", 36_864) for _, op, size in unassigned)
-    warned = {}
-    for rank, warns in con.execute("SELECT rank, warnings FROM ranks").fetchall():
-        for w in warns:
-            if "could not be put in one group unambiguously" in w:
-                warned[rank] = int(w.split()[0])
-    assert warned == {r: sum(1 for u in unassigned if u[0] == r) for r in {u[0] for u in unassigned}}
-    if unassigned:
-        names = {pg: g for pg, g in names.items() if g["desc"] == "ep"}
-        got = {pg: v for pg, v in got.items() if pg in names}
+    # every call in its own group, none in the world group, none unassigned: the collector names
+    # each call's group in the trace (collectors/pg_labels.py), which the timing alone cannot
+    # (the DP all-reduces of ranks 0 and 1 often run at once: EP {0,1} would explain them too)
+    assert con.execute("SELECT count(*) FROM collectives WHERE pg_name IS NULL").fetchone() == (0,)
+    for _, warns in con.execute("SELECT rank, warnings FROM ranks").fetchall():
+        assert not [w for w in warns if "process group" in w], warns
     assert set(got) == set(names)
     for pg, g in names.items():
         dim, ops, inst, inc, nbytes = got[pg]
@@ -635,8 +652,6 @@ def test_real_ep2_dp2_gloo_run(tmp_path, capsys):
             assert (ops, inst) == ("all_to_all", 9)
         else:  # one all-reduce per bucket per step, of the bucket's bytes
             assert (ops, inst, nbytes) == ("all_reduce", 2, 2 * 36_864)
-    if unassigned:  # the checks below need every DP bucket in its group
-        return
     # the DP buckets are launched during the backward: they overlap it
     (ov,) = con.execute("SELECT min(overlap_ns) FROM process_groups WHERE dimension = 'dp'").fetchone()
     assert ov > 0

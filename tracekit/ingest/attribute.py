@@ -411,10 +411,13 @@ def _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config) -> Iterator[d
                 del q[pick]
                 issuer_of[sp] = j
                 break
+    labels = _group_labels(meta)
     for j in spans:
         sp = meta.row(j)
         k = issuer_of.get(j)
         iss = meta.row(k) if k is not None else None
+        if iss is not None:
+            iss["pg_label"] = labels(k)
         enclosing = ([iss] if iss is not None else []) + ([sp] if _numel(sp.get("input_dims")) is not None else [])
         res = _resolve(dict(sp, gpu=False), enclosing)
         row = _finish_row(run_id, rank, sp, res, iss["ts_ns"] if iss else None, world_size, pg_config)
@@ -425,6 +428,37 @@ def _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config) -> Iterator[d
             row.update(ts_ns=start, dur_ns=end - start)
             _p2p_pair(row, iss, rank)
         yield row
+
+
+LABEL_WINDOW = 64
+"""A call's process-group range is looked for among the last this many ranges of its thread
+that start at or before it: one around more than this many earlier sibling ranges is missed (the
+call is then attributed as unlabelled); the ranges of collectors/pg_labels.py hold one call each."""
+
+
+def _group_labels(meta):
+    """meta row of a c10d call → the group its innermost enclosing process-group range names
+    (``pg_attribution.LABEL_PREFIX`` + name, on the call's thread: start ≤ the call's start,
+    end ≥ its end; among the LABEL_WINDOW ranges of that thread starting last before it), or None."""
+    at = np.flatnonzero(meta.names_where(lambda nm: nm.startswith(pg_attribution.LABEL_PREFIX)))
+    by_thread: dict = defaultdict(list)
+    for i in at[np.argsort(meta.ts_ns[at], kind="stable")].tolist():
+        by_thread[int(meta.thread[i])].append(i)
+    starts = {t: meta.ts_ns[ix] for t, ix in by_thread.items()}
+
+    def label(j: int) -> str | None:
+        t = int(meta.thread[j])
+        ix = by_thread.get(t)
+        if not ix:
+            return None
+        t0, t1 = meta.ts_ns[j], meta.ts_ns[j] + meta.dur_ns[j]
+        hi = int(np.searchsorted(starts[t], t0, side="right"))
+        for i in reversed(ix[max(0, hi - LABEL_WINDOW):hi]):
+            if meta.ts_ns[i] + meta.dur_ns[i] >= t1:
+                return meta.names[meta.name[i]][len(pg_attribution.LABEL_PREFIX):]
+        return None
+
+    return label
 
 
 def _p2p_pair(row: dict, issuer: dict, rank: int) -> None:

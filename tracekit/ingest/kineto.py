@@ -78,7 +78,8 @@ GPU_CATEGORIES = frozenset({"kernel", "memcpy", "memset", "sync", "gpu_user_anno
 # Beyond NCCL/RCCL/gloo, the collective families' kernels (tracekit.ingest.comm_families: symmetric
 # memory, custom all-reduce, TensorRT-LLM, DeepEP, NVSHMEM, MSCCL++) and the CPU ops that launch them.
 BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:") + KERNEL_PATTERNS
-_COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:") + CPU_OP_NAMES
+# + the process-group ranges a job may put around its gloo calls (tracekit.ingest.pg_attribution)
+_COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:", "tracekit.process_group:") + CPU_OP_NAMES
 
 try:  # RE2: linear-time matching, so no --comm-pattern can make the ingest hang (a core dependency)
     import re2

@@ -9,12 +9,27 @@ and the matching, puts each such call in the one group the evidence allows, or l
 unassigned (``pg_name``, ``pg_ranks`` and ``seq`` null: never matched) and counts it in the
 rank's warnings. Nothing is guessed: a group is assigned only when every other candidate has been
 ruled out by one of the rules below, each a property of the collectives or of gloo (rule 4 also
-of how Linux numbers threads).
+of how Linux numbers threads), or named by the job itself (rule 0).
+
+0. *The trace names it*: a profiler range ``tracekit.process_group:<pg_name>`` (:data:`LABEL_PREFIX`)
+   enclosing the issuing ``c10d::*`` call on its thread (the innermost one;
+   ``attribute._group_labels``) makes that group the call's only candidate (for a send/recv,
+   the peer is that group's rank k). The job records it: tracekit's collectors wrap every
+   ``torch.distributed`` call on gloo in it (``tracekit.collectors.pg_labels``, which a user's job
+   can install too). Why it is needed: the timing rules below cannot separate two groups whose
+   members run calls of one signature at the same time (EP × DP: ranks 0 and 1's DP all-reduces
+   overlap each other and those of 2 and 3, so EP {0,1} explains them as well as DP {0,2});
+   gloo's worker threads would (each ``ProcessGroupGloo`` runs 2 per device), but the trace
+   records neither a group's thread count nor its devices. A range naming a group that does not
+   hold the rank is ignored (the call is attributed as if unlabelled) and the rank warned; the
+   rules below still apply to labelled calls, so evidence that contradicts a range (rule 1, 3,
+   5) leaves the call unassigned. A trace without ranges is attributed by rules 1-5 alone.
 
 Collectives (every op but send/recv). Candidates: the groups of ``pg_config`` of two or more
-ranks that hold the calling rank; for an all-to-all whose splits the trace records, only those
-of as many ranks as it has splits. A call's signature is (op, bytes), an all-to-all's its op only
-(uneven splits: each rank sends its own bytes). Then, until nothing changes:
+ranks that hold the calling rank (rule 0: the group named); for an all-to-all whose splits the
+trace records, only those of as many ranks as it has splits. A call's signature is (op, bytes),
+an all-to-all's its op only (uneven splits: each rank sends its own bytes). Then, until nothing
+changes:
 
 1. *Same clock* (only when the ranks share one: ``align`` none): for an op whose every output
    depends on every member's input (all-reduce, all-gather, reduce-scatter, all-to-all, barrier),
@@ -43,9 +58,9 @@ of the same bytes and tag whose candidates include r (and the reverse); rule 2 a
 directed pair and (bytes, tag). A unique peer names the pair group ``p2p:src->dst`` as before.
 
 A rank whose only group is the default one (or a trace without ``pg_config``) keeps today's
-assignment: every call in group "0"/"default". So does a call none of whose candidate groups
-(peers) has every rank ingested (one rank of a large job): nothing can be checked, and the rank
-is warned that the default group is unverified.
+assignment: every call in group "0"/"default". So does an unlabelled call none of whose candidate
+groups (peers) has every rank ingested (one rank of a large job): nothing can be checked, and the
+rank is warned that the default group is unverified; a labelled one goes to the group named.
 """
 
 from __future__ import annotations
@@ -54,6 +69,10 @@ import bisect
 from collections import defaultdict
 
 import pyarrow as pa
+
+LABEL_PREFIX = "tracekit.process_group:"
+"""A profiler range named this + a group's name around a c10d call names the call's group
+(rule 0; the ranges tracekit.collectors.pg_labels records; kineto.py keeps their rows)."""
 
 FACTS = "_pg_facts"
 """Key of the facts dict a gloo row carries from ``attribute._cpu_rows`` to :func:`tap`."""
@@ -74,7 +93,7 @@ def row_facts(row: dict, span: dict, issuer: dict | None, resolved: dict) -> Non
             peer_arg = tag = None
     row[FACTS] = dict(unnamed=resolved.get("pg_name") is None and resolved.get("pg_ranks") is None,
                       trace_seq=resolved.get("seq") is not None, track=span.get("track"),
-                      peer_arg=peer_arg, tag=tag)
+                      peer_arg=peer_arg, tag=tag, label=issuer.get("pg_label") if issuer else None)
 
 
 def tap(rows, sink: list):
@@ -141,6 +160,7 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
     rows = {}
     calls, p2p = _Calls(), _Calls()
     unchecked: dict = defaultdict(int)
+    mislabelled: dict = defaultdict(list)  # rank → the labels naming a group that does not hold it
     for r, t in tables:
         fs = facts.get(r) or []
         if not any(f and f["unnamed"] for f in fs):
@@ -149,15 +169,22 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
         for i, (row, f) in enumerate(zip(rows[r], fs)):
             if not f or not f["unnamed"] or row["op"] is None:
                 continue
+            lab = f.get("label")  # rule 0: the trace names it (ignored when it names a group without r)
+            if lab is not None and r not in pg_config.get(lab, ()):
+                mislabelled[r].append(lab)
+                lab = None
             if row["op"] in P2P:
                 k = f.get("peer_arg")
                 if k is None:
                     continue
-                peers = {groups[g][k] for g in mine[r] if 0 <= k < len(groups[g]) and groups[g][k] != r}
-                if len(peers) > 1 and not peers & present:
+                peers = {pg_config[g][k] for g in (mine[r] if lab is None else [lab])
+                         if 0 <= k < len(pg_config[g]) and pg_config[g][k] != r}
+                if lab is None and len(peers) > 1 and not peers & present:
                     unchecked[r] += 1  # no peer's trace to check against: today's row stays
                     continue
                 p2p.add(r, i, row, f, peers)
+            elif lab is not None:
+                calls.add(r, i, row, f, {lab: pg_config[lab]})  # a 1-rank group too
             elif len(mine[r]) > 1 and not any(g in whole for g in mine[r]):
                 unchecked[r] += 1
             else:
@@ -171,9 +198,9 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
         row, c = rows[r][j], calls.cand[i]
         if len(c) == 1 and not (c & bad_groups):
             (g,) = c
-            row.update(pg_name=g, pg_ranks=list(groups[g]), group_size=len(groups[g]), seq=None)
+            row.update(pg_name=g, pg_ranks=list(pg_config[g]), group_size=len(pg_config[g]), seq=None)
         else:
-            sizes = {len(groups[g]) for g in c}
+            sizes = {len(pg_config[g]) for g in c}
             row.update(pg_name=None, pg_ranks=None, seq=None, group_size=sizes.pop() if len(sizes) == 1 else None)
             unassigned[r] += 1
     for i, (r, j) in enumerate(p2p.where):
@@ -188,6 +215,10 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
     for g in sorted(bad_groups):
         for r in groups[g]:
             warnings[r].append(f"process group {g}: its members' calls, as attributed, do not form one sequence")
+    for r, labs in mislabelled.items():
+        warnings[r].append(
+            f"{len(labs)} gloo call(s) inside a process-group range naming a group this rank is not in "
+            f"({', '.join(LABEL_PREFIX + g for g in sorted(set(labs)))}): the range is ignored, as if absent")
     for r, n in unchecked.items():
         warnings[r].append(
             f"{n} gloo call(s) without a process group in the trace stay in the default group (send/recv: peers "
@@ -326,6 +357,8 @@ def _check_sequences(c: _Calls, groups: dict) -> set:
             seqs[next(iter(c.cand[i]))][c.rank[i]].append(c.sig(i))
     bad = set()
     for g, per in seqs.items():
+        if g not in groups:  # a labelled group not every member of which was ingested: no check
+            continue
         got = [per.get(m, []) for m in groups[g]]
         if any(s != got[0] for s in got):
             bad.add(g)
