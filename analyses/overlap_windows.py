@@ -51,6 +51,19 @@ ORDER BY rank
 """The comm and compute events of ranks $2..$3 of run $1, grouped by rank (a run without summaries)."""
 
 
+def _read(con, run_id: str, lo: int, hi: int):
+    """_EVENTS as a pyarrow table; a read that runs out of DuckDB's memory is run again with a larger
+    budget (``con.raise_budget``); past the largest one the OutOfMemoryException propagates."""
+    import duckdb
+
+    while True:
+        try:
+            return con.sql(_EVENTS, params=[run_id, lo, hi]).to_arrow_table()
+        except duckdb.OutOfMemoryException:
+            if not con.raise_budget():
+                raise
+
+
 def _computed(con, run_ids: list[str]):
     """(overlap_summary rows, span_overlap rows) as pyarrow tables for runs stored without them,
     from their events, by :func:`tracekit.intervals.rank_overlap_summary` per rank."""
@@ -68,7 +81,7 @@ def _computed(con, run_ids: list[str]):
         recv = con.execute("SELECT rank, event_id FROM collectives WHERE run_id = ? AND op = 'recv'",
                            [run_id]).fetchnumpy()
         for _, lo, hi in _rank_chunks(keys):
-            ev = con.sql(_EVENTS, params=[run_id, lo, hi]).to_arrow_table()
+            ev = _read(con, run_id, lo, hi)
             for rank, (a, b) in _by_rank(ev).items():
                 t = ev.slice(a, b - a)
                 is_comm = t.column("is_comm").to_numpy(zero_copy_only=False).astype(bool)
