@@ -157,7 +157,7 @@ def assemble_rank(task: RankTask) -> RankResult:
         )
         facts: list = []
         table = rank_collectives(pg_attribution.tap(rows, facts))
-    recv = pc.equal(table.column("op"), "recv").to_numpy(zero_copy_only=False)
+    recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)  # op NULL: unattributed
     windows, spans = tap.summaries(run_id, rank, table.column("event_id").to_numpy(zero_copy_only=False)[recv])
     del tap
     n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
