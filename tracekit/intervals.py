@@ -224,14 +224,20 @@ def rank_overlap_summary(run_id: str, rank: int, ev, is_comm: np.ndarray, comm_n
     o = np.flatnonzero(span)
     o = o[np.argsort(ts[o], kind="stable")]  # start order, as UnionLengths needs
     so = o[step_ok[o]]
+    # one sweep, windows keyed (set, grp): set 0 = comm (A) and compute (B) over the whole trace and
+    # each step; set 1 = the steps' recv spans (A) and compute spans (B). Each part is in start order.
+    rv = o[(recv | (~is_comm & in_step))[o]]
+    part = (o, so, rv)
     acc = UnionLengths()
-    acc.add((np.full(len(o), -1, dtype=np.int64),), ts[o], end[o], is_comm[o])
-    acc.add((step[so],), ts[so], end[so], is_comm[so])
-    wins, cm, cp, ov = acc.result()
-    rv = o[(recv | (~is_comm & in_step))[o]]  # recv spans (A) and the steps' compute spans (B)
-    racc = UnionLengths()
-    racc.add((step[rv],), ts[rv], end[rv], recv[rv])
-    rwins, rn, _, rh = racc.result()
+    acc.add((np.repeat(np.array([0, 0, 1], dtype=np.int64), [len(x) for x in part]),
+             np.concatenate([np.full(len(o), -1, dtype=np.int64), step[so], step[rv]])),
+            ts[np.concatenate(part)], end[np.concatenate(part)], np.concatenate([is_comm[o], is_comm[so], recv[rv]]))
+    keys, a_ns, b_ns, ab_ns = acc.result()
+    sets = np.array([k[0] for k in keys], dtype=np.int64)
+    wins = [(k[1],) for k in keys if k[0] == 0]
+    cm, cp, ov = a_ns[sets == 0], b_ns[sets == 0], ab_ns[sets == 0]
+    rwins = [(k[1],) for k in keys if k[0] == 1]
+    rn, rh = a_ns[sets == 1], ab_ns[sets == 1]
 
     grps = np.unique(np.r_[-1, step[ts_ok & step_ok]]).astype(np.int64)
     n = len(grps)
@@ -300,11 +306,11 @@ def rank_overlap_summary(run_id: str, rank: int, ev, is_comm: np.ndarray, comm_n
 
 
 def _with_rank(run_id: str, rank: int, t, schema):
-    """``t`` with the columns run_id and rank in front, cast to ``schema``."""
+    """``t`` with the columns run_id and rank in front, as a table of ``schema`` (whose other columns
+    ``t`` has, in order, with their types)."""
     import pyarrow as pa
 
     n = t.num_rows
-    t = t.add_column(0, "rank", pa.array(np.full(n, rank, dtype=np.int32)))
-    t = t.add_column(0, "run_id", pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
-                                                                 pa.array([run_id])).cast(pa.string()))
-    return t.cast(schema)
+    fixed = [pa.array([run_id], pa.string()).take(pa.array(np.zeros(n, dtype=np.int32))),
+             pa.array(np.full(n, rank, dtype=np.int32))]
+    return pa.Table.from_arrays(fixed + [t.column(i) for i in range(t.num_columns)], schema=schema)
