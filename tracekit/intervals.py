@@ -166,6 +166,9 @@ def innermost_enclosing(s: np.ndarray, e: np.ndarray, t: np.ndarray, te: np.ndar
 SUMMARY_CLASSES = ("comm", "compute")
 """The event classes :func:`rank_overlap_summary` reads."""
 
+SUMMARY_CHUNK = 65_536
+"""Spans :func:`rank_overlap_summary` hands the sweep at once."""
+
 
 def rank_overlap_summary(run_id: str, rank: int, ev, is_comm: np.ndarray, comm_names, recv_ids: np.ndarray):
     """One rank's overlap summaries from its comm and compute events: the per-window lengths that
@@ -226,12 +229,14 @@ def rank_overlap_summary(run_id: str, rank: int, ev, is_comm: np.ndarray, comm_n
     so = o[step_ok[o]]
     # one sweep, windows keyed (set, grp): set 0 = comm (A) and compute (B) over the whole trace and
     # each step; set 1 = the steps' recv spans (A) and compute spans (B). Each part is in start order.
+    # Fed SUMMARY_CHUNK rows at a time (the sweep's temporaries: ~150 B per row fed at once).
     rv = o[(recv | (~is_comm & in_step))[o]]
-    part = (o, so, rv)
     acc = UnionLengths()
-    acc.add((np.repeat(np.array([0, 0, 1], dtype=np.int64), [len(x) for x in part]),
-             np.concatenate([np.full(len(o), -1, dtype=np.int64), step[so], step[rv]])),
-            ts[np.concatenate(part)], end[np.concatenate(part)], np.concatenate([is_comm[o], is_comm[so], recv[rv]]))
+    for kset, rows, flag in ((0, o, is_comm), (0, so, is_comm), (1, rv, recv)):
+        for i in range(0, len(rows), SUMMARY_CHUNK):
+            r = rows[i:i + SUMMARY_CHUNK]
+            g = np.full(len(r), -1, dtype=np.int64) if rows is o else step[r]
+            acc.add((np.full(len(r), kset, dtype=np.int64), g), ts[r], end[r], flag[r])
     keys, a_ns, b_ns, ab_ns = acc.result()
     sets = np.array([k[0] for k in keys], dtype=np.int64)
     wins = [(k[1],) for k in keys if k[0] == 0]

@@ -87,12 +87,23 @@ class RankResult:
 
 
 _COMM_CODE, _COMPUTE_CODE = CLASSES.index("comm"), CLASSES.index("compute")
+_TAP_COLUMNS = ("event_id", "ts_ns", "dur_ns", "step")
+
+
+def _picked(col, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, validity) of the int64 Arrow array ``col`` at the rows of the bool mask ``sel``, as
+    numpy copies (a null's value: whatever its slot holds, masked by the validity)."""
+    data = np.frombuffer(col.buffers()[1], dtype=np.int64, count=len(col) + col.offset)[col.offset:]
+    valid = np.ones(int(sel.sum()), dtype=bool) if not col.null_count else \
+        col.is_valid().to_numpy(zero_copy_only=False)[sel]
+    return data[sel], valid
 
 
 class _SummaryTap:
     """The link pass's writer (``writer_cls`` of :func:`tracekit.ingest.linkpass.link_rank`) that also
     keeps, from each batch it writes, what :func:`tracekit.intervals.rank_overlap_summary` reads: the
-    comm and compute rows' event_id, ts_ns, dur_ns, step (~33 B per row) and the comm rows' names.
+    comm and compute rows' event_id, ts_ns, dur_ns, step (numpy, ~37 B per row) and the comm rows'
+    names.
     So the summaries come from the rows as written (after clipping, classes and steps), with no
     second read of the events file."""
 
@@ -117,16 +128,21 @@ class _SummaryTap:
         comm = code == _COMM_CODE
         sel = comm | (code == _COMPUTE_CODE)
         if sel.any():
-            keep = pa.array(sel)
-            self.parts.append(batch.select(["event_id", "ts_ns", "dur_ns", "step"]).filter(keep))
+            # numpy copies of the selected rows (values, and validity where a column has nulls):
+            # no Arrow buffers kept from the batch
+            self.parts.append([_picked(batch.column(c), sel) for c in _TAP_COLUMNS])
             self.comm.append(comm[sel])
             self.names.append(batch.column("name").filter(pa.array(comm)).cast(pa.string()))
         self._w.write(batch)
 
     def summaries(self, run_id: str, rank: int, recv_ids: np.ndarray) -> tuple[pa.Table, pa.Table]:
         """(OVERLAP_SUMMARY_SCHEMA, SPAN_OVERLAP_SCHEMA) tables of the rows kept."""
-        ev = pa.Table.from_batches(self.parts, schema=pa.schema(
-            [pa.field(n, pa.int64()) for n in ("event_id", "ts_ns", "dur_ns", "step")]))
+        cols = {}
+        for j, c in enumerate(_TAP_COLUMNS):
+            v = np.concatenate([p[j][0] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
+            ok = np.concatenate([p[j][1] for p in self.parts]) if self.parts else np.ones(0, bool)
+            cols[c] = pa.array(v, pa.int64(), mask=None if ok.all() else ~ok)
+        ev = pa.table(cols)
         is_comm = np.concatenate(self.comm) if self.comm else np.zeros(0, dtype=bool)
         names = pa.chunked_array(self.names, pa.string())
         self.parts = self.comm = self.names = []
