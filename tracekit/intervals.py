@@ -1,4 +1,5 @@
-"""Union lengths of two interval sets per window, from spans streamed in start order; and the
+"""Union lengths of two interval sets per window, from spans streamed in start order; one rank's
+overlap summaries built on them (:func:`rank_overlap_summary`, made at ingest); and the
 innermost range enclosing each of a set of points (:func:`innermost_enclosing`).
 
 For windows w (a key: here (rank, step) or (rank, whole trace)) and intervals tagged A or
@@ -163,9 +164,6 @@ def innermost_enclosing(s: np.ndarray, e: np.ndarray, t: np.ndarray, te: np.ndar
     return out
 
 
-SUMMARY_CLASSES = ("comm", "compute")
-"""The event classes :func:`rank_overlap_summary` reads."""
-
 SUMMARY_CHUNK = 65_536
 """Spans :func:`rank_overlap_summary` hands the sweep at once."""
 
@@ -292,7 +290,9 @@ def rank_overlap_summary(run_id: str, rank: int, ev, is_comm: np.ndarray, comm_n
         j = np.searchsorted(i_s, t, side="right") - 1
         hit = ok & (j >= 0)
         jj = np.maximum(j, 0)
-        return np.where(hit, cum[jj] + np.minimum(t, i_e[jj]) - i_s[jj], 0) if len(i_s) else np.zeros(len(t), np.int64)
+        if not len(i_s):
+            return np.zeros(len(t), np.int64)
+        return np.where(hit, cum[jj] + np.minimum(t, i_e[jj]) - i_s[jj], 0)
 
     k = np.flatnonzero(is_comm)
     by_id = np.argsort(eid[k], kind="stable")
@@ -307,7 +307,8 @@ def rank_overlap_summary(run_id: str, rank: int, ev, is_comm: np.ndarray, comm_n
         "dur_ns": pa.array(dur[k], mask=~(ok0 & dur_ok[k])),
         "overlap_ns": covered(t1, ok1) - covered(t0, ok0),
     })
-    return _with_rank(run_id, rank, windows, OVERLAP_SUMMARY_SCHEMA), _with_rank(run_id, rank, spans, SPAN_OVERLAP_SCHEMA)
+    return (_with_rank(run_id, rank, windows, OVERLAP_SUMMARY_SCHEMA),
+            _with_rank(run_id, rank, spans, SPAN_OVERLAP_SCHEMA))
 
 
 def _with_rank(run_id: str, rank: int, t, schema):

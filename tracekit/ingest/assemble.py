@@ -80,9 +80,9 @@ class RankResult:
     """Per collectives row, what :func:`tracekit.ingest.pg_attribution.attribute` needs (or None)."""
     windows: pa.Table = None
     """The rank's OVERLAP_SUMMARY_SCHEMA rows (:func:`tracekit.intervals.rank_overlap_summary`; string
-    columns dictionary-encoded, :func:`_compact`), not yet shifted by a clock offset (~85 B per window)."""
+    columns dictionary-encoded, :func:`_compact`), not yet shifted by a clock offset (~80 B per window)."""
     spans: pa.Table = None
-    """The rank's SPAN_OVERLAP_SCHEMA rows, one per comm event, compacted and not yet shifted (~50 B per
+    """The rank's SPAN_OVERLAP_SCHEMA rows, one per comm event, compacted and not yet shifted (~44 B per
     comm event)."""
 
 
@@ -91,8 +91,9 @@ _TAP_COLUMNS = ("event_id", "ts_ns", "dur_ns", "step")
 
 
 def _picked(col, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(values, validity) of the int64 Arrow array ``col`` at the rows of the bool mask ``sel``, as
-    numpy copies (a null's value: whatever its slot holds, masked by the validity)."""
+    """(values, validity) of the int64 Arrow array ``col`` (the events schema's: the batch is built
+    with it) at the rows of the bool mask ``sel``, as numpy copies (a null's value: whatever its
+    slot holds, masked by the validity)."""
     data = np.frombuffer(col.buffers()[1], dtype=np.int64, count=len(col) + col.offset)[col.offset:]
     valid = np.ones(int(sel.sum()), dtype=bool) if not col.null_count else \
         col.is_valid().to_numpy(zero_copy_only=False)[sel]
@@ -151,7 +152,7 @@ class _SummaryTap:
 
 def _compact(table: pa.Table) -> pa.Table:
     """``table`` with its string columns dictionary-encoded, for the trip to the driver (a comm span's
-    row: ~50 B instead of ~120 B with its kernel name); finish_run casts back to the store's schema."""
+    row: ~44 B instead of ~100 B with its kernel name); finish_run casts back to the store's schema."""
     for i, f in enumerate(table.schema):
         if pa.types.is_string(f.type):
             table = table.set_column(i, f.name, pc.dictionary_encode(table.column(i)))
@@ -166,7 +167,7 @@ def assemble_rank(task: RankTask) -> RankResult:
     (:func:`tracekit.intervals.rank_overlap_summary` on the comm and compute rows the link pass
     writes, kept by :class:`_SummaryTap`; the driver later shifts their timestamps by the rank's
     clock offset, which leaves every length as it is); then delete the staging file and the
-    comm-metadata table. Memory: one rank's link pass, plus ~33 B per comm or compute row for the
+    comm-metadata table. Memory: one rank's link pass, plus ~37 B per comm or compute row for the
     summaries. Errors of the staging file propagate."""
     from tracekit.ingest.comm_families import user_families
 
@@ -183,7 +184,8 @@ def assemble_rank(task: RankTask) -> RankResult:
         )
         facts: list = []
         table = rank_collectives(pg_attribution.tap(rows, facts))
-    recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)  # op NULL: unattributed
+    # the recv collectives' spans (an unattributed row, op NULL, is none)
+    recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)
     windows, spans = tap.summaries(run_id, rank, table.column("event_id").to_numpy(zero_copy_only=False)[recv])
     del tap
     n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
