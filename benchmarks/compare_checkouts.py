@@ -1,6 +1,7 @@
 """Do two checkouts of tracekit build the same stores and reports?
 
     python benchmarks/compare_checkouts.py OLD_DIR NEW_DIR [--workdir DIR] [--only SUBSTRING ...]
+        [--allow-new TABLE.parquet ...]
 
 Each checkout ingests, with its own code (``python -m tracekit`` run by the checkout's
 ``.venv/bin/python`` when it has one, else this interpreter, with PYTHONPATH and cwd set to the
@@ -9,7 +10,8 @@ checkout), every input of the list below into a store of its own, then ``traceki
 
 * every table of the run (``run.parquet``, ``ranks.parquet``, ``events/*.parquet``,
   ``collectives.parquet`` and whatever else the store holds), row for row and order-insensitive
-  (DuckDB ``EXCEPT ALL`` both ways), without ``created_at`` and ``source_path``;
+  (DuckDB ``EXCEPT ALL`` both ways), without ``created_at`` and ``source_path``; a table named in
+  ``--allow-new`` may exist in NEW's store only (one NEW adds, e.g. ``span_overlap.parquet``);
 * the ``analyze --json`` documents, without the keys ``created_at``, ``source_path`` and ``store``;
 * for an input that one checkout refuses, the exit code and the error line.
 
