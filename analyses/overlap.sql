@@ -1,5 +1,5 @@
 -- overlap: communication hidden behind compute, per rank, per profiler step and per call.
--- Reads: events, ranks, intervals, overlap_windows
+-- Reads: events, ranks, intervals, overlap_windows (and its _span_overlap)
 --
 -- Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted twice:
 --   comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
@@ -15,7 +15,7 @@
 --
 -- comm_islands, compute_islands, overlap_islands: disjoint islands of the union of comm
 -- (compute) intervals, and the pieces of comm ∩ compute. Views, evaluated only when queried (HTML
--- plots, collective_overlap): overlap_windows does not need the islands. Summing e − s over them
+-- plots): overlap_windows and collective_overlap do not need the islands. Summing e − s over them
 -- gives overlap_windows' lengths. The three have the same columns:
 --
 -- run_id  VARCHAR  run
@@ -64,7 +64,10 @@ CREATE OR REPLACE VIEW overlap_by_step AS
 SELECT run_id, rank, grp AS step, comm_ns, compute_ns, overlap_ns, exposed_comm_ns, overlap_ratio
 FROM overlap_windows WHERE grp >= 0;
 
--- collective_overlap: per communication span, the part of it covered by compute.
+-- collective_overlap: per communication span, the part of it covered by compute: the store's per-span
+-- summary (span_overlap, computed per rank at ingest by tracekit.intervals.rank_overlap_summary: the
+-- covered-length prefix C(t) of the whole trace's compute islands, as island_prefix gives it, overlap =
+-- C(end) − C(start)), or for a run stored without it the same rows computed by overlap_windows.
 --
 -- run_id           VARCHAR  run
 -- rank             INTEGER  global rank
@@ -74,21 +77,7 @@ FROM overlap_windows WHERE grp >= 0;
 -- dur_ns           BIGINT   duration, ns
 -- overlap_ns       BIGINT   |span ∩ ∪ compute|, ns
 -- overlap_fraction DOUBLE   overlap_ns / dur_ns; NULL for zero-length spans
-CREATE OR REPLACE VIEW _compute_prefix AS
-SELECT * FROM island_prefix('compute_islands') WHERE grp = -1;
-
 CREATE OR REPLACE VIEW collective_overlap AS
-WITH calls AS (
-    SELECT run_id, rank, event_id, name, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'comm'
-),
-cs AS (
-    SELECT c.*, coalesce(p.cum_before + least(c.s, p.e) - p.s, 0) AS cov_s
-    FROM calls c ASOF LEFT JOIN _compute_prefix p ON c.run_id = p.run_id AND c.rank = p.rank AND c.s >= p.s
-),
-ce AS (
-    SELECT x.*, coalesce(p.cum_before + least(x.e, p.e) - p.s, 0) AS cov_e
-    FROM cs x ASOF LEFT JOIN _compute_prefix p ON x.run_id = p.run_id AND x.rank = p.rank AND x.e >= p.s
-)
-SELECT run_id, rank, event_id, name, s AS ts_ns, e - s AS dur_ns, (cov_e - cov_s)::BIGINT AS overlap_ns,
-       CASE WHEN e > s THEN (cov_e - cov_s) / (e - s) END AS overlap_fraction
-FROM ce;
+SELECT run_id, rank, event_id, name, ts_ns, dur_ns, overlap_ns,
+       CASE WHEN dur_ns > 0 THEN overlap_ns / dur_ns END AS overlap_fraction
+FROM _span_overlap;

@@ -1,6 +1,7 @@
 """overlap_windows: communication, compute and their overlap per rank and window — a Python analysis.
 
-Reads: events, ranks, runs
+Reads: overlap_summary, span_overlap, ranks, runs (events and collectives only for a run stored without
+the summaries)
 
 Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted twice:
 comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
@@ -9,16 +10,22 @@ exposed_comm = comm − overlap. Intervals are events of class 'comm' / 'compute
 dur_ns >= 0 (see tracekit.ingest.linkpass). A window is the whole trace (grp = -1) or one
 profiler step (grp = step; GPU work belongs to the step that launched it).
 
-How: each run's comm and compute events are streamed from DuckDB in (rank, start) order
-(DuckDB's sort, within its memory budget, spilling beyond it), and
-:class:`tracekit.intervals.UnionLengths` sweeps them batch by batch (the union-length sweep
-documented there; equal starts may come in any order). Memory stays bounded by DuckDB's
-budget and the number of windows, not the number of events, which a window function over a
-rank's whole trace (a DuckDB window materialises its partition) could not give. The same
-numbers as summing e − s over the islands of the views comm_islands, compute_islands and
-overlap_islands (overlap.sql), which tests check.
+How: the lengths are computed once per rank, at ingest, by
+:func:`tracekit.intervals.rank_overlap_summary` (the union-length sweep
+:class:`tracekit.intervals.UnionLengths` over the rank's comm and compute rows), and stored as the
+run's ``overlap_summary`` (per rank and window) and ``span_overlap`` (per comm event) tables;
+this module reads them, so analyze does not scan the events for overlap. A run ingested before
+those tables existed gets the same rows from the same function here, its ranks' comm and compute
+events read from the ``events`` view (CHUNK_EVENTS at a time, as gpu_time_breakdown reads them;
+memory: those rows, ~50 B each). The same numbers as summing e − s over the islands of the views
+comm_islands, compute_islands and overlap_islands (overlap.sql), which tests check.
 
-One row per (run_id, rank, grp) with any comm or compute, plus a whole-trace row for every rank:
+_overlap_summary (a view): the stored overlap_summary rows and those computed here, the columns
+of tracekit.store.OVERLAP_SUMMARY_SCHEMA (pipeline_bubbles reads its recv and first/last columns);
+_span_overlap (a view): likewise for span_overlap (collective_overlap in overlap.sql reads it).
+
+overlap_windows: one row per (run_id, rank, grp) with any comm or compute, plus a whole-trace row
+for every rank:
 
 run_id          VARCHAR  run
 rank            INTEGER  global rank
@@ -35,66 +42,78 @@ from __future__ import annotations
 import numpy as np
 
 
-BATCH_ROWS = 65_536
-"""Rows per batch streamed from DuckDB's scan into the sort, and from the sort into the sweep."""
-
-_SPANS = """
-SELECT rank, step, ts_ns AS s, ts_ns + dur_ns AS e, class = 'comm' AS in_a
+_EVENTS = """
+SELECT rank, event_id, ts_ns, dur_ns, step, class = 'comm' AS is_comm, CASE WHEN class = 'comm' THEN name END AS name
 FROM events
-WHERE run_id = ? AND class IN ('comm', 'compute') AND ts_ns IS NOT NULL AND dur_ns >= 0
+WHERE run_id = $1 AND rank BETWEEN $2 AND $3 AND class IN ('comm', 'compute')
+ORDER BY rank
 """
+"""The comm and compute events of ranks $2..$3 of run $1, grouped by rank (a run without summaries)."""
 
 
-def run_lengths(con, run_id: str) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
-    """(windows as (rank, grp) tuples, comm_ns, compute_ns, overlap_ns) of one run, windows ascending.
+def _read(con, run_id: str, lo: int, hi: int):
+    """_EVENTS as a pyarrow table; a read that runs out of DuckDB's memory is run again with a larger
+    budget (``con.raise_budget``); past the largest one the OutOfMemoryException propagates."""
+    import duckdb
 
-    The spans come sorted by (rank, start) from DuckDB, BATCH_ROWS at a time.
-    """
-    import pyarrow.compute as pc
+    while True:
+        try:
+            return con.sql(_EVENTS, params=[run_id, lo, hi]).to_arrow_table()
+        except duckdb.OutOfMemoryException:
+            if not con.raise_budget():
+                raise
 
-    from tracekit.intervals import UnionLengths
 
-    acc = UnionLengths()
-    for b in con.sql(_SPANS + " ORDER BY rank, s", params=[run_id]).to_arrow_reader(BATCH_ROWS):
-        rank = b.column(0).to_numpy().astype(np.int64)
-        step = pc.fill_null(b.column(1), 0).to_numpy().astype(np.int64)
-        m = b.column(1).is_valid().to_numpy(zero_copy_only=False)
-        s, e = b.column(2).to_numpy(), b.column(3).to_numpy()
-        in_a = b.column(4).to_numpy(zero_copy_only=False).astype(bool)
-        acc.add((rank, np.full(len(rank), -1, dtype=np.int64)), s, e, in_a)
-        if m.any():
-            acc.add((rank[m], step[m]), s[m], e[m], in_a[m])
-    return acc.result()
+def _computed(con, run_ids: list[str]):
+    """(overlap_summary rows, span_overlap rows) as pyarrow tables for runs stored without them,
+    from their events, by :func:`tracekit.intervals.rank_overlap_summary` per rank."""
+    import pyarrow as pa
+
+    from tracekit.intervals import rank_overlap_summary
+    from tracekit.store import OVERLAP_SUMMARY_SCHEMA, SPAN_OVERLAP_SCHEMA
+
+    from .gpu_time_breakdown import _by_rank, _rank_chunks
+
+    wins, spans = [OVERLAP_SUMMARY_SCHEMA.empty_table()], [SPAN_OVERLAP_SCHEMA.empty_table()]
+    for run_id in run_ids:
+        keys = con.execute("SELECT run_id, rank, count(*) FROM events WHERE run_id = ? "
+                           "AND class IN ('comm', 'compute') GROUP BY ALL ORDER BY rank", [run_id]).fetchall()
+        recv = con.execute("SELECT rank, event_id FROM collectives WHERE run_id = ? AND op = 'recv'",
+                           [run_id]).fetchnumpy()
+        for _, lo, hi in _rank_chunks(keys):
+            ev = _read(con, run_id, lo, hi)
+            for rank, (a, b) in _by_rank(ev).items():
+                t = ev.slice(a, b - a)
+                is_comm = t.column("is_comm").to_numpy(zero_copy_only=False).astype(bool)
+                w, sp = rank_overlap_summary(run_id, rank, t, is_comm, t.column("name").filter(pa.array(is_comm)),
+                                             recv["event_id"][recv["rank"] == rank].astype(np.int64))
+                wins.append(w)
+                spans.append(sp)
+    return pa.concat_tables(wins), pa.concat_tables(spans)
 
 
 def create(con) -> None:
-    """Create the table ``overlap_windows`` on ``con`` (an :class:`tracekit.store.AnalysisConnection`)
-    from its ``events`` and ``ranks`` views. A run whose scan runs out of DuckDB's memory is swept
-    again with a larger budget (``con.raise_budget``); past the largest one the
-    OutOfMemoryException propagates."""
-    import duckdb
-
-    cols: dict[str, list] = {k: [] for k in ("run_id", "rank", "grp", "cm", "cp", "ov")}
-    for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
-        while True:
-            try:
-                wins, cm, cp, ov = run_lengths(con, run_id)
-                break
-            except duckdb.OutOfMemoryException:
-                if not con.raise_budget():
-                    raise
-        cols["run_id"] += [run_id] * len(wins)
-        cols["rank"] += [w[0] for w in wins]
-        cols["grp"] += [w[1] for w in wins]
-        cols["cm"] += cm.tolist()
-        cols["cp"] += cp.tolist()
-        cols["ov"] += ov.tolist()
+    """Create ``overlap_windows`` (a table) and the views ``_overlap_summary``, ``_span_overlap`` on
+    ``con`` (an :class:`tracekit.store.AnalysisConnection`) from the store's summaries, computing
+    them from ``events`` for the runs stored without (module docstring)."""
+    missing = [r for (r,) in con.execute(
+        "SELECT run_id FROM runs WHERE run_id NOT IN (SELECT DISTINCT run_id FROM overlap_summary) "
+        "ORDER BY run_id").fetchall()]
+    wins, spans = _computed(con, missing)
+    for name, tab in (("_overlap_summary_computed", wins), ("_span_overlap_computed", spans)):
+        con.register("_summary_part", tab)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _summary_part")
+        con.unregister("_summary_part")
+    con.execute("CREATE OR REPLACE VIEW _overlap_summary AS SELECT * FROM overlap_summary "
+                "UNION ALL SELECT * FROM _overlap_summary_computed")
+    con.execute("CREATE OR REPLACE VIEW _span_overlap AS SELECT * FROM span_overlap "
+                "UNION ALL SELECT * FROM _span_overlap_computed")
     con.execute(
         """
         CREATE OR REPLACE TABLE overlap_windows AS
         WITH len AS (
-            SELECT unnest(?::VARCHAR[]) AS run_id, unnest(?::INTEGER[]) AS rank, unnest(?::BIGINT[]) AS grp,
-                   unnest(?::BIGINT[]) AS cm, unnest(?::BIGINT[]) AS cp, unnest(?::BIGINT[]) AS ov
+            SELECT run_id, rank, grp, comm_ns AS cm, compute_ns AS cp, overlap_ns AS ov
+            FROM _overlap_summary WHERE spans > 0
         ),
         keys AS (
             SELECT run_id, rank, grp FROM len
@@ -108,6 +127,5 @@ def create(con) -> None:
                CASE WHEN coalesce(l.cm, 0) > 0 THEN coalesce(l.ov, 0) / l.cm END AS overlap_ratio
         FROM keys k
         LEFT JOIN len l USING (run_id, rank, grp)
-        """,
-        [cols["run_id"], cols["rank"], cols["grp"], cols["cm"], cols["cp"], cols["ov"]],
+        """
     )

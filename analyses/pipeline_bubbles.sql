@@ -1,6 +1,6 @@
 -- pipeline_bubbles: for pipeline-parallel runs, each stage's idle time per profiler step and the
 -- bubble fraction measured, beside the model's (p−1)/(m+p−1).
--- Reads: runs, events, collectives, intervals, overlap (compute_islands)
+-- Reads: runs, collectives, overlap_windows (_overlap_summary: the per-rank summaries made at ingest)
 --
 -- A PP run is a run with send/recv collectives that is not a calibration run (a `collect sweep` run
 -- or a nccl-tests log time send/recv alone, with no pipeline). A stage is a rank with send/recv calls. Per rank and
@@ -8,7 +8,7 @@
 --   window       = the pipeline step: first start to last end of the compute and comm events of the
 --                  step over ALL stages (the schedule's step, which the model's fraction is of; so a
 --                  stage that finishes early has the tail as bubble, as in the GPipe figure);
---   compute      = |∪ compute| in the step (overlap's compute_islands);
+--   compute      = |∪ compute| in the step (overlap_windows' compute_ns);
 --   recv_wait    = |∪ recv spans \ ∪ compute|, a recv span being the event of a recv collective
 --                  (collectives.event_id: the gloo:recv span or the NCCL kernel, as the overlap module
 --                  counts it), not the issuing call: time blocked receiving from another stage
@@ -54,35 +54,28 @@ FROM collectives c JOIN runs r USING (run_id)
 WHERE c.op IN ('send', 'recv') AND coalesce(r.workload, '') <> 'sweep' AND coalesce(r.source, '') <> 'nccl_tests'
 GROUP BY c.run_id;
 
-CREATE OR REPLACE VIEW _pp_recv_spans AS
-SELECT c.run_id, c.rank, e.step AS grp, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e
-FROM collectives c JOIN events e USING (run_id, rank, event_id)
-WHERE c.op = 'recv' AND e.step IS NOT NULL;
-
-CREATE OR REPLACE VIEW _pp_recv_islands AS SELECT * FROM merge_intervals('_pp_recv_spans');
-CREATE OR REPLACE VIEW _pp_recv_hidden AS SELECT * FROM intersect_islands('_pp_recv_islands', 'compute_islands');
-
+-- The lengths per (rank, step) come from _overlap_summary (tracekit.intervals.rank_overlap_summary,
+-- once per rank at ingest): compute_ns; recv_ns = |∪ recv spans| and recv_hidden_ns = |∪ recv ∩ ∪
+-- compute| (the union-length sweep with the recv spans as one set); first_ns / last_ns, the first
+-- start and last end of the rank's compute and comm events in the step (the window is their min / max
+-- over the run's ranks, after the clock offsets).
 CREATE OR REPLACE VIEW pipeline_bubbles AS
 WITH span AS (
-    SELECT e.run_id, e.step, min(e.ts_ns) AS s, max(e.ts_ns + e.dur_ns) AS e
-    FROM events e JOIN _pp_runs USING (run_id)
-    WHERE e.step IS NOT NULL AND e.class IN ('compute', 'comm')
-    GROUP BY e.run_id, e.step
+    SELECT o.run_id, o.grp AS step, min(o.first_ns) AS s, max(o.last_ns) AS e
+    FROM _overlap_summary o JOIN _pp_runs USING (run_id)
+    WHERE o.grp >= 0
+    GROUP BY o.run_id, o.grp
 ),
 win AS (
     SELECT DISTINCT k.run_id, k.rank, sp.step, sp.s, sp.e
     FROM (SELECT DISTINCT run_id, rank FROM collectives WHERE op IN ('send', 'recv')) k JOIN span sp USING (run_id)
 ),
-comp AS (SELECT run_id, rank, grp AS step, sum(e - s) AS ns FROM compute_islands WHERE grp >= 0 GROUP BY ALL),
-recv AS (SELECT run_id, rank, grp AS step, sum(e - s) AS ns FROM _pp_recv_islands GROUP BY ALL),
-hid AS (SELECT run_id, rank, grp AS step, sum(e - s) AS ns FROM _pp_recv_hidden WHERE grp >= 0 GROUP BY ALL),
 parts AS (
     SELECT w.run_id, w.rank::INTEGER AS rank, w.step, (w.e - w.s)::BIGINT AS window_ns,
-           coalesce(c.ns, 0)::BIGINT AS compute_ns, (coalesce(r.ns, 0) - coalesce(h.ns, 0))::BIGINT AS recv_wait_ns
+           coalesce(o.compute_ns, 0)::BIGINT AS compute_ns,
+           (coalesce(o.recv_ns, 0) - coalesce(o.recv_hidden_ns, 0))::BIGINT AS recv_wait_ns
     FROM win w
-    LEFT JOIN comp c USING (run_id, rank, step)
-    LEFT JOIN recv r USING (run_id, rank, step)
-    LEFT JOIN hid h USING (run_id, rank, step)
+    LEFT JOIN _overlap_summary o ON o.run_id = w.run_id AND o.rank = w.rank AND o.grp = w.step
 )
 SELECT p.run_id, p.rank, p.step, r.stages, r.microbatches, p.window_ns, p.compute_ns, p.recv_wait_ns,
        (p.window_ns - p.compute_ns - p.recv_wait_ns)::BIGINT AS other_ns,

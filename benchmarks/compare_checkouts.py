@@ -1,6 +1,7 @@
 """Do two checkouts of tracekit build the same stores and reports?
 
     python benchmarks/compare_checkouts.py OLD_DIR NEW_DIR [--workdir DIR] [--only SUBSTRING ...]
+        [--allow-new TABLE.parquet ...]
 
 Each checkout ingests, with its own code (``python -m tracekit`` run by the checkout's
 ``.venv/bin/python`` when it has one, else this interpreter, with PYTHONPATH and cwd set to the
@@ -9,7 +10,8 @@ checkout), every input of the list below into a store of its own, then ``traceki
 
 * every table of the run (``run.parquet``, ``ranks.parquet``, ``events/*.parquet``,
   ``collectives.parquet`` and whatever else the store holds), row for row and order-insensitive
-  (DuckDB ``EXCEPT ALL`` both ways), without ``created_at`` and ``source_path``;
+  (DuckDB ``EXCEPT ALL`` both ways), without ``created_at`` and ``source_path``; a table named in
+  ``--allow-new`` may exist in NEW's store only (one NEW adds, e.g. ``span_overlap.parquet``);
 * the ``analyze --json`` documents, without the keys ``created_at``, ``source_path`` and ``store``;
 * for an input that one checkout refuses, the exit code and the error line.
 
@@ -85,14 +87,15 @@ def _tables(store: Path) -> dict[str, list[str]]:
     return out
 
 
-def compare_stores(a: Path, b: Path) -> list[str]:
-    """What differs between the runs of stores ``a`` and ``b`` (empty when nothing does)."""
+def compare_stores(a: Path, b: Path, allow_new: tuple = ()) -> list[str]:
+    """What differs between the runs of stores ``a`` and ``b`` (empty when nothing does); a table
+    named in ``allow_new`` (e.g. ``span_overlap.parquet``) may be in ``b`` only."""
     import duckdb
 
     con = duckdb.connect()
     ta, tb = _tables(a), _tables(b)
     diffs = [f"{k}: only in old" for k in sorted(ta.keys() - tb.keys())]
-    diffs += [f"{k}: only in new" for k in sorted(tb.keys() - ta.keys())]
+    diffs += [f"{k}: only in new" for k in sorted(tb.keys() - ta.keys()) if k not in allow_new]
     for k in sorted(ta.keys() & tb.keys()):
         if len(ta[k]) != len(tb[k]):
             diffs.append(f"{k}: {len(ta[k])} files against {len(tb[k])}")
@@ -115,7 +118,8 @@ def compare_stores(a: Path, b: Path) -> list[str]:
     return diffs
 
 
-def compare_one(name: str, paths: list[Path], old: Path, new: Path, work: Path) -> tuple[str, list[str]]:
+def compare_one(name: str, paths: list[Path], old: Path, new: Path, work: Path,
+                allow_new: tuple = ()) -> tuple[str, list[str]]:
     """('identical' | 'identical (both refuse)' | 'DIFFERENT', what differs) for one input."""
     got = {}
     for label, checkout in (("old", old), ("new", new)):
@@ -132,7 +136,7 @@ def compare_one(name: str, paths: list[Path], old: Path, new: Path, work: Path) 
         if (rc_a, err_a) == (rc_b, err_b):
             return "identical (both refuse)", []
         return "DIFFERENT", [f"ingest: old rc {rc_a} {err_a}, new rc {rc_b} {err_b}"]
-    diffs = compare_stores(st_a, st_b)
+    diffs = compare_stores(st_a, st_b, allow_new)
     if rep_a != rep_b:
         diffs.append(_json_diff(rep_a, rep_b))
     return ("identical" if not diffs else "DIFFERENT"), diffs
@@ -162,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None, help="keep stores and the replica here")
     ap.add_argument("--traces", type=Path, default=None, help="the shared traces (default: NEW/../shared/traces)")
     ap.add_argument("--only", nargs="*", default=None, help="only inputs whose name holds one of these")
+    ap.add_argument("--allow-new", nargs="*", default=(), help="tables NEW may add (e.g. span_overlap.parquet)")
     args = ap.parse_args(argv)
     old, new = args.old.resolve(), args.new.resolve()
     traces = args.traces or new.parent / "shared" / "traces"
@@ -172,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(n) for n, _ in todo)
     n_diff = 0
     for name, paths in todo:
-        verdict, diffs = compare_one(name, paths, old, new, work)
+        verdict, diffs = compare_one(name, paths, old, new, work, tuple(args.allow_new))
         if verdict == "identical (both refuse)" and name.startswith("traces/"):
             sub = [p for p in sorted(paths[0].iterdir()) if not p.name.startswith(".") and p.suffix != ".md"]
             print(f"{name:<{width}}  {verdict}; its entries one by one:", flush=True)
             for p in sub:
-                v, d = compare_one(f"{name}/{p.name}", [p], old, new, work)
+                v, d = compare_one(f"{name}/{p.name}", [p], old, new, work, tuple(args.allow_new))
                 n_diff += v == "DIFFERENT"
                 print(f"  {p.name:<{width - 2}}  {v}" + "".join(f"\n      {x}" for x in d), flush=True)
             continue

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import tracekit.analyses.collective_instances as ci_mod
-import tracekit.analyses.overlap_windows as ow_mod
 from tracekit.ingest import ingest_paths
 from tracekit.intervals import UnionLengths, innermost_enclosing
 from tracekit.store import Store
@@ -110,11 +109,10 @@ def _islands_lengths(con):
 
 
 @pytest.mark.parametrize("source", ["fixture:tp_2rank", "param_dlrm_8rank_v100", "hta_ddp_v100_r1of2"])
-def test_overlap_windows_equal_the_islands_in_small_batches(source, tmp_path, monkeypatch):
+def test_overlap_windows_equal_the_islands(source, tmp_path):
     path = FIXTURES / source.split(":")[1] if source.startswith("fixture:") else shared_trace(source)
     st = Store(tmp_path / "s")
     ingest_paths([path], st)
-    monkeypatch.setattr(ow_mod, "BATCH_ROWS", 97)  # many batches: windows continue across them
     con = analyses.connect(st)
     got = {(r, k, g): (cm, cp, ov) for r, k, g, cm, cp, ov in con.execute(
         "SELECT run_id, rank, grp, comm_ns, compute_ns, overlap_ns FROM overlap_windows "

@@ -84,8 +84,8 @@ def test_link_pass_equals_the_sql_reference(rel, tmp_path, monkeypatch):
         src = FIXTURES.parent / rel
     seen = []
 
-    def checked(raw, out, run_id, rank, cpu_only, steps, *writer_cls, pdl=False):
-        got = link_rank(raw, out, run_id, rank, cpu_only, steps, *writer_cls, pdl=pdl)
+    def checked(raw, out, run_id, rank, cpu_only, steps, *args, pdl=False, **kwargs):  # kwargs: writer_cls
+        got = link_rank(raw, out, run_id, rank, cpu_only, steps, *args, pdl=pdl, **kwargs)
         seen.append(_check_against_reference(raw, out, run_id, rank, cpu_only, steps, got, tmp_path, pdl))
         return got
 

@@ -1,4 +1,5 @@
-"""Union lengths of two interval sets per window, from spans streamed in start order; and the
+"""Union lengths of two interval sets per window, from spans streamed in start order; one rank's
+overlap summaries built on them (:func:`rank_overlap_summary`, made at ingest); and the
 innermost range enclosing each of a set of points (:func:`innermost_enclosing`).
 
 For windows w (a key: here (rank, step) or (rank, whole trace)) and intervals tagged A or
@@ -161,3 +162,161 @@ def innermost_enclosing(s: np.ndarray, e: np.ndarray, t: np.ndarray, te: np.ndar
     hit &= (keys[j] // n == d) & (s[r] <= t) & (e[r] >= te)
     out[hit] = r[hit]
     return out
+
+
+SUMMARY_CHUNK = 65_536
+"""Spans :func:`rank_overlap_summary` hands the sweep at once."""
+
+
+def rank_overlap_summary(run_id: str, rank: int, ev, is_comm: np.ndarray, comm_names, recv_ids: np.ndarray):
+    """One rank's overlap summaries from its comm and compute events: the per-window lengths that
+    ``overlap_windows`` and ``pipeline_bubbles`` report and the per-span overlap that
+    ``collective_overlap`` reports (analyses/overlap.sql), computed once per rank — at ingest by
+    :func:`tracekit.ingest.assemble.assemble_rank` from the rows the link pass writes, or at
+    analyze time from the ``events`` view for a run stored without them (the same function).
+
+    ``ev``: a pyarrow table of the rank's events of class comm or compute, columns ``event_id``,
+    ``ts_ns``, ``dur_ns``, ``step`` (events' types, any row order); ``is_comm``: bool per row (comm,
+    else compute); ``comm_names``: the names of the comm rows, in row order (pyarrow strings);
+    ``recv_ids``: int64 event ids of the rank's recv collectives (collectives.event_id where
+    op = 'recv').
+
+    A span is a row with ts_ns and dur_ns set and dur_ns >= 0 ([ts, ts + dur), as
+    ``merge_intervals`` in analyses/intervals.sql keeps them). Windows: the whole trace (grp = −1,
+    always present) and each profiler step of a row with a ts (grp = step). Returns
+    (windows, spans): pyarrow tables of tracekit.store's OVERLAP_SUMMARY_SCHEMA and
+    SPAN_OVERLAP_SCHEMA (``run_id``, ``rank`` first), holding:
+
+    windows (one row per window, grp ascending): ``grp``; ``spans`` (spans in the window);
+    ``comm_ns`` = |∪ comm|, ``compute_ns`` = |∪ compute|, ``overlap_ns`` = |∪ comm ∩ ∪ compute|
+    (:class:`UnionLengths`, the sweep of DESIGN.md's overlap definitions); ``recv_ns`` =
+    |∪ recv spans| and ``recv_hidden_ns`` = |∪ recv ∩ ∪ compute| (steps only, 0 for grp = −1; the
+    same sweep with the recv spans as A); ``first_ns`` = min ts_ns and ``last_ns`` = max
+    ts_ns + dur_ns of the window's rows (NULL when none has them). All int64 ns.
+
+    spans (one row per comm row, event_id ascending): ``event_id``, ``name``, ``ts_ns``,
+    ``dur_ns``, ``overlap_ns`` = C(ts + dur) − C(ts) with C(t) = |∪ compute ∩ (−∞, t]| over the
+    whole trace (the covered-length prefix of intervals.sql's ``island_prefix``; C of a NULL is 0,
+    as the view's ASOF join without a match gives).
+
+    Lengths and C are shift-invariant: a clock offset added to every ts of the rank afterwards
+    changes only ``first_ns``, ``last_ns`` and spans' ``ts_ns`` (the ingest shifts those three).
+    Raises ValueError as :meth:`UnionLengths.add` (never for this input: it is sorted here).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from tracekit.store import OVERLAP_SUMMARY_SCHEMA, SPAN_OVERLAP_SCHEMA
+
+    def ints(name):
+        c = ev.column(name)
+        return pc.fill_null(c, 0).to_numpy().astype(np.int64), c.is_valid().to_numpy(zero_copy_only=False)
+
+    is_comm = np.asarray(is_comm, dtype=bool)
+    eid = ints("event_id")[0]
+    ts, ts_ok = ints("ts_ns")
+    dur, dur_ok = ints("dur_ns")
+    step, step_ok = ints("step")
+    end = ts + dur
+    span = ts_ok & dur_ok & (dur >= 0)
+    in_step = span & step_ok
+    recv = np.isin(eid, recv_ids) & is_comm & in_step
+
+    o = np.flatnonzero(span)
+    o = o[np.argsort(ts[o], kind="stable")]  # start order, as UnionLengths needs
+    so = o[step_ok[o]]
+    # one sweep, windows keyed (set, grp): set 0 = comm (A) and compute (B) over the whole trace and
+    # each step; set 1 = the steps' recv spans (A) and compute spans (B). Each part is in start order.
+    # Fed SUMMARY_CHUNK rows at a time (the sweep's temporaries: ~150 B per row fed at once).
+    rv = o[(recv | (~is_comm & in_step))[o]]
+    acc = UnionLengths()
+    for kset, rows, flag in ((0, o, is_comm), (0, so, is_comm), (1, rv, recv)):
+        for i in range(0, len(rows), SUMMARY_CHUNK):
+            r = rows[i:i + SUMMARY_CHUNK]
+            g = np.full(len(r), -1, dtype=np.int64) if rows is o else step[r]
+            acc.add((np.full(len(r), kset, dtype=np.int64), g), ts[r], end[r], flag[r])
+    keys, a_ns, b_ns, ab_ns = acc.result()
+    sets = np.array([k[0] for k in keys], dtype=np.int64)
+    wins = [(k[1],) for k in keys if k[0] == 0]
+    cm, cp, ov = a_ns[sets == 0], b_ns[sets == 0], ab_ns[sets == 0]
+    rwins = [(k[1],) for k in keys if k[0] == 1]
+    rn, rh = a_ns[sets == 1], ab_ns[sets == 1]
+
+    grps = np.unique(np.r_[-1, step[ts_ok & step_ok]]).astype(np.int64)
+    n = len(grps)
+
+    def put(keys, vals):
+        out = np.zeros(n, dtype=np.int64)
+        if len(keys):
+            out[np.searchsorted(grps, np.array([k[0] for k in keys], dtype=np.int64))] = vals
+        return out
+
+    cnt = put([(-1,)], [int(span.sum())])
+    if in_step.any():
+        sg, sc = np.unique(step[in_step], return_counts=True)
+        cnt += put([(g,) for g in sg.tolist()], sc)
+    # first start / last end per window: the whole trace, then per step (reduceat over sorted steps)
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(n, _MIN, dtype=np.int64)
+    both = ts_ok & dur_ok
+    if ts_ok.any():
+        first[0] = ts[ts_ok].min()
+    if both.any():
+        last[0] = end[both].max()
+    for m, v, out, red in ((ts_ok & step_ok, ts, first, np.minimum), (both & step_ok, end, last, np.maximum)):
+        if m.any():
+            g, x = step[m], v[m]
+            k = np.argsort(g, kind="stable")
+            g, x = g[k], x[k]
+            heads = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+            out[np.searchsorted(grps, g[heads])] = red.reduceat(x, heads)
+    windows = pa.table({
+        "grp": grps, "spans": cnt,
+        "comm_ns": put(wins, cm), "compute_ns": put(wins, cp), "overlap_ns": put(wins, ov),
+        "recv_ns": put(rwins, rn), "recv_hidden_ns": put(rwins, rh),
+        "first_ns": pa.array(first, mask=first == np.iinfo(np.int64).max),
+        "last_ns": pa.array(last, mask=last == _MIN),
+    })
+
+    # C(t) over the whole trace's compute islands (merged in start order, touching ones joined)
+    c = o[~is_comm[o]]
+    cs, ce = ts[c], np.maximum.accumulate(end[c]) if len(c) else end[c]
+    heads = np.flatnonzero(np.r_[True, cs[1:] > ce[:-1]]) if len(c) else np.zeros(0, dtype=np.int64)
+    i_s = cs[heads]
+    i_e = ce[np.r_[heads[1:], len(c)] - 1] if len(c) else cs[heads]
+    cum = np.r_[0, np.cumsum(i_e - i_s)[:-1]] if len(c) else i_s
+
+    def covered(t, ok):
+        j = np.searchsorted(i_s, t, side="right") - 1
+        hit = ok & (j >= 0)
+        jj = np.maximum(j, 0)
+        if not len(i_s):
+            return np.zeros(len(t), np.int64)
+        return np.where(hit, cum[jj] + np.minimum(t, i_e[jj]) - i_s[jj], 0)
+
+    k = np.flatnonzero(is_comm)
+    by_id = np.argsort(eid[k], kind="stable")
+    k = k[by_id]
+    t0, t1 = ts[k], end[k]
+    ok0, ok1 = ts_ok[k], both[k]
+    spans = pa.table({
+        "event_id": eid[k],
+        "name": (comm_names if isinstance(comm_names, pa.ChunkedArray) else pa.chunked_array([comm_names]))
+        .take(pa.array(by_id)).cast(pa.string()) if len(k) else pa.array([], pa.string()),
+        "ts_ns": pa.array(t0, mask=~ok0),
+        "dur_ns": pa.array(dur[k], mask=~(ok0 & dur_ok[k])),
+        "overlap_ns": covered(t1, ok1) - covered(t0, ok0),
+    })
+    return (_with_rank(run_id, rank, windows, OVERLAP_SUMMARY_SCHEMA),
+            _with_rank(run_id, rank, spans, SPAN_OVERLAP_SCHEMA))
+
+
+def _with_rank(run_id: str, rank: int, t, schema):
+    """``t`` with the columns run_id and rank in front, as a table of ``schema`` (whose other columns
+    ``t`` has, in order, with their types)."""
+    import pyarrow as pa
+
+    n = t.num_rows
+    fixed = [pa.array([run_id], pa.string()).take(pa.array(np.zeros(n, dtype=np.int32))),
+             pa.array(np.full(n, rank, dtype=np.int32))]
+    return pa.Table.from_arrays(fixed + [t.column(i) for i in range(t.num_columns)], schema=schema)

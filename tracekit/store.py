@@ -8,6 +8,8 @@ Layout (``<store>`` defaults to ``./tracekit-store``; ``--store`` or the
     <store>/runs/<run_id>/ranks.parquet        1 row per rank
     <store>/runs/<run_id>/events/rank=<r>.parquet
     <store>/runs/<run_id>/collectives.parquet  1 row per collective call per rank
+    <store>/runs/<run_id>/overlap_summary.parquet  1 row per rank and window (whole trace, steps)
+    <store>/runs/<run_id>/span_overlap.parquet     1 row per comm event: its overlap with compute
     <store>/versions/<run_id>@<n>/             the version directories (runs/* holds only the current ones)
     <store>/.staging/                          private to writers
 
@@ -126,11 +128,46 @@ COLLECTIVES_SCHEMA = pa.schema(
     ]
 )
 
+# Per-rank overlap summaries, computed at ingest (tracekit.intervals.rank_overlap_summary, called by
+# tracekit.ingest.assemble.assemble_rank) so that analyze need not scan the events for overlap.
+# Runs ingested before them have neither file; the analyses compute the same rows from the events
+# (analyses/overlap_windows.py). Timestamps are on the run's common clock (shifted by the rank's
+# clock offset like the events); lengths are ns.
+OVERLAP_SUMMARY_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("grp", pa.int64()),  # -1 = whole trace (a row for every rank), else the profiler step
+        ("spans", pa.int64()),  # comm/compute spans in the window (0: no overlap_windows row unless grp = -1)
+        ("comm_ns", pa.int64()),  # |∪ comm|
+        ("compute_ns", pa.int64()),  # |∪ compute|
+        ("overlap_ns", pa.int64()),  # |∪ comm ∩ ∪ compute|
+        ("recv_ns", pa.int64()),  # |∪ recv spans| (steps only; 0 for grp = -1)
+        ("recv_hidden_ns", pa.int64()),  # |∪ recv ∩ ∪ compute| (steps only)
+        ("first_ns", pa.int64()),  # first start of the window's comm/compute events
+        ("last_ns", pa.int64()),  # last end of them
+    ]
+)
+
+SPAN_OVERLAP_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("event_id", pa.int64()),  # the comm span (events.event_id), one row per comm event
+        ("name", pa.string()),
+        ("ts_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("overlap_ns", pa.int64()),  # |span ∩ ∪ compute| over the whole trace
+    ]
+)
+
 TABLES = {
     "runs": ("run.parquet", RUNS_SCHEMA),
     "ranks": ("ranks.parquet", RANKS_SCHEMA),
     "events": ("events/*.parquet", EVENTS_SCHEMA),
     "collectives": ("collectives.parquet", COLLECTIVES_SCHEMA),
+    "overlap_summary": ("overlap_summary.parquet", OVERLAP_SUMMARY_SCHEMA),
+    "span_overlap": ("span_overlap.parquet", SPAN_OVERLAP_SCHEMA),
 }
 
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)

@@ -34,8 +34,11 @@ from tracekit import SCHEMA_VERSION
 from tracekit.errors import FileError
 from tracekit.ingest import pg_attribution
 from tracekit.ingest.attribute import build_collectives
-from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS, link_rank, supports_pdl
-from tracekit.store import COLLECTIVES_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, glob_escape
+from tracekit.ingest.linkpass import CLASSES, CLIP_TOLERANCE_NS, link_rank, supports_pdl
+from tracekit.ingest.staging import _BatchWriter
+from tracekit.intervals import rank_overlap_summary
+from tracekit.store import (COLLECTIVES_SCHEMA, OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA,
+                            SPAN_OVERLAP_SCHEMA, glob_escape)
 
 
 def _sql_str(s: str) -> str:
@@ -75,20 +78,104 @@ class RankResult:
     row: dict
     facts: list
     """Per collectives row, what :func:`tracekit.ingest.pg_attribution.attribute` needs (or None)."""
+    windows: pa.Table = None
+    """The rank's OVERLAP_SUMMARY_SCHEMA rows (:func:`tracekit.intervals.rank_overlap_summary`; string
+    columns dictionary-encoded, :func:`_compact`), not yet shifted by a clock offset (~80 B per window)."""
+    spans: pa.Table = None
+    """The rank's SPAN_OVERLAP_SCHEMA rows, one per comm event, compacted and not yet shifted (~44 B per
+    comm event)."""
+
+
+_COMM_CODE, _COMPUTE_CODE = CLASSES.index("comm"), CLASSES.index("compute")
+_TAP_COLUMNS = ("event_id", "ts_ns", "dur_ns", "step")
+
+
+def _picked(col, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, validity) of the int64 Arrow array ``col`` (the events schema's: the batch is built
+    with it) at the rows of the bool mask ``sel``, as numpy copies (a null's value: whatever its
+    slot holds, masked by the validity)."""
+    data = np.frombuffer(col.buffers()[1], dtype=np.int64, count=len(col) + col.offset)[col.offset:]
+    valid = np.ones(int(sel.sum()), dtype=bool) if not col.null_count else \
+        col.is_valid().to_numpy(zero_copy_only=False)[sel]
+    return data[sel], valid
+
+
+class _SummaryTap:
+    """The link pass's writer (``writer_cls`` of :func:`tracekit.ingest.linkpass.link_rank`) that also
+    keeps, from each batch it writes, what :func:`tracekit.intervals.rank_overlap_summary` reads: the
+    comm and compute rows' event_id, ts_ns, dur_ns, step (numpy, ~37 B per row) and the comm rows'
+    names.
+    So the summaries come from the rows as written (after clipping, classes and steps), with no
+    second read of the events file."""
+
+    def __init__(self):
+        self.parts: list = []
+        self.comm: list = []
+        self.names: list = []
+
+    def open(self, *args, **kwargs):
+        self._w = _BatchWriter(*args, **kwargs)
+        return self
+
+    def __enter__(self):
+        self._w.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
+
+    def write(self, batch) -> None:
+        code = batch.column("class").indices.to_numpy(zero_copy_only=False)
+        comm = code == _COMM_CODE
+        sel = comm | (code == _COMPUTE_CODE)
+        if sel.any():
+            # numpy copies of the selected rows (values, and validity where a column has nulls):
+            # no Arrow buffers kept from the batch
+            self.parts.append([_picked(batch.column(c), sel) for c in _TAP_COLUMNS])
+            self.comm.append(comm[sel])
+            self.names.append(batch.column("name").filter(pa.array(comm)).cast(pa.string()))
+        self._w.write(batch)
+
+    def summaries(self, run_id: str, rank: int, recv_ids: np.ndarray) -> tuple[pa.Table, pa.Table]:
+        """(OVERLAP_SUMMARY_SCHEMA, SPAN_OVERLAP_SCHEMA) tables of the rows kept."""
+        cols = {}
+        for j, c in enumerate(_TAP_COLUMNS):
+            v = np.concatenate([p[j][0] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
+            ok = np.concatenate([p[j][1] for p in self.parts]) if self.parts else np.ones(0, bool)
+            cols[c] = pa.array(v, pa.int64(), mask=None if ok.all() else ~ok)
+        ev = pa.table(cols)
+        is_comm = np.concatenate(self.comm) if self.comm else np.zeros(0, dtype=bool)
+        names = pa.chunked_array(self.names, pa.string())
+        self.parts = self.comm = self.names = []
+        return tuple(_compact(t) for t in rank_overlap_summary(run_id, rank, ev, is_comm, names, recv_ids))
+
+
+def _compact(table: pa.Table) -> pa.Table:
+    """``table`` with its string columns dictionary-encoded, for the trip to the driver (a comm span's
+    row: ~44 B instead of ~100 B with its kernel name); finish_run casts back to the store's schema."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_string(f.type):
+            table = table.set_column(i, f.name, pc.dictionary_encode(table.column(i)))
+    return table
 
 
 def assemble_rank(task: RankTask) -> RankResult:
     """Phase two of one rank's ingest, in a worker or the driver (tracekit.ingest.engine): write
     ``task.out`` (events: link pass, classes, steps; :func:`tracekit.ingest.linkpass.link_rank`)
     from the staging file, build the rank's collectives (:func:`tracekit.ingest.attribute.build_collectives`,
-    seq via :func:`rank_collectives`) and its warnings; then delete the staging file and the
-    comm-metadata table. Memory: one rank's link pass. Errors of the staging file propagate."""
+    seq via :func:`rank_collectives`), its warnings and its overlap summaries
+    (:func:`tracekit.intervals.rank_overlap_summary` on the comm and compute rows the link pass
+    writes, kept by :class:`_SummaryTap`; the driver later shifts their timestamps by the rank's
+    clock offset, which leaves every length as it is); then delete the staging file and the
+    comm-metadata table. Memory: one rank's link pass, plus ~37 B per comm or compute row for the
+    summaries. Errors of the staging file propagate."""
     from tracekit.ingest.comm_families import user_families
 
     rf, rank, raw, run_id = task.rf, task.rank, task.raw, task.run_id
     cpu_only = not rf.has_gpu
+    tap = _SummaryTap()
     with user_families(task.user_kernels):
-        lk = link_rank(raw, Path(task.out), run_id, rank, cpu_only, rf.steps,
+        lk = link_rank(raw, Path(task.out), run_id, rank, cpu_only, rf.steps, writer_cls=tap.open,
                        pdl=supports_pdl(rf.meta.get("deviceProperties")))
         meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
@@ -97,6 +184,10 @@ def assemble_rank(task: RankTask) -> RankResult:
         )
         facts: list = []
         table = rank_collectives(pg_attribution.tap(rows, facts))
+    # the recv collectives' spans (an unattributed row, op NULL, is none)
+    recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)
+    windows, spans = tap.summaries(run_id, rank, table.column("event_id").to_numpy(zero_copy_only=False)[recv])
+    del tap
     n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
     gpu_events, same_stream = lk.gpu_events, lk.same_stream_overlaps
     extent = (lk.ts_lo, lk.ts_hi)
@@ -143,14 +234,15 @@ def assemble_rank(task: RankTask) -> RankResult:
     )
     Path(raw).unlink(missing_ok=True)
     rf.remove_meta()
-    return RankResult(rank, table, extent, host, row, facts)
+    return RankResult(rank, table, extent, host, row, facts, windows, spans)
 
 
 def finish_run(
     stage: Path, run_id, results, ranks, raw_files, *, workload, config, source, align: str | None = None,
     engine=None, user_kernels=(), progress=None,
 ) -> None:
-    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet into ``stage``.
+    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet, overlap_summary.parquet
+    and span_overlap.parquet into ``stage``.
 
     ``align``: ``none`` | ``host`` | ``collectives`` (default: collectives when the
     ranks' hosts differ, else none); see :func:`tracekit.ingest.clocks.estimate_offsets`.
@@ -174,6 +266,7 @@ def finish_run(
     hosts = {d.rank: d.host for d in done}
     extent = {d.rank: d.extent for d in done}
     facts = {d.rank: d.facts for d in done}  # rank → per collectives row, what pg_attribution needs
+    summaries = [(d.rank, d.windows, d.spans) for d in done]
     del done
     mode = choose_alignment(align, hosts)
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
@@ -200,9 +293,24 @@ def finish_run(
             tmp.replace(f)
     if con is not None:
         con.close()
-    with pq.ParquetWriter(stage / "collectives.parquet", COLLECTIVES_SCHEMA, **PARQUET_OPTS) as w:
-        for rank, t in tables:
-            w.write_table(_shifted(t, offsets.get(rank, (0, 0, None))[0]), row_group_size=COLLECTIVES_ROW_GROUP)
+    # the summaries' timestamps move with the rank's events; their lengths do not (a per-rank shift
+    # moves comm and compute alike)
+    by_rank = {r: (w, sp) for r, w, sp in summaries}
+    summaries = [(rank, t, *by_rank[rank]) for rank, t in tables]
+    for name, schema, j, cols in (("collectives", COLLECTIVES_SCHEMA, 1, ("ts_ns", "issue_ts_ns")),
+                                  ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, 2, ("first_ns", "last_ns")),
+                                  ("span_overlap", SPAN_OVERLAP_SCHEMA, 3, ("ts_ns",))):
+        # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows (a row group per rank made 2.5 MB
+        # of footer for 1,024 ranks' 4,096 summary rows, 6.5 MB for their 21,504 collectives, read
+        # by every scan); at most one row group's worth of shifted copies held at a time
+        with pq.ParquetWriter(stage / f"{name}.parquet", schema, **PARQUET_OPTS) as w:
+            buf, n = [], 0
+            for k, sm in enumerate(summaries):
+                buf.append(_shifted(sm[j], offsets.get(sm[0], (0, 0, None))[0], cols).cast(schema))
+                n += buf[-1].num_rows
+                if n >= COLLECTIVES_ROW_GROUP or k == len(summaries) - 1:
+                    w.write_table(pa.concat_tables(buf), row_group_size=COLLECTIVES_ROW_GROUP)
+                    buf, n = [], 0
     pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
     algo_proto = sorted({ap for _, t in tables for ap in zip(t.column("algo").to_pylist(),
                                                              t.column("proto").to_pylist())}, key=str)
@@ -259,11 +367,11 @@ def number_seq(table: pa.Table, need: np.ndarray) -> pa.Table:
     return table.set_column(i, COLLECTIVES_SCHEMA.field(i), pa.array(vals, pa.int64(), mask=~valid)).combine_chunks()
 
 
-def _shifted(table: pa.Table, offset_ns: int) -> pa.Table:
-    """``table`` with ``offset_ns`` added to ts_ns and issue_ts_ns."""
+def _shifted(table: pa.Table, offset_ns: int, cols=("ts_ns", "issue_ts_ns")) -> pa.Table:
+    """``table`` with ``offset_ns`` added to its columns ``cols`` (NULLs stay NULL)."""
     if not offset_ns:
         return table
-    for name in ("ts_ns", "issue_ts_ns"):
+    for name in cols:
         i = table.schema.get_field_index(name)
         table = table.set_column(i, table.schema.field(i), pc.add(table.column(i), pa.scalar(int(offset_ns), pa.int64())))
     return table
