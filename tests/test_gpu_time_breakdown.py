@@ -264,3 +264,77 @@ def test_gpu_annotation_ranges_are_not_gpu_work(con, tmp_path):
         c.close()
     assert n_ann == 1 and "model_forward" not in names
     assert with_ann == con.execute(f"SELECT {', '.join(COLS)} FROM gpu_time_breakdown ORDER BY grp").fetchall()
+
+
+def _three_ranks(tmp_path):
+    """fixtures/handmade/gpu_breakdown as rank 0 of 3; rank 1 the same ops 1 µs later on other
+    streams (21, 9), its CPU ops and annotations renamed "<name>@1"; rank 2 its CPU events only."""
+    src = json.loads((FIXTURES / "handmade" / "gpu_breakdown" / "rank0.json").read_text())
+    d = tmp_path / "job"
+    d.mkdir()
+    for rank in range(3):
+        doc = json.loads(json.dumps(src))
+        doc["distributedInfo"].update(rank=rank, world_size=3)
+        evs = []
+        for ev in doc["traceEvents"]:
+            gpu = ev.get("pid") == 0
+            if rank == 2 and gpu:
+                continue
+            if rank == 1:
+                ev["ts"] += 1  # so that rank 0's aten::add, aten::linear enclose its launch 3
+                if gpu and "stream" in ev.get("args", {}):
+                    ev["tid"] = ev["args"]["stream"] = {13: 21, 7: 9}[ev["args"]["stream"]]
+                if ev.get("cat") in ("cpu_op", "user_annotation") and not ev["name"].startswith("ProfilerStep#"):
+                    ev["name"] += "@1"
+            evs.append(ev)
+        doc["traceEvents"] = evs
+        (d / f"rank{rank}.json").write_text(json.dumps(doc))
+    return d
+
+
+def test_ranks_swept_together_keep_to_their_own_rank(tmp_path, monkeypatch):
+    """All ranks of a chunk are swept and searched at once: a rank shifted in time on other streams
+    gets the hand-worked rows of rank 0 shifted (the gap [96, 150) µs straddling the step boundary
+    included), its launchers only among its own CPU ranges, and a rank without GPU ops no rows; the
+    same tables as with every rank read and swept alone (CHUNK_EVENTS = 1)."""
+    import tracekit.analyses.gpu_time_breakdown as gtb
+
+    store = Store(tmp_path / "s")
+    ingest_paths([_three_ranks(tmp_path)], store, run_id="r3")
+
+    def tables():
+        c = analyses.connect(store)
+        out = {t: c.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+               for t in ("gpu_time_breakdown", "gpu_idle_gaps", "gpu_launchers")}
+        out["rows"] = c.execute(f"SELECT rank, {', '.join(COLS)} FROM gpu_time_breakdown ORDER BY rank, grp").fetchall()
+        out["names"] = c.execute("SELECT l.rank, l.cpu_op, l.annotation FROM gpu_launchers l "
+                                 "JOIN events e USING (run_id, rank, event_id) ORDER BY l.rank, e.ts_ns").fetchall()
+        c.close()
+        return out
+
+    got = tables()
+    t0 = 1_000_000
+    rank0 = [  # test_breakdown_golden's rows
+        (-1, t0 + 10_000, t0 + 170_000, 160_000, 39_980, 30_000, 15_000, 6_000, 2_000, 0, 67_020, 64_000, 20, 3_000),
+        (1, t0 + 10_000, t0 + 96_000, 86_000, 34_980, 20_000, 10_000, 6_000, 2_000, 0, 13_020, 10_000, 20, 3_000),
+        (2, t0 + 150_000, t0 + 170_000, 20_000, 5_000, 10_000, 5_000, 0, 0, 0, 0, 0, 0, 0),
+    ]
+    rows = got["rows"]
+    assert [r[0] for r in rows] == [0, 0, 0, 1, 1, 1]  # rank 2 (no GPU ops): no windows
+    assert [r[1:] for r in rows[:3]] == rank0
+    shift = rows[3][2] - rank0[0][1]  # rank 1 as stored (the ingest may align its clock to rank 0)
+    assert shift in (0, 1_000)
+    assert [r[1:] for r in rows[3:]] == [(g, s + shift, e + shift, *rest) for g, s, e, *rest in rank0]
+    gaps = [r for r in got["gpu_idle_gaps"] if r[1] == 1 and r[2] == -1]
+    assert [(r[3] - shift, r[4] - shift, r[7]) for r in gaps] == [
+        (t0 + 55_000, t0 + 55_020, "kernel_wait"), (t0 + 70_000, t0 + 80_000, "host_wait"),
+        (t0 + 92_000, t0 + 95_000, "other"), (t0 + 96_000, t0 + 150_000, "host_wait")]
+    # per GPU op by start (NOTE.md's table): the innermost cpu_op and annotation around its launch
+    # (fwd [0.5, 60), mm [0.8, 1.8), linear [3.5, 6), add [3.8, 4.8), bwd [100.5, 103), mul [101.8, 102.8))
+    want = [("aten::mm", "fwd"), (None, "fwd"), (None, "fwd"), ("aten::add", "fwd"), (None, None),
+            (None, None), ("aten::linear", "fwd"), (None, "bwd"), ("aten::mul", "bwd")]
+    assert got["names"] == [(0, *w) for w in want] + [
+        (1, *(None if x is None else x + "@1" for x in w)) for w in want]
+    monkeypatch.setattr(gtb, "CHUNK_EVENTS", 1)
+    alone = tables()
+    assert alone == got
