@@ -157,5 +157,18 @@ def test_per_distinct_calls_once_per_distinct_tuple_and_keeps_signed_zeros():
     assert sorted(calls, key=repr) == sorted([(2.0, 3.0), (0.0, 1.0), (-0.0, 1.0)], key=repr)  # (2, 3) once
 
 
+
+def test_algbw_array_is_algbw_element_by_element():
+    from tracekit.model import algbw_array
+
+    sizes = [0, 1, 1000, 8_388_608, 2**53 + 1, -5, NAN, INF, 1e300]
+    secs = [0.0, -0.0, 1e-9, 2.5e-6, 1.0, -3.0, NAN, INF, 1e-300]
+    pairs = list(itertools.product(sizes, secs))
+    got = algbw_array([p[0] for p in pairs], [p[1] for p in pairs])
+    for (s, t), g in zip(pairs, got.tolist()):
+        want = scalar(algbw, s, t)
+        assert same(g, NAN if want is None else want), (s, t, g, want)
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])
