@@ -319,14 +319,14 @@ def per_distinct(fn, ret: str):
         """Integer columns that are equal exactly where the values are the same (above)."""
         null = col.is_null().to_numpy(zero_copy_only=False).astype(np.int64)
         t = col.type
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            return [pc.fill_null(pc.dictionary_encode(col).indices, -1).to_numpy().astype(np.int64)]
         if pa.types.is_floating(t):
             bits = pc.fill_null(col, 0.0).to_numpy().astype(np.float64).view(np.int64)
         elif pa.types.is_boolean(t):
             bits = pc.fill_null(col, False).to_numpy(zero_copy_only=False).astype(np.int64)
-        else:
+        elif pa.types.is_integer(t):
             bits = pc.fill_null(col, 0).to_numpy().astype(np.int64)
+        else:  # strings (any arrow string type): equal codes for equal values
+            return [pc.fill_null(pc.dictionary_encode(col).indices, -1).to_numpy().astype(np.int64)]
         return [bits, null]
 
     @functools.wraps(fn)  # DuckDB counts the parameters of fn's signature
