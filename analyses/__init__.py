@@ -299,8 +299,8 @@ def per_distinct(fn, ret: str):
     distinct argument tuple of each chunk of rows (DuckDB's vectors, 2,048 rows), its answers
     repeated for the rows that share the tuple. The numbers are ``fn``'s own, as a scalar UDF's
     would be: the model's formulas exist once, in tracekit.model. Why: a scalar Python UDF costs
-    DuckDB a Python call per row, and the verdicts call ~13 per instance (run-wide at ×16: 0.8 s)
-    on arguments that repeat (op, algorithm, group size, α, β).
+    DuckDB a Python call per row, and the verdicts call ~13 per instance on arguments that repeat
+    (op, algorithm, group size, α, β); the costs are in benchmarks/README.md.
 
     Rows are the same tuple when every argument has the same bits: strings by value, integers and
     booleans by value, floats by their IEEE bits (0.0 and -0.0 differ; a NaN is shared only with

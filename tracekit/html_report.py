@@ -662,7 +662,8 @@ def overlap_figure(data: dict):
 
 
 def wait_heatmap(data: dict):
-    """Rank × collective instance heatmap of wait time (µs); × marks the straggler (last arrival)."""
+    """Rank × collective instance heatmap of wait time (µs); × marks the straggler (last arrival).
+    Returns the figure as a dict (:func:`figure_dict`), or None without instances."""
     import plotly.graph_objects as go
 
     w = data["waits"]
@@ -674,9 +675,10 @@ def wait_heatmap(data: dict):
     per_instance = [[i["instance"], i["op"], fmt_bytes(i["size_bytes"]), fmt_us(i["skew_ns"]), i["straggler"]]
                     for i in inst]
     custom = [per_instance for _ in w["ranks"]]
-    # rank × instance cells (1,024 × 1,500 × 6 values at 1,024 ranks): plotly's validation and
-    # to_dict copy of them cost ~27 s, so the figure is built with one-cell stand-ins and the
-    # cells put into its plain dict (figure_dict), which _figure_html writes unvalidated
+    # rank × instance cells (at 1,024 ranks 1,024 × 1,500 × 6 values): plotly's validation and
+    # to_dict copy of them dominated the whole analyze (benchmarks/README.md), so the figure is
+    # built with one-cell stand-ins and the cells put into its plain dict (figure_dict), which
+    # _figure_html writes unvalidated: the same page
     fig = go.Figure(
         go.Heatmap(
             z=[[0.0]], x=xs, y=[f"rank {r}" for r in w["ranks"]], colorscale="YlOrRd", zmin=0,
