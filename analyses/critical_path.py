@@ -101,8 +101,6 @@ other_ranks      INTEGER  distinct ranks other than rank on the path
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-
 import numpy as np
 
 CLASSES = ("compute", "comm", "memory", "cpu", "sync", "other")
@@ -113,198 +111,225 @@ PARTS = ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sync_ot
          "straggler_ns", "idle_ns")
 """The composition columns of critical_path_summary, in order; they sum to length_ns."""
 
-# tie order between predecessors ready at the same time: the higher wins
-_PRIORITY = {"collective": 4, "sync": 3, "stream": 2, "thread": 2, "launch": 1, "cross_stream": 0, "host": 0}
+# edge kinds (critical_path.edge) by code, and their tie order between predecessors ready at the
+# same time: the higher wins ('end' is no edge)
+_KINDS = ("end", "stream", "thread", "launch", "sync", "collective", "cross_stream", "host")
+_PRIORITY = np.array([-1, 2, 2, 1, 3, 4, 0, 0], np.int8)
+_END, _STREAM, _THREAD, _LAUNCH, _EDGE_SYNC, _COLLECTIVE, _CROSS, _HOST = range(len(_KINDS))
+# part of PARTS an own event's time goes to, by events.class code (1-based into CLASSES; 0: none)
+_CLASS_PART = np.array([PARTS.index(_COMPOSITION[c]) for c in ("other", *CLASSES)], np.int64)
+_LAUNCH_CPU, _STRAGGLER, _IDLE = (PARTS.index(p) for p in ("launch_cpu_ns", "straggler_ns", "idle_ns"))
+
+# the last arriving span of each collective span's instance, for the spans that arrived before it
+# (lowest rank on ties, as the straggler); one row per span
+_ARRIVALS = """
+CREATE OR REPLACE TEMP TABLE _cp_arrivals AS
+SELECT rank, event_id, last_rank, last_eid, last_ns FROM (
+    SELECT rank, event_id, ts_ns,
+           first(rank ORDER BY ts_ns DESC, rank) OVER w AS last_rank,
+           first(event_id ORDER BY ts_ns DESC, rank) OVER w AS last_eid,
+           max(ts_ns) OVER w AS last_ns
+    FROM _instance_calls WHERE run_id = ?
+    WINDOW w AS (PARTITION BY pg_name, win, seq)
+) WHERE last_ns > ts_ns
+QUALIFY row_number() OVER (PARTITION BY rank, event_id ORDER BY last_ns DESC, last_rank, last_eid) = 1
+"""
 
 # every rank's nodes of one window in one statement (a statement per rank and window cost ~0.2 s
-# each at 1,024 ranks: each scans the run's events); tid numbers the tracks within each rank
+# each at 1,024 ranks: each scans the run's events), in (rank, track, end, start, event_id) order
+# (row = the position in it); tid numbers the tracks within each rank. The launch edge's call and
+# the collective edge's last arrival come as rows of the same window (-1: not a node of it).
 _NODES = """
-SELECT rank, event_id, track_kind = 'gpu_stream' AS gpu,
-       dense_rank() OVER (PARTITION BY rank ORDER BY track_kind, device, track) AS tid,
-       ts_ns, ts_ns + dur_ns AS end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class,
-       coalesce(launch_event_id, -1) AS launch
-FROM events
-WHERE run_id = ? AND step IS NOT DISTINCT FROM ? AND ts_ns IS NOT NULL AND dur_ns >= 0
-  AND ((track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
-       OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'))
-ORDER BY rank, tid, end_ns, ts_ns, event_id
+WITH n AS MATERIALIZED (
+    SELECT *, row_number() OVER (ORDER BY rank, tid, end_ns, ts_ns, event_id) - 1 AS row FROM (
+        SELECT rank, event_id, track_kind = 'gpu_stream' AS gpu,
+               dense_rank() OVER (PARTITION BY rank ORDER BY track_kind, device, track) AS tid,
+               ts_ns, ts_ns + dur_ns AS end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class,
+               launch_event_id
+        FROM events
+        WHERE run_id = ? AND step IS NOT DISTINCT FROM ? AND ts_ns IS NOT NULL AND dur_ns >= 0
+          AND ((track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
+               OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'))
+    )
+)
+SELECT n.rank, n.event_id, n.gpu, n.tid, n.ts_ns, n.end_ns, n.class,
+       coalesce(l.row, -1) AS launch_row, coalesce(t.row, -1) AS arrival_row, coalesce(a.last_ns, 0) AS last_ns
+FROM n
+LEFT JOIN n l ON l.rank = n.rank AND l.event_id = n.launch_event_id
+LEFT JOIN _cp_arrivals a ON a.rank = n.rank AND a.event_id = n.event_id
+LEFT JOIN n t ON t.rank = a.last_rank AND t.event_id = a.last_eid
+ORDER BY n.row
 """
+
+_NODE_TYPES = {"rank": np.int64, "event_id": np.int64, "gpu": bool, "tid": np.int64, "ts_ns": np.int64,
+               "end_ns": np.int64, "class": np.int8, "launch_row": np.int64, "arrival_row": np.int64,
+               "last_ns": np.int64}
 
 
 class _Ends:
-    """A subset of a window's nodes in (end, start, event_id) order, to find the one that ended
-    last by a given time."""
+    """Nodes grouped (by rank and kind, or by track) and, within a group, in (end, start,
+    event_id) order, to find for many nodes at once the one that ended last by a given time."""
 
-    def __init__(self, w: "_Window", members: np.ndarray, order: np.ndarray):
-        """order: an array over all the window's nodes, shared by disjoint subsets; this subset
-        writes its members' ranks in it."""
-        pos = np.flatnonzero(members)
-        self.pos = pos[np.lexsort((w.eid[pos], w.s[pos], w.e[pos]))]
-        self.e = w.e[self.pos]
-        self.order = order
-        order[self.pos] = np.arange(len(self.pos))
-        # the walk asks one time at a time: bisect on lists costs ~0.3 µs, np.searchsorted ~3 µs
-        self._e, self._pos = self.e.tolist(), self.pos.tolist()
+    def __init__(self, group: np.ndarray, w: "_Window"):
+        self.order = np.lexsort((w.eid, w.s, w.e, group))  # sorted position → node
+        self.at = np.empty_like(self.order)  # node → sorted position
+        self.at[self.order] = np.arange(len(self.order))
+        self.group = group[self.order]
+        # (group, end) as one sortable int: the end's rank among the window's distinct ends
+        self._values = w.ends
+        self._m = len(w.ends) + 1
+        self._keys = self.group * self._m + np.searchsorted(w.ends, w.e[self.order]) + 1
 
-    def last_by(self, t: int, i: int | None) -> int | None:
-        """The position of the member ending last at or before t, among those before member i in
-        this order (so a zero-length node never precedes itself or a tie after it; i = None: no
-        such limit); None if none."""
-        k = bisect_right(self._e, t)
-        if i is not None:
-            k = min(k, int(self.order[i]))
-        return self._pos[k - 1] if k >= 1 else None
+    def last_by(self, group: np.ndarray, t: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
+        """Per query k: the node of group[k] ending last at or before t[k] (-1 if none); with
+        `before`, only among the nodes sorted before position before[k] (a member's own position:
+        so a zero-length node never precedes itself or a tie after it)."""
+        k = np.searchsorted(self._keys, group * self._m + np.searchsorted(self._values, t, "right"), "right")
+        if before is not None:
+            k = np.minimum(k, before)
+        found = k > np.searchsorted(self.group, group)  # some member of the group before k
+        return np.where(found, self.order[k - 1], -1)
 
 
 class _Window:
-    """One rank's nodes in one window (the columns of _NODES as numpy arrays)."""
+    """Every rank's nodes of one window (the columns of _NODES as numpy arrays, a row per node)
+    and each node's predecessors: the candidates of every edge rule, and the one the walk takes
+    when nothing on the path rules it out (the latest ready, then _PRIORITY, then rule order)."""
 
-    def __init__(self, rank: int, t: dict, rows: slice):
-        """t: the columns of _NODES as numpy arrays; rows: this rank's part of them."""
-        self.rank = rank
-        self.eid = t["event_id"][rows]
-        self.gpu = t["gpu"][rows]
-        self.tid = t["tid"][rows]
-        self.s = t["ts_ns"][rows]
-        self.e = t["end_ns"][rows]
-        self.cls = t["class"][rows]  # 1-based index into CLASSES, 0: none
-        self.launch = t["launch"][rows]
-        self._by_eid = np.argsort(self.eid, kind="stable")
-        self._eid_sorted = self.eid[self._by_eid].tolist()
-        self._by_eid = self._by_eid.tolist()
-        in_track, in_kind = np.empty(len(self.eid), np.int64), np.empty(len(self.eid), np.int64)
-        bounds = np.flatnonzero(np.r_[True, self.tid[1:] != self.tid[:-1]]) if len(self.tid) else []
-        self._tracks = {int(self.tid[b]): _Ends(self, self.tid == self.tid[b], in_track) for b in bounds}
-        self._gpu = _Ends(self, self.gpu, in_kind)
-        self._cpu = _Ends(self, ~self.gpu, in_kind)
-        # stream order: each GPU op's previous op on its stream by start (-1: none). Not "the op
-        # ending last before its start": with programmatic dependent launch (sm_90+) an op starts
-        # before its predecessor ends, and the ingest keeps both whole (same_stream_overlaps)
-        self._stream_prev = np.full(len(self.eid), -1, np.int64)
-        g = np.flatnonzero(self.gpu)
-        if len(g):
-            g = g[np.lexsort((self.eid[g], self.s[g], self.tid[g]))]
-            same = self.tid[g][1:] == self.tid[g][:-1]
-            self._stream_prev[g[1:][same]] = g[:-1][same]
-        self._stream_prev = self._stream_prev.tolist()
-        # launch call's event_id → the GPU op it launched ending last (sorted ids, their ops)
-        ops = np.flatnonzero(self.gpu & (self.launch >= 0))
-        ops = ops[np.lexsort((self.e[ops], self.launch[ops]))]
-        last = np.r_[self.launch[ops][1:] != self.launch[ops][:-1], True] if len(ops) else np.zeros(0, bool)
-        self._launch_ids, self._launch_ops = self.launch[ops][last].tolist(), ops[last].tolist()
+    RULES = 7  # columns of pred / ready / kind
 
-    def __len__(self) -> int:
-        return len(self.eid)
+    def __init__(self, t: dict):
+        self.rank, self.eid, self.gpu = t["rank"], t["event_id"], t["gpu"]
+        self.s, self.e, self.cls = t["ts_ns"], t["end_ns"], t["class"]
+        n = len(self.s)
+        rows = np.arange(n)
+        new_rank = np.r_[True, self.rank[1:] != self.rank[:-1]] if n else np.zeros(0, bool)
+        rank_no = np.cumsum(new_rank) - 1
+        track = np.cumsum(new_rank | np.r_[True, t["tid"][1:] != t["tid"][:-1]][:n]) - 1
+        self.ends = np.unique(self.e)
+        pred = np.full((self.RULES, n), -1, np.int64)
+        kind = np.zeros((self.RULES, n), np.int8)
+        ready = np.zeros((self.RULES, n), np.int64)
+        s, e, gpu = self.s, self.e, self.gpu
 
-    def pos(self, event_id: int) -> int | None:
-        """The position of event_id among the nodes, or None."""
-        k = bisect_left(self._eid_sorted, event_id)
-        if k < len(self._eid_sorted) and self._eid_sorted[k] == event_id:
-            return self._by_eid[k]
-        return None
+        def put(col, ok, j, r, k):
+            pred[col] = np.where(ok, j, -1)
+            ready[col] = np.where(ok, r, 0)
+            kind[col] = k
 
-    def last(self) -> int:
-        """The node ending last (latest start on ties)."""
-        return int(np.lexsort((self.s, self.e))[-1])
+        # inferred (cross_stream on the GPU, host on the CPU): the node of the rank's same kind
+        # (any stream / thread) that ended last at or before the start
+        kinds = _Ends(rank_no * 2 + gpu, self)
+        j = kinds.last_by(rank_no * 2 + gpu, s, kinds.at)
+        put(0, j >= 0, j, e[j], np.where(gpu, _CROSS, _HOST))
+        # thread order: the node of the CPU thread ending last at or before the start
+        tracks = _Ends(track, self)
+        j = tracks.last_by(track, s, tracks.at)
+        put(1, ~gpu & (j >= 0), j, e[j], _THREAD)
+        # stream order: the op before by start (ready at its end, or this op's start: PDL)
+        g = np.flatnonzero(gpu)
+        g = g[np.lexsort((self.eid[g], s[g], track[g]))]
+        same = track[g][1:] == track[g][:-1]
+        j = np.full(n, -1, np.int64)
+        j[g[1:][same]] = g[:-1][same]
+        put(2, j >= 0, j, np.minimum(e[j], s), _STREAM)
+        # launch: the runtime call, unless it returned only after the op ended (it waited for it)
+        k = t["launch_row"]
+        ok = gpu & (k >= 0) & (k != rows)
+        ok &= ~self._blocking(k, rows)
+        put(3, ok, k, np.minimum(e[k], s), _LAUNCH)
+        # synchronization: a sync call waits for the rank's GPU op that ended last by its end
+        j = kinds.last_by(rank_no * 2 + 1, e)
+        put(4, ~gpu & (self.cls == _SYNC) & (j >= 0) & (e[j] > s), j, e[j], _EDGE_SYNC)
+        # ... and a blocking call for its own GPU op (the one ending last, latest row on ties)
+        ops = np.flatnonzero(gpu & (k >= 0))
+        ops = ops[np.lexsort((ops, e[ops], k[ops]))]
+        last = np.r_[k[ops][1:] != k[ops][:-1], True] if len(ops) else np.zeros(0, bool)
+        j = np.full(n, -1, np.int64)
+        j[k[ops][last]] = ops[last]
+        put(5, ~gpu & (j >= 0) & self._blocking(rows, j), j, e[j], _EDGE_SYNC)
+        # collective: the last arrival's span, at its start
+        j = t["arrival_row"]
+        put(6, j >= 0, j, t["last_ns"], _COLLECTIVE)
+        self.pred, self.ready, self.kind = pred, ready, kind
+        # the walk's usual choice: latest ready, then priority; the first rule on full ties
+        best = np.zeros(n, np.int64)
+        for col in range(1, self.RULES):
+            b_ready, b_prio = ready[best, rows], _PRIORITY[kind[best, rows]]
+            c_ready, c_prio = ready[col], _PRIORITY[kind[col]]
+            better = (pred[col] >= 0) & ((pred[best, rows] < 0) | (c_ready > b_ready)
+                                         | ((c_ready == b_ready) & (c_prio > b_prio)))
+            best[better] = col
+        self.best = (pred[best, rows].tolist(), ready[best, rows].tolist(), kind[best, rows].tolist())
+        # each rank's start: its node ending last (latest start, then latest row, on ties)
+        by_end = np.lexsort((rows, s, e, rank_no))
+        self.starts = by_end[np.r_[rank_no[by_end][1:] != rank_no[by_end][:-1], True]] if n else by_end
 
-    def preds(self, i: int):
-        """[(ready_ns, kind, (self, position))] of node i's predecessors in this window (the
-        collective edge, which may lead to another rank's window, is added by :func:`walk`)."""
-        s, gpu = int(self.s[i]), bool(self.gpu[i])
-        found = [((self._gpu if gpu else self._cpu).last_by(s, i), "cross_stream" if gpu else "host")]
-        if not gpu:
-            found.append((self._tracks[int(self.tid[i])].last_by(s, i), "thread"))
-        out = [(int(self.e[j]), kind, (self, j)) for j, kind in found if j is not None]
-        if gpu and self._stream_prev[i] >= 0:  # ready when it ended, or when this op started (PDL)
-            j = self._stream_prev[i]
-            out.append((min(int(self.e[j]), s), "stream", (self, j)))
-        if gpu and self.launch[i] >= 0:
-            k = self.pos(int(self.launch[i]))
-            if k is not None and k != i and not self._blocking(k, i):
-                out.append((min(int(self.e[k]), s), "launch", (self, k)))
-        if not gpu and self.cls[i] == _SYNC:
-            g = self._gpu.last_by(int(self.e[i]), None)  # i is no GPU member: nothing excluded
-            if g is not None and self.e[g] > s:
-                out.append((int(self.e[g]), "sync", (self, g)))
-        g = None if gpu else self._launched(int(self.eid[i]))
-        if g is not None and self._blocking(i, g):
-            out.append((int(self.e[g]), "sync", (self, g)))
-        return out
-
-    def _launched(self, event_id: int) -> int | None:
-        """The position of the GPU op ending last among those launched by event_id, or None."""
-        k = bisect_left(self._launch_ids, event_id)
-        if k < len(self._launch_ids) and self._launch_ids[k] == event_id:
-            return self._launch_ops[k]
-        return None
-
-    def _blocking(self, call: int, op: int) -> bool:
+    def _blocking(self, call: np.ndarray, op: np.ndarray) -> np.ndarray:
         """Whether launch call `call` returned only after its GPU op `op` ended (a blocking
-        cudaMemcpy, pageable cudaMemcpyAsync): then op → call is an edge and call → op is not."""
-        return bool(self.s[call] < self.e[op] <= self.e[call])
+        cudaMemcpy, pageable cudaMemcpyAsync): then op → call is an edge and call → op is not.
+        Rows of -1 answer False."""
+        ok = (call >= 0) & (op >= 0)
+        c, o = np.where(ok, call, 0), np.where(ok, op, 0)
+        return ok & (self.s[c] < self.e[o]) & (self.e[o] <= self.e[c])
+
+    def choose(self, i: int, cursor: int, seen: set) -> tuple[int, int, int]:
+        """(node, ready, kind) of node i's predecessor ready latest by `cursor` and not on the
+        path yet (ties: _PRIORITY, then rule order); node -1 when none is left."""
+        best = (-1, 0, _END)
+        for col in range(self.RULES):
+            j, r, k = int(self.pred[col, i]), int(self.ready[col, i]), int(self.kind[col, i])
+            if j >= 0 and r <= cursor and j not in seen and (
+                    best[0] < 0 or (r, _PRIORITY[k]) > (best[1], _PRIORITY[best[2]])):
+                best = (j, r, k)
+        return best
 
 
-def _last_arrivals(con, run_id: str) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """(rank, event_id) of a collective span → (rank, event_id, start_ns) of its instance's last
-    arriving span, for the spans that arrived before it (lowest rank on ties, as the straggler)."""
-    rows = con.execute(
-        """
-        SELECT rank, event_id, last_rank, last_eid, last_ns FROM (
-            SELECT rank, event_id, ts_ns,
-                   first(rank ORDER BY ts_ns DESC, rank) OVER w AS last_rank,
-                   first(event_id ORDER BY ts_ns DESC, rank) OVER w AS last_eid,
-                   max(ts_ns) OVER w AS last_ns
-            FROM _instance_calls WHERE run_id = ?
-            WINDOW w AS (PARTITION BY pg_name, win, seq)
-        ) WHERE last_ns > ts_ns
-        """,
-        [run_id],
-    ).fetchall()
-    return {(r, e): (lr, le, ln) for r, e, lr, le, ln in rows}
-
-
-def walk(windows, rank: int, arrivals) -> tuple[list[dict], dict]:
-    """The critical path ending at `rank`'s last node of one window.
-
-    windows: callable rank → _Window (of this window); arrivals: as :func:`_last_arrivals`.
-    Returns (path rows, earliest first, with event_rank, event_id, on_path_ns, gap_ns, edge;
-    summary dict with start_ns, end_ns and the PARTS).
-    """
-    w = windows(rank)
-    i = w.last()
-    end = cursor = int(w.e[i])
-    parts = dict.fromkeys(PARTS, 0)
-    rows: list[dict] = []
-    seen: set[tuple[int, int]] = set()
-    edge = "end"
+def walk(w: _Window, start: int, end: int) -> tuple[list[int], list[int], list[int]]:
+    """The critical path ending at node `start` (its end `end`), walked backward: the nodes, the
+    ready time through which each was entered from its predecessor (the cursor: the walk moves it
+    there) and the kind of that edge (_END for the first node, whose ready time is its credited
+    start, filled in by :func:`_credit`), latest node first."""
+    pred, ready, kind = w.best
+    nodes, readies, kinds = [], [], []
+    seen: set[int] = set()
+    i, cursor = start, end
     while True:
-        seen.add((w.rank, int(w.eid[i])))
-        s = int(w.s[i])
-        cands = w.preds(i)
-        arr = arrivals.get((w.rank, int(w.eid[i])))
-        if arr is not None:
-            ow = windows(arr[0])
-            k = ow.pos(arr[1]) if ow is not None else None
-            if k is not None:
-                cands.append((arr[2], "collective", (ow, k)))
-        cands = [c for c in cands if c[0] <= cursor and (c[2][0].rank, int(c[2][0].eid[c[2][1]])) not in seen]
-        best = max(cands, key=lambda c: (c[0], _PRIORITY[c[1]])) if cands else None
-        seg = min(max(s, best[0]) if best else s, cursor)
-        ready = min(best[0], seg) if best else seg
-        own = w.rank == rank
-        parts[_COMPOSITION.get(CLASSES[w.cls[i] - 1] if w.cls[i] else "other", "sync_other_ns") if own
-              else "straggler_ns"] += cursor - seg
-        if best is not None and seg > ready:
-            parts[gap_part(best[1]) if own else "straggler_ns"] += seg - ready
-        rows.append({"event_rank": w.rank, "event_id": int(w.eid[i]), "on_path_ns": cursor - seg,
-                     "gap_ns": seg - ready, "edge": edge})
-        cursor = ready
-        if best is None:
-            break
-        edge = best[1]
-        w, i = best[2]
-    rows.reverse()
-    return rows, {"start_ns": cursor, "end_ns": end, **parts}
+        seen.add(i)
+        j, r, k = pred[i], ready[i], kind[i]
+        if j >= 0 and (r > cursor or j in seen):
+            j, r, k = w.choose(i, cursor, seen)
+        nodes.append(i)
+        if j < 0:
+            readies.append(cursor)
+            kinds.append(_END)
+            return nodes, readies, kinds
+        readies.append(r)
+        kinds.append(k)
+        cursor, i = r, j
+
+
+def _credit(w: _Window, ranks: np.ndarray, nodes: np.ndarray, readies: np.ndarray, kinds: np.ndarray,
+            lengths: np.ndarray) -> dict:
+    """The paths of one window (concatenated walks, latest node first; ranks: each path's rank,
+    lengths: its nodes) credited: per node on_path_ns and gap_ns; per path the PARTS and start."""
+    first = np.cumsum(lengths) - lengths
+    path = np.repeat(np.arange(len(lengths)), lengths)
+    starts = w.e[nodes[first]]
+    # the cursor when a node is reached: the path's end, then its successor's ready time
+    cursor = np.r_[0, readies[:-1]] if len(readies) else readies.copy()
+    cursor[first] = starts
+    s = w.s[nodes]
+    seg = np.minimum(np.where(kinds == _END, s, np.maximum(s, readies)), cursor)
+    ready = np.where(kinds == _END, seg, readies)
+    on_path, gap = cursor - seg, seg - ready
+    own = w.rank[nodes] == ranks[path]
+    gap_part = np.where((kinds == _THREAD) | (kinds == _HOST), _LAUNCH_CPU, _IDLE)
+    parts = np.zeros((len(lengths), len(PARTS)), np.int64)
+    np.add.at(parts, (path, np.where(own, _CLASS_PART[w.cls[nodes]], _STRAGGLER)), on_path)
+    np.add.at(parts, (path, np.where(own, gap_part, _STRAGGLER)), gap)
+    return {"path": path, "first": first, "on_path": on_path, "gap": gap, "parts": parts,
+            "start_ns": ready[first + lengths - 1], "end_ns": starts}
 
 
 def _steps(con, run_id: str) -> list:
@@ -314,48 +339,45 @@ def _steps(con, run_id: str) -> list:
     return steps or [None]
 
 
-_NODE_TYPES = {"event_id": np.int64, "gpu": bool, "tid": np.int64, "ts_ns": np.int64, "end_ns": np.int64,
-               "class": np.int8, "launch": np.int64}
-
-
-def _window_rows(con, run_id: str, step) -> tuple[dict, dict[int, slice]]:
-    """Every rank's nodes of one window: (the columns of _NODES as numpy arrays, rank → its rows)."""
+def _window(con, run_id: str, step) -> _Window:
+    """Every rank's nodes of one window."""
     t = con.execute(_NODES, [list(CLASSES), run_id, step]).fetchnumpy()
-    cols = {c: np.asarray(t[c], dtype=typ) for c, typ in _NODE_TYPES.items()}
-    rank = np.asarray(t["rank"], dtype=np.int64)
-    bounds = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1], True]) if len(rank) else np.zeros(1, np.int64)
-    return cols, {int(rank[a]): slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])}
+    return _Window({c: np.asarray(t[c], dtype=typ) for c, typ in _NODE_TYPES.items()})
 
 
 def run_paths(con, run_id: str):
-    """Per window (profiler step) of one run, (path rows, summary rows) of every rank: dicts with
-    the columns of _PATH_COLS and _SUMMARY_COLS (see the module docstring). A generator, so that
-    one window's paths are held at a time."""
-    arrivals = _last_arrivals(con, run_id)
-    ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM events WHERE run_id = ? ORDER BY rank",
-                                       [run_id]).fetchall()]
+    """Per window (profiler step) of one run, (path rows, summary rows) of every rank with nodes
+    in it: pyarrow tables with the columns of _PATH_COLS and _SUMMARY_COLS but run_id and step
+    (see the module docstring). A generator, so that one window's paths are held at a time.
+    Needs the temporary table _cp_arrivals of the run (_ARRIVALS)."""
+    import pyarrow as pa
+
     for step in _steps(con, run_id):
-        rows_of = _window_rows(con, run_id, step)
-        cache: dict[int, _Window] = {}
-
-        def windows(r, rows_of=rows_of, cache=cache):
-            if r not in cache:
-                if r not in rows_of[1]:
-                    return None
-                cache[r] = _Window(r, rows_of[0], rows_of[1][r])
-            return cache[r]
-
-        path, summary = [], []
-        for rank in ranks:
-            if windows(rank) is None:
-                continue
-            rows, summ = walk(windows, rank, arrivals)
-            for n, row in enumerate(rows):
-                path.append({"run_id": run_id, "rank": rank, "step": step, "pos": n, **row})
-            summary.append({"run_id": run_id, "rank": rank, "step": step, **summ,
-                            "path_events": len(rows),
-                            "other_ranks": len({r["event_rank"] for r in rows} - {rank})})
-        yield path, summary
+        w = _window(con, run_id, step)
+        walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
+        lengths = np.array([len(n) for n, _, _ in walks], np.int64)
+        nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
+        ranks = w.rank[w.starts]
+        c = _credit(w, ranks, nodes, readies, kinds, lengths)
+        # rows earliest first: each walk reversed; a node's edge is the kind of its successor's
+        # edge (the node walked before it), 'end' for the last
+        path = c["path"]
+        back = np.arange(len(nodes)) - c["first"][path]  # position in the walk
+        rev = (c["first"] + lengths - 1)[path] - back
+        edge = np.where(back == 0, _END, np.r_[_END, kinds[:-1]])
+        ev_rank = w.rank[nodes]
+        rows = pa.table({
+            "rank": pa.array(ranks[path], pa.int32()), "pos": pa.array(back, pa.int32()),
+            "event_rank": pa.array(ev_rank[rev], pa.int32()), "event_id": pa.array(w.eid[nodes][rev]),
+            "on_path_ns": pa.array(c["on_path"][rev]), "gap_ns": pa.array(c["gap"][rev]),
+            "edge": pa.DictionaryArray.from_arrays(pa.array(edge[rev].astype(np.int8)), pa.array(_KINDS)).cast(pa.string())})
+        pairs = np.unique(np.stack([path, ev_rank]), axis=1) if len(nodes) else np.zeros((2, 0), np.int64)
+        others = np.bincount(pairs[0][pairs[1] != ranks[pairs[0]]], minlength=len(lengths))
+        summary = pa.table({
+            "rank": pa.array(ranks, pa.int32()), "start_ns": pa.array(c["start_ns"]), "end_ns": pa.array(c["end_ns"]),
+            **{p: pa.array(c["parts"][:, n]) for n, p in enumerate(PARTS)},
+            "path_events": pa.array(lengths), "other_ranks": pa.array(others, pa.int32())})
+        yield step, rows, summary
 
 
 _PATH_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "pos": "INTEGER",
@@ -366,18 +388,13 @@ _SUMMARY_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "star
                  "other_ranks": "INTEGER"}
 
 
-_ARROW = {"VARCHAR": "string", "INTEGER": "int32", "BIGINT": "int64"}
-
-
-def _append(con, name: str, cols: dict[str, str], rows: list[dict]) -> None:
-    """Append `rows` to the temporary table `name` (created empty, with the given column types,
-    on the first call of a connection's build) through Arrow."""
-    import pyarrow as pa
-
-    tbl = pa.table({c: pa.array([r[c] for r in rows], type=getattr(pa, _ARROW[t])()) for c, t in cols.items()})
+def _append(con, name: str, cols: dict[str, str], run_id: str, step, tbl) -> None:
+    """Append the pyarrow table `tbl` (the columns `cols` but run_id and step) to the temporary
+    table `name`, with run_id and step."""
     con.register(f"{name}_arrow", tbl)
     try:
-        con.execute(f"INSERT INTO {name} SELECT * FROM {name}_arrow")
+        sel = ", ".join("?" if c in ("run_id", "step") else c for c in cols)
+        con.execute(f"INSERT INTO {name} SELECT {sel} FROM {name}_arrow", [run_id, step])
     finally:
         con.unregister(f"{name}_arrow")
 
@@ -388,9 +405,11 @@ def create(con) -> None:
     for name, cols in (("_cp_rows", _PATH_COLS), ("_cp_summary", _SUMMARY_COLS)):
         con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({', '.join(f'{c} {t}' for c, t in cols.items())})")
     for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
-        for path, summary in run_paths(con, run_id):
-            _append(con, "_cp_rows", _PATH_COLS, path)
-            _append(con, "_cp_summary", _SUMMARY_COLS, summary)
+        con.execute(_ARRIVALS, [run_id])
+        for step, path, summary in run_paths(con, run_id):
+            _append(con, "_cp_rows", _PATH_COLS, run_id, step, path)
+            _append(con, "_cp_summary", _SUMMARY_COLS, run_id, step, summary)
+    con.execute("DROP TABLE IF EXISTS _cp_arrivals")
     con.execute(
         """
         CREATE OR REPLACE TABLE critical_path AS
