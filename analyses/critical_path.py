@@ -135,8 +135,19 @@ SELECT rank, event_id, last_rank, last_eid, last_ns FROM (
 QUALIFY row_number() OVER (PARTITION BY rank, event_id ORDER BY last_ns DESC, last_rank, last_eid) = 1
 """
 
-# every rank's nodes of one window in one statement (a statement per rank and window cost ~0.2 s
-# each at 1,024 ranks: each scans the run's events), in (rank, track, end, start, event_id) order
+# a run's events, read once (a statement that reads the events view opens every rank's file: ~0.5
+# CPU s at 1,024 ranks, whatever it selects), for the nodes of each window, the ranks' window spans
+# and the path rows' names; node: the events that do or wait for work (module docstring)
+_EVENTS = """
+CREATE OR REPLACE TEMP TABLE _cp_events AS
+SELECT step, rank, event_id, name, class, track_kind, device, track, ts_ns, ts_ns + dur_ns AS end_ns,
+       launch_event_id, coalesce(ts_ns IS NOT NULL AND dur_ns >= 0, false) AS timed,
+       timed AND coalesce((track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
+                          OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'), false) AS node
+FROM events WHERE run_id = ?
+"""
+
+# every rank's nodes of one window of _cp_events, in (rank, track, end, start, event_id) order
 # (row = the position in it); tid numbers the tracks within each rank. The launch edge's call and
 # the collective edge's last arrival come as rows of the same window (-1: not a node of it).
 _NODES = """
@@ -144,12 +155,8 @@ WITH n AS MATERIALIZED (
     SELECT *, row_number() OVER (ORDER BY rank, tid, end_ns, ts_ns, event_id) - 1 AS row FROM (
         SELECT rank, event_id, track_kind = 'gpu_stream' AS gpu,
                dense_rank() OVER (PARTITION BY rank ORDER BY track_kind, device, track) AS tid,
-               ts_ns, ts_ns + dur_ns AS end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class,
-               launch_event_id
-        FROM events
-        WHERE run_id = ? AND step IS NOT DISTINCT FROM ? AND ts_ns IS NOT NULL AND dur_ns >= 0
-          AND ((track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
-               OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'))
+               ts_ns, end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class, launch_event_id
+        FROM _cp_events WHERE node AND step IS NOT DISTINCT FROM ?
     )
 )
 SELECT n.rank, n.event_id, n.gpu, n.tid, n.ts_ns, n.end_ns, n.class,
@@ -164,6 +171,7 @@ ORDER BY n.row
 _NODE_TYPES = {"rank": np.int64, "event_id": np.int64, "gpu": bool, "tid": np.int64, "ts_ns": np.int64,
                "end_ns": np.int64, "class": np.int8, "launch_row": np.int64, "arrival_row": np.int64,
                "last_ns": np.int64}
+
 
 
 class _Ends:
@@ -332,28 +340,28 @@ def _credit(w: _Window, ranks: np.ndarray, nodes: np.ndarray, readies: np.ndarra
             "start_ns": ready[first + lengths - 1], "end_ns": starts}
 
 
-def _steps(con, run_id: str) -> list:
-    """The windows of a run: its profiler steps, else [None] (the whole trace)."""
+def _steps(con) -> list:
+    """The windows of the run in _cp_events: its profiler steps, else [None] (the whole trace)."""
     steps = [s for (s,) in con.execute(
-        "SELECT DISTINCT step FROM events WHERE run_id = ? AND step IS NOT NULL ORDER BY step", [run_id]).fetchall()]
+        "SELECT DISTINCT step FROM _cp_events WHERE step IS NOT NULL ORDER BY step").fetchall()]
     return steps or [None]
 
 
-def _window(con, run_id: str, step) -> _Window:
-    """Every rank's nodes of one window."""
-    t = con.execute(_NODES, [list(CLASSES), run_id, step]).fetchnumpy()
+def _window(con, step) -> _Window:
+    """Every rank's nodes of one window of the run in _cp_events."""
+    t = con.execute(_NODES, [list(CLASSES), step]).fetchnumpy()
     return _Window({c: np.asarray(t[c], dtype=typ) for c, typ in _NODE_TYPES.items()})
 
 
-def run_paths(con, run_id: str):
-    """Per window (profiler step) of one run, (path rows, summary rows) of every rank with nodes
-    in it: pyarrow tables with the columns of _PATH_COLS and _SUMMARY_COLS but run_id and step
-    (see the module docstring). A generator, so that one window's paths are held at a time.
-    Needs the temporary table _cp_arrivals of the run (_ARRIVALS)."""
+def run_paths(con):
+    """Per window (profiler step) of the run in _cp_events (with its _cp_arrivals), in step
+    order: (step, path rows, summary rows) of every rank with nodes in it, as Arrow tables with
+    the columns of _PATH_COLS and _SUMMARY_COLS but run_id and step (module docstring). A
+    generator, so that one window's nodes are held at a time."""
     import pyarrow as pa
 
-    for step in _steps(con, run_id):
-        w = _window(con, run_id, step)
+    for step in _steps(con):
+        w = _window(con, step)
         walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
         lengths = np.array([len(n) for n, _, _ in walks], np.int64)
         nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
@@ -385,15 +393,15 @@ _PATH_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "pos": "
               "edge": "VARCHAR"}
 _SUMMARY_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "start_ns": "BIGINT",
                  "end_ns": "BIGINT", **{p: "BIGINT" for p in PARTS}, "path_events": "BIGINT",
-                 "other_ranks": "INTEGER"}
+                 "other_ranks": "INTEGER", "window_ns": "BIGINT"}
 
 
 def _append(con, name: str, cols: dict[str, str], run_id: str, step, tbl) -> None:
-    """Append the pyarrow table `tbl` (the columns `cols` but run_id and step) to the temporary
-    table `name`, with run_id and step."""
+    """Append the Arrow table `tbl` (the columns `cols` but run_id, step and window_ns) to the
+    temporary table `name`, with run_id and step (window_ns: NULL, filled in by :func:`create`)."""
     con.register(f"{name}_arrow", tbl)
     try:
-        sel = ", ".join("?" if c in ("run_id", "step") else c for c in cols)
+        sel = ", ".join("?" if c in ("run_id", "step") else "NULL" if c == "window_ns" else c for c in cols)
         con.execute(f"INSERT INTO {name} SELECT {sel} FROM {name}_arrow", [run_id, step])
     finally:
         con.unregister(f"{name}_arrow")
@@ -401,40 +409,49 @@ def _append(con, name: str, cols: dict[str, str], run_id: str, step, tbl) -> Non
 
 def create(con) -> None:
     """Create the tables ``critical_path`` and ``critical_path_summary`` on ``con`` (needs the
-    view _instance_calls of instance_rows)."""
-    for name, cols in (("_cp_rows", _PATH_COLS), ("_cp_summary", _SUMMARY_COLS)):
+    view _instance_calls of instance_rows). A run's events are read from the events view once,
+    into a temporary table (spilled beyond the connection's memory budget)."""
+    tables = (("_cp_rows", _PATH_COLS), ("_cp_summary", _SUMMARY_COLS),
+              ("_cp_named", {**_PATH_COLS, "name": "VARCHAR", "class": "VARCHAR", "start_ns": "BIGINT",
+                             "end_ns": "BIGINT"}))
+    for name, cols in tables:
         con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({', '.join(f'{c} {t}' for c, t in cols.items())})")
     for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
+        con.execute(_EVENTS, [run_id])
         con.execute(_ARRIVALS, [run_id])
-        for step, path, summary in run_paths(con, run_id):
+        for step, path, summary in run_paths(con):
             _append(con, "_cp_rows", _PATH_COLS, run_id, step, path)
             _append(con, "_cp_summary", _SUMMARY_COLS, run_id, step, summary)
-    con.execute("DROP TABLE IF EXISTS _cp_arrivals")
+        # the names, and each rank's own window span (first start to last end, any class)
+        con.execute("""
+            INSERT INTO _cp_named
+            SELECT p.*, e.name, e.class, e.ts_ns, e.end_ns
+            FROM _cp_rows p JOIN _cp_events e ON e.rank = p.event_rank AND e.event_id = p.event_id
+            """)
+        con.execute("""
+            UPDATE _cp_summary s SET window_ns = w.window_ns
+            FROM (SELECT step, rank, max(end_ns) - min(ts_ns) AS window_ns FROM _cp_events WHERE timed GROUP BY ALL) w
+            WHERE s.run_id = ? AND w.rank = s.rank AND w.step IS NOT DISTINCT FROM s.step
+            """, [run_id])
+        con.execute("DELETE FROM _cp_rows")
     con.execute(
         """
         CREATE OR REPLACE TABLE critical_path AS
-        SELECT p.run_id, p.rank, p.step, p.pos, p.event_rank, p.event_id, e.name, e.class,
-               e.ts_ns AS start_ns, e.ts_ns + e.dur_ns AS end_ns, p.on_path_ns, p.gap_ns, p.edge
-        FROM _cp_rows p JOIN events e ON e.run_id = p.run_id AND e.rank = p.event_rank AND e.event_id = p.event_id
-        ORDER BY p.run_id, p.rank, p.step, p.pos
+        SELECT run_id, rank, step, pos, event_rank, event_id, name, class, start_ns, end_ns, on_path_ns, gap_ns, edge
+        FROM _cp_named ORDER BY run_id, rank, step, pos
         """
     )
     con.execute(
         f"""
         CREATE OR REPLACE TABLE critical_path_summary AS
-        WITH win AS (
-            SELECT run_id, rank, step, max(ts_ns + dur_ns) - min(ts_ns) AS window_ns
-            FROM events WHERE ts_ns IS NOT NULL AND dur_ns >= 0 GROUP BY ALL
-        )
-        SELECT s.run_id, s.rank, s.step, s.start_ns, s.end_ns, s.end_ns - s.start_ns AS length_ns,
-               w.window_ns, {", ".join("s." + p for p in PARTS)}, s.path_events, s.other_ranks
-        FROM _cp_summary s LEFT JOIN win w ON w.run_id = s.run_id AND w.rank = s.rank
-                                           AND w.step IS NOT DISTINCT FROM s.step
-        ORDER BY s.run_id, s.step, s.rank
+        SELECT run_id, rank, step, start_ns, end_ns, end_ns - start_ns AS length_ns, window_ns,
+               {", ".join(PARTS)}, path_events, other_ranks
+        FROM _cp_summary ORDER BY run_id, step, rank
         """
     )
-    con.execute("DROP TABLE _cp_rows")
-    con.execute("DROP TABLE _cp_summary")
+    for name in ("_cp_rows", "_cp_summary", "_cp_named", "_cp_events", "_cp_arrivals"):
+        con.execute(f"DROP TABLE IF EXISTS {name}")
+
 
 
 def gap_part(prev_edge: str) -> str:
