@@ -136,8 +136,8 @@ QUALIFY row_number() OVER (PARTITION BY rank, event_id ORDER BY last_ns DESC, la
 """
 
 # a run's events, read once (a statement that reads the events view opens every rank's file: ~0.5
-# CPU s at 1,024 ranks, whatever it selects), for the nodes of each window, the ranks' window spans
-# and the path rows' names; node: the events that do or wait for work (module docstring)
+# CPU s at 1,024 ranks, whatever it selects), for the nodes and the ranks' window spans; node: the
+# events that do or wait for work (module docstring)
 _EVENTS = """
 CREATE OR REPLACE TEMP TABLE _cp_events AS
 SELECT step, rank, event_id, name, class, track_kind, device, track, ts_ns, ts_ns + dur_ns AS end_ns,
@@ -147,19 +147,20 @@ SELECT step, rank, event_id, name, class, track_kind, device, track, ts_ns, ts_n
 FROM events WHERE run_id = ?
 """
 
-# every rank's nodes of one window of _cp_events, in (rank, track, end, start, event_id) order
-# (row = the position in it); tid numbers the tracks within each rank. The launch edge's call and
-# the collective edge's last arrival come as rows of the same window (-1: not a node of it).
+# every rank's nodes of one window (step) of the run in _cp_events, in (rank, track, end, start,
+# event_id) order (row = the position in it); tid numbers the tracks within each rank. The launch
+# edge's call and the collective edge's last arrival come as rows of the same window (-1: not a
+# node of it). A statement per window: one for the whole run costs ~3× (its sorts and joins spill).
 _NODES = """
 WITH n AS MATERIALIZED (
     SELECT *, row_number() OVER (ORDER BY rank, tid, end_ns, ts_ns, event_id) - 1 AS row FROM (
-        SELECT rank, event_id, track_kind = 'gpu_stream' AS gpu,
+        SELECT rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
                dense_rank() OVER (PARTITION BY rank ORDER BY track_kind, device, track) AS tid,
                ts_ns, end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class, launch_event_id
         FROM _cp_events WHERE node AND step IS NOT DISTINCT FROM ?
     )
 )
-SELECT n.rank, n.event_id, n.gpu, n.tid, n.ts_ns, n.end_ns, n.class,
+SELECT n.rank, n.event_id, n.name, n.class_name, n.gpu, n.tid, n.ts_ns, n.end_ns, n.class,
        coalesce(l.row, -1) AS launch_row, coalesce(t.row, -1) AS arrival_row, coalesce(a.last_ns, 0) AS last_ns
 FROM n
 LEFT JOIN n l ON l.rank = n.rank AND l.event_id = n.launch_event_id
@@ -347,21 +348,29 @@ def _steps(con) -> list:
     return steps or [None]
 
 
-def _window(con, step) -> _Window:
-    """Every rank's nodes of one window of the run in _cp_events."""
-    t = con.execute(_NODES, [list(CLASSES), step]).fetchnumpy()
-    return _Window({c: np.asarray(t[c], dtype=typ) for c, typ in _NODE_TYPES.items()})
+def _arrow(con, query: str, params: list):
+    """The result of `query` as an Arrow table (no copy), retried with a raised memory budget as
+    tracekit.store.AnalysisConnection.execute retries."""
+    import duckdb
+
+    while True:
+        try:
+            return con.sql(query, params=params).to_arrow_table()
+        except duckdb.OutOfMemoryException:
+            if not getattr(con, "raise_budget", lambda: False)():
+                raise
 
 
-def run_paths(con):
-    """Per window (profiler step) of the run in _cp_events (with its _cp_arrivals), in step
-    order: (step, path rows, summary rows) of every rank with nodes in it, as Arrow tables with
-    the columns of _PATH_COLS and _SUMMARY_COLS but run_id and step (module docstring). A
-    generator, so that one window's nodes are held at a time."""
+def run_paths(con, run_id: str):
+    """Per window (profiler step) of the run in _cp_events (with its _cp_arrivals), in step order:
+    (path rows, summary rows) of every rank with nodes in it, as Arrow tables with the columns of
+    _PATH_COLS and _SUMMARY_COLS (module docstring). A generator, so that one window's nodes are
+    held at a time."""
     import pyarrow as pa
 
     for step in _steps(con):
-        w = _window(con, step)
+        t = _arrow(con, _NODES, [list(CLASSES), step])
+        w = _Window({c: t.column(c).to_numpy().astype(typ, copy=False) for c, typ in _NODE_TYPES.items()})
         walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
         lengths = np.array([len(n) for n, _, _ in walks], np.int64)
         nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
@@ -373,84 +382,88 @@ def run_paths(con):
         back = np.arange(len(nodes)) - c["first"][path]  # position in the walk
         rev = (c["first"] + lengths - 1)[path] - back
         edge = np.where(back == 0, _END, np.r_[_END, kinds[:-1]])
-        ev_rank = w.rank[nodes]
+        ev = nodes[rev]
+        n, k = len(ev), len(lengths)
         rows = pa.table({
-            "rank": pa.array(ranks[path], pa.int32()), "pos": pa.array(back, pa.int32()),
-            "event_rank": pa.array(ev_rank[rev], pa.int32()), "event_id": pa.array(w.eid[nodes][rev]),
+            "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(ranks[path], pa.int32()),
+            "step": pa.array([step] * n, pa.int64()), "pos": pa.array(back, pa.int32()),
+            "event_rank": pa.array(w.rank[ev], pa.int32()), "event_id": pa.array(w.eid[ev]),
+            "name": t.column("name").take(ev), "class": t.column("class_name").take(ev),
+            "start_ns": pa.array(w.s[ev]), "end_ns": pa.array(w.e[ev]),
             "on_path_ns": pa.array(c["on_path"][rev]), "gap_ns": pa.array(c["gap"][rev]),
             "edge": pa.DictionaryArray.from_arrays(pa.array(edge[rev].astype(np.int8)), pa.array(_KINDS)).cast(pa.string())})
-        pairs = np.unique(np.stack([path, ev_rank]), axis=1) if len(nodes) else np.zeros((2, 0), np.int64)
-        others = np.bincount(pairs[0][pairs[1] != ranks[pairs[0]]], minlength=len(lengths))
+        ev_rank = w.rank[nodes]
+        pairs = np.unique(np.stack([path, ev_rank]), axis=1) if n else np.zeros((2, 0), np.int64)
+        others = np.bincount(pairs[0][pairs[1] != ranks[pairs[0]]], minlength=k)
         summary = pa.table({
-            "rank": pa.array(ranks, pa.int32()), "start_ns": pa.array(c["start_ns"]), "end_ns": pa.array(c["end_ns"]),
-            **{p: pa.array(c["parts"][:, n]) for n, p in enumerate(PARTS)},
+            "run_id": pa.array([run_id] * k, pa.string()), "rank": pa.array(ranks, pa.int32()),
+            "step": pa.array([step] * k, pa.int64()), "start_ns": pa.array(c["start_ns"]),
+            "end_ns": pa.array(c["end_ns"]), **{p: pa.array(c["parts"][:, i]) for i, p in enumerate(PARTS)},
             "path_events": pa.array(lengths), "other_ranks": pa.array(others, pa.int32())})
-        yield step, rows, summary
+        yield rows, summary
 
 
 _PATH_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "pos": "INTEGER",
-              "event_rank": "INTEGER", "event_id": "BIGINT", "on_path_ns": "BIGINT", "gap_ns": "BIGINT",
+              "event_rank": "INTEGER", "event_id": "BIGINT", "name": "VARCHAR", "class": "VARCHAR",
+              "start_ns": "BIGINT", "end_ns": "BIGINT", "on_path_ns": "BIGINT", "gap_ns": "BIGINT",
               "edge": "VARCHAR"}
 _SUMMARY_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "start_ns": "BIGINT",
                  "end_ns": "BIGINT", **{p: "BIGINT" for p in PARTS}, "path_events": "BIGINT",
-                 "other_ranks": "INTEGER", "window_ns": "BIGINT"}
+                 "other_ranks": "INTEGER"}
+_SPAN_COLS = {"run_id": "VARCHAR", "step": "BIGINT", "rank": "INTEGER", "window_ns": "BIGINT"}
+_ARROW = {"VARCHAR": "string", "INTEGER": "int32", "BIGINT": "int64"}
 
 
-def _append(con, name: str, cols: dict[str, str], run_id: str, step, tbl) -> None:
-    """Append the Arrow table `tbl` (the columns `cols` but run_id, step and window_ns) to the
-    temporary table `name`, with run_id and step (window_ns: NULL, filled in by :func:`create`)."""
-    con.register(f"{name}_arrow", tbl)
-    try:
-        sel = ", ".join("?" if c in ("run_id", "step") else "NULL" if c == "window_ns" else c for c in cols)
-        con.execute(f"INSERT INTO {name} SELECT {sel} FROM {name}_arrow", [run_id, step])
-    finally:
-        con.unregister(f"{name}_arrow")
+def _concat(tables: list, cols: dict[str, str]):
+    """The Arrow tables, one after the other (no rows: the columns `cols`, DuckDB types)."""
+    import pyarrow as pa
+
+    if tables:
+        return pa.concat_tables(tables)
+    return pa.table({c: pa.array([], getattr(pa, _ARROW[t])()) for c, t in cols.items()})
 
 
 def create(con) -> None:
     """Create the tables ``critical_path`` and ``critical_path_summary`` on ``con`` (needs the
     view _instance_calls of instance_rows). A run's events are read from the events view once,
-    into a temporary table (spilled beyond the connection's memory budget)."""
-    tables = (("_cp_rows", _PATH_COLS), ("_cp_summary", _SUMMARY_COLS),
-              ("_cp_named", {**_PATH_COLS, "name": "VARCHAR", "class": "VARCHAR", "start_ns": "BIGINT",
-                             "end_ns": "BIGINT"}))
-    for name, cols in tables:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({', '.join(f'{c} {t}' for c, t in cols.items())})")
+    into a temporary table (spilled beyond the connection's memory budget); the paths are held as
+    Arrow tables (~60 B per path row) until every run is walked."""
+    paths, summaries, spans = [], [], []
     for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
         con.execute(_EVENTS, [run_id])
         con.execute(_ARRIVALS, [run_id])
-        for step, path, summary in run_paths(con):
-            _append(con, "_cp_rows", _PATH_COLS, run_id, step, path)
-            _append(con, "_cp_summary", _SUMMARY_COLS, run_id, step, summary)
-        # the names, and each rank's own window span (first start to last end, any class)
-        con.execute("""
-            INSERT INTO _cp_named
-            SELECT p.*, e.name, e.class, e.ts_ns, e.end_ns
-            FROM _cp_rows p JOIN _cp_events e ON e.rank = p.event_rank AND e.event_id = p.event_id
-            """)
-        con.execute("""
-            UPDATE _cp_summary s SET window_ns = w.window_ns
-            FROM (SELECT step, rank, max(end_ns) - min(ts_ns) AS window_ns FROM _cp_events WHERE timed GROUP BY ALL) w
-            WHERE s.run_id = ? AND w.rank = s.rank AND w.step IS NOT DISTINCT FROM s.step
-            """, [run_id])
-        con.execute("DELETE FROM _cp_rows")
-    con.execute(
-        """
-        CREATE OR REPLACE TABLE critical_path AS
-        SELECT run_id, rank, step, pos, event_rank, event_id, name, class, start_ns, end_ns, on_path_ns, gap_ns, edge
-        FROM _cp_named ORDER BY run_id, rank, step, pos
-        """
-    )
-    con.execute(
-        f"""
-        CREATE OR REPLACE TABLE critical_path_summary AS
-        SELECT run_id, rank, step, start_ns, end_ns, end_ns - start_ns AS length_ns, window_ns,
-               {", ".join(PARTS)}, path_events, other_ranks
-        FROM _cp_summary ORDER BY run_id, step, rank
-        """
-    )
-    for name in ("_cp_rows", "_cp_summary", "_cp_named", "_cp_events", "_cp_arrivals"):
+        # each rank's own window span (first start to last end, any class)
+        spans.append(_arrow(con, "SELECT ? AS run_id, step, rank, max(end_ns) - min(ts_ns) AS window_ns "
+                                 "FROM _cp_events WHERE timed GROUP BY ALL", [run_id]))
+        for rows, summary in run_paths(con, run_id):
+            paths.append(rows)
+            summaries.append(summary)
+    for name in ("_cp_events", "_cp_arrivals"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
+    for name, tables, cols in (("_cp_rows", paths, _PATH_COLS), ("_cp_summary", summaries, _SUMMARY_COLS),
+                               ("_cp_spans", spans, _SPAN_COLS)):
+        con.register(name, _concat(tables, cols))
+    try:
+        con.execute(
+            f"""
+            CREATE OR REPLACE TABLE critical_path AS
+            SELECT {", ".join(f"{c}::{t} AS {c}" for c, t in _PATH_COLS.items())}
+            FROM _cp_rows ORDER BY run_id, rank, step, pos
+            """
+        )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TABLE critical_path_summary AS
+            SELECT s.run_id, s.rank, s.step, s.start_ns, s.end_ns, s.end_ns - s.start_ns AS length_ns,
+                   w.window_ns::BIGINT AS window_ns, {", ".join("s." + p for p in PARTS)}, s.path_events, s.other_ranks
+            FROM _cp_summary s LEFT JOIN _cp_spans w ON w.run_id = s.run_id AND w.rank = s.rank
+                                                    AND w.step IS NOT DISTINCT FROM s.step
+            ORDER BY s.run_id, s.step, s.rank
+            """
+        )
+    finally:
+        for name in ("_cp_rows", "_cp_summary", "_cp_spans"):
+            con.unregister(name)
 
 
 
