@@ -137,42 +137,69 @@ QUALIFY row_number() OVER (PARTITION BY rank, event_id ORDER BY last_ns DESC, la
 
 # a run's events, read once (a statement that reads the events view opens every rank's file: ~0.5
 # CPU s at 1,024 ranks, whatever it selects), for the nodes and the ranks' window spans; node: the
-# events that do or wait for work (module docstring)
+# events that do or wait for work (module docstring); last_*: a collective span's last arrival
+# (_cp_arrivals)
 _EVENTS = """
 CREATE OR REPLACE TEMP TABLE _cp_events AS
-SELECT step, rank, event_id, name, class, track_kind, device, track, ts_ns, ts_ns + dur_ns AS end_ns,
-       launch_event_id, coalesce(ts_ns IS NOT NULL AND dur_ns >= 0, false) AS timed,
-       timed AND coalesce((track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
-                          OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'), false) AS node
-FROM events WHERE run_id = ?
+SELECT e.step, e.rank, e.event_id, e.name, e.class, e.track_kind, e.device, e.track, e.ts_ns,
+       e.ts_ns + e.dur_ns AS end_ns, e.launch_event_id, coalesce(e.ts_ns IS NOT NULL AND e.dur_ns >= 0, false) AS timed,
+       timed AND coalesce((e.track_kind = 'gpu_stream' AND e.category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
+                          OR e.category = 'runtime' OR e.class IN ('compute', 'comm', 'sync'), false) AS node,
+       a.last_rank, a.last_eid, a.last_ns
+FROM events e LEFT JOIN _cp_arrivals a ON a.rank = e.rank AND a.event_id = e.event_id
+WHERE e.run_id = ?
 """
 
-# every rank's nodes of one window (step) of the run in _cp_events, in (rank, track, end, start,
-# event_id) order (row = the position in it); tid numbers the tracks within each rank. The launch
-# edge's call and the collective edge's last arrival come as rows of the same window (-1: not a
-# node of it). A statement per window: one for the whole run costs ~3× (its sorts and joins spill).
+# the nodes of one window (step) of _cp_events, in no order; kind: the position of track_kind
+# among the run's track kinds in order (NULL last), so that (kind, device, track) sort as DuckDB
+# sorts them (NULLs last)
 _NODES = """
-WITH n AS MATERIALIZED (
-    SELECT *, row_number() OVER (ORDER BY rank, tid, end_ns, ts_ns, event_id) - 1 AS row FROM (
-        SELECT rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
-               dense_rank() OVER (PARTITION BY rank ORDER BY track_kind, device, track) AS tid,
-               ts_ns, end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class, launch_event_id
-        FROM _cp_events WHERE node AND step IS NOT DISTINCT FROM ?
-    )
-)
-SELECT n.rank, n.event_id, n.name, n.class_name, n.gpu, n.tid, n.ts_ns, n.end_ns, n.class,
-       coalesce(l.row, -1) AS launch_row, coalesce(t.row, -1) AS arrival_row, coalesce(a.last_ns, 0) AS last_ns
-FROM n
-LEFT JOIN n l ON l.rank = n.rank AND l.event_id = n.launch_event_id
-LEFT JOIN _cp_arrivals a ON a.rank = n.rank AND a.event_id = n.event_id
-LEFT JOIN n t ON t.rank = a.last_rank AND t.event_id = a.last_eid
-ORDER BY n.row
+SELECT rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
+       coalesce(list_position(?::VARCHAR[], track_kind), ?::INTEGER) AS kind, device IS NULL AS no_device,
+       coalesce(device, 0) AS device, track IS NULL AS no_track, coalesce(track, 0) AS track, ts_ns, end_ns,
+       coalesce(list_position(?::VARCHAR[], class), 0)::TINYINT AS class, coalesce(launch_event_id, -1) AS launch,
+       launch_event_id IS NOT NULL AS launched, last_rank IS NOT NULL AS arrived, coalesce(last_rank, -1) AS last_rank,
+       coalesce(last_eid, -1) AS last_eid, coalesce(last_ns, 0) AS last_ns
+FROM _cp_events WHERE node AND step IS NOT DISTINCT FROM ?::BIGINT
 """
 
-_NODE_TYPES = {"rank": np.int64, "event_id": np.int64, "gpu": bool, "tid": np.int64, "ts_ns": np.int64,
-               "end_ns": np.int64, "class": np.int8, "launch_row": np.int64, "arrival_row": np.int64,
-               "last_ns": np.int64}
 
+def _lookup(rank: np.ndarray, eid: np.ndarray, q_rank: np.ndarray, q_eid: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Per query k with ok[k]: the row whose (rank, eid) is (q_rank[k], q_eid[k]), else -1 (the
+    rows' pairs are distinct)."""
+    ranks, eids = np.unique(rank), np.unique(eid)
+
+    def code(r, e):
+        i, j = np.searchsorted(ranks, r), np.searchsorted(eids, e)
+        i, j = np.minimum(i, len(ranks) - 1), np.minimum(j, len(eids) - 1)
+        return i * len(eids) + j, (ranks[i] == r) & (eids[j] == e)
+
+    if not len(rank):
+        return np.full(len(q_rank), -1, np.int64)
+    keys = code(rank, eid)[0]
+    by_key = np.argsort(keys, kind="stable")
+    keys = keys[by_key]
+    q, found = code(q_rank, q_eid)
+    at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+    found &= ok & (keys[at] == q)
+    return np.where(found, by_key[at], -1)
+
+
+def _window(con, step, kinds: list) -> tuple:
+    """(_Window of one window's nodes, Arrow columns name and class_name of its rows)."""
+    t = _arrow(con, _NODES, [kinds, len(kinds) + 1, list(CLASSES), step])
+    c = {k: t.column(k).to_numpy() for k in t.column_names if k not in ("name", "class_name")}
+    # (rank, track, end, start, event_id) order, the track as (kind, device, track)
+    order = np.lexsort(tuple(c[k] for k in ("event_id", "ts_ns", "end_ns", "track", "no_track", "device",
+                                            "no_device", "kind", "rank")))
+    c = {k: v[order] for k, v in c.items()}
+    track_of = np.stack([c[k].astype(np.int64) for k in ("rank", "kind", "no_device", "device", "no_track", "track")])
+    new = np.r_[True, np.any(track_of[:, 1:] != track_of[:, :-1], axis=0)] if len(order) else np.zeros(0, bool)
+    cols = {"rank": c["rank"].astype(np.int64), "event_id": c["event_id"], "gpu": c["gpu"], "tid": np.cumsum(new),
+            "ts_ns": c["ts_ns"], "end_ns": c["end_ns"], "class": c["class"], "last_ns": c["last_ns"],
+            "launch_row": _lookup(c["rank"], c["event_id"], c["rank"], c["launch"], c["launched"]),
+            "arrival_row": _lookup(c["rank"], c["event_id"], c["last_rank"], c["last_eid"], c["arrived"])}
+    return _Window(cols), t.select(["name", "class_name"]).take(order)
 
 
 class _Ends:
@@ -368,9 +395,10 @@ def run_paths(con, run_id: str):
     held at a time."""
     import pyarrow as pa
 
+    kinds = [k for (k,) in con.execute(
+        "SELECT DISTINCT track_kind FROM _cp_events WHERE track_kind IS NOT NULL ORDER BY 1").fetchall()]
     for step in _steps(con):
-        t = _arrow(con, _NODES, [list(CLASSES), step])
-        w = _Window({c: t.column(c).to_numpy().astype(typ, copy=False) for c, typ in _NODE_TYPES.items()})
+        w, t = _window(con, step, kinds)
         walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
         lengths = np.array([len(n) for n, _, _ in walks], np.int64)
         nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
@@ -430,8 +458,8 @@ def create(con) -> None:
     Arrow tables (~60 B per path row) until every run is walked."""
     paths, summaries, spans = [], [], []
     for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
-        con.execute(_EVENTS, [run_id])
         con.execute(_ARRIVALS, [run_id])
+        con.execute(_EVENTS, [run_id])
         # each rank's own window span (first start to last end, any class)
         spans.append(_arrow(con, "SELECT ? AS run_id, step, rank, max(end_ns) - min(ts_ns) AS window_ns "
                                  "FROM _cp_events WHERE timed GROUP BY ALL", [run_id]))
