@@ -164,29 +164,37 @@ FROM _cp_events WHERE node AND step IS NOT DISTINCT FROM ?::BIGINT
 """
 
 
-def _lookup(rank: np.ndarray, eid: np.ndarray, q_rank: np.ndarray, q_eid: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """Per query k with ok[k]: the row whose (rank, eid) is (q_rank[k], q_eid[k]), else -1 (the
-    rows' pairs are distinct)."""
-    ranks, eids = np.unique(rank), np.unique(eid)
+class _Rows:
+    """The rows of a window by (rank, event_id), to find many pairs at once (the pairs are
+    distinct: an event_id is unique within its rank)."""
 
-    def code(r, e):
-        i, j = np.searchsorted(ranks, r), np.searchsorted(eids, e)
-        i, j = np.minimum(i, len(ranks) - 1), np.minimum(j, len(eids) - 1)
-        return i * len(eids) + j, (ranks[i] == r) & (eids[j] == e)
+    def __init__(self, rank: np.ndarray, eid: np.ndarray):
+        self._ranks, self._eids = np.unique(rank), np.unique(eid)
+        self._keys, self._rows = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if len(rank):
+            keys = self._code(rank, eid)[0]
+            self._rows = np.argsort(keys, kind="stable")
+            self._keys = keys[self._rows]
 
-    if not len(rank):
-        return np.full(len(q_rank), -1, np.int64)
-    keys = code(rank, eid)[0]
-    by_key = np.argsort(keys, kind="stable")
-    keys = keys[by_key]
-    q, found = code(q_rank, q_eid)
-    at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
-    found &= ok & (keys[at] == q)
-    return np.where(found, by_key[at], -1)
+    def _code(self, r: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(one int per pair: its rank's and event_id's positions among the rows' distinct ones;
+        whether both occur there). Needs a row."""
+        i = np.minimum(np.searchsorted(self._ranks, r), len(self._ranks) - 1)
+        j = np.minimum(np.searchsorted(self._eids, e), len(self._eids) - 1)
+        return i * len(self._eids) + j, (self._ranks[i] == r) & (self._eids[j] == e)
+
+    def find(self, rank: np.ndarray, eid: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """Per query k with ok[k]: the row of (rank[k], eid[k]), else -1."""
+        if not len(self._keys):
+            return np.full(len(rank), -1, np.int64)
+        q, found = self._code(rank, eid)
+        at = np.minimum(np.searchsorted(self._keys, q), len(self._keys) - 1)
+        return np.where(found & ok & (self._keys[at] == q), self._rows[at], -1)
 
 
 def _window(con, step, kinds: list) -> tuple:
-    """(_Window of one window's nodes, Arrow columns name and class_name of its rows)."""
+    """(_Window of one window's nodes, Arrow columns name and class_name of its nodes, the
+    position there of each of the _Window's rows)."""
     t = _arrow(con, _NODES, [kinds, len(kinds) + 1, list(CLASSES), step])
     c = {k: t.column(k).to_numpy() for k in t.column_names if k not in ("name", "class_name")}
     # (rank, track, end, start, event_id) order, the track as (kind, device, track)
@@ -195,11 +203,12 @@ def _window(con, step, kinds: list) -> tuple:
     c = {k: v[order] for k, v in c.items()}
     track_of = np.stack([c[k].astype(np.int64) for k in ("rank", "kind", "no_device", "device", "no_track", "track")])
     new = np.r_[True, np.any(track_of[:, 1:] != track_of[:, :-1], axis=0)] if len(order) else np.zeros(0, bool)
+    rows = _Rows(c["rank"], c["event_id"])
     cols = {"rank": c["rank"].astype(np.int64), "event_id": c["event_id"], "gpu": c["gpu"], "tid": np.cumsum(new),
             "ts_ns": c["ts_ns"], "end_ns": c["end_ns"], "class": c["class"], "last_ns": c["last_ns"],
-            "launch_row": _lookup(c["rank"], c["event_id"], c["rank"], c["launch"], c["launched"]),
-            "arrival_row": _lookup(c["rank"], c["event_id"], c["last_rank"], c["last_eid"], c["arrived"])}
-    return _Window(cols), t.select(["name", "class_name"]).take(order)
+            "launch_row": rows.find(c["rank"], c["launch"], c["launched"]),
+            "arrival_row": rows.find(c["last_rank"], c["last_eid"], c["arrived"])}
+    return _Window(cols), t.select(["name", "class_name"]), order
 
 
 class _Ends:
@@ -398,7 +407,7 @@ def run_paths(con, run_id: str):
     kinds = [k for (k,) in con.execute(
         "SELECT DISTINCT track_kind FROM _cp_events WHERE track_kind IS NOT NULL ORDER BY 1").fetchall()]
     for step in _steps(con):
-        w, t = _window(con, step, kinds)
+        w, t, at = _window(con, step, kinds)
         walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
         lengths = np.array([len(n) for n, _, _ in walks], np.int64)
         nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
@@ -416,13 +425,15 @@ def run_paths(con, run_id: str):
             "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(ranks[path], pa.int32()),
             "step": pa.array([step] * n, pa.int64()), "pos": pa.array(back, pa.int32()),
             "event_rank": pa.array(w.rank[ev], pa.int32()), "event_id": pa.array(w.eid[ev]),
-            "name": t.column("name").take(ev), "class": t.column("class_name").take(ev),
+            "name": t.column("name").take(at[ev]), "class": t.column("class_name").take(at[ev]),
             "start_ns": pa.array(w.s[ev]), "end_ns": pa.array(w.e[ev]),
             "on_path_ns": pa.array(c["on_path"][rev]), "gap_ns": pa.array(c["gap"][rev]),
             "edge": pa.DictionaryArray.from_arrays(pa.array(edge[rev].astype(np.int8)), pa.array(_KINDS)).cast(pa.string())})
         ev_rank = w.rank[nodes]
-        pairs = np.unique(np.stack([path, ev_rank]), axis=1) if n else np.zeros((2, 0), np.int64)
-        others = np.bincount(pairs[0][pairs[1] != ranks[pairs[0]]], minlength=k)
+        ranks_seen = np.unique(ev_rank)  # distinct (path, event rank) pairs, as one int
+        pairs = np.unique(path * len(ranks_seen) + np.searchsorted(ranks_seen, ev_rank))
+        p_of = pairs // max(len(ranks_seen), 1)
+        others = np.bincount(p_of[ranks_seen[pairs % max(len(ranks_seen), 1)] != ranks[p_of]], minlength=k)
         summary = pa.table({
             "run_id": pa.array([run_id] * k, pa.string()), "rank": pa.array(ranks, pa.int32()),
             "step": pa.array([step] * k, pa.int64()), "start_ns": pa.array(c["start_ns"]),
