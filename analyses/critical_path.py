@@ -48,9 +48,16 @@ idle; a rank's several GPUs are taken as one device. A collective whose last arr
 in another window (step) is not followed. Clocks across hosts are taken as aligned
 (ranks.clock_offset_ns is already applied to the store's times).
 
-Memory: one window's nodes of every rank at a time (numpy arrays, ~110 B per node measured on
-hta_ddp_v100's steps), plus the run's collective rows; the walk visits only the nodes on a path
-(time per path event, not per node: ~15 µs).
+How it is computed: a run's events are read from the store once (a temporary table, which DuckDB
+spills beyond the connection's memory budget); per window, every node's candidate predecessors,
+one per edge rule, are computed for all nodes at once in numpy (sorting and searchsorted per rank,
+kind or track; the launch and last-arrival rows by one (rank, event_id) index), and so is the one
+the walk takes when nothing on the path rules it out. The walk is then a loop over int lists (~1
+µs per path event); it re-chooses among a node's candidates only when the usual one is ready after
+the cursor or already on the path. Memory: one window's nodes of every rank at a time (numpy
+arrays, ~0.3 kB per node with the candidates), plus the paths as Arrow tables until the tables are
+created. Time per run: one read of its events, then per window a statement and work linear in its
+nodes and in its path events (benchmarks/README.md, "Critical path").
 
 critical_path: one row per event on each path, in path order.
 
@@ -141,10 +148,13 @@ QUALIFY row_number() OVER (PARTITION BY rank, event_id ORDER BY last_ns DESC, la
 # (_cp_arrivals)
 _EVENTS = """
 CREATE OR REPLACE TEMP TABLE _cp_events AS
-SELECT e.step, e.rank, e.event_id, e.name, e.class, e.track_kind, e.device, e.track, e.ts_ns,
-       e.ts_ns + e.dur_ns AS end_ns, e.launch_event_id, coalesce(e.ts_ns IS NOT NULL AND e.dur_ns >= 0, false) AS timed,
+SELECT e.step, e.rank, e.event_id, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
+       coalesce(e.ts_ns IS NOT NULL AND e.dur_ns >= 0, false) AS timed,
        timed AND coalesce((e.track_kind = 'gpu_stream' AND e.category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
                           OR e.category = 'runtime' OR e.class IN ('compute', 'comm', 'sync'), false) AS node,
+       -- what only a node needs (NULL for the other events: a smaller table)
+       CASE WHEN node THEN e.name END AS name, CASE WHEN node THEN e.class END AS class,
+       CASE WHEN node THEN e.track_kind END AS track_kind, e.device, e.track, e.launch_event_id,
        a.last_rank, a.last_eid, a.last_ns
 FROM events e LEFT JOIN _cp_arrivals a ON a.rank = e.rank AND a.event_id = e.event_id
 WHERE e.run_id = ?
@@ -405,7 +415,7 @@ def run_paths(con, run_id: str):
     import pyarrow as pa
 
     kinds = [k for (k,) in con.execute(
-        "SELECT DISTINCT track_kind FROM _cp_events WHERE track_kind IS NOT NULL ORDER BY 1").fetchall()]
+        "SELECT DISTINCT track_kind FROM _cp_events WHERE node AND track_kind IS NOT NULL ORDER BY 1").fetchall()]
     for step in _steps(con):
         w, t, at = _window(con, step, kinds)
         walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
@@ -546,8 +556,9 @@ def path_segments(con, run_id: str) -> list[dict]:
 
 CRITICAL_PATH_AUTO_EVENTS = 1_000_000
 """Runs with more events (ranks.events summed) leave the critical path out of the report unless it
-is asked for (``analyze --critical-path``, ``export --critical-path``): its walk is plain Python, tens of µs per event on a path
-(benchmarks/README.md), the largest cost of ``analyze`` on a big trace."""
+is asked for (``analyze --critical-path``, ``export --critical-path``): it still costs ~3 µs of CPU
+per event read and ~1 µs per path event (~6 CPU s on the ×16 hta_ddp replica, benchmarks/README.md),
+more than the rest of ``analyze`` on a big one-rank trace."""
 
 
 def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str | None]:
