@@ -160,17 +160,20 @@ FROM events e LEFT JOIN _cp_arrivals a ON a.rank = e.rank AND a.event_id = e.eve
 WHERE e.run_id = ?
 """
 
-# the nodes of one window (step) of _cp_events, in no order; kind: the position of track_kind
-# among the run's track kinds in order (NULL last), so that (kind, device, track) sort as DuckDB
-# sorts them (NULLs last)
+# the nodes of every window of the run in _cp_events, window by window (in step order, the nodes of
+# a window in no order): the profiler steps, or (? true: a run without steps) the whole trace. One
+# statement, streamed: a statement per window cost ~40 ms at ×16 (80 steps), most of it DuckDB
+# binding it. kind: the position of track_kind among the run's track kinds in order (NULL last),
+# so that (kind, device, track) sort as DuckDB sorts them (NULLs last)
 _NODES = """
-SELECT rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
+SELECT step, rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
        coalesce(list_position(?::VARCHAR[], track_kind), ?::INTEGER) AS kind, device IS NULL AS no_device,
        coalesce(device, 0) AS device, track IS NULL AS no_track, coalesce(track, 0) AS track, ts_ns, end_ns,
        coalesce(list_position(?::VARCHAR[], class), 0)::TINYINT AS class, coalesce(launch_event_id, -1) AS launch,
        launch_event_id IS NOT NULL AS launched, last_rank IS NOT NULL AS arrived, coalesce(last_rank, -1) AS last_rank,
        coalesce(last_eid, -1) AS last_eid, coalesce(last_ns, 0) AS last_ns
-FROM _cp_events WHERE node AND step IS NOT DISTINCT FROM ?::BIGINT
+FROM _cp_events WHERE node AND (step IS NOT NULL OR ?::BOOLEAN)
+ORDER BY step
 """
 
 
@@ -202,11 +205,50 @@ class _Rows:
         return np.where(found & ok & (self._keys[at] == q), self._rows[at], -1)
 
 
-def _window(con, step, kinds: list) -> tuple:
-    """(_Window of one window's nodes, Arrow columns name and class_name of its nodes, the
-    position there of each of the _Window's rows)."""
-    t = _arrow(con, _NODES, [kinds, len(kinds) + 1, list(CLASSES), step])
-    c = {k: t.column(k).to_numpy() for k in t.column_names if k not in ("name", "class_name")}
+def _windows(con, kinds: list, steps: bool):
+    """The windows of the run in _cp_events (its profiler steps, or with steps False the whole
+    trace), one at a time in step order: (step, Arrow table of its rows of _NODES)."""
+    import duckdb
+    import pyarrow as pa
+
+    while True:  # the sort runs before the first batch: retried as AnalysisConnection.execute
+        try:
+            reader = con.sql(_NODES, params=[kinds, len(kinds) + 1, list(CLASSES), not steps]).to_arrow_reader(1 << 16)
+            batch = reader.read_next_batch()
+            break
+        except StopIteration:
+            return
+        except duckdb.OutOfMemoryException:
+            if not getattr(con, "raise_budget", lambda: False)():
+                raise
+    def window(held):
+        t = pa.Table.from_batches([x for x, _ in held])
+        return t.column("step")[0].as_py(), t
+
+    held, done = [], set()  # the current window's pieces (batch slice, step); the steps yielded
+    while True:
+        step = batch.column("step").to_numpy(zero_copy_only=False) if steps else np.zeros(batch.num_rows)
+        cuts = np.flatnonzero(step[1:] != step[:-1]) + 1
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, batch.num_rows]):
+            if held and step[a] != held[-1][1]:
+                done.add(held[-1][1])
+                yield window(held)
+                held = []
+            if step[a] in done:  # a step seen before: the stream is out of order (a bug)
+                raise RuntimeError(f"critical_path: step {step[a]} came twice in the node stream")
+            held.append((batch.slice(a, b - a), step[a]))
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            break
+    if held:
+        yield window(held)
+
+
+def _window(t) -> tuple:
+    """(_Window of one window's nodes, from their rows of _NODES (an Arrow table, in no order);
+    Arrow columns name and class_name of those rows; the position there of each _Window row)."""
+    c = {k: t.column(k).to_numpy() for k in t.column_names if k not in ("step", "name", "class_name")}
     # (rank, track, end, start, event_id) order, the track as (kind, device, track)
     order = np.lexsort(tuple(c[k] for k in ("event_id", "ts_ns", "end_ns", "track", "no_track", "device",
                                             "no_device", "kind", "rank")))
@@ -416,8 +458,8 @@ def run_paths(con, run_id: str):
 
     kinds = [k for (k,) in con.execute(
         "SELECT DISTINCT track_kind FROM _cp_events WHERE node AND track_kind IS NOT NULL ORDER BY 1").fetchall()]
-    for step in _steps(con):
-        w, t, at = _window(con, step, kinds)
+    for step, rows in _windows(con, kinds, _steps(con) != [None]):
+        w, t, at = _window(rows)
         walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
         lengths = np.array([len(n) for n, _, _ in walks], np.int64)
         nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
