@@ -172,9 +172,14 @@ SELECT step, rank, event_id, name, class AS class_name, track_kind = 'gpu_stream
        coalesce(list_position(?::VARCHAR[], class), 0)::TINYINT AS class, coalesce(launch_event_id, -1) AS launch,
        launch_event_id IS NOT NULL AS launched, last_rank IS NOT NULL AS arrived, coalesce(last_rank, -1) AS last_rank,
        coalesce(last_eid, -1) AS last_eid, coalesce(last_ns, 0) AS last_ns
-FROM _cp_events WHERE node AND (step IS NOT NULL OR ?::BOOLEAN)
+FROM _cp_events WHERE node AND (step BETWEEN ? AND ? OR step IS NULL AND ?::BOOLEAN)
 ORDER BY step
 """
+
+CHUNK_NODES = 1 << 17
+"""Nodes per statement of _NODES (consecutive steps, or one bigger step): its sort stays within
+the connection's memory budget (all 1.5 M nodes of ×16 in one sort took the budget ×4 and the
+peak RSS +200 MiB)."""
 
 
 class _Rows:
@@ -205,15 +210,42 @@ class _Rows:
         return np.where(found & ok & (self._keys[at] == q), self._rows[at], -1)
 
 
-def _windows(con, kinds: list, steps: bool):
-    """The windows of the run in _cp_events (its profiler steps, or with steps False the whole
-    trace), one at a time in step order: (step, Arrow table of its rows of _NODES)."""
+def _chunks(con) -> list[tuple]:
+    """(first step, last step, whole trace?) of each statement of _NODES for the run in
+    _cp_events: consecutive steps of up to CHUNK_NODES nodes, or the whole trace of a run
+    without steps."""
+    if not con.execute("SELECT count(step) FROM _cp_events").fetchall()[0][0]:  # no steps: one window
+        return [(None, None, True)]
+    counts = con.execute("SELECT step, count(*) FROM _cp_events WHERE node AND step IS NOT NULL "
+                         "GROUP BY step ORDER BY step").fetchall()
+    if not counts:
+        return []
+    out, first, n = [], None, 0
+    for step, k in counts:
+        if first is not None and n + k > CHUNK_NODES:
+            out.append((first, last, False))
+            first, n = None, 0
+        first = step if first is None else first
+        last, n = step, n + k
+    return out + [(first, last, False)]
+
+
+def _windows(con, kinds: list):
+    """The windows of the run in _cp_events (its profiler steps, or the whole trace of a run
+    without steps), one at a time in step order: (step, Arrow table of its rows of _NODES)."""
+    for lo, hi, whole in _chunks(con):
+        yield from _chunk_windows(con, [kinds, len(kinds) + 1, list(CLASSES), lo, hi, whole], whole)
+
+
+def _chunk_windows(con, params: list, whole: bool):
+    """The windows of one statement of _NODES, as :func:`_windows`."""
     import duckdb
     import pyarrow as pa
 
+    steps = not whole
     while True:  # the sort runs before the first batch: retried as AnalysisConnection.execute
         try:
-            reader = con.sql(_NODES, params=[kinds, len(kinds) + 1, list(CLASSES), not steps]).to_arrow_reader(1 << 16)
+            reader = con.sql(_NODES, params=params).to_arrow_reader(1 << 16)
             batch = reader.read_next_batch()
             break
         except StopIteration:
@@ -429,13 +461,6 @@ def _credit(w: _Window, ranks: np.ndarray, nodes: np.ndarray, readies: np.ndarra
             "start_ns": ready[first + lengths - 1], "end_ns": starts}
 
 
-def _steps(con) -> list:
-    """The windows of the run in _cp_events: its profiler steps, else [None] (the whole trace)."""
-    steps = [s for (s,) in con.execute(
-        "SELECT DISTINCT step FROM _cp_events WHERE step IS NOT NULL ORDER BY step").fetchall()]
-    return steps or [None]
-
-
 def _arrow(con, query: str, params: list):
     """The result of `query` as an Arrow table (no copy), retried with a raised memory budget as
     tracekit.store.AnalysisConnection.execute retries."""
@@ -458,7 +483,7 @@ def run_paths(con, run_id: str):
 
     kinds = [k for (k,) in con.execute(
         "SELECT DISTINCT track_kind FROM _cp_events WHERE node AND track_kind IS NOT NULL ORDER BY 1").fetchall()]
-    for step, rows in _windows(con, kinds, _steps(con) != [None]):
+    for step, rows in _windows(con, kinds):
         w, t, at = _window(rows)
         walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
         lengths = np.array([len(n) for n, _, _ in walks], np.int64)
