@@ -49,7 +49,8 @@ in another window (step) is not followed. Clocks across hosts are taken as align
 (ranks.clock_offset_ns is already applied to the store's times).
 
 How it is computed: a run's events are read from the store once (a temporary table, which DuckDB
-spills beyond the connection's memory budget); per window, every node's candidate predecessors,
+spills beyond the connection's memory budget), its nodes streamed from there window by window
+(one statement per CHUNK_NODES nodes); per window, every node's candidate predecessors,
 one per edge rule, are computed for all nodes at once in numpy (sorting and searchsorted per rank,
 kind or track; the launch and last-arrival rows by one (rank, event_id) index), and so is the one
 the walk takes when nothing on the path rules it out. The walk is then a loop over int lists (~1
@@ -623,9 +624,9 @@ def path_segments(con, run_id: str) -> list[dict]:
 
 CRITICAL_PATH_AUTO_EVENTS = 1_000_000
 """Runs with more events (ranks.events summed) leave the critical path out of the report unless it
-is asked for (``analyze --critical-path``, ``export --critical-path``): it still costs ~3 µs of CPU
-per event read and ~1 µs per path event (~6 CPU s on the ×16 hta_ddp replica, benchmarks/README.md),
-more than the rest of ``analyze`` on a big one-rank trace."""
+is asked for (``analyze --critical-path``, ``export --critical-path``): it still costs ~2 µs of CPU
+per event read and ~1 µs per path event (~4 CPU s on the ×16 hta_ddp replica, benchmarks/README.md),
+a third of the rest of ``analyze`` there."""
 
 
 def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str | None]:
