@@ -36,13 +36,14 @@ PIPELINE = (
     "verdicts",              # collective_verdicts
     "intervals",             # SQL: the interval macros
     "overlap_windows",       # Python: the union-length sweep
-    "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
+    "overlap",               # overlap_by_rank/_by_step, collective_overlap
     "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
     "measured_vs_model",     # Python: per rank, and per rank and dimension (reads process_groups)
     "gpu_time_breakdown",    # Python: GPU time by class and idle class per rank and step, gpu_launchers
     "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads gpu_launchers)
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
-    "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
+    "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap_windows' per-window summary)
+    "overlap_islands",       # SQL: comm_islands, compute_islands, overlap_islands (read events; HTML timeline)
     "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
