@@ -43,13 +43,19 @@ PIPELINE = (
     "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads gpu_launchers)
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
     "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap_windows' per-window summary)
-    "overlap_islands",       # SQL: comm_islands, compute_islands, overlap_islands (read events; HTML timeline)
     "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
+    "overlap_islands",       # SQL: comm_islands, compute_islands, overlap_islands (read events; HTML timeline)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the export (collectives, waits,
-verdicts) never sweeps the events for overlap; the critical path last, as the costliest (a Python
-walk over the events): a statement that needs any other module never builds it."""
+verdicts) never sweeps the events for overlap; the critical path near the end, as the costliest (a
+walk over the events): a statement that needs any earlier module never builds it. Last the island
+views, which only the HTML timeline queries, after :meth:`AnalysesConnection.ensure` creates them
+(binding them reads every rank's events file)."""
+
+
+_ENSURE_READS = {"overlap_islands": ("intervals",)}
+"""The pipeline modules each module :meth:`AnalysesConnection.ensure` may create reads."""
 
 
 def modules() -> dict[str, str]:
@@ -86,15 +92,27 @@ class AnalysesConnection:
     def __init__(self, con):
         self._con = con
         self.loaded: list[str] = []
+        self._ahead: set[str] = set()  # created out of order by ensure()
 
     def load_next(self) -> bool:
         """Create the next module of the pipeline; False when every module exists already."""
         if len(self.loaded) == len(PIPELINE):
             return False
         name = PIPELINE[len(self.loaded)]
-        create_module(self._con, name)
+        if name not in self._ahead:
+            create_module(self._con, name)
         self.loaded.append(name)
         return True
+
+    def ensure(self, name: str) -> None:
+        """Create the pipeline module ``name`` now unless it exists, out of order: for a module late in
+        the pipeline that reads only the base tables and early modules (``overlap_islands``, which the
+        HTML timeline queries; last so that no other statement binds it on the way)."""
+        if name not in self.loaded and name not in self._ahead:
+            for dep in _ENSURE_READS.get(name, ()):
+                self.ensure(dep)
+            create_module(self._con, name)
+            self._ahead.add(name)
 
     def load_all(self) -> "AnalysesConnection":
         while self.load_next():
