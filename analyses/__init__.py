@@ -36,19 +36,26 @@ PIPELINE = (
     "verdicts",              # collective_verdicts
     "intervals",             # SQL: the interval macros
     "overlap_windows",       # Python: the union-length sweep
-    "overlap",               # overlap_by_rank/_by_step, islands, collective_overlap
+    "overlap",               # overlap_by_rank/_by_step, collective_overlap
     "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
     "measured_vs_model",     # Python: per rank, and per rank and dimension (reads process_groups)
     "gpu_time_breakdown",    # Python: GPU time by class and idle class per rank and step, gpu_launchers
     "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads gpu_launchers)
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
-    "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap's compute_islands)
+    "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap_windows' per-window summary)
     "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
+    "overlap_islands",       # SQL: comm_islands, compute_islands, overlap_islands (read events; HTML timeline)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the export (collectives, waits,
-verdicts) never sweeps the events for overlap; the critical path last, as the costliest (a Python
-walk over the events): a statement that needs any other module never builds it."""
+verdicts) never sweeps the events for overlap; the critical path near the end, as the costliest (a
+walk over the events): a statement that needs any earlier module never builds it. Last the island
+views, which only the HTML timeline queries, after :meth:`AnalysesConnection.ensure` creates them
+(binding them reads every rank's events file)."""
+
+
+_ENSURE_READS = {"overlap_islands": ("intervals",)}
+"""The pipeline modules each module :meth:`AnalysesConnection.ensure` may create reads."""
 
 
 def modules() -> dict[str, str]:
@@ -85,15 +92,27 @@ class AnalysesConnection:
     def __init__(self, con):
         self._con = con
         self.loaded: list[str] = []
+        self._ahead: set[str] = set()  # created out of order by ensure()
 
     def load_next(self) -> bool:
         """Create the next module of the pipeline; False when every module exists already."""
         if len(self.loaded) == len(PIPELINE):
             return False
         name = PIPELINE[len(self.loaded)]
-        create_module(self._con, name)
+        if name not in self._ahead:
+            create_module(self._con, name)
         self.loaded.append(name)
         return True
+
+    def ensure(self, name: str) -> None:
+        """Create the pipeline module ``name`` now unless it exists, out of order: for a module late in
+        the pipeline that reads only the base tables and early modules (``overlap_islands``, which the
+        HTML timeline queries; last so that no other statement binds it on the way)."""
+        if name not in self.loaded and name not in self._ahead:
+            for dep in _ENSURE_READS.get(name, ()):
+                self.ensure(dep)
+            create_module(self._con, name)
+            self._ahead.add(name)
 
     def load_all(self) -> "AnalysesConnection":
         while self.load_next():
@@ -160,12 +179,13 @@ def register_udfs(con) -> None:
     tk_size_bucket(S) → BIGINT                 power-of-two size bucket, largest 2^k <= S (a macro:
                                                tracekit.model.size_bucket, SIZE_BUCKET_SQL)
     """
+    import numpy as np
+
     from tracekit.errors import TracekitError
     from tracekit.model import (
         ALGORITHMS,
-        algbw,
+        algbw_array,
         algorithm_coefficients,
-        busbw,
         verdict,
         applicable_algorithms,
         busbw_factor,
@@ -225,12 +245,23 @@ def register_udfs(con) -> None:
     def reg(name, fn, args, ret):
         # "special": safe() answers NULL itself (DuckDB's default null handling would skip the call
         # for NULL arguments, but then refuses a UDF that returns NULL, as safe() does on no answer)
-        con.create_function(name, safe(fn), args, ret, null_handling="special")
+        con.create_function(name, per_distinct(safe(fn), ret), args, ret, type="arrow", null_handling="special")
 
     reg("tk_busbw_factor", lambda op, n: float(busbw_factor(op, int(n))), ["VARCHAR", "INTEGER"], "DOUBLE")
-    reg("tk_algbw", lambda d, t_ns: algbw(float(d), float(t_ns) * 1e-9), ["BIGINT", "DOUBLE"], "DOUBLE")
-    reg("tk_busbw", lambda op, d, t_ns, n: busbw(op, float(d), float(t_ns) * 1e-9, int(n)),
-        ["VARCHAR", "BIGINT", "DOUBLE", "INTEGER"], "DOUBLE")
+    # algbw and busbw per row (sizes and times do not repeat): numpy over the chunk, busbw =
+    # algbw × the factor (model.busbw), the factor once per distinct (op, k); NULL where NaN
+    factor = per_distinct(safe(lambda op, n: float(busbw_factor(op, int(n)))), "DOUBLE")
+
+    def algbw_udf(d, t_ns):
+        return _nan_as_null(algbw_array(_floats(d), _floats(t_ns) * 1e-9))
+
+    def busbw_udf(op, d, t_ns, n):
+        bw, f = algbw_array(_floats(d), _floats(t_ns) * 1e-9), _floats(factor(op, n))
+        return _nan_as_null(bw * f, np.isnan(bw) | np.isnan(f))  # inf × 0 is busbw's NaN, not NULL
+
+    con.create_function("tk_algbw", algbw_udf, ["BIGINT", "DOUBLE"], "DOUBLE", type="arrow", null_handling="special")
+    con.create_function("tk_busbw", busbw_udf, ["VARCHAR", "BIGINT", "DOUBLE", "INTEGER"], "DOUBLE", type="arrow",
+                        null_handling="special")
     reg("tk_verdict", lambda a, b: verdict(float(a), float(b)), ["DOUBLE", "DOUBLE"], "VARCHAR")
     def model_algo_or_none(op, ka, n):
         if op is None or n is None:
@@ -240,9 +271,8 @@ def register_udfs(con) -> None:
         except (TracekitError, ValueError):
             return None
 
-    con.create_function(
-        "tk_model_algo", model_algo_or_none, ["VARCHAR", "VARCHAR", "INTEGER"], "VARCHAR", null_handling="special"
-    )
+    con.create_function("tk_model_algo", per_distinct(model_algo_or_none, "VARCHAR"), ["VARCHAR", "VARCHAR", "INTEGER"],
+                        "VARCHAR", type="arrow", null_handling="special")
     reg("tk_alpha_coeff", lambda op, a, n: float(algorithm_coefficients(op, a, int(n)).alpha_coeff),
         ["VARCHAR", "VARCHAR", "INTEGER"], "DOUBLE")
     reg("tk_beta_coeff", lambda op, a, n: float(algorithm_coefficients(op, a, int(n)).beta_coeff),
@@ -257,6 +287,78 @@ def register_udfs(con) -> None:
     from tracekit.model import SIZE_BUCKET_SQL
 
     con.execute(SIZE_BUCKET_SQL)
+
+
+_ARROW_TYPES = {"DOUBLE": "float64", "VARCHAR": "string", "BIGINT": "int64", "INTEGER": "int32", "BOOLEAN": "bool_"}
+
+
+def _floats(col):
+    """An arrow column of numbers as float64 numpy, NaN for NULL."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    out = pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.float64)
+    out[col.is_null().to_numpy(zero_copy_only=False)] = np.nan
+    return out
+
+
+def _nan_as_null(values, null=None):
+    """A float64 arrow array of ``values``, NULL where ``null`` (default: where NaN)."""
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.array(values, type=pa.float64(), mask=np.isnan(values) if null is None else null)
+
+
+def per_distinct(fn, ret: str):
+    """``fn`` (a scalar function of plain Python values) as a DuckDB arrow UDF: called once per
+    distinct argument tuple of each chunk of rows (DuckDB's vectors, 2,048 rows), its answers
+    repeated for the rows that share the tuple. The numbers are ``fn``'s own, as a scalar UDF's
+    would be: the model's formulas exist once, in tracekit.model. Why: a scalar Python UDF costs
+    DuckDB a Python call per row, and the verdicts call ~13 per instance on arguments that repeat
+    (op, algorithm, group size, α, β); the costs are in benchmarks/README.md.
+
+    Rows are the same tuple when every argument has the same bits: strings by value, integers and
+    booleans by value, floats by their IEEE bits (0.0 and -0.0 differ; a NaN is shared only with
+    the same NaN), NULL only with NULL. ``ret``: the DuckDB type of the answers (DOUBLE, VARCHAR,
+    BIGINT, INTEGER, BOOLEAN).
+    """
+    import functools
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    typ = getattr(pa, _ARROW_TYPES[ret])()
+
+    def codes(col) -> list:
+        """Integer columns that are equal exactly where the values are the same (above)."""
+        null = col.is_null().to_numpy(zero_copy_only=False).astype(np.int64)
+        t = col.type
+        if pa.types.is_floating(t):
+            bits = pc.fill_null(col, 0.0).to_numpy().astype(np.float64).view(np.int64)
+        elif pa.types.is_boolean(t):
+            bits = pc.fill_null(col, False).to_numpy(zero_copy_only=False).astype(np.int64)
+        elif pa.types.is_integer(t):
+            bits = pc.fill_null(col, 0).to_numpy().astype(np.int64)
+        else:  # strings (any arrow string type): equal codes for equal values
+            return [pc.fill_null(pc.dictionary_encode(col).indices, -1).to_numpy().astype(np.int64)]
+        return [bits, null]
+
+    @functools.wraps(fn)  # DuckDB counts the parameters of fn's signature
+    def call(*cols):
+        cols = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols]
+        if not len(cols[0]):
+            return pa.array([], type=typ)
+        keys = np.column_stack([k for c in cols for k in codes(c)])
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        args = zip(*(c.take(pa.array(first)).to_pylist() for c in cols))
+        return pa.array([fn(*a) for a in args], type=typ).take(pa.array(inverse.reshape(-1)))
+
+    return call
 
 
 _DUCKDB_TYPES = {"int32": "INTEGER", "int64": "BIGINT", "double": "DOUBLE", "string": "VARCHAR", "bool": "BOOLEAN"}

@@ -48,9 +48,17 @@ idle; a rank's several GPUs are taken as one device. A collective whose last arr
 in another window (step) is not followed. Clocks across hosts are taken as aligned
 (ranks.clock_offset_ns is already applied to the store's times).
 
-Memory: one window's nodes of every rank at a time (numpy arrays, ~110 B per node measured on
-hta_ddp_v100's steps), plus the run's collective rows; the walk visits only the nodes on a path
-(time per path event, not per node: ~15 µs).
+How it is computed: a run's events are read from the store once (a temporary table, which DuckDB
+spills beyond the connection's memory budget), its nodes streamed from there window by window
+(one statement per CHUNK_NODES nodes); per window, every node's candidate predecessors,
+one per edge rule, are computed for all nodes at once in numpy (sorting and searchsorted per rank,
+kind or track; the launch and last-arrival rows by one (rank, event_id) index), and so is the one
+the walk takes when nothing on the path rules it out. The walk is then a loop over int lists (~1
+µs per path event); it re-chooses among a node's candidates only when the usual one is ready after
+the cursor or already on the path. Memory: one window's nodes of every rank at a time (numpy
+arrays, ~0.3 kB per node with the candidates), plus the paths as Arrow tables until the tables are
+created. Time per run: one read of its events, then per window a statement and work linear in its
+nodes and in its path events (benchmarks/README.md, "Critical path").
 
 critical_path: one row per event on each path, in path order.
 
@@ -101,8 +109,6 @@ other_ranks      INTEGER  distinct ranks other than rank on the path
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-
 import numpy as np
 
 CLASSES = ("compute", "comm", "memory", "cpu", "sync", "other")
@@ -113,309 +119,469 @@ PARTS = ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sync_ot
          "straggler_ns", "idle_ns")
 """The composition columns of critical_path_summary, in order; they sum to length_ns."""
 
-# tie order between predecessors ready at the same time: the higher wins
-_PRIORITY = {"collective": 4, "sync": 3, "stream": 2, "thread": 2, "launch": 1, "cross_stream": 0, "host": 0}
+# edge kinds (critical_path.edge) by code, and their tie order between predecessors ready at the
+# same time: the higher wins ('end' is no edge)
+_KINDS = ("end", "stream", "thread", "launch", "sync", "collective", "cross_stream", "host")
+_PRIORITY = np.array([-1, 2, 2, 1, 3, 4, 0, 0], np.int8)
+_END, _STREAM, _THREAD, _LAUNCH, _EDGE_SYNC, _COLLECTIVE, _CROSS, _HOST = range(len(_KINDS))
+# part of PARTS an own event's time goes to, by events.class code (1-based into CLASSES; 0: none)
+_CLASS_PART = np.array([PARTS.index(_COMPOSITION[c]) for c in ("other", *CLASSES)], np.int64)
+_LAUNCH_CPU, _STRAGGLER, _IDLE = (PARTS.index(p) for p in ("launch_cpu_ns", "straggler_ns", "idle_ns"))
 
-# every rank's nodes of one window in one statement (a statement per rank and window cost ~0.2 s
-# each at 1,024 ranks: each scans the run's events); tid numbers the tracks within each rank
-_NODES = """
-SELECT rank, event_id, track_kind = 'gpu_stream' AS gpu,
-       dense_rank() OVER (PARTITION BY rank ORDER BY track_kind, device, track) AS tid,
-       ts_ns, ts_ns + dur_ns AS end_ns, coalesce(list_position(?, class), 0)::TINYINT AS class,
-       coalesce(launch_event_id, -1) AS launch
-FROM events
-WHERE run_id = ? AND step IS NOT DISTINCT FROM ? AND ts_ns IS NOT NULL AND dur_ns >= 0
-  AND ((track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
-       OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'))
-ORDER BY rank, tid, end_ns, ts_ns, event_id
+# the last arriving span of each collective span's instance, for the spans that arrived before it
+# (lowest rank on ties, as the straggler); one row per span
+_ARRIVALS = """
+CREATE OR REPLACE TEMP TABLE _cp_arrivals AS
+SELECT rank, event_id, last_rank, last_eid, last_ns FROM (
+    SELECT rank, event_id, ts_ns,
+           first(rank ORDER BY ts_ns DESC, rank) OVER w AS last_rank,
+           first(event_id ORDER BY ts_ns DESC, rank) OVER w AS last_eid,
+           max(ts_ns) OVER w AS last_ns
+    FROM _instance_calls WHERE run_id = ?
+    WINDOW w AS (PARTITION BY pg_name, win, seq)
+) WHERE last_ns > ts_ns
+QUALIFY row_number() OVER (PARTITION BY rank, event_id ORDER BY last_ns DESC, last_rank, last_eid) = 1
 """
+
+# a run's events, read once (a statement that reads the events view opens every rank's file: ~0.5
+# CPU s at 1,024 ranks, whatever it selects), for the nodes and the ranks' window spans; node: the
+# events that do or wait for work (module docstring); last_*: a collective span's last arrival
+# (_cp_arrivals)
+_EVENTS = """
+CREATE OR REPLACE TEMP TABLE _cp_events AS
+SELECT e.step, e.rank, e.event_id, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
+       coalesce(e.ts_ns IS NOT NULL AND e.dur_ns >= 0, false) AS timed,
+       timed AND coalesce((e.track_kind = 'gpu_stream' AND e.category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
+                          OR e.category = 'runtime' OR e.class IN ('compute', 'comm', 'sync'), false) AS node,
+       -- what only a node needs (NULL for the other events: a smaller table)
+       CASE WHEN node THEN e.name END AS name, CASE WHEN node THEN e.class END AS class,
+       CASE WHEN node THEN e.track_kind END AS track_kind, e.device, e.track, e.launch_event_id,
+       a.last_rank, a.last_eid, a.last_ns
+FROM events e LEFT JOIN _cp_arrivals a ON a.rank = e.rank AND a.event_id = e.event_id
+WHERE e.run_id = ?
+"""
+
+# the nodes of every window of the run in _cp_events, window by window (in step order, the nodes of
+# a window in no order): the profiler steps, or (? true: a run without steps) the whole trace. One
+# statement, streamed: a statement per window cost ~40 ms at ×16 (80 steps), most of it DuckDB
+# binding it. kind: the position of track_kind among the run's track kinds in order (NULL last),
+# so that (kind, device, track) sort as DuckDB sorts them (NULLs last)
+_NODES = """
+SELECT step, rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
+       coalesce(list_position(?::VARCHAR[], track_kind), ?::INTEGER) AS kind, device IS NULL AS no_device,
+       coalesce(device, 0) AS device, track IS NULL AS no_track, coalesce(track, 0) AS track, ts_ns, end_ns,
+       coalesce(list_position(?::VARCHAR[], class), 0)::TINYINT AS class, coalesce(launch_event_id, -1) AS launch,
+       launch_event_id IS NOT NULL AS launched, last_rank IS NOT NULL AS arrived, coalesce(last_rank, -1) AS last_rank,
+       coalesce(last_eid, -1) AS last_eid, coalesce(last_ns, 0) AS last_ns
+FROM _cp_events WHERE node AND (step BETWEEN ? AND ? OR step IS NULL AND ?::BOOLEAN)
+ORDER BY step
+"""
+
+CHUNK_NODES = 1 << 17
+"""Nodes per statement of _NODES (consecutive steps, or one bigger step): its sort stays within
+the connection's memory budget (all 1.5 M nodes of ×16 in one sort took the budget ×4 and the
+peak RSS +200 MiB)."""
+
+
+class _Rows:
+    """The rows of a window by (rank, event_id), to find many pairs at once (the pairs are
+    distinct: an event_id is unique within its rank)."""
+
+    def __init__(self, rank: np.ndarray, eid: np.ndarray):
+        self._ranks, self._eids = np.unique(rank), np.unique(eid)
+        self._keys, self._rows = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if len(rank):
+            keys = self._code(rank, eid)[0]
+            self._rows = np.argsort(keys, kind="stable")
+            self._keys = keys[self._rows]
+
+    def _code(self, r: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(one int per pair: its rank's and event_id's positions among the rows' distinct ones;
+        whether both occur there). Needs a row."""
+        i = np.minimum(np.searchsorted(self._ranks, r), len(self._ranks) - 1)
+        j = np.minimum(np.searchsorted(self._eids, e), len(self._eids) - 1)
+        return i * len(self._eids) + j, (self._ranks[i] == r) & (self._eids[j] == e)
+
+    def find(self, rank: np.ndarray, eid: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """Per query k with ok[k]: the row of (rank[k], eid[k]), else -1."""
+        if not len(self._keys):
+            return np.full(len(rank), -1, np.int64)
+        q, found = self._code(rank, eid)
+        at = np.minimum(np.searchsorted(self._keys, q), len(self._keys) - 1)
+        return np.where(found & ok & (self._keys[at] == q), self._rows[at], -1)
+
+
+def _chunks(con) -> list[tuple]:
+    """(first step, last step, whole trace?) of each statement of _NODES for the run in
+    _cp_events: consecutive steps of up to CHUNK_NODES nodes, or the whole trace of a run
+    without steps."""
+    if not con.execute("SELECT count(step) FROM _cp_events").fetchall()[0][0]:  # no steps: one window
+        return [(None, None, True)]
+    counts = con.execute("SELECT step, count(*) FROM _cp_events WHERE node AND step IS NOT NULL "
+                         "GROUP BY step ORDER BY step").fetchall()
+    if not counts:
+        return []
+    out, first, n = [], None, 0
+    for step, k in counts:
+        if first is not None and n + k > CHUNK_NODES:
+            out.append((first, last, False))
+            first, n = None, 0
+        first = step if first is None else first
+        last, n = step, n + k
+    return out + [(first, last, False)]
+
+
+def _windows(con, kinds: list):
+    """The windows of the run in _cp_events (its profiler steps, or the whole trace of a run
+    without steps), one at a time in step order: (step, Arrow table of its rows of _NODES)."""
+    for lo, hi, whole in _chunks(con):
+        yield from _chunk_windows(con, [kinds, len(kinds) + 1, list(CLASSES), lo, hi, whole], whole)
+
+
+def _chunk_windows(con, params: list, whole: bool):
+    """The windows of one statement of _NODES, as :func:`_windows`."""
+    import duckdb
+    import pyarrow as pa
+
+    steps = not whole
+    while True:  # the sort runs before the first batch: retried as AnalysisConnection.execute
+        try:
+            reader = con.sql(_NODES, params=params).to_arrow_reader(1 << 16)
+            batch = reader.read_next_batch()
+            break
+        except StopIteration:
+            return
+        except duckdb.OutOfMemoryException:
+            if not getattr(con, "raise_budget", lambda: False)():
+                raise
+    def window(held):
+        t = pa.Table.from_batches([x for x, _ in held])
+        return t.column("step")[0].as_py(), t
+
+    held, done = [], set()  # the current window's pieces (batch slice, step); the steps yielded
+    while True:
+        step = batch.column("step").to_numpy(zero_copy_only=False) if steps else np.zeros(batch.num_rows)
+        cuts = np.flatnonzero(step[1:] != step[:-1]) + 1
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, batch.num_rows]):
+            if held and step[a] != held[-1][1]:
+                done.add(held[-1][1])
+                yield window(held)
+                held = []
+            if step[a] in done:  # a step seen before: the stream is out of order (a bug)
+                raise RuntimeError(f"critical_path: step {step[a]} came twice in the node stream")
+            held.append((batch.slice(a, b - a), step[a]))
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            break
+    if held:
+        yield window(held)
+
+
+def _window(t) -> tuple:
+    """(_Window of one window's nodes, from their rows of _NODES (an Arrow table, in no order);
+    Arrow columns name and class_name of those rows; the position there of each _Window row)."""
+    c = {k: t.column(k).to_numpy() for k in t.column_names if k not in ("step", "name", "class_name")}
+    # (rank, track, end, start, event_id) order, the track as (kind, device, track)
+    order = np.lexsort(tuple(c[k] for k in ("event_id", "ts_ns", "end_ns", "track", "no_track", "device",
+                                            "no_device", "kind", "rank")))
+    c = {k: v[order] for k, v in c.items()}
+    track_of = np.stack([c[k].astype(np.int64) for k in ("rank", "kind", "no_device", "device", "no_track", "track")])
+    new = np.r_[True, np.any(track_of[:, 1:] != track_of[:, :-1], axis=0)] if len(order) else np.zeros(0, bool)
+    rows = _Rows(c["rank"], c["event_id"])
+    cols = {"rank": c["rank"].astype(np.int64), "event_id": c["event_id"], "gpu": c["gpu"], "tid": np.cumsum(new),
+            "ts_ns": c["ts_ns"], "end_ns": c["end_ns"], "class": c["class"], "last_ns": c["last_ns"],
+            "launch_row": rows.find(c["rank"], c["launch"], c["launched"]),
+            "arrival_row": rows.find(c["last_rank"], c["last_eid"], c["arrived"])}
+    return _Window(cols), t.select(["name", "class_name"]), order
 
 
 class _Ends:
-    """A subset of a window's nodes in (end, start, event_id) order, to find the one that ended
-    last by a given time."""
+    """Nodes grouped (by rank and kind, or by track) and, within a group, in (end, start,
+    event_id) order, to find for many nodes at once the one that ended last by a given time."""
 
-    def __init__(self, w: "_Window", members: np.ndarray, order: np.ndarray):
-        """order: an array over all the window's nodes, shared by disjoint subsets; this subset
-        writes its members' ranks in it."""
-        pos = np.flatnonzero(members)
-        self.pos = pos[np.lexsort((w.eid[pos], w.s[pos], w.e[pos]))]
-        self.e = w.e[self.pos]
-        self.order = order
-        order[self.pos] = np.arange(len(self.pos))
-        # the walk asks one time at a time: bisect on lists costs ~0.3 µs, np.searchsorted ~3 µs
-        self._e, self._pos = self.e.tolist(), self.pos.tolist()
+    def __init__(self, group: np.ndarray, w: "_Window"):
+        self.order = np.lexsort((w.eid, w.s, w.e, group))  # sorted position → node
+        self.at = np.empty_like(self.order)  # node → sorted position
+        self.at[self.order] = np.arange(len(self.order))
+        self.group = group[self.order]
+        # (group, end) as one sortable int: the end's rank among the window's distinct ends
+        self._values = w.ends
+        self._m = len(w.ends) + 1
+        self._keys = self.group * self._m + np.searchsorted(w.ends, w.e[self.order]) + 1
 
-    def last_by(self, t: int, i: int | None) -> int | None:
-        """The position of the member ending last at or before t, among those before member i in
-        this order (so a zero-length node never precedes itself or a tie after it; i = None: no
-        such limit); None if none."""
-        k = bisect_right(self._e, t)
-        if i is not None:
-            k = min(k, int(self.order[i]))
-        return self._pos[k - 1] if k >= 1 else None
+    def last_by(self, group: np.ndarray, t: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
+        """Per query k: the node of group[k] ending last at or before t[k] (-1 if none); with
+        `before`, only among the nodes sorted before position before[k] (a member's own position:
+        so a zero-length node never precedes itself or a tie after it)."""
+        k = np.searchsorted(self._keys, group * self._m + np.searchsorted(self._values, t, "right"), "right")
+        if before is not None:
+            k = np.minimum(k, before)
+        found = k > np.searchsorted(self.group, group)  # some member of the group before k
+        return np.where(found, self.order[k - 1], -1)
 
 
 class _Window:
-    """One rank's nodes in one window (the columns of _NODES as numpy arrays)."""
+    """Every rank's nodes of one window (the columns of _NODES as numpy arrays, a row per node)
+    and each node's predecessors: the candidates of every edge rule, and the one the walk takes
+    when nothing on the path rules it out (the latest ready, then _PRIORITY, then rule order)."""
 
-    def __init__(self, rank: int, t: dict, rows: slice):
-        """t: the columns of _NODES as numpy arrays; rows: this rank's part of them."""
-        self.rank = rank
-        self.eid = t["event_id"][rows]
-        self.gpu = t["gpu"][rows]
-        self.tid = t["tid"][rows]
-        self.s = t["ts_ns"][rows]
-        self.e = t["end_ns"][rows]
-        self.cls = t["class"][rows]  # 1-based index into CLASSES, 0: none
-        self.launch = t["launch"][rows]
-        self._by_eid = np.argsort(self.eid, kind="stable")
-        self._eid_sorted = self.eid[self._by_eid].tolist()
-        self._by_eid = self._by_eid.tolist()
-        in_track, in_kind = np.empty(len(self.eid), np.int64), np.empty(len(self.eid), np.int64)
-        bounds = np.flatnonzero(np.r_[True, self.tid[1:] != self.tid[:-1]]) if len(self.tid) else []
-        self._tracks = {int(self.tid[b]): _Ends(self, self.tid == self.tid[b], in_track) for b in bounds}
-        self._gpu = _Ends(self, self.gpu, in_kind)
-        self._cpu = _Ends(self, ~self.gpu, in_kind)
-        # stream order: each GPU op's previous op on its stream by start (-1: none). Not "the op
-        # ending last before its start": with programmatic dependent launch (sm_90+) an op starts
-        # before its predecessor ends, and the ingest keeps both whole (same_stream_overlaps)
-        self._stream_prev = np.full(len(self.eid), -1, np.int64)
-        g = np.flatnonzero(self.gpu)
-        if len(g):
-            g = g[np.lexsort((self.eid[g], self.s[g], self.tid[g]))]
-            same = self.tid[g][1:] == self.tid[g][:-1]
-            self._stream_prev[g[1:][same]] = g[:-1][same]
-        self._stream_prev = self._stream_prev.tolist()
-        # launch call's event_id → the GPU op it launched ending last (sorted ids, their ops)
-        ops = np.flatnonzero(self.gpu & (self.launch >= 0))
-        ops = ops[np.lexsort((self.e[ops], self.launch[ops]))]
-        last = np.r_[self.launch[ops][1:] != self.launch[ops][:-1], True] if len(ops) else np.zeros(0, bool)
-        self._launch_ids, self._launch_ops = self.launch[ops][last].tolist(), ops[last].tolist()
+    RULES = 7  # columns of pred / ready / kind
 
-    def __len__(self) -> int:
-        return len(self.eid)
+    def __init__(self, t: dict):
+        self.rank, self.eid, self.gpu = t["rank"], t["event_id"], t["gpu"]
+        self.s, self.e, self.cls = t["ts_ns"], t["end_ns"], t["class"]
+        n = len(self.s)
+        rows = np.arange(n)
+        new_rank = np.r_[True, self.rank[1:] != self.rank[:-1]] if n else np.zeros(0, bool)
+        rank_no = np.cumsum(new_rank) - 1
+        track = np.cumsum(new_rank | np.r_[True, t["tid"][1:] != t["tid"][:-1]][:n]) - 1
+        self.ends = np.unique(self.e)
+        pred = np.full((self.RULES, n), -1, np.int64)
+        kind = np.zeros((self.RULES, n), np.int8)
+        ready = np.zeros((self.RULES, n), np.int64)
+        s, e, gpu = self.s, self.e, self.gpu
 
-    def pos(self, event_id: int) -> int | None:
-        """The position of event_id among the nodes, or None."""
-        k = bisect_left(self._eid_sorted, event_id)
-        if k < len(self._eid_sorted) and self._eid_sorted[k] == event_id:
-            return self._by_eid[k]
-        return None
+        def put(col, ok, j, r, k):
+            pred[col] = np.where(ok, j, -1)
+            ready[col] = np.where(ok, r, 0)
+            kind[col] = k
 
-    def last(self) -> int:
-        """The node ending last (latest start on ties)."""
-        return int(np.lexsort((self.s, self.e))[-1])
+        # inferred (cross_stream on the GPU, host on the CPU): the node of the rank's same kind
+        # (any stream / thread) that ended last at or before the start
+        kinds = _Ends(rank_no * 2 + gpu, self)
+        j = kinds.last_by(rank_no * 2 + gpu, s, kinds.at)
+        put(0, j >= 0, j, e[j], np.where(gpu, _CROSS, _HOST))
+        # thread order: the node of the CPU thread ending last at or before the start
+        tracks = _Ends(track, self)
+        j = tracks.last_by(track, s, tracks.at)
+        put(1, ~gpu & (j >= 0), j, e[j], _THREAD)
+        # stream order: the op before by start (ready at its end, or this op's start: PDL)
+        g = np.flatnonzero(gpu)
+        g = g[np.lexsort((self.eid[g], s[g], track[g]))]
+        same = track[g][1:] == track[g][:-1]
+        j = np.full(n, -1, np.int64)
+        j[g[1:][same]] = g[:-1][same]
+        put(2, j >= 0, j, np.minimum(e[j], s), _STREAM)
+        # launch: the runtime call, unless it returned only after the op ended (it waited for it)
+        k = t["launch_row"]
+        ok = gpu & (k >= 0) & (k != rows)
+        ok &= ~self._blocking(k, rows)
+        put(3, ok, k, np.minimum(e[k], s), _LAUNCH)
+        # synchronization: a sync call waits for the rank's GPU op that ended last by its end
+        j = kinds.last_by(rank_no * 2 + 1, e)
+        put(4, ~gpu & (self.cls == _SYNC) & (j >= 0) & (e[j] > s), j, e[j], _EDGE_SYNC)
+        # ... and a blocking call for its own GPU op (the one ending last, latest row on ties)
+        ops = np.flatnonzero(gpu & (k >= 0))
+        ops = ops[np.lexsort((ops, e[ops], k[ops]))]
+        last = np.r_[k[ops][1:] != k[ops][:-1], True] if len(ops) else np.zeros(0, bool)
+        j = np.full(n, -1, np.int64)
+        j[k[ops][last]] = ops[last]
+        put(5, ~gpu & (j >= 0) & self._blocking(rows, j), j, e[j], _EDGE_SYNC)
+        # collective: the last arrival's span, at its start
+        j = t["arrival_row"]
+        put(6, j >= 0, j, t["last_ns"], _COLLECTIVE)
+        self.pred, self.ready, self.kind = pred, ready, kind
+        # the walk's usual choice: latest ready, then priority; the first rule on full ties
+        best = np.zeros(n, np.int64)
+        for col in range(1, self.RULES):
+            b_ready, b_prio = ready[best, rows], _PRIORITY[kind[best, rows]]
+            c_ready, c_prio = ready[col], _PRIORITY[kind[col]]
+            better = (pred[col] >= 0) & ((pred[best, rows] < 0) | (c_ready > b_ready)
+                                         | ((c_ready == b_ready) & (c_prio > b_prio)))
+            best[better] = col
+        self.best = (pred[best, rows].tolist(), ready[best, rows].tolist(), kind[best, rows].tolist())
+        # each rank's start: its node ending last (latest start, then latest row, on ties)
+        by_end = np.lexsort((rows, s, e, rank_no))
+        self.starts = by_end[np.r_[rank_no[by_end][1:] != rank_no[by_end][:-1], True]] if n else by_end
 
-    def preds(self, i: int):
-        """[(ready_ns, kind, (self, position))] of node i's predecessors in this window (the
-        collective edge, which may lead to another rank's window, is added by :func:`walk`)."""
-        s, gpu = int(self.s[i]), bool(self.gpu[i])
-        found = [((self._gpu if gpu else self._cpu).last_by(s, i), "cross_stream" if gpu else "host")]
-        if not gpu:
-            found.append((self._tracks[int(self.tid[i])].last_by(s, i), "thread"))
-        out = [(int(self.e[j]), kind, (self, j)) for j, kind in found if j is not None]
-        if gpu and self._stream_prev[i] >= 0:  # ready when it ended, or when this op started (PDL)
-            j = self._stream_prev[i]
-            out.append((min(int(self.e[j]), s), "stream", (self, j)))
-        if gpu and self.launch[i] >= 0:
-            k = self.pos(int(self.launch[i]))
-            if k is not None and k != i and not self._blocking(k, i):
-                out.append((min(int(self.e[k]), s), "launch", (self, k)))
-        if not gpu and self.cls[i] == _SYNC:
-            g = self._gpu.last_by(int(self.e[i]), None)  # i is no GPU member: nothing excluded
-            if g is not None and self.e[g] > s:
-                out.append((int(self.e[g]), "sync", (self, g)))
-        g = None if gpu else self._launched(int(self.eid[i]))
-        if g is not None and self._blocking(i, g):
-            out.append((int(self.e[g]), "sync", (self, g)))
-        return out
-
-    def _launched(self, event_id: int) -> int | None:
-        """The position of the GPU op ending last among those launched by event_id, or None."""
-        k = bisect_left(self._launch_ids, event_id)
-        if k < len(self._launch_ids) and self._launch_ids[k] == event_id:
-            return self._launch_ops[k]
-        return None
-
-    def _blocking(self, call: int, op: int) -> bool:
+    def _blocking(self, call: np.ndarray, op: np.ndarray) -> np.ndarray:
         """Whether launch call `call` returned only after its GPU op `op` ended (a blocking
-        cudaMemcpy, pageable cudaMemcpyAsync): then op → call is an edge and call → op is not."""
-        return bool(self.s[call] < self.e[op] <= self.e[call])
+        cudaMemcpy, pageable cudaMemcpyAsync): then op → call is an edge and call → op is not.
+        Rows of -1 answer False."""
+        ok = (call >= 0) & (op >= 0)
+        c, o = np.where(ok, call, 0), np.where(ok, op, 0)
+        return ok & (self.s[c] < self.e[o]) & (self.e[o] <= self.e[c])
+
+    def choose(self, i: int, cursor: int, seen: set) -> tuple[int, int, int]:
+        """(node, ready, kind) of node i's predecessor ready latest by `cursor` and not on the
+        path yet (ties: _PRIORITY, then rule order); node -1 when none is left."""
+        best = (-1, 0, _END)
+        for col in range(self.RULES):
+            j, r, k = int(self.pred[col, i]), int(self.ready[col, i]), int(self.kind[col, i])
+            if j >= 0 and r <= cursor and j not in seen and (
+                    best[0] < 0 or (r, _PRIORITY[k]) > (best[1], _PRIORITY[best[2]])):
+                best = (j, r, k)
+        return best
 
 
-def _last_arrivals(con, run_id: str) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """(rank, event_id) of a collective span → (rank, event_id, start_ns) of its instance's last
-    arriving span, for the spans that arrived before it (lowest rank on ties, as the straggler)."""
-    rows = con.execute(
-        """
-        SELECT rank, event_id, last_rank, last_eid, last_ns FROM (
-            SELECT rank, event_id, ts_ns,
-                   first(rank ORDER BY ts_ns DESC, rank) OVER w AS last_rank,
-                   first(event_id ORDER BY ts_ns DESC, rank) OVER w AS last_eid,
-                   max(ts_ns) OVER w AS last_ns
-            FROM _instance_calls WHERE run_id = ?
-            WINDOW w AS (PARTITION BY pg_name, win, seq)
-        ) WHERE last_ns > ts_ns
-        """,
-        [run_id],
-    ).fetchall()
-    return {(r, e): (lr, le, ln) for r, e, lr, le, ln in rows}
-
-
-def walk(windows, rank: int, arrivals) -> tuple[list[dict], dict]:
-    """The critical path ending at `rank`'s last node of one window.
-
-    windows: callable rank → _Window (of this window); arrivals: as :func:`_last_arrivals`.
-    Returns (path rows, earliest first, with event_rank, event_id, on_path_ns, gap_ns, edge;
-    summary dict with start_ns, end_ns and the PARTS).
-    """
-    w = windows(rank)
-    i = w.last()
-    end = cursor = int(w.e[i])
-    parts = dict.fromkeys(PARTS, 0)
-    rows: list[dict] = []
-    seen: set[tuple[int, int]] = set()
-    edge = "end"
+def walk(w: _Window, start: int, end: int) -> tuple[list[int], list[int], list[int]]:
+    """The critical path ending at node `start` (its end `end`), walked backward: the nodes, the
+    ready time through which each was entered from its predecessor (the cursor: the walk moves it
+    there) and the kind of that edge (_END for the first node, whose ready time is its credited
+    start, filled in by :func:`_credit`), latest node first."""
+    pred, ready, kind = w.best
+    nodes, readies, kinds = [], [], []
+    seen: set[int] = set()
+    i, cursor = start, end
     while True:
-        seen.add((w.rank, int(w.eid[i])))
-        s = int(w.s[i])
-        cands = w.preds(i)
-        arr = arrivals.get((w.rank, int(w.eid[i])))
-        if arr is not None:
-            ow = windows(arr[0])
-            k = ow.pos(arr[1]) if ow is not None else None
-            if k is not None:
-                cands.append((arr[2], "collective", (ow, k)))
-        cands = [c for c in cands if c[0] <= cursor and (c[2][0].rank, int(c[2][0].eid[c[2][1]])) not in seen]
-        best = max(cands, key=lambda c: (c[0], _PRIORITY[c[1]])) if cands else None
-        seg = min(max(s, best[0]) if best else s, cursor)
-        ready = min(best[0], seg) if best else seg
-        own = w.rank == rank
-        parts[_COMPOSITION.get(CLASSES[w.cls[i] - 1] if w.cls[i] else "other", "sync_other_ns") if own
-              else "straggler_ns"] += cursor - seg
-        if best is not None and seg > ready:
-            parts[gap_part(best[1]) if own else "straggler_ns"] += seg - ready
-        rows.append({"event_rank": w.rank, "event_id": int(w.eid[i]), "on_path_ns": cursor - seg,
-                     "gap_ns": seg - ready, "edge": edge})
-        cursor = ready
-        if best is None:
-            break
-        edge = best[1]
-        w, i = best[2]
-    rows.reverse()
-    return rows, {"start_ns": cursor, "end_ns": end, **parts}
+        seen.add(i)
+        j, r, k = pred[i], ready[i], kind[i]
+        if j >= 0 and (r > cursor or j in seen):
+            j, r, k = w.choose(i, cursor, seen)
+        nodes.append(i)
+        if j < 0:
+            readies.append(cursor)
+            kinds.append(_END)
+            return nodes, readies, kinds
+        readies.append(r)
+        kinds.append(k)
+        cursor, i = r, j
 
 
-def _steps(con, run_id: str) -> list:
-    """The windows of a run: its profiler steps, else [None] (the whole trace)."""
-    steps = [s for (s,) in con.execute(
-        "SELECT DISTINCT step FROM events WHERE run_id = ? AND step IS NOT NULL ORDER BY step", [run_id]).fetchall()]
-    return steps or [None]
+def _credit(w: _Window, ranks: np.ndarray, nodes: np.ndarray, readies: np.ndarray, kinds: np.ndarray,
+            lengths: np.ndarray) -> dict:
+    """The paths of one window (concatenated walks, latest node first; ranks: each path's rank,
+    lengths: its nodes) credited: per node on_path_ns and gap_ns; per path the PARTS and start."""
+    first = np.cumsum(lengths) - lengths
+    path = np.repeat(np.arange(len(lengths)), lengths)
+    starts = w.e[nodes[first]]
+    # the cursor when a node is reached: the path's end, then its successor's ready time
+    cursor = np.r_[0, readies[:-1]] if len(readies) else readies.copy()
+    cursor[first] = starts
+    s = w.s[nodes]
+    seg = np.minimum(np.where(kinds == _END, s, np.maximum(s, readies)), cursor)
+    ready = np.where(kinds == _END, seg, readies)
+    on_path, gap = cursor - seg, seg - ready
+    own = w.rank[nodes] == ranks[path]
+    gap_part = np.where((kinds == _THREAD) | (kinds == _HOST), _LAUNCH_CPU, _IDLE)
+    parts = np.zeros((len(lengths), len(PARTS)), np.int64)
+    np.add.at(parts, (path, np.where(own, _CLASS_PART[w.cls[nodes]], _STRAGGLER)), on_path)
+    np.add.at(parts, (path, np.where(own, gap_part, _STRAGGLER)), gap)
+    return {"path": path, "first": first, "on_path": on_path, "gap": gap, "parts": parts,
+            "start_ns": ready[first + lengths - 1], "end_ns": starts}
 
 
-_NODE_TYPES = {"event_id": np.int64, "gpu": bool, "tid": np.int64, "ts_ns": np.int64, "end_ns": np.int64,
-               "class": np.int8, "launch": np.int64}
+def _arrow(con, query: str, params: list):
+    """The result of `query` as an Arrow table (no copy), retried with a raised memory budget as
+    tracekit.store.AnalysisConnection.execute retries."""
+    import duckdb
 
-
-def _window_rows(con, run_id: str, step) -> tuple[dict, dict[int, slice]]:
-    """Every rank's nodes of one window: (the columns of _NODES as numpy arrays, rank → its rows)."""
-    t = con.execute(_NODES, [list(CLASSES), run_id, step]).fetchnumpy()
-    cols = {c: np.asarray(t[c], dtype=typ) for c, typ in _NODE_TYPES.items()}
-    rank = np.asarray(t["rank"], dtype=np.int64)
-    bounds = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1], True]) if len(rank) else np.zeros(1, np.int64)
-    return cols, {int(rank[a]): slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])}
+    while True:
+        try:
+            return con.sql(query, params=params).to_arrow_table()
+        except duckdb.OutOfMemoryException:
+            if not getattr(con, "raise_budget", lambda: False)():
+                raise
 
 
 def run_paths(con, run_id: str):
-    """Per window (profiler step) of one run, (path rows, summary rows) of every rank: dicts with
-    the columns of _PATH_COLS and _SUMMARY_COLS (see the module docstring). A generator, so that
-    one window's paths are held at a time."""
-    arrivals = _last_arrivals(con, run_id)
-    ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM events WHERE run_id = ? ORDER BY rank",
-                                       [run_id]).fetchall()]
-    for step in _steps(con, run_id):
-        rows_of = _window_rows(con, run_id, step)
-        cache: dict[int, _Window] = {}
+    """Per window (profiler step) of the run in _cp_events (with its _cp_arrivals), in step order:
+    (path rows, summary rows) of every rank with nodes in it, as Arrow tables with the columns of
+    _PATH_COLS and _SUMMARY_COLS (module docstring). A generator, so that one window's nodes are
+    held at a time."""
+    import pyarrow as pa
 
-        def windows(r, rows_of=rows_of, cache=cache):
-            if r not in cache:
-                if r not in rows_of[1]:
-                    return None
-                cache[r] = _Window(r, rows_of[0], rows_of[1][r])
-            return cache[r]
-
-        path, summary = [], []
-        for rank in ranks:
-            if windows(rank) is None:
-                continue
-            rows, summ = walk(windows, rank, arrivals)
-            for n, row in enumerate(rows):
-                path.append({"run_id": run_id, "rank": rank, "step": step, "pos": n, **row})
-            summary.append({"run_id": run_id, "rank": rank, "step": step, **summ,
-                            "path_events": len(rows),
-                            "other_ranks": len({r["event_rank"] for r in rows} - {rank})})
-        yield path, summary
+    kinds = [k for (k,) in con.execute(
+        "SELECT DISTINCT track_kind FROM _cp_events WHERE node AND track_kind IS NOT NULL ORDER BY 1").fetchall()]
+    for step, rows in _windows(con, kinds):
+        w, t, at = _window(rows)
+        walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
+        lengths = np.array([len(n) for n, _, _ in walks], np.int64)
+        nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
+        ranks = w.rank[w.starts]
+        c = _credit(w, ranks, nodes, readies, kinds, lengths)
+        # rows earliest first: each walk reversed; a node's edge is the kind of its successor's
+        # edge (the node walked before it), 'end' for the last
+        path = c["path"]
+        back = np.arange(len(nodes)) - c["first"][path]  # position in the walk
+        rev = (c["first"] + lengths - 1)[path] - back
+        edge = np.where(back == 0, _END, np.r_[_END, kinds[:-1]])
+        ev = nodes[rev]
+        n, k = len(ev), len(lengths)
+        rows = pa.table({
+            "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(ranks[path], pa.int32()),
+            "step": pa.array([step] * n, pa.int64()), "pos": pa.array(back, pa.int32()),
+            "event_rank": pa.array(w.rank[ev], pa.int32()), "event_id": pa.array(w.eid[ev]),
+            "name": t.column("name").take(at[ev]), "class": t.column("class_name").take(at[ev]),
+            "start_ns": pa.array(w.s[ev]), "end_ns": pa.array(w.e[ev]),
+            "on_path_ns": pa.array(c["on_path"][rev]), "gap_ns": pa.array(c["gap"][rev]),
+            "edge": pa.DictionaryArray.from_arrays(pa.array(edge[rev].astype(np.int8)), pa.array(_KINDS)).cast(pa.string())})
+        ev_rank = w.rank[nodes]
+        ranks_seen = np.unique(ev_rank)  # distinct (path, event rank) pairs, as one int
+        pairs = np.unique(path * len(ranks_seen) + np.searchsorted(ranks_seen, ev_rank))
+        p_of = pairs // max(len(ranks_seen), 1)
+        others = np.bincount(p_of[ranks_seen[pairs % max(len(ranks_seen), 1)] != ranks[p_of]], minlength=k)
+        summary = pa.table({
+            "run_id": pa.array([run_id] * k, pa.string()), "rank": pa.array(ranks, pa.int32()),
+            "step": pa.array([step] * k, pa.int64()), "start_ns": pa.array(c["start_ns"]),
+            "end_ns": pa.array(c["end_ns"]), **{p: pa.array(c["parts"][:, i]) for i, p in enumerate(PARTS)},
+            "path_events": pa.array(lengths), "other_ranks": pa.array(others, pa.int32())})
+        yield rows, summary
 
 
 _PATH_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "pos": "INTEGER",
-              "event_rank": "INTEGER", "event_id": "BIGINT", "on_path_ns": "BIGINT", "gap_ns": "BIGINT",
+              "event_rank": "INTEGER", "event_id": "BIGINT", "name": "VARCHAR", "class": "VARCHAR",
+              "start_ns": "BIGINT", "end_ns": "BIGINT", "on_path_ns": "BIGINT", "gap_ns": "BIGINT",
               "edge": "VARCHAR"}
 _SUMMARY_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "start_ns": "BIGINT",
                  "end_ns": "BIGINT", **{p: "BIGINT" for p in PARTS}, "path_events": "BIGINT",
                  "other_ranks": "INTEGER"}
-
-
+_SPAN_COLS = {"run_id": "VARCHAR", "step": "BIGINT", "rank": "INTEGER", "window_ns": "BIGINT"}
 _ARROW = {"VARCHAR": "string", "INTEGER": "int32", "BIGINT": "int64"}
 
 
-def _append(con, name: str, cols: dict[str, str], rows: list[dict]) -> None:
-    """Append `rows` to the temporary table `name` (created empty, with the given column types,
-    on the first call of a connection's build) through Arrow."""
+def _concat(tables: list, cols: dict[str, str]):
+    """The Arrow tables, one after the other (no rows: the columns `cols`, DuckDB types)."""
     import pyarrow as pa
 
-    tbl = pa.table({c: pa.array([r[c] for r in rows], type=getattr(pa, _ARROW[t])()) for c, t in cols.items()})
-    con.register(f"{name}_arrow", tbl)
-    try:
-        con.execute(f"INSERT INTO {name} SELECT * FROM {name}_arrow")
-    finally:
-        con.unregister(f"{name}_arrow")
+    if tables:
+        return pa.concat_tables(tables)
+    return pa.table({c: pa.array([], getattr(pa, _ARROW[t])()) for c, t in cols.items()})
 
 
 def create(con) -> None:
     """Create the tables ``critical_path`` and ``critical_path_summary`` on ``con`` (needs the
-    view _instance_calls of instance_rows)."""
-    for name, cols in (("_cp_rows", _PATH_COLS), ("_cp_summary", _SUMMARY_COLS)):
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({', '.join(f'{c} {t}' for c, t in cols.items())})")
+    view _instance_calls of instance_rows). A run's events are read from the events view once,
+    into a temporary table (spilled beyond the connection's memory budget); the paths are held as
+    Arrow tables (~60 B per path row) until every run is walked."""
+    paths, summaries, spans = [], [], []
     for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
-        for path, summary in run_paths(con, run_id):
-            _append(con, "_cp_rows", _PATH_COLS, path)
-            _append(con, "_cp_summary", _SUMMARY_COLS, summary)
-    con.execute(
-        """
-        CREATE OR REPLACE TABLE critical_path AS
-        SELECT p.run_id, p.rank, p.step, p.pos, p.event_rank, p.event_id, e.name, e.class,
-               e.ts_ns AS start_ns, e.ts_ns + e.dur_ns AS end_ns, p.on_path_ns, p.gap_ns, p.edge
-        FROM _cp_rows p JOIN events e ON e.run_id = p.run_id AND e.rank = p.event_rank AND e.event_id = p.event_id
-        ORDER BY p.run_id, p.rank, p.step, p.pos
-        """
-    )
-    con.execute(
-        f"""
-        CREATE OR REPLACE TABLE critical_path_summary AS
-        WITH win AS (
-            SELECT run_id, rank, step, max(ts_ns + dur_ns) - min(ts_ns) AS window_ns
-            FROM events WHERE ts_ns IS NOT NULL AND dur_ns >= 0 GROUP BY ALL
+        con.execute(_ARRIVALS, [run_id])
+        con.execute(_EVENTS, [run_id])
+        # each rank's own window span (first start to last end, any class)
+        spans.append(_arrow(con, "SELECT ? AS run_id, step, rank, max(end_ns) - min(ts_ns) AS window_ns "
+                                 "FROM _cp_events WHERE timed GROUP BY ALL", [run_id]))
+        for rows, summary in run_paths(con, run_id):
+            paths.append(rows)
+            summaries.append(summary)
+    for name in ("_cp_events", "_cp_arrivals"):
+        con.execute(f"DROP TABLE IF EXISTS {name}")
+    for name, tables, cols in (("_cp_rows", paths, _PATH_COLS), ("_cp_summary", summaries, _SUMMARY_COLS),
+                               ("_cp_spans", spans, _SPAN_COLS)):
+        con.register(name, _concat(tables, cols))
+    try:
+        con.execute(
+            f"""
+            CREATE OR REPLACE TABLE critical_path AS
+            SELECT {", ".join(f"{c}::{t} AS {c}" for c, t in _PATH_COLS.items())}
+            FROM _cp_rows ORDER BY run_id, rank, step, pos
+            """
         )
-        SELECT s.run_id, s.rank, s.step, s.start_ns, s.end_ns, s.end_ns - s.start_ns AS length_ns,
-               w.window_ns, {", ".join("s." + p for p in PARTS)}, s.path_events, s.other_ranks
-        FROM _cp_summary s LEFT JOIN win w ON w.run_id = s.run_id AND w.rank = s.rank
-                                           AND w.step IS NOT DISTINCT FROM s.step
-        ORDER BY s.run_id, s.step, s.rank
-        """
-    )
-    con.execute("DROP TABLE _cp_rows")
-    con.execute("DROP TABLE _cp_summary")
+        con.execute(
+            f"""
+            CREATE OR REPLACE TABLE critical_path_summary AS
+            SELECT s.run_id, s.rank, s.step, s.start_ns, s.end_ns, s.end_ns - s.start_ns AS length_ns,
+                   w.window_ns::BIGINT AS window_ns, {", ".join("s." + p for p in PARTS)}, s.path_events, s.other_ranks
+            FROM _cp_summary s LEFT JOIN _cp_spans w ON w.run_id = s.run_id AND w.rank = s.rank
+                                                    AND w.step IS NOT DISTINCT FROM s.step
+            ORDER BY s.run_id, s.step, s.rank
+            """
+        )
+    finally:
+        for name in ("_cp_rows", "_cp_summary", "_cp_spans"):
+            con.unregister(name)
+
 
 
 def gap_part(prev_edge: str) -> str:
@@ -458,8 +624,9 @@ def path_segments(con, run_id: str) -> list[dict]:
 
 CRITICAL_PATH_AUTO_EVENTS = 1_000_000
 """Runs with more events (ranks.events summed) leave the critical path out of the report unless it
-is asked for (``analyze --critical-path``, ``export --critical-path``): its walk is plain Python, tens of µs per event on a path
-(benchmarks/README.md), the largest cost of ``analyze`` on a big trace."""
+is asked for (``analyze --critical-path``, ``export --critical-path``): it still costs ~2 µs of CPU
+per event read and ~1 µs per path event (~4 CPU s on the ×16 hta_ddp replica, benchmarks/README.md),
+a third of the rest of ``analyze`` there."""
 
 
 def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str | None]:

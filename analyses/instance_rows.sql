@@ -80,7 +80,7 @@ SELECT run_id, pg_name, seq, rank, event_id, op, dtype, algo, size_bytes, group_
 FROM w;
 
 -- collective_duplicates: what _instance_calls resolved in each rank's repeated (pg, seq) rows,
--- one row per (run, rank, pg, kind); empty for a trace without repeats. Depends on: collectives
+-- one row per (run, rank, pg, kind); empty for a trace without repeats. Depends on: collectives, _instance_calls
 --
 -- run_id   VARCHAR  run
 -- rank     INTEGER  global rank
@@ -90,16 +90,18 @@ FROM w;
 --                   'conflict' (different spans for one (pg, win, seq): instances flagged)
 -- n        BIGINT   copies dropped / windows after the first / (win, seq) keys in conflict
 CREATE OR REPLACE VIEW collective_duplicates AS
-SELECT run_id, rank, pg_name, 'copy' AS kind, count(*) AS n
-FROM (SELECT run_id, rank, pg_name,
-             row_number() OVER (PARTITION BY run_id, rank, pg_name, seq, op, size_bytes, ts_ns
-                                ORDER BY dur_ns DESC, event_id) AS copy_no
-      FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL)
-WHERE copy_no > 1 GROUP BY ALL
+-- one evaluation of _instance_calls (its window functions) for the three kinds: the copies dropped
+-- are the matchable rows of (run, rank, pg) less those _instance_calls kept (one per copy group)
+WITH c AS MATERIALIZED (SELECT run_id, rank, pg_name, win, seq, rank_rows FROM _instance_calls),
+a AS (SELECT run_id, rank, pg_name, count(*) AS n FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL GROUP BY ALL),
+k AS (SELECT run_id, rank, pg_name, count(*) AS n FROM c GROUP BY ALL)
+SELECT a.run_id, a.rank, a.pg_name, 'copy' AS kind, a.n - k.n AS n
+FROM a JOIN k ON k.run_id = a.run_id AND k.rank = a.rank AND k.pg_name IS NOT DISTINCT FROM a.pg_name
+WHERE a.n > k.n
 UNION ALL
-SELECT run_id, rank, pg_name, 'window', max(win) FROM _instance_calls GROUP BY ALL HAVING max(win) > 0
+SELECT run_id, rank, pg_name, 'window', max(win) FROM c GROUP BY ALL HAVING max(win) > 0
 UNION ALL
-SELECT run_id, rank, pg_name, 'conflict', count(DISTINCT (win, seq)) FROM _instance_calls WHERE rank_rows > 1
+SELECT run_id, rank, pg_name, 'conflict', count(DISTINCT (win, seq)) FROM c WHERE rank_rows > 1
 GROUP BY ALL;
 
 CREATE OR REPLACE MACRO collective_instance_rows(calls, p) AS TABLE

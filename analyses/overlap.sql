@@ -1,5 +1,5 @@
 -- overlap: communication hidden behind compute, per rank, per profiler step and per call.
--- Reads: events, ranks, intervals, overlap_windows (and its _span_overlap)
+-- Reads: overlap_windows (and its _span_overlap)
 --
 -- Definitions (DESIGN.md, "Overlap"), on unions of intervals so nothing is counted twice:
 --   comm = |∪ comm intervals|, compute = |∪ compute intervals|, overlap = |comm ∩ compute|,
@@ -11,32 +11,9 @@
 
 -- The lengths per window (comm_ns, compute_ns, overlap_ns, exposed_comm_ns, overlap_ratio) are
 -- the table overlap_windows (analyses/overlap_windows.py: a sweep over DuckDB's sorted spans, in
--- bounded memory); this module gives its views per rank and per step, and the intervals themselves.
+-- bounded memory); this module gives its views per rank and per step, and per call. The intervals
+-- themselves are the views of overlap_islands.sql.
 --
--- comm_islands, compute_islands, overlap_islands: disjoint islands of the union of comm
--- (compute) intervals, and the pieces of comm ∩ compute. Views, evaluated only when queried (HTML
--- plots): overlap_windows and collective_overlap do not need the islands. Summing e − s over them
--- gives overlap_windows' lengths. The three have the same columns:
---
--- run_id  VARCHAR  run
--- rank    INTEGER  global rank
--- grp     BIGINT   -1 = whole trace, else the profiler step number
--- s       BIGINT   island start, ns
--- e       BIGINT   island end, ns (e >= s)
-CREATE OR REPLACE VIEW _comm_spans AS
-SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'comm'
-UNION ALL
-SELECT run_id, rank, step, ts_ns, ts_ns + dur_ns FROM events WHERE class = 'comm' AND step IS NOT NULL;
-
-CREATE OR REPLACE VIEW _compute_spans AS
-SELECT run_id, rank, -1::BIGINT AS grp, ts_ns AS s, ts_ns + dur_ns AS e FROM events WHERE class = 'compute'
-UNION ALL
-SELECT run_id, rank, step, ts_ns, ts_ns + dur_ns FROM events WHERE class = 'compute' AND step IS NOT NULL;
-
-CREATE OR REPLACE VIEW comm_islands AS SELECT * FROM merge_intervals('_comm_spans');
-CREATE OR REPLACE VIEW compute_islands AS SELECT * FROM merge_intervals('_compute_spans');
-CREATE OR REPLACE VIEW overlap_islands AS SELECT * FROM intersect_islands('comm_islands', 'compute_islands');
-
 -- overlap_by_rank: the whole-trace window of overlap_windows (grp = -1).
 --
 -- run_id          VARCHAR  run

@@ -18,7 +18,7 @@ this module reads them, so analyze does not scan the events for overlap. A run i
 those tables existed gets the same rows from the same function here, its ranks' comm and compute
 events read from the ``events`` view (CHUNK_EVENTS at a time, as gpu_time_breakdown reads them;
 memory: those rows, ~50 B each). The same numbers as summing e − s over the islands of the views
-comm_islands, compute_islands and overlap_islands (overlap.sql), which tests check.
+comm_islands, compute_islands and overlap_islands (overlap_islands.sql), which tests check.
 
 _overlap_summary (a view): the stored overlap_summary rows and those computed here, the columns
 of tracekit.store.OVERLAP_SUMMARY_SCHEMA (pipeline_bubbles reads its recv and first/last columns);

@@ -452,7 +452,7 @@ def rank_main(fd: int) -> int:
             **init_kwargs,
         )
         if backend == "gloo":  # gloo's trace names no call's group: the job names it (pg_labels)
-            from tracekit.collectors import pg_labels
+            from tracekit import pg_labels
 
             pg_labels.install()
         ctx = RankContext(

@@ -83,6 +83,25 @@ def test_analyze_with_json_and_html_builds_each_module_once(tp_store, monkeypatc
     assert sorted(made) == sorted(analyses.PIPELINE)  # every module, none twice
 
 
+def test_the_islands_are_built_only_when_asked(tp_store, monkeypatch, capsys):
+    """The terminal/JSON report never binds the island views (they read every rank's events file);
+    ensure() creates them, and the interval macros they read, without the modules between."""
+    made = _created(monkeypatch)
+    assert main(["analyze", "--store", str(tp_store.path), "--json"]) == 0
+    capsys.readouterr()
+    assert "overlap_islands" not in made and "critical_path" in made
+    made.clear()
+    con = analyses.connect(tp_store)
+    con.ensure("overlap_islands")
+    assert made == ["intervals", "overlap_islands"] and con.loaded == []
+    (n,) = con.execute("SELECT count(*) FROM compute_islands WHERE run_id = 'tp'").fetchone()
+    assert n > 0 and made == ["intervals", "overlap_islands"]  # bound: nothing else built
+    con.ensure("overlap_islands")
+    assert made == ["intervals", "overlap_islands"]
+    con.load_all()  # the pipeline skips what ensure() created
+    assert sorted(made) == sorted(analyses.PIPELINE) and con.loaded == list(analyses.PIPELINE)
+
+
 def _documented(names: set[str]) -> dict[str, list[tuple[str, str]]]:
     """object name → [(column, TYPE)] from the module headers.
 

@@ -370,3 +370,46 @@ def test_kernels_overlapping_on_one_stream_pdl_stay_on_the_path(tmp_path):
     ingest_paths([FIXTURES / "inputs" / "stream_overlap_h100.json"], st, run_id="h")
     (row,) = build_report(st, "h")["critical_path"]["summary"]
     assert (row["length_ns"], row["compute_ns"], row["idle_ns"], row["path_events"]) == (22_950, 22_950, 0, 3)
+
+
+def test_self_last_arrival_ties_and_a_rank_absent_from_a_step(tmp_path):
+    """Cases a vectorized build could get wrong, worked out by hand (µs after BASE). Rank 0 arrives
+    last at the all-reduce (20), so its own span has no collective edge while rank 1's (arrived at
+    5) jumps to it; rank 0's cudaEventRecord [101, 101) and cudaLaunchKernel [101, 101.5) start at
+    the same time (the zero-length call ends first, so it is the launch's thread predecessor, and
+    not the other way); rank 1 has no events in step 2, so (1, 2) has no path."""
+    d = tmp_path / "tr"
+    d.mkdir()
+
+    def write(rank, steps, events):
+        doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "Handmade GPU"}],
+               "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+               "traceEvents": [_ev("user_annotation", f"ProfilerStep#{s}", 100 * (s - 1), 100, 100) for s in steps]
+               + events, "traceName": f"rank{rank}"}
+        (d / f"rank{rank}.json").write_text(json.dumps(doc))
+
+    write(0, (1, 2), [_launch(1, 1), _kernel("sm80_gemm_A", 2, 10, 1), _launch(3, 2), _allreduce(20, 10, 2),
+                      _launch(101, 0, "cudaEventRecord", 0), _launch(101, 3), _kernel("sm80_gemm_B", 102, 8, 3)])
+    write(1, (1,), [_launch(1, 1), _allreduce(5, 25, 1)])
+    store = Store(tmp_path / "s")
+    ingest_paths([d], store, run_id="t")
+    con = analyses.connect(store)
+    rows = con.execute("SELECT rank, step, event_rank, name, on_path_ns, gap_ns, edge FROM critical_path "
+                       "ORDER BY rank, step, pos").fetchall()
+    assert rows == [
+        # rank 0, step 1: L1 → gemm A (idle 0.5 after its launch) → all-reduce [20, 30) after the stream
+        (0, 1, 0, "cudaLaunchKernel", 500, 0, "launch"), (0, 1, 0, "sm80_gemm_A", 10 * US, 500, "stream"),
+        (0, 1, 0, NCCL, 10 * US, 8 * US, "end"),
+        # rank 0, step 2: the zero-length call, then the launch [101, 101.5), then gemm B after idle
+        (0, 2, 0, "cudaEventRecord", 0, 0, "thread"), (0, 2, 0, "cudaLaunchKernel", 500, 0, "launch"),
+        (0, 2, 0, "sm80_gemm_B", 8 * US, 500, "end"),
+        # rank 1, step 1: rank 0's chain up to its arrival (20), then rank 1's own wait [20, 30)
+        (1, 1, 0, "cudaLaunchKernel", 500, 0, "launch"), (1, 1, 0, "sm80_gemm_A", 10 * US, 500, "stream"),
+        (1, 1, 0, NCCL, 0, 8 * US, "collective"), (1, 1, 1, NCCL, 10 * US, 0, "end"),
+    ]
+    cols = ["rank", "step", "length_ns", *cp.PARTS, "path_events", "other_ranks"]
+    assert con.execute(f"SELECT {', '.join(cols)} FROM critical_path_summary ORDER BY step, rank").fetchall() == [
+        (0, 1, 29 * US, 10 * US, 10 * US, 0, 500, 0, 0, 8500, 3, 0),
+        (1, 1, 29 * US, 0, 10 * US, 0, 0, 0, 19 * US, 0, 4, 1),
+        (0, 2, 9 * US, 8 * US, 0, 0, 500, 0, 0, 500, 3, 0),
+    ]

@@ -175,6 +175,11 @@ def test_inference_loop_with_tracekit_step(tmp_path, capsys):
     assert rows == [("all_reduce", 128 * 4, 2)] * 2
     steps = con.execute("SELECT DISTINCT step FROM events WHERE step IS NOT NULL ORDER BY step").fetchall()
     assert [s[0] for s in steps] == [1, 2]
+    # on gloo the agent names each call's group in the trace (tracekit.pg_labels): one range per
+    # recorded all-reduce on each rank, the default group's name ("0")
+    labels = con.execute("SELECT rank, name, count(*) FROM events WHERE name LIKE 'tracekit.process_group:%' "
+                         "GROUP BY ALL ORDER BY rank").fetchall()
+    assert labels == [(0, "tracekit.process_group:0", 2), (1, "tracekit.process_group:0", 2)]
 
 
 @pytest.mark.slow

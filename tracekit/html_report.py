@@ -325,6 +325,8 @@ def _timeline(con, run_id: str, steps: int) -> dict[str, Any]:
         gl = ", ".join(str(int(g)) for g in grps)
         rl = ", ".join(str(int(r)) for r in ranks) or "NULL"
         isl = {}
+        if hasattr(con, "ensure"):  # an analyses connection: the island views, not the modules before them
+            con.ensure("overlap_islands")
         for name in ("compute_islands", "overlap_islands"):
             isl[name] = _rows(
                 con,
@@ -662,7 +664,8 @@ def overlap_figure(data: dict):
 
 
 def wait_heatmap(data: dict):
-    """Rank × collective instance heatmap of wait time (µs); × marks the straggler (last arrival)."""
+    """Rank × collective instance heatmap of wait time (µs); × marks the straggler (last arrival).
+    Returns the figure as a dict (:func:`figure_dict`), or None without instances."""
     import plotly.graph_objects as go
 
     w = data["waits"]
@@ -671,12 +674,17 @@ def wait_heatmap(data: dict):
     inst = w["instances"]
     xs = list(range(len(inst)))
     z = [[None if v is None else v / 1e3 for v in row] for row in w["wait_ns"]]
-    custom = [[[i["instance"], i["op"], fmt_bytes(i["size_bytes"]), fmt_us(i["skew_ns"]), i["straggler"]] for i in inst]
-              for _ in w["ranks"]]
+    per_instance = [[i["instance"], i["op"], fmt_bytes(i["size_bytes"]), fmt_us(i["skew_ns"]), i["straggler"]]
+                    for i in inst]
+    custom = [per_instance for _ in w["ranks"]]
+    # rank × instance cells (at 1,024 ranks 1,024 × 1,500 × 6 values): plotly's validation and
+    # to_dict copy of them dominated the whole analyze (benchmarks/README.md), so the figure is
+    # built with one-cell stand-ins and the cells put into its plain dict (figure_dict), which
+    # _figure_html writes unvalidated: the same page
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=xs, y=[f"rank {r}" for r in w["ranks"]], colorscale="YlOrRd", zmin=0,
-            colorbar=dict(title=dict(text="wait (µs)", side="right")), customdata=custom, xgap=1, ygap=1,
+            z=[[0.0]], x=xs, y=[f"rank {r}" for r in w["ranks"]], colorscale="YlOrRd", zmin=0,
+            colorbar=dict(title=dict(text="wait (µs)", side="right")), customdata=[per_instance[:1]], xgap=1, ygap=1,
             hovertemplate=("%{y}, instance <b>%{customdata[0]}</b> (%{customdata[1]}, %{customdata[2]})"
                            "<br>waited %{z:,.1f} µs for the last rank<br>straggler: rank %{customdata[4]}"
                            "<br>skew %{customdata[3]} µs<extra></extra>"),
@@ -703,7 +711,18 @@ def wait_heatmap(data: dict):
                      title_text="collective instance (process group:seq" + (")" if many else ", op)"),
                      tickfont=dict(size=12))
     fig.update_yaxes(autorange="reversed", showgrid=False)
-    return fig
+    return figure_dict(fig, {0: dict(z=z, customdata=custom)})
+
+
+def figure_dict(fig, cells: dict[int, dict]) -> dict:
+    """``fig.to_dict()`` with trace i's keys replaced by ``cells[i]`` (each key present in the trace
+    already, so the JSON keeps plotly's key order): large arrays of plain numbers, strings and None
+    that need no validation. :func:`_figure_html` writes the dict as plotly writes the figure."""
+    d = fig.to_dict()
+    for i, keys in cells.items():
+        assert keys.keys() <= d["data"][i].keys(), "a replaced key must exist in the validated trace"
+        d["data"][i].update(keys)
+    return d
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -1188,8 +1207,11 @@ def _table_html(t: Table) -> str:
 
 
 def _figure_html(fig, name: str) -> str:
-    return fig.to_html(
-        full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
+    """A figure (or a figure's dict from :func:`figure_dict`, written unvalidated) as an HTML div."""
+    import plotly.io as pio
+
+    return pio.to_html(
+        fig, validate=not isinstance(fig, dict), full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
         config={"displaylogo": False, "responsive": True, "toImageButtonOptions": {"filename": f"tracekit-{name}"}},
     )
 

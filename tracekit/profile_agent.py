@@ -35,6 +35,9 @@ What it does in a process:
    written, notes and the job marker of the ``tracekit profile`` that started it
    (``job``: a multi-node run folder holds every node's agents); the runner reads
    it (missing ranks, overhead, notes).
+6. On gloo, every ``torch.distributed`` call of the job runs inside a range naming its process
+   group (:mod:`tracekit.pg_labels`, when ``tracekit`` is importable in the job's Python): gloo's
+   trace names no call's group.
 
 Step wall times give the profiler's overhead in place: steps recorded by the
 profiler (active window) against steps with it idle (wait steps after the first,
@@ -185,6 +188,14 @@ class Agent:
             return
         self.dist = True
         self.backend = str(dist.get_backend())
+        if self.backend == "gloo":  # gloo's trace names no call's group: name it (tracekit.pg_labels)
+            try:
+                from tracekit import pg_labels
+            except ImportError:  # the job's Python has no tracekit: the ingest falls back on the timing
+                self.notes.append("tracekit is not importable in the job's Python: gloo calls are not labelled "
+                                  "with their process group (the ingest attributes them by timing)")
+            else:
+                pg_labels.install()
         self._start(dist.get_rank(), dist.get_world_size(), "init_process_group")
 
     def on_foreign_profiler(self) -> None:

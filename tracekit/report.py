@@ -954,10 +954,13 @@ def alltoall_section(con, run_id: str) -> dict[str, Any]:
     imbalance_cost_ns, the columns of ``alltoall_imbalance``: bytes, ns, ratios), ``matrix_total``
     (src, dst, calls, bytes: ``alltoall_matrix_total``), ``instances`` (all-to-alls with splits) and
     ``imbalance_cost_ns`` (their imbalance_cost_ns summed). Empty lists and 0 without all-to-alls."""
+    if not con.execute("SELECT count(*) FROM collectives WHERE run_id = ? AND op = 'all_to_all'", [run_id]).fetchone()[0]:
+        return {"calls": [], "matrix_total": [], "instances": 0, "imbalance_cost_ns": 0.0}  # the views' rows are its rows
     calls = _rows(con, f"SELECT * EXCLUDE (run_id) FROM alltoall_imbalance WHERE run_id = ? "
                        f"ORDER BY imbalance_cost_ns DESC NULLS LAST, pg_name, seq LIMIT {TOP_ALLTOALL}", [run_id])
     matrix = _rows(con, "SELECT src, dst, calls, bytes FROM alltoall_matrix_total WHERE run_id = ? ORDER BY src, dst",
                    [run_id])
+    # over the view itself, not a copy of it: the float sum follows the view's row order
     n, cost = con.execute("SELECT count(*), coalesce(sum(imbalance_cost_ns), 0) FROM alltoall_imbalance "
                           "WHERE run_id = ?", [run_id]).fetchone()
     return {"calls": calls, "matrix_total": matrix, "instances": n, "imbalance_cost_ns": float(cost)}

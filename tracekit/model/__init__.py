@@ -21,7 +21,7 @@ Units everywhere: bytes, seconds, bytes/second per direction. Bad values
 raise :class:`tracekit.errors.BadInputError`.
 """
 
-from tracekit.model.bandwidth import SIZE_BUCKET_SQL, algbw, busbw, busbw_factor, size_bucket, size_bucket_label
+from tracekit.model.bandwidth import SIZE_BUCKET_SQL, algbw, algbw_array, busbw, busbw_factor, size_bucket, size_bucket_label
 from tracekit.model.collectives import (
     ALGORITHMS,
     Coefficients,

@@ -17,7 +17,7 @@ import math
 from tracekit.errors import BadInputError
 from tracekit.model.ops import canonical_op
 
-__all__ = ["busbw_factor", "algbw", "busbw", "size_bucket", "size_bucket_label", "SIZE_BUCKET_SQL"]
+__all__ = ["busbw_factor", "algbw", "algbw_array", "busbw", "size_bucket", "size_bucket_label", "SIZE_BUCKET_SQL"]
 
 _GB = 1e9
 
@@ -68,6 +68,20 @@ def algbw(size_bytes: float, seconds: float) -> float | None:
     if t == 0:
         return None
     return s / t / _GB
+
+
+def algbw_array(size_bytes, seconds):
+    """:func:`algbw` over arrays: float64 GB/s, NaN where :func:`algbw` answers None (t = 0) or
+    refuses (a negative or non-finite size or time; NaN in, NaN out). The same operations in the
+    same order, element by element (S / t / 1e9), so the same floats; a valid answer is never NaN.
+    For the SQL UDFs over whole columns (tests/test_udfs.py checks it against :func:`algbw`)."""
+    import numpy as np
+
+    s = np.asarray(size_bytes, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    ok = np.isfinite(s) & (s >= 0) & np.isfinite(t) & (t > 0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.where(ok, s / t / _GB, np.nan)
 
 
 def busbw(op: str, size_bytes: float, seconds: float, n: float) -> float | None:
