@@ -256,7 +256,9 @@ def _group_ids(rank: np.ndarray, track: np.ndarray):
     if len(rank) == 0:
         return np.zeros(0, dtype=np.int64), 0
     o = np.lexsort((track, rank))
-    new = np.r_[True, (rank[o][1:] != rank[o][:-1]) | (track[o][1:] != track[o][:-1])]
+    ro, to = rank[o], track[o]
+    new = np.r_[True, (ro[1:] != ro[:-1]) | (to[1:] != to[:-1])]
+    del ro, to
     gid = np.empty(len(rank), dtype=np.int64)
     gid[o] = np.cumsum(new) - 1
     return gid, int(new.sum())
@@ -267,15 +269,20 @@ def _enclosing(rank, track, s, e, qrank, qtrack, qs, qe) -> np.ndarray:
     of its own (rank, track) — every thread of every rank in one call: each thread's ranges and
     queries are moved onto a stretch of the time axis of their own (its earliest time to 0, then
     after the previous thread's stretch and a 1 ns gap), so no range of one thread starts, ends or
-    encloses within another's; indices into the ranges, −1 where none encloses."""
+    encloses within another's; indices into the ranges, −1 where none encloses. The int64 arrays
+    ``s``, ``e``, ``qs``, ``qe`` are shifted in place (pass copies)."""
     from tracekit.intervals import innermost_enclosing
 
     n = len(s)
     gid, ng = _group_ids(np.r_[rank, qrank], np.r_[track, qtrack])
+    if ng <= 1:  # one thread: as it is
+        return innermost_enclosing(s, e, qs, qe)
     lo = np.full(ng, _NONE, dtype=np.int64)
     hi = np.full(ng, np.iinfo(np.int64).min, dtype=np.int64)
-    np.minimum.at(lo, gid, np.r_[s, qs])
-    np.maximum.at(hi, gid, np.r_[e, qe])
+    for x, g in ((s, gid[:n]), (qs, gid[n:])):
+        np.minimum.at(lo, g, x)
+    for x, g in ((e, gid[:n]), (qe, gid[n:])):
+        np.maximum.at(hi, g, x)
     width = hi - lo + 1
     if float(width.sum()) >= 2.0**62:  # the stretches would not fit one int64 axis: thread by thread
         out = np.full(len(qs), -1, dtype=np.int64)
@@ -285,8 +292,10 @@ def _enclosing(rank, track, s, e, qrank, qtrack, qs, qe) -> np.ndarray:
             out[q[hit >= 0]] = sel[hit[hit >= 0]]
         return out
     shift = (np.cumsum(width) - width - lo)  # thread g's times move by −lo[g] + its stretch's start
-    r, q = shift[gid[:n]], shift[gid[n:]]
-    return innermost_enclosing(s + r, e + r, qs + q, qe + q)
+    for x, g in ((s, gid[:n]), (e, gid[:n]), (qs, gid[n:]), (qe, gid[n:])):
+        x += shift[g]
+    del gid
+    return innermost_enclosing(s, e, qs, qe)
 
 
 def _launcher_tables(gpu, rg, lt, ls, le):
@@ -296,19 +305,25 @@ def _launcher_tables(gpu, rg, lt, ls, le):
     ``le`` (int64, _NONE when not linked), as a pyarrow table."""
     import pyarrow as pa
 
-    kind, rrank, track = rg.column("kind").to_numpy(), _col(rg, "rank"), _col(rg, "track", _NONE)
-    s, dur, rid = _col(rg, "s"), _col(rg, "dur_ns"), _col(rg, "event_id", _NONE)
-    grank = _col(gpu, "rank")
+    kind, rrank, track = rg.column("kind").to_numpy(), rg.column("rank").to_numpy(), _col(rg, "track", _NONE)
+    s = _col(rg, "s")
+    e = s + _col(rg, "dur_ns")
+    grank = gpu.column("rank").to_numpy()
     q = np.flatnonzero((ls != _NONE) & (le != _NONE) & (lt != _NONE))
     cols = {"rank": gpu.column("rank"), "event_id": gpu.column("event_id"),
             "launch_event_id": gpu.column("launch_event_id")}
-    rid = np.r_[rid, 0]  # index −1 (none found) picks this placeholder, masked to NULL
-    for kd, name, label in ((0, "cpu_op_id", "cpu_op"), (1, "annotation_id", "annotation")):
+    found = {}
+    for kd in (0, 1):
         # a range without a thread encloses nothing (NULL = NULL is not true in SQL either)
         sel = np.flatnonzero((kind == kd) & (track != _NONE))
-        f = np.full(len(grank), -1, dtype=np.int64)
-        hit = _enclosing(rrank[sel], track[sel], s[sel], s[sel] + dur[sel], grank[q], lt[q], ls[q], le[q])
+        found[kd] = f = np.full(len(grank), -1, dtype=np.int64)
+        hit = _enclosing(rrank[sel], track[sel], s[sel], e[sel], grank[q], lt[q], ls[q], le[q])
         f[q[hit >= 0]] = sel[hit[hit >= 0]]
+        del sel, hit
+    del kind, rrank, track, s, e
+    rid = np.r_[_col(rg, "event_id", _NONE), 0]  # index −1 (none found) picks this placeholder, masked to NULL
+    for kd, name, label in ((0, "cpu_op_id", "cpu_op"), (1, "annotation_id", "annotation")):
+        f = found[kd]
         null = (f < 0) | (rid[f] == _NONE)
         cols[name] = pa.array(rid[f], mask=null)
         cols[label] = rg.column("name").take(pa.array(np.where(null, 0, f), mask=null))
@@ -347,26 +362,28 @@ def _breakdown_tables(gpu, ls):
         first = np.r_[True, (sr[1:] != sr[:-1]) | (ss[1:] != ss[:-1])]
         sw = np.cumsum(first) - 1
         wins.append((sr[first], ss[first], sweep(sw, s[m], e[m], k[m], launch[m])))
-    parts, gap_cols = [], []
-    for wr, wg, ((_, ws, we), p, (gw, gs, ge, gl, gc)) in wins:
+    parts, gaps = [], []
+    nc = len(IDLE_CLASSES)
+    ranks = rank[rfirst].astype(np.int32)
+    while wins:  # each sweep's gaps to a table at once (the gaps can outnumber the spans)
+        wr, wg, ((_, ws, we), p, (gw, gs, ge, gl, gc)) = wins.pop(0)
         o = t0[wr]
-        parts.append((rank[rfirst][wr], wg, ws + o, we + o, p))
-        nc = len(IDLE_CLASSES)  # float64 sums of ns, exact below 2^53 (sweep)
+        # float64 sums of ns, exact below 2^53 (sweep)
         idle = np.bincount(gw * nc + gc, weights=ge - gs, minlength=len(wr) * nc).astype(np.int64).reshape(-1, nc)
-        parts[-1] += (idle,)
+        parts.append((ranks[wr], wg, ws + o, we + o, p, idle))
         go = o[gw]
-        gap_cols.append((rank[rfirst][wr[gw]], wg[gw], gs + go, ge + go,
-                         np.where(gl == _NONE, _NONE, gl + go), gc, np.full(len(gw), len(gap_cols))))
+        gs += go
+        ge += go
+        gl[gl != _NONE] += go[gl != _NONE]
+        gaps.append(pa.table({"rank": ranks[wr[gw]], "grp": wg[gw], "s": gs, "e": ge,
+                              "launch_ts_ns": pa.array(gl, mask=gl == _NONE),
+                              "idle_class": pa.DictionaryArray.from_arrays(gc.astype(np.int8), list(IDLE_CLASSES))}))
+        del gw, gs, ge, gl, gc, go
     wr, wg, ws, we, p, idle = (np.concatenate([x[j] for x in parts]) for j in range(6))
-    cols = {"rank": wr.astype(np.int32), "grp": wg, "window_start_ns": ws, "window_end_ns": we}
+    cols = {"rank": wr, "grp": wg, "window_start_ns": ws, "window_end_ns": we}
     cols.update({f"{lab}_ns": p[:, j] for j, lab in enumerate(LABELS)})
     cols.update({f"idle_{c}_ns": idle[:, j] for j, c in enumerate(IDLE_CLASSES)})
-    gr, gg, gs, ge, gl, gc, which = (np.concatenate([x[j] for x in gap_cols]) for j in range(7))
-    o = np.lexsort((which, gr))  # per rank: the whole trace's gaps, then the steps' (stable)
-    gaps = {"rank": gr[o].astype(np.int32), "grp": gg[o], "s": gs[o], "e": ge[o],
-            "launch_ts_ns": pa.array(gl[o], mask=gl[o] == _NONE),
-            "idle_class": pa.DictionaryArray.from_arrays(gc[o].astype(np.int8), list(IDLE_CLASSES))}
-    return pa.table(cols), pa.table(gaps)
+    return pa.table(cols), pa.concat_tables(gaps)
 
 
 CHUNK_EVENTS = 1 << 22
@@ -423,13 +440,19 @@ def create(con) -> None:
         # a chunk's ranks in one scan (a statement per rank cost ~0.1 s apiece at 1,024 ranks)
         t = con.sql(_READ, params=[run_id, lo, hi]).to_arrow_table()
         kind = t.column("kind").to_numpy()
-        rg = t.filter(pa.array(kind < 2))
-        gpu = t.filter(pa.array(kind == 2))
-        del t, kind
+        rg = t.select(["rank", "kind", "event_id", "track", "s", "dur_ns", "name"]).filter(pa.array(kind < 2))
+        gpu = t.select(["rank", "event_id", "s", "dur_ns", "k", "step", "launch_event_id"])
+        del t
         # GPU ops by rank, then step (NULL first): the step windows come grouped
-        order = np.lexsort((_col(gpu, "step", 0), gpu.column("step").is_valid().to_numpy(zero_copy_only=False),
-                            _col(gpu, "rank")))
+        g = np.flatnonzero(kind == 2)
+        del kind
+        step = gpu.column("step").take(pa.array(g))
+        order = g[np.lexsort((_col(pa.table({"step": step}), "step", 0),
+                              step.is_valid().to_numpy(zero_copy_only=False),
+                              gpu.column("rank").take(pa.array(g)).to_numpy()))]
+        del g, step
         gpu = gpu.take(pa.array(order))
+        del order
         n = len(gpu)
         lt, ls, le = (np.full(n, _NONE, dtype=np.int64) for _ in range(3))
         linked = np.flatnonzero(gpu.column("launch_event_id").is_valid().to_numpy(zero_copy_only=False))
