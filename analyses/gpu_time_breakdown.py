@@ -241,6 +241,21 @@ def _sweep_chunk(wid, s, e, k, launch, span):
     return (bt[wi], wend), parts, (bw[gi], gs, ge, gl, gclass)
 
 
+def _read_chunk(con, params) -> "pa.Table":
+    """_READ's rows, streamed, each batch's names dictionary-encoded as it comes: a chunk holds a
+    rank's CPU ranges with their names, which as plain strings were most of the module's peak."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = []
+    for b in con.sql(_READ, params=params).to_arrow_reader(1 << 16):
+        i = b.schema.get_field_index("name")
+        parts.append(b.set_column(i, "name", pc.dictionary_encode(b.column(i))))
+    if not parts:
+        return con.sql(_READ, params=params).to_arrow_table()
+    return pa.Table.from_batches(parts)
+
+
 def _col(tab, name: str, fill=None) -> np.ndarray:
     """A column of a pyarrow table as int64 numpy (nulls → ``fill``; no copy when it has none)."""
     import pyarrow.compute as pc
@@ -326,7 +341,7 @@ def _launcher_tables(gpu, rg, lt, ls, le):
         f = found[kd]
         null = (f < 0) | (rid[f] == _NONE)
         cols[name] = pa.array(rid[f], mask=null)
-        cols[label] = rg.column("name").take(pa.array(np.where(null, 0, f), mask=null))
+        cols[label] = rg.column("name").take(pa.array(np.where(null, 0, f), mask=null)).cast(pa.string())
     return pa.table(cols)
 
 
@@ -438,7 +453,7 @@ def create(con) -> None:
         lo = chunks[j - 1][2] + 1 if j and chunks[j - 1][0] == run_id else -2**31
         hi = hi if j + 1 < len(chunks) and chunks[j + 1][0] == run_id else 2**31 - 1
         # a chunk's ranks in one scan (a statement per rank cost ~0.1 s apiece at 1,024 ranks)
-        t = con.sql(_READ, params=[run_id, lo, hi]).to_arrow_table()
+        t = _read_chunk(con, [run_id, lo, hi])
         kind = t.column("kind").to_numpy()
         rg = t.select(["rank", "kind", "event_id", "track", "s", "dur_ns", "name"]).filter(pa.array(kind < 2))
         gpu = t.select(["rank", "event_id", "s", "dur_ns", "k", "step", "launch_event_id"])
