@@ -57,6 +57,19 @@ views, which only the HTML timeline queries, after :meth:`AnalysesConnection.ens
 _ENSURE_READS = {"overlap_islands": ("intervals",)}
 """The pipeline modules each module :meth:`AnalysesConnection.ensure` may create reads."""
 
+_LATE_NAMES = {v: "overlap_islands" for v in ("comm_islands", "compute_islands", "overlap_islands")}
+"""View → the late module (after the critical path) that defines it: a statement naming one creates
+that module alone (:meth:`AnalysesConnection.ensure`), not every module before it."""
+
+
+def _missing_name(exc) -> str | None:
+    """The object a DuckDB CatalogException says does not exist (``Table with name X does not
+    exist``), lower-cased; None for another message."""
+    import re
+
+    m = re.search(r"with name \"?([A-Za-z_][A-Za-z0-9_]*)\"? does not exist", str(exc))
+    return m.group(1).lower() if m else None
+
 
 def modules() -> dict[str, str]:
     """name → SQL text of every SQL module of the pipeline."""
@@ -107,7 +120,8 @@ class AnalysesConnection:
     def ensure(self, name: str) -> None:
         """Create the pipeline module ``name`` now unless it exists, out of order: for a module late in
         the pipeline that reads only the base tables and early modules (``overlap_islands``, which the
-        HTML timeline queries; last so that no other statement binds it on the way)."""
+        HTML timeline queries; last so that no other statement binds it on the way; a statement naming
+        one of its views calls this itself)."""
         if name not in self.loaded and name not in self._ahead:
             for dep in _ENSURE_READS.get(name, ()):
                 self.ensure(dep)
@@ -125,8 +139,11 @@ class AnalysesConnection:
         while True:
             try:
                 return call()
-            except (duckdb.CatalogException, duckdb.BinderException):
-                if not self.load_next():
+            except (duckdb.CatalogException, duckdb.BinderException) as exc:
+                late = _LATE_NAMES.get(_missing_name(exc))
+                if late is not None and late not in self._ahead and late not in self.loaded:
+                    self.ensure(late)  # a late module's view: that module, not the pipeline before it
+                elif not self.load_next():
                     raise
 
     def execute(self, query, *args, **kwargs):

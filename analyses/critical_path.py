@@ -163,8 +163,7 @@ WHERE e.run_id = ?
 
 # the nodes of every window of the run in _cp_events, window by window (in step order, the nodes of
 # a window in no order): the profiler steps, or (? true: a run without steps) the whole trace. One
-# statement, streamed: a statement per window cost ~40 ms at ×16 (80 steps), most of it DuckDB
-# binding it. kind: the position of track_kind among the run's track kinds in order (NULL last),
+# statement, streamed, not one per window (each would be bound anew: benchmarks/README.md). kind: the position of track_kind among the run's track kinds in order (NULL last),
 # so that (kind, device, track) sort as DuckDB sorts them (NULLs last)
 _NODES = """
 SELECT step, rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
@@ -179,8 +178,7 @@ ORDER BY step
 
 CHUNK_NODES = 1 << 17
 """Nodes per statement of _NODES (consecutive steps, or one bigger step): its sort stays within
-the connection's memory budget (all 1.5 M nodes of ×16 in one sort took the budget ×4 and the
-peak RSS +200 MiB)."""
+the connection's memory budget (benchmarks/README.md, "Critical path")."""
 
 
 class _Rows:
@@ -624,9 +622,8 @@ def path_segments(con, run_id: str) -> list[dict]:
 
 CRITICAL_PATH_AUTO_EVENTS = 1_000_000
 """Runs with more events (ranks.events summed) leave the critical path out of the report unless it
-is asked for (``analyze --critical-path``, ``export --critical-path``): it still costs ~2 µs of CPU
-per event read and ~1 µs per path event (~4 CPU s on the ×16 hta_ddp replica, benchmarks/README.md),
-a third of the rest of ``analyze`` there."""
+is asked for (``analyze --critical-path``, ``export --critical-path``): its cost grows with the
+events read and the path's length (benchmarks/README.md, "Critical path")."""
 
 
 def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str | None]:

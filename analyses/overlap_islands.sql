@@ -3,9 +3,9 @@
 --
 -- Definitions as in overlap.sql: intervals are events with class 'comm' / 'compute' (see
 -- tracekit.ingest.linkpass); a window is the whole trace (grp = -1) or one profiler step (grp = step).
--- A module of its own, late in the pipeline, because binding these views reads every rank's events
--- file (about 1 CPU s at 1,024 ranks), which only statements that query the islands (the HTML
--- report's timeline) need; the lengths per window and per call come from the ingest's summaries.
+-- A module of its own, last in the pipeline, because binding these views reads every rank's events
+-- file, which only statements that query the islands (the HTML timeline, a user's SQL) need; the
+-- lengths per window and per call come from the ingest's summaries.
 --
 -- comm_islands, compute_islands, overlap_islands: disjoint islands of the union of comm
 -- (compute) intervals, and the pieces of comm ∩ compute. Views, evaluated only when queried.

@@ -96,18 +96,20 @@ def create(con) -> None:
     """Create ``overlap_windows`` (a table) and the views ``_overlap_summary``, ``_span_overlap`` on
     ``con`` (an :class:`tracekit.store.AnalysisConnection`) from the store's summaries, computing
     them from ``events`` for the runs stored without (module docstring)."""
-    missing = [r for (r,) in con.execute(
-        "SELECT run_id FROM runs WHERE run_id NOT IN (SELECT DISTINCT run_id FROM overlap_summary) "
-        "ORDER BY run_id").fetchall()]
+    both = {"overlap_summary", "span_overlap"}
+    missing = sorted(r for r, tables in con.run_tables.items() if not both <= tables)
     wins, spans = _computed(con, missing)
-    for name, tab in (("_overlap_summary_computed", wins), ("_span_overlap_computed", spans)):
+    con.execute("CREATE OR REPLACE TEMP TABLE _summary_missing (run_id VARCHAR)")
+    if missing:
+        con.executemany("INSERT INTO _summary_missing VALUES (?)", [[r] for r in missing])
+    for stored, tab in (("overlap_summary", wins), ("span_overlap", spans)):
         con.register("_summary_part", tab)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _summary_part")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _{stored}_computed AS SELECT * FROM _summary_part")
         con.unregister("_summary_part")
-    con.execute("CREATE OR REPLACE VIEW _overlap_summary AS SELECT * FROM overlap_summary "
-                "UNION ALL SELECT * FROM _overlap_summary_computed")
-    con.execute("CREATE OR REPLACE VIEW _span_overlap AS SELECT * FROM span_overlap "
-                "UNION ALL SELECT * FROM _span_overlap_computed")
+        # a run with one file but not the other (a partly copied run folder): all computed, none stored
+        con.execute(f"CREATE OR REPLACE VIEW _{stored} AS SELECT * FROM {stored} "
+                    f"WHERE run_id NOT IN (SELECT run_id FROM _summary_missing) "
+                    f"UNION ALL SELECT * FROM _{stored}_computed")
     con.execute(
         """
         CREATE OR REPLACE TABLE overlap_windows AS

@@ -97,6 +97,14 @@ def test_sql_format_errors_and_read_only(store, tmp_path, capsys):
     assert not target.exists() and not (tmp_path / "o.csv").exists()
 
 
+def test_piped_sql_table_takes_columns(store, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    capsys.readouterr()
+    assert _sql(store, "SELECT * FROM runs") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) == 100 and len(lines) > 3  # the runs row's 20-odd columns folded into 100
+
+
 def test_sql_run_restricts_every_view(tmp_path, capsys):
     """--run: the tables and the analysis views hold that run's rows only (tp_2rank: 8 all-reduces
     per rank, 2 ranks → 16 collectives rows, 8 instances; the handmade pair: 6 rows, 3 instances)."""

@@ -413,3 +413,21 @@ def test_self_last_arrival_ties_and_a_rank_absent_from_a_step(tmp_path):
         (1, 1, 29 * US, 0, 10 * US, 0, 0, 0, 19 * US, 0, 4, 1),
         (0, 2, 9 * US, 8 * US, 0, 0, 500, 0, 0, 500, 3, 0),
     ]
+
+
+def test_small_node_chunks_give_the_same_path(tmp_path, monkeypatch):
+    """CHUNK_NODES = 7 (the node statement cut every 7 nodes' steps; every fixture fits one chunk at
+    the default): the same critical_path and critical_path_summary rows on the 3d job (8 ranks,
+    several steps)."""
+    store = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "3d_2x2x2"], store, run_id="r")
+
+    def rows():
+        con = analyses.connect(store)
+        out = [con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in ("critical_path", "critical_path_summary")]
+        con.close()
+        return out
+
+    whole = rows()
+    monkeypatch.setattr(cp, "CHUNK_NODES", 7)
+    assert rows() == whole and all(whole)

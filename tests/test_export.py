@@ -206,6 +206,17 @@ def test_export_cli(store, tmp_path, capsys):
     assert main(["export", "--perfetto", str(out), "--run", "nope", "--store", str(store.path)]) == 2
 
 
+def test_a_benchmark_log_has_nothing_to_export(tmp_path, capsys):
+    st = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "nccl_tests" / "slurm-4242.out"], st, run_id="log")
+    capsys.readouterr()
+    out = tmp_path / "log.json"
+    assert main(["export", "--perfetto", str(out), "--run", "log", "--store", str(st.path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tracekit: run 'log' has no timeline (no events: a benchmark log?): nothing to export")
+    assert not out.exists()
+
+
 def test_dlrm_8_ranks_merged(tmp_path):
     """The acceptance check on the real 8-rank PARAM DLRM traces (V100, NCCL)."""
     src = shared_trace("param_dlrm_8rank_v100")

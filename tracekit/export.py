@@ -179,7 +179,8 @@ def export_perfetto(
 
     The file is written to a temporary name beside ``out_path`` and renamed, so a failure leaves
     no half-written file. Returns :class:`ExportStats`. Raises StoreError for an empty store or an
-    unknown run; OSError when ``out_path`` cannot be written.
+    unknown run, BadInputError for a run without a timeline (no events: an nccl-tests log);
+    OSError when ``out_path`` cannot be written.
     """
 
     st = store if isinstance(store, Store) else Store(store)
@@ -205,6 +206,10 @@ def _write(con, run_id: str, out: Path, critical_path: bool | None = None) -> Ex
         "SELECT rank, host, clock_offset_ns FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]
     ).fetchall()
     lo = con.execute("SELECT min(ts_ns) FROM events WHERE run_id = ?", [run_id]).fetchone()[0]
+    if lo is None:
+        from tracekit.errors import BadInputError
+
+        raise BadInputError(f"run {run_id!r} has no timeline (no events: a benchmark log?): nothing to export")
     origin = 0 if lo is None else (int(lo) // 1000) * 1000
     stats.time_origin_ns = origin
     coll = _collective_args(con, run_id)

@@ -130,8 +130,9 @@ COLLECTIVES_SCHEMA = pa.schema(
 
 # Per-rank overlap summaries, computed at ingest (tracekit.intervals.rank_overlap_summary, called by
 # tracekit.ingest.assemble.assemble_rank) so that analyze need not scan the events for overlap.
-# Runs ingested before them have neither file; the analyses compute the same rows from the events
-# (analyses/overlap_windows.py). Timestamps are on the run's common clock (shifted by the rank's
+# Runs ingested before them, and nccl-tests runs (no events), have neither file; for a run without
+# both, the analyses compute the same rows from the events (analyses/overlap_windows.py). These base
+# views hold the stored rows only: query overlap_by_rank / overlap_by_step / collective_overlap. Timestamps are on the run's common clock (shifted by the rank's
 # clock offset like the events); lengths are ns.
 OVERLAP_SUMMARY_SCHEMA = pa.schema(
     [
@@ -195,6 +196,7 @@ class AnalysisConnection:
         self._con = con
         self._pins: list[int] = []  # shared locks on the run versions the views read (Store.pin)
         self.bound_files: list[str] = []  # every Parquet file the store's views read (tracekit.sqlshell)
+        self.run_tables: dict[str, set[str]] = {}  # run id → the TABLES it has files of
         self.memory_limit = limit
         con.execute(f"SET memory_limit = '{limit}B'")
 
@@ -395,12 +397,14 @@ class Store:
     def connect(self, *, run_ids: list[str] | None = None, read_only_check: bool = True):
         """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views.
 
-        Views ``runs``, ``ranks``, ``events``, ``collectives`` read the Parquet
+        Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``
+        (the stored per-rank summaries; empty for a run stored without them) read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
         when there is no run they are empty with the right columns. The files are a literal
         list (:func:`sql_file_list`; also in ``con.bound_files``) of the version each run had
         when connecting, pinned (:meth:`pin`) until ``con.close()``: a replace meanwhile leaves
-        it in place. The analyses are not here: ``tracekit.analyses.connect(store, ...)`` adds them.
+        it in place; ``con.run_tables``: run id → the tables it has files of. The analyses are not
+        here: ``tracekit.analyses.connect(store, ...)`` adds them.
         Raises StoreError if a run was written by a newer major schema version.
         """
         import duckdb
@@ -421,6 +425,9 @@ class Store:
             if pinned is not None:
                 dirs[rid], fd = pinned
                 con._pins.append(fd)
+        for rid in ids:
+            d = dirs.get(rid) or self.run_dir(rid).resolve()
+            con.run_tables[rid] = {t for t, (pattern, _s) in TABLES.items() if next(d.glob(pattern), None)}
         for table, files in self.table_files(ids, dirs).items():
             schema = TABLES[table][1]
             con.bound_files.extend(files)

@@ -20,10 +20,14 @@ def output_console(piped_width: int):
     which would fold the tables)."""
     from rich.console import Console
 
-    if sys.stdout.isatty():
-        return Console()
+    return Console() if sys.stdout.isatty() else Console(width=piped_width_of(piped_width))
+
+
+def piped_width_of(default: int) -> int:
+    """The width for output that is piped or redirected: ``$COLUMNS`` when it is a positive number,
+    else ``default``."""
     cols = os.environ.get("COLUMNS", "")
-    return Console(width=int(cols) if cols.isdigit() and int(cols) > 0 else piped_width)
+    return int(cols) if cols.isdigit() and int(cols) > 0 else default
 
 
 def fmt_bytes(b) -> str:

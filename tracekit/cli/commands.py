@@ -198,7 +198,9 @@ def sql(
     if output is not None:
         typer.echo(f"wrote {table.num_rows} rows to {sqlout.write(table, fmt, output)}", err=True)
         return
-    width = max(120, os.get_terminal_size().columns) if sys.stdout.isatty() else 200
+    from tracekit.textfmt import piped_width_of
+
+    width = max(120, os.get_terminal_size().columns) if sys.stdout.isatty() else piped_width_of(200)
     typer.echo(sqlout.render(table, fmt, width=width), nl=False)
 
 

@@ -68,7 +68,7 @@ def profile(
         False, "--nsys", help="Run the job under `nsys profile` (needs nsys on PATH) instead of injecting torch.profiler."
     ),
     expect_ranks: Optional[int] = typer.Option(
-        None, "--expect-ranks", help="Multi-node: the ranks node 0 waits for (default: the world size the ranks report)."
+        None, "--expect-ranks", help="Multi-node: the ranks node 0 waits for until a rank reports torch.distributed's world size, which wins."
     ),
     wait_timeout: float = typer.Option(
         300.0, "--wait-timeout", help="Multi-node: seconds node 0 waits for the other nodes after its own job ended."

@@ -146,7 +146,7 @@ class _SummaryTap:
         ev = pa.table(cols)
         is_comm = np.concatenate(self.comm) if self.comm else np.zeros(0, dtype=bool)
         names = pa.chunked_array(self.names, pa.string())
-        self.parts = self.comm = self.names = []
+        self.parts, self.comm, self.names = [], [], []
         return tuple(_compact(t) for t in rank_overlap_summary(run_id, rank, ev, is_comm, names, recv_ids))
 
 
@@ -300,9 +300,9 @@ def finish_run(
     for name, schema, j, cols in (("collectives", COLLECTIVES_SCHEMA, 1, ("ts_ns", "issue_ts_ns")),
                                   ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, 2, ("first_ns", "last_ns")),
                                   ("span_overlap", SPAN_OVERLAP_SCHEMA, 3, ("ts_ns",))):
-        # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows (a row group per rank made 2.5 MB
-        # of footer for 1,024 ranks' 4,096 summary rows, 6.5 MB for their 21,504 collectives, read
-        # by every scan); at most one row group's worth of shifted copies held at a time
+        # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows (a row group per rank makes a
+        # footer that grows with the ranks, read by every scan: benchmarks/README.md); at most one
+        # row group's worth of shifted copies held at a time
         with pq.ParquetWriter(stage / f"{name}.parquet", schema, **PARQUET_OPTS) as w:
             buf, n = [], 0
             for k, sm in enumerate(summaries):

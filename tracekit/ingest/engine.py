@@ -174,8 +174,8 @@ RAY_JOIN_TIMEOUTS = {
 }
 """Ray's own settings (environment variables) for joining
 ``HOST:PORT``: with its defaults a port that accepts TCP but is not a Ray head (a mistyped port of
-another service) keeps ``ray.init`` retrying for ~2 minutes; with these it fails in ~20–30 s. A real head answers in well under a second. A value
-the user set in the environment is kept."""
+another service) keeps ``ray.init`` retrying for minutes; these cut the retries and timeouts
+(benchmarks/README.md has the times). A value the user set in the environment is kept."""
 
 
 @contextlib.contextmanager
