@@ -182,3 +182,31 @@ def test_a_run_with_one_summary_file_is_computed_whole(gone, tmp_path):
     (st.run_dir("r").resolve() / gone).unlink()
     con = analyses.connect(st)
     assert [_rows(con, q) for q in REPORTED] == stored and stored[1]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not parquet", "another table's file"])
+def test_a_damaged_summary_file_is_computed_from_the_events(damage, tmp_path, capsys):
+    """A summary file cut short, overwritten, or holding another table: not read, the run's summaries
+    computed from the events — the same rows; a damaged collectives file: one line naming it."""
+    from tracekit.cli import main
+
+    st = _ingest(tmp_path, "fixture:pp_2rank")
+    con = analyses.connect(st)
+    stored = [_rows(con, q) for q in REPORTED]
+    con.close()
+    d = st.run_dir("r").resolve()
+    f = d / "span_overlap.parquet"
+    if damage == "truncated":
+        f.write_bytes(f.read_bytes()[:100])
+    elif damage == "not parquet":
+        f.write_text("garbage")
+    else:
+        f.write_bytes((d / "ranks.parquet").read_bytes())
+    con = analyses.connect(st)
+    assert [_rows(con, q) for q in REPORTED] == stored and stored[1]
+    con.close()
+    (d / "collectives.parquet").write_bytes(b"PAR1")
+    capsys.readouterr()
+    assert main(["analyze", "--store", str(st.path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"tracekit: {d / 'collectives.parquet'}: not a readable Parquet file") and "--replace" in err

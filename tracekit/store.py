@@ -128,6 +128,10 @@ COLLECTIVES_SCHEMA = pa.schema(
     ]
 )
 
+SUMMARY_TABLES = {"overlap_summary", "span_overlap"}
+"""Tables a run may lack, or hold damaged (then not read: Store.connect): the analyses compute them
+from the events (analyses/overlap_windows.py)."""
+
 # Per-rank overlap summaries, computed at ingest (tracekit.intervals.rank_overlap_summary, called by
 # tracekit.ingest.assemble.assemble_rank) so that analyze need not scan the events for overlap.
 # Runs ingested before them, and nccl-tests runs (no events), have neither file; for a run without
@@ -161,6 +165,19 @@ SPAN_OVERLAP_SCHEMA = pa.schema(
         ("overlap_ns", pa.int64()),  # |span ∩ ∪ compute| over the whole trace
     ]
 )
+
+def _parquet_problem(path: Path, schema: pa.Schema) -> str | None:
+    """Why ``path`` cannot be read as one of this table's files (not Parquet, cut short, a column
+    the table does not have), or None. Reads the footer only."""
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowException) as exc:
+        return f"not a readable Parquet file ({' '.join(str(exc).split())[:120]})"
+    extra = sorted(set(names) - set(schema.names))
+    return f"columns this table does not have ({', '.join(extra[:4])})" if extra else None
+
 
 TABLES = {
     "runs": ("run.parquet", RUNS_SCHEMA),
@@ -425,10 +442,21 @@ class Store:
             if pinned is not None:
                 dirs[rid], fd = pinned
                 con._pins.append(fd)
+        damaged: set[str] = set()
         for rid in ids:
             d = dirs.get(rid) or self.run_dir(rid).resolve()
             con.run_tables[rid] = {t for t, (pattern, _s) in TABLES.items() if next(d.glob(pattern), None)}
+            for t in sorted(con.run_tables[rid] & SUMMARY_TABLES):
+                f = d / TABLES[t][0]
+                if _parquet_problem(f, TABLES[t][1]) is not None:  # damaged: computed from the events instead
+                    damaged.add(str(f))
+                    con.run_tables[rid].discard(t)
+            for t in ("run.parquet", "ranks.parquet", "collectives.parquet"):
+                schema = next(s for pattern, s in TABLES.values() if pattern == t)
+                if (d / t).exists() and (why := _parquet_problem(d / t, schema)) is not None:
+                    raise StoreError(f"{d / t}: {why}; the run {rid!r} is damaged: ingest it again with --replace")
         for table, files in self.table_files(ids, dirs).items():
+            files = [f for f in files if f not in damaged]
             schema = TABLES[table][1]
             con.bound_files.extend(files)
             con.register(f"__empty_{table}", schema.empty_table())
