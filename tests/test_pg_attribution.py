@@ -134,7 +134,7 @@ def test_a_label_naming_a_group_without_the_rank_is_ignored():
     lab = ("2", None, None, None)
     got, warnings = _run([(r, "all_reduce", 64, 0, 10, None, None, None, lab[r]) for r in range(4)])
     assert _names(got) == {r: [None] for r in range(4)}
-    assert warnings[0] == ["1 gloo call(s) inside a process-group range naming a group this rank is not in "
+    assert warnings[0] == ["1 gloo call(s) inside a process-group range naming a group missing from this rank's pg_config "
                            "(tracekit.process_group:2): the range is ignored, as if absent",
                            "1 gloo call(s) without a process group in the trace could not be put in one group "
                            "unambiguously: left unassigned (no pg_name, not matched across ranks)"]

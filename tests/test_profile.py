@@ -61,7 +61,9 @@ def test_without_dashdash_or_command_exits_2(args, capsys, tmp_path, monkeypatch
 
 def test_bad_schedule_exits_2(capsys, tmp_path):
     assert _profile(tmp_path, "--active", "0", command=["python", "-c", "pass"]) == 2
-    assert "--active must be an integer >= 1" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip().splitlines() == ["tracekit: --active must be an integer >= 1, got 0"]
+    assert _profile(tmp_path, "--expect-ranks", "0", command=["python", "-c", "pass"]) == 2  # before "running ..."
+    assert capsys.readouterr().err.strip().splitlines() == ["tracekit: --expect-ranks must be an integer >= 1, got 0"]
 
 
 def test_unknown_command_exits_2(capsys, tmp_path):

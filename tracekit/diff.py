@@ -244,6 +244,8 @@ def print_diff(diff: dict, console=None) -> None:
             fmt_ms(r["delta"]["comm_ns"], signed=True),
         )
     con.print(t)
+    con.print("comm and exposed per row sum each call's span: calls that run at once (two streams, two groups) "
+              "count once each, so rows can add up to more than the run totals, which are unions")
     pooled = [f"{side} {r['op']} {r['bucket']['label']}: {r[k]['groups']}" for r in diff["rows"]
               for side, k in (("A", "a"), ("B", "b")) if r[k] and (r[k].get("groups") or 0) > 1]
     if pooled:

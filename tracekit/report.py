@@ -742,11 +742,12 @@ def print_report(report: dict, console=None) -> None:
         _show(con, t)
     if report.get("measured_vs_model"):
         rows = report["measured_vs_model"]
-        t = _table("Measured per step (means over the profiled steps)")
-        for col in ("rank", compute_header(report), "comm ms", "overlap ms", "exposed ms"):
+        t = _table("Measured per step (means over the profiled steps that hold communication)")
+        for col in ("rank", "steps", compute_header(report), "comm ms", "overlap ms", "exposed ms"):
             t.add_column(col, justify="right")
         for r in rows:
-            t.add_row(str(r["rank"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]), fmt_ms(r["exposed_ns"]))
+            t.add_row(str(r["rank"]), str(r["steps"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]),
+                      fmt_ms(r["exposed_ns"]))
         _show(con, t)
         t = _table("Model per step (α–β prediction under the run's overlap model) against the measurement")
         for col in ("rank", "model", "predicted comm ms", "predicted exposed ms", "measured / predicted", "α/β from"):

@@ -97,7 +97,7 @@ def profile(
         wait=wait, warmup=warmup, active=active, repeat=repeat, record_shapes=record_shapes,
         with_stack=with_stack, out=str(out), run_id=run_id, nsys=nsys,
         expect_ranks=expect_ranks, wait_timeout_s=wait_timeout,
-    )
+    ).validated()  # a bad option is one line before anything runs or is said to run
 
     def progress(msg: str) -> None:
         print(f"tracekit profile: {msg}", file=sys.stderr, flush=True)

@@ -217,7 +217,7 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
             warnings[r].append(f"process group {g}: its members' calls, as attributed, do not form one sequence")
     for r, labs in mislabelled.items():
         warnings[r].append(
-            f"{len(labs)} gloo call(s) inside a process-group range naming a group this rank is not in "
+            f"{len(labs)} gloo call(s) inside a process-group range naming a group missing from this rank's pg_config "
             f"({', '.join(LABEL_PREFIX + g for g in sorted(set(labs)))}): the range is ignored, as if absent")
     for r, n in unchecked.items():
         warnings[r].append(
