@@ -368,6 +368,33 @@ class RankContext:
     def trace_path(self) -> Path:
         return trace_path(self.run_dir, self.rank)
 
+    def profiled_steps(self, prof, steps: int, step_s: list | None = None, *, report: bool | None = None):
+        """The step numbers 0 … ``steps`` − 1 of a workload's loop under the profiler ``prof``; after
+        each step's body: wait for the device (CUDA), append the step's wall time in s to ``step_s``
+        (when given), advance the profiler's schedule (``prof.step()``) and send "step k/N" as progress
+        (from rank 0, or where ``report`` is true)."""
+        import time
+
+        for step in range(steps):
+            t0 = time.perf_counter()
+            yield step
+            if self.is_cuda:
+                import torch
+
+                torch.cuda.synchronize(self.device)
+            if step_s is not None:
+                step_s.append(time.perf_counter() - t0)
+            prof.step()
+            if (self.rank == 0) if report is None else report:
+                self.progress(f"step {step + 1}/{steps}")
+
+    def check_trace(self, out_file: Path) -> None:
+        """TracekitError unless the profiler exported ``out_file``."""
+        from tracekit.errors import TracekitError
+
+        if not out_file.exists():
+            raise TracekitError(f"{out_file}: the profiler exported no trace")
+
 
 def _set_parent_death_signal() -> None:
     """Linux: have the kernel SIGKILL this process if the parent dies (no orphans)."""

@@ -371,18 +371,12 @@ def _kv_rank(ctx: _launch.RankContext, cfg: KVConfig) -> dict[str, Any]:
     prof = _launch.make_profiler(schedule, out_file, use_cuda=ctx.is_cuda)
     try:
         with torch.no_grad(), prof:
-            for step in range(cfg.steps):
+            for _step in ctx.profiled_steps(prof, cfg.steps):
                 step_fn()
-                if ctx.is_cuda:
-                    torch.cuda.synchronize(ctx.device)
-                prof.step()
-                if ctx.rank == 0:
-                    ctx.progress(f"step {step + 1}/{cfg.steps}")
     finally:
         sys.setswitchinterval(switch)
         waiter.close()
-    if not out_file.exists():
-        raise TracekitError(f"{out_file}: the profiler exported no trace")
+    ctx.check_trace(out_file)
 
     check: dict[str, Any] = {"role": role}
     if role == "decode":

@@ -62,7 +62,6 @@ import dataclasses
 import datetime as _dt
 import functools
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -522,19 +521,11 @@ def _ep_rank(ctx: _launch.RankContext, cfg: EPConfig) -> dict[str, Any]:
     step_s: list[float] = []
     outputs, routings = [], []
     with torch.no_grad(), prof:
-        for step in range(cfg.steps):
-            t0 = time.perf_counter()
+        for step in ctx.profiled_steps(prof, cfg.steps, step_s):
             out, routing = ep_forward(inputs[step], shard, cfg, ctx.rank, ctx.world_size, dist_all_to_all)
-            if ctx.is_cuda:
-                torch.cuda.synchronize(device)
-            step_s.append(time.perf_counter() - t0)
-            prof.step()
             outputs.append(out)
             routings.append(routing)
-            if ctx.rank == 0:
-                ctx.progress(f"step {step + 1}/{cfg.steps}")
-    if not out_file.exists():
-        raise TracekitError(f"{out_file}: the profiler exported no trace")
+    ctx.check_trace(out_file)
 
     if ctx.rank == 0:
         ctx.progress("checking EP output against the single-process reference")

@@ -36,7 +36,6 @@ Public API: :func:`layout`, :func:`expected_counts`, :func:`run_epdp` (``run_ep`
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,7 +43,6 @@ from tracekit.collectors import launch as _launch
 from tracekit.collectors.workloads import ep as _ep
 from tracekit.collectors.workloads import tp as _tp
 from tracekit.collectors.workloads.threed import DPBuckets, make_buckets
-from tracekit.errors import TracekitError
 
 
 def layout(ep: int, dp: int) -> dict[str, list[list[int]]]:
@@ -190,22 +188,14 @@ def _rank(ctx: _launch.RankContext, cfg: "_ep.EPConfig") -> dict[str, Any]:
     step_s: list[float] = []
     losses = []
     with prof:
-        for step in range(cfg.steps):
-            t0 = time.perf_counter()
+        for step in ctx.profiled_steps(prof, cfg.steps, step_s):
             out = forward(_ep.make_input(cfg, ctx.rank, step, device=ctx.device), shard, cfg, ep, mine["ep"], [])
             loss = _tp.mse_loss(out, make_target(cfg, ctx.rank, step, device=ctx.device))
             dp_state.arm()
             loss.backward()
             dp_state.finish()
-            if ctx.is_cuda:
-                torch.cuda.synchronize(ctx.device)
             losses.append(loss.item())
-            step_s.append(time.perf_counter() - t0)
-            prof.step()
-            if ctx.rank == 0:
-                ctx.progress(f"step {step + 1}/{cfg.steps}")
-    if not out_file.exists():
-        raise TracekitError(f"{out_file}: the profiler exported no trace")
+    ctx.check_trace(out_file)
     if ctx.rank == 0:
         ctx.progress("checking expert gradients against the single-process reference")
     got = {n: v.cpu() for n, v in dp_state.reduced.items()}  # the reference runs on the CPU

@@ -825,23 +825,15 @@ def _pp_rank(ctx: _launch.RankContext, cfg: PPConfig) -> dict[str, Any]:
     step_s: list[float] = []
     grad_mode = torch.enable_grad() if cfg.mode == "train" else torch.no_grad()
     with grad_mode, prof:
-        for step in range(cfg.steps):
-            t0 = time.perf_counter()
+        for _step in ctx.profiled_steps(prof, cfg.steps, step_s, report=stage == 0):
             runner.reset()
             exchange.sent_first = False
             for p in leaves:
                 p.grad = None
             run_program(program, runner, exchange)
             exchange.drain()  # every send of the step has completed
-            if ctx.is_cuda:
-                torch.cuda.synchronize(ctx.device)
-            step_s.append(time.perf_counter() - t0)
-            prof.step()
-            if stage == 0:
-                ctx.progress(f"step {step + 1}/{cfg.steps}")
     exchange.close()
-    if not out_file.exists():
-        raise TracekitError(f"{out_file}: the profiler exported no trace")
+    ctx.check_trace(out_file)
 
     if stage == 0:
         ctx.progress("checking the pipeline against the single-process reference")

@@ -467,21 +467,15 @@ def _rank_3d(ctx: _launch.RankContext, cfg: ThreeDConfig) -> dict[str, Any]:
     step_s: list[float] = []
     try:
         with prof:
-            for step in range(cfg.steps):
-                t0 = time.perf_counter()
+            for step in ctx.profiled_steps(prof, cfg.steps, step_s):
                 run_program(program, compute, exchange)
                 exchange.waiter.drain()
                 dp_state.finish()
-                step_s.append(time.perf_counter() - t0)
                 if step == 0:
                     first_losses = dict(losses)
-                prof.step()
-                if ctx.rank == 0:
-                    ctx.progress(f"step {step + 1}/{cfg.steps}")
     finally:
         exchange.waiter.close()
-    if not out_file.exists():
-        raise TracekitError(f"{out_file}: the profiler exported no trace")
+    ctx.check_trace(out_file)
     if ctx.rank == 0:
         ctx.progress("checking gradients against the single-process reference")
     check = _check(cfg, full, inputs, targets, dp_state, params, buckets, t_idx, d_idx, first_losses if last else None)

@@ -636,17 +636,9 @@ def _tp_rank(ctx: _launch.RankContext, cfg: TPConfig) -> dict[str, Any]:
         step_s: list[float] = []
         out = None
         with _grad_mode(cfg), prof:
-            for step in range(cfg.steps):
-                t0 = time.perf_counter()
+            for _step in ctx.profiled_steps(prof, cfg.steps, step_s):
                 out = step_forward()
-                if ctx.is_cuda:
-                    torch.cuda.synchronize(device)
-                step_s.append(time.perf_counter() - t0)
-                prof.step()
-                if ctx.rank == 0:
-                    ctx.progress(f"step {step + 1}/{cfg.steps}")
-        if not out_file.exists():
-            raise TracekitError(f"{out_file}: the profiler exported no trace")
+        ctx.check_trace(out_file)
 
     if train:
         if ctx.rank == 0:
