@@ -44,6 +44,8 @@ COMPUTE_COLOR = "#4c6ef5"
 COMM_WAIT_COLOR = "#ffc9c9"
 COMM_COLOR = "#e03131"
 OVERLAP_COLOR = "#2f9e44"
+MEMORY_COLOR = "#ae3ec9"  # memcpy/memset, in every figure that shows them
+IDLE_COLOR = "#e9ecef"  # idle time, in the GPU breakdown and the critical path
 FONT = dict(family="DejaVu Sans, Liberation Sans, Arial, sans-serif", size=14, color="#212529")
 
 MAX_TIMELINE_BARS = 20000
@@ -734,12 +736,12 @@ GPU_BREAKDOWN_SERIES = (
     ("compute_only_ns", "compute only", COMPUTE_COLOR),
     ("comm_hidden_ns", "comm hidden by compute", OVERLAP_COLOR),
     ("comm_exposed_ns", "comm exposed", COMM_COLOR),
-    ("memory_ns", "memcpy/memset", "#ae3ec9"),
+    ("memory_ns", "memcpy/memset", MEMORY_COLOR),
     ("sync_ns", "sync", "#495057"),
     ("other_ns", "other GPU", "#adb5bd"),
     ("idle_host_wait_ns", "idle: host wait", "#ffd43b"),
     ("idle_kernel_wait_ns", "idle: kernel wait", "#ffe8cc"),
-    ("idle_other_ns", "idle: other", "#e9ecef"),
+    ("idle_other_ns", "idle: other", IDLE_COLOR),
 )
 
 
@@ -796,7 +798,7 @@ def kernel_figure(data: dict):
     launch = sorted([r for r in rep.get("gpu_time_by_launcher") or [] if r["launcher_kind"] == "annotation"],
                     key=lambda r: r["gpu_total_ns"])
     unit, f = _time_unit(max(r["total_ns"] for r in kernels))
-    colors = {"compute": COMPUTE_COLOR, "comm": COMM_COLOR, "memory": "#ae3ec9", "sync": "#495057"}
+    colors = {"compute": COMPUTE_COLOR, "comm": COMM_COLOR, "memory": MEMORY_COLOR, "sync": "#495057"}
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.3,
                         subplot_titles=["largest GPU ops per class (total time)", "GPU time per record_function range"])
     short = lambda n: n if len(n) <= 48 else n[:47] + "…"  # noqa: E731
@@ -1409,11 +1411,11 @@ CRITICAL_PATH_SERIES = (
     # (part, legend label, colour): the composition of critical_path_summary
     ("compute", "compute", COMPUTE_COLOR),
     ("exposed_comm", "exposed communication", COMM_COLOR),
-    ("memory", "memcpy/memset", "#ae3ec9"),
+    ("memory", "memcpy/memset", MEMORY_COLOR),
     ("launch_cpu", "launch/CPU", "#fab005"),
     ("sync_other", "sync/other", "#868e96"),
     ("straggler", "on a straggler's work", "#f783ac"),
-    ("idle", "idle", "#e9ecef"),
+    ("idle", "idle", IDLE_COLOR),
 )
 
 
