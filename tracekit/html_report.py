@@ -327,8 +327,6 @@ def _timeline(con, run_id: str, steps: int) -> dict[str, Any]:
         gl = ", ".join(str(int(g)) for g in grps)
         rl = ", ".join(str(int(r)) for r in ranks) or "NULL"
         isl = {}
-        if hasattr(con, "ensure"):  # an analyses connection: the island views, not the modules before them
-            con.ensure("overlap_islands")
         for name in ("compute_islands", "overlap_islands"):
             isl[name] = _rows(
                 con,
