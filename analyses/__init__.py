@@ -29,7 +29,7 @@ PIPELINE = (
     "instance_rows",         # SQL: _instance_calls, the macro collective_instance_rows
     "collective_instances",  # Python: the table, built in parts
     "collective_bandwidth",
-    "collective_waits",
+    "collective_waits",      # SQL: collective_waits, collective_duplicates (read __instance_calls)
     "collective_samples",
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (the fit and reference read the class)
     "fit",                   # Python: alpha_beta_fit

@@ -14,7 +14,7 @@ the run. On a ×64 replica of hta_ddp_v100 (129k calls, 32 MB budget) the table 
 built in one statement, +43 MiB in eight parts.
 
 A table, computed once per connection: the fit, the verdicts, the waits and the report all
-read it.
+read it. The calls it is built from stay, evaluated once, in the temporary table CALLS (below).
 """
 
 from __future__ import annotations
@@ -24,21 +24,26 @@ PART_ROWS = 16_384
 """Collectives rows per part (on average: a hash decides which part a call falls in)."""
 
 
+CALLS = "__instance_calls"
+"""Temporary table, for the connection's lifetime: the rows of the view ``_instance_calls``
+evaluated once (its window functions over the collectives), with ``part`` set (0 when the run has
+one part). collective_waits and collective_duplicates read it instead of evaluating the view again
+(the report reads the waits three times)."""
+
+
 def create(con) -> None:
     """Create the table ``collective_instances`` on ``con`` (needs the view _instance_calls and the
-    macro collective_instance_rows)."""
+    macro collective_instance_rows), and the temporary table CALLS it is built from."""
     (rows,) = con.execute("SELECT count(*) FROM _instance_calls").fetchone()
     parts = max(1, -(-rows // PART_ROWS))
-    calls = "_instance_calls"
     if parts > 1:
-        calls = "__instance_calls"
         con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {calls} AS "
+            f"CREATE OR REPLACE TEMP TABLE {CALLS} AS "
             "SELECT * REPLACE (hash(run_id, pg_name, seq) % ? AS part) FROM _instance_calls ORDER BY part",
             [parts],
         )
-    con.execute(f"CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows('{calls}', 0)")
+    else:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {CALLS} AS SELECT * FROM _instance_calls")
+    con.execute(f"CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows('{CALLS}', 0)")
     for part in range(1, parts):
-        con.execute(f"INSERT INTO collective_instances SELECT * FROM collective_instance_rows('{calls}', ?)", [part])
-    if parts > 1:
-        con.execute(f"DROP TABLE {calls}")
+        con.execute(f"INSERT INTO collective_instances SELECT * FROM collective_instance_rows('{CALLS}', ?)", [part])

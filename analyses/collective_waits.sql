@@ -1,5 +1,7 @@
--- collective_waits: one row per (instance, rank): how long each rank waited for the slowest.
--- Reads: _instance_calls, collective_instances
+-- collective_waits: one row per (instance, rank): how long each rank waited for the slowest; and
+-- collective_duplicates (below), what matching did with a rank's repeated rows.
+-- Reads: __instance_calls (the rows of _instance_calls, evaluated once: analyses/collective_instances.py),
+-- collective_instances
 --
 -- A rank's row is its collectives row as matched (analyses/instance_rows.sql: a span written twice
 -- counts once; a rank's rows are matched within their profiler window, key (pg, win, seq)).
@@ -22,5 +24,31 @@ CREATE OR REPLACE VIEW collective_waits AS
 SELECT c.run_id, c.pg_name, c.seq, c.rank, c.event_id, i.op, c.ts_ns, c.dur_ns,
        i.last_arrival_ns - c.ts_ns AS wait_ns,
        (c.rank = i.straggler) AS is_straggler, c.win
-FROM _instance_calls c JOIN collective_instances i USING (run_id, pg_name, win, seq)
+FROM __instance_calls c JOIN collective_instances i USING (run_id, pg_name, win, seq)
 WHERE NOT i.conflict;
+
+-- collective_duplicates: what _instance_calls resolved in each rank's repeated (pg, seq) rows,
+-- one row per (run, rank, pg, kind); empty for a trace without repeats. Reads: collectives,
+-- __instance_calls (the rows of _instance_calls, analyses/instance_rows.sql, where the rules are)
+--
+-- run_id   VARCHAR  run
+-- rank     INTEGER  global rank
+-- pg_name  VARCHAR  process group name
+-- kind     VARCHAR  'copy' (the same span written more than once: extra copies dropped),
+--                   'window' (seq restarted: rows split into profiler windows),
+--                   'conflict' (different spans for one (pg, win, seq): instances flagged)
+-- n        BIGINT   copies dropped / windows after the first / (win, seq) keys in conflict
+CREATE OR REPLACE VIEW collective_duplicates AS
+-- the copies dropped are the matchable rows of (run, rank, pg) less those _instance_calls kept (one
+-- per copy group)
+WITH c AS (SELECT run_id, rank, pg_name, win, seq, rank_rows FROM __instance_calls),
+a AS (SELECT run_id, rank, pg_name, count(*) AS n FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL GROUP BY ALL),
+k AS (SELECT run_id, rank, pg_name, count(*) AS n FROM c GROUP BY ALL)
+SELECT a.run_id, a.rank, a.pg_name, 'copy' AS kind, a.n - k.n AS n
+FROM a JOIN k ON k.run_id = a.run_id AND k.rank = a.rank AND k.pg_name IS NOT DISTINCT FROM a.pg_name
+WHERE a.n > k.n
+UNION ALL
+SELECT run_id, rank, pg_name, 'window', max(win) FROM c GROUP BY ALL HAVING max(win) > 0
+UNION ALL
+SELECT run_id, rank, pg_name, 'conflict', count(DISTINCT (win, seq)) FROM c WHERE rank_rows > 1
+GROUP BY ALL;

@@ -3,12 +3,13 @@
 -- Reads: collectives
 --
 -- _instance_calls: the collectives rows that can be matched (op and seq known; a recv counts as
---   its pair's send), duplicates resolved (below), with the columns win and part = 0. analyses/collective_instances.py copies them into
---   a temporary table ordered by part = hash(run_id, pg_name, seq) % parts when the run is large.
+--   its pair's send), duplicates resolved (below), with the columns win and part = 0.
+--   analyses/collective_instances.py evaluates them once into the temporary table __instance_calls,
+--   ordered by part = hash(run_id, pg_name, seq) % parts when the run is large.
 -- collective_instance_rows(calls, p) → the instances of the rows of table `calls` whose part is
---   p (every instance's rows share one part). Built part by part, the per-instance state of
---   median() and count(DISTINCT) — held outside DuckDB's memory budget — covers one part's calls,
---   not a whole run's; the calls table sorted by part lets each part's scan skip the others' rows.
+--   p (every instance's rows share one part). Built part by part, the per-instance state (the lists
+--   of the instance's rows, below) covers one part's calls, not a whole run's; the calls table
+--   sorted by part lets each part's scan skip the others' rows.
 --
 -- An instance is the same collective on every rank of its group: key (run_id, pg_name, seq)
 -- (DESIGN.md, "Matching collectives across ranks"), within one profiler window (win, below).
@@ -17,7 +18,8 @@
 -- Repeated (pg, seq) rows within one rank (issue 17) are resolved before matching, never averaged:
 -- - the same span twice (same op, size and start, to the ns: a kernel written twice) is one row,
 --   the longest (the link pass cuts the first of two identical kernels on a stream to the second's
---   start, i.e. to 0 ns); the copies dropped are counted in collective_duplicates (kind 'copy');
+--   start, i.e. to 0 ns); the copies dropped are counted in collective_duplicates (kind 'copy';
+--   analyses/collective_waits.sql);
 -- - a rank's seq going down, in issue order (issue_ts_ns, else ts_ns), starts a new profiler
 --   window (profiler windows concatenated into one file restart seq): win counts the restarts
 --   before a row, and rows are matched within their window (collective_duplicates kind 'window');
@@ -79,73 +81,49 @@ SELECT run_id, pg_name, seq, rank, event_id, op, dtype, algo, size_bytes, group_
        win, count(*) OVER (PARTITION BY run_id, rank, pg_name, win, seq) AS rank_rows, 0::BIGINT AS part
 FROM w;
 
--- collective_duplicates: what _instance_calls resolved in each rank's repeated (pg, seq) rows,
--- one row per (run, rank, pg, kind); empty for a trace without repeats. Depends on: collectives, _instance_calls
---
--- run_id   VARCHAR  run
--- rank     INTEGER  global rank
--- pg_name  VARCHAR  process group name
--- kind     VARCHAR  'copy' (the same span written more than once: extra copies dropped),
---                   'window' (seq restarted: rows split into profiler windows),
---                   'conflict' (different spans for one (pg, win, seq): instances flagged)
--- n        BIGINT   copies dropped / windows after the first / (win, seq) keys in conflict
-CREATE OR REPLACE VIEW collective_duplicates AS
--- one evaluation of _instance_calls (its window functions) for the three kinds: the copies dropped
--- are the matchable rows of (run, rank, pg) less those _instance_calls kept (one per copy group)
-WITH c AS MATERIALIZED (SELECT run_id, rank, pg_name, win, seq, rank_rows FROM _instance_calls),
-a AS (SELECT run_id, rank, pg_name, count(*) AS n FROM collectives WHERE op IS NOT NULL AND seq IS NOT NULL GROUP BY ALL),
-k AS (SELECT run_id, rank, pg_name, count(*) AS n FROM c GROUP BY ALL)
-SELECT a.run_id, a.rank, a.pg_name, 'copy' AS kind, a.n - k.n AS n
-FROM a JOIN k ON k.run_id = a.run_id AND k.rank = a.rank AND k.pg_name IS NOT DISTINCT FROM a.pg_name
-WHERE a.n > k.n
-UNION ALL
-SELECT run_id, rank, pg_name, 'window', max(win) FROM c GROUP BY ALL HAVING max(win) > 0
-UNION ALL
-SELECT run_id, rank, pg_name, 'conflict', count(DISTINCT (win, seq)) FROM c WHERE rank_rows > 1
-GROUP BY ALL;
+-- _most_common(l): the value of list l that occurs most often (ties: the first in sort order), NULLs
+--   left out; NULL when l holds none. The same value as first(x ORDER BY count of x DESC, x) over
+--   the rows, counted per value (what a window count per (instance, x) gives), from one list.
+CREATE OR REPLACE MACRO _most_common(l) AS
+    CASE WHEN len(list_distinct(l)) <= 1 THEN list_distinct(l)[1]
+         ELSE list_min(list_transform(list_distinct(l),
+                                      lambda v: {'n': -len(list_filter(l, lambda o: o = v)), 'k': v})).k END;
 
+-- The instances in one aggregation over the calls (no window, no join back): per instance the lists
+-- of its rows' op, dtype, algo, rank, sizes and ends, reduced by list functions; the straggler by
+-- first(rank ORDER BY ts_ns DESC, rank) (the latest start, lowest rank on ties); the sync time as
+-- the median of the list of (end_r − last_arrival) (list_aggregate: the same median() over the
+-- same values). count(DISTINCT x) = len(list_distinct(x)) (both leave NULLs out).
 CREATE OR REPLACE MACRO collective_instance_rows(calls, p) AS TABLE
-WITH c AS (
-    -- per row, how many rows of its instance share its op / dtype / algo: the most common wins
-    SELECT *,
-           count(*) OVER (PARTITION BY run_id, pg_name, win, seq, op) AS n_op,
-           count(dtype) OVER (PARTITION BY run_id, pg_name, win, seq, dtype) AS n_dtype,
-           count(algo) OVER (PARTITION BY run_id, pg_name, win, seq, algo) AS n_algo
-    FROM query_table(calls)
-    WHERE part = p
-),
-agg AS (
+WITH agg AS (
     SELECT run_id, pg_name, win, seq,
-           first(op ORDER BY n_op DESC, op) AS op,
-           first(dtype ORDER BY n_dtype DESC, dtype) FILTER (WHERE dtype IS NOT NULL) AS dtype,
+           list(op) AS ops, list(dtype) AS dtypes, list(algo) AS algos, list(rank) AS ranks,
+           list(size_bytes) FILTER (WHERE op <> 'all_to_all' OR in_splits IS NULL OR len(in_splits) = 0) AS sizes,
            max(size_bytes) AS size_bytes,
            max(group_size) AS group_size,
-           count(DISTINCT rank)::INTEGER AS ranks_seen,
            bool_or(rank_rows > 1) AS conflict,
-           (count(DISTINCT op) > 1 OR bool_or(rank_rows > 1)
-            OR count(DISTINCT size_bytes) FILTER (WHERE op <> 'all_to_all' OR in_splits IS NULL OR len(in_splits) = 0) > 1
-           ) AS disagree,
            bool_or(approx) AS approx,
            min(ts_ns) AS first_arrival_ns,
            max(ts_ns) AS last_arrival_ns,
            max(ts_ns + dur_ns) AS last_end_ns,
-           first(algo ORDER BY n_algo DESC, algo) FILTER (WHERE algo IS NOT NULL) AS algo
-    FROM c GROUP BY run_id, pg_name, win, seq
+           list(ts_ns + dur_ns) AS ends,
+           first(rank ORDER BY ts_ns DESC, rank ASC) AS straggler
+    FROM query_table(calls)
+    WHERE part = p
+    GROUP BY run_id, pg_name, win, seq
 ),
-strag AS (
-    SELECT run_id, pg_name, win, seq, rank AS straggler
-    FROM c
-    QUALIFY row_number() OVER (PARTITION BY run_id, pg_name, win, seq ORDER BY ts_ns DESC, rank ASC) = 1
-),
-sync AS (
-    SELECT c.run_id, c.pg_name, c.win, c.seq, median(c.ts_ns + c.dur_ns - a.last_arrival_ns)::DOUBLE AS sync_time_ns
-    FROM c JOIN agg a USING (run_id, pg_name, win, seq)
-    GROUP BY c.run_id, c.pg_name, c.win, c.seq
+a AS (
+    SELECT *,
+           _most_common(ops) AS op, _most_common(dtypes) AS dtype, _most_common(algos) AS algo,
+           len(list_distinct(ranks))::INTEGER AS ranks_seen,
+           (len(list_distinct(ops)) > 1 OR conflict OR coalesce(len(list_distinct(sizes)), 0) > 1) AS disagree,
+           list_aggregate(list_transform(ends, lambda x: x - last_arrival_ns), 'median')::DOUBLE AS sync_time_ns
+    FROM agg
 )
-SELECT a.run_id, a.pg_name, a.seq, a.op, a.dtype, a.size_bytes, a.group_size, a.ranks_seen,
-       (a.ranks_seen = a.group_size) AS complete, a.disagree, a.approx,
-       a.first_arrival_ns, a.last_arrival_ns, a.last_end_ns,
-       a.last_arrival_ns - a.first_arrival_ns AS skew_ns,
-       CASE WHEN NOT a.conflict AND s.sync_time_ns >= 0 THEN s.sync_time_ns END AS sync_time_ns,
-       g.straggler, a.algo, a.win, a.conflict
-FROM agg a JOIN sync s USING (run_id, pg_name, win, seq) JOIN strag g USING (run_id, pg_name, win, seq);
+SELECT run_id, pg_name, seq, op, dtype, size_bytes, group_size, ranks_seen,
+       (ranks_seen = group_size) AS complete, disagree, approx,
+       first_arrival_ns, last_arrival_ns, last_end_ns,
+       last_arrival_ns - first_arrival_ns AS skew_ns,
+       CASE WHEN NOT conflict AND sync_time_ns >= 0 THEN sync_time_ns END AS sync_time_ns,
+       straggler, algo, win, conflict
+FROM a;
