@@ -64,49 +64,89 @@
 --                               needs third-generation NVSwitch, H100 and later)
 -- best_predicted_ns   DOUBLE   its predicted time, ns
 CREATE OR REPLACE VIEW collective_verdicts AS
-WITH i AS (
-    SELECT i.*, tk_model_algo(i.op, i.algo, i.group_size) AS model_algo,
-           (i.complete OR r.source = 'nccl_tests') AS judged
+-- The model UDFs whose arguments are the instance's (op, algorithm, k) run once per distinct tuple
+-- (a few per run) and are joined back on it (IS NOT DISTINCT FROM: a NULL argument is a key too),
+-- not once per instance: the same function on the same arguments, so the same values.
+WITH ma AS MATERIALIZED (
+    SELECT op, algo, group_size, tk_model_algo(op, algo, group_size) AS model_algo
+    FROM (SELECT DISTINCT op, algo, group_size FROM collective_instances)
+),
+i AS (
+    SELECT i.*, m.model_algo, (i.complete OR r.source = 'nccl_tests') AS judged
     FROM collective_instances i LEFT JOIN runs r USING (run_id)
+    LEFT JOIN ma m ON m.op IS NOT DISTINCT FROM i.op AND m.algo IS NOT DISTINCT FROM i.algo
+                  AND m.group_size IS NOT DISTINCT FROM i.group_size
 ),
 f AS (
     SELECT run_id, pg_name, op, group_size, algo AS fit_algo, alpha_s, beta_Bps FROM alpha_beta_fit
     WHERE status = 'ok' AND scope = 'group'
 ),
-t AS (
+j AS MATERIALIZED (
     SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo,
            i.sync_time_ns, i.skew_ns, i.judged, i.ranks_seen,
            r.locality, r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
            coalesce(r.ref_algo, i.model_algo) AS ref_algo,
-           f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps,
-           -- the fit's α, β are defined through its own algorithm's coefficients: predict with those
-           tk_alpha_coeff(i.op, f.fit_algo, i.group_size) * f.alpha_s * 1e9 AS fit_alpha_term_ns,
-           tk_beta_coeff(i.op, f.fit_algo, i.group_size) * i.size_bytes / f.beta_Bps * 1e9 AS fit_beta_term_ns,
-           r.link, r.link_alpha_s, r.link_beta_Bps,
-           tk_alpha_coeff(i.op, i.model_algo, i.group_size) * r.link_alpha_s * 1e9 AS link_alpha_term_ns,
-           tk_beta_coeff(i.op, i.model_algo, i.group_size) * i.size_bytes / r.link_beta_Bps * 1e9 AS link_beta_term_ns,
-           tk_alpha_coeff(i.op, i.model_algo, i.group_size) * r.link_alpha_s * r.link_beta_Bps
-               / tk_beta_coeff(i.op, i.model_algo, i.group_size) AS link_crossover_bytes
+           f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps, f.fit_algo,
+           r.link, r.link_alpha_s, r.link_beta_Bps
     FROM i
     LEFT JOIN f ON f.run_id = i.run_id AND f.pg_name = i.pg_name AND f.op = i.op AND f.group_size = i.group_size
     LEFT JOIN collective_reference r
            ON r.run_id = i.run_id AND r.pg_name = i.pg_name AND r.op = i.op AND r.group_size = i.group_size
 ),
+-- (A, B) of T = A·α + B·D/β per distinct (op, algorithm, k): the fit's, the link's (model_algo) and
+-- the reference's algorithm
+co AS MATERIALIZED (
+    SELECT op, algo, group_size, tk_alpha_coeff(op, algo, group_size) AS a, tk_beta_coeff(op, algo, group_size) AS b
+    FROM (SELECT op, fit_algo AS algo, group_size FROM j UNION SELECT op, model_algo, group_size FROM j
+          UNION SELECT op, ref_algo, group_size FROM j)
+),
+t AS (
+    SELECT j.* EXCLUDE (fit_algo),
+           -- the fit's α, β are defined through its own algorithm's coefficients: predict with those
+           cf.a * j.fit_alpha_s * 1e9 AS fit_alpha_term_ns,
+           cf.b * j.size_bytes / j.fit_beta_Bps * 1e9 AS fit_beta_term_ns,
+           cl.a * j.link_alpha_s * 1e9 AS link_alpha_term_ns,
+           cl.b * j.size_bytes / j.link_beta_Bps * 1e9 AS link_beta_term_ns,
+           cl.a * j.link_alpha_s * j.link_beta_Bps / cl.b AS link_crossover_bytes,
+           cr.a AS ref_a, cr.b AS ref_b
+    FROM j
+    LEFT JOIN co cf ON cf.op IS NOT DISTINCT FROM j.op AND cf.algo IS NOT DISTINCT FROM j.fit_algo
+                   AND cf.group_size IS NOT DISTINCT FROM j.group_size
+    LEFT JOIN co cl ON cl.op IS NOT DISTINCT FROM j.op AND cl.algo IS NOT DISTINCT FROM j.model_algo
+                   AND cl.group_size IS NOT DISTINCT FROM j.group_size
+    LEFT JOIN co cr ON cr.op IS NOT DISTINCT FROM j.op AND cr.algo IS NOT DISTINCT FROM j.ref_algo
+                   AND cr.group_size IS NOT DISTINCT FROM j.group_size
+),
 p AS (
-    SELECT *,
-           tk_alpha_coeff(op, ref_algo, group_size) * ref_alpha_s * 1e9 AS ref_alpha_term_ns,
-           tk_beta_coeff(op, ref_algo, group_size) * size_bytes / ref_beta_Bps * 1e9 AS ref_beta_term_ns,
-           tk_alpha_coeff(op, ref_algo, group_size) * ref_alpha_s * ref_beta_Bps
-               / tk_beta_coeff(op, ref_algo, group_size) AS crossover_bytes,
+    SELECT * EXCLUDE (ref_a, ref_b),
+           ref_a * ref_alpha_s * 1e9 AS ref_alpha_term_ns,
+           ref_b * size_bytes / ref_beta_Bps * 1e9 AS ref_beta_term_ns,
+           ref_a * ref_alpha_s * ref_beta_Bps / ref_b AS crossover_bytes,
            fit_alpha_term_ns + fit_beta_term_ns AS fit_predicted_ns,
            link_alpha_term_ns + link_beta_term_ns AS link_predicted_ns
     FROM t
 ),
-q AS (
+q AS MATERIALIZED (
     SELECT *, ref_alpha_term_ns + ref_beta_term_ns AS predicted_ns,
            CASE WHEN judged AND ref_alpha_term_ns IS NOT NULL AND ref_beta_term_ns IS NOT NULL THEN ref_kind END
                AS verdict_basis
     FROM p
+),
+-- the best algorithm once per distinct (op, size, k, α, β, in-switch) and joined back; α and β keyed
+-- by their text (DuckDB's shortest round-trip form: one text per double, and -0.0 is not 0.0). A
+-- NULL key matches nothing, and leaves NULL, as the UDFs answer for a NULL argument.
+bq AS (
+    SELECT *, ref_alpha_s::VARCHAR AS a_key, ref_beta_Bps::VARCHAR AS b_key,
+           coalesce(link IN ('nvlink4', 'nvlink5') AND verdict_basis IN ('link', 'preset'), false) AS in_switch
+    FROM q
+),
+best AS MATERIALIZED (
+    SELECT op, size_bytes, group_size, a_key, b_key, in_switch,
+           tk_best_algo(op, size_bytes, group_size, a, b, in_switch) AS best_algo,
+           tk_best_time(op, size_bytes, group_size, a, b, in_switch) AS best_time_s
+    FROM (SELECT op, size_bytes, group_size, a_key, b_key, in_switch, any_value(ref_alpha_s) AS a,
+                 any_value(ref_beta_Bps) AS b
+          FROM bq GROUP BY op, size_bytes, group_size, a_key, b_key, in_switch)
 )
 SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, sync_time_ns, skew_ns,
        reference, ref_note,
@@ -131,9 +171,6 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, s
        verdict_basis,
        CASE WHEN judged AND sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
        CASE WHEN judged AND sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END AS efficiency_link,
-       tk_best_algo(op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps,
-                    coalesce(link IN ('nvlink4', 'nvlink5') AND verdict_basis IN ('link', 'preset'), false)) AS best_algo,
-       tk_best_time(op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps,
-                    coalesce(link IN ('nvlink4', 'nvlink5') AND verdict_basis IN ('link', 'preset'), false)) * 1e9
-           AS best_predicted_ns
-FROM q;
+       best.best_algo, best.best_time_s * 1e9 AS best_predicted_ns
+FROM bq
+LEFT JOIN best USING (op, size_bytes, group_size, a_key, b_key, in_switch);
