@@ -16,10 +16,9 @@ import typer
 
 from tracekit.collectors.workloads.tp import TPConfig  # the options' declarations only: no torch on import
 
-app = typer.Typer(
-    help="Run a built-in real workload (tp, ...) on N ranks with the profiler on, then ingest it.",
-    no_args_is_help=True,
-)
+from tracekit.cli.commands import COLLECT_HELP  # noqa: E402
+
+app = typer.Typer(help=COLLECT_HELP, no_args_is_help=True)  # listed lazily under `tracekit collect` (cli/commands.py)
 
 
 OUT_HELP = "Folder that receives the run folder."
@@ -147,3 +146,7 @@ from tracekit.cli import collect_sweep as _collect_sweep  # noqa: E402,F401
 from tracekit.cli import collect_ep as _collect_ep  # noqa: E402,F401
 from tracekit.cli import collect_pp as _collect_pp  # noqa: E402,F401
 from tracekit.cli import collect_3d as _collect_3d  # noqa: E402,F401
+
+from tracekit.cli import conventions as _conventions  # noqa: E402
+
+_conventions.apply(app)  # imported after the top-level app applied them: its own commands, here

@@ -13,12 +13,39 @@ from typing import List, Optional
 
 import typer
 
+from typer.core import TyperGroup
+
 from tracekit.cli import app
-from tracekit.cli import collect as _collect
 from tracekit.cli import predict as _predict
 from tracekit.cli import profile as _profile  # noqa: F401  (registers `tracekit profile`)
 
-app.add_typer(_collect.app, name="collect")
+COLLECT_HELP = "Run a built-in real workload (tp, ...) on N ranks with the profiler on, then ingest it."
+
+
+class _LazyCollect(TyperGroup):
+    """The ``tracekit collect`` group, whose subcommands (tracekit/cli/collect.py and the workload
+    configs of tracekit.collectors they read their options from) are imported when a command line,
+    ``--help`` or a caller first lists or looks them up (``commands``), not when the CLI starts:
+    ``tracekit ingest``/``analyze`` never load the collectors."""
+
+    _loaded: dict | None = None  # name → click command, built once per process
+
+    @property
+    def commands(self):
+        if _LazyCollect._loaded is None:
+            import typer.main
+
+            from tracekit.cli import collect
+
+            _LazyCollect._loaded = typer.main.get_command(collect.app).commands
+        return _LazyCollect._loaded
+
+    @commands.setter
+    def commands(self, value) -> None:  # click's Group.__init__ sets the (empty) dict of the stub
+        pass
+
+
+app.add_typer(typer.Typer(cls=_LazyCollect, help=COLLECT_HELP, no_args_is_help=True), name="collect")
 app.add_typer(_predict.app, name="predict")
 
 StoreOpt = typer.Option(None, "--store", help="Store directory (default: $TRACEKIT_STORE or ./tracekit-store).")
