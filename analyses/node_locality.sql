@@ -9,7 +9,7 @@
 --   intra_node  every rank of the group has a known host and it is the same one
 --   unknown     otherwise (pg_ranks unknown, or some host unknown and the known ones all equal)
 --
--- instance_locality: one row per collective instance.
+-- instance_locality: one row per collective instance (a table, built with the module).
 --
 -- run_id       VARCHAR  run
 -- pg_name      VARCHAR  process group
@@ -19,19 +19,29 @@
 -- hosts        BIGINT   distinct known hosts among the group's ranks
 -- hosts_unknown BIGINT  group ranks whose host is unknown
 -- locality     VARCHAR  intra_node / inter_node / unknown (header above)
-CREATE OR REPLACE VIEW instance_locality AS
+CREATE OR REPLACE TABLE instance_locality AS
+-- a table: the fit, the reference and bandwidth_by_locality read it. The hosts of a group's ranks
+-- depend on its pg_ranks list alone: counted once per distinct (run, list), joined back to the
+-- instances that recorded it
 WITH groups AS (
     SELECT run_id, pg_name, seq, any_value(pg_ranks) AS pg_ranks FROM collectives
     WHERE pg_ranks IS NOT NULL GROUP BY run_id, pg_name, seq
 ),
-members AS (
-    SELECT g.run_id, g.pg_name, g.seq, unnest(g.pg_ranks) AS r FROM groups g
+lists AS (
+    SELECT DISTINCT run_id, pg_ranks FROM groups
 ),
-h AS (
-    SELECT m.run_id, m.pg_name, m.seq, count(DISTINCT nullif(k.host, '')) AS hosts,
+members AS (
+    SELECT l.run_id, l.pg_ranks, unnest(l.pg_ranks) AS r FROM lists l
+),
+hl AS (
+    SELECT m.run_id, m.pg_ranks, count(DISTINCT nullif(k.host, '')) AS hosts,
            count(*) FILTER (WHERE nullif(k.host, '') IS NULL) AS hosts_unknown
     FROM members m LEFT JOIN ranks k ON k.run_id = m.run_id AND k.rank = m.r
-    GROUP BY m.run_id, m.pg_name, m.seq
+    GROUP BY m.run_id, m.pg_ranks
+),
+h AS (
+    SELECT g.run_id, g.pg_name, g.seq, hl.hosts, hl.hosts_unknown
+    FROM groups g JOIN hl ON hl.run_id = g.run_id AND hl.pg_ranks IS NOT DISTINCT FROM g.pg_ranks
 )
 SELECT i.run_id, i.pg_name, i.seq, i.op, i.group_size, coalesce(h.hosts, 0) AS hosts,
        coalesce(h.hosts_unknown, i.group_size) AS hosts_unknown,
