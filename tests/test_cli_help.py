@@ -77,3 +77,22 @@ def test_help_lists_what_commands_accept(monkeypatch, capsys):
     assert "table|csv|json|parquet" in sql and "--output" in sql
     assert re.search(r"--json +--no-json", _help(["analyze"], monkeypatch, capsys))
     assert re.search(r"--replace +--no-replace", ingest)
+
+
+def test_the_collectors_load_only_for_collect():
+    """`tracekit collect`'s subcommands (and the collectors' workload configs they read their options
+    from) are imported when that group is first looked up: another command never loads them."""
+    import ast
+    import subprocess
+    import sys
+
+    probe = ("import sys; from tracekit.cli import main; rc = main(sys.argv[1:]); "
+             "print(rc, sorted({m.split('.')[2] for m in sys.modules if m.startswith('tracekit.collectors.')}))")
+
+    def run(*args):
+        out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=REPO, check=True)
+        return out.stdout.strip().splitlines()[-1]
+
+    assert run("predict", "links") == "0 []"
+    rc, loaded = run("collect", "tp", "--help").split(" ", 1)
+    assert rc == "0" and {"launch", "workloads"} <= set(ast.literal_eval(loaded))

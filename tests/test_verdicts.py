@@ -278,3 +278,29 @@ def test_incomplete_instances_are_not_judged(tmp_path):
     assert v["op"] == "all_reduce" and v["verdict"] is None and v["median_efficiency"] is None
     assert v["no_model_reason"].startswith("incomplete: 1 of 2 ranks recorded")
     assert v["count"] == 2020
+
+
+def test_best_algorithm_per_instance_is_the_models_fastest(two):
+    """collective_verdicts asks the model once per distinct (op, size, k, α, β, in-switch) and joins
+    the answer back: each instance's best_algo and best_predicted_ns are what predict_collective
+    says for that instance's own arguments (nvls only where the reference is an nvlink4/5 link)."""
+    from tracekit.model import custom_link, predict_collective
+
+    con = analyses.connect(two, link="nvlink4")
+    rows = con.execute(
+        "SELECT op, size_bytes, group_size, ref_alpha_s, ref_beta_Bps, verdict_basis, best_algo, best_predicted_ns "
+        "FROM collective_verdicts ORDER BY run_id, pg_name, seq").fetchall()
+    assert len(rows) >= 6
+    for op, size, k, a, b, basis, algo, t_ns in rows:
+        preds = predict_collective(op, float(size), k, custom_link(a, b), algo="all")
+        if basis not in ("link", "preset"):
+            preds = [p for p in preds if p.algo != "nvls"] or preds
+        best = min(preds, key=lambda p: p.time_s)
+        assert (algo, t_ns) == (best.algo, best.time_s * 1e9)
+    # by hand, nvlink4 (α 2 µs, β 360 GB/s), k = 2: an all-reduce by recursive doubling is one step,
+    # α + D/β (ring: 2α + D/β); an all-gather by ring is α + D/2β
+    by_size = {(op, size): (algo, t) for op, size, _k, _a, _b, _basis, algo, t in rows}
+    assert by_size[("all_reduce", 4_194_304)][0] == "recursive_doubling"
+    assert by_size[("all_reduce", 4_194_304)][1] == pytest.approx(2_000 + 4_194_304 / 3.6e11 * 1e9, rel=1e-12)
+    assert by_size[("all_reduce", 4_096)][1] == pytest.approx(2_000 + 4_096 / 3.6e11 * 1e9, rel=1e-12)
+    assert by_size[("all_gather", 1_048_576)] == ("ring", pytest.approx(2_000 + 1_048_576 / 7.2e11 * 1e9, rel=1e-12))
