@@ -258,28 +258,43 @@ def rows_for(con, link: str | None) -> list[dict]:
     # order fixes the float sums and which α/β source is reported); rows are streamed, not kept
     want = {(run_id, rank, s[0]) for (run_id, rank), steps in measured.items() for s in steps}
     sums: dict = {}  # (run_id, rank) → [α term, β term, calls modelled, first α/β used, all modelled]
-    # the same (op, size, k) recur in every step of every rank: look α, β and the terms up once
+    # the same (op, size, k) recur in every step of every rank: look α, β and the terms up once,
+    # one dict lookup per call: (run, group, op, size, k) → (α/β used, terms)
     ab_memo: dict = {}
     terms_memo: dict = {}
+    memo: dict = {}
     cur = con.execute(
         f"SELECT c.run_id, c.rank, e.step, c.op, c.size_bytes, c.group_size, c.pg_name FROM collectives c "
         f"JOIN {CALL_STEPS} e USING (run_id, rank, event_id) WHERE e.comm AND c.op IS NOT NULL "
         "ORDER BY c.run_id, c.rank, e.step, c.ts_ns, c.event_id"
     )
+    at = (object(), object(), object())  # the (run, rank, step) of the rows before: sorted, so in runs
+    keep, acc = False, None
     while rows := cur.fetchmany(8192):  # nothing in this loop may run SQL on con: the result is streamed
         for run_id, rank, step, op, size, k, pg in rows:
-            if (run_id, rank, step) not in want:
+            if step != at[2] or rank != at[1] or run_id != at[0]:
+                if rank != at[1] or run_id != at[0]:
+                    acc = None
+                at = (run_id, rank, step)
+                keep = at in want
+            if not keep:
                 continue
-            acc = sums.get((run_id, rank))
             if acc is None:
-                acc = sums[(run_id, rank)] = [0.0, 0.0, 0, None, True]
-            key = (run_id, pg, op, k)
-            got = ab_memo[key] if key in ab_memo else ab_memo.setdefault(key, ab.get(run_id, op, k, pg))
-            if got:
-                tkey = (op, size, k, got[0], got[1])
-                t = terms_memo[tkey] if tkey in terms_memo else terms_memo.setdefault(tkey, _terms(*tkey))
-            else:
-                t = None
+                acc = sums.get((run_id, rank))
+                if acc is None:
+                    acc = sums[(run_id, rank)] = [0.0, 0.0, 0, None, True]
+            key = (run_id, pg, op, size, k)
+            m = memo.get(key)
+            if m is None:
+                akey = (run_id, pg, op, k)
+                got = ab_memo[akey] if akey in ab_memo else ab_memo.setdefault(akey, ab.get(run_id, op, k, pg))
+                if got:
+                    tkey = (op, size, k, got[0], got[1])
+                    t = terms_memo[tkey] if tkey in terms_memo else terms_memo.setdefault(tkey, _terms(*tkey))
+                else:
+                    t = None
+                m = memo[key] = (got, t)
+            got, t = m
             if t is None:
                 acc[4] = False
                 continue
