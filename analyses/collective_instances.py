@@ -4,14 +4,15 @@ Reads: instance_rows, collectives
 
 The rows and their columns are those of the macro ``collective_instance_rows`` (see
 analyses/instance_rows.sql for every column, its unit and its definition). This module
-only builds the table part by part. A run with more than PART_ROWS matchable collectives
-rows has them copied into a temporary table ordered by part = hash(run_id, pg_name, seq)
-% parts, with ``parts = ceil(rows / PART_ROWS)``; each part is then one statement, whose scan
-skips the other parts' row groups (DuckDB keeps min/max per row group), so the build stays
-linear in the rows. The aggregates that keep per-instance state outside DuckDB's memory
-budget (median, count DISTINCT) then hold one part's calls at a time, whatever the size of
-the run. On a ×64 replica of hta_ddp_v100 (129k calls, 32 MB budget) the table took +145 MiB
-built in one statement, +43 MiB in eight parts.
+only builds the table part by part. The matchable collectives rows (the view _instance_calls) are
+evaluated once into the temporary table CALLS; a run with more than PART_ROWS of them has them
+ordered by part = hash(run_id, pg_name, seq) % parts, with ``parts = ceil(rows / PART_ROWS)``;
+each part is then one statement, whose scan skips the other parts' row groups (DuckDB keeps
+min/max per row group), so the build stays linear in the rows. The per-instance state of the
+aggregation (the lists of each instance's rows) then holds one part's calls at a time, whatever
+the size of the run. On a ×64 replica of hta_ddp_v100 (129k calls, 32 MB budget) the table took
++145 MiB built in one statement, +43 MiB in eight parts (with the median and count DISTINCT
+aggregates of before; the list aggregation took less at ×16: +47 MiB against +55).
 
 A table, computed once per connection: the fit, the verdicts, the waits and the report all
 read it. The calls it is built from stay, evaluated once, in the temporary table CALLS (below).
