@@ -12,7 +12,7 @@ min/max per row group), so the build stays linear in the rows. The per-instance 
 aggregation (the lists of each instance's rows) then holds one part's calls at a time, whatever
 the size of the run. On a ×64 replica of hta_ddp_v100 (129k calls, 32 MB budget) the table took
 +145 MiB built in one statement, +43 MiB in eight parts (with the median and count DISTINCT
-aggregates of before; the list aggregation took less at ×16: +47 MiB against +55).
+aggregates of before; the lists take less: benchmarks/README.md, branch aq).
 
 A table, computed once per connection: the fit, the verdicts, the waits and the report all
 read it. The calls it is built from stay, evaluated once, in the temporary table CALLS (below).
