@@ -304,22 +304,3 @@ def test_best_algorithm_per_instance_is_the_models_fastest(two):
     assert by_size[("all_reduce", 4_194_304)][1] == pytest.approx(2_000 + 4_194_304 / 3.6e11 * 1e9, rel=1e-12)
     assert by_size[("all_reduce", 4_096)][1] == pytest.approx(2_000 + 4_096 / 3.6e11 * 1e9, rel=1e-12)
     assert by_size[("all_gather", 1_048_576)] == ("ring", pytest.approx(2_000 + 1_048_576 / 7.2e11 * 1e9, rel=1e-12))
-
-
-def test_calibration_runs_from_the_run_files_newest_first(tmp_path):
-    """The report's calibration runs (sweeps and nccl-tests logs, newest first) read from each run's
-    run.parquet are those the store connection's ``runs`` view gives; a run file that cannot be
-    read plainly sends it the connection's way, whose error names the damaged run."""
-    from tracekit.errors import StoreError
-    from tracekit.report import _calibration_runs, _calibration_runs_from_files, _calibration_runs_sql
-
-    store = Store(tmp_path / "s")
-    for rid, path in (("sw1", FIXTURES / "sweep_2rank"), ("tp", FIXTURES / "tp_2rank"),
-                      ("log", FIXTURES / "nccl_tests" / "slurm-4242.out"), ("sw2", FIXTURES / "sweep_2rank")):
-        ingest_paths([path], store, run_id=rid)
-    assert _calibration_runs_from_files(store) == ["sw2", "log", "sw1"]  # ingested in that order, tp left out
-    assert _calibration_runs(store) == _calibration_runs_sql(store) == ["sw2", "log", "sw1"]
-    (store.run_dir("tp") / "run.parquet").write_bytes(b"PAR1 not a footer")
-    assert _calibration_runs_from_files(store) is None
-    with pytest.raises(StoreError, match="damaged"):
-        _calibration_runs(store)

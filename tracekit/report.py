@@ -36,43 +36,7 @@ NO_WARNING_LINKS = ("loopback_gloo",)
 
 
 def _calibration_runs(st: Store) -> list[str]:
-    """Runs that calibrate a machine (``collect sweep`` runs and nccl-tests logs), newest first.
-
-    From each run's run.parquet footer and one row (no DuckDB connection over every run's tables:
-    at 1,024 ranks that bound 1,024 events files, 0.15 CPU s); a store whose run files say anything
-    else (one unreadable or missing a column, a newer major schema) goes the connection's way,
-    with its errors (StoreError)."""
-    fast = _calibration_runs_from_files(st)
-    return fast if fast is not None else _calibration_runs_sql(st)
-
-
-def _calibration_runs_from_files(st: Store) -> list[str] | None:
-    """:func:`_calibration_runs` from the run.parquet files; None when one cannot be read plainly."""
-    import pyarrow.parquet as pq
-
-    from tracekit.store import _NS_PER_UNIT, SCHEMA_VERSION, _major
-
-    found = []
-    try:
-        for rid in st.run_ids():
-            t = pq.ParquetFile(st.run_dir(rid) / "run.parquet").read(
-                columns=["run_id", "created_at", "workload", "source", "schema_version"])
-            for i in range(t.num_rows):
-                if _major(t.column("schema_version")[i].as_py()) > _major(SCHEMA_VERSION):
-                    return None  # the connection raises StoreError for it
-                workload, source = t.column("workload")[i].as_py(), t.column("source")[i].as_py()
-                if workload == "sweep" or source == "nccl_tests":
-                    ts = t.column("created_at")[i]
-                    found.append((None if ts.value is None else ts.value * _NS_PER_UNIT[ts.type.unit],
-                                  t.column("run_id")[i].as_py()))
-    except Exception:  # unreadable, damaged or from another schema: as the connection says
-        return None
-    # ORDER BY created_at DESC: NULLs last (DuckDB's default)
-    return [rid for _ts, rid in sorted(found, key=lambda x: (x[0] is None, -(x[0] or 0)))]
-
-
-def _calibration_runs_sql(st: Store) -> list[str]:
-    """:func:`_calibration_runs` over a store connection (``runs`` view)."""
+    """Runs that calibrate a machine (``collect sweep`` runs and nccl-tests logs), newest first."""
     con = st.connect()
     try:
         return [r[0] for r in con.execute(
