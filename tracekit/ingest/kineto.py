@@ -355,7 +355,7 @@ def read_rank_file(
                 rf.events += batch.num_rows
                 if progress is not None:
                     progress(batch.num_rows)
-            if len(rf.comm_meta) >= META_BATCH_ROWS:
+            if rf.meta_pending >= META_BATCH_ROWS:
                 rf.flush_meta(out_stage.with_suffix(".meta"))
     rf.close_meta()
     if stream.bare_array and state.phased == 0:  # Chrome's array form, but no item is a trace event
@@ -775,7 +775,7 @@ def _build_batch(ev: _Events, rf: RankFile, st: "_ChunkState") -> pa.RecordBatch
     events that need their ``args`` (GPU work, collective-related CPU ops, profiler steps;
     other rows keep null); communication is a kernel named so (the builtin and user patterns)
     or carrying collective args, or a ``gloo:`` CPU span; collective-related events keep a
-    metadata row (:func:`_meta_row`); ``ProfilerStep#N`` annotations are the steps. Per-event
+    metadata row (:func:`_meta_rest`); ``ProfilerStep#N`` annotations are the steps. Per-event
     work is numpy; Python runs per distinct category/name and per metadata row.
     """
     n = len(ev)
@@ -797,22 +797,23 @@ def _build_batch(ev: _Events, rf: RankFile, st: "_ChunkState") -> pa.RecordBatch
     event_ids = np.arange(st.next_id, st.next_id + n, dtype=np.int64)
     st.next_id += n
     ts_ns, dur_ns = ev.ts_ns, ev.dur_ns
-    meta_idx = np.flatnonzero(is_comm | cpu_comm)
+    valid = _valid(ts_ns, ev.ts_ok, dur_ns, ev.dur_ok)
+    meta_idx = np.flatnonzero((is_comm | cpu_comm) & valid)
     if len(meta_idx):
         decoded = _decode_many(ev.raw(meta_idx), _KARGS_LIST, _KARGS, _EMPTY_ARGS)
-        m_corr = [c if ok else None for c, ok in zip(ids.corr[meta_idx].tolist(), ids.corr_ok[meta_idx].tolist())]
-        cols = zip(decoded, event_ids[meta_idx].tolist(), names[ni[meta_idx]].tolist(), cats[ci[meta_idx]].tolist(),
-                   gpu[meta_idx].tolist(), device[meta_idx].tolist(), track[meta_idx].tolist(),
-                   ts_ns[meta_idx].tolist(), dur_ns[meta_idx].tolist(), m_corr)
-        rf.comm_meta.extend(_meta_row(*row) for row in cols)
-    steps = step_cat & _table_flags(names, lambda nm: nm.startswith("ProfilerStep#"))[ni]
+        m_corr = np.where(ids.corr_ok[meta_idx], ids.corr[meta_idx], None).tolist()
+        m_cat = cats[ci[meta_idx]].tolist()
+        rf.add_meta(staging.columns_meta_batch(
+            event_ids[meta_idx], names[ni[meta_idx]], gpu[meta_idx], device[meta_idx], track[meta_idx],
+            ts_ns[meta_idx], dur_ns[meta_idx], _meta_rest(decoded, m_cat, m_corr)))
+    steps = step_cat & valid & _table_flags(names, lambda nm: nm.startswith("ProfilerStep#"))[ni]
     for i in np.flatnonzero(steps).tolist():
         _add_step(rf, names[ni[i]], int(event_ids[i]), bool(ev.ts_ok[i] and ev.dur_ok[i]), int(ts_ns[i]), int(dur_ns[i]))
     if not rf.has_gpu and gpu.any():
         rf.has_gpu = True
     i64 = pa.int64()
     return _finish_batch(
-        rf, event_ids, ts_ns, ev.ts_ok, dur_ns, ev.dur_ok,
+        rf, valid,
         [
             pa.array(event_ids, i64),
             pa.DictionaryArray.from_arrays(pa.array(gpu.astype(np.int32)),
@@ -845,20 +846,30 @@ def chunk_batches(chunk, rf: RankFile, st: "_ChunkState") -> list[pa.RecordBatch
     return out
 
 
-_META_GET = operator.itemgetter(*[KArgs.__struct_fields__.index(f) for f in META_FIELDS])
-_ALIAS_GET = [(KArgs.__struct_fields__.index(alias), target) for alias, target in _ALIASES]
+_META_GET = operator.attrgetter(*META_FIELDS)
+_ALIAS_GET = [(operator.attrgetter(alias), target, META_FIELDS.index(target)) for alias, target in _ALIASES]
 
 
-def _meta_row(args, event_id, name, cat, is_gpu, device, track, ts_ns, dur_ns, correlation) -> dict:
-    """The metadata row of a collective-related event: only the fields present (kept for the whole file)."""
-    vals = msgspec.structs.astuple(args)
-    row = {k: v for k, v in zip(META_FIELDS, _META_GET(vals)) if v is not None}
-    for k, target in _ALIAS_GET:
-        if target not in row and vals[k] is not None:
-            row[target] = vals[k]
-    row.update(event_id=event_id, name=name, category=cat, gpu=is_gpu, device=device,
-               track=track, ts_ns=ts_ns, dur_ns=dur_ns, correlation=correlation)
-    return row
+def _meta_rest(decoded: list, category: list, correlation: list) -> list[bytes]:
+    """The ``rest`` JSON of collective-related events' metadata rows (:data:`staging.META_SCHEMA`)
+    from their decoded ``args`` (:class:`KArgs`): the :data:`META_FIELDS` present (not None), then
+    ``category`` and ``correlation``. Column-wise, no Python code per row, except for the rows that
+    spell a field only the older way (:data:`_ALIASES`): the field is read from the alias and, as in
+    a dict filled in that order, written after the others."""
+    rest = staging.rest_column(map(_META_GET, decoded), category, correlation)
+    for get, target, t in _ALIAS_GET:
+        alias = list(map(get, decoded))
+        if alias.count(None) == len(alias):
+            continue
+        for i, (a, vals) in enumerate(zip(alias, map(_META_GET, decoded))):
+            if a is not None and vals[t] is None:
+                row = {k: v for k, v in zip(META_FIELDS, vals) if v is not None}
+                for get2, target2, t2 in _ALIAS_GET:
+                    if target2 not in row and get2(decoded[i]) is not None:
+                        row[target2] = get2(decoded[i])
+                row.update(category=category[i], correlation=correlation[i])
+                rest[i] = staging.encode_rest(row)
+    return rest
 
 
 _STEP_RE = re.compile(r"ProfilerStep#(\d+)")
@@ -870,16 +881,19 @@ def _add_step(rf: RankFile, name: str, event_id: int, ok: bool, ts_ns: int, dur_
         rf.steps.append((int(m.group(1)), event_id, ts_ns, ts_ns + dur_ns))
 
 
-def _finish_batch(rf: RankFile, ids, ts_ns, ts_ok, dur_ns, dur_ok, columns: list) -> pa.RecordBatch:
-    """Quarantine events with a missing/non-positive ts or a negative dur; the RAW_SCHEMA batch of the rest."""
+def _valid(ts_ns, ts_ok, dur_ns, dur_ok) -> np.ndarray:
+    """Per event: kept (True) or quarantined, for a missing/non-positive ts, a missing or negative
+    dur, or an end (ts + dur) beyond int64."""
     valid = ts_ok & dur_ok & (dur_ns >= 0) & (ts_ns > 0)
     valid &= ts_ns <= INT64_MAX - np.maximum(dur_ns, 0)  # the end, ts + dur, must be an int64 too
+    return valid
+
+
+def _finish_batch(rf: RankFile, valid: np.ndarray, columns: list) -> pa.RecordBatch:
+    """The RAW_SCHEMA batch of the events ``valid`` (:func:`_valid`) keeps; the others are counted
+    as quarantined (their metadata rows and steps were never made)."""
     nbad = int(len(valid) - valid.sum())
-    if nbad:
-        rf.quarantined += nbad
-        bad_ids = set(ids[~valid].tolist())
-        rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
-        rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
+    rf.quarantined += nbad
     batch = raw_batch(columns)
     return batch.filter(pa.array(valid)) if nbad else batch
 
