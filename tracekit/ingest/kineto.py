@@ -670,11 +670,12 @@ def _code_table(codes: np.ndarray, strings: list, fn, missing) -> np.ndarray:
 
 
 def _dict_column(index: np.ndarray, table: np.ndarray) -> pa.DictionaryArray:
-    """Rows' values ``table[index]`` as a dictionary array holding only the values used."""
-    used, inv = np.unique(index, return_inverse=True)
-    return pa.DictionaryArray.from_arrays(
-        pa.array(inv.reshape(-1).astype(np.int32)), pa.array(table[used].tolist(), pa.string())
-    )
+    """Rows' values ``table[index]`` as a dictionary array holding only the values used, in
+    ``table`` order (what ``np.unique(index, return_inverse=True)`` gives, without its sort)."""
+    used = np.flatnonzero(np.bincount(index, minlength=len(table)))
+    code = np.zeros(len(table), dtype=np.int32)
+    code[used] = np.arange(len(used), dtype=np.int32)
+    return pa.DictionaryArray.from_arrays(pa.array(code[index]), pa.array(table[used].tolist(), pa.string()))
 
 
 def _fast_ids(vals: np.ndarray, kinds: np.ndarray, strings: list) -> np.ndarray:
@@ -804,7 +805,7 @@ def _build_batch(ev: _Events, rf: RankFile, st: "_ChunkState") -> pa.RecordBatch
         m_corr = np.where(ids.corr_ok[meta_idx], ids.corr[meta_idx], None).tolist()
         m_cat = cats[ci[meta_idx]].tolist()
         rf.add_meta(staging.columns_meta_batch(
-            event_ids[meta_idx], names[ni[meta_idx]], gpu[meta_idx], device[meta_idx], track[meta_idx],
+            event_ids[meta_idx], pa.array(names.tolist(), pa.string()).take(ni[meta_idx]), gpu[meta_idx], device[meta_idx], track[meta_idx],
             ts_ns[meta_idx], dur_ns[meta_idx], _meta_rest(decoded, m_cat, m_corr)))
     steps = step_cat & valid & _table_flags(names, lambda nm: nm.startswith("ProfilerStep#"))[ni]
     for i in np.flatnonzero(steps).tolist():
