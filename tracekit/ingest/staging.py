@@ -280,10 +280,11 @@ class MetaRows:
     def row(self, i: int) -> dict:
         """The dict of row ``i`` (a new one each time), with its replaced times."""
         i = int(i)
-        r = _JSON_DEC.decode(self._rest[int(self._rest_at[i]):int(self._rest_at[i + 1])])
-        device, track = self.threads[self.thread[i]]
-        r.update(event_id=int(self.event_id[i]), name=self.names[self.name[i]], gpu=bool(self.gpu[i]),
-                 device=device, track=track, ts_ns=int(self.ts_ns[i]), dur_ns=int(self.dur_ns[i]))
+        at = self._rest_at  # ndarray.item(i): the Python int/bool, without a numpy scalar between
+        r = _JSON_DEC.decode(self._rest[at.item(i):at.item(i + 1)])
+        device, track = self.threads[self.thread.item(i)]
+        r.update(event_id=self.event_id.item(i), name=self.names[self.name.item(i)], gpu=self.gpu.item(i),
+                 device=device, track=track, ts_ns=self.ts_ns.item(i), dur_ns=self.dur_ns.item(i))
         return r
 
 
