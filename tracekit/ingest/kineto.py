@@ -9,7 +9,8 @@ to a staging file (Arrow IPC) as it goes, so memory holds one chunk of events at
 What needs cross-event context (launch links, class, profiler step, the
 collectives) is computed afterwards by :mod:`tracekit.ingest.assemble` over the
 written rows (:mod:`tracekit.ingest.staging` holds the staging file's schema and writer); only the few collective-related events keep their metadata here
-(``comm_meta``), since those are all the linker needs from ``args``.
+(the rank file's comm-metadata table, :data:`~tracekit.ingest.staging.META_SCHEMA`, a batch per
+chunk built column-wise), since those are all the linker needs from ``args``.
 
 Both decoders (the C scanner's records and msgspec's events) give a chunk as the same
 columns (:class:`_Events`), and one function, :func:`_build_batch`, makes the rows. The
@@ -801,7 +802,8 @@ def _build_batch(ev: _Events, rf: RankFile, st: "_ChunkState") -> pa.RecordBatch
     other rows keep null); communication is a kernel named so (the builtin and user patterns)
     or carrying collective args, or a ``gloo:`` CPU span; collective-related events keep a
     metadata row (:func:`_meta_rest`); ``ProfilerStep#N`` annotations are the steps. Per-event
-    work is numpy; Python runs per distinct category/name and per metadata row.
+    work is numpy; Python runs per distinct category/name (the metadata rows are columns too:
+    :func:`_meta_rest`).
     """
     n = len(ev)
     cats, names, ci, ni = ev.cats, ev.names, ev.ci, ev.ni
