@@ -889,11 +889,11 @@ def _meta_rest(decoded: list, category: list, correlation: list) -> list[bytes]:
         if alias.count(None) == len(alias):
             continue
         for i, (a, vals) in enumerate(zip(alias, map(_META_GET, decoded))):
-            if a is not None and vals[t] is None:
+            if a is not None and vals[t] is None:  # this row, as a dict in key order (every alias)
                 row = {k: v for k, v in zip(META_FIELDS, vals) if v is not None}
-                for get2, target2, t2 in _ALIAS_GET:
-                    if target2 not in row and get2(decoded[i]) is not None:
-                        row[target2] = get2(decoded[i])
+                for get_other, other, _ in _ALIAS_GET:
+                    if other not in row and get_other(decoded[i]) is not None:
+                        row[other] = get_other(decoded[i])
                 row.update(category=category[i], correlation=correlation[i])
                 rest[i] = staging.encode_rest(row)
     return rest
