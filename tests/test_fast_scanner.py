@@ -316,7 +316,7 @@ def test_metadata_table_written_in_small_batches_gives_the_same_store(tmp_path, 
     real = kineto.RankFile.flush_meta
 
     def spy(self, path):
-        flushed.append(len(self.comm_meta))
+        flushed.append(self.meta_pending)
         real(self, path)
 
     monkeypatch.setattr(kineto.RankFile, "flush_meta", spy)

@@ -9,7 +9,8 @@ to a staging file (Arrow IPC) as it goes, so memory holds one chunk of events at
 What needs cross-event context (launch links, class, profiler step, the
 collectives) is computed afterwards by :mod:`tracekit.ingest.assemble` over the
 written rows (:mod:`tracekit.ingest.staging` holds the staging file's schema and writer); only the few collective-related events keep their metadata here
-(``comm_meta``), since those are all the linker needs from ``args``.
+(the rank file's comm-metadata table, :data:`~tracekit.ingest.staging.META_SCHEMA`, a batch per
+chunk built column-wise), since those are all the linker needs from ``args``.
 
 Both decoders (the C scanner's records and msgspec's events) give a chunk as the same
 columns (:class:`_Events`), and one function, :func:`_build_batch`, makes the rows. The
@@ -35,6 +36,7 @@ ts ≈ 4.46e12 µs lost up to 1 ns.)
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import operator
 import re
@@ -355,7 +357,7 @@ def read_rank_file(
                 rf.events += batch.num_rows
                 if progress is not None:
                     progress(batch.num_rows)
-            if len(rf.comm_meta) >= META_BATCH_ROWS:
+            if rf.meta_pending >= META_BATCH_ROWS:
                 rf.flush_meta(out_stage.with_suffix(".meta"))
     rf.close_meta()
     if stream.bare_array and state.phased == 0:  # Chrome's array form, but no item is a trace event
@@ -365,7 +367,22 @@ def read_rank_file(
     rf.meta = stream.meta
     rf.warnings.extend(stream.notes)
     rf.sha256 = sha256 or sha256_file(path)
+    _give_back_freed_heap()
     return rf
+
+
+def _give_back_freed_heap() -> None:
+    """Return the C heap's free pages to the OS (glibc's ``malloc_trim``; nothing elsewhere).
+
+    A file's read frees hundreds of MB in chunks that glibc keeps in its arenas (the main thread's,
+    the scanner's and the writer's); without the trim, the later passes of the ingest (link pass,
+    assembly) reach their peak on top of that kept memory (benchmarks/README.md, "comm-metadata
+    rows column-wise")."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)
 
 
 class _ChunkState:
@@ -663,18 +680,18 @@ def _code_table(codes: np.ndarray, strings: list, fn, missing) -> np.ndarray:
     """``fn(strings[c])`` for every code used (``missing`` for code -1), as an object array indexable by code+1."""
     out = np.empty(len(strings) + 1, dtype=object)
     out[0] = missing
-    for c in np.unique(codes).tolist():
-        if c >= 0:
-            out[c + 1] = fn(strings[c])
+    for c in np.flatnonzero(np.bincount(codes + 1, minlength=1)[1:]).tolist():  # the codes used, ascending
+        out[c + 1] = fn(strings[c])
     return out
 
 
 def _dict_column(index: np.ndarray, table: np.ndarray) -> pa.DictionaryArray:
-    """Rows' values ``table[index]`` as a dictionary array holding only the values used."""
-    used, inv = np.unique(index, return_inverse=True)
-    return pa.DictionaryArray.from_arrays(
-        pa.array(inv.reshape(-1).astype(np.int32)), pa.array(table[used].tolist(), pa.string())
-    )
+    """Rows' values ``table[index]`` as a dictionary array holding only the values used, in
+    ``table`` order (what ``np.unique(index, return_inverse=True)`` gives, without its sort)."""
+    used = np.flatnonzero(np.bincount(index, minlength=len(table)))
+    code = np.zeros(len(table), dtype=np.int32)
+    code[used] = np.arange(len(used), dtype=np.int32)
+    return pa.DictionaryArray.from_arrays(pa.array(code[index]), pa.array(table[used].tolist(), pa.string()))
 
 
 def _fast_ids(vals: np.ndarray, kinds: np.ndarray, strings: list) -> np.ndarray:
@@ -718,12 +735,21 @@ def _rec_ids(x: np.ndarray, text: bytes, want: np.ndarray, gpu: np.ndarray) -> _
     return ids
 
 
+_REC_BYTES = np.dtype((np.void, REC_DTYPE.itemsize))
+
+
+def _records_where(r: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``r[mask]`` for scanner records, copied as opaque fixed-size items: the same array, without
+    numpy's field-by-field copy of structured items (several times slower)."""
+    return r.view(_REC_BYTES)[mask].view(REC_DTYPE)
+
+
 def _fast_events(ch: FastChunk, rf: RankFile, st: "_ChunkState") -> _Decoded:
     """Scanner records → :class:`_Decoded`, numpy per event and Python per distinct string."""
     r = np.frombuffer(ch.records, REC_DTYPE)
     strings = ch.strings
     text = ch.text
-    ph = r["ph"]
+    ph = r["ph"].copy()  # contiguous: the comparisons below read 1 byte an event, not a cache line
     for i in np.flatnonzero(ph == PH_M).tolist():
         c = int(r["name"][i])
         if c >= 0 and strings[c] == "thread_name":
@@ -738,7 +764,7 @@ def _fast_events(ch: FastChunk, rf: RankFile, st: "_ChunkState") -> _Decoded:
     be = []
     be_mask = (ph == PH_B) | (ph == PH_E)
     if be_mask.any():
-        y = r[be_mask]
+        y = _records_where(r, be_mask)
         pids = _fast_ids(y["pid"], y["pid_k"], strings).tolist()
         tids = _fast_ids(y["tid"], y["tid_k"], strings).tolist()
         for k, rec in enumerate(y.tolist()):
@@ -746,7 +772,7 @@ def _fast_events(ch: FastChunk, rf: RankFile, st: "_ChunkState") -> _Decoded:
             be.append(_Open(d["ph"] == PH_E, pids[k], tids[k], d["ts"], bool(d["ts_ok"]),
                             st.category(None if d["cat"] < 0 else strings[d["cat"]]),
                             "" if d["name"] < 0 else strings[d["name"]], _slice_args(text, d["a_s"], d["a_e"])))
-    x = r[ph == PH_X]
+    x = _records_where(r, ph == PH_X)
     if len(x) == 0:
         return _Decoded(None, be, no_ph)
     cat_codes = x["cat"]
@@ -775,8 +801,9 @@ def _build_batch(ev: _Events, rf: RankFile, st: "_ChunkState") -> pa.RecordBatch
     events that need their ``args`` (GPU work, collective-related CPU ops, profiler steps;
     other rows keep null); communication is a kernel named so (the builtin and user patterns)
     or carrying collective args, or a ``gloo:`` CPU span; collective-related events keep a
-    metadata row (:func:`_meta_row`); ``ProfilerStep#N`` annotations are the steps. Per-event
-    work is numpy; Python runs per distinct category/name and per metadata row.
+    metadata row (:func:`_meta_rest`); ``ProfilerStep#N`` annotations are the steps. Per-event
+    work is numpy; Python runs per distinct category/name (the metadata rows are columns too:
+    :func:`_meta_rest`).
     """
     n = len(ev)
     cats, names, ci, ni = ev.cats, ev.names, ev.ci, ev.ni
@@ -797,22 +824,23 @@ def _build_batch(ev: _Events, rf: RankFile, st: "_ChunkState") -> pa.RecordBatch
     event_ids = np.arange(st.next_id, st.next_id + n, dtype=np.int64)
     st.next_id += n
     ts_ns, dur_ns = ev.ts_ns, ev.dur_ns
-    meta_idx = np.flatnonzero(is_comm | cpu_comm)
+    valid = _valid(ts_ns, ev.ts_ok, dur_ns, ev.dur_ok)
+    meta_idx = np.flatnonzero((is_comm | cpu_comm) & valid)
     if len(meta_idx):
         decoded = _decode_many(ev.raw(meta_idx), _KARGS_LIST, _KARGS, _EMPTY_ARGS)
-        m_corr = [c if ok else None for c, ok in zip(ids.corr[meta_idx].tolist(), ids.corr_ok[meta_idx].tolist())]
-        cols = zip(decoded, event_ids[meta_idx].tolist(), names[ni[meta_idx]].tolist(), cats[ci[meta_idx]].tolist(),
-                   gpu[meta_idx].tolist(), device[meta_idx].tolist(), track[meta_idx].tolist(),
-                   ts_ns[meta_idx].tolist(), dur_ns[meta_idx].tolist(), m_corr)
-        rf.comm_meta.extend(_meta_row(*row) for row in cols)
-    steps = step_cat & _table_flags(names, lambda nm: nm.startswith("ProfilerStep#"))[ni]
+        m_corr = np.where(ids.corr_ok[meta_idx], ids.corr[meta_idx], None).tolist()
+        m_cat = cats[ci[meta_idx]].tolist()
+        rf.add_meta(staging.columns_meta_batch(
+            event_ids[meta_idx], names[ni[meta_idx]].tolist(), gpu[meta_idx], device[meta_idx], track[meta_idx],
+            ts_ns[meta_idx], dur_ns[meta_idx], _meta_rest(decoded, m_cat, m_corr)))
+    steps = step_cat & valid & _table_flags(names, lambda nm: nm.startswith("ProfilerStep#"))[ni]
     for i in np.flatnonzero(steps).tolist():
         _add_step(rf, names[ni[i]], int(event_ids[i]), bool(ev.ts_ok[i] and ev.dur_ok[i]), int(ts_ns[i]), int(dur_ns[i]))
     if not rf.has_gpu and gpu.any():
         rf.has_gpu = True
     i64 = pa.int64()
     return _finish_batch(
-        rf, event_ids, ts_ns, ev.ts_ok, dur_ns, ev.dur_ok,
+        rf, valid,
         [
             pa.array(event_ids, i64),
             pa.DictionaryArray.from_arrays(pa.array(gpu.astype(np.int32)),
@@ -845,20 +873,30 @@ def chunk_batches(chunk, rf: RankFile, st: "_ChunkState") -> list[pa.RecordBatch
     return out
 
 
-_META_GET = operator.itemgetter(*[KArgs.__struct_fields__.index(f) for f in META_FIELDS])
-_ALIAS_GET = [(KArgs.__struct_fields__.index(alias), target) for alias, target in _ALIASES]
+_META_GET = operator.attrgetter(*META_FIELDS)
+_ALIAS_GET = [(operator.attrgetter(alias), target, META_FIELDS.index(target)) for alias, target in _ALIASES]
 
 
-def _meta_row(args, event_id, name, cat, is_gpu, device, track, ts_ns, dur_ns, correlation) -> dict:
-    """The metadata row of a collective-related event: only the fields present (kept for the whole file)."""
-    vals = msgspec.structs.astuple(args)
-    row = {k: v for k, v in zip(META_FIELDS, _META_GET(vals)) if v is not None}
-    for k, target in _ALIAS_GET:
-        if target not in row and vals[k] is not None:
-            row[target] = vals[k]
-    row.update(event_id=event_id, name=name, category=cat, gpu=is_gpu, device=device,
-               track=track, ts_ns=ts_ns, dur_ns=dur_ns, correlation=correlation)
-    return row
+def _meta_rest(decoded: list, category: list, correlation: list) -> list[bytes]:
+    """The ``rest`` JSON of collective-related events' metadata rows (:data:`staging.META_SCHEMA`)
+    from their decoded ``args`` (:class:`KArgs`): the :data:`META_FIELDS` present (not None), then
+    ``category`` and ``correlation``. Column-wise, no Python code per row, except for the rows that
+    spell a field only the older way (:data:`_ALIASES`): the field is read from the alias and, as in
+    a dict filled in that order, written after the others."""
+    rest = staging.rest_column(map(_META_GET, decoded), category, correlation)
+    for get, target, t in _ALIAS_GET:
+        alias = list(map(get, decoded))
+        if alias.count(None) == len(alias):
+            continue
+        for i, (a, vals) in enumerate(zip(alias, map(_META_GET, decoded))):
+            if a is not None and vals[t] is None:  # this row, as a dict in key order (every alias)
+                row = {k: v for k, v in zip(META_FIELDS, vals) if v is not None}
+                for get_other, other, _ in _ALIAS_GET:
+                    if other not in row and get_other(decoded[i]) is not None:
+                        row[other] = get_other(decoded[i])
+                row.update(category=category[i], correlation=correlation[i])
+                rest[i] = staging.encode_rest(row)
+    return rest
 
 
 _STEP_RE = re.compile(r"ProfilerStep#(\d+)")
@@ -870,16 +908,19 @@ def _add_step(rf: RankFile, name: str, event_id: int, ok: bool, ts_ns: int, dur_
         rf.steps.append((int(m.group(1)), event_id, ts_ns, ts_ns + dur_ns))
 
 
-def _finish_batch(rf: RankFile, ids, ts_ns, ts_ok, dur_ns, dur_ok, columns: list) -> pa.RecordBatch:
-    """Quarantine events with a missing/non-positive ts or a negative dur; the RAW_SCHEMA batch of the rest."""
+def _valid(ts_ns, ts_ok, dur_ns, dur_ok) -> np.ndarray:
+    """Per event: kept (True) or quarantined, for a missing/non-positive ts, a missing or negative
+    dur, or an end (ts + dur) beyond int64."""
     valid = ts_ok & dur_ok & (dur_ns >= 0) & (ts_ns > 0)
     valid &= ts_ns <= INT64_MAX - np.maximum(dur_ns, 0)  # the end, ts + dur, must be an int64 too
+    return valid
+
+
+def _finish_batch(rf: RankFile, valid: np.ndarray, columns: list) -> pa.RecordBatch:
+    """The RAW_SCHEMA batch of the events ``valid`` (:func:`_valid`) keeps; the others are counted
+    as quarantined (their metadata rows and steps were never made)."""
     nbad = int(len(valid) - valid.sum())
-    if nbad:
-        rf.quarantined += nbad
-        bad_ids = set(ids[~valid].tolist())
-        rf.comm_meta = [r for r in rf.comm_meta if r["event_id"] not in bad_ids]
-        rf.steps = [s for s in rf.steps if s[1] not in bad_ids]
+    rf.quarantined += nbad
     batch = raw_batch(columns)
     return batch.filter(pa.array(valid)) if nbad else batch
 

@@ -12,8 +12,11 @@ not each other.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -108,17 +111,48 @@ def _unencodable(o):
 
 
 def _meta_batch(rows: list[dict]) -> pa.RecordBatch:
+    """Metadata rows given as dicts (the nsys reader's, tests') → one :data:`META_SCHEMA` batch."""
     cols = [pa.array([r.get(f) for r in rows], t.type) for f, t in zip(_FIXED, META_SCHEMA)]
-    rest = pa.array([_JSON.encode({k: v for k, v in r.items() if k not in _FIXED}) for r in rows], pa.large_binary())
-    return pa.record_batch(cols + [rest], schema=META_SCHEMA)
+    rest = [encode_rest({k: v for k, v in r.items() if k not in _FIXED}) for r in rows]
+    return pa.record_batch(cols + [pa.array(rest, pa.large_binary())], schema=META_SCHEMA)
+
+
+def encode_rest(rest: dict) -> bytes:
+    """The ``rest`` JSON of one metadata row from its keys other than the fixed columns."""
+    return _JSON.encode(rest)
+
+
+_ALWAYS = object()  # a default no value is: the row's correlation is written even when null
+_Rest = msgspec.defstruct(
+    "_MetaRest", [(f, Any, None) for f in META_FIELDS] + [("category", Any, None), ("correlation", Any, _ALWAYS)],
+    omit_defaults=True, gc=False, module=__name__)
+"""``rest`` of a metadata row as a struct: encoded, the :data:`META_FIELDS` that are not None, in
+that order, then category and correlation (null included): the JSON a dict with those keys gives."""
+
+
+def rest_column(fields, category, correlation) -> list[bytes]:
+    """``rest`` JSON of rows given column-wise, with no Python code per row: ``fields`` yields each
+    row's :data:`META_FIELDS` values as a tuple (None: absent), ``category`` / ``correlation`` the
+    row's values (a correlation of None is written as null). Same bytes as :func:`encode_rest` of
+    the dict of the present fields, then ``category``, then ``correlation``."""
+    rows = itertools.starmap(_Rest, map(operator.add, fields, zip(category, correlation)))
+    return list(map(_JSON.encode, rows))
+
+
+def columns_meta_batch(event_id, name, gpu, device, track, ts_ns, dur_ns, rest: list[bytes]) -> pa.RecordBatch:
+    """One :data:`META_SCHEMA` batch from its columns (arrays or lists, one entry per row; ``rest``
+    from :func:`rest_column`)."""
+    cols = [pa.array(c, f.type) for c, f in zip((event_id, name, gpu, device, track, ts_ns, dur_ns, rest), META_SCHEMA)]
+    return pa.record_batch(cols, schema=META_SCHEMA)
 
 
 @dataclass
 class RankFile:
     """What one rank file yielded, besides the rows written to its staging file.
 
-    ``comm_meta``: the metadata rows of collective-related events (dicts) not yet written to
-    the comm-metadata table ``meta_path`` (:data:`META_SCHEMA`); :meth:`meta_rows` reads both.
+    Metadata rows of collective-related events not yet written to the comm-metadata table
+    ``meta_path`` (:data:`META_SCHEMA`) are held as dicts in ``comm_meta`` (appended by a reader)
+    or as batches (:meth:`add_meta`), in file order; :meth:`meta_rows` reads the table and both.
     """
 
     path: Path
@@ -133,17 +167,42 @@ class RankFile:
     warnings: list[str] = field(default_factory=list)
     meta_path: str | None = None  # the comm-metadata table, once rows were written to it
     _meta_writer: object = field(default=None, repr=False, compare=False)
+    _meta_parts: list = field(default_factory=list, repr=False, compare=False)  # META_SCHEMA batches held
+    _meta_held: int = field(default=0, repr=False, compare=False)  # rows in _meta_parts
+
+    def add_meta(self, batch: pa.RecordBatch) -> None:
+        """Hold a :data:`META_SCHEMA` batch of metadata rows (after the ``comm_meta`` dicts so far)."""
+        self._held_batches()
+        if batch.num_rows:
+            self._meta_parts.append(batch)
+            self._meta_held += batch.num_rows
+
+    @property
+    def meta_pending(self) -> int:
+        """Metadata rows held in memory (dicts and batches), not yet in the table."""
+        return len(self.comm_meta) + self._meta_held
+
+    def _held_batches(self) -> list:
+        """The rows held in memory as batches, in file order (the ``comm_meta`` dicts become one)."""
+        if self.comm_meta:
+            self._meta_parts.append(_meta_batch(self.comm_meta))
+            self._meta_held += len(self.comm_meta)
+            self.comm_meta = []
+        return self._meta_parts
 
     def flush_meta(self, path: Path) -> None:
-        """Append the in-memory ``comm_meta`` rows to the table at ``path`` and drop them from memory
+        """Append the rows held in memory to the table at ``path`` and drop them from memory
         (the reader's memory stays flat; :meth:`close_meta` when the file is read)."""
-        if not self.comm_meta:
+        parts = self._held_batches()
+        if not parts:
             return
         if self._meta_writer is None:
             self.meta_path = str(path)
             self._meta_writer = pa.ipc.new_stream(str(path), META_SCHEMA)
-        self._meta_writer.write_batch(_meta_batch(self.comm_meta))
-        self.comm_meta = []
+        for batch in parts:
+            self._meta_writer.write_batch(batch)
+        self._meta_parts = []
+        self._meta_held = 0
 
     def close_meta(self) -> None:
         """Write the rows still in memory (if the table was started) and close the table."""
@@ -163,6 +222,7 @@ class RankFile:
         if self.meta_path:
             with pa.OSFile(self.meta_path) as fh:
                 parts.extend(pa.ipc.open_stream(fh).read_all().to_batches())
+        parts.extend(self._meta_parts)  # held batches, then the dicts appended since (file order)
         if self.comm_meta:
             parts.append(_meta_batch(self.comm_meta))
         return pa.Table.from_batches(parts, schema=META_SCHEMA)
@@ -220,10 +280,11 @@ class MetaRows:
     def row(self, i: int) -> dict:
         """The dict of row ``i`` (a new one each time), with its replaced times."""
         i = int(i)
-        r = _JSON_DEC.decode(self._rest[int(self._rest_at[i]):int(self._rest_at[i + 1])])
-        device, track = self.threads[self.thread[i]]
-        r.update(event_id=int(self.event_id[i]), name=self.names[self.name[i]], gpu=bool(self.gpu[i]),
-                 device=device, track=track, ts_ns=int(self.ts_ns[i]), dur_ns=int(self.dur_ns[i]))
+        at = self._rest_at  # ndarray.item(i): the Python int/bool, without a numpy scalar between
+        r = _JSON_DEC.decode(self._rest[at.item(i):at.item(i + 1)])
+        device, track = self.threads[self.thread.item(i)]
+        r.update(event_id=self.event_id.item(i), name=self.names[self.name.item(i)], gpu=self.gpu.item(i),
+                 device=device, track=track, ts_ns=self.ts_ns.item(i), dur_ns=self.dur_ns.item(i))
         return r
 
 
