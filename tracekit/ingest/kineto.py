@@ -36,7 +36,6 @@ ts ≈ 4.46e12 µs lost up to 1 ns.)
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import operator
 import re
@@ -367,22 +366,7 @@ def read_rank_file(
     rf.meta = stream.meta
     rf.warnings.extend(stream.notes)
     rf.sha256 = sha256 or sha256_file(path)
-    _give_back_freed_heap()
     return rf
-
-
-def _give_back_freed_heap() -> None:
-    """Return the C heap's free pages to the OS (glibc's ``malloc_trim``; nothing elsewhere).
-
-    A file's read frees hundreds of MB in chunks that glibc keeps in its arenas (the main thread's,
-    the scanner's and the writer's); without the trim, the later passes of the ingest (link pass,
-    assembly) reach their peak on top of that kept memory (benchmarks/README.md, "comm-metadata
-    rows column-wise")."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return
-    trim(0)
 
 
 class _ChunkState:
