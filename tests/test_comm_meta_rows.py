@@ -23,8 +23,7 @@ def test_rest_json_keeps_present_fields_in_order_then_category_and_correlation()
         b'"Process Group Name": null, "Out msg nelems": 12345678901234567890123, "External id": 4}',
         b"null",
         b'{"Input dims": [[9]], "Input Dims": [[1, 2]], "Global rank stride": 1}',
-        # only the older spelling: read from it, and written after the other fields (as a dict
-        # filled in that order writes it)
+        # only the older spelling: read from it, written in the field's own place
         b'{"Input dims": [[9]], "Global rank stride": 1, "Collective name": "broadcast"}',
     ]
     got = _rest(raws, ["kernel", "cpu_op", "x", "x"], [5, None, None, 3])
@@ -33,7 +32,7 @@ def test_rest_json_keeps_present_fields_in_order_then_category_and_correlation()
         b'"category":"kernel","correlation":5}',
         b'{"category":"cpu_op","correlation":null}',
         b'{"input_dims":[[1,2]],"gstride":1,"category":"x","correlation":null}',
-        b'{"collective":"broadcast","gstride":1,"input_dims":[[9]],"category":"x","correlation":3}',
+        b'{"collective":"broadcast","input_dims":[[9]],"gstride":1,"category":"x","correlation":3}',
     ]
 
 

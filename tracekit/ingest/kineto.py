@@ -858,29 +858,20 @@ def chunk_batches(chunk, rf: RankFile, st: "_ChunkState") -> list[pa.RecordBatch
 
 
 _META_GET = operator.attrgetter(*META_FIELDS)
-_ALIAS_GET = [(operator.attrgetter(alias), target, META_FIELDS.index(target)) for alias, target in _ALIASES]
+_ALIAS_GET = [(operator.attrgetter(alias), META_FIELDS.index(target)) for alias, target in _ALIASES]
 
 
 def _meta_rest(decoded: list, category: list, correlation: list) -> list[bytes]:
     """The ``rest`` JSON of collective-related events' metadata rows (:data:`staging.META_SCHEMA`)
-    from their decoded ``args`` (:class:`KArgs`): the :data:`META_FIELDS` present (not None), then
-    ``category`` and ``correlation``. Column-wise, no Python code per row, except for the rows that
-    spell a field only the older way (:data:`_ALIASES`): the field is read from the alias and, as in
-    a dict filled in that order, written after the others."""
-    rest = staging.rest_column(map(_META_GET, decoded), category, correlation)
-    for get, target, t in _ALIAS_GET:
+    from their decoded ``args`` (:class:`KArgs`): the :data:`META_FIELDS` present (not None), in
+    that order, then ``category`` and ``correlation``; a field spelled only the older way
+    (:data:`_ALIASES`) is read from its alias."""
+    fields = list(map(_META_GET, decoded))
+    for get, t in _ALIAS_GET:
         alias = list(map(get, decoded))
-        if alias.count(None) == len(alias):
-            continue
-        for i, (a, vals) in enumerate(zip(alias, map(_META_GET, decoded))):
-            if a is not None and vals[t] is None:  # this row, as a dict in key order (every alias)
-                row = {k: v for k, v in zip(META_FIELDS, vals) if v is not None}
-                for get_other, other, _ in _ALIAS_GET:
-                    if other not in row and get_other(decoded[i]) is not None:
-                        row[other] = get_other(decoded[i])
-                row.update(category=category[i], correlation=correlation[i])
-                rest[i] = staging.encode_rest(row)
-    return rest
+        if alias.count(None) < len(alias):
+            fields = [f if a is None or f[t] is not None else f[:t] + (a,) + f[t + 1:] for f, a in zip(fields, alias)]
+    return staging.rest_column(fields, category, correlation)
 
 
 _STEP_RE = re.compile(r"ProfilerStep#(\d+)")
