@@ -37,12 +37,15 @@ from collections import defaultdict
 from typing import Any, Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit.ingest import pg_attribution
 from tracekit.ingest.comm_families import kernel_op, resolve_family
 from tracekit.ingest.kineto import int_or_none, parse_split_list
 from tracekit.model import busbw_factor
 from tracekit.model.ops import canonical_op
+from tracekit.store import COLLECTIVES_SCHEMA
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float4": 4, "single": 4,
@@ -277,8 +280,9 @@ def build_collectives(
     pg_config: dict[str, list[int]],
     cpu_only: bool,
     calls=None,
-) -> Iterator[dict]:
-    """Rows of the collectives table for one rank, in the order of the comm spans in the file.
+) -> Iterator[dict | pa.Table]:
+    """Rows of the collectives table for one rank, in the order of the comm spans in the file:
+    dicts for a CPU-only rank, one COLLECTIVES_SCHEMA table of them for a GPU rank (:func:`_gpu_table`).
 
     ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.staging.MetaRows`).
     ``launches`` (a :class:`tracekit.ingest.linkpass.ById`) maps a comm kernel's event_id →
@@ -303,18 +307,62 @@ def build_collectives(
             row["cpu_side"] = True
             yield row
         return
+    yield _gpu_table(run_id, rank, meta, launches, world_size, pg_config)
+
+
+def _gpu_table(run_id, rank, meta, launches, world_size, pg_config) -> pa.Table:
+    """The collectives of a GPU rank, one per comm kernel in file order, as a COLLECTIVES_SCHEMA table.
+
+    Kernels alike (same name and metadata, enclosing ops of the same names and metadata, innermost
+    first) resolve alike: :func:`_resolve` and :func:`_finish_row` run once per distinct pattern
+    (:func:`_content_ids`), on its first kernel, and each kernel takes its pattern's row with its
+    own event_id, ts_ns, dur_ns and issue_ts_ns (its launch call's start, or its own start when
+    it was launched outside the capture)."""
     gpu = np.flatnonzero(meta.gpu)
     found, cols, _ = launches.lookup(meta.event_id[gpu])
-    enclosing = enclosing_ops(meta, launches)
-    for k, has, lts in zip(gpu.tolist(), found.tolist(), cols[2].tolist()):
-        sp = meta.row(k)
-        res = _resolve(sp, [meta.row(j) for j in enclosing.get(k, ())])
-        if not has and res["meta_source"] == "name_only":
-            res["launch_outside_capture"] = True
-        row = _finish_row(run_id, rank, sp, res, lts if has else None, world_size, pg_config)
-        row["cpu_side"] = False
-        yield row
+    call, op = enclosing_pairs(meta, launches)
+    content = _content_ids(meta)
+    # per kernel: its content, then its enclosing ops' (innermost first), -1 past the last
+    at = np.arange(len(call))
+    first = np.r_[True, call[1:] != call[:-1]] if len(call) else np.zeros(0, dtype=bool)
+    pos = at - np.maximum.accumulate(np.where(first, at, 0)) if len(call) else at
+    width = 1 + (int(pos.max()) + 1 if len(pos) else 0)
+    kernel = np.searchsorted(gpu, call)
+    ops = np.full((len(gpu), width - 1), -1, dtype=np.int64)
+    ops[kernel, pos] = op
+    key = np.full((len(gpu), width), -1, dtype=np.int64)
+    key[:, 0] = content[gpu]
+    key[kernel, 1 + pos] = content[op]
+    _, rep, pattern = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    rows = []
+    for k in rep.tolist():
+        sp = meta.row(gpu[k])
+        res = _resolve(sp, [meta.row(j) for j in ops[k][ops[k] >= 0].tolist()])
+        rows.append(dict(_finish_row(run_id, rank, sp, res, None, world_size, pg_config), cpu_side=False))
+    table = pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA).take(pa.array(pattern.reshape(-1)))
+    ts = meta.ts_ns[gpu]
+    for name, v in (("event_id", meta.event_id[gpu]), ("ts_ns", ts), ("dur_ns", meta.dur_ns[gpu]),
+                    ("issue_ts_ns", np.where(found, cols[2], ts))):
+        i = COLLECTIVES_SCHEMA.get_field_index(name)
+        table = table.set_column(i, COLLECTIVES_SCHEMA.field(i), pa.array(v, pa.int64()))
+    return table
 
+
+def _content_ids(meta) -> np.ndarray:
+    """Per meta row, a number shared by the rows of the same name and the same other metadata: the
+    JSON of the fields the Kineto reader kept (``rest``, tracekit.ingest.staging.META_SCHEMA), all
+    that :func:`_resolve` reads besides the name, less the launch ``correlation`` (an id of each
+    kernel, read by the link pass only). The key ``"correlation"`` right after ``{`` or ``,`` can only
+    be that field: a quote inside a JSON string is escaped. A correlation of another form stays in
+    the key (rows then share less, and resolve alike all the same)."""
+    if not len(meta):
+        return np.zeros(0, dtype=np.int64)
+    rest = pc.replace_substring_regex(meta._table.column("rest"), _CORRELATION_RE, r"\1\2")
+    rest = pc.dictionary_encode(rest, null_encoding="encode").combine_chunks().indices.to_numpy()
+    return np.unique(meta.name.astype(np.int64) * (int(rest.max()) + 1) + rest, return_inverse=True)[1].reshape(-1)
+
+
+_CORRELATION_RE = r'([{,])"correlation":(?:-?[0-9]+|null)([,}])'
 
 ENCLOSING_WINDOW = 64
 """A launch call's enclosing ops are looked for among the last this many CPU comm ops of its
@@ -326,24 +374,31 @@ ENCLOSING_WINDOW)."""
 
 
 def enclosing_ops(meta, launches) -> dict[int, list[int]]:
-    """GPU meta row → the meta rows of the CPU comm ops that enclose its launch call (start ≤ the
-    call's start and end ≥ its end, on its thread, among the ENCLOSING_WINDOW ops before it),
-    innermost (latest start, then the shorter) first; GPU rows with none are absent.
+    """GPU meta row → the meta rows of the CPU comm ops that enclose its launch call, innermost
+    first (:func:`enclosing_pairs` as a dict); GPU rows with none are absent."""
+    out: dict[int, list[int]] = {}
+    for g, r in zip(*(a.tolist() for a in enclosing_pairs(meta, launches))):
+        out.setdefault(g, []).append(r)
+    return out
+
+
+def enclosing_pairs(meta, launches) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU meta row, CPU meta row) int64 arrays: the CPU comm ops that enclose each GPU row's
+    launch call (start ≤ the call's start and end ≥ its end, on its thread, among the
+    ENCLOSING_WINDOW ops before it). A GPU row's pairs are adjacent, innermost op (latest start,
+    then the shorter) first; GPU rows with none have no pair.
 
     How: the CPU ops (thread, start, 0, −duration, row) and the launch calls (thread, start, 1,
     0, row) in one lexicographic sort — at equal starts ops come before calls, so an op starting
     with the call counts — and per call the ops just before it in that order on its thread.
     """
+    none = np.zeros(0, dtype=np.int64)
     cpu = np.flatnonzero(~meta.gpu)
     gpu = np.flatnonzero(meta.gpu)
     if not len(cpu) or not len(gpu):
-        return {}
+        return none, none
     found, (pid, tid, lts, lend), valid = launches.lookup(meta.event_id[gpu])
-    pv, tv = (np.ones(len(gpu), dtype=bool) if v is None else v for v in valid[:2])
-    thread_of = {t: i for i, t in enumerate(meta.threads)}
-    call_thr = np.fromiter((thread_of.get((int(p) if a else None, int(t) if b else None), -1)
-                            for p, a, t, b in zip(pid.tolist(), pv.tolist(), tid.tolist(), tv.tolist())),
-                           dtype=np.int64, count=len(gpu))
+    call_thr = _thread_index(meta.threads, pid, tid, *valid[:2])
     c = found & (call_thr >= 0)  # calls on a thread that runs no comm op enclose nothing
     n_op, n_call = len(cpu), int(c.sum())
     thr = np.concatenate([meta.thread[cpu].astype(np.int64), call_thr[c]])
@@ -357,7 +412,7 @@ def enclosing_ops(meta, launches) -> dict[int, list[int]]:
     op_end, op_row, op_thr = end[o][is_op], row[o][is_op], thr[o][is_op]
     before = np.cumsum(is_op)[~is_op]  # per call (in sorted order): the ops at or before it
     q_row, q_thr, q_end = row[o][~is_op], thr[o][~is_op], end[o][~is_op]
-    out: dict[int, list[int]] = {}
+    calls, ops = [none], [none]
     back = np.arange(ENCLOSING_WINDOW)[None, :]
     for at in range(0, n_call, _CALLS_AT_ONCE):
         sl = slice(at, at + _CALLS_AT_ONCE)
@@ -366,10 +421,26 @@ def enclosing_ops(meta, launches) -> dict[int, list[int]]:
         jj = np.where(ok, j, 0)
         ok &= (op_thr[jj] == q_thr[sl][:, None]) & (op_end[jj] >= q_end[sl][:, None])
         qi, rk = np.nonzero(ok)  # by call, then innermost first
-        for g, r in zip(q_row[sl][qi].tolist(), op_row[jj[qi, rk]].tolist()):
-            out.setdefault(g, []).append(r)
-    return out
+        calls.append(q_row[sl][qi])
+        ops.append(op_row[jj[qi, rk]])
+    return np.concatenate(calls).astype(np.int64), np.concatenate(ops).astype(np.int64)
 
+
+def _thread_index(threads: list, pid, tid, pid_ok, tid_ok) -> np.ndarray:
+    """Per launch call, the index in ``threads`` (MetaRows' (device, track) pairs, None for a
+    missing value) of its (pid, tid), −1 when no comm op runs there. ``pid_ok`` / ``tid_ok``:
+    validity masks, None when all are present."""
+    n = len(pid)
+    pv = np.ones(n, dtype=bool) if pid_ok is None else pid_ok
+    tv = np.ones(n, dtype=bool) if tid_ok is None else tid_ok
+    # (present, value) of each part, a missing value as (0, 0): threads and calls in one unique
+    known = np.array([(d is not None, d or 0, t is not None, t or 0) for d, t in threads], dtype=np.int64)
+    calls = np.stack([pv, np.where(pv, pid, 0), tv, np.where(tv, tid, 0)], axis=1).astype(np.int64)
+    _, inv = np.unique(np.concatenate([known.reshape(-1, 4), calls]), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    index = np.full(int(inv.max()) + 1 if len(inv) else 0, -1, dtype=np.int64)
+    index[inv[:len(known)][::-1]] = np.arange(len(known))[::-1]  # the first of equal threads
+    return index[inv[len(known):]]
 
 # gloo runs some collectives as others: reduce-scatter as an all-reduce of the whole input.
 _GLOO_SPAN_OPS = {"reduce_scatter": ("reduce_scatter", "all_reduce"), "barrier": ("barrier", "all_reduce")}
