@@ -34,6 +34,7 @@ import functools
 import math
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -175,7 +176,8 @@ def _has_meta(r: dict) -> bool:
 
 
 def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
-    """Pick op and sizes for one comm span; returns a partial collectives row.
+    """Pick op and sizes for one comm span; returns a partial collectives row, whose ``seq_at``
+    says where ``seq`` came from: −1 the kernel, i ``enclosing[i]``, None (or absent) neither.
 
     A GPU kernel without its own metadata goes to the collective families first
     (:func:`tracekit.ingest.comm_families.resolve_family`: a family kernel, or a family CPU op
@@ -191,9 +193,9 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
     src = None
     meta = None
     if _has_meta(kernel):
-        src, meta = "kernel_args", kernel
+        src, meta, at = "kernel_args", kernel, -1
     else:
-        for r in enclosing:
+        for at, r in enumerate(enclosing):
             if r["name"] == "record_param_comms" and _has_meta(r):
                 src, meta = "record_param_comms", r
                 break
@@ -230,6 +232,7 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             in_splits_raw=meta.get("in_split"),
             out_splits_raw=meta.get("out_split"),
             nbytes=nb,
+            seq_at=at,
         )
         if row["size_bytes"] is None and dims_row is not None:
             meta = None  # fall through to dims
@@ -250,6 +253,7 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             out_splits_raw=None,
             nbytes=nb,
             all_gather_shard=(op == "all_gather"),
+            seq_at=None,
         )
     if "meta_source" not in row:
         row.update(meta_source="name_only", dtype=None, size_bytes=None, group_size=None, pg_name=None,
@@ -321,7 +325,7 @@ def _gpu_table(run_id, rank, meta, launches, world_size, pg_config) -> pa.Table:
     gpu = np.flatnonzero(meta.gpu)
     found, cols, _ = launches.lookup(meta.event_id[gpu])
     call, op = enclosing_pairs(meta, launches)
-    content = _content_ids(meta)
+    content, seq = _content_ids(meta)
     # per kernel: its content, then its enclosing ops' (innermost first), -1 past the last
     at = np.arange(len(call))
     first = np.r_[True, call[1:] != call[:-1]] if len(call) else np.zeros(0, dtype=bool)
@@ -334,35 +338,64 @@ def _gpu_table(run_id, rank, meta, launches, world_size, pg_config) -> pa.Table:
     key[:, 0] = content[gpu]
     key[kernel, 1 + pos] = content[op]
     _, rep, pattern = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    rows = []
+    pattern = pattern.reshape(-1)
+    rows, seq_at = [], []
     for k in rep.tolist():
         sp = meta.row(gpu[k])
         res = _resolve(sp, [meta.row(j) for j in ops[k][ops[k] >= 0].tolist()])
         rows.append(dict(_finish_row(run_id, rank, sp, res, None, world_size, pg_config), cpu_side=False))
-    table = pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA).take(pa.array(pattern.reshape(-1)))
+        seq_at.append(-2 if res.get("seq_at") is None else res["seq_at"])
+    table = pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA).take(pa.array(pattern))
+    # seq: the kernel's own, from the row its pattern's metadata came from (a seq left out of the key)
+    at = np.array(seq_at, dtype=np.int64)[pattern]
+    src = np.where(at == -1, gpu, ops[np.arange(len(gpu)), np.maximum(at, 0)] if width > 1 else -1)
+    own = (at >= -1) & (src >= 0)
+    own[own] = seq.valid[src[own]]
+    vals = pc.fill_null(table.column("seq"), 0).to_numpy().copy()
+    vals[own] = seq.value[src[own]]
+    ok = np.where(own, vals >= 0, table.column("seq").is_valid().to_numpy(zero_copy_only=False))
     ts = meta.ts_ns[gpu]
-    for name, v in (("event_id", meta.event_id[gpu]), ("ts_ns", ts), ("dur_ns", meta.dur_ns[gpu]),
-                    ("issue_ts_ns", np.where(found, cols[2], ts))):
+    for name, v, valid in (("event_id", meta.event_id[gpu], None), ("ts_ns", ts, None), ("dur_ns", meta.dur_ns[gpu], None),
+                           ("issue_ts_ns", np.where(found, cols[2], ts), None), ("seq", vals, ok)):
         i = COLLECTIVES_SCHEMA.get_field_index(name)
-        table = table.set_column(i, COLLECTIVES_SCHEMA.field(i), pa.array(v, pa.int64()))
+        table = table.set_column(i, COLLECTIVES_SCHEMA.field(i),
+                                 pa.array(v, pa.int64(), mask=None if valid is None else ~valid))
     return table
 
 
-def _content_ids(meta) -> np.ndarray:
-    """Per meta row, a number shared by the rows of the same name and the same other metadata: the
-    JSON of the fields the Kineto reader kept (``rest``, tracekit.ingest.staging.META_SCHEMA), all
-    that :func:`_resolve` reads besides the name, less the launch ``correlation`` (an id of each
-    kernel, read by the link pass only). The key ``"correlation"`` right after ``{`` or ``,`` can only
-    be that field: a quote inside a JSON string is escaped. A correlation of another form stays in
-    the key (rows then share less, and resolve alike all the same)."""
+@dataclass
+class _Seqs:
+    """Per meta row: whether its ``seq`` is a JSON integer of at most 18 digits (``valid``), and it."""
+
+    valid: np.ndarray
+    value: np.ndarray
+
+
+def _content_ids(meta) -> tuple[np.ndarray, _Seqs]:
+    """Per meta row, a number shared by the rows of the same name and the same other metadata, and
+    the rows' seqs left out of it.
+
+    The metadata: the JSON of the fields the Kineto reader kept (``rest``,
+    tracekit.ingest.staging.META_SCHEMA), all that :func:`_resolve` reads besides the name, less
+    the launch ``correlation`` (each kernel's id, read by the link pass only) and an integer
+    ``seq`` (each call's number: :func:`_gpu_table` puts each kernel's own back). A key right after
+    ``{`` or ``,`` can only be a field: a quote inside a JSON string is escaped. A correlation or
+    seq of another form stays in the key (rows then share less, and resolve alike all the same)."""
     if not len(meta):
-        return np.zeros(0, dtype=np.int64)
-    rest = pc.replace_substring_regex(meta._table.column("rest"), _CORRELATION_RE, r"\1\2")
+        z = np.zeros(0, dtype=np.int64)
+        return z, _Seqs(z.astype(bool), z)
+    rest = meta._table.column("rest")
+    got = pc.struct_field(pc.extract_regex(rest, _SEQ_VALUE_RE), [0]).cast(pa.large_string()).cast(pa.int64())
+    seq = _Seqs(got.is_valid().to_numpy(zero_copy_only=False), pc.fill_null(got, 0).to_numpy())
+    for pattern in (_SEQ_RE, _CORRELATION_RE):
+        rest = pc.replace_substring_regex(rest, pattern, r"\1\2")
     rest = pc.dictionary_encode(rest, null_encoding="encode").combine_chunks().indices.to_numpy()
-    return np.unique(meta.name.astype(np.int64) * (int(rest.max()) + 1) + rest, return_inverse=True)[1].reshape(-1)
+    return np.unique(meta.name.astype(np.int64) * (int(rest.max()) + 1) + rest, return_inverse=True)[1].reshape(-1), seq
 
 
 _CORRELATION_RE = r'([{,])"correlation":(?:-?[0-9]+|null)([,}])'
+_SEQ_RE = r'([{,])"seq":-?[0-9]{1,18}([,}])'
+_SEQ_VALUE_RE = r'[{,]"seq":(?P<seq>-?[0-9]{1,18})[,}]'
 
 ENCLOSING_WINDOW = 64
 """A launch call's enclosing ops are looked for among the last this many CPU comm ops of its
