@@ -26,6 +26,13 @@ least a rank must send for the op (the reference's lower bounds):
 gather/scatter and even all-to-all; for uneven all-to-all the sum of the
 rank's input splits except its own chunk; ``S`` for broadcast, reduce, send;
 0 for recv and barrier.
+
+A GPU rank's kernels are resolved per pattern, not one by one (:func:`_gpu_table`): kernels of
+the same name and metadata whose launches the same ops enclose (same names and metadata,
+innermost first; found for all kernels at once by :func:`enclosing_pairs`) get the same op,
+sizes and group, so the rules above run once per pattern and each kernel keeps its own
+event_id, times, launch time and seq. CPU-only ranks go call by call (the gloo pairing is
+sequential).
 """
 
 from __future__ import annotations
