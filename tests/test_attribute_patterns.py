@@ -1,6 +1,6 @@
 """A GPU rank's collectives resolved once per pattern (tracekit.ingest.attribute._gpu_table: kernels
 of the same metadata, enclosed by ops of the same metadata, share one resolution; each keeps its
-own event_id, times, launch and seq): rows computed by hand, and against resolving every kernel
+own event_id, times, launch and seq; ranks of few kernels resolve each on its own): rows computed by hand, and against resolving every kernel
 on its own (the rules of attribute._resolve and _finish_row, kernel by kernel)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 import tracekit.ingest.attribute as attribute
 from tracekit.ingest.assemble import rank_collectives
@@ -46,6 +47,7 @@ def _table(rows, launches):
 
 
 def test_kernels_alike_share_a_resolution_and_keep_their_own_values(monkeypatch):
+    monkeypatch.setattr(attribute, "PATTERNS_FROM", 1)  # patterns for these few kernels too
     calls = []
     real = attribute._resolve
     monkeypatch.setattr(attribute, "_resolve", lambda k, e: calls.append(k["event_id"]) or real(k, e))
@@ -96,7 +98,9 @@ def _per_kernel(meta, launches):
     return rank_collectives([pa.Table.from_pylist(out, schema=COLLECTIVES_SCHEMA)])
 
 
-def test_patterns_match_resolving_each_kernel_on_its_own(monkeypatch):
+@pytest.mark.parametrize("patterns_from", [256, 10**9])
+def test_patterns_match_resolving_each_kernel_on_its_own(patterns_from, monkeypatch):
+    monkeypatch.setattr(attribute, "PATTERNS_FROM", patterns_from)  # 300 kernels: by pattern, or each on its own
     rng = random.Random(5)
     rows, calls = [], []
     for i in range(300):  # a few metadata variants each, seqs of every form, some launches missing
@@ -118,7 +122,7 @@ def test_patterns_match_resolving_each_kernel_on_its_own(monkeypatch):
     real, n = attribute._resolve, []
     monkeypatch.setattr(attribute, "_resolve", lambda k, e: n.append(1) or real(k, e))
     meta, t = _table(rows, launches)
-    assert 10 < len(n) < 150  # patterns shared, and more than a few
+    assert 10 < len(n) < 150 if patterns_from <= 300 else len(n) == 300
     monkeypatch.setattr(attribute, "_resolve", real)
     assert t.equals(_per_kernel(meta, launches))
     assert set(t.column("meta_source").to_pylist()) == {"kernel_args", "record_param_comms", "cpu_op_dims", "name_only"}

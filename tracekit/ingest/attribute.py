@@ -321,53 +321,64 @@ def build_collectives(
     yield _gpu_table(run_id, rank, meta, launches, world_size, pg_config)
 
 
+PATTERNS_FROM = 256
+"""A GPU rank with fewer comm kernels resolves each on its own: finding its patterns costs more
+(~1 ms a rank) than it could save."""
+
+
 def _gpu_table(run_id, rank, meta, launches, world_size, pg_config) -> pa.Table:
     """The collectives of a GPU rank, one per comm kernel in file order, as a COLLECTIVES_SCHEMA table.
 
     Kernels alike (same name and metadata, enclosing ops of the same names and metadata, innermost
-    first) resolve alike: :func:`_resolve` and :func:`_finish_row` run once per distinct pattern
-    (:func:`_content_ids`), on its first kernel, and each kernel takes its pattern's row with its
-    own event_id, ts_ns, dur_ns and issue_ts_ns (its launch call's start, or its own start when
-    it was launched outside the capture)."""
+    first; :func:`_patterns`) resolve alike: :func:`_resolve` and :func:`_finish_row` run once per
+    distinct pattern, on its first kernel, and each kernel takes its pattern's row with its own
+    event_id, ts_ns, dur_ns, issue_ts_ns (its launch call's start, or its own start when it was
+    launched outside the capture) and seq."""
     gpu = np.flatnonzero(meta.gpu)
     found, cols, _ = launches.lookup(meta.event_id[gpu])
+    ts = meta.ts_ns[gpu]
+    issue = np.where(found, cols[2], ts)
     call, op = enclosing_pairs(meta, launches)
-    content, seq = _content_ids(meta)
-    # per kernel: its content, then its enclosing ops' (innermost first), -1 past the last
+    # per kernel, the meta rows of its enclosing ops (innermost first), -1 past the last
     at = np.arange(len(call))
-    first = np.r_[True, call[1:] != call[:-1]] if len(call) else np.zeros(0, dtype=bool)
-    pos = at - np.maximum.accumulate(np.where(first, at, 0)) if len(call) else at
-    width = 1 + (int(pos.max()) + 1 if len(pos) else 0)
-    kernel = np.searchsorted(gpu, call)
-    ops = np.full((len(gpu), width - 1), -1, dtype=np.int64)
-    ops[kernel, pos] = op
-    key = np.full((len(gpu), width), -1, dtype=np.int64)
-    key[:, 0] = content[gpu]
-    key[kernel, 1 + pos] = content[op]
-    _, rep, pattern = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    pattern = pattern.reshape(-1)
+    pos = at - np.maximum.accumulate(np.where(np.r_[True, call[1:] != call[:-1]], at, 0)) if len(call) else at
+    ops = np.full((len(gpu), int(pos.max()) + 1 if len(pos) else 0), -1, dtype=np.int64)
+    ops[np.searchsorted(gpu, call), pos] = op
+    rep, pattern, seq = _patterns(meta, gpu, ops) if len(gpu) >= PATTERNS_FROM else (range(len(gpu)), None, None)
     rows, seq_at = [], []
-    for k in rep.tolist():
+    for k in rep:
         sp = meta.row(gpu[k])
         res = _resolve(sp, [meta.row(j) for j in ops[k][ops[k] >= 0].tolist()])
-        rows.append(dict(_finish_row(run_id, rank, sp, res, None, world_size, pg_config), cpu_side=False))
+        rows.append(dict(_finish_row(run_id, rank, sp, res, int(issue[k]), world_size, pg_config), cpu_side=False))
         seq_at.append(-2 if res.get("seq_at") is None else res["seq_at"])
-    table = pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA).take(pa.array(pattern))
+    table = pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA)
+    if pattern is None:
+        return table
+    table = table.take(pa.array(pattern))
     # seq: the kernel's own, from the row its pattern's metadata came from (a seq left out of the key)
     at = np.array(seq_at, dtype=np.int64)[pattern]
-    src = np.where(at == -1, gpu, ops[np.arange(len(gpu)), np.maximum(at, 0)] if width > 1 else -1)
+    src = np.where(at == -1, gpu, ops[np.arange(len(gpu)), np.maximum(at, 0)] if ops.shape[1] else -1)
     own = (at >= -1) & (src >= 0)
     own[own] = seq.valid[src[own]]
     vals = pc.fill_null(table.column("seq"), 0).to_numpy().copy()
     vals[own] = seq.value[src[own]]
     ok = np.where(own, vals >= 0, table.column("seq").is_valid().to_numpy(zero_copy_only=False))
-    ts = meta.ts_ns[gpu]
-    for name, v, valid in (("event_id", meta.event_id[gpu], None), ("ts_ns", ts, None), ("dur_ns", meta.dur_ns[gpu], None),
-                           ("issue_ts_ns", np.where(found, cols[2], ts), None), ("seq", vals, ok)):
+    for name, v, valid in (("event_id", meta.event_id[gpu], None), ("ts_ns", ts, None),
+                           ("dur_ns", meta.dur_ns[gpu], None), ("issue_ts_ns", issue, None), ("seq", vals, ok)):
         i = COLLECTIVES_SCHEMA.get_field_index(name)
         table = table.set_column(i, COLLECTIVES_SCHEMA.field(i),
                                  pa.array(v, pa.int64(), mask=None if valid is None else ~valid))
     return table
+
+
+def _patterns(meta, gpu: np.ndarray, ops: np.ndarray):
+    """(the first kernel of each pattern, each kernel's pattern, the meta rows' seqs): kernels
+    (``gpu``: their meta rows) are alike when they and their enclosing ops (``ops``: per kernel,
+    innermost first, −1 past the last) have the same content (:func:`_content_ids`)."""
+    content, seq = _content_ids(meta)
+    key = np.concatenate([content[gpu][:, None], np.where(ops >= 0, content[ops], -1)], axis=1)
+    _, rep, pattern = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    return rep.tolist(), pattern.reshape(-1), seq
 
 
 @dataclass
