@@ -1,7 +1,8 @@
 """A GPU rank's collectives resolved once per pattern (tracekit.ingest.attribute._gpu_table: kernels
 of the same metadata, enclosed by ops of the same metadata, share one resolution; each keeps its
-own event_id, times, launch and seq; ranks of few kernels resolve each on its own): rows computed by hand, and against resolving every kernel
-on its own (the rules of attribute._resolve and _finish_row, kernel by kernel)."""
+own event_id, times, launch and seq; a rank of few kernels resolves each on its own): rows
+computed by hand, and against resolving every kernel on its own (the rules of attribute._resolve
+and _finish_row, kernel by kernel)."""
 
 from __future__ import annotations
 

@@ -415,6 +415,7 @@ _CORRELATION_RE = r'([{,])"correlation":(?:-?[0-9]+|null)([,}])'
 _SEQ_RE = r'([{,])"seq":-?[0-9]{1,18}([,}])'
 _SEQ_VALUE_RE = r'[{,]"seq":(?P<seq>-?[0-9]{1,18})[,}]'
 
+
 ENCLOSING_WINDOW = 64
 """A launch call's enclosing ops are looked for among the last this many CPU comm ops of its
 thread that start at or before it (by start, the longer first, then file order)."""
@@ -492,6 +493,7 @@ def _thread_index(threads: list, pid, tid, pid_ok, tid_ok) -> np.ndarray:
     index = np.full(int(inv.max()) + 1 if len(inv) else 0, -1, dtype=np.int64)
     index[inv[:len(known)][::-1]] = np.arange(len(known))[::-1]  # the first of equal threads
     return index[inv[len(known):]]
+
 
 # gloo runs some collectives as others: reduce-scatter as an all-reduce of the whole input.
 _GLOO_SPAN_OPS = {"reduce_scatter": ("reduce_scatter", "all_reduce"), "barrier": ("barrier", "all_reduce")}
