@@ -376,9 +376,19 @@ def _patterns(meta, gpu: np.ndarray, ops: np.ndarray):
     (``gpu``: their meta rows) are alike when they and their enclosing ops (``ops``: per kernel,
     innermost first, −1 past the last) have the same content (:func:`_content_ids`)."""
     content, seq = _content_ids(meta)
-    key = np.concatenate([content[gpu][:, None], np.where(ops >= 0, content[ops], -1)], axis=1)
-    _, rep, pattern = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    return rep.tolist(), pattern.reshape(-1), seq
+    pattern = _row_ids([content[gpu]] + [np.where(c >= 0, content[c], -1) for c in ops.T])
+    return np.unique(pattern, return_index=True)[1].tolist(), pattern, seq
+
+
+def _row_ids(cols: list) -> np.ndarray:
+    """Per row of the int64 columns ``cols`` (of one length), a number from 0 shared by the rows equal
+    in every column (one 1-D unique per column: faster than ``np.unique(axis=0)``; the numbers stay
+    below the row count, so a pair of them fits int64)."""
+    ids = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        c = np.unique(c, return_inverse=True)[1].reshape(-1)
+        ids = np.unique(ids * (int(c.max(initial=0)) + 1) + c, return_inverse=True)[1].reshape(-1)
+    return ids
 
 
 @dataclass
@@ -402,12 +412,13 @@ def _content_ids(meta) -> tuple[np.ndarray, _Seqs]:
     if not len(meta):
         z = np.zeros(0, dtype=np.int64)
         return z, _Seqs(z.astype(bool), z)
-    rest = meta._table.column("rest")
+    rest = pc.dictionary_encode(meta._table.column("rest"), null_encoding="encode").combine_chunks()
+    at, rest = rest.indices.to_numpy(), rest.dictionary  # the regexes run on the distinct JSONs
     got = pc.struct_field(pc.extract_regex(rest, _SEQ_VALUE_RE), [0]).cast(pa.large_string()).cast(pa.int64())
-    seq = _Seqs(got.is_valid().to_numpy(zero_copy_only=False), pc.fill_null(got, 0).to_numpy())
+    seq = _Seqs(got.is_valid().to_numpy(zero_copy_only=False)[at], pc.fill_null(got, 0).to_numpy()[at])
     for pattern in (_SEQ_RE, _CORRELATION_RE):
         rest = pc.replace_substring_regex(rest, pattern, r"\1\2")
-    rest = pc.dictionary_encode(rest, null_encoding="encode").combine_chunks().indices.to_numpy()
+    rest = pc.dictionary_encode(rest, null_encoding="encode").indices.to_numpy()[at]
     return np.unique(meta.name.astype(np.int64) * (int(rest.max()) + 1) + rest, return_inverse=True)[1].reshape(-1), seq
 
 
@@ -485,11 +496,10 @@ def _thread_index(threads: list, pid, tid, pid_ok, tid_ok) -> np.ndarray:
     n = len(pid)
     pv = np.ones(n, dtype=bool) if pid_ok is None else pid_ok
     tv = np.ones(n, dtype=bool) if tid_ok is None else tid_ok
-    # (present, value) of each part, a missing value as (0, 0): threads and calls in one unique
+    # (present, value) of each part, a missing value as (0, 0): threads and calls numbered together
     known = np.array([(d is not None, d or 0, t is not None, t or 0) for d, t in threads], dtype=np.int64)
     calls = np.stack([pv, np.where(pv, pid, 0), tv, np.where(tv, tid, 0)], axis=1).astype(np.int64)
-    _, inv = np.unique(np.concatenate([known.reshape(-1, 4), calls]), axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    inv = _row_ids(list(np.concatenate([known.reshape(-1, 4), calls]).T))
     index = np.full(int(inv.max()) + 1 if len(inv) else 0, -1, dtype=np.int64)
     index[inv[:len(known)][::-1]] = np.arange(len(known))[::-1]  # the first of equal threads
     return index[inv[len(known):]]
