@@ -87,3 +87,15 @@ def test_enclosing_ops_innermost_first_and_the_window(monkeypatch):
     # by start, the longer first, the last two ops are B and D: only they are looked at
     monkeypatch.setattr(attribute, "ENCLOSING_WINDOW", 2)
     assert attribute.enclosing_ops(_meta(rows), keyed) == {4: [1]}
+
+
+def test_a_launch_call_without_pid_is_on_the_thread_without_device():
+    # an op on thread (None, 10) (its device unknown) encloses the launch whose pid is missing and
+    # tid is 10, not the one on (1, 10); an op on (0, 10) encloses neither
+    rows = [dict(gpu=False, device=None, track=10, ts_ns=0, dur_ns=100, event_id=0),
+            dict(gpu=False, device=0, track=10, ts_ns=0, dur_ns=100, event_id=1),
+            dict(gpu=True, device=0, track=0, ts_ns=0, dur_ns=0, event_id=98),
+            dict(gpu=True, device=0, track=0, ts_ns=0, dur_ns=0, event_id=99)]
+    keyed = ById(np.array([98, 99]), [np.array([0, 1]), np.array([10, 10]), np.array([5, 5]), np.array([6, 6])],
+                 [np.array([False, True]), None, None, None])
+    assert attribute.enclosing_ops(_meta(rows), keyed) == {2: [0]}

@@ -333,18 +333,21 @@ COLLECTIVES_ROW_GROUP = 65_536
 
 
 def rank_collectives(rows) -> pa.Table:
-    """One rank's collectives rows (dicts, COLLECTIVES_CHUNK at a time) → a COLLECTIVES_SCHEMA table,
-    in the same order, with ``seq`` numbered where the trace gives none.
+    """One rank's collectives rows (dicts, made into tables COLLECTIVES_CHUNK at a time, or
+    COLLECTIVES_SCHEMA tables, as :func:`tracekit.ingest.attribute.build_collectives` yields them)
+    → a COLLECTIVES_SCHEMA table, in the same order, with ``seq`` numbered where the trace gives none.
 
     A row without ``seq`` whose op is known gets its position in its pg_name group ordered by
     issue_ts_ns, then ts_ns, then event_id (then row order), counting from 0: the CPU's call
     order. A rank whose trace carries ``Seq`` keeps it; a row without an op gets none (it cannot
     be matched across ranks). Memory: the rank's table (~150 B per collective).
     """
-    it = iter(rows)
     parts = []
-    while chunk := list(itertools.islice(it, COLLECTIVES_CHUNK)):
-        parts.append(pa.Table.from_pylist(chunk, schema=COLLECTIVES_SCHEMA))
+    for is_table, run in itertools.groupby(rows, key=lambda r: isinstance(r, pa.Table)):
+        if is_table:
+            parts.extend(run)
+        while not is_table and (chunk := list(itertools.islice(run, COLLECTIVES_CHUNK))):
+            parts.append(pa.Table.from_pylist(chunk, schema=COLLECTIVES_SCHEMA))
     table = pa.concat_tables(parts) if parts else COLLECTIVES_SCHEMA.empty_table()
     seq = table.column("seq")
     need = pc.and_(seq.is_null(), table.column("op").is_valid()).to_numpy()

@@ -26,6 +26,13 @@ least a rank must send for the op (the reference's lower bounds):
 gather/scatter and even all-to-all; for uneven all-to-all the sum of the
 rank's input splits except its own chunk; ``S`` for broadcast, reduce, send;
 0 for recv and barrier.
+
+A GPU rank's kernels are resolved per pattern, not one by one (:func:`_gpu_table`): kernels of
+the same name and metadata whose launches the same ops enclose (same names and metadata,
+innermost first; found for all kernels at once by :func:`enclosing_pairs`) get the same op,
+sizes and group, so the rules above run once per pattern and each kernel keeps its own
+event_id, times, launch time and seq. CPU-only ranks go call by call (the gloo pairing is
+sequential).
 """
 
 from __future__ import annotations
@@ -34,15 +41,19 @@ import functools
 import math
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit.ingest import pg_attribution
 from tracekit.ingest.comm_families import kernel_op, resolve_family
 from tracekit.ingest.kineto import int_or_none, parse_split_list
 from tracekit.model import busbw_factor
 from tracekit.model.ops import canonical_op
+from tracekit.store import COLLECTIVES_SCHEMA
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "float4": 4, "single": 4,
@@ -172,7 +183,8 @@ def _has_meta(r: dict) -> bool:
 
 
 def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
-    """Pick op and sizes for one comm span; returns a partial collectives row.
+    """Pick op and sizes for one comm span; returns a partial collectives row, whose ``seq_at``
+    says where ``seq`` came from: −1 the kernel, i ``enclosing[i]``, None (or absent) neither.
 
     A GPU kernel without its own metadata goes to the collective families first
     (:func:`tracekit.ingest.comm_families.resolve_family`: a family kernel, or a family CPU op
@@ -188,9 +200,9 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
     src = None
     meta = None
     if _has_meta(kernel):
-        src, meta = "kernel_args", kernel
+        src, meta, at = "kernel_args", kernel, -1
     else:
-        for r in enclosing:
+        for at, r in enumerate(enclosing):
             if r["name"] == "record_param_comms" and _has_meta(r):
                 src, meta = "record_param_comms", r
                 break
@@ -227,6 +239,7 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             in_splits_raw=meta.get("in_split"),
             out_splits_raw=meta.get("out_split"),
             nbytes=nb,
+            seq_at=at,
         )
         if row["size_bytes"] is None and dims_row is not None:
             meta = None  # fall through to dims
@@ -247,6 +260,7 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             out_splits_raw=None,
             nbytes=nb,
             all_gather_shard=(op == "all_gather"),
+            seq_at=None,
         )
     if "meta_source" not in row:
         row.update(meta_source="name_only", dtype=None, size_bytes=None, group_size=None, pg_name=None,
@@ -277,8 +291,9 @@ def build_collectives(
     pg_config: dict[str, list[int]],
     cpu_only: bool,
     calls=None,
-) -> Iterator[dict]:
-    """Rows of the collectives table for one rank, in the order of the comm spans in the file.
+) -> Iterator[dict | pa.Table]:
+    """Rows of the collectives table for one rank, in the order of the comm spans in the file:
+    dicts for a CPU-only rank, one COLLECTIVES_SCHEMA table of them for a GPU rank (:func:`_gpu_table`).
 
     ``meta``: the rank's comm_meta rows (:class:`~tracekit.ingest.staging.MetaRows`).
     ``launches`` (a :class:`tracekit.ingest.linkpass.ById`) maps a comm kernel's event_id →
@@ -303,17 +318,113 @@ def build_collectives(
             row["cpu_side"] = True
             yield row
         return
+    yield _gpu_table(run_id, rank, meta, launches, world_size, pg_config)
+
+
+PATTERNS_FROM = 256
+"""A GPU rank with fewer comm kernels resolves each on its own: finding its patterns costs more
+(~1 ms a rank) than it could save."""
+
+
+def _gpu_table(run_id, rank, meta, launches, world_size, pg_config) -> pa.Table:
+    """The collectives of a GPU rank, one per comm kernel in file order, as a COLLECTIVES_SCHEMA table.
+
+    Kernels alike (same name and metadata, enclosing ops of the same names and metadata, innermost
+    first; :func:`_patterns`) resolve alike: :func:`_resolve` and :func:`_finish_row` run once per
+    distinct pattern, on its first kernel, and each kernel takes its pattern's row with its own
+    event_id, ts_ns, dur_ns, issue_ts_ns (its launch call's start, or its own start when it was
+    launched outside the capture) and seq."""
     gpu = np.flatnonzero(meta.gpu)
     found, cols, _ = launches.lookup(meta.event_id[gpu])
-    enclosing = enclosing_ops(meta, launches)
-    for k, has, lts in zip(gpu.tolist(), found.tolist(), cols[2].tolist()):
-        sp = meta.row(k)
-        res = _resolve(sp, [meta.row(j) for j in enclosing.get(k, ())])
-        if not has and res["meta_source"] == "name_only":
-            res["launch_outside_capture"] = True
-        row = _finish_row(run_id, rank, sp, res, lts if has else None, world_size, pg_config)
-        row["cpu_side"] = False
-        yield row
+    ts = meta.ts_ns[gpu]
+    issue = np.where(found, cols[2], ts)
+    call, op = enclosing_pairs(meta, launches)
+    # per kernel, the meta rows of its enclosing ops (innermost first), -1 past the last
+    at = np.arange(len(call))
+    pos = at - np.maximum.accumulate(np.where(np.r_[True, call[1:] != call[:-1]], at, 0)) if len(call) else at
+    ops = np.full((len(gpu), int(pos.max()) + 1 if len(pos) else 0), -1, dtype=np.int64)
+    ops[np.searchsorted(gpu, call), pos] = op
+    rep, pattern, seq = _patterns(meta, gpu, ops) if len(gpu) >= PATTERNS_FROM else (range(len(gpu)), None, None)
+    rows, seq_at = [], []
+    for k in rep:
+        sp = meta.row(gpu[k])
+        res = _resolve(sp, [meta.row(j) for j in ops[k][ops[k] >= 0].tolist()])
+        rows.append(dict(_finish_row(run_id, rank, sp, res, int(issue[k]), world_size, pg_config), cpu_side=False))
+        seq_at.append(-2 if res.get("seq_at") is None else res["seq_at"])
+    table = pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA)
+    if pattern is None:
+        return table
+    table = table.take(pa.array(pattern))
+    # seq: the kernel's own, from the row its pattern's metadata came from (a seq left out of the key)
+    at = np.array(seq_at, dtype=np.int64)[pattern]
+    src = np.where(at == -1, gpu, ops[np.arange(len(gpu)), np.maximum(at, 0)] if ops.shape[1] else -1)
+    own = (at >= -1) & (src >= 0)
+    own[own] = seq.valid[src[own]]
+    vals = pc.fill_null(table.column("seq"), 0).to_numpy().copy()
+    vals[own] = seq.value[src[own]]
+    ok = np.where(own, vals >= 0, table.column("seq").is_valid().to_numpy(zero_copy_only=False))
+    for name, v, valid in (("event_id", meta.event_id[gpu], None), ("ts_ns", ts, None),
+                           ("dur_ns", meta.dur_ns[gpu], None), ("issue_ts_ns", issue, None), ("seq", vals, ok)):
+        i = COLLECTIVES_SCHEMA.get_field_index(name)
+        table = table.set_column(i, COLLECTIVES_SCHEMA.field(i),
+                                 pa.array(v, pa.int64(), mask=None if valid is None else ~valid))
+    return table
+
+
+def _patterns(meta, gpu: np.ndarray, ops: np.ndarray):
+    """(the first kernel of each pattern, each kernel's pattern, the meta rows' seqs): kernels
+    (``gpu``: their meta rows) are alike when they and their enclosing ops (``ops``: per kernel,
+    innermost first, −1 past the last) have the same content (:func:`_content_ids`)."""
+    content, seq = _content_ids(meta)
+    pattern = _row_ids([content[gpu]] + [np.where(c >= 0, content[c], -1) for c in ops.T])
+    return np.unique(pattern, return_index=True)[1].tolist(), pattern, seq
+
+
+def _row_ids(cols: list) -> np.ndarray:
+    """Per row of the int64 columns ``cols`` (of one length), a number from 0 shared by the rows equal
+    in every column (one 1-D unique per column: faster than ``np.unique(axis=0)``; the numbers stay
+    below the row count, so a pair of them fits int64)."""
+    ids = np.zeros(len(cols[0]), dtype=np.int64)
+    for c in cols:
+        c = np.unique(c, return_inverse=True)[1].reshape(-1)
+        ids = np.unique(ids * (int(c.max(initial=0)) + 1) + c, return_inverse=True)[1].reshape(-1)
+    return ids
+
+
+@dataclass
+class _Seqs:
+    """Per meta row: whether its ``seq`` is a JSON integer of at most 18 digits (``valid``), and it."""
+
+    valid: np.ndarray
+    value: np.ndarray
+
+
+def _content_ids(meta) -> tuple[np.ndarray, _Seqs]:
+    """Per meta row, a number shared by the rows of the same name and the same other metadata, and
+    the rows' seqs left out of it.
+
+    The metadata: the JSON of the fields the Kineto reader kept (``rest``,
+    tracekit.ingest.staging.META_SCHEMA), all that :func:`_resolve` reads besides the name, less
+    the launch ``correlation`` (each kernel's id, read by the link pass only) and an integer
+    ``seq`` (each call's number: :func:`_gpu_table` puts each kernel's own back). A key right after
+    ``{`` or ``,`` can only be a field: a quote inside a JSON string is escaped. A correlation or
+    seq of another form stays in the key (rows then share less, and resolve alike all the same)."""
+    if not len(meta):
+        z = np.zeros(0, dtype=np.int64)
+        return z, _Seqs(z.astype(bool), z)
+    rest = pc.dictionary_encode(meta._table.column("rest"), null_encoding="encode").combine_chunks()
+    at, rest = rest.indices.to_numpy(), rest.dictionary  # the regexes run on the distinct JSONs
+    got = pc.struct_field(pc.extract_regex(rest, _SEQ_VALUE_RE), [0]).cast(pa.large_string()).cast(pa.int64())
+    seq = _Seqs(got.is_valid().to_numpy(zero_copy_only=False)[at], pc.fill_null(got, 0).to_numpy()[at])
+    for pattern in (_SEQ_RE, _CORRELATION_RE):
+        rest = pc.replace_substring_regex(rest, pattern, r"\1\2")
+    rest = pc.dictionary_encode(rest, null_encoding="encode").indices.to_numpy()[at]
+    return np.unique(meta.name.astype(np.int64) * (int(rest.max()) + 1) + rest, return_inverse=True)[1].reshape(-1), seq
+
+
+_CORRELATION_RE = r'([{,])"correlation":(?:-?[0-9]+|null)([,}])'
+_SEQ_RE = r'([{,])"seq":-?[0-9]{1,18}([,}])'
+_SEQ_VALUE_RE = r'[{,]"seq":(?P<seq>-?[0-9]{1,18})[,}]'
 
 
 ENCLOSING_WINDOW = 64
@@ -326,24 +437,31 @@ ENCLOSING_WINDOW)."""
 
 
 def enclosing_ops(meta, launches) -> dict[int, list[int]]:
-    """GPU meta row → the meta rows of the CPU comm ops that enclose its launch call (start ≤ the
-    call's start and end ≥ its end, on its thread, among the ENCLOSING_WINDOW ops before it),
-    innermost (latest start, then the shorter) first; GPU rows with none are absent.
+    """GPU meta row → the meta rows of the CPU comm ops that enclose its launch call, innermost
+    first (:func:`enclosing_pairs` as a dict); GPU rows with none are absent."""
+    out: dict[int, list[int]] = {}
+    for g, r in zip(*(a.tolist() for a in enclosing_pairs(meta, launches))):
+        out.setdefault(g, []).append(r)
+    return out
+
+
+def enclosing_pairs(meta, launches) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU meta row, CPU meta row) int64 arrays: the CPU comm ops that enclose each GPU row's
+    launch call (start ≤ the call's start and end ≥ its end, on its thread, among the
+    ENCLOSING_WINDOW ops before it). A GPU row's pairs are adjacent, innermost op (latest start,
+    then the shorter) first; GPU rows with none have no pair.
 
     How: the CPU ops (thread, start, 0, −duration, row) and the launch calls (thread, start, 1,
     0, row) in one lexicographic sort — at equal starts ops come before calls, so an op starting
     with the call counts — and per call the ops just before it in that order on its thread.
     """
+    none = np.zeros(0, dtype=np.int64)
     cpu = np.flatnonzero(~meta.gpu)
     gpu = np.flatnonzero(meta.gpu)
     if not len(cpu) or not len(gpu):
-        return {}
+        return none, none
     found, (pid, tid, lts, lend), valid = launches.lookup(meta.event_id[gpu])
-    pv, tv = (np.ones(len(gpu), dtype=bool) if v is None else v for v in valid[:2])
-    thread_of = {t: i for i, t in enumerate(meta.threads)}
-    call_thr = np.fromiter((thread_of.get((int(p) if a else None, int(t) if b else None), -1)
-                            for p, a, t, b in zip(pid.tolist(), pv.tolist(), tid.tolist(), tv.tolist())),
-                           dtype=np.int64, count=len(gpu))
+    call_thr = _thread_index(meta.threads, pid, tid, *valid[:2])
     c = found & (call_thr >= 0)  # calls on a thread that runs no comm op enclose nothing
     n_op, n_call = len(cpu), int(c.sum())
     thr = np.concatenate([meta.thread[cpu].astype(np.int64), call_thr[c]])
@@ -357,7 +475,7 @@ def enclosing_ops(meta, launches) -> dict[int, list[int]]:
     op_end, op_row, op_thr = end[o][is_op], row[o][is_op], thr[o][is_op]
     before = np.cumsum(is_op)[~is_op]  # per call (in sorted order): the ops at or before it
     q_row, q_thr, q_end = row[o][~is_op], thr[o][~is_op], end[o][~is_op]
-    out: dict[int, list[int]] = {}
+    calls, ops = [none], [none]
     back = np.arange(ENCLOSING_WINDOW)[None, :]
     for at in range(0, n_call, _CALLS_AT_ONCE):
         sl = slice(at, at + _CALLS_AT_ONCE)
@@ -366,9 +484,25 @@ def enclosing_ops(meta, launches) -> dict[int, list[int]]:
         jj = np.where(ok, j, 0)
         ok &= (op_thr[jj] == q_thr[sl][:, None]) & (op_end[jj] >= q_end[sl][:, None])
         qi, rk = np.nonzero(ok)  # by call, then innermost first
-        for g, r in zip(q_row[sl][qi].tolist(), op_row[jj[qi, rk]].tolist()):
-            out.setdefault(g, []).append(r)
-    return out
+        calls.append(q_row[sl][qi])
+        ops.append(op_row[jj[qi, rk]])
+    return np.concatenate(calls).astype(np.int64), np.concatenate(ops).astype(np.int64)
+
+
+def _thread_index(threads: list, pid, tid, pid_ok, tid_ok) -> np.ndarray:
+    """Per launch call, the index in ``threads`` (MetaRows' (device, track) pairs, None for a
+    missing value) of its (pid, tid), −1 when no comm op runs there. ``pid_ok`` / ``tid_ok``:
+    validity masks, None when all are present."""
+    n = len(pid)
+    pv = np.ones(n, dtype=bool) if pid_ok is None else pid_ok
+    tv = np.ones(n, dtype=bool) if tid_ok is None else tid_ok
+    # (present, value) of each part, a missing value as (0, 0): threads and calls numbered together
+    known = np.array([(d is not None, d or 0, t is not None, t or 0) for d, t in threads], dtype=np.int64)
+    calls = np.stack([pv, np.where(pv, pid, 0), tv, np.where(tv, tid, 0)], axis=1).astype(np.int64)
+    inv = _row_ids(list(np.concatenate([known.reshape(-1, 4), calls]).T))
+    index = np.full(int(inv.max()) + 1 if len(inv) else 0, -1, dtype=np.int64)
+    index[inv[:len(known)][::-1]] = np.arange(len(known))[::-1]  # the first of equal threads
+    return index[inv[len(known):]]
 
 
 # gloo runs some collectives as others: reduce-scatter as an all-reduce of the whole input.

@@ -97,9 +97,13 @@ def row_facts(row: dict, span: dict, issuer: dict | None, resolved: dict) -> Non
 
 
 def tap(rows, sink: list):
-    """Pass ``rows`` through, appending each row's facts (or None) to ``sink`` in order."""
+    """Pass ``rows`` (collectives row dicts, or Arrow tables of rows that carry no facts) through,
+    appending each row's facts (or None) to ``sink`` in order."""
     for r in rows:
-        sink.append(r.pop(FACTS, None))
+        if isinstance(r, pa.Table):
+            sink.extend([None] * r.num_rows)
+        else:
+            sink.append(r.pop(FACTS, None))
         yield r
 
 
