@@ -53,6 +53,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracekit.intervals import innermost_enclosing
+
 LABELS = ("compute_only", "comm_exposed", "comm_hidden", "memory", "sync", "other", "idle")
 """Segment labels, in the order of gpu_time_breakdown's parts (index = label code)."""
 
@@ -188,7 +190,6 @@ def _enclosing(rank, track, s, e, qrank, qtrack, qs, qe) -> np.ndarray:
     after the previous thread's stretch and a 1 ns gap), so no range of one thread starts, ends or
     encloses within another's; indices into the ranges, −1 where none encloses. The int64 arrays
     ``s``, ``e``, ``qs``, ``qe`` are shifted in place (pass copies)."""
-    from tracekit.intervals import innermost_enclosing
 
     n = len(s)
     gid, ng = _group_ids(np.r_[rank, qrank], np.r_[track, qtrack])
@@ -233,26 +234,25 @@ def breakdown(rank, s, dur, k, step, step_ok, launch, gaps: bool = True):
     w = np.flatnonzero(dur > 0)  # GPU work
     if len(w) == 0:
         return None, None
-    rank, s, k, launch, m, step = rank[w], s[w], k[w], launch[w], step_ok[w], step[w]
-    e = s + dur[w]
+    if len(w) < len(dur):  # (no copies when every op is GPU work)
+        rank, s, dur, k, launch, step_ok, step = rank[w], s[w], dur[w], k[w], launch[w], step_ok[w], step[w]
+    del w
     rfirst = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
     ridx = np.cumsum(np.r_[True, rank[1:] != rank[:-1]]) - 1  # dense rank index of each span
     t0 = np.minimum.reduceat(s, rfirst)  # each rank's origin
     off = t0[ridx]
-    s, e = s - off, e - off
+    s = s - off
+    e = s + dur
     launch = np.where(launch == NONE, NONE, launch - off)
-    # the whole trace (a window per rank), then the steps (a window per rank and step)
-    wins = [(ridx[rfirst], np.full(len(rfirst), -1, dtype=np.int64), sweep(ridx, s, e, k, launch))]
-    if m.any():
-        sr, ss = ridx[m], step[m]
-        first = np.r_[True, (sr[1:] != sr[:-1]) | (ss[1:] != ss[:-1])]
-        sw = np.cumsum(first) - 1
-        wins.append((sr[first], ss[first], sweep(sw, s[m], e[m], k[m], launch[m])))
+    del off
+    ranks = rank[rfirst].astype(np.int32)
     parts, out_gaps = [], []
     nc = len(IDLE_CLASSES)
-    ranks = rank[rfirst].astype(np.int32)
-    while wins:  # each sweep's gaps to a table at once (the gaps can outnumber the spans)
-        wr, wg, ((_, ws, we), p, (gw, gs, ge, gl, gc)) = wins.pop(0)
+
+    def windows(wr, wg, swept) -> None:
+        # one sweep's windows, its gaps summed per class (and, with ``gaps``, made a table) at once:
+        # the gaps can outnumber the spans
+        (_, ws, we), p, (gw, gs, ge, gl, gc) = swept
         o = t0[wr]
         # float64 sums of ns, exact below 2^53 (sweep)
         idle = np.bincount(gw * nc + gc, weights=ge - gs, minlength=len(wr) * nc).astype(np.int64).reshape(-1, nc)
@@ -266,12 +266,45 @@ def breakdown(rank, s, dur, k, step, step_ok, launch, gaps: bool = True):
                                       "launch_ts_ns": pa.array(gl, mask=gl == NONE),
                                       "idle_class": pa.DictionaryArray.from_arrays(gc.astype(np.int8),
                                                                                    list(IDLE_CLASSES))}))
-        del gw, gs, ge, gl, gc
+
+    # the whole trace (a window per rank), then the steps (a window per rank and step)
+    windows(ridx[rfirst], np.full(len(rfirst), -1, dtype=np.int64), sweep(ridx, s, e, k, launch))
+    m = step_ok
+    if m.any():
+        sr, ss = ridx[m], step[m]
+        first = np.r_[True, (sr[1:] != sr[:-1]) | (ss[1:] != ss[:-1])]
+        sw = np.cumsum(first) - 1
+        wr, wg = sr[first], ss[first]
+        del sr, ss, first
+        if m.all():  # every op in a step (no copies)
+            windows(wr, wg, sweep(sw, s, e, k, launch))
+        else:
+            windows(wr, wg, sweep(sw, s[m], e[m], k[m], launch[m]))
     wr, wg, ws, we, p, idle = (np.concatenate([x[j] for x in parts]) for j in range(6))
     cols = {"rank": wr, "grp": wg, "window_start_ns": ws, "window_end_ns": we}
     cols.update({f"{lab}_ns": p[:, j] for j, lab in enumerate(LABELS)})
     cols.update({f"idle_{c}_ns": idle[:, j] for j, c in enumerate(IDLE_CLASSES)})
     return pa.table(cols), (pa.concat_tables(out_gaps) if gaps else None)
+
+
+FEW_THREADS = 64
+"""A rank with up to this many threads holding launchers is searched thread by thread (the ingest's
+case: less memory than one search over every thread's stretch, the same answers)."""
+
+
+def _one_rank_threads(grank, rrank, track) -> np.ndarray | None:
+    """The threads (tracks other than NONE) of the ranges when the GPU ops and ranges are of one
+    rank and they are at most FEW_THREADS; else None."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    r = np.r_[grank[:1], rrank[:1]]
+    if not len(r) or (r != r[0]).any() or (len(grank) and (grank.min() != grank.max())) or \
+            (len(rrank) and (rrank.min() != rrank.max())):
+        return None
+    t = pc.unique(pa.array(track)).to_numpy()
+    t = np.sort(t[t != NONE])
+    return t if len(t) <= FEW_THREADS else None
 
 
 def launchers(grank, lt, ls, le, kind, rrank, track, s, e) -> dict[int, np.ndarray]:
@@ -283,6 +316,20 @@ def launchers(grank, lt, ls, le, kind, rrank, track, s, e) -> dict[int, np.ndarr
     Returns {0: cpu_op index, 1: annotation index}: per GPU op the index of its innermost
     enclosing range of that kind, −1 where none encloses (or the op has no launch call)."""
     q = np.flatnonzero((ls != NONE) & (le != NONE) & (lt != NONE))
+    threads = _one_rank_threads(grank, rrank, track)
+    if threads is not None:  # one rank, a few threads: thread by thread, no copies of the whole rank
+        found = {kd: np.full(len(grank), -1, dtype=np.int64) for kd in (0, 1)}
+        qt = lt[q]
+        for t in threads:
+            qq = q[qt == t]
+            if not len(qq):
+                continue
+            for kd in (0, 1):
+                sel = np.flatnonzero((track == t) & (kind == kd))
+                hit = innermost_enclosing(s[sel], e[sel], ls[qq], le[qq])
+                found[kd][qq[hit >= 0]] = sel[hit[hit >= 0]]
+                del sel, hit
+        return found
     found = {}
     for kd in (0, 1):
         # a range without a thread encloses nothing (NULL = NULL is not true in SQL either)
@@ -337,10 +384,15 @@ def summaries(gpu: dict, launch: tuple, ranges: dict):
 
     ``gpu``: the GPU ops, sorted as :func:`breakdown` needs, numpy arrays rank, s, dur, k, step,
     step_ok; ``launch``: their launch calls' (track, start, end), NONE where unknown; ``ranges``:
-    the candidate launchers, numpy arrays kind, rank, track, s, e and ``name`` (pyarrow)."""
+    the candidate launchers, numpy arrays kind, rank, track, s, e and ``name`` (pyarrow); emptied
+    once searched (pass the only references: they are let go before the sweep)."""
     lt, ls, le = launch
-    wins, _ = breakdown(gpu["rank"], gpu["s"], gpu["dur"], gpu["k"], gpu["step"], gpu["step_ok"], ls, gaps=False)
     found = launchers(gpu["rank"], lt, ls, le, ranges["kind"], ranges["rank"], ranges["track"], ranges["s"],
                       ranges["e"])
     names = {kd: launcher_names(f, ranges["name"]) for kd, f in found.items()}
-    return wins, launcher_sums(gpu["rank"], gpu["dur"], gpu["k"], names)
+    del found
+    ranges.clear()  # the ranges go before the sweep (memory: the larger of the two, not both)
+    sums = launcher_sums(gpu["rank"], gpu["dur"], gpu["k"], names)
+    del names
+    wins, _ = breakdown(gpu["rank"], gpu["s"], gpu["dur"], gpu["k"], gpu["step"], gpu["step_ok"], ls, gaps=False)
+    return wins, sums

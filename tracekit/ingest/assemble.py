@@ -185,8 +185,22 @@ class _GpuTap:
     def __init__(self):
         self.ops: list = []
         self.ranges: list = []
-        self.range_names: list = []
+        self.range_names: list = []  # per batch, the ranges' codes into self.names (−1: a null name)
+        self.names: dict = {}  # name → code, in order of first use
         self.calls: list = []
+
+    def _name_codes(self, col, sel: np.ndarray) -> np.ndarray:
+        """Codes (int32, into ``self.names``) of the names of the rows ``sel`` of a dictionary-encoded
+        column: only the dictionary entries used are looked up (a batch's dictionary holds every
+        name of the batch, kernel names included: kept per batch they were most of the tap)."""
+        idx = col.indices.filter(pa.array(sel))
+        ok = idx.is_valid().to_numpy(zero_copy_only=False) if idx.null_count else None
+        i = pc.fill_null(idx, 0).to_numpy(zero_copy_only=False) if idx.null_count else idx.to_numpy(zero_copy_only=False)
+        used, inv = np.unique(i, return_inverse=True)
+        words = col.dictionary.take(pa.array(used)).to_pylist() if len(used) else []
+        codes = np.array([self.names.setdefault(w, len(self.names)) for w in words], dtype=np.int32)
+        out = codes[inv.reshape(-1)] if len(used) else np.zeros(0, np.int32)
+        return out if ok is None else np.where(ok, out, -1).astype(np.int32)
 
     def write(self, batch) -> None:
         kind = _codes(batch.column("track_kind"), lambda v: {"gpu_stream": 1, "cpu_thread": 2}.get(v, 0))
@@ -208,7 +222,7 @@ class _GpuTap:
             if rng.any():
                 self.ranges.append([*_picked(batch.column("track"), rng), _picked(ts, rng)[0],
                                     _picked(batch.column("dur_ns"), rng)[0], (cat[rng] == 2).astype(np.int8)])
-                self.range_names.append(batch.column("name").filter(pa.array(rng)))
+                self.range_names.append(self._name_codes(batch.column("name"), rng))
         call = cat == 3
         if call.any():
             self.calls.append([_picked(batch.column("event_id"), call)[0], *_picked(batch.column("track"), call),
@@ -221,6 +235,9 @@ class _GpuTap:
 
         if not self.ops:
             return GPU_BREAKDOWN_SUMMARY_SCHEMA.empty_table(), GPU_LAUNCHER_SUMMARY_SCHEMA.empty_table()
+        # what the link pass left in Arrow's pool goes back to the system before the numpy below
+        # (at ×16 ~70 MiB: the summaries' arrays are malloc's, which cannot reuse the pool's)
+        pa.default_memory_pool().release_unused()
         s, dur, k, step, step_ok, leid, leid_ok = (np.concatenate([p[j] for p in self.ops]) for j in range(7))
         self.ops = []
         n = len(s)
@@ -248,14 +265,17 @@ class _GpuTap:
         del s, dur, k, step, step_ok, leid, leid_ok, lt, ls, le, o
         if self.ranges:
             trk, trk_ok, rs, rdur, rkind = (np.concatenate([p[j] for p in self.ranges]) for j in range(5))
-            names = pa.chunked_array(self.range_names)
+            code = np.concatenate(self.range_names)
+            names = pa.DictionaryArray.from_arrays(pa.array(code, mask=code < 0),
+                                                   pa.array(list(self.names), pa.string()))
         else:
             trk = rs = rdur = np.zeros(0, np.int64)
             trk_ok, rkind = np.zeros(0, bool), np.zeros(0, np.int8)
             names = pa.chunked_array([], pa.string())
-        self.ranges, self.range_names = [], []
+        self.ranges, self.range_names, self.names = [], [], {}
         ranges = dict(kind=rkind, rank=np.full(len(rs), rank, dtype=np.int64), track=np.where(trk_ok, trk, NONE),
                       s=rs, e=rs + rdur, name=names)
+        del trk, trk_ok, rs, rdur, rkind, names
         wins, sums = summaries(gpu, launch, ranges)
         out = []
         for t, schema in ((wins, GPU_BREAKDOWN_SUMMARY_SCHEMA), (sums, GPU_LAUNCHER_SUMMARY_SCHEMA)):
