@@ -196,10 +196,12 @@ class _GpuTap:
         idx = col.indices.filter(pa.array(sel))
         ok = idx.is_valid().to_numpy(zero_copy_only=False) if idx.null_count else None
         i = pc.fill_null(idx, 0).to_numpy(zero_copy_only=False) if idx.null_count else idx.to_numpy(zero_copy_only=False)
-        used, inv = np.unique(i, return_inverse=True)
-        words = col.dictionary.take(pa.array(used)).to_pylist() if len(used) else []
-        codes = np.array([self.names.setdefault(w, len(self.names)) for w in words], dtype=np.int32)
-        out = codes[inv.reshape(-1)] if len(used) else np.zeros(0, np.int32)
+        if not len(i):
+            return np.zeros(0, np.int32)
+        used = np.flatnonzero(np.bincount(i, minlength=len(col.dictionary)))  # no sort: O(rows + entries)
+        lut = np.full(len(col.dictionary), -1, dtype=np.int32)
+        lut[used] = [self.names.setdefault(w, len(self.names)) for w in col.dictionary.take(pa.array(used)).to_pylist()]
+        out = lut[i]
         return out if ok is None else np.where(ok, out, -1).astype(np.int32)
 
     def write(self, batch) -> None:
@@ -214,8 +216,13 @@ class _GpuTap:
         rng = (kind == 2) & ((cat == 1) | (cat == 2))
         if rng.any():
             # positive length, a start, and an annotation's name not ProfilerStep#N (NULL LIKE ... is not true)
-            step_name = _codes(batch.column("name"), lambda v: 2 if v is None else int(v.startswith("ProfilerStep#")))
-            rng &= (cat == 1) | (step_name == 0)
+            names = batch.column("name")
+            # per dictionary entry, vectorised (a batch's dictionary holds its kernel names too)
+            plain = pc.invert(pc.starts_with(names.dictionary, "ProfilerStep#")).to_numpy(zero_copy_only=False)
+            idx = names.indices
+            ok = np.r_[plain, False][pc.fill_null(idx, len(plain)).to_numpy(zero_copy_only=False)] if idx.null_count \
+                else plain[idx.to_numpy(zero_copy_only=False)]
+            rng &= (cat == 1) | ok
             rng &= pc.fill_null(batch.column("dur_ns"), 0).to_numpy() > 0
             if ts.null_count:
                 rng &= ts.is_valid().to_numpy(zero_copy_only=False)
