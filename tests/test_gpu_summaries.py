@@ -109,3 +109,41 @@ def test_a_cpu_only_run_has_empty_gpu_summaries(tmp_path):
     assert _rows(con, "SELECT (SELECT count(*) FROM gpu_breakdown_summary), (SELECT count(*) FROM "
                       "gpu_launcher_summary), (SELECT count(*) FROM gpu_time_breakdown)") == [(0, 0, 0)]
     assert all((st.run_dir("r").resolve() / f).exists() for f in GPU_FILES)
+
+
+def _sums(t):
+    return sorted((tuple(r.values()) for r in t.to_pylist()), key=str)
+
+
+def test_launcher_sums_by_hand():
+    """Five GPU ops of two ranks (class codes: 0 compute, 1 comm, 4 other), their cpu_op names with
+    two missing, no annotation: one row per rank, kind and name, the sums worked out by hand."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tracekit.gpu_breakdown import launcher_sums
+
+    got = launcher_sums(np.array([0, 0, 1, 1, 1]), np.array([10, 20, 30, 40, 50]), np.array([0, 1, 0, 4, 1]),
+                        {0: pa.array(["a", None, "a", "a", None]), 1: pa.array([None] * 5, pa.string())})
+    assert _sums(got) == sorted([
+        (0, "cpu_op", "a", 1, 10, 10, 0), (0, "cpu_op", None, 1, 20, 0, 20),
+        (1, "cpu_op", "a", 2, 70, 30, 0), (1, "cpu_op", None, 1, 50, 0, 50),
+        (0, "annotation", None, 2, 30, 10, 20), (1, "annotation", None, 3, 120, 30, 50)], key=str)
+
+
+def test_launcher_sums_of_many_ranks_and_names():
+    """3,000 ranks, each one op under a name of its own (more rank × name pairs than counters are
+    kept for: the sorted path): each rank's one row, its own duration."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tracekit.gpu_breakdown import launcher_sums
+
+    n = 3000
+    r = np.arange(n)[::-1].copy()
+    got = launcher_sums(r, r * 7 + 1, np.zeros(n, dtype=np.int8),
+                        {0: pa.array([f"op{x}" for x in r]), 1: pa.array([None] * n, pa.string())})
+    rows = {(x[0], x[1]): x[2:] for x in _sums(got)}
+    assert len(rows) == 2 * n
+    assert all(rows[(x, "cpu_op")] == (f"op{x}", 1, 7 * x + 1, 7 * x + 1, 0) for x in range(n))
+    assert rows[(5, "annotation")] == (None, 1, 36, 36, 0)

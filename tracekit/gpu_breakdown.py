@@ -352,19 +352,41 @@ def launcher_sums(grank, dur, k, names: dict):
 
     Returns a pyarrow table (rank, launcher_kind, launcher, gpu_ops, gpu_total_ns, compute_ns,
     comm_ns), one row per rank, kind and launcher name (a null name one row of its own): the ops,
-    the sum of their durations and its parts in class compute and comm (int64 ns, exact)."""
+    the sum of their durations and its parts in class compute and comm (int64 ns; bincount sums,
+    exact below 2^53 ns per launcher). Memory: ranks × distinct names counters per kind."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    comp, comm = np.where(k == 0, dur, 0), np.where(k == 1, dur, 0)
+    if len(grank) and grank.min() == grank.max():  # one rank (the ingest's case): no sort
+        ranks, ri = grank[:1], np.zeros(len(grank), dtype=np.int64)
+    else:
+        ranks, ri = np.unique(grank, return_inverse=True)
+        ri = ri.reshape(-1)
     out = []
     for kd, kname in enumerate(LAUNCHER_KINDS):
-        t = pa.table({"rank": grank.astype(np.int32), "launcher": names[kd], "d": dur, "c": comp, "m": comm})
-        g = t.group_by(["rank", "launcher"], use_threads=False).aggregate(
-            [("d", "count"), ("d", "sum"), ("c", "sum"), ("m", "sum")])
-        out.append(pa.table({"rank": g.column("rank"), "launcher_kind": pa.array([kname] * len(g), pa.string()),
-                             "launcher": g.column("launcher"), "gpu_ops": g.column("d_count"),
-                             "gpu_total_ns": g.column("d_sum"), "compute_ns": g.column("c_sum"),
-                             "comm_ns": g.column("m_sum")}))
+        col = names[kd]
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        enc = pc.dictionary_encode(col)
+        nd = len(enc.dictionary) + 1  # code 0: no name
+        key = ri * nd + pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+        keys = None
+        if len(ranks) * nd > 4 * len(key) + 4096:  # many ranks × names: counters only for the keys there are
+            keys, key = np.unique(key, return_inverse=True)
+            key = key.reshape(-1)
+        size = len(ranks) * nd if keys is None else len(keys)
+        # sums of int64 ns as float64: exact below 2^53 ns (104 days) per launcher
+        n = np.bincount(key, minlength=size)
+        present = np.flatnonzero(n)
+        sums = [np.bincount(key, weights=w, minlength=size)[present].astype(np.int64)
+                for w in (dur, np.where(k == 0, dur, 0), np.where(k == 1, dur, 0))]
+        n = n[present]
+        hit = present if keys is None else keys[present]  # the (rank, name) keys present
+        code = hit % nd - 1
+        out.append(pa.table({"rank": ranks[hit // nd].astype(np.int32),
+                             "launcher_kind": pa.array([kname] * len(hit), pa.string()),
+                             "launcher": enc.dictionary.take(pa.array(np.maximum(code, 0), mask=code < 0)),
+                             "gpu_ops": n.astype(np.int64), "gpu_total_ns": sums[0], "compute_ns": sums[1],
+                             "comm_ns": sums[2]}))
     return pa.concat_tables(out)
 
 
