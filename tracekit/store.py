@@ -446,8 +446,9 @@ class Store:
     def connect(self, *, run_ids: list[str] | None = None, read_only_check: bool = True):
         """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views.
 
-        Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``
-        (the stored per-rank summaries; empty for a run stored without them) read the Parquet
+        Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``,
+        ``gpu_breakdown_summary``, ``gpu_launcher_summary`` (the last four: the stored per-rank
+        summaries; empty for a run stored without them) read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
         when there is no run they are empty with the right columns. The files are a literal
         list (:func:`sql_file_list`; also in ``con.bound_files``) of the version each run had
