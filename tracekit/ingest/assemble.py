@@ -248,13 +248,16 @@ class _GpuTap:
         s, dur, k, step, step_ok, leid, leid_ok = (np.concatenate([p[j] for p in self.ops]) for j in range(7))
         self.ops = []
         n = len(s)
-        # the launch calls by event_id (they ascend in the file, as every row's event_id)
+        # the launch calls by event_id (they ascend in the file, as every row's event_id; sorted if not)
         if self.calls:
             ceid, ctrk, ctrk_ok, cts, cts_ok, cdur = (np.concatenate([p[j] for p in self.calls]) for j in range(6))
         else:
             ceid = ctrk = cts = cdur = np.zeros(0, np.int64)
             ctrk_ok = cts_ok = np.zeros(0, bool)
         self.calls = []
+        if len(ceid) > 1 and (ceid[1:] < ceid[:-1]).any():  # (a reader that wrote them out of order)
+            o = np.argsort(ceid, kind="stable")
+            ceid, ctrk, ctrk_ok, cts, cts_ok, cdur = (x[o] for x in (ceid, ctrk, ctrk_ok, cts, cts_ok, cdur))
         lt, ls, le = (np.full(n, NONE, dtype=np.int64) for _ in range(3))
         if len(ceid):
             i = np.minimum(np.searchsorted(ceid, leid), len(ceid) - 1)
