@@ -39,26 +39,29 @@ PIPELINE = (
     "overlap",               # overlap_by_rank/_by_step, collective_overlap
     "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
     "measured_vs_model",     # Python: per rank, and per rank and dimension (reads process_groups)
-    "gpu_time_breakdown",    # Python: GPU time by class and idle class per rank and step, gpu_launchers
-    "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads gpu_launchers)
+    "gpu_time_breakdown",    # Python: GPU time by class and idle class per rank and step (the stored summaries)
+    "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads the launcher summaries)
     "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
     "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap_windows' per-window summary)
     "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
     "overlap_islands",       # SQL: comm_islands, compute_islands, overlap_islands (read events; HTML timeline)
+    "gpu_launchers",         # Python: gpu_launchers, gpu_idle_gaps (per GPU op / gap; read events; no report)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the export (collectives, waits,
 verdicts) never sweeps the events for overlap; the critical path near the end, as the costliest (a
 walk over the events): a statement that needs any earlier module never builds it. Last the island
 views, which only the HTML timeline queries, after :meth:`AnalysesConnection.ensure` creates them
-(binding them reads every rank's events file)."""
+(binding them reads every rank's events file), and the per-GPU-op tables gpu_launchers /
+gpu_idle_gaps, which no report reads (they read every GPU op and CPU range)."""
 
 
 _ENSURE_READS = {"overlap_islands": ("intervals",)}
 """The pipeline modules each module :meth:`AnalysesConnection.ensure` may create reads."""
 
-_LATE_NAMES = {v: "overlap_islands" for v in ("comm_islands", "compute_islands", "overlap_islands")}
-"""View → the late module (after the critical path) that defines it: a statement naming one creates
+_LATE_NAMES = {**{v: "overlap_islands" for v in ("comm_islands", "compute_islands", "overlap_islands")},
+               **{t: "gpu_launchers" for t in ("gpu_launchers", "gpu_idle_gaps")}}
+"""View or table → the late module (after the critical path) that defines it: a statement naming one creates
 that module alone (:meth:`AnalysesConnection.ensure`), not every module before it."""
 
 

@@ -1,6 +1,6 @@
 -- kernel_summary: GPU ops by name per class, and GPU time by the CPU op / record_function range that
 -- launched it.
--- Reads: events, gpu_time_breakdown, gpu_launchers (both analyses/gpu_time_breakdown.py)
+-- Reads: events, gpu_time_breakdown, _gpu_launcher_summary (both analyses/gpu_time_breakdown.py)
 --
 -- GPU ops = events on GPU tracks (track_kind = 'gpu_stream': kernels, memcpy, memset, sync; not
 -- Kineto's gpu_user_annotation ranges, labels spanning the work they name), one
@@ -47,6 +47,10 @@ FROM k LEFT JOIN steps s USING (run_id);
 
 -- gpu_time_by_launcher: GPU time per launcher, one row per run, kind and launcher name (all ranks).
 -- Each GPU op counts once per kind, so each kind's gpu_total_ns sums to the run's total GPU op time.
+-- The launchers are those of gpu_launchers (the innermost cpu_op / record_function range around
+-- the op's launch call: tracekit/gpu_breakdown.py); the per-rank sums come from the ingest
+-- (_gpu_launcher_summary: the stored gpu_launcher_summary, or computed from the events for a run
+-- without it), so this view reads no GPU op and builds no gpu_launchers.
 --
 -- run_id        VARCHAR  run
 -- launcher_kind VARCHAR  cpu_op (innermost aten/CPU op) or annotation (innermost record_function range)
@@ -58,18 +62,11 @@ FROM k LEFT JOIN steps s USING (run_id);
 -- comm_ns       BIGINT   the part in class comm, ns
 -- share         DOUBLE   gpu_total_ns / the run's total GPU op time (NULL when that is 0)
 CREATE OR REPLACE VIEW gpu_time_by_launcher AS
-WITH per AS (
-    SELECT g.run_id, k.kind AS launcher_kind, CASE k.kind WHEN 'cpu_op' THEN l.cpu_op ELSE l.annotation END AS launcher,
-           g.rank, g.class, g.dur_ns
-    FROM _gpu_ops g JOIN gpu_launchers l USING (run_id, rank, event_id)
-    CROSS JOIN (VALUES ('cpu_op'), ('annotation')) k(kind)
-),
-agg AS (
-    SELECT run_id, launcher_kind, launcher, count(DISTINCT rank) AS ranks, count(*) AS gpu_ops,
-           sum(dur_ns)::BIGINT AS gpu_total_ns,
-           coalesce(sum(dur_ns) FILTER (WHERE class = 'compute'), 0)::BIGINT AS compute_ns,
-           coalesce(sum(dur_ns) FILTER (WHERE class = 'comm'), 0)::BIGINT AS comm_ns
-    FROM per GROUP BY run_id, launcher_kind, launcher
+WITH agg AS (
+    SELECT run_id, launcher_kind, launcher, count(DISTINCT rank) AS ranks, sum(gpu_ops)::BIGINT AS gpu_ops,
+           sum(gpu_total_ns)::BIGINT AS gpu_total_ns, sum(compute_ns)::BIGINT AS compute_ns,
+           sum(comm_ns)::BIGINT AS comm_ns
+    FROM _gpu_launcher_summary GROUP BY run_id, launcher_kind, launcher
 )
 SELECT *, CASE WHEN sum(gpu_total_ns) OVER (PARTITION BY run_id, launcher_kind) > 0
                THEN gpu_total_ns / sum(gpu_total_ns) OVER (PARTITION BY run_id, launcher_kind) END AS share

@@ -80,7 +80,8 @@ def test_analyze_with_json_and_html_builds_each_module_once(tp_store, monkeypatc
     assert main(["analyze", "--store", str(tp_store.path), "--json", "--html", str(html)]) == 0
     assert json.loads(capsys.readouterr().out)["run"]["run_id"] == "tp"
     assert html.stat().st_size > 10_000
-    assert sorted(made) == sorted(analyses.PIPELINE)  # every module, none twice
+    # every module but the per-GPU-op tables, which no report reads; none twice
+    assert sorted(made) == sorted(set(analyses.PIPELINE) - {"gpu_launchers"})
 
 
 def test_the_islands_are_built_only_when_asked(tp_store, monkeypatch, capsys):
@@ -100,7 +101,11 @@ def test_the_islands_are_built_only_when_asked(tp_store, monkeypatch, capsys):
     assert made == ["intervals", "overlap_islands"]
     con.load_all()  # the pipeline skips what ensure() created
     assert sorted(made) == sorted(analyses.PIPELINE) and con.loaded == list(analyses.PIPELINE)
-    made.clear()  # a user's statement naming an island view creates that module alone
+    made.clear()  # a user's statement naming an island view creates that module alone; so does one
+    assert main(["sql", "--store", str(tp_store.path), "--json",  # naming a per-GPU-op table
+                 "SELECT count(*) AS n FROM gpu_launchers"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["n"] == 0 and made == ["gpu_launchers"]  # CPU-only (gloo)
+    made.clear()
     assert main(["sql", "--store", str(tp_store.path), "--json",
                  "SELECT count(*) AS n FROM overlap_islands o JOIN compute_islands c USING (run_id, rank, grp)"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["n"] >= 0 and made == ["intervals", "overlap_islands"]

@@ -125,10 +125,16 @@ def test_real_trace_parts_sum_and_match_an_independent_sweep(tmp_path):
     c.close()
 
 
+def _drop_gpu_summaries(store, run_id):
+    """Remove a run's stored GPU summaries (a run ingested before them): computed from the events."""
+    for f in ("gpu_breakdown_summary.parquet", "gpu_launcher_summary.parquet"):
+        (store.run_dir(run_id).resolve() / f).unlink()
+
+
 def test_the_sweep_in_small_chunks_gives_the_same_tables(tmp_path, monkeypatch):
     """Windows swept a few spans at a time (CHUNK_SPANS = 5: many chunks, a window larger than a
-    chunk alone) give the same rows as one chunk per rank."""
-    import tracekit.analyses.gpu_time_breakdown as gtb
+    chunk alone), from the events, give the same rows as one chunk per rank at ingest."""
+    import tracekit.gpu_breakdown as gtb
 
     store = Store(tmp_path / "s")
     ingest_paths([shared_trace("param_dlrm_8rank_v100")], store, run_id="dlrm")
@@ -141,6 +147,7 @@ def test_the_sweep_in_small_chunks_gives_the_same_tables(tmp_path, monkeypatch):
         return out
 
     whole = tables()
+    _drop_gpu_summaries(store, "dlrm")
     monkeypatch.setattr(gtb, "CHUNK_SPANS", 5)
     assert tables() == whole
     assert len(whole["gpu_time_breakdown"]) > 4 and len(whole["gpu_idle_gaps"]) > 10
@@ -296,7 +303,7 @@ def test_ranks_swept_together_keep_to_their_own_rank(tmp_path, monkeypatch):
     """All ranks of a chunk are swept and searched at once: a rank shifted in time on other streams
     gets the hand-worked rows of rank 0 shifted (the gap [96, 150) µs straddling the step boundary
     included), its launchers only among its own CPU ranges, and a rank without GPU ops no rows; the
-    same tables as with every rank read and swept alone (CHUNK_EVENTS = 1)."""
+    same tables as with every rank read from the events and swept alone (CHUNK_EVENTS = 1)."""
     import tracekit.analyses.gpu_time_breakdown as gtb
 
     store = Store(tmp_path / "s")
@@ -335,6 +342,7 @@ def test_ranks_swept_together_keep_to_their_own_rank(tmp_path, monkeypatch):
             (None, None), ("aten::linear", "fwd"), (None, "bwd"), ("aten::mul", "bwd")]
     assert got["names"] == [(0, *w) for w in want] + [
         (1, *(None if x is None else x + "@1" for x in w)) for w in want]
+    _drop_gpu_summaries(store, "r3")  # computed from the events, a rank at a time
     monkeypatch.setattr(gtb, "CHUNK_EVENTS", 1)
     alone = tables()
     assert alone == got

@@ -128,9 +128,9 @@ COLLECTIVES_SCHEMA = pa.schema(
     ]
 )
 
-SUMMARY_TABLES = {"overlap_summary", "span_overlap"}
+SUMMARY_TABLES = {"overlap_summary", "span_overlap", "gpu_breakdown_summary", "gpu_launcher_summary"}
 """Tables a run may lack, or hold damaged (then not read: Store.connect): the analyses compute them
-from the events (analyses/overlap_windows.py)."""
+from the events (analyses/overlap_windows.py, analyses/gpu_time_breakdown.py)."""
 
 # Per-rank overlap summaries, computed at ingest (tracekit.intervals.rank_overlap_summary, called by
 # tracekit.ingest.assemble.assemble_rank) so that analyze need not scan the events for overlap.
@@ -166,6 +166,36 @@ SPAN_OVERLAP_SCHEMA = pa.schema(
     ]
 )
 
+# Per-rank GPU time summaries, computed at ingest (tracekit.gpu_breakdown, called by
+# tracekit.ingest.assemble.assemble_rank from the rows the link pass writes), so that analyze need
+# not read the GPU ops and CPU ranges of every rank. A run without both files (ingested before them,
+# or one of them damaged) gets the same rows from the events (analyses/gpu_time_breakdown.py); the
+# public views are gpu_time_breakdown and gpu_time_by_launcher. Window ends are on the run's common
+# clock (shifted by the rank's clock offset like the events); lengths are ns.
+GPU_BREAKDOWN_SUMMARY_SCHEMA = pa.schema(
+    [("run_id", pa.string()), ("rank", pa.int32()),
+     ("grp", pa.int64())]  # -1 = whole trace, else the profiler step (a row per window with GPU work)
+    + [(c, pa.int64()) for c in (
+        "window_start_ns", "window_end_ns",  # first start, last end of the window's GPU work
+        "compute_only_ns", "comm_exposed_ns", "comm_hidden_ns", "memory_ns", "sync_ns", "other_ns",
+        "idle_ns",  # the seven parts, summing to window_end_ns − window_start_ns
+        "idle_host_wait_ns", "idle_kernel_wait_ns", "idle_other_ns")]  # idle by class, summing to idle_ns
+)
+
+GPU_LAUNCHER_SUMMARY_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("launcher_kind", pa.string()),  # cpu_op / annotation
+        ("launcher", pa.string()),  # its name; null for the GPU ops without one (one row of its own)
+        ("gpu_ops", pa.int64()),  # GPU ops of the rank launched under it
+        ("gpu_total_ns", pa.int64()),  # sum of their durations
+        ("compute_ns", pa.int64()),  # the part of gpu_total_ns in class compute
+        ("comm_ns", pa.int64()),  # the part in class comm
+    ]
+)
+
+
 def _parquet_problem(path: Path, schema: pa.Schema) -> str | None:
     """Why ``path`` cannot be read as one of this table's files (not Parquet, cut short, a column
     the table does not have), or None. Reads the footer only."""
@@ -186,6 +216,8 @@ TABLES = {
     "collectives": ("collectives.parquet", COLLECTIVES_SCHEMA),
     "overlap_summary": ("overlap_summary.parquet", OVERLAP_SUMMARY_SCHEMA),
     "span_overlap": ("span_overlap.parquet", SPAN_OVERLAP_SCHEMA),
+    "gpu_breakdown_summary": ("gpu_breakdown_summary.parquet", GPU_BREAKDOWN_SUMMARY_SCHEMA),
+    "gpu_launcher_summary": ("gpu_launcher_summary.parquet", GPU_LAUNCHER_SUMMARY_SCHEMA),
 }
 
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)
@@ -414,8 +446,9 @@ class Store:
     def connect(self, *, run_ids: list[str] | None = None, read_only_check: bool = True):
         """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views.
 
-        Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``
-        (the stored per-rank summaries; empty for a run stored without them) read the Parquet
+        Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``,
+        ``gpu_breakdown_summary``, ``gpu_launcher_summary`` (the last four: the stored per-rank
+        summaries; empty for a run stored without them) read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
         when there is no run they are empty with the right columns. The files are a literal
         list (:func:`sql_file_list`; also in ``con.bound_files``) of the version each run had

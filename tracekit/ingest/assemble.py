@@ -37,8 +37,9 @@ from tracekit.ingest.attribute import build_collectives
 from tracekit.ingest.linkpass import CLASSES, CLIP_TOLERANCE_NS, link_rank, supports_pdl
 from tracekit.ingest.staging import _BatchWriter
 from tracekit.intervals import rank_overlap_summary
-from tracekit.store import (COLLECTIVES_SCHEMA, OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA,
-                            SPAN_OVERLAP_SCHEMA, glob_escape)
+from tracekit.store import (COLLECTIVES_SCHEMA, GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA,
+                            OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, SPAN_OVERLAP_SCHEMA,
+                            glob_escape)
 
 
 def _sql_str(s: str) -> str:
@@ -84,6 +85,11 @@ class RankResult:
     spans: pa.Table = None
     """The rank's SPAN_OVERLAP_SCHEMA rows, one per comm event, compacted and not yet shifted (~44 B per
     comm event)."""
+    gpu_windows: pa.Table = None
+    """The rank's GPU_BREAKDOWN_SUMMARY_SCHEMA rows (:func:`tracekit.gpu_breakdown.summaries`), not yet
+    shifted (~130 B per window)."""
+    gpu_launchers: pa.Table = None
+    """The rank's GPU_LAUNCHER_SUMMARY_SCHEMA rows, compacted (~50 B per launcher name)."""
 
 
 _COMM_CODE, _COMPUTE_CODE = CLASSES.index("comm"), CLASSES.index("compute")
@@ -112,6 +118,7 @@ class _SummaryTap:
         self.parts: list = []
         self.comm: list = []
         self.names: list = []
+        self.gpu = _GpuTap()
 
     def open(self, *args, **kwargs):
         self._w = _BatchWriter(*args, **kwargs)
@@ -134,6 +141,7 @@ class _SummaryTap:
             self.parts.append([_picked(batch.column(c), sel) for c in _TAP_COLUMNS])
             self.comm.append(comm[sel])
             self.names.append(batch.column("name").filter(pa.array(comm)).cast(pa.string()))
+        self.gpu.write(batch)
         self._w.write(batch)
 
     def summaries(self, run_id: str, rank: int, recv_ids: np.ndarray) -> tuple[pa.Table, pa.Table]:
@@ -148,6 +156,145 @@ class _SummaryTap:
         names = pa.chunked_array(self.names, pa.string())
         self.parts, self.comm, self.names = [], [], []
         return tuple(_compact(t) for t in rank_overlap_summary(run_id, rank, ev, is_comm, names, recv_ids))
+
+
+# linkpass CLASSES code → tracekit.gpu_breakdown's class code (compute 0, comm 1, memory 2, sync 3, other 4)
+_GPU_K = np.array([{"compute": 0, "comm": 1, "memory": 2, "sync": 3}.get(c, 4) for c in CLASSES], dtype=np.int8)
+# category → 1 cpu_op, 2 user_annotation, 3 a launch call (runtime / driver), 4 gpu_user_annotation, else 0
+_CATEGORY = {"cpu_op": 1, "user_annotation": 2, "runtime": 3, "driver": 3, "gpu_user_annotation": 4}
+
+
+def _codes(col, fn, dtype=np.int8) -> np.ndarray:
+    """Per row of a dictionary-encoded string column, ``fn(value)`` (``fn(None)`` for a null), through
+    one lookup per dictionary entry."""
+    table = np.array([fn(v) for v in col.dictionary.to_pylist()] + [fn(None)], dtype=dtype)
+    idx = col.indices
+    i = idx.to_numpy(zero_copy_only=False) if not idx.null_count else \
+        pc.fill_null(idx, len(col.dictionary)).to_numpy(zero_copy_only=False)
+    return table[i]
+
+
+class _GpuTap:
+    """What :func:`tracekit.gpu_breakdown.summaries` reads, kept from each batch the link pass writes
+    (numpy copies): the GPU ops (events on GPU tracks other than gpu_user_annotation ranges: start,
+    duration, class, step, launch call; ~45 B each), the candidate launchers (cpu_thread cpu_op and
+    user_annotation ranges of positive length other than ProfilerStep#N: thread, start, duration,
+    kind, name; ~30 B each) and the launch calls (runtime / driver rows: event_id, thread, start,
+    duration; ~35 B each), so the rank's GPU summaries come from the rows as written."""
+
+    def __init__(self):
+        self.ops: list = []
+        self.ranges: list = []
+        self.range_names: list = []  # per batch, the ranges' codes into self.names (−1: a null name)
+        self.names: dict = {}  # name → code, in order of first use
+        self.calls: list = []
+
+    def _name_codes(self, col, sel: np.ndarray) -> np.ndarray:
+        """Codes (int32, into ``self.names``) of the names of the rows ``sel`` of a dictionary-encoded
+        column: only the dictionary entries used are looked up (a batch's dictionary holds every
+        name of the batch, kernel names included: kept per batch they were most of the tap)."""
+        idx = col.indices.filter(pa.array(sel))
+        ok = idx.is_valid().to_numpy(zero_copy_only=False) if idx.null_count else None
+        i = pc.fill_null(idx, 0).to_numpy(zero_copy_only=False) if idx.null_count else idx.to_numpy(zero_copy_only=False)
+        if not len(i):
+            return np.zeros(0, np.int32)
+        used = np.flatnonzero(np.bincount(i, minlength=len(col.dictionary)))  # no sort: O(rows + entries)
+        lut = np.full(len(col.dictionary), -1, dtype=np.int32)
+        lut[used] = [self.names.setdefault(w, len(self.names)) for w in col.dictionary.take(pa.array(used)).to_pylist()]
+        out = lut[i]
+        return out if ok is None else np.where(ok, out, -1).astype(np.int32)
+
+    def write(self, batch) -> None:
+        kind = _codes(batch.column("track_kind"), lambda v: {"gpu_stream": 1, "cpu_thread": 2}.get(v, 0))
+        cat = _codes(batch.column("category"), lambda v: _CATEGORY.get(v, 0))
+        ts = batch.column("ts_ns")
+        gpu = (kind == 1) & (cat != 4)
+        if gpu.any():
+            code = batch.column("class").indices.to_numpy(zero_copy_only=False)[gpu]
+            self.ops.append([_picked(ts, gpu)[0], _picked(batch.column("dur_ns"), gpu)[0], _GPU_K[code],
+                             *_picked(batch.column("step"), gpu), *_picked(batch.column("launch_event_id"), gpu)])
+        rng = (kind == 2) & ((cat == 1) | (cat == 2))
+        if rng.any():
+            # positive length, a start, and an annotation's name not ProfilerStep#N (NULL LIKE ... is not true)
+            names = batch.column("name")
+            # per dictionary entry, vectorised (a batch's dictionary holds its kernel names too)
+            plain = pc.invert(pc.starts_with(names.dictionary, "ProfilerStep#")).to_numpy(zero_copy_only=False)
+            idx = names.indices
+            ok = np.r_[plain, False][pc.fill_null(idx, len(plain)).to_numpy(zero_copy_only=False)] if idx.null_count \
+                else plain[idx.to_numpy(zero_copy_only=False)]
+            rng &= (cat == 1) | ok
+            rng &= pc.fill_null(batch.column("dur_ns"), 0).to_numpy() > 0
+            if ts.null_count:
+                rng &= ts.is_valid().to_numpy(zero_copy_only=False)
+            if rng.any():
+                self.ranges.append([*_picked(batch.column("track"), rng), _picked(ts, rng)[0],
+                                    _picked(batch.column("dur_ns"), rng)[0], (cat[rng] == 2).astype(np.int8)])
+                self.range_names.append(self._name_codes(batch.column("name"), rng))
+        call = cat == 3
+        if call.any():
+            self.calls.append([_picked(batch.column("event_id"), call)[0], *_picked(batch.column("track"), call),
+                               *_picked(ts, call), _picked(batch.column("dur_ns"), call)[0]])
+
+    def summaries(self, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
+        """(GPU_BREAKDOWN_SUMMARY_SCHEMA, compacted GPU_LAUNCHER_SUMMARY_SCHEMA) tables of the rows kept;
+        empty without GPU ops."""
+        from tracekit.gpu_breakdown import NONE, summaries
+
+        if not self.ops:
+            return GPU_BREAKDOWN_SUMMARY_SCHEMA.empty_table(), GPU_LAUNCHER_SUMMARY_SCHEMA.empty_table()
+        # what the link pass left in Arrow's pool goes back to the system before the numpy below
+        # (at ×16 ~70 MiB: the summaries' arrays are malloc's, which cannot reuse the pool's)
+        pa.default_memory_pool().release_unused()
+        s, dur, k, step, step_ok, leid, leid_ok = (np.concatenate([p[j] for p in self.ops]) for j in range(7))
+        self.ops = []
+        n = len(s)
+        # the launch calls by event_id (they ascend in the file, as every row's event_id; sorted if not)
+        if self.calls:
+            ceid, ctrk, ctrk_ok, cts, cts_ok, cdur = (np.concatenate([p[j] for p in self.calls]) for j in range(6))
+        else:
+            ceid = ctrk = cts = cdur = np.zeros(0, np.int64)
+            ctrk_ok = cts_ok = np.zeros(0, bool)
+        self.calls = []
+        if len(ceid) > 1 and (ceid[1:] < ceid[:-1]).any():  # (a reader that wrote them out of order)
+            o = np.argsort(ceid, kind="stable")
+            ceid, ctrk, ctrk_ok, cts, cts_ok, cdur = (x[o] for x in (ceid, ctrk, ctrk_ok, cts, cts_ok, cdur))
+        lt, ls, le = (np.full(n, NONE, dtype=np.int64) for _ in range(3))
+        if len(ceid):
+            i = np.minimum(np.searchsorted(ceid, leid), len(ceid) - 1)
+            hit = leid_ok & (ceid[i] == leid)
+            i = i[hit]
+            lt[hit] = np.where(ctrk_ok[i], ctrk[i], NONE)
+            ls[hit] = np.where(cts_ok[i], cts[i], NONE)
+            le[hit] = np.where(cts_ok[i], cts[i] + cdur[i], NONE)
+        del ceid, ctrk, ctrk_ok, cts, cts_ok, cdur
+        # by step, NULL first (tracekit.gpu_breakdown.breakdown's order)
+        step = np.where(step_ok, step, 0)
+        o = np.lexsort((step, step_ok))
+        gpu = dict(rank=np.full(n, rank, dtype=np.int64), s=s[o], dur=dur[o], k=k[o], step=step[o], step_ok=step_ok[o])
+        launch = (lt[o], ls[o], le[o])
+        del s, dur, k, step, step_ok, leid, leid_ok, lt, ls, le, o
+        if self.ranges:
+            trk, trk_ok, rs, rdur, rkind = (np.concatenate([p[j] for p in self.ranges]) for j in range(5))
+            code = np.concatenate(self.range_names)
+            names = pa.DictionaryArray.from_arrays(pa.array(code, mask=code < 0),
+                                                   pa.array(list(self.names), pa.string()))
+        else:
+            trk = rs = rdur = np.zeros(0, np.int64)
+            trk_ok, rkind = np.zeros(0, bool), np.zeros(0, np.int8)
+            names = pa.chunked_array([], pa.string())
+        self.ranges, self.range_names, self.names = [], [], {}
+        ranges = dict(kind=rkind, rank=np.full(len(rs), rank, dtype=np.int64), track=np.where(trk_ok, trk, NONE),
+                      s=rs, e=rs + rdur, name=names)
+        del trk, trk_ok, rs, rdur, rkind, names
+        wins, sums = summaries(gpu, launch, ranges)
+        out = []
+        for t, schema in ((wins, GPU_BREAKDOWN_SUMMARY_SCHEMA), (sums, GPU_LAUNCHER_SUMMARY_SCHEMA)):
+            if t is None:
+                out.append(schema.empty_table())
+                continue
+            t = t.add_column(0, "run_id", pa.array([run_id] * len(t), pa.string()))
+            out.append(_compact(t.cast(schema)))
+        return tuple(out)
 
 
 def _compact(table: pa.Table) -> pa.Table:
@@ -187,6 +334,7 @@ def assemble_rank(task: RankTask) -> RankResult:
     # the recv collectives' spans (an unattributed row, op NULL, is none)
     recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)
     windows, spans = tap.summaries(run_id, rank, table.column("event_id").to_numpy(zero_copy_only=False)[recv])
+    gpu_windows, gpu_launchers = tap.gpu.summaries(run_id, rank)
     del tap
     n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
     gpu_events, same_stream = lk.gpu_events, lk.same_stream_overlaps
@@ -234,7 +382,7 @@ def assemble_rank(task: RankTask) -> RankResult:
     )
     Path(raw).unlink(missing_ok=True)
     rf.remove_meta()
-    return RankResult(rank, table, extent, host, row, facts, windows, spans)
+    return RankResult(rank, table, extent, host, row, facts, windows, spans, gpu_windows, gpu_launchers)
 
 
 def finish_run(
@@ -266,7 +414,7 @@ def finish_run(
     hosts = {d.rank: d.host for d in done}
     extent = {d.rank: d.extent for d in done}
     facts = {d.rank: d.facts for d in done}  # rank → per collectives row, what pg_attribution needs
-    summaries = [(d.rank, d.windows, d.spans) for d in done]
+    summaries = [(d.rank, d.windows, d.spans, d.gpu_windows, d.gpu_launchers) for d in done]
     del done
     mode = choose_alignment(align, hosts)
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
@@ -295,11 +443,14 @@ def finish_run(
         con.close()
     # the summaries' timestamps move with the rank's events; their lengths do not (a per-rank shift
     # moves comm and compute alike)
-    by_rank = {r: (w, sp) for r, w, sp in summaries}
+    by_rank = {r: rest for r, *rest in summaries}
     summaries = [(rank, t, *by_rank[rank]) for rank, t in tables]
     for name, schema, j, cols in (("collectives", COLLECTIVES_SCHEMA, 1, ("ts_ns", "issue_ts_ns")),
                                   ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, 2, ("first_ns", "last_ns")),
-                                  ("span_overlap", SPAN_OVERLAP_SCHEMA, 3, ("ts_ns",))):
+                                  ("span_overlap", SPAN_OVERLAP_SCHEMA, 3, ("ts_ns",)),
+                                  ("gpu_breakdown_summary", GPU_BREAKDOWN_SUMMARY_SCHEMA, 4,
+                                   ("window_start_ns", "window_end_ns")),
+                                  ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, 5, ())):
         # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows (a row group per rank makes a
         # footer that grows with the ranks, read by every scan: benchmarks/README.md); at most one
         # row group's worth of shifted copies held at a time
