@@ -348,7 +348,7 @@ LAUNCHER_KINDS = ("cpu_op", "annotation")
 def launcher_sums(grank, dur, k, names: dict):
     """GPU time per rank and launcher, what gpu_time_by_launcher sums over ranks: ``grank``,
     ``dur`` (ns), ``k`` (class code: 0 compute, 1 comm) per GPU op, ``names`` {0: cpu_op name,
-    1: annotation name} per GPU op (pyarrow string arrays, null where it has none).
+    1: annotation name} per GPU op (pyarrow string or dictionary arrays, null where it has none).
 
     Returns a pyarrow table (rank, launcher_kind, launcher, gpu_ops, gpu_total_ns, compute_ns,
     comm_ns), one row per rank, kind and launcher name (a null name one row of its own): the ops,
@@ -364,11 +364,9 @@ def launcher_sums(grank, dur, k, names: dict):
         ri = ri.reshape(-1)
     out = []
     for kd, kname in enumerate(LAUNCHER_KINDS):
-        col = names[kd]
-        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        enc = pc.dictionary_encode(col)
-        nd = len(enc.dictionary) + 1  # code 0: no name
-        key = ri * nd + pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+        codes, dictionary = _name_codes(names[kd])
+        nd = len(dictionary) + 1  # code 0: no name
+        key = ri * nd + codes + 1
         keys = None
         if len(ranks) * nd > 4 * len(key) + 4096:  # many ranks × names: counters only for the keys there are
             keys, key = np.unique(key, return_inverse=True)
@@ -384,20 +382,45 @@ def launcher_sums(grank, dur, k, names: dict):
         code = hit % nd - 1
         out.append(pa.table({"rank": ranks[hit // nd].astype(np.int32),
                              "launcher_kind": pa.array([kname] * len(hit), pa.string()),
-                             "launcher": enc.dictionary.take(pa.array(np.maximum(code, 0), mask=code < 0)),
+                             "launcher": dictionary.take(pa.array(np.maximum(code, 0), mask=code < 0)),
                              "gpu_ops": n.astype(np.int64), "gpu_total_ns": sums[0], "compute_ns": sums[1],
                              "comm_ns": sums[2]}))
     return pa.concat_tables(out)
 
 
-def launcher_names(found: np.ndarray, names, null: np.ndarray | None = None):
+def _name_codes(col):
+    """(codes, dictionary) of a column of names (pyarrow string or dictionary array, chunked or not):
+    int64 codes into ``dictionary`` (the distinct names, numbered by first occurrence, as
+    ``pyarrow.compute.dictionary_encode`` of the plain strings numbers them), −1 for null. A
+    dictionary array is read through its indices, so its names are never made one per row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(col.type):
+        enc = pc.dictionary_encode(col)
+        return pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary
+    entry = pc.dictionary_encode(col.dictionary)  # a dictionary's entries may repeat
+    raw = pc.fill_null(pc.take(entry.indices, col.indices), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    ok = raw >= 0
+    u, first = np.unique(raw[ok], return_index=True)
+    order = np.argsort(first, kind="stable")  # the distinct names by first occurrence
+    renum = np.empty(len(u), dtype=np.int64)
+    renum[order] = np.arange(len(u))
+    raw[ok] = renum[np.searchsorted(u, raw[ok])]
+    return raw, entry.dictionary.take(pa.array(u[order]))
+
+
+def launcher_names(found: np.ndarray, names, null: np.ndarray | None = None, plain: bool = True):
     """Per GPU op the name of the range ``found`` (indices into ``names``, a pyarrow array of the
     candidate ranges' names, any string type; −1 for none) as a pyarrow string array, null where
-    none was found or ``null`` (a bool mask) says so."""
+    none was found or ``null`` (a bool mask) says so; with ``plain`` false, as ``names`` holds them
+    (a dictionary array stays one: no string per op)."""
     import pyarrow as pa
 
     miss = found < 0 if null is None else (found < 0) | null
-    return names.take(pa.array(np.where(miss, 0, found), mask=miss)).cast(pa.string())
+    got = names.take(pa.array(np.where(miss, 0, found), mask=miss))
+    return got.cast(pa.string()) if plain else got
 
 
 def summaries(gpu: dict, launch: tuple, ranges: dict):
@@ -411,7 +434,7 @@ def summaries(gpu: dict, launch: tuple, ranges: dict):
     lt, ls, le = launch
     found = launchers(gpu["rank"], lt, ls, le, ranges["kind"], ranges["rank"], ranges["track"], ranges["s"],
                       ranges["e"])
-    names = {kd: launcher_names(f, ranges["name"]) for kd, f in found.items()}
+    names = {kd: launcher_names(f, ranges["name"], plain=False) for kd, f in found.items()}
     del found
     ranges.clear()  # the ranges go before the sweep (memory: the larger of the two, not both)
     sums = launcher_sums(gpu["rank"], gpu["dur"], gpu["k"], names)

@@ -245,12 +245,11 @@ class _GpuTap:
         # what the link pass left in Arrow's pool goes back to the system before the numpy below
         # (at ×16 ~70 MiB: the summaries' arrays are malloc's, which cannot reuse the pool's)
         pa.default_memory_pool().release_unused()
-        s, dur, k, step, step_ok, leid, leid_ok = (np.concatenate([p[j] for p in self.ops]) for j in range(7))
-        self.ops = []
+        s, dur, k, step, step_ok, leid, leid_ok = _columns(self.ops, 7)
         n = len(s)
         # the launch calls by event_id (they ascend in the file, as every row's event_id; sorted if not)
         if self.calls:
-            ceid, ctrk, ctrk_ok, cts, cts_ok, cdur = (np.concatenate([p[j] for p in self.calls]) for j in range(6))
+            ceid, ctrk, ctrk_ok, cts, cts_ok, cdur = _columns(self.calls, 6)
         else:
             ceid = ctrk = cts = cdur = np.zeros(0, np.int64)
             ctrk_ok = cts_ok = np.zeros(0, bool)
@@ -274,7 +273,7 @@ class _GpuTap:
         launch = (lt[o], ls[o], le[o])
         del s, dur, k, step, step_ok, leid, leid_ok, lt, ls, le, o
         if self.ranges:
-            trk, trk_ok, rs, rdur, rkind = (np.concatenate([p[j] for p in self.ranges]) for j in range(5))
+            trk, trk_ok, rs, rdur, rkind = _columns(self.ranges, 5)
             code = np.concatenate(self.range_names)
             names = pa.DictionaryArray.from_arrays(pa.array(code, mask=code < 0),
                                                    pa.array(list(self.names), pa.string()))
@@ -295,6 +294,19 @@ class _GpuTap:
             t = t.add_column(0, "run_id", pa.array([run_id] * len(t), pa.string()))
             out.append(_compact(t.cast(schema)))
         return tuple(out)
+
+
+def _columns(parts: list, ncols: int) -> list:
+    """The ``ncols`` columns of ``parts`` (per batch, a list of arrays), each concatenated; a column's
+    parts are let go as soon as it is built, and ``parts`` is emptied (the tap's copies and the
+    whole columns never coexist)."""
+    out = []
+    for j in range(ncols):
+        out.append(np.concatenate([p[j] for p in parts]))
+        for p in parts:
+            p[j] = None
+    parts.clear()
+    return out
 
 
 def _compact(table: pa.Table) -> pa.Table:
@@ -324,6 +336,8 @@ def assemble_rank(task: RankTask) -> RankResult:
     with user_families(task.user_kernels):
         lk = link_rank(raw, Path(task.out), run_id, rank, cpu_only, rf.steps, writer_cls=tap.open,
                        pdl=supports_pdl(rf.meta.get("deviceProperties")))
+        # first, while the collectives' metadata is not loaded yet (the peak of memory is here)
+        gpu_windows, gpu_launchers = tap.gpu.summaries(run_id, rank)
         meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
             run_id, rank, meta, lk.launches, world_size=task.world_size, pg_config=task.pg_config, cpu_only=cpu_only,
@@ -334,7 +348,6 @@ def assemble_rank(task: RankTask) -> RankResult:
     # the recv collectives' spans (an unattributed row, op NULL, is none)
     recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)
     windows, spans = tap.summaries(run_id, rank, table.column("event_id").to_numpy(zero_copy_only=False)[recv])
-    gpu_windows, gpu_launchers = tap.gpu.summaries(run_id, rank)
     del tap
     n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
     gpu_events, same_stream = lk.gpu_events, lk.same_stream_overlaps
