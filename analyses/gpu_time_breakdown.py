@@ -218,8 +218,14 @@ def create(con) -> None:
         con.register("_gpu_empty", schema.empty_table())
         con.execute(f"CREATE OR REPLACE TEMP TABLE _{stored}_computed AS SELECT * FROM _gpu_empty")
         con.unregister("_gpu_empty")
+    from tracekit.errors import BadInputError
+
     for run_id, gpu, rg, lt, ls, le in _chunks(con, missing):
-        wins, sums = summaries(gpu_arrays(gpu), (lt, ls, le), range_arrays(rg))
+        try:
+            wins, sums = summaries(gpu_arrays(gpu), (lt, ls, le), range_arrays(rg))
+        except ValueError as exc:  # tracekit.gpu_breakdown.sweep: a stray GPU timestamp
+            raise BadInputError(f"run {run_id}: {exc}: the GPU time breakdown cannot be computed "
+                                "(a GPU event's timestamp far from the others?)") from None
         del gpu, rg
         _insert(con, "_gpu_breakdown_summary_computed", wins, run_id)
         _insert(con, "_gpu_launcher_summary_computed", sums, run_id)

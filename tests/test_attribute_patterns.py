@@ -86,9 +86,26 @@ def test_kernels_alike_share_a_resolution_and_keep_their_own_values(monkeypatch)
     assert t.schema == COLLECTIVES_SCHEMA and t.column("cpu_side").to_pylist() == [False] * 7
 
 
+def _enclosing_by_brute_force(meta, launches):
+    """GPU meta row → the CPU rows enclosing its launch call (every op and call here is on THREAD),
+    innermost first (latest start, then the shorter), by testing every pair."""
+    cpu = np.flatnonzero(~meta.gpu).tolist()
+    out = {}
+    for k in np.flatnonzero(meta.gpu).tolist():
+        found, cols, _ = launches.lookup(meta.event_id[[k]])
+        if not found[0]:
+            continue
+        s, e = int(cols[2][0]), int(cols[3][0])
+        enc = [j for j in cpu if meta.ts_ns[j] <= s and meta.ts_ns[j] + meta.dur_ns[j] >= e]
+        if enc:
+            out[k] = sorted(enc, key=lambda j: (-int(meta.ts_ns[j]), int(meta.dur_ns[j])))
+    return out
+
+
 def _per_kernel(meta, launches):
-    """Every GPU row resolved on its own (no patterns), as the rows of the collectives table."""
-    enclosing = attribute.enclosing_ops(meta, launches)
+    """Every GPU row resolved on its own (no patterns, enclosing ops by brute force), as the rows of
+    the collectives table."""
+    enclosing = _enclosing_by_brute_force(meta, launches)
     out = []
     for k in np.flatnonzero(meta.gpu).tolist():
         found, cols, _ = launches.lookup(meta.event_id[[k]])
@@ -104,9 +121,10 @@ def test_patterns_match_resolving_each_kernel_on_its_own(patterns_from, monkeypa
     monkeypatch.setattr(attribute, "PATTERNS_FROM", patterns_from)  # 300 kernels: by pattern, or each on its own
     rng = random.Random(5)
     rows, calls = [], []
-    for i in range(300):  # a few metadata variants each, seqs of every form, some launches missing
+    for i in range(300):  # a few metadata variants each, seqs of every form (one an object holding a
+        # "seq" key of its own: not the call's seq), some launches missing
         base = 1000 * i
-        rpc = _rpc(10 * i, base, seq=rng.choice([i, i + 1, -3, None, "x", 10**20]), nelems=rng.choice([8, 64]))
+        rpc = _rpc(10 * i, base, seq=rng.choice([i, i + 1, -3, None, "x", 10**20, {"seq": 7}, [7]]), nelems=rng.choice([8, 64]))
         if rpc["seq"] is None:
             del rpc["seq"]
         if rng.random() < 0.3:

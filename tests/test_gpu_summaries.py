@@ -147,3 +147,29 @@ def test_launcher_sums_of_many_ranks_and_names():
     assert len(rows) == 2 * n
     assert all(rows[(x, "cpu_op")] == (f"op{x}", 1, 7 * x + 1, 7 * x + 1, 0) for x in range(n))
     assert rows[(5, "annotation")] == (None, 1, 36, 36, 0)
+
+
+def test_a_stray_gpu_timestamp_stores_no_gpu_summaries_and_analyze_says_why(tmp_path, capsys):
+    """Five kernels at an epoch time (µs) and one at ts = 12 µs: the rank's GPU work spans ~54 years
+    (≥ 2^53 ns, too long for the sweep). The ingest keeps the run, with a warning and without either
+    GPU file; analyze exits 2 with one line naming the run (was: no store at all, an internal error)."""
+    import json
+
+    from tracekit.cli import main
+
+    ev = [{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": ts, "dur": 5,
+           "args": {"device": 0, "stream": 7}} for ts in (1.7e15, 1.7e15 + 10, 1.7e15 + 20, 1.7e15 + 30, 1.7e15 + 40, 12)]
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.7e15 - 5, "dur": 5, "args": {}})
+    trace = tmp_path / "rank0.json"
+    trace.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "H100"}], "traceEvents": ev}))
+    store = tmp_path / "st"
+    assert main(["ingest", str(trace), "--store", str(store), "--run-id", "stray"]) == 0
+    err = capsys.readouterr().err
+    assert "GPU time breakdown not stored at ingest (GPU work spans 1700000000000033001 ns, too long to sweep)" in err
+    run_dir = store / "runs" / "stray"
+    assert (run_dir / "collectives.parquet").exists()
+    assert not any((run_dir / f).exists() for f in GPU_FILES)
+    assert main(["analyze", "--store", str(store), "--json"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("tracekit: run")]
+    assert lines == ["tracekit: run stray: GPU work spans 1700000000000033001 ns, too long to sweep: the GPU time "
+                     "breakdown cannot be computed (a GPU event's timestamp far from the others?)"]

@@ -87,7 +87,7 @@ class RankResult:
     comm event)."""
     gpu_windows: pa.Table = None
     """The rank's GPU_BREAKDOWN_SUMMARY_SCHEMA rows (:func:`tracekit.gpu_breakdown.summaries`), not yet
-    shifted (~130 B per window)."""
+    shifted (~130 B per window); None when they could not be made (the run then stores neither GPU file)."""
     gpu_launchers: pa.Table = None
     """The rank's GPU_LAUNCHER_SUMMARY_SCHEMA rows, compacted (~50 B per launcher name)."""
 
@@ -337,7 +337,12 @@ def assemble_rank(task: RankTask) -> RankResult:
         lk = link_rank(raw, Path(task.out), run_id, rank, cpu_only, rf.steps, writer_cls=tap.open,
                        pdl=supports_pdl(rf.meta.get("deviceProperties")))
         # first, while the collectives' metadata is not loaded yet (the peak of memory is here)
-        gpu_windows, gpu_launchers = tap.gpu.summaries(run_id, rank)
+        try:
+            gpu_windows, gpu_launchers = tap.gpu.summaries(run_id, rank)
+            gpu_note = None
+        except ValueError as exc:  # GPU work too long to sweep (a stray timestamp): no stored summaries
+            gpu_windows = gpu_launchers = None
+            gpu_note = f"GPU time breakdown not stored at ingest ({exc})"
         meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
             run_id, rank, meta, lk.launches, world_size=task.world_size, pg_config=task.pg_config, cpu_only=cpu_only,
@@ -354,7 +359,7 @@ def assemble_rank(task: RankTask) -> RankResult:
     extent = (lk.ts_lo, lk.ts_hi)
     del meta, lk, rows
     n_unattributed = table.column("op").null_count
-    warnings = list(dict.fromkeys(rf.warnings))
+    warnings = list(dict.fromkeys(rf.warnings)) + ([gpu_note] if gpu_note else [])
     if rf.quarantined:
         warnings.append(f"{rf.quarantined} event(s) quarantined in all (a missing or non-positive ts, a negative dur, "
                         "or a reason warned above)")
@@ -458,12 +463,17 @@ def finish_run(
     # moves comm and compute alike)
     by_rank = {r: rest for r, *rest in summaries}
     summaries = [(rank, t, *by_rank[rank]) for rank, t in tables]
+    # a rank whose GPU summaries could not be made (gpu_windows None): the run stores neither GPU file,
+    # and the analyses compute the breakdown from its events (as for a run stored before them)
+    no_gpu = any(sm[4] is None for sm in summaries)
     for name, schema, j, cols in (("collectives", COLLECTIVES_SCHEMA, 1, ("ts_ns", "issue_ts_ns")),
                                   ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, 2, ("first_ns", "last_ns")),
                                   ("span_overlap", SPAN_OVERLAP_SCHEMA, 3, ("ts_ns",)),
                                   ("gpu_breakdown_summary", GPU_BREAKDOWN_SUMMARY_SCHEMA, 4,
                                    ("window_start_ns", "window_end_ns")),
                                   ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, 5, ())):
+        if no_gpu and j >= 4:
+            continue
         # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows (a row group per rank makes a
         # footer that grows with the ranks, read by every scan: benchmarks/README.md); at most one
         # row group's worth of shifted copies held at a time

@@ -406,18 +406,26 @@ def _content_ids(meta) -> tuple[np.ndarray, _Seqs]:
     The metadata: the JSON of the fields the Kineto reader kept (``rest``,
     tracekit.ingest.staging.META_SCHEMA), all that :func:`_resolve` reads besides the name, less
     the launch ``correlation`` (each kernel's id, read by the link pass only) and an integer
-    ``seq`` (each call's number: :func:`_gpu_table` puts each kernel's own back). A key right after
-    ``{`` or ``,`` can only be a field: a quote inside a JSON string is escaped. A correlation or
-    seq of another form stays in the key (rows then share less, and resolve alike all the same)."""
+    ``seq`` (each call's number: :func:`_gpu_table` puts each kernel's own back). In a JSON without
+    a nested object a key right after ``{`` or ``,`` can only be a top-level field (a quote inside
+    a JSON string is escaped); a JSON with one stays whole in the key, and its seq is not read. A
+    correlation or seq of another form stays in the key (rows then share less, and resolve alike
+    all the same)."""
     if not len(meta):
         z = np.zeros(0, dtype=np.int64)
         return z, _Seqs(z.astype(bool), z)
     rest = pc.dictionary_encode(meta._table.column("rest"), null_encoding="encode").combine_chunks()
     at, rest = rest.indices.to_numpy(), rest.dictionary  # the regexes run on the distinct JSONs
+    # a JSON holding a nested object (a second "{") could hold a "seq" or "correlation" key of its
+    # own: kept whole in the key, its seq not read (such a row shares with identical rows only)
+    flat = pc.fill_null(pc.less_equal(pc.count_substring(rest, "{"), 1), False)
     got = pc.struct_field(pc.extract_regex(rest, _SEQ_VALUE_RE), [0]).cast(pa.large_string()).cast(pa.int64())
+    got = pc.if_else(flat, got, pa.scalar(None, pa.int64()))
     seq = _Seqs(got.is_valid().to_numpy(zero_copy_only=False)[at], pc.fill_null(got, 0).to_numpy()[at])
+    whole = rest
     for pattern in (_SEQ_RE, _CORRELATION_RE):
         rest = pc.replace_substring_regex(rest, pattern, r"\1\2")
+    rest = pc.if_else(flat, rest, whole)
     rest = pc.dictionary_encode(rest, null_encoding="encode").indices.to_numpy()[at]
     return np.unique(meta.name.astype(np.int64) * (int(rest.max()) + 1) + rest, return_inverse=True)[1].reshape(-1), seq
 
