@@ -281,7 +281,7 @@ def build_report(
                any_value(link_crossover_bytes) AS link_crossover_bytes
         FROM __report_verdicts
         GROUP BY op, group_size, locality, verdict_basis, reference, ref_note, ref_alpha_s, ref_beta_Bps
-        ORDER BY op, group_size, locality, reference, note
+        ORDER BY op, group_size, locality, reference, note, kind, alpha_s, beta_gbps
         """,
     )
     own_fit = sum(r["instances"] for r in references if r["kind"] == "own_fit")
