@@ -10,9 +10,7 @@ ordered by part = hash(run_id, pg_name, seq) % parts, with ``parts = ceil(rows /
 each part is then one statement, whose scan skips the other parts' row groups (DuckDB keeps
 min/max per row group), so the build stays linear in the rows. The per-instance state of the
 aggregation (the lists of each instance's rows) then holds one part's calls at a time, whatever
-the size of the run. On a ×64 replica of hta_ddp_v100 (129k calls, 32 MB budget) the table took
-+145 MiB built in one statement, +43 MiB in eight parts (with the median and count DISTINCT
-aggregates of before; the lists take less: benchmarks/README.md, branch aq).
+the size of the run (its memory by parts: benchmarks/README.md).
 
 A table, computed once per connection: the fit, the verdicts, the waits and the report all
 read it. The calls it is built from stay, evaluated once, in the temporary table CALLS (below).

@@ -243,7 +243,7 @@ class _GpuTap:
         if not self.ops:
             return GPU_BREAKDOWN_SUMMARY_SCHEMA.empty_table(), GPU_LAUNCHER_SUMMARY_SCHEMA.empty_table()
         # what the link pass left in Arrow's pool goes back to the system before the numpy below
-        # (at ×16 ~70 MiB: the summaries' arrays are malloc's, which cannot reuse the pool's)
+        # (the summaries' arrays are malloc's, which cannot reuse the pool's)
         pa.default_memory_pool().release_unused()
         s, dur, k, step, step_ok, leid, leid_ok = _columns(self.ops, 7)
         n = len(s)

@@ -1,6 +1,7 @@
 """From collective-related events to rows of the ``collectives`` table.
 
-Inputs are the metadata rows the Kineto reader kept (``RankFile.comm_meta``:
+Inputs are the metadata rows the readers kept (the staging folder's metadata table,
+:class:`tracekit.ingest.staging.MetaRows`:
 communication kernels and the CPU ops ``record_param_comms`` / ``nccl:*`` /
 ``c10d::*`` / ``gloo:*`` with their args) and, for GPU traces, each comm
 kernel's launch call (thread and time on the CPU). This module decides, per
@@ -323,7 +324,7 @@ def build_collectives(
 
 PATTERNS_FROM = 256
 """A GPU rank with fewer comm kernels resolves each on its own: finding its patterns costs more
-(~1 ms a rank) than it could save."""
+than it could save (benchmarks/README.md, "collectives per pattern")."""
 
 
 def _gpu_table(run_id, rank, meta, launches, world_size, pg_config) -> pa.Table:

@@ -133,8 +133,9 @@ that order, then category and correlation (null included): the JSON a dict with 
 def rest_column(fields, category, correlation) -> list[bytes]:
     """``rest`` JSON of rows given column-wise, with no Python code per row: ``fields`` yields each
     row's :data:`META_FIELDS` values as a tuple (None: absent), ``category`` / ``correlation`` the
-    row's values (a correlation of None is written as null). Same bytes as :func:`encode_rest` of
-    the dict of the present fields, then ``category``, then ``correlation``."""
+    row's values (a correlation of None is written as null, a category of None left out). Same
+    bytes as :func:`encode_rest` of the dict of the present fields, then ``category`` when it is
+    not None, then ``correlation``."""
     rows = itertools.starmap(_Rest, map(operator.add, fields, zip(category, correlation)))
     return list(map(_JSON.encode, rows))
 
