@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_overlap_summaries import _ingest
+from tests.test_overlap_summaries import _ingest, damage_file
 from tracekit import analyses
 
 GPU_FILES = ("gpu_breakdown_summary.parquet", "gpu_launcher_summary.parquet")
@@ -92,14 +92,7 @@ def test_a_run_with_one_gpu_summary_file_is_computed_whole(gone, tmp_path):
 def test_a_damaged_gpu_summary_file_is_computed_from_the_events(damage, tmp_path):
     st = _ingest(tmp_path, "synth:8")
     stored = _views(st)
-    d = st.run_dir("r").resolve()
-    f = d / "gpu_launcher_summary.parquet"
-    if damage == "truncated":
-        f.write_bytes(f.read_bytes()[:100])
-    elif damage == "not parquet":
-        f.write_text("garbage")
-    else:
-        f.write_bytes((d / "ranks.parquet").read_bytes())
+    damage_file(st.run_dir("r").resolve() / "gpu_launcher_summary.parquet", damage)
     assert _views(st) == stored and stored["gpu_time_breakdown"]
 
 

@@ -47,6 +47,17 @@ SELECT * FROM rs
 """
 
 
+def damage_file(f, damage: str) -> None:
+    """Damage the run file ``f``: "truncated" (its first 100 bytes), "not parquet" (text), or
+    "another table's file" (the run's ranks.parquet in its place)."""
+    if damage == "truncated":
+        f.write_bytes(f.read_bytes()[:100])
+    elif damage == "not parquet":
+        f.write_text("garbage")
+    else:
+        f.write_bytes((f.parent / "ranks.parquet").read_bytes())
+
+
 def _rows(con, q):
     return con.execute(q).fetchall()
 
@@ -195,13 +206,7 @@ def test_a_damaged_summary_file_is_computed_from_the_events(damage, tmp_path, ca
     stored = [_rows(con, q) for q in REPORTED]
     con.close()
     d = st.run_dir("r").resolve()
-    f = d / "span_overlap.parquet"
-    if damage == "truncated":
-        f.write_bytes(f.read_bytes()[:100])
-    elif damage == "not parquet":
-        f.write_text("garbage")
-    else:
-        f.write_bytes((d / "ranks.parquet").read_bytes())
+    damage_file(d / "span_overlap.parquet", damage)
     con = analyses.connect(st)
     assert [_rows(con, q) for q in REPORTED] == stored and stored[1]
     con.close()
