@@ -961,8 +961,9 @@ def alltoall_section(con, run_id: str) -> dict[str, Any]:
                        f"ORDER BY imbalance_cost_ns DESC NULLS LAST, pg_name, seq LIMIT {TOP_ALLTOALL}", [run_id])
     matrix = _rows(con, "SELECT src, dst, calls, bytes FROM alltoall_matrix_total WHERE run_id = ? ORDER BY src, dst",
                    [run_id])
-    # over the view itself, not a copy of it: the float sum follows the view's row order
-    n, cost = con.execute("SELECT count(*), coalesce(sum(imbalance_cost_ns), 0) FROM alltoall_imbalance "
+    # a float sum in one fixed order (pg_name, seq): the view's rows come in no fixed order, and a sum
+    # in scan order changed its last digit from run to run
+    n, cost = con.execute("SELECT count(*), coalesce(sum(imbalance_cost_ns ORDER BY pg_name, seq), 0) FROM alltoall_imbalance "
                           "WHERE run_id = ?", [run_id]).fetchone()
     return {"calls": calls, "matrix_total": matrix, "instances": n, "imbalance_cost_ns": float(cost)}
 
