@@ -266,14 +266,14 @@ def build_report(
         con,
         "SELECT op, locality, verdict, verdict_basis, coalesce(reference, 'no model') AS reference, count(*) AS count, "
         "median(efficiency) AS median_efficiency, median(efficiency_link) AS median_efficiency_link, "
-        "any_value(link) AS link, any_value(no_model_reason) AS no_model_reason "
+        "any_value(link) AS link, _most_common(list(no_model_reason)) AS no_model_reason "
         "FROM __report_verdicts GROUP BY ALL ORDER BY op, locality, verdict, reference",
     )
     references = _rows(
         con,
         """
         SELECT op, group_size, locality, verdict_basis AS kind, coalesce(reference, 'no model') AS reference,
-               ref_note AS note, any_value(no_model_reason) AS no_model_reason, count(*) AS instances,
+               ref_note AS note, _most_common(list(no_model_reason)) AS no_model_reason, count(*) AS instances,
                count(DISTINCT pg_name) AS groups,
                any_value(ref_alpha_s) AS alpha_s, any_value(ref_beta_Bps) / 1e9 AS beta_gbps,
                any_value(ref_alpha_s * ref_beta_Bps) AS n_half_bytes, any_value(crossover_bytes) AS crossover_bytes,
