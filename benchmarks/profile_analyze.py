@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import tracekit.analyses as an
-    from tracekit.report import build_report, report_connection
+    from tracekit.report.data import build_report, report_connection
 
     items: list[tuple[str, float, float]] = []
     stack: list[list[float]] = []  # per open item: wall and CPU of the modules built inside it

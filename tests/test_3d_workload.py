@@ -129,7 +129,7 @@ def trace_counts(path: Path) -> dict:
 
 def check_3d_run(run_dir: Path, cfg: threed.ThreeDConfig, labelled: bool = False) -> dict:
     """The run's config and per-rank trace counts against the schedule; ``labelled``: also that every
-    c10d call lies inside the range naming its group (tracekit/pg_labels.py; the fixture predates it)."""
+    c10d call lies inside the range naming its group (tracekit/collectors/pg_labels.py; the fixture predates it)."""
     conf = json.loads((run_dir / "run_config.json").read_text())
     assert conf["workload"] == "3d" and conf["world_size"] == 8 and conf["check"]["passed"]
     assert conf["check"]["max_grad_rel_rms_err"] < 1e-4

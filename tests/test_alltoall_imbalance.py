@@ -92,8 +92,8 @@ def test_slowest_rank_excess(con):
 
 def test_report_section_heatmap_and_chromium(con, tmp_path):
     from tests.test_html_report import _run_chromium
-    from tracekit.html_report import alltoall_heatmap, write_html_report
-    from tracekit.report import build_report, report_json
+    from tracekit.report.html import alltoall_heatmap, write_html_report
+    from tracekit.report.data import build_report, report_json
 
     rep = build_report(run_id="ep", con=con)
     sec = json.loads(report_json(rep))["alltoall_imbalance"]

@@ -35,7 +35,7 @@ def _index_reachable() -> str | None:
 def _sources(dst):
     """The installable sources only (no .venv, no build outputs, no fixtures)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info", "build")
-    for name in ("tracekit", "analyses", "collectors"):
+    for name in ("tracekit",):
         shutil.copytree(REPO / name, dst / name, ignore=ignore)
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, dst / name)

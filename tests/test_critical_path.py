@@ -247,7 +247,7 @@ def test_path_segments_tile_the_path(two_rank):
 
 
 def test_report_section_and_json(two_rank, capsys):
-    from tracekit.report import build_report, print_report, report_json
+    from tracekit.report.data import build_report, print_report, report_json
 
     rep = build_report(run_id="tr", con=two_rank)
     sec = json.loads(report_json(rep))["critical_path"]
@@ -271,7 +271,7 @@ def test_report_section_and_json(two_rank, capsys):
 def test_perfetto_track(two_rank_store, tmp_path):
     from decimal import Decimal
 
-    from tracekit.export import export_perfetto
+    from tracekit.report.perfetto import export_perfetto
 
     out = tmp_path / "tr.json"
     stats = export_perfetto(two_rank_store, out, run_id="tr")
@@ -290,8 +290,8 @@ def test_perfetto_track(two_rank_store, tmp_path):
 
 def test_html_strip_renders_in_chromium(two_rank, tmp_path):
     from tests.test_html_report import _run_chromium
-    from tracekit.html_report import critical_path_figure, write_html_report
-    from tracekit.report import build_report
+    from tracekit.report.html import critical_path_figure, write_html_report
+    from tracekit.report.data import build_report
 
     rep = build_report(run_id="tr", con=two_rank)
     fig = critical_path_figure({"report": rep})
@@ -339,9 +339,9 @@ def test_big_runs_leave_the_path_out_unless_asked(tmp_path, monkeypatch):
     """Above CRITICAL_PATH_AUTO_EVENTS events the report and the export leave the critical path out
     (with the reason) unless asked for; asked for, it is the same as below the limit."""
     import tracekit.analyses.critical_path as cp
-    from tracekit.export import export_perfetto
+    from tracekit.report.perfetto import export_perfetto
     from tracekit.ingest import ingest_paths
-    from tracekit.report import build_report
+    from tracekit.report.data import build_report
     from tracekit.store import Store
 
     st = Store(tmp_path / "s")
@@ -363,7 +363,7 @@ def test_kernels_overlapping_on_one_stream_pdl_stay_on_the_path(tmp_path):
     gap. The path is the three kernels, all compute, no idle (the stream predecessor is the op
     before by start, ready at min(its end, the next op's start))."""
     from tracekit.ingest import ingest_paths
-    from tracekit.report import build_report
+    from tracekit.report.data import build_report
     from tracekit.store import Store
 
     st = Store(tmp_path / "s")

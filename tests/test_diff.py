@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from tracekit.cli import main
-from tracekit.diff import diff_runs, size_bucket
+from tracekit.report.diff import diff_runs, size_bucket
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
 

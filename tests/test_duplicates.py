@@ -174,7 +174,7 @@ def test_no_negative_time_on_the_repeats(tmp_path):
 
 
 def test_the_report_warns_of_each_kind(tmp_path):
-    from tracekit.report import build_report
+    from tracekit.report.data import build_report
 
     docs = _ranks()
     for doc in docs:

@@ -590,7 +590,7 @@ def _a2a_by_range(path) -> tuple[dict, int]:
 def _call_labels(path) -> dict:
     """{(c10d op, description of the group its innermost tracekit.process_group range names): calls}
     within the profiled steps (None: no range around it)."""
-    from tracekit.pg_labels import LABEL_PREFIX
+    from tracekit.collectors.pg_labels import LABEL_PREFIX
 
     doc = load_trace(path)
     desc = {g["pg_name"]: g["pg_desc"] for g in doc["distributedInfo"]["pg_config"]}
@@ -629,7 +629,7 @@ def test_real_ep2_dp2_gloo_run(tmp_path, capsys):
         inside, total = _a2a_by_range(run_dir / f"rank{r}.pt.trace.json.gz")
         assert inside == {"layer0.dispatch": 2, "layer0.combine": 1, "layer1.dispatch": 2, "layer1.combine": 1}
         assert total == 9
-        # every call inside its group's range (tracekit/pg_labels.py): all-to-alls ep, buckets dp
+        # every call inside its group's range (tracekit/collectors/pg_labels.py): all-to-alls ep, buckets dp
         assert _call_labels(run_dir / f"rank{r}.pt.trace.json.gz") == {
             ("c10d::alltoall_base_", "ep"): 9, ("c10d::allreduce_", "dp"): 2}
     store = Store(tmp_path / "store")
@@ -639,7 +639,7 @@ def test_real_ep2_dp2_gloo_run(tmp_path, capsys):
     got = {pg: rest for pg, *rest in con.execute(
         "SELECT pg_name, dimension, ops, instances, incomplete, bytes FROM process_groups").fetchall()}
     # every call in its own group, none in the world group, none unassigned: the collector names
-    # each call's group in the trace (tracekit/pg_labels.py), which the timing alone cannot
+    # each call's group in the trace (tracekit/collectors/pg_labels.py), which the timing alone cannot
     # (the DP all-reduces of ranks 0 and 1 often run at once: EP {0,1} would explain them too)
     assert con.execute("SELECT count(*) FROM collectives WHERE pg_name IS NULL").fetchone() == (0,)
     for _, warns in con.execute("SELECT rank, warnings FROM ranks").fetchall():

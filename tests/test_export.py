@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import FIXTURES, shared_trace
 from tracekit.cli import main
-from tracekit.export import export_perfetto, nest_lanes
+from tracekit.report.perfetto import export_perfetto, nest_lanes
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
 

@@ -1,4 +1,4 @@
-"""The per-rank GPU summaries made at ingest (tracekit.gpu_breakdown on the rows the link pass writes;
+"""The per-rank GPU summaries made at ingest (tracekit.timeline.gpu on the rows the link pass writes;
 the store's gpu_breakdown_summary and gpu_launcher_summary tables) against the same rows computed
 from the events at analyze time (a run stored without them, or with one missing or damaged), and
 against independent computations: the per-GPU-op tables (gpu_launchers grouped in SQL, gpu_idle_gaps
@@ -114,7 +114,7 @@ def test_launcher_sums_by_hand():
     import numpy as np
     import pyarrow as pa
 
-    from tracekit.gpu_breakdown import launcher_sums
+    from tracekit.timeline.gpu import launcher_sums
 
     got = launcher_sums(np.array([0, 0, 1, 1, 1]), np.array([10, 20, 30, 40, 50]), np.array([0, 1, 0, 4, 1]),
                         {0: pa.array(["a", None, "a", "a", None]), 1: pa.array([None] * 5, pa.string())})
@@ -130,7 +130,7 @@ def test_launcher_sums_of_many_ranks_and_names():
     import numpy as np
     import pyarrow as pa
 
-    from tracekit.gpu_breakdown import launcher_sums
+    from tracekit.timeline.gpu import launcher_sums
 
     n = 3000
     r = np.arange(n)[::-1].copy()

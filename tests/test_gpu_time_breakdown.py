@@ -54,7 +54,7 @@ def test_idle_gaps_classes(con):
 
 
 def test_hidden_plus_exposed_is_overlap_windows_comm(con):
-    # an independent path: overlap_windows' sweep (tracekit/intervals.py) over the same GPU events
+    # an independent path: overlap_windows' sweep (tracekit/timeline/intervals.py) over the same GPU events
     got = con.execute(
         "SELECT b.grp, b.comm_hidden_ns + b.comm_exposed_ns, o.comm_ns, b.comm_hidden_ns, o.overlap_ns, "
         "       b.compute_only_ns + b.comm_hidden_ns, o.compute_ns "
@@ -134,7 +134,7 @@ def _drop_gpu_summaries(store, run_id):
 def test_the_sweep_in_small_chunks_gives_the_same_tables(tmp_path, monkeypatch):
     """Windows swept a few spans at a time (CHUNK_SPANS = 5: many chunks, a window larger than a
     chunk alone), from the events, give the same rows as one chunk per rank at ingest."""
-    import tracekit.gpu_breakdown as gtb
+    import tracekit.timeline.gpu as gtb
 
     store = Store(tmp_path / "s")
     ingest_paths([shared_trace("param_dlrm_8rank_v100")], store, run_id="dlrm")
@@ -205,7 +205,7 @@ def test_report_json_and_terminal_sections(con, tmp_path, capsys):
     from rich.console import Console
 
     from tracekit.cli import main
-    from tracekit.report import build_report, print_report
+    from tracekit.report.data import build_report, print_report
 
     rep = build_report(run_id="gb", con=con)
     sec = rep["gpu_time_breakdown"]
@@ -231,7 +231,7 @@ def test_html_section_renders_in_chromium(tmp_path):
     it and the kernel summary's figure drawn by plotly in headless Chromium (skips like the report
     test without chromium)."""
     from tests.test_html_report import _run_chromium
-    from tracekit.html_report import gpu_breakdown_figure, html_data, write_html_report
+    from tracekit.report.html import gpu_breakdown_figure, html_data, write_html_report
 
     store = Store(tmp_path / "s")
     ingest_paths([FIXTURES / "handmade" / "gpu_breakdown"], store, run_id="gb")

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from tests.conftest import FIXTURES, TRACES
-from tracekit.html_report import html_data, reference_presets, render_html, run_versions, write_html_report
+from tracekit.report.html import html_data, reference_presets, render_html, run_versions, write_html_report
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
 

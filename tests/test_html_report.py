@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import FIXTURES, REPO, TRACES
 from tracekit.cli import main
-from tracekit.html_report import (
+from tracekit.report.html import (
     FIGURES,
     _ERROR_HOOK,
     html_data,

@@ -134,7 +134,7 @@ def test_ddp_serialized_allreduces_overlap_near_zero(tmp_path):
 
 
 def test_compute_only_trace_has_null_ratio_and_warning(tmp_path):
-    from tracekit.report import build_report
+    from tracekit.report.data import build_report
 
     con, rid = _ingest_one(tmp_path, "single_gpu_compute/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
     assert con.execute("SELECT overlap_ratio, comm_ns FROM overlap_by_rank").fetchone() == (None, 0)

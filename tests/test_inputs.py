@@ -15,7 +15,7 @@ from tests.conftest import FIXTURES, TRACES
 from tracekit import analyses
 from tracekit.ingest import ingest_paths
 from tracekit.ingest.linkpass import supports_pdl
-from tracekit.report import build_report, print_report
+from tracekit.report.data import build_report, print_report
 from tracekit.store import Store
 
 US = 1000  # ns

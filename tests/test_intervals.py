@@ -1,4 +1,4 @@
-"""The streaming union-length sweep (tracekit.intervals) and the analyses built on it.
+"""The streaming union-length sweep (tracekit.timeline.intervals) and the analyses built on it.
 
 Lengths are checked against hand-computed values and against an independent method: painting
 every covered nanosecond of a small integer timeline (a set per window), which shares nothing
@@ -16,7 +16,7 @@ import pytest
 
 import tracekit.analyses.collective_instances as ci_mod
 from tracekit.ingest import ingest_paths
-from tracekit.intervals import UnionLengths, innermost_enclosing
+from tracekit.timeline.intervals import UnionLengths, innermost_enclosing
 from tracekit.store import Store
 
 from conftest import FIXTURES, shared_trace

@@ -110,8 +110,8 @@ def test_report_sections_and_figure(con):
 
     from rich.console import Console
 
-    from tracekit.html_report import kernel_figure
-    from tracekit.report import build_report, print_report
+    from tracekit.report.html import kernel_figure
+    from tracekit.report.data import build_report, print_report
 
     rep = build_report(run_id="gb", con=con)
     assert [(r["class"], r["name"], r["total_ns"]) for r in rep["kernel_summary"]][:2] == [

@@ -46,8 +46,8 @@ def test_bandwidth_per_class_by_hand(con):
 
 
 def test_report_section(con):
-    from tracekit.html_report import locality_figure
-    from tracekit.report import build_report
+    from tracekit.report.html import locality_figure
+    from tracekit.report.data import build_report
 
     rep = build_report(run_id="hosts", con=con)
     assert [(r["locality"], r["op"], r["instances"]) for r in rep["bandwidth_by_locality"]] == [

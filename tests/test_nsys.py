@@ -462,7 +462,7 @@ _spec.loader.exec_module(mk)
 
 
 def _union(iv):
-    """Merged intervals of [(start, end)] — written here, independent of tracekit.intervals."""
+    """Merged intervals of [(start, end)] — written here, independent of tracekit.timeline.intervals."""
     out = []
     for s, e in sorted(iv):
         if out and s <= out[-1][1]:

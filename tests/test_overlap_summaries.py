@@ -1,4 +1,4 @@
-"""The per-rank overlap summaries made at ingest (tracekit.intervals.rank_overlap_summary; the store's
+"""The per-rank overlap summaries made at ingest (tracekit.timeline.intervals.rank_overlap_summary; the store's
 overlap_summary and span_overlap tables) against independent computations from the events: the
 islands views (gaps-and-islands SQL, analyses/intervals.sql) and the ASOF prefix join the
 collective_overlap view used before; the same numbers for a run stored without the tables (computed
@@ -169,7 +169,7 @@ def test_run_without_the_summaries_analyzes_to_the_same_numbers(source, tmp_path
 def test_summaries_fed_in_small_chunks_are_the_same(tmp_path, monkeypatch):
     """intervals.SUMMARY_CHUNK rows at a time: 3 instead of 65,536 (every fixture fits one chunk)
     gives the same stored rows; in this process (jobs=1), so the patched size applies."""
-    import tracekit.intervals as iv
+    import tracekit.timeline.intervals as iv
 
     src = FIXTURES / "3d_2x2x2"
     tables = ("overlap_summary", "span_overlap")

@@ -1,4 +1,4 @@
-"""tracekit.pg_labels in a real one-rank gloo job (a subprocess, so that neither the
+"""tracekit.collectors.pg_labels in a real one-rank gloo job (a subprocess, so that neither the
 process group nor the wrapped torch.distributed leaks into the test process): every c10d call,
 direct, from torch.distributed.nn.functional's backward, or from DDP's reducer through
 ``allreduce_hook``, lies inside the range naming its group, and the results are unchanged."""
@@ -14,13 +14,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tracekit.pg_labels import LABEL_PREFIX, WRAPPED  # noqa: E402
+from tracekit.collectors.pg_labels import LABEL_PREFIX, WRAPPED  # noqa: E402
 from tracekit.ingest import kineto, pg_attribution  # noqa: E402
 
 JOB = textwrap.dedent("""
     import json, sys, torch, torch.distributed as dist
     from torch.distributed.nn.functional import all_to_all_single
-    from tracekit import pg_labels
+    from tracekit.collectors import pg_labels
 
     dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/store", rank=0, world_size=1)
     sub = dist.new_group([0], group_desc="sub")

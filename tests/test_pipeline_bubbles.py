@@ -82,8 +82,8 @@ def test_parts_recomputed_independently(con):
 
 
 def test_report_section(con):
-    from tracekit.html_report import bubbles_figure
-    from tracekit.report import build_report
+    from tracekit.report.html import bubbles_figure
+    from tracekit.report.data import build_report
 
     rep = build_report(run_id="pp", con=con)
     rows = rep["pipeline_bubbles"]
@@ -95,8 +95,8 @@ def test_report_section(con):
 
 def test_html_section_renders_in_chromium(con, tmp_path):
     from tests.test_html_report import _run_chromium
-    from tracekit.html_report import write_html_report
-    from tracekit.report import build_report
+    from tracekit.report.html import write_html_report
+    from tracekit.report.data import build_report
 
     rep = build_report(run_id="pp", con=con)
     page = write_html_report(None, tmp_path / "pp.html", run_id="pp", report=rep, con=con)

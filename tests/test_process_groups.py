@@ -14,7 +14,7 @@ import pytest
 
 from tracekit import analyses
 from tracekit.ingest import ingest_paths
-from tracekit.report import build_report, by_dimension
+from tracekit.report.data import build_report, by_dimension
 from tracekit.store import Store
 
 GROUPS = {"0": [0, 1, 2, 3], "1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3]}

@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tracekit import profile_agent as agent_mod  # noqa: E402
+from tracekit.collectors.profile import agent as agent_mod  # noqa: E402
 from tracekit.collectors.profile import runner  # noqa: E402
 from tracekit.cli import main  # noqa: E402
 from tracekit.store import Store  # noqa: E402
@@ -177,7 +177,7 @@ def test_inference_loop_with_tracekit_step(tmp_path, capsys):
     assert rows == [("all_reduce", 128 * 4, 2)] * 2
     steps = con.execute("SELECT DISTINCT step FROM events WHERE step IS NOT NULL ORDER BY step").fetchall()
     assert [s[0] for s in steps] == [1, 2]
-    # on gloo the agent names each call's group in the trace (tracekit.pg_labels): one range per
+    # on gloo the agent names each call's group in the trace (tracekit.collectors.pg_labels): one range per
     # recorded all-reduce on each rank, the default group's name ("0")
     labels = con.execute("SELECT rank, name, count(*) FROM events WHERE name LIKE 'tracekit.process_group:%' "
                          "GROUP BY ALL ORDER BY rank").fetchall()

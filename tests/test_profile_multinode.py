@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.errors import BadInputError
-from tracekit.rundir import Launcher, detect_launcher, join_run_dir, slurm_rank_env, wait_for_ranks
+from tracekit.collectors.rundir import Launcher, detect_launcher, join_run_dir, slurm_rank_env, wait_for_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "scripts" / "infer_loop.py"  # gloo all-reduce per step, tracekit.step()
@@ -73,7 +73,7 @@ def test_slurm_task_rank_and_world_from_slurm_variables():
 
 
 def test_the_agent_takes_its_rank_from_slurm_without_torch_distributed(monkeypatch):
-    from tracekit import profile_agent
+    from tracekit.collectors.profile import agent as profile_agent
 
     for k in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
@@ -146,7 +146,7 @@ def test_wait_ends_when_every_rank_finished_or_at_the_timeout(tmp_path):
 def test_node0_config_names_the_nodes_and_the_missing_ranks(tmp_path):
     pytest.importorskip("torch")
     from tracekit.collectors.profile import runner
-    from tracekit.rundir import WaitResult, write_node_status
+    from tracekit.collectors.rundir import WaitResult, write_node_status
 
     d = join_run_dir(tmp_path, "external-x", _launcher(0))
     _agent(d, 0, world=3)
@@ -167,7 +167,7 @@ def test_wrong_expect_ranks_is_said_not_reported_as_dead_ranks(tmp_path):
     exist, so they are not missing (no 'no trace' line); the mismatch is one note."""
     pytest.importorskip("torch")
     from tracekit.collectors.profile import runner
-    from tracekit.rundir import WaitResult, write_node_status
+    from tracekit.collectors.rundir import WaitResult, write_node_status
 
     d = join_run_dir(tmp_path, "external-x", _launcher(0))
     for r in (0, 1):

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from tests.conftest import FIXTURES
 from tracekit.ingest import ingest_paths
-from tracekit.report import build_report, print_report
+from tracekit.report.data import build_report, print_report
 from tracekit.store import Store
 
 

@@ -14,7 +14,7 @@ from tests.conftest import FIXTURES
 from tracekit import analyses
 from tracekit.ingest import ingest_paths
 from tracekit.model import SIZE_BUCKET_SQL, size_bucket, size_bucket_label
-from tracekit.report import build_report
+from tracekit.report.data import build_report
 from tracekit.store import Store
 
 SHARED = FIXTURES.parent.parent / "shared" / "traces"
@@ -108,7 +108,7 @@ def test_per_op_and_size_rows_by_hand(two_sizes):
 
 def test_report_terminal_and_api_by_size(two_sizes, capsys):
     import tracekit
-    from tracekit.report import print_report
+    from tracekit.report.data import print_report
 
     print_report(build_report(two_sizes, "two"))
     out = capsys.readouterr().out
@@ -119,7 +119,7 @@ def test_report_terminal_and_api_by_size(two_sizes, capsys):
 
 
 def test_diff_by_bucket(two_sizes):
-    from tracekit.diff import diff_runs
+    from tracekit.report.diff import diff_runs
 
     d = diff_runs(two_sizes, "small", "two")
     rows = {r["bucket"]["label"]: r for r in d["rows"]}
@@ -228,7 +228,7 @@ def test_reference_per_locality_class(two_hosts):
     verdicts = dict(con.execute("SELECT pg_name, any_value(verdict_basis) FROM collective_verdicts "
                                 "GROUP BY pg_name").fetchall())
     # one NIC per node shared by its 2 GPUs: the inter-node groups' β halves, the intra-node ones keep NVLink
-    from tracekit.report import apply_reference_options
+    from tracekit.report.data import apply_reference_options
 
     apply_reference_options(con, nics_per_node=1)
     shared = _refs(con)
@@ -270,7 +270,7 @@ def test_measured_vs_model_uses_each_groups_reference(two_hosts):
 
 
 def test_report_names_group_and_class(two_hosts, capsys):
-    from tracekit.report import print_report
+    from tracekit.report.data import print_report
 
     rep = build_report(two_hosts, "job")
     fit = {(r["scope"], r["pg_name"], r["locality"]) for r in rep["fit"]}
@@ -288,7 +288,7 @@ def test_report_names_group_and_class(two_hosts, capsys):
     print_report(rep)
     out = capsys.readouterr().out
     assert "α–β fit per op and process group" in out and "all inter (2)" in out and "tp0" in out
-    from tracekit.html_report import html_data, render_html
+    from tracekit.report.html import html_data, render_html
 
     page = render_html(html_data(two_hosts, "job", report=rep))
     quality = page.split('id="tk-table-fit-quality"')[1].split("</table>")[0]
@@ -352,7 +352,7 @@ def test_an_insufficient_fit_prints_no_alpha_beta_or_boundary(two_hosts):
 
     from rich.console import Console
 
-    from tracekit.report import print_report
+    from tracekit.report.data import print_report
 
     buf = io.StringIO()
     print_report(build_report(two_hosts, "job"), Console(file=buf, width=160, no_color=True))

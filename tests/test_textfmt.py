@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_pp, fmt_us
+from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_pp, fmt_us
 
 
 def test_every_helper_writes_a_dash_for_none():
@@ -20,7 +20,7 @@ def test_units_and_signs():
 
 
 def test_short_kernel_name_keeps_what_tells_kernels_apart():
-    from tracekit.textfmt import short_kernel_name
+    from tracekit.report.textfmt import short_kernel_name
 
     sqrt = ("void at::native::vectorized_elementwise_kernel<4, at::native::sqrt_kernel_cuda(at::TensorIteratorBase&)"
             "::{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2> >(int)")
@@ -35,7 +35,7 @@ def test_short_kernel_name_keeps_what_tells_kernels_apart():
 def test_piped_output_honours_columns(monkeypatch):
     """Piped (pytest captures stdout: not a terminal), the console takes $COLUMNS when it is a
     positive number, else the command's own width."""
-    from tracekit.textfmt import output_console
+    from tracekit.report.textfmt import output_console
 
     monkeypatch.setenv("COLUMNS", "90")
     assert output_console(120).width == 90

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import FIXTURES
 from tracekit.cli import main
 from tracekit.ingest import ingest_paths
-from tracekit.report import build_report
+from tracekit.report.data import build_report
 from tracekit.store import Store
 
 TP = FIXTURES / "tp_2rank"

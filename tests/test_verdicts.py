@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import FIXTURES
 from tracekit.cli import main
 from tracekit.ingest import ingest_paths
-from tracekit.report import build_report
+from tracekit.report.data import build_report
 from tracekit.store import Store
 
 
@@ -246,7 +246,7 @@ def test_users_alpha_beta_is_the_reference(two, capsys):
 def test_html_marks_the_collectives_boundary_and_shows_the_reference(sweep_then_tp):
     """The HTML's model lines carry D* (where the α and β terms are equal), not n½, as the boundary;
     the page lists each verdict's reference and the device-chosen presets."""
-    from tracekit.html_report import html_data, render_html, report_tables
+    from tracekit.report.html import html_data, render_html, report_tables
     from tracekit.model import link_from_preset, predict_collective
 
     data = html_data(sweep_then_tp, "tp")

@@ -22,7 +22,7 @@ def __getattr__(name: str):
     if name in ("profile", "step"):
         import importlib
 
-        mod = importlib.import_module("tracekit.profile")
+        mod = importlib.import_module("tracekit.collectors.profile.session")
         # bind both names, replacing the submodule binding the import just made
         globals().update(profile=mod.profile, step=mod.step)
         return globals()[name]

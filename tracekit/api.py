@@ -140,7 +140,7 @@ class Run:
     def con(self):
         """The run's DuckDB connection (``tracekit.analyses.connect``), opened on first use."""
         if self._con is None:
-            from tracekit.report import report_connection
+            from tracekit.report.data import report_connection
 
             _, self._con = report_connection(self.store, self.run_id, self.link)
         return self._con
@@ -178,7 +178,7 @@ class Run:
 
         check_read_only(query)
         if self._sql_con is None:
-            from tracekit.report import report_connection
+            from tracekit.report.data import report_connection
 
             _, acon = report_connection(self.store, self.run_id, self.link)
             confine(acon._con, acon._con.bound_files)
@@ -295,20 +295,20 @@ class Run:
         return self._view("measured_vs_model", "rank")
 
     def report(self) -> dict:
-        """The report as data: the dict ``tracekit analyze --json`` prints (:func:`tracekit.report.build_report`)."""
-        from tracekit.report import build_report
+        """The report as data: the dict ``tracekit analyze --json`` prints (:func:`tracekit.report.data.build_report`)."""
+        from tracekit.report.data import build_report
 
         return build_report(self.store, self.run_id, self.link, con=self.con)
 
     def html(self, path: str | os.PathLike) -> Path:
         """Write the self-contained HTML report (``tracekit analyze --html``) to ``path``; returns it."""
-        from tracekit.html_report import write_html_report
+        from tracekit.report.html import write_html_report
 
         return write_html_report(self.store, path, run_id=self.run_id, link=self.link,
                                  report=self.report(), con=self.con)
 
     def export_perfetto(self, path: str | os.PathLike):
         """Write the run as one Chrome/Perfetto JSON (``tracekit export --perfetto``); returns ExportStats."""
-        from tracekit.export import export_perfetto
+        from tracekit.report.perfetto import export_perfetto
 
         return export_perfetto(self.store, path, run_id=self.run_id)

@@ -2,7 +2,7 @@
 profiler on, then ingest its traces and print the report.
 
 Thin: the work is in ``tracekit.collectors`` (``tracekit.collectors.workloads.tp.run_tp``),
-``tracekit.ingest.ingest_paths`` and ``tracekit.report``.
+``tracekit.ingest.ingest_paths`` and ``tracekit.report.data``.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def run_workload(job, title: str) -> tuple[Path, dict]:
 def ingest_and_report(run_dir: Path, workload: str, config_dict: dict, store: Optional[str]) -> None:
     """Ingest `run_dir` into `store` (default: the store's default path) and print the report."""
     from tracekit.ingest import ingest_paths
-    from tracekit.report import build_report, print_report
+    from tracekit.report.data import build_report, print_report
     from tracekit.store import default_store_path
 
     store = store or str(default_store_path())

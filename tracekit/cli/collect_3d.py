@@ -1,7 +1,7 @@
 """`tracekit collect 3d`: the TP × PP × DP training workload, then ingest it and print the report.
 
 Registered on the ``collect`` sub-app (imported by ``tracekit.cli.collect``). Thin: the work is
-in ``tracekit.collectors.workloads.threed``, ``tracekit.ingest.ingest_paths`` and ``tracekit.report``.
+in ``tracekit.collectors.workloads.threed``, ``tracekit.ingest.ingest_paths`` and ``tracekit.report.data``.
 """
 
 from __future__ import annotations

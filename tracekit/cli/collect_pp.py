@@ -3,7 +3,7 @@ or the disaggregated prefill/decode workload, then ingest it and print the repor
 
 Registered on the ``collect`` sub-app (imported by ``tracekit.cli.collect``).
 Thin: the work is in ``tracekit.collectors.workloads.pp`` / ``tracekit.collectors.workloads.disagg_kv``,
-``tracekit.ingest.ingest_paths`` and ``tracekit.report``.
+``tracekit.ingest.ingest_paths`` and ``tracekit.report.data``.
 """
 
 from __future__ import annotations

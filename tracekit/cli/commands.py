@@ -115,7 +115,7 @@ def ingest(
     typer.echo(f"run {rid} in {st.path}")
     _print_rank_warnings(st, rid)
     if analyze:
-        from tracekit.report import build_report, print_report
+        from tracekit.report.data import build_report, print_report
 
         print_report(build_report(st, rid))
 
@@ -136,7 +136,7 @@ def analyze(
 ) -> None:
     """The report for a run: collectives, overlap, stragglers, α–β fit and verdicts."""
     from tracekit.model import parse_bandwidth, parse_time
-    from tracekit.report import build_report, print_report, report_connection, report_json
+    from tracekit.report.data import build_report, print_report, report_connection, report_json
 
     st = _store(store)
     rid, con = report_connection(st, run, link)  # one connection: every analysis built once
@@ -146,7 +146,7 @@ def analyze(
                            beta_Bps=None if beta is None else parse_bandwidth(beta), nics_per_node=nics_per_node,
                            critical_path=critical_path)
         if html_out is not None:
-            from tracekit.html_report import write_html_report
+            from tracekit.report.html import write_html_report
 
             typer.echo(f"wrote {write_html_report(st, html_out, link=link, report=rep, con=con)}", err=True)
     finally:
@@ -225,7 +225,7 @@ def sql(
     if output is not None:
         typer.echo(f"wrote {table.num_rows} rows to {sqlout.write(table, fmt, output)}", err=True)
         return
-    from tracekit.textfmt import piped_width_of
+    from tracekit.report.textfmt import piped_width_of
 
     width = max(120, os.get_terminal_size().columns) if sys.stdout.isatty() else piped_width_of(200)
     typer.echo(sqlout.render(table, fmt, width=width), nl=False)

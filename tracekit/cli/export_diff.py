@@ -1,7 +1,7 @@
 """`tracekit export` (merged Chrome/Perfetto JSON) and `tracekit diff` (two runs side by side).
 
-Thin: each parses its options and calls :func:`tracekit.export.export_perfetto` or
-:func:`tracekit.diff.diff_runs`; the library does the work and raises tracekit's errors.
+Thin: each parses its options and calls :func:`tracekit.report.perfetto.export_perfetto` or
+:func:`tracekit.report.diff.diff_runs`; the library does the work and raises tracekit's errors.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def export(
         help="Add the critical paths as a process (default: only for runs of at most 1,000,000 events)."),
 ) -> None:
     """Export a run as one Perfetto / chrome://tracing JSON: a process per rank, collectives linked across ranks."""
-    from tracekit.export import export_perfetto
+    from tracekit.report.perfetto import export_perfetto
     from tracekit.store import Store
 
     st = export_perfetto(Store(store), perfetto, run_id=run, critical_path=critical_path)
@@ -47,7 +47,7 @@ def diff(
     json_out: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
 ) -> None:
     """Two runs side by side per op and size bucket (count, sync time, busbw, wait, overlap, exposed comm)."""
-    from tracekit.diff import diff_runs, print_diff
+    from tracekit.report.diff import diff_runs, print_diff
     from tracekit.store import Store
 
     d = diff_runs(Store(store), run_a, run_b)

@@ -41,8 +41,8 @@ def _emit_json(payload: dict) -> None:
 
 
 def _console():
-    """A rich console (tracekit.textfmt.output_console): piped, ``$COLUMNS`` or 140 columns."""
-    from tracekit.textfmt import output_console
+    """A rich console (tracekit.report.textfmt.output_console): piped, ``$COLUMNS`` or 140 columns."""
+    from tracekit.report.textfmt import output_console
 
     return output_console(140)
 

@@ -1,7 +1,7 @@
 """`tracekit profile [OPTIONS] -- COMMAND ...`: profile a live job with no code change.
 
 Thin: the work is in ``tracekit.collectors.profile.runner`` (run, gather, ingest) and
-``tracekit.report``. Everything after ``--`` is the job's command line, passed
+``tracekit.report.data``. Everything after ``--`` is the job's command line, passed
 through untouched (its own options never reach tracekit's parser).
 """
 
@@ -114,7 +114,7 @@ def profile(
             raise JobFailedError(f"the job on node {node.index} exited with code {result.exit_code}", result.exit_code)
         return
     if rid is not None:
-        from tracekit.report import build_report, print_report
+        from tracekit.report.data import build_report, print_report
 
         print_report(build_report(st, rid))
         overhead = cfg.get("profiler_overhead_pct")

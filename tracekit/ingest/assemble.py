@@ -36,7 +36,7 @@ from tracekit.ingest import pg_attribution
 from tracekit.ingest.attribute import build_collectives
 from tracekit.ingest.linkpass import CLASSES, CLIP_TOLERANCE_NS, link_rank, supports_pdl
 from tracekit.ingest.staging import _BatchWriter
-from tracekit.intervals import rank_overlap_summary
+from tracekit.timeline.intervals import rank_overlap_summary
 from tracekit.store import (COLLECTIVES_SCHEMA, GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA,
                             OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, SPAN_OVERLAP_SCHEMA,
                             glob_escape)
@@ -80,13 +80,13 @@ class RankResult:
     facts: list
     """Per collectives row, what :func:`tracekit.ingest.pg_attribution.attribute` needs (or None)."""
     windows: pa.Table = None
-    """The rank's OVERLAP_SUMMARY_SCHEMA rows (:func:`tracekit.intervals.rank_overlap_summary`; string
+    """The rank's OVERLAP_SUMMARY_SCHEMA rows (:func:`tracekit.timeline.intervals.rank_overlap_summary`; string
     columns dictionary-encoded, :func:`_compact`), not yet shifted by a clock offset (~80 B per window)."""
     spans: pa.Table = None
     """The rank's SPAN_OVERLAP_SCHEMA rows, one per comm event, compacted and not yet shifted (~44 B per
     comm event)."""
     gpu_windows: pa.Table = None
-    """The rank's GPU_BREAKDOWN_SUMMARY_SCHEMA rows (:func:`tracekit.gpu_breakdown.summaries`), not yet
+    """The rank's GPU_BREAKDOWN_SUMMARY_SCHEMA rows (:func:`tracekit.timeline.gpu.summaries`), not yet
     shifted (~130 B per window); None when they could not be made (the run then stores neither GPU file)."""
     gpu_launchers: pa.Table = None
     """The rank's GPU_LAUNCHER_SUMMARY_SCHEMA rows, compacted (~50 B per launcher name)."""
@@ -108,7 +108,7 @@ def _picked(col, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class _SummaryTap:
     """The link pass's writer (``writer_cls`` of :func:`tracekit.ingest.linkpass.link_rank`) that also
-    keeps, from each batch it writes, what :func:`tracekit.intervals.rank_overlap_summary` reads: the
+    keeps, from each batch it writes, what :func:`tracekit.timeline.intervals.rank_overlap_summary` reads: the
     comm and compute rows' event_id, ts_ns, dur_ns, step (numpy, ~37 B per row) and the comm rows'
     names.
     So the summaries come from the rows as written (after clipping, classes and steps), with no
@@ -158,7 +158,7 @@ class _SummaryTap:
         return tuple(_compact(t) for t in rank_overlap_summary(run_id, rank, ev, is_comm, names, recv_ids))
 
 
-# linkpass CLASSES code → tracekit.gpu_breakdown's class code (compute 0, comm 1, memory 2, sync 3, other 4)
+# linkpass CLASSES code → tracekit.timeline.gpu's class code (compute 0, comm 1, memory 2, sync 3, other 4)
 _GPU_K = np.array([{"compute": 0, "comm": 1, "memory": 2, "sync": 3}.get(c, 4) for c in CLASSES], dtype=np.int8)
 # category → 1 cpu_op, 2 user_annotation, 3 a launch call (runtime / driver), 4 gpu_user_annotation, else 0
 _CATEGORY = {"cpu_op": 1, "user_annotation": 2, "runtime": 3, "driver": 3, "gpu_user_annotation": 4}
@@ -175,7 +175,7 @@ def _codes(col, fn, dtype=np.int8) -> np.ndarray:
 
 
 class _GpuTap:
-    """What :func:`tracekit.gpu_breakdown.summaries` reads, kept from each batch the link pass writes
+    """What :func:`tracekit.timeline.gpu.summaries` reads, kept from each batch the link pass writes
     (numpy copies): the GPU ops (events on GPU tracks other than gpu_user_annotation ranges: start,
     duration, class, step, launch call; ~45 B each), the candidate launchers (cpu_thread cpu_op and
     user_annotation ranges of positive length other than ProfilerStep#N: thread, start, duration,
@@ -238,7 +238,7 @@ class _GpuTap:
     def summaries(self, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
         """(GPU_BREAKDOWN_SUMMARY_SCHEMA, compacted GPU_LAUNCHER_SUMMARY_SCHEMA) tables of the rows kept;
         empty without GPU ops."""
-        from tracekit.gpu_breakdown import NONE, summaries
+        from tracekit.timeline.gpu import NONE, summaries
 
         if not self.ops:
             return GPU_BREAKDOWN_SUMMARY_SCHEMA.empty_table(), GPU_LAUNCHER_SUMMARY_SCHEMA.empty_table()
@@ -266,7 +266,7 @@ class _GpuTap:
             ls[hit] = np.where(cts_ok[i], cts[i], NONE)
             le[hit] = np.where(cts_ok[i], cts[i] + cdur[i], NONE)
         del ceid, ctrk, ctrk_ok, cts, cts_ok, cdur
-        # by step, NULL first (tracekit.gpu_breakdown.breakdown's order)
+        # by step, NULL first (tracekit.timeline.gpu.breakdown's order)
         step = np.where(step_ok, step, 0)
         o = np.lexsort((step, step_ok))
         gpu = dict(rank=np.full(n, rank, dtype=np.int64), s=s[o], dur=dur[o], k=k[o], step=step[o], step_ok=step_ok[o])
@@ -323,7 +323,7 @@ def assemble_rank(task: RankTask) -> RankResult:
     ``task.out`` (events: link pass, classes, steps; :func:`tracekit.ingest.linkpass.link_rank`)
     from the staging file, build the rank's collectives (:func:`tracekit.ingest.attribute.build_collectives`,
     seq via :func:`rank_collectives`), its warnings and its overlap summaries
-    (:func:`tracekit.intervals.rank_overlap_summary` on the comm and compute rows the link pass
+    (:func:`tracekit.timeline.intervals.rank_overlap_summary` on the comm and compute rows the link pass
     writes, kept by :class:`_SummaryTap`; the driver later shifts their timestamps by the rank's
     clock offset, which leaves every length as it is); then delete the staging file and the
     comm-metadata table. Memory: one rank's link pass, plus ~37 B per comm or compute row for the

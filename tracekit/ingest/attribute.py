@@ -576,7 +576,7 @@ def _cpu_rows(run_id, rank, meta, cpu_rows, world_size, pg_config) -> Iterator[d
 LABEL_WINDOW = 64
 """A call's process-group range is looked for among the last this many ranges of its thread
 that start at or before it: one around more than this many earlier sibling ranges is missed (the
-call is then attributed as unlabelled); the ranges of tracekit/pg_labels.py hold one call each."""
+call is then attributed as unlabelled); the ranges of tracekit/collectors/pg_labels.py hold one call each."""
 
 
 def _group_labels(meta):

@@ -15,7 +15,7 @@ of how Linux numbers threads), or named by the job itself (rule 0).
    enclosing the issuing ``c10d::*`` call on its thread (the innermost one;
    ``attribute._group_labels``) makes that group the call's only candidate (for a send/recv,
    the peer is that group's rank k). The job records it: tracekit's collectors wrap every
-   ``torch.distributed`` call on gloo in it (``tracekit.pg_labels``, which a user's job
+   ``torch.distributed`` call on gloo in it (``tracekit.collectors.pg_labels``, which a user's job
    can install too). Why it is needed: the timing rules below cannot separate two groups whose
    members run calls of one signature at the same time (EP × DP: ranks 0 and 1's DP all-reduces
    overlap each other and those of 2 and 3, so EP {0,1} explains them as well as DP {0,2});
@@ -71,8 +71,8 @@ from collections import defaultdict
 import pyarrow as pa
 
 # a range named LABEL_PREFIX + a group's name around a c10d call names the call's group (rule 0;
-# the ranges tracekit.pg_labels records; kineto.py keeps their rows)
-from tracekit.pg_labels import LABEL_PREFIX
+# the ranges tracekit.collectors.pg_labels records; kineto.py keeps their rows)
+from tracekit.vocab import LABEL_PREFIX
 
 FACTS = "_pg_facts"
 """Key of the facts dict a gloo row carries from ``attribute._cpu_rows`` to :func:`tap`."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tracekit.errors import BadInputError, TracekitError
-from tracekit.rundir import new_run_dir, new_run_id  # noqa: F401  (the workloads' run folders)
+from tracekit.collectors.rundir import new_run_dir, new_run_id  # noqa: F401  (the workloads' run folders)
 
 MAX_RANKS = 8
 BACKENDS = ("auto", "gloo", "nccl")
@@ -479,7 +479,7 @@ def rank_main(fd: int) -> int:
             **init_kwargs,
         )
         if backend == "gloo":  # gloo's trace names no call's group: the job names it (pg_labels)
-            from tracekit import pg_labels
+            from tracekit.collectors import pg_labels
 
             pg_labels.install()
         ctx = RankContext(

@@ -2,7 +2,7 @@
 
 Three layers, kept apart (STYLE.md: no plotting inside analysis code):
 
-1. :func:`html_data` gathers plain data: the :func:`tracekit.report.build_report` dict plus rows
+1. :func:`html_data` gathers plain data: the :func:`tracekit.report.data.build_report` dict plus rows
    read from the analysis views (collective_bandwidth, collective_verdicts, collective_waits,
    comm/compute/overlap islands, alpha_beta_fit) and the model curves of
    :func:`model_curves`, whose every number comes from :mod:`tracekit.model`;
@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from tracekit.errors import BadInputError
 from tracekit.model import size_bucket_label
 from tracekit.store import Store
-from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us  # noqa: F401  (also this module's API)
+from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us  # noqa: F401  (also this module's API)
 
 VERDICT_COLORS = {
     "bandwidth-bound": "#2b8a3e",
@@ -148,16 +148,16 @@ def html_data(
 ) -> dict[str, Any]:
     """Everything the HTML page draws, as plain data (ns, bytes, GB/s).
 
-    Keys: ``report`` (:func:`tracekit.report.build_report`), ``bandwidth`` (one row per
+    Keys: ``report`` (:func:`tracekit.report.data.build_report`), ``bandwidth`` (one row per
     collective instance with size, sync time, busbw, verdict), ``curves``
     (:func:`model_curves`), ``timeline`` (:func:`_timeline`), ``waits`` (rank × instance wait
     matrix), ``presets`` (the preset links drawn). ``steps``: how many profiler steps the
     timeline shows (the first ones); ``report``: an already built report of the run (saves
     building it again; ``run_id`` and ``link`` are then taken from it); ``con``: the connection
-    that report was built on (:func:`tracekit.report.report_connection`; kept open), so that
+    that report was built on (:func:`tracekit.report.data.report_connection`; kept open), so that
     no analysis is built twice. Raises StoreError for an empty store or unknown run.
     """
-    from tracekit.report import build_report, report_connection
+    from tracekit.report.data import build_report, report_connection
 
     if report is not None:
         link = report.get("link")
@@ -165,7 +165,7 @@ def html_data(
     own = con is None
     if own:
         run_id, con = report_connection(store, run_id, link)
-        from tracekit.report import apply_reference_options
+        from tracekit.report.data import apply_reference_options
 
         # the same reference options as the report, so that every verdict has the same reference
         apply_reference_options(con, **((report or {}).get("reference_options") or {}))
@@ -409,7 +409,7 @@ def _wait_matrix(con, run_id: str) -> dict[str, Any]:
     return dict(instances=inst, ranks=ranks, wait_ns=wait, note=note)
 
 
-# -- formatting (the number helpers are tracekit.textfmt's) ----------------------------------------
+# -- formatting (the number helpers are tracekit.report.textfmt's) ----------------------------------------
 
 
 def _time_unit(span_ns: float) -> tuple[str, float]:
@@ -1024,7 +1024,7 @@ def report_tables(report: dict) -> list[Table]:
             id="efficiency-by-size",
         ))
     if report.get("fit"):
-        from tracekit.report import fit_group_label
+        from tracekit.report.data import fit_group_label
 
         fits = [dict(r, group=fit_group_label(r)) for r in report["fit"]]
         tables.append(Table(
@@ -1281,7 +1281,7 @@ def render_html(data: dict) -> str:
     if rep["overlap_by_rank"]:
         line += (f'; communication over all ranks {fmt_ms(tot["comm_ns"])} ms, of which '
                  f'{fmt_ms(tot["exposed_comm_ns"])} ms exposed (overlap ratio {fmt_pct(ratio)})')
-    from tracekit.report import cpu_side_lines
+    from tracekit.report.data import cpu_side_lines
 
     notes = "".join(f'<p class="note">{html.escape(n)}.</p>' for n in cpu_side_lines(rep))
     glance = (
@@ -1380,7 +1380,7 @@ def write_html_report(
 ) -> Path:
     """Write the HTML report of ``run_id`` (default: the newest) to ``path``; returns the path.
 
-    ``report``: an already built :func:`tracekit.report.build_report` dict of the run (reused);
+    ``report``: an already built :func:`tracekit.report.data.build_report` dict of the run (reused);
     ``con``: the connection it was built on (reused, kept open; see :func:`html_data`).
     Written to a temporary file beside ``path`` and renamed. Raises StoreError for an empty
     store or unknown run, BadInputError for an unknown ``link``.

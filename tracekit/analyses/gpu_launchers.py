@@ -5,7 +5,7 @@ statement names one of them (tracekit.analyses: a late module; the reports read 
 Reads: events, ranks
 
 The definitions (GPU ops and work, windows, idle gaps and their classes, launchers) and the numpy
-are tracekit/gpu_breakdown.py's; the rows are read per chunk of ranks as analyses/gpu_time_breakdown.py
+are tracekit/timeline/gpu.py's; the rows are read per chunk of ranks as analyses/gpu_time_breakdown.py
 reads a run stored without its GPU summaries (memory: one chunk's GPU ops and CPU ranges). The
 launchers summed per rank and name are gpu_time_by_launcher (kernel_summary.sql), the gaps summed
 per class gpu_time_breakdown's idle_*_ns.
@@ -19,7 +19,7 @@ s           BIGINT   gap start (end of the GPU work before it), ns
 e           BIGINT   gap end (start of the GPU work after it), ns
 idle_ns     BIGINT   e − s, ns
 launch_ts_ns BIGINT  earliest CPU launch (runtime call start) of the spans starting at e, ns; NULL when none is linked
-idle_class  VARCHAR  host_wait / kernel_wait / other (tracekit/gpu_breakdown.py)
+idle_class  VARCHAR  host_wait / kernel_wait / other (tracekit/timeline/gpu.py)
 
 gpu_launchers: one row per GPU op (events on GPU tracks, track_kind = 'gpu_stream', other than
 gpu_user_annotation ranges: kernels, memcpy, memset, sync, whatever their duration; a table).
@@ -44,7 +44,7 @@ def _launcher_table(gpu, rg, lt, ls, le):
     ``rg`` (as analyses.gpu_time_breakdown._chunks gives them), as a pyarrow table."""
     import pyarrow as pa
 
-    from tracekit.gpu_breakdown import NONE, launcher_names, launchers
+    from tracekit.timeline.gpu import NONE, launcher_names, launchers
 
     from .gpu_time_breakdown import _col, range_arrays
 
@@ -63,7 +63,7 @@ def _launcher_table(gpu, rg, lt, ls, le):
 
 def create(con) -> None:
     """Create the tables ``gpu_idle_gaps`` and ``gpu_launchers`` on ``con`` from its ``events``."""
-    from tracekit.gpu_breakdown import breakdown
+    from tracekit.timeline.gpu import breakdown
 
     from .gpu_time_breakdown import _chunks, _insert, gpu_arrays
 

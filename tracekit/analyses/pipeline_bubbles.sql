@@ -54,7 +54,7 @@ FROM collectives c JOIN runs r USING (run_id)
 WHERE c.op IN ('send', 'recv') AND coalesce(r.workload, '') <> 'sweep' AND coalesce(r.source, '') <> 'nccl_tests'
 GROUP BY c.run_id;
 
--- The lengths per (rank, step) come from _overlap_summary (tracekit.intervals.rank_overlap_summary,
+-- The lengths per (rank, step) come from _overlap_summary (tracekit.timeline.intervals.rank_overlap_summary,
 -- once per rank at ingest): compute_ns; recv_ns = |∪ recv spans| and recv_hidden_ns = |∪ recv ∩ ∪
 -- compute| (the union-length sweep with the recv spans as one set); first_ns / last_ns, the first
 -- start and last end of the rank's compute and comm events in the step (the window is their min / max

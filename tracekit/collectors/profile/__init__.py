@@ -1,6 +1,6 @@
 """Profiling a live job with no change to its code (``tracekit profile -- CMD ...``).
 
-- ``tracekit.profile_agent`` (in tracekit, because ``tracekit.profile`` uses it too): what runs *inside* every Python process of the
+- ``tracekit.collectors.profile.agent`` (in tracekit, because ``tracekit.profile`` uses it too): what runs *inside* every Python process of the
   job. Loaded by the injected ``sitecustomize``, it wraps
   ``torch.distributed.init_process_group`` (via an import hook, so torch is not
   imported early), starts ``torch.profiler`` once the process group exists (the

@@ -37,7 +37,7 @@ import math
 from typing import Any
 
 from tracekit.store import Store
-from tracekit.textfmt import fmt_ms, fmt_num, fmt_pct, fmt_pp, fmt_us
+from tracekit.report.textfmt import fmt_ms, fmt_num, fmt_pct, fmt_pp, fmt_us
 
 _ROW_SQL = """
 WITH calls AS (
@@ -206,7 +206,7 @@ def print_diff(diff: dict, console=None) -> None:
     """Render a :func:`diff_runs` result as rich tables (A → B side by side, Δ after)."""
     from rich.table import Table
 
-    from tracekit.textfmt import output_console
+    from tracekit.report.textfmt import output_console
 
     con = console or output_console(160)
     a_id, b_id = diff["run_a"]["run_id"], diff["run_b"]["run_id"]

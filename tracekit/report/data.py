@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from tracekit.store import Store
-from tracekit.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us, short_kernel_name
+from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us, short_kernel_name
 
 TOP_STRAGGLERS = 10
 
@@ -598,7 +598,7 @@ def print_by_size(report: dict, con) -> None:
 
 def print_report(report: dict, console=None) -> None:
     """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
-    from tracekit.textfmt import output_console
+    from tracekit.report.textfmt import output_console
 
     con = console or output_console(120)
     run = report["run"]

@@ -6,7 +6,7 @@ those summaries)
 
 The definitions (GPU work, windows, the seven labels of the sweep and their rules, the three idle
 classes after HTA's idle-time breakdown, the launchers of a GPU op) and the numpy that computes them
-are in tracekit/gpu_breakdown.py, used by the ingest and here. The rows are computed once per rank,
+are in tracekit/timeline/gpu.py, used by the ingest and here. The rows are computed once per rank,
 at ingest (tracekit.ingest.assemble, from the rows the link pass writes), and stored as the run's
 ``gpu_breakdown_summary`` (per rank and window) and ``gpu_launcher_summary`` (per rank, launcher kind
 and name) tables; this module reads them, so analyze does not read every GPU op and CPU range. A
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.gpu_breakdown import NONE as _NONE
+from tracekit.timeline.gpu import NONE as _NONE
 
 _READ = """
 SELECT rank, CASE WHEN track_kind = 'gpu_stream' THEN 2 ELSE (category = 'user_annotation')::INTEGER END::TINYINT AS kind,
@@ -179,14 +179,14 @@ def _chunks(con, run_ids: list[str]):
 
 
 def gpu_arrays(gpu) -> dict:
-    """The GPU ops of :func:`_chunks` as the numpy arrays tracekit.gpu_breakdown.breakdown reads."""
+    """The GPU ops of :func:`_chunks` as the numpy arrays tracekit.timeline.gpu.breakdown reads."""
     return dict(rank=_col(gpu, "rank"), s=_col(gpu, "s"), dur=_col(gpu, "dur_ns", 0),
                 k=gpu.column("k").to_numpy().astype(np.int8), step=_col(gpu, "step", 0),
                 step_ok=gpu.column("step").is_valid().to_numpy(zero_copy_only=False))
 
 
 def range_arrays(rg) -> dict:
-    """The candidate launchers of :func:`_chunks` as the arrays tracekit.gpu_breakdown.launchers reads
+    """The candidate launchers of :func:`_chunks` as the arrays tracekit.timeline.gpu.launchers reads
     (and their names, pyarrow)."""
     s = _col(rg, "s")
     return dict(kind=rg.column("kind").to_numpy(), rank=_col(rg, "rank"), track=_col(rg, "track", _NONE), s=s,
@@ -208,7 +208,7 @@ def create(con) -> None:
     ``_gpu_launcher_summary`` on ``con`` (an
     :class:`tracekit.store.AnalysisConnection`) from the store's GPU summaries, computing them from
     ``events`` for the runs stored without both (module docstring)."""
-    from tracekit.gpu_breakdown import summaries
+    from tracekit.timeline.gpu import summaries
     from tracekit.store import GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA
 
     both = {"gpu_breakdown_summary", "gpu_launcher_summary"}
@@ -223,7 +223,7 @@ def create(con) -> None:
     for run_id, gpu, rg, lt, ls, le in _chunks(con, missing):
         try:
             wins, sums = summaries(gpu_arrays(gpu), (lt, ls, le), range_arrays(rg))
-        except ValueError as exc:  # tracekit.gpu_breakdown.sweep: a stray GPU timestamp
+        except ValueError as exc:  # tracekit.timeline.gpu.sweep: a stray GPU timestamp
             raise BadInputError(f"run {run_id}: {exc}: the GPU time breakdown cannot be computed "
                                 "(a GPU event's timestamp far from the others?)") from None
         del gpu, rg

@@ -2,7 +2,7 @@
 
 :func:`run_job` starts COMMAND in its own process group with a private folder
 holding only ``sitecustomize.py`` first on ``PYTHONPATH`` (see
-``tracekit.profile_agent``), waits for it, and returns a :class:`JobResult`:
+``tracekit.collectors.profile.agent``), waits for it, and returns a :class:`JobResult`:
 the per-rank traces found, the agents' status files, the ranks that wrote no
 trace, notes, and the run config. :func:`profile_command` does that and then
 ingests the traces as one run (workload ``external``).
@@ -20,10 +20,10 @@ Failure handling:
   group — rank processes a launcher left behind — gets SIGTERM, then SIGKILL:
   no rank process outlives ``tracekit profile``.
 
-Multi-node (``tracekit.rundir.detect_launcher``: torchrun ``--nnodes`` > 1 with ``--node-rank``, or
+Multi-node (``tracekit.collectors.rundir.detect_launcher``: torchrun ``--nnodes`` > 1 with ``--node-rank``, or
 srun's ``SLURM_NTASKS`` > 1): the run folder is shared, ``<out>/<run id>`` with a run id every node
-derives alike (``tracekit.rundir.join_run_dir``); after its job each node writes
-``logs/node<i>.json``; node 0 then waits for the others (``tracekit.rundir.wait_for_ranks``,
+derives alike (``tracekit.collectors.rundir.join_run_dir``); after its job each node writes
+``logs/node<i>.json``; node 0 then waits for the others (``tracekit.collectors.rundir.wait_for_ranks``,
 ``expect_ranks``, ``wait_timeout_s``) and gathers every node's ranks; the other nodes stop there.
 Under srun the job gets RANK / WORLD_SIZE / LOCAL_RANK from the SLURM_* variables where unset.
 
@@ -55,11 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import tracekit as _tracekit
 from tracekit.errors import BadInputError, TracekitError
 
 HERE = Path(__file__).resolve().parent
-AGENT_PATH = Path(_tracekit.__file__).resolve().parent / "profile_agent.py"  # injected by path: stdlib + torch only
+AGENT_PATH = HERE / "agent.py"  # injected by path: stdlib + torch only
 SITECUSTOMIZE_PATH = HERE / "sitecustomize.py"
 ENV_JOB = "TRACEKIT_PROFILE_JOB"
 USAGE = "usage: tracekit profile [OPTIONS] -- COMMAND [ARGS]... (e.g. tracekit profile -- torchrun --nproc-per-node 2 train.py)"
@@ -144,7 +143,7 @@ class JobResult:
     nsys_command: list[str] = field(default_factory=list)
     #: a multi-node job: this ``tracekit profile``'s place in it (None: single node)
     launcher: Any = None
-    #: multi-node, node 0: what waiting for the other nodes saw (tracekit.rundir.WaitResult)
+    #: multi-node, node 0: what waiting for the other nodes saw (tracekit.collectors.rundir.WaitResult)
     wait: Any = None
 
     @property
@@ -258,7 +257,7 @@ def job_env(site_dir: Path, run_dir: Path, opts: ProfileOptions, marker: str, ba
 
 
 def _make_run_dir(opts: ProfileOptions) -> Path:
-    from tracekit.rundir import new_run_dir
+    from tracekit.collectors.rundir import new_run_dir
 
     base = Path(opts.out) if opts.out is not None else Path("tracekit-runs")
     if opts.run_id is None:
@@ -287,7 +286,7 @@ def run_job(
     if not command:
         raise BadInputError(USAGE)
     opts = opts.validated()
-    from tracekit.rundir import detect_launcher, join_run_dir, slurm_rank_env
+    from tracekit.collectors.rundir import detect_launcher, join_run_dir, slurm_rank_env
 
     launcher = detect_launcher(list(command))
     prefix: list[str] = []
@@ -390,7 +389,7 @@ def run_job(
 def _node_done(result: JobResult, opts: ProfileOptions, marker: str, on_progress) -> bool:
     """Multi-node: write this node's logs/node{i}.json; on node 0 wait for the others (True: gather
     and ingest here); elsewhere fill `result` with this node's own ranks (False: done)."""
-    from tracekit.rundir import read_statuses, wait_for_ranks, write_node_status
+    from tracekit.collectors.rundir import read_statuses, wait_for_ranks, write_node_status
 
     launcher, run_dir = result.launcher, result.run_dir
     mine = [s for s in read_statuses(run_dir, "agent.*.json") if s.get("job") == marker]
@@ -580,7 +579,7 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
 
 def _multinode_config(result: JobResult, cfg: dict) -> None:
     """Node 0 of a multi-node job: every node's end (logs/node{i}.json) and the wait, into the config."""
-    from tracekit.rundir import read_statuses
+    from tracekit.collectors.rundir import read_statuses
 
     launcher, wait = result.launcher, result.wait
     nodes = sorted(read_statuses(result.run_dir, "node*.json"), key=lambda n: n.get("index", 0))
@@ -678,7 +677,7 @@ def profile_command(
     """Run `command` under the profiler, then ingest its traces as one run.
 
     Multi-node (torchrun ``--nnodes`` > 1 with ``--node-rank``, or srun's ``SLURM_NTASKS`` > 1; see
-    tracekit.rundir): every node writes into the shared folder ``<out>/<run id>``; node 0 waits for the
+    tracekit.collectors.rundir): every node writes into the shared folder ``<out>/<run id>``; node 0 waits for the
     others (``opts.wait_timeout_s``) and ingests; another node returns (result, None) after its job.
 
     Returns (result, run_id in the store, or None when no trace was written or this is not node 0).
@@ -691,7 +690,7 @@ def profile_command(
     if not command:
         raise BadInputError(USAGE)
     opts = opts.validated()
-    from tracekit.rundir import detect_launcher
+    from tracekit.collectors.rundir import detect_launcher
 
     launcher = detect_launcher(list(command))
     rid = opts.run_id or (launcher.default_run_id if launcher is not None else None)

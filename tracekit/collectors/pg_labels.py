@@ -36,10 +36,10 @@ import functools
 import inspect
 from typing import Any
 
-LABEL_PREFIX = "tracekit.process_group:"
-"""The range name's prefix; the ingest (tracekit.ingest.pg_attribution, rule 0) reads what this
-writes. This module imports only the standard library (torch when called), so that the agent
-``tracekit profile`` injects into a job can use it."""
+# The range name's prefix (tracekit/vocab.py); the ingest (tracekit.ingest.pg_attribution, rule 0)
+# reads what this writes. This module imports only the standard library and tracekit.vocab (torch
+# when called), so that the agent ``tracekit profile`` injects into a job can use it.
+from tracekit.vocab import LABEL_PREFIX
 
 WRAPPED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
            "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier",

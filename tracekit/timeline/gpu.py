@@ -39,7 +39,7 @@ streams rather than per stream: a gap [s, e) is
 Launchers: a GPU op's launch call is events.launch_event_id (the runtime call); its launchers are
 the innermost cpu_op and the innermost user_annotation other than ProfilerStep#N (record_function)
 that enclose that call on the launch's thread (same rank and track; ranges of positive length), each
-kind on its own, found by tracekit.intervals.innermost_enclosing (binary searches over the thread's
+kind on its own, found by tracekit.timeline.intervals.innermost_enclosing (binary searches over the thread's
 ranges sorted once; a range that does not nest properly gives none, never a wrong op).
 
 Every function takes the ranks' rows as numpy arrays, all ranks at once: the windows of every rank
@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.intervals import innermost_enclosing
+from tracekit.timeline.intervals import innermost_enclosing
 
 LABELS = ("compute_only", "comm_exposed", "comm_hidden", "memory", "sync", "other", "idle")
 """Segment labels, in the order of gpu_time_breakdown's parts (index = label code)."""
@@ -184,7 +184,7 @@ def _group_ids(rank: np.ndarray, track: np.ndarray):
 
 
 def _enclosing(rank, track, s, e, qrank, qtrack, qs, qe) -> np.ndarray:
-    """:func:`tracekit.intervals.innermost_enclosing` of each query [qs, qe) among the ranges [s, e)
+    """:func:`tracekit.timeline.intervals.innermost_enclosing` of each query [qs, qe) among the ranges [s, e)
     of its own (rank, track) — every thread of every rank in one call: each thread's ranges and
     queries are moved onto a stretch of the time axis of their own (its earliest time to 0, then
     after the previous thread's stretch and a 1 ns gap), so no range of one thread starts, ends or

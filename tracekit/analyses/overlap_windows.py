@@ -11,8 +11,8 @@ dur_ns >= 0 (see tracekit.ingest.linkpass). A window is the whole trace (grp = -
 profiler step (grp = step; GPU work belongs to the step that launched it).
 
 How: the lengths are computed once per rank, at ingest, by
-:func:`tracekit.intervals.rank_overlap_summary` (the union-length sweep
-:class:`tracekit.intervals.UnionLengths` over the rank's comm and compute rows), and stored as the
+:func:`tracekit.timeline.intervals.rank_overlap_summary` (the union-length sweep
+:class:`tracekit.timeline.intervals.UnionLengths` over the rank's comm and compute rows), and stored as the
 run's ``overlap_summary`` (per rank and window) and ``span_overlap`` (per comm event) tables;
 this module reads them, so analyze does not scan the events for overlap. A run ingested before
 those tables existed gets the same rows from the same function here, its ranks' comm and compute
@@ -66,10 +66,10 @@ def _read(con, run_id: str, lo: int, hi: int):
 
 def _computed(con, run_ids: list[str]):
     """(overlap_summary rows, span_overlap rows) as pyarrow tables for runs stored without them,
-    from their events, by :func:`tracekit.intervals.rank_overlap_summary` per rank."""
+    from their events, by :func:`tracekit.timeline.intervals.rank_overlap_summary` per rank."""
     import pyarrow as pa
 
-    from tracekit.intervals import rank_overlap_summary
+    from tracekit.timeline.intervals import rank_overlap_summary
     from tracekit.store import OVERLAP_SUMMARY_SCHEMA, SPAN_OVERLAP_SCHEMA
 
     from .gpu_time_breakdown import _by_rank, _rank_chunks

@@ -132,7 +132,7 @@ SUMMARY_TABLES = {"overlap_summary", "span_overlap", "gpu_breakdown_summary", "g
 """Tables a run may lack, or hold damaged (then not read: Store.connect): the analyses compute them
 from the events (analyses/overlap_windows.py, analyses/gpu_time_breakdown.py)."""
 
-# Per-rank overlap summaries, computed at ingest (tracekit.intervals.rank_overlap_summary, called by
+# Per-rank overlap summaries, computed at ingest (tracekit.timeline.intervals.rank_overlap_summary, called by
 # tracekit.ingest.assemble.assemble_rank) so that analyze need not scan the events for overlap.
 # Runs ingested before them, and nccl-tests runs (no events), have neither file; for a run without
 # both, the analyses compute the same rows from the events (analyses/overlap_windows.py). These base
@@ -166,7 +166,7 @@ SPAN_OVERLAP_SCHEMA = pa.schema(
     ]
 )
 
-# Per-rank GPU time summaries, computed at ingest (tracekit.gpu_breakdown, called by
+# Per-rank GPU time summaries, computed at ingest (tracekit.timeline.gpu, called by
 # tracekit.ingest.assemble.assemble_rank from the rows the link pass writes), so that analyze need
 # not read the GPU ops and CPU ranges of every rank. A run without both files (ingested before them,
 # or one of them damaged) gets the same rows from the events (analyses/gpu_time_breakdown.py); the

@@ -36,7 +36,7 @@ What it does in a process:
    (``job``: a multi-node run folder holds every node's agents); the runner reads
    it (missing ranks, overhead, notes).
 6. On gloo, every ``torch.distributed`` call of the job runs inside a range naming its process
-   group (:mod:`tracekit.pg_labels`, when ``tracekit`` is importable in the job's Python): gloo's
+   group (:mod:`tracekit.collectors.pg_labels`, when ``tracekit`` is importable in the job's Python): gloo's
    trace names no call's group.
 
 Step wall times give the profiler's overhead in place: steps recorded by the
@@ -188,9 +188,9 @@ class Agent:
             return
         self.dist = True
         self.backend = str(dist.get_backend())
-        if self.backend == "gloo":  # gloo's trace names no call's group: name it (tracekit.pg_labels)
+        if self.backend == "gloo":  # gloo's trace names no call's group: name it (tracekit.collectors.pg_labels)
             try:
-                from tracekit import pg_labels
+                from tracekit.collectors import pg_labels
             except ImportError:  # the job's Python has no tracekit: the ingest falls back on the timing
                 self.notes.append("tracekit is not importable in the job's Python: gloo calls are not labelled "
                                   "with their process group (the ingest attributes them by timing)")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -126,7 +125,7 @@ class profile:
             return self
         import torch.distributed as dist
 
-        from tracekit import profile_agent as _agent_mod
+        from tracekit.collectors.profile import agent as _agent_mod
 
         distributed = dist.is_available() and dist.is_initialized()
         if distributed:
@@ -171,7 +170,7 @@ class profile:
     # ------------------------------------------------------------------ internals
 
     def _make_run_dir(self) -> Path:
-        from tracekit.rundir import new_run_dir
+        from tracekit.collectors.rundir import new_run_dir
         from tracekit.errors import BadInputError
 
         base = Path(self.out) if self.out is not None else Path("tracekit-runs")
@@ -188,7 +187,7 @@ class profile:
         return d
 
     def _on_trace_ready(self, prof) -> None:
-        from tracekit import profile_agent as _agent_mod
+        from tracekit.collectors.profile import agent as _agent_mod
 
         self._cycles += 1
         name = _agent_mod.trace_name(self.rank)
@@ -248,17 +247,6 @@ class profile:
         st = self.store if isinstance(self.store, Store) else Store(self.store)
         self.run_id = ingest_paths([str(self.run_dir)], store=st, workload="external", config=config, run_id=self.run_id)
         if self.report:
-            from tracekit.report import build_report, print_report
+            from tracekit.report.data import build_report, print_report
 
             print_report(build_report(st, self.run_id))
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``tracekit.profile(...)`` work even when ``tracekit.profile`` is this module
-    (``import tracekit.profile`` binds the submodule onto the package)."""
-
-    def __call__(self, *args, **kwargs):
-        return profile(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
