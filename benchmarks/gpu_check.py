@@ -22,7 +22,7 @@ compute on different GPU streams (:func:`check_overlap`); no warning about clock
 (:func:`check_no_clock_warnings`). One summary table; exit 1 if any check failed. Sized to finish
 in under 5 minutes on one GPU (tiny models, few steps).
 
-The check functions are unit-tested on recorded CPU runs (tests/test_gpu_check.py).
+The check functions are unit-tested on recorded CPU runs (tests/collectors/test_gpu_check.py).
 """
 
 from __future__ import annotations

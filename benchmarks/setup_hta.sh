@@ -11,7 +11,7 @@
 # installed with --no-deps and only the packages it imports are added (this saves
 # ~215 MB; `pip check` will name the three missing ones, which is expected).
 # The versions below are the ones tested: HTA 0.5.0 gives the same overlap numbers
-# with them as an independent computation of its definition (tests/test_hta_crosscheck.py).
+# with them as an independent computation of its definition (tests/analyses/test_hta_crosscheck.py).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

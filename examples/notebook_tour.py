@@ -3,7 +3,7 @@
     python examples/notebook_tour.py [STORE]     # default: a fresh temporary store
 
 It ingests the repository's recorded 2-rank TP fixture (fixtures/tp_2rank) and asks the
-questions a performance engineer asks first. tests/test_api.py runs it.
+questions a performance engineer asks first. tests/cli/test_api.py runs it.
 """
 
 import sys

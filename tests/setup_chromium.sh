@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Debian's chromium for tests/test_html_report.py (headless browser check of the HTML report).
+# Install Debian's chromium for tests/report/test_html_report.py (headless browser check of the HTML report).
 # Idempotent and quiet: does nothing when a chromium binary is already on PATH. Needs root (apt-get);
 # when it cannot install, it says so and exits 0: the browser test then skips with the reason.
 set -u

@@ -3,7 +3,7 @@
 Each module is ``analyses/<name>.sql`` (DuckDB statements) or ``analyses/<name>.py`` (a
 ``create(con)`` that builds a table, where the work calls the model, sweeps a sorted stream or
 builds a table in parts). Every module starts with a header documenting each output column
-(name, type, unit, meaning); ``tests/test_analysis_pipeline.py`` checks those headers against
+(name, type, unit, meaning); ``tests/analyses/test_analysis_pipeline.py`` checks those headers against
 ``DESCRIBE`` of every view and table.
 
 :data:`PIPELINE` is the order modules are created in: each reads only the base tables (``runs``,

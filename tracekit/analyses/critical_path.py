@@ -39,7 +39,7 @@ free, and nothing recorded held it back: launch latency or an unrecorded wait), 
 to the ready time and repeat, until a node has no predecessor in the window. The credited pieces tile [start_ns, end_ns) exactly, so the
 composition sums to length_ns. Where every event starts at its latest predecessor's ready time
 plus its own delay, this is the longest path of the DAG with node weight = delay + duration
-(tests/test_critical_path.py checks it against networkx's dag_longest_path on one rank).
+(tests/analyses/test_critical_path.py checks it against networkx's dag_longest_path on one rank).
 
 Limits: dependencies the trace does not record are only inferred (cross_stream, host: the
 latest-ending candidate, which may be an unrelated stream or thread), and host waits on anything

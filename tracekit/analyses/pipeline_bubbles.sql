@@ -29,7 +29,7 @@
 -- imbalance explains little: the GPipe recurrence run on the stages' own forward/backward range
 -- durations with free transfers gives a window of 15.7–16.2 ms (bubble 0.19–0.30 per stage) against
 -- the measured 22.3–27.2 ms; the remaining ~0.3 is gloo send/recv time (32 kB messages costing 0.1–6 ms
--- on the shared CPU) and inter-op CPU time. tests/test_pipeline_bubbles.py states the tolerance:
+-- on the shared CPU) and inter-op CPU time. tests/analyses/test_pipeline_bubbles.py states the tolerance:
 -- the recurrence's fraction is within 0.12 of the formula, and the measured fraction is at or above
 -- the recurrence's (transfers and overheads only add bubble).
 --

@@ -8,7 +8,7 @@
 
 :func:`apply` walks the typer app's commands (and its sub-apps') and rewrites their
 ``typer.Option`` declarations before typer builds the click commands, i.e. before the first
-``app(...)`` call. ``tests/test_cli_help.py`` snapshots every command's ``--help``.
+``app(...)`` call. ``tests/cli/test_cli_help.py`` snapshots every command's ``--help``.
 """
 
 from __future__ import annotations

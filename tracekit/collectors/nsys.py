@@ -14,7 +14,7 @@ capture, also export the report as ``<out_base>.sqlite`` next to
 No real ``nsys`` was available where this was written (no GPU, Nsight Systems
 not installable): the command line and the file names it produces were taken
 from the documentation and checked only against a fake ``nsys`` in the tests
-(tests/test_nsys_profiler.py), never against Nsight Systems itself.
+(tests/collectors/test_nsys_profiler.py), never against Nsight Systems itself.
 """
 
 from __future__ import annotations

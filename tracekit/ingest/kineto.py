@@ -195,7 +195,7 @@ ARGS: tuple[ArgSpec, ...] = (
 )
 """The trace ``args`` that matter, once: the msgspec structs (:class:`KArgs`, :class:`IdArgs`),
 the metadata fields (:data:`META_FIELDS`) and the C scanner's record layout (:data:`REC_DTYPE`)
-are derived from it, and tests/test_fast_scanner.py checks ``_kscan.ARG_KEYS`` against it."""
+are derived from it, and tests/ingest/test_fast_scanner.py checks ``_kscan.ARG_KEYS`` against it."""
 
 META_FIELDS = tuple(a.field for a in ARGS if a.role in ("flag", "meta"))
 if META_FIELDS != staging.META_FIELDS:  # the metadata table's columns are these args, in this order

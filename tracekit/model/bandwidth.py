@@ -74,7 +74,7 @@ def algbw_array(size_bytes, seconds):
     """:func:`algbw` over arrays: float64 GB/s, NaN where :func:`algbw` answers None (t = 0) or
     refuses (a negative or non-finite size or time; NaN in, NaN out). The same operations in the
     same order, element by element (S / t / 1e9), so the same floats; a valid answer is never NaN.
-    For the SQL UDFs over whole columns (tests/test_udfs.py checks it against :func:`algbw`)."""
+    For the SQL UDFs over whole columns (tests/analyses/test_udfs.py checks it against :func:`algbw`)."""
     import numpy as np
 
     s = np.asarray(size_bytes, dtype=np.float64)
@@ -107,7 +107,7 @@ def size_bucket(size_bytes: int | None) -> int | None:
     per-op statistics (medians of sync time and busbw) are taken per bucket, never across sizes.
     ``size_bucket(131072)`` → 131072, ``size_bucket(200_000)`` → 131072; 0 or a negative size → 0
     (its own bucket); None → None. The SQL analyses use :data:`SIZE_BUCKET_SQL`, the same rule
-    (``tk_size_bucket``; tests/test_size_buckets.py checks that they agree).
+    (``tk_size_bucket``; tests/analyses/test_size_buckets.py checks that they agree).
     """
     if size_bytes is None:
         return None

@@ -493,7 +493,7 @@ def _table(title: str):
 def _show(con, t) -> None:
     """Print a :func:`_table`: title and caption as text wrapping at spaces at any width, and the
     table with no cell cut (each column at least as wide as its longest word, so cells wrap only
-    between words); at 100 columns every table of the report fits (tests/test_report_width.py)."""
+    between words); at 100 columns every table of the report fits (tests/report/test_report_width.py)."""
     from rich.text import Text
 
     if getattr(t, "tk_title", None):

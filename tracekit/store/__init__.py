@@ -360,7 +360,7 @@ def glob_escape(path: str | os.PathLike) -> str:
     it holds ``*``, ``?`` or ``[`` (so ``exp[1]/run.parquet`` would read ``exp1/run.parquet``);
     each such character becomes a one-character class (``[*]``, ``[?]``, ``[[]``), which its
     matcher reads as that character literally. ``]``, ``{``, quotes, spaces and non-ASCII are not
-    special to it and stay as they are (tests/test_paths.py).
+    special to it and stay as they are (tests/store/test_paths.py).
     """
     return "".join(f"[{c}]" if c in _GLOB_CHARS else c for c in str(path))
 
@@ -635,7 +635,7 @@ def _exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
 
 class _FS:
     """Every file-system step a store writer takes, one method each, so that a test can stop a writer
-    between any two of them (tests/test_store_atomic.py kills it before step k for every k)."""
+    between any two of them (tests/store/test_store_atomic.py kills it before step k for every k)."""
 
     @staticmethod
     def mkdir(path: Path, **kw) -> None:

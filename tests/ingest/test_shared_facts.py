@@ -55,7 +55,7 @@ def test_nccl_parser_metadata_on_kernels(tmp_path):
 
 def test_tracelens_new_kernel_naming_on_compute_stream(tmp_path):
     """One ncclDevKernel_AllGather_RING_LL on stream 7, where all 768 kernels run; out 201,088 BFloat16.
-    (The trace's other collectives are symmetric-memory all-reduces: tests/test_comm_families.py.)"""
+    (The trace's other collectives are symmetric-memory all-reduces: tests/ingest/test_comm_families.py.)"""
     con = _con(tmp_path, "tracelens_b200_r0of8/eager_trace.json.gz")
     assert con.execute(
         "SELECT op, size_bytes, group_size, pg_name, algo, proto FROM collectives WHERE meta_source = 'kernel_args'"

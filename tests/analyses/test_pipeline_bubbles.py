@@ -94,7 +94,7 @@ def test_report_section(con):
 
 
 def test_html_section_renders_in_chromium(con, tmp_path):
-    from tests.test_html_report import _run_chromium
+    from tests.report.test_html_report import _run_chromium
     from tracekit.report.html import write_html_report
     from tracekit.report.data import build_report
 

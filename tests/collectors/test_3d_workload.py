@@ -246,7 +246,7 @@ def test_real_3d_fsdp_2x2x2(tmp_path):
 
 # --------------------------------------------------------------------------- the recorded run
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "3d_2x2x2"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "3d_2x2x2"
 FIXTURE_CFG = dict(layers=2, microbatches=2, wait=0, warmup=1, active=1, bucket_kb=64)
 
 

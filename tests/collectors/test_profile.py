@@ -27,7 +27,7 @@ from tracekit.collectors.profile import runner  # noqa: E402
 from tracekit.cli import main  # noqa: E402
 from tracekit.store import Store  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "scripts"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 

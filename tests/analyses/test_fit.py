@@ -8,7 +8,7 @@ import pytest
 from tracekit.errors import BadInputError
 from tracekit.model import fit_alpha_beta, fit_unweighted, link_from_preset, ring_all_reduce_time
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 SUPERBENCH = SHARED / "traces" / "superbench_nccl_tests_a100x8"
 
 ALPHA = 2e-6  # s

@@ -13,7 +13,7 @@ import pytest
 import tracekit
 from tracekit.errors import BadInputError, FileError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("synth_job", REPO / "benchmarks" / "synth_job.py")
 synth = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(synth)

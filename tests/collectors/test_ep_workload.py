@@ -41,7 +41,7 @@ torch = pytest.importorskip("torch")
 from tracekit.collectors import launch  # noqa: E402
 from tracekit.collectors.workloads import ep  # noqa: E402
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "ep_2rank"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "ep_2rank"
 FIXTURE_TBO = FIXTURE / "tbo"
 TYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8}
 

@@ -289,7 +289,7 @@ def test_perfetto_track(two_rank_store, tmp_path):
 
 
 def test_html_strip_renders_in_chromium(two_rank, tmp_path):
-    from tests.test_html_report import _run_chromium
+    from tests.report.test_html_report import _run_chromium
     from tracekit.report.html import critical_path_figure, write_html_report
     from tracekit.report.data import build_report
 

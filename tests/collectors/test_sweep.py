@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 from tracekit.collectors.workloads import sweep  # noqa: E402
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "sweep_2rank"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "sweep_2rank"
 
 #: Kineto cpu_op name (torch 2.13, gloo) → the sweep op it belongs to
 C10D_OPS = {

@@ -11,7 +11,7 @@ from tracekit.cli import app
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def _drop(path: Path, columns: list[str]) -> None:

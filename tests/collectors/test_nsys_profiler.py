@@ -9,7 +9,7 @@ Systems not installable), so they check two things only:
   build the documented ``nsys profile ... --export=sqlite -o OUT CMD`` line, run
   every rank (or the job) under it, and ingest the ``OUT.sqlite`` the fake writes
   (a tiny file with the tables and columns of an nsys export, schema 3.x
-  spelling, as tests/test_nsys.py builds them) as an ``nsys`` run.
+  spelling, as tests/ingest/test_nsys.py builds them) as an ``nsys`` run.
 
 What a real nsys does with the rank processes (passing stdin and the report pipe
 on, CUDA capture, the real export) is not tested here.

@@ -9,7 +9,7 @@ from tracekit.errors import FileError
 from tracekit.ingest.nccl_tests import parse_nccl_tests, strip_prefixes
 from tracekit.model import busbw
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 SUPERBENCH = SHARED / "traces" / "superbench_nccl_tests_a100x8"
 
 # Current nccl-tests layout, 4 MPI processes with one GPU each (so nThread × nGpus = 1 but the
@@ -236,7 +236,7 @@ def test_concatenated_runs_keep_their_own_op_and_group(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Logs as clusters write them (fixtures/nccl_tests/, written by hand; see its NOTE.md)
 
-NT = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_tests"
+NT = Path(__file__).resolve().parents[2] / "fixtures" / "nccl_tests"
 
 # Each row read by hand from the fixture with the launcher prefixes and NCCL INFO/WARN lines taken
 # out (two rows are cut by an INFO line and go on on the next line):

@@ -217,7 +217,7 @@ def test_degraded_link_is_flagged_and_a_healthy_one_is_not(tmp_path):
     warn = [w for w in bad["warnings"] if "degraded" in w]
     assert warn and all("all_reduce on 8 ranks" in w and "of nvlink3" in w for w in warn)
     assert any("13%" in w and "1.074 GB" in w for w in warn)
-    # and the real superbench logs of a healthy 8× A100 raise none (tests/test_nccl_tests_store.py)
+    # and the real superbench logs of a healthy 8× A100 raise none (tests/ingest/test_nccl_tests_store.py)
     # the warning looks at sizes >= 16·D* of nvlink3, D* = 8·2 µs·240 GB/s = 3.84 MB: 61.44 MB and up
     assert {d["bucket_bytes"] for d in bad["degraded_links"]} == {1 << 26, 1 << 28, 1 << 30}
 

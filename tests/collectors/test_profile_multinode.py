@@ -21,7 +21,7 @@ import pytest
 from tracekit.errors import BadInputError
 from tracekit.collectors.rundir import Launcher, detect_launcher, join_run_dir, slurm_rank_env, wait_for_ranks
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "infer_loop.py"  # gloo all-reduce per step, tracekit.step()
 
 

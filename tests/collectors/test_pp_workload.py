@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 from tracekit.collectors.workloads import pp  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 # Kineto's "Input type" spelling → bytes per element
 TYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8}
 

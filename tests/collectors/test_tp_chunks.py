@@ -17,10 +17,10 @@ from tracekit.errors import BadInputError
 torch = pytest.importorskip("torch")
 
 from tracekit.collectors.workloads import tp  # noqa: E402
-from tests.test_tp_workload import FIXTURE as PLAIN_FIXTURE  # noqa: E402
-from tests.test_tp_workload import FIXTURE_CFG, comm_summary, load_trace  # noqa: E402
+from tests.collectors.test_tp_workload import FIXTURE as PLAIN_FIXTURE  # noqa: E402
+from tests.collectors.test_tp_workload import FIXTURE_CFG, comm_summary, load_trace  # noqa: E402
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "tp_chunks_2rank"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "tp_chunks_2rank"
 CHUNKS = 4
 
 

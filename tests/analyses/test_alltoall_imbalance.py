@@ -91,7 +91,7 @@ def test_slowest_rank_excess(con):
 
 
 def test_report_section_heatmap_and_chromium(con, tmp_path):
-    from tests.test_html_report import _run_chromium
+    from tests.report.test_html_report import _run_chromium
     from tracekit.report.html import alltoall_heatmap, write_html_report
     from tracekit.report.data import build_report, report_json
 

@@ -1,5 +1,5 @@
 """tracekit.ingest.pg_attribution on hand-built gloo rows: each rule alone, and the case no rule
-can decide (left unassigned with a warning). The real 8-rank case is in tests/test_3d_workload.py."""
+can decide (left unassigned with a warning). The real 8-rank case is in tests/collectors/test_3d_workload.py."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_synth_job_64_ranks_ray_equals_local_and_the_truth(cluster, tmp_path):
 
 @needs_ray
 def test_comm_pattern_reaches_the_workers(cluster, tmp_path):
-    # tests/test_comm_families.py: foo_kernel=all_gather makes the file's one kernel an all_gather
+    # tests/ingest/test_comm_families.py: foo_kernel=all_gather makes the file's one kernel an all_gather
     st = Store(tmp_path / "s")
     ingest_paths([FIXTURES / "handmade" / "comm_families" / "user_kernel.json"], st, run_id="r", engine="ray",
                  comm_patterns=["foo_kernel=all_gather"])

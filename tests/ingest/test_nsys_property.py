@@ -2,7 +2,7 @@
 like, ingest succeeds or raises tracekit's own one-line error; a failed ingest leaves the store
 unchanged, and a successful one stores no negative time.
 
-The base is the hand-made one-rank export of tests/test_nsys.py (NCCL all-reduce and all-gather in
+The base is the hand-made one-rank export of tests/ingest/test_nsys.py (NCCL all-reduce and all-gather in
 their NVTX ranges, a GEMM overlapping the first, the launch calls): built with sqlite3 following
 the schema tracekit/ingest/nsys.py reads. Mutations: a cell set to another value or type (NULL,
 a huge or negative integer, a float, text, a blob), rows deleted, a column or a table dropped or
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import store_snapshot
-from tests.test_nsys import _nccl_file
+from tests.ingest.test_nsys import _nccl_file
 from tracekit.errors import TracekitError
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store

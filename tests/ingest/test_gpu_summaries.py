@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_overlap_summaries import _ingest, damage_file
+from tests.analyses.test_overlap_summaries import _ingest, damage_file
 from tracekit import analyses
 
 GPU_FILES = ("gpu_breakdown_summary.parquet", "gpu_launcher_summary.parquet")

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 from tracekit.collectors import launch  # noqa: E402
 from tracekit.collectors.workloads import tp  # noqa: E402
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "tp_2rank"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "tp_2rank"
 
 # Kineto's "Input type" spelling → bytes per element
 TYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}

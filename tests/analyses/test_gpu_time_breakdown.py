@@ -230,7 +230,7 @@ def test_html_section_renders_in_chromium(tmp_path):
     """The GPU breakdown figure on the hand-made run: stacked parts whose heights are the windows;
     it and the kernel summary's figure drawn by plotly in headless Chromium (skips like the report
     test without chromium)."""
-    from tests.test_html_report import _run_chromium
+    from tests.report.test_html_report import _run_chromium
     from tracekit.report.html import gpu_breakdown_figure, html_data, write_html_report
 
     store = Store(tmp_path / "s")

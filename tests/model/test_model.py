@@ -76,7 +76,7 @@ def test_presets_match_reference_table():
         "nvme": (7, 5.6, 100),
         "hbm3": (3350, 2680, 0),
     }
-    assert set(table) <= set(LINK_PRESETS)  # the added presets: tests/test_model_extra.py
+    assert set(table) <= set(LINK_PRESETS)  # the added presets: tests/model/test_model_extra.py
     for name, (nominal, effective, alpha_us) in table.items():
         link = link_from_preset(name)
         assert close(link.nominal_Bps, nominal * 1e9), name
