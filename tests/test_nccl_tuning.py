@@ -139,7 +139,7 @@ def test_broadcast_and_all_gather_rings():
     # all_gather on 2 nodes × 8: nsteps 15, nInter 1; Simple overhead 3.0 < 3.4
     # lat = 8.4 + 14 × 3.4 + 1 × 14.0 = 70.0; algbw 320 × 16/15
     check(pick("all_gather", 1e8, 16, 2, H100, "ring/Simple"), 70.0, 320 * 16 / 15, 1e8)
-    assert not pick("broadcast", 1e6, 8, 1, H100, "tree/LL").eligible
+    assert [r.label for r in nccl_predictions("broadcast", 1e6, 8, 1, H100)] == ["ring/LL", "ring/LL128", "ring/Simple"]
 
 
 def test_p2p_rows():
@@ -157,6 +157,8 @@ def test_p2p_rows():
 def test_eligibility():
     assert "NVLink SHARP" in pick("all_reduce", 1e9, 8, 1, A100, "nvls/Simple").reason
     assert "several nodes" in pick("all_reduce", 1e9, 8, 1, H100, "nvls_tree/Simple").reason
+    # every pair NCCL's all_reduce loop has: ring and tree × 3 protocols, the other four Simple only
+    assert len(nccl_predictions("all_reduce", 1e6, 8, 1, H100)) == 10
     pcie = make_machine(8, "pcie5", name="pcie-box")
     assert "NVLink" in pick("all_reduce", 1e6, 8, 1, pcie, "ring/LL128").reason
     # PCIe hops: ring Simple lat 8.4 + 14 × 5.7 = 88.2

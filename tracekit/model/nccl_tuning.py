@@ -218,23 +218,7 @@ def nics_used(machine: Machine, ppn: int) -> int:
 def _eligibility(op: str, algo: str, proto: str, k: int, n: int, ppn: int, m: Machine) -> str:
     """'' when NCCL 2.20 would consider (op, algo, proto) here, else the reason it would not."""
     if algo == "p2p":
-        return "" if proto == "Simple" else "p2p is modelled with Simple only (NCCL uses LL below 16 KiB per peer)"
-    allowed = {
-        "all_reduce": NCCL_ALGORITHMS,
-        "all_gather": ("ring", "nvls"),
-        "reduce_scatter": ("ring", "nvls"),
-        "broadcast": ("ring",),
-        "reduce": ("ring",),
-    }[op]
-    if algo not in allowed:
-        return f"NCCL does not run {op} with {algo}"
-    if algo in ("nvls", "nvls_tree", "collnet_direct", "collnet_chain") and proto != "Simple":
-        return f"{algo} runs Simple only"
-    if proto == "LL128":
-        if not m.intra_is_nvlink:
-            return "LL128 is on by default only over NVLink"
-        if m.arch not in ("volta", "ampere", "hopper"):
-            return f"LL128 is on by default only on Volta, Ampere and Hopper, not {m.arch}"
+        return ""
     if algo == "nvls":
         if not m.nvls:
             return "no NVLink SHARP (NVSwitch multicast) on this machine"
@@ -256,7 +240,30 @@ def _eligibility(op: str, algo: str, proto: str, k: int, n: int, ppn: int, m: Ma
             return "CollNet is for several nodes"
         if algo == "collnet_direct" and (not m.nvswitch or ppn > 8):
             return "CollNet-direct needs an NVSwitch node of at most 8 GPUs"
+    if proto == "LL128":
+        if not m.intra_is_nvlink:
+            return "LL128 is on by default only over NVLink"
+        if m.arch not in ("volta", "ampere", "hopper"):
+            return f"LL128 is on by default only on Volta, Ampere and Hopper, not {m.arch}"
     return ""
+
+
+_OP_ALGORITHMS = {
+    "all_reduce": NCCL_ALGORITHMS,
+    "all_gather": ("ring", "nvls"),
+    "reduce_scatter": ("ring", "nvls"),
+    "broadcast": ("ring",),
+    "reduce": ("ring",),
+    "all_to_all": ("p2p",),
+    "send": ("p2p",),
+}
+"""The algorithms NCCL 2.20's tuning loop evaluates per op (p2p: tracekit's row)."""
+
+
+def _protocols(algo: str) -> tuple[str, ...]:
+    """Protocols that exist for ``algo``: NVLS, NVLS-tree and CollNet run Simple only; p2p is
+    modelled with Simple only (NCCL switches to LL below NCCL_P2P_LL_THRESHOLD, 16 KiB per peer)."""
+    return PROTOCOLS if algo in ("ring", "tree") else ("Simple",)
 
 
 def _p2p(op: str, d: float, k: int, n: int, ppn: int, m: Machine) -> tuple[float, float, str]:
@@ -391,7 +398,9 @@ def nccl_predictions(op: str, size_bytes: float, ranks: int, nodes: int, machine
                      eligible_only: bool = False) -> list[NcclPrediction]:
     """Every algorithm × protocol NCCL 2.20 has for ``op`` on k = ``ranks`` ranks over n = ``nodes``
     nodes of ``machine``, D = ``size_bytes`` (nccl-tests S), in the order of :data:`NCCL_ALGORITHMS`
-    × :data:`PROTOCOLS` (all_to_all and send: one ``p2p`` row per protocol).
+    × :data:`PROTOCOLS`: all_reduce every algorithm; all_gather / reduce_scatter ring and NVLS;
+    broadcast / reduce ring; all_to_all and send one ``p2p``/Simple row. NVLS, NVLS-tree and
+    CollNet have a Simple row only, as in NCCL.
 
     Ineligible pairs come back with ``eligible`` False and a ``reason`` unless ``eligible_only``.
     Raises BadInputError for an op outside :data:`NCCL_OPS`, k < 2 (send: k >= 1), n < 1, n > k,
@@ -405,8 +414,7 @@ def nccl_predictions(op: str, size_bytes: float, ranks: int, nodes: int, machine
     if nodes > ranks:
         raise BadInputError(f"bad layout: {nodes} nodes for {ranks} ranks (each node holds at least one rank)")
     k = max(ranks, 2) if canon == "send" else ranks
-    algos = ("p2p",) if canon in ("all_to_all", "send") else NCCL_ALGORITHMS
-    out = [_predict(canon, a, p, d, k, nodes, machine) for a in algos for p in PROTOCOLS]
+    out = [_predict(canon, a, p, d, k, nodes, machine) for a in _OP_ALGORITHMS[canon] for p in _protocols(a)]
     return [x for x in out if x.eligible] if eligible_only else out
 
 
