@@ -57,6 +57,7 @@ __all__ = [
     "make_machine",
     "load_machine_file",
     "resolve_machine",
+    "machine_for_device",
 ]
 
 ARCHES = ("volta", "ampere", "hopper", "blackwell", "cdna")
@@ -418,3 +419,31 @@ def resolve_machine(spec: str) -> Machine:
     if mf.default is None:
         raise FileError(spec, "describes only [[hosts]] groups: give top-level keys for a single machine")
     return mf.default
+
+
+def machine_for_device(device_name: str | None, gpus_per_node: int, nics_per_node: int | None = None,
+                       nodes: int | None = None) -> Machine | None:
+    """The machine a trace's device name implies, when nothing better is known; None for an unknown device.
+
+    Links from :func:`tracekit.model.links.device_presets` (intra-node preset, typical NIC of such
+    systems); ``nics_per_node`` None: one NIC per GPU. NVLS assumed on nvlink4 / nvlink5 devices
+    (HGX/DGX H100, H200, B200 NVSwitch systems) except GH200 (NVLink without NVSwitch); arch from
+    the intra-node link; CPU taken as Intel. Every fact's source says ``device <name>`` or
+    ``assumed``. Raises BadInputError for counts < 1.
+    """
+    from tracekit.model.links import device_presets
+
+    got = device_presets(device_name)
+    if got is None:
+        return None
+    intra, nic = got
+    src = f"device {device_name}"
+    nvls = intra in ("nvlink4", "nvlink5") and "GH200" not in str(device_name).upper()
+    arch = {"nvlink2": "volta", "pcie3": "volta", "nvlink3": "ampere", "pcie4": "ampere",
+            "nvlink5": "blackwell"}.get(intra, "cdna" if intra.startswith("xgmi") else "hopper")
+    m = make_machine(gpus_per_node, intra, nic=nic, nics_per_node=nics_per_node, nodes=nodes, source=src,
+                     name=str(device_name), gpu=str(device_name), nvls=nvls, nvswitch=intra.startswith("nvlink"),
+                     arch=arch)
+    assumed = {"nic": f"assumed: typical NIC of {device_name} systems", "nvls": "assumed from the device",
+               "nvswitch": "assumed from the device", "arch": "assumed from the device"}
+    return replace(m, sources=tuple((f, assumed.get(f, s)) for f, s in m.sources))
