@@ -77,3 +77,17 @@ def test_a_fitted_reference_is_left_alone(tmp_path):
     ingest_paths([_log(tmp_path / "fit_allreduce.log", 1, 8, rows)], store, run_id="fit")
     got = _verdicts(store)
     assert {r[2] for r in got} == {"nccl_tests"} and {r[3] for r in got} == {None}
+
+
+def test_measured_vs_model_call_terms_follow_the_same_rule():
+    from tracekit.analyses.measured_vs_model import _call_terms
+
+    # a preset reference with its device and node count: NCCL's tree/LL of the first test
+    a, b = _call_terms("all_reduce", 8, 2048, (5e-6, 40e9, "preset:ib_ndr", ("NVIDIA H100 80GB HBM3", 256, None)))
+    assert a == pytest.approx(95.2e-6) and b == pytest.approx(8 / 10.2e9)
+    # a fit (3 items) keeps the α–β ring: 2·2047·α + 2·2047/2048·D/β
+    a, b = _call_terms("all_reduce", 8, 2048, (5e-6, 40e9, "nccl_tests:x"))
+    assert a == pytest.approx(2 * 2047 * 5e-6) and b == pytest.approx(2 * 2047 / 2048 * 8 / 40e9)
+    # a device NCCL's model does not know: the α–β line too
+    a, _ = _call_terms("all_reduce", 8, 16, (5e-6, 40e9, "preset:x", ("Mystery GPU", 2, None)))
+    assert a == pytest.approx(2 * 15 * 5e-6)
