@@ -469,9 +469,9 @@ def _make_collective_command(op: str):
         algo: Optional[str] = typer.Option(
             None,
             "--algo",
-            help=f"{'|'.join(model.ALGORITHMS[op])}|all" + ("|hierarchical" if op == "all_reduce" else "")
-            + "|nccl (NCCL 2.20's own per-algorithm/protocol model; with --nodes, all = ring, tree, NVLS and "
-            "hierarchical across nodes)",
+            help="nccl: NCCL 2.20's own model per algorithm/protocol; all: every algorithm (across nodes: ring, "
+            "tree, NVLS" + (", hierarchical" if op == "all_reduce" else "") + "); or one of "
+            + "|".join(model.ALGORITHMS[op]) + ("|hierarchical" if op == "all_reduce" else "") + ".",
         ),
         nodes: Optional[str] = typer.Option(None, "--nodes", help="Hierarchical: number of nodes N."),
         gpus_per_node: Optional[str] = typer.Option(None, "--gpus-per-node", help="Hierarchical: GPUs per node G."),
@@ -479,8 +479,8 @@ def _make_collective_command(op: str):
         link_out: Optional[str] = typer.Option(None, "--link-out", help="Hierarchical: inter-node link preset."),
         nics_per_node: Optional[str] = typer.Option(
             None, "--nics-per-node",
-            help="Multi-node: NICs per node shared by --gpus-per-node GPUs (β per GPU = NIC β × nics/G); "
-                 "default one NIC per GPU.",
+            help="Multi-node: NICs per node. Rings use all of them (β = nics × NIC β); algorithms whose every "
+                 "GPU sends at once get NIC β × nics/G each. Default one NIC per GPU.",
         ),
         machine: Optional[str] = typer.Option(
             None, "--machine",
