@@ -98,3 +98,16 @@ def test_resolve_machine_errors(tmp_path):
     f.write_text('[[hosts]]\nnames = ["a"]\npreset = "dgx-h100"\n')
     with pytest.raises(FileError, match="only \\[\\[hosts\\]\\] groups"):
         resolve_machine(str(f))
+
+
+def test_machine_for_device():
+    from tracekit.model.machine import machine_for_device
+
+    h = machine_for_device("NVIDIA H100 80GB HBM3", 8)
+    assert (h.link_in, h.nic, h.nics_per_node, h.nvls, h.arch) == ("nvlink4", "ib_ndr", 8, True, "hopper")
+    assert h.source("nic").startswith("assumed") and h.source("link_in") == "device NVIDIA H100 80GB HBM3"
+    g = machine_for_device("NVIDIA GH200 480GB", 4, nics_per_node=4)
+    assert g.nvls is False and g.nics_per_node == 4  # NVLink without NVSwitch: no NVLS
+    v = machine_for_device("Tesla V100-SXM2-32GB", 8)
+    assert (v.link_in, v.arch, v.nvls) == ("nvlink2", "volta", False)
+    assert machine_for_device("Mystery GPU", 8) is None and machine_for_device(None, 8) is None

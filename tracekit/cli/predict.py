@@ -346,6 +346,8 @@ def _machine_from_options(op, machine, ranks, nodes, gpus_per_node, link, link_i
             m = dataclasses.replace(m, sources=srcs, **over)
     else:
         g = gpus_per_node
+        if g is None and ranks is None and op == "send":
+            ranks = 2  # a send has two ends
         if g is None:
             if ranks is None:
                 raise BadInputError(f"{op} needs --ranks K or --gpus-per-node G (or --machine)")
@@ -386,7 +388,9 @@ def _run_nccl(op: str, size_bytes: float, ranks: int, nodes: int, machine, as_js
         f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks over {nodes} node(s): NCCL's model",
         ["algorithm/protocol", "time", "latency", "β term", "algbw", "busbw (NCCL)", "D*", "verdict"],
         f"{machine.describe()}; {NCCL_SOURCE}; latency = NCCL's α term; D* = its latency/bandwidth boundary; "
-        "* = what NCCL would pick; — = NCCL would not run it here",
+        "* = what NCCL would pick; — = NCCL would not run it here"
+        + ("; p2p: tracekit's composition from the table's ring latencies (NCCL's tuning table has no "
+           "point-to-point row)" if any(r.algo == "p2p" for r in rows) else ""),
     )
     for r in rows:
         if not r.eligible:
