@@ -6,10 +6,12 @@ and prints a Markdown table: per log and op, the measured peak out-of-place busb
 time NCCL's model predicts at the largest size (nccl-tests factors), the pick, and their ratio.
 
     PYTHONPATH=. python benchmarks/nccl_model_fleet.py [LOG ...]
+    PYTHONPATH=. python benchmarks/nccl_model_fleet.py --pairwise   # the 180 node-pair logs, per G and op
 """
 
 import glob
 import os
+import statistics
 import re
 import sys
 
@@ -54,7 +56,28 @@ def main(paths):
             print(f"| {os.path.basename(p)} | {op} | {n * g} | {peak:.1f} | {pred:.1f} | {c.label} | {pred / peak:.2f} |")
 
 
+def pairwise():
+    """Per GPUs per node and op over the node-pair logs: median, min and max measured peak busbw and
+    the model's busbw at the largest size."""
+    m = machine_preset("dgx-h100")
+    peaks: dict = {}
+    for p in glob.glob(os.path.join(FLEET, "..", "pairwise", "*.log")):
+        g = int(re.search(r"_G(\d+)", p).group(1))
+        for op, rows in _rows(p).items():
+            peaks.setdefault((g, op, rows[-1][0]), []).append(max(r[1] for r in rows))
+    print("| GPUs per node | op | logs | measured peak busbw median (min–max) | model busbw | NCCL pick | model/median |")
+    print("|---|---|---|---|---|---|---|")
+    for (g, op, size), v in sorted(peaks.items()):
+        c = nccl_choice(op, size, 2 * g, 2, m)
+        pred = size / c.time_s * (1.0 if op == "send" else busbw_factor(op, 2 * g)) / 1e9
+        med = statistics.median(v)
+        print(f"| {g} | {op} | {len(v)} | {med:.1f} ({min(v):.1f}–{max(v):.1f}) | {pred:.1f} | {c.label} | {pred / med:.2f} |")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--pairwise"]:
+        pairwise()
+        sys.exit(0)
     args = sys.argv[1:] or sorted(glob.glob(os.path.join(FLEET, "*.log")))
     if not args:
         sys.exit(f"no logs: {FLEET} is absent")
