@@ -91,3 +91,14 @@ def test_measured_vs_model_call_terms_follow_the_same_rule():
     # a device NCCL's model does not know: the α–β line too
     a, _ = _call_terms("all_reduce", 8, 16, (5e-6, 40e9, "preset:x", ("Mystery GPU", 2, None)))
     assert a == pytest.approx(2 * 15 * 5e-6)
+
+
+def test_report_names_the_nccl_pair(tmp_path):
+    from tracekit.report.data import build_report
+
+    store = Store(tmp_path / "s")
+    ingest_paths([_log(tmp_path / "scale_allreduce.log", 256, 8, [(8, 130.0), (16, 131.0)])], store, run_id="scale")
+    rep = build_report(store, "scale")
+    (ref,) = [r for r in rep["references"] if r["op"] == "all_reduce"]
+    assert ref["kind"] == "preset" and ref["nccl_algos"] == "tree/LL"
+    assert ref["crossover_bytes"] == pytest.approx(95.2e-6 * 10.2e9)
