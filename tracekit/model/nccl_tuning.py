@@ -44,7 +44,8 @@ small messages, the aggregation of several ops into one launch (numPipeOps = 1 h
 ``latencyInter`` of network plugins (0 for InfiniBand), the 0.85 penalty of the plain TREE pattern
 (NCCL's default balanced tree has none), CollNet-direct for all-gather / reduce-scatter, NVLS for
 all-gather / reduce-scatter across nodes, PAT (NCCL 2.23+), Multi-Node NVLink, the user's
-NCCL_ALGO / NCCL_PROTO overrides and tuner plugins. Point-to-point (send/recv, all-to-all) is not
+NCCL_ALGO / NCCL_PROTO overrides and tuner plugins; LL128 is taken as allowed across nodes (NCCL
+also asks that GPU and NIC share a PCIe switch, as on DGX/HGX nodes). Point-to-point (send/recv, all-to-all) is not
 in NCCL's tuning table: its row here, algo ``p2p`` / Simple, is tracekit's composition from the
 table's ring base and hop latencies and the same path bandwidths (see :func:`_p2p`). RCCL (AMD)
 has its own tables; on an ``arch = "cdna"`` machine these predictions are NCCL's model applied to
