@@ -373,6 +373,11 @@ def _machine_from_options(op, machine, ranks, nodes, gpus_per_node, link, link_i
     return m, k, n
 
 
+def _machine_caption(machine) -> str:
+    """The machine in one line, and that NCCL's model is an approximation on an AMD (RCCL) machine."""
+    return machine.describe() + (" (RCCL runs here: NCCL's model is an approximation)" if machine.arch == "cdna" else "")
+
+
 def _run_nccl(op: str, size_bytes: float, ranks: int, nodes: int, machine, as_json: bool) -> None:
     """--algo nccl: every algorithm × protocol of NCCL's tuning model, the fastest marked."""
     from tracekit.model.nccl_tuning import NCCL_SOURCE, nccl_choice, nccl_predictions
@@ -387,7 +392,7 @@ def _run_nccl(op: str, size_bytes: float, ranks: int, nodes: int, machine, as_js
     table = _table(
         f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks over {nodes} node(s): NCCL's model",
         ["algorithm/protocol", "time", "latency", "β term", "algbw", "busbw (NCCL)", "D*", "verdict"],
-        f"{machine.describe()}; {NCCL_SOURCE}; latency = NCCL's α term; D* = its latency/bandwidth boundary; "
+        f"{_machine_caption(machine)}; {NCCL_SOURCE}; latency = NCCL's α term; D* = its latency/bandwidth boundary; "
         "* = what NCCL would pick; — = NCCL would not run it here"
         + ("; p2p: tracekit's composition from the table's ring latencies (NCCL's tuning table has no "
            "point-to-point row)" if any(r.algo == "p2p" for r in rows) else ""),
@@ -446,7 +451,7 @@ def _run_all_multi_node(op: str, size_bytes: float, ranks: int, nodes: int, mach
     table = _table(
         f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks over {nodes} node(s)",
         ["algorithm", "model", "time", "α term", "β term", "D*", "verdict"],
-        f"{machine.describe()}; NCCL rows: {NCCL_SOURCE}, each algorithm at its fastest protocol; "
+        f"{_machine_caption(machine)}; NCCL rows: {NCCL_SOURCE}, each algorithm at its fastest protocol; "
         "* = what NCCL would pick; α term = fixed latency",
     )
     for name, mdl, t, a, b, dstar, v, _ in rows:
