@@ -94,8 +94,10 @@ def test_hierarchical(capsys):
     assert data["algo"] == "hierarchical" and len(data["phases"]) == 3
     # phase 2: 2·3·5 µs + 2·3/4·(1e9/8)/4e10 s = 30 µs + 4.6875 ms
     assert data["phases"][1]["time_s"] == pytest.approx(30e-6 + 4.6875e-3)
-    # flat ring over 32 ranks at ib_ndr: 310 µs + 48.4375 ms
-    assert data["flat_ring"]["time_s"] == pytest.approx(310e-6 + 48.4375e-3)
+    # flat ring over 32 ranks as NCCL lays it out: one NIC per GPU (8 per node) and the rings use
+    # all of them: β = min(nvlink4 360, 8 × 40) = 320 GB/s; 2·31·5 µs + 2·31/32·1e9/3.2e11 s
+    assert data["flat_ring"]["time_s"] == pytest.approx(310e-6 + 6.0546875e-3)
+    assert "all 8 NICs" in data["flat_assumption"]
     assert data["time_s"] == pytest.approx(sum(p["time_s"] for p in data["phases"]))
     assert data["link_in"]["name"] == "nvlink4" and data["link_out"]["name"] == "ib_ndr"
     rc, out, _ = run(
@@ -103,7 +105,7 @@ def test_hierarchical(capsys):
         "all_reduce", "--bytes", "1GB", "--nodes", "4", "--gpus-per-node", "8",
         "--link-in", "nvlink4", "--link-out", "ib_ndr", "--algo", "hierarchical",
     )
-    assert rc == 0 and "flat ring" in out and "hierarchical total" in out and "48.75 ms" in out
+    assert rc == 0 and "flat ring" in out and "hierarchical total" in out and "6.365 ms" in out
 
 
 def test_overlap(capsys):
@@ -199,9 +201,10 @@ def test_nics_per_node(capsys):
     assert data["link_out"]["beta_Bps"] == pytest.approx(20e9)
     # phase 2: 2·3·5 µs + 2·3/4·(1e9/8)/2e10 s = 30 µs + 9.375 ms
     assert data["phases"][1]["time_s"] == pytest.approx(30e-6 + 9.375e-3)
-    # flat ring over 32 ranks: 2·31·5 µs + 2·31/32·1e9/2e10 s = 310 µs + 96.875 ms
-    assert data["flat_ring"]["time_s"] == pytest.approx(310e-6 + 96.875e-3)
-    assert "62 steps at the inter-node link" in data["flat_assumption"]
+    # flat ring over 32 ranks: its rings use the node's 4 NICs, β = min(360, 4 × 40) = 160 GB/s:
+    # 2·31·5 µs + 2·31/32·1e9/1.6e11 s = 310 µs + 12.109375 ms (not a 1/8 share of a NIC per step)
+    assert data["flat_ring"]["time_s"] == pytest.approx(310e-6 + 12.109375e-3)
+    assert "all 62 steps at the network's α" in data["flat_assumption"]
     rc, out, _ = run(
         capsys,
         "all_reduce", "--bytes", "1GB", "--nodes", "4", "--gpus-per-node", "8", "--nics-per-node", "4",
@@ -212,7 +215,8 @@ def test_nics_per_node(capsys):
     data = run_json(capsys, "all_reduce", "--bytes", "1GB", "--nodes", "4", "--gpus-per-node", "8",
                     "--nics-per-node", "4", "--link", "ib_ndr")
     (p,) = data["predictions"]
-    assert data["ranks"] == 32 and p["time_s"] == pytest.approx(310e-6 + 96.875e-3)
-    assert "share 4 NIC(s)" in data["assumption"]
+    # the ring over the node's 4 NICs: 4 × 40 = 160 GB/s
+    assert data["ranks"] == 32 and p["time_s"] == pytest.approx(310e-6 + 12.109375e-3)
+    assert "all 4 NICs" in data["ring_assumption"] and "share 4 NIC(s)" in data["assumption"]
     rc, out, err = run(capsys, "all_reduce", "--bytes", "1GB", "--ranks", "32", "--nics-per-node", "4", "--link", "ib_ndr")
     assert rc == 2 and "--gpus-per-node" in err

@@ -34,7 +34,10 @@ job (:func:`overlap_model` maps run configs written before that key existed); by
 α and β (per process group, op and group size) are the verdicts' reference
 (collective_reference: the ``--link`` preset or the user's α/β; else the group's own
 ok fit; else the newest ok sweep / nccl-tests fit of this machine; else the preset of
-the group's device and locality class; the order: analyses/fit.py). A call whose
+the group's device and locality class; the order: analyses/fit.py). Where that last one, a
+preset, applies and the device is known, a call's time is NCCL's own model instead, as in
+collective_verdicts: the fastest algorithm/protocol for its op, size, k and node count
+(tracekit.analyses.nccl_reference). A call whose
 group has none takes the first group's of its (op, k); a missing (op, k) falls back to the reference of another op of that k, then any op (α and
 β are link properties in the model; the algorithm coefficients carry the op).
 send/recv are modelled as point-to-point messages (T = α + D/β).
@@ -149,14 +152,20 @@ class _AlphaBeta:
         self.link = link
         self.refs: dict[str, dict] = defaultdict(dict)  # run_id → {(op, k): (α, β, source)}
         self.by_group: dict = {}  # (run_id, pg_name, op, k) → (α, β, source)
-        for run_id, pg, op, k, a, b, kind, ref in con.execute(
-            "SELECT run_id, pg_name, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, coalesce(ref_run_id, reference) "
-            "FROM collective_reference WHERE ref_alpha_s IS NOT NULL AND ref_beta_Bps IS NOT NULL "
-            "ORDER BY run_id, op, group_size, pg_name"
+        # a preset reference carries (device, nodes, NICs per node) for NCCL's model (_call_terms)
+        nics = con.execute("SELECT TRY_CAST(getvariable('tk_nics_per_node') AS INTEGER)").fetchone()[0]
+        for run_id, pg, op, k, a, b, kind, ref, dev, nodes in con.execute(
+            "SELECT c.run_id, pg_name, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, coalesce(ref_run_id, reference), "
+            "r.device_name, CASE WHEN coalesce(hosts, '') <> '' THEN len(string_split(hosts, ',')) "
+            "WHEN locality <> 'inter_node' THEN 1 END "
+            "FROM collective_reference c LEFT JOIN runs r USING (run_id) "
+            "WHERE ref_alpha_s IS NOT NULL AND ref_beta_Bps IS NOT NULL "
+            "ORDER BY c.run_id, op, group_size, pg_name"
         ).fetchall():
             key = ("send" if op in P2P else op, k)
-            self.refs[run_id].setdefault(key, (a, b, f"{kind}:{ref}"))
-            self.by_group.setdefault((run_id, pg) + key, (a, b, f"{kind}:{ref}"))
+            v = (a, b, f"{kind}:{ref}") + (((dev, nodes, nics),) if kind == "preset" and dev and nodes else ())
+            self.refs[run_id].setdefault(key, v)
+            self.by_group.setdefault((run_id, pg) + key, v)
 
     def _pick(self, fits: dict, op: str, k: int):
         key = ("send" if op in P2P else op, k)
@@ -179,6 +188,21 @@ class _AlphaBeta:
         if self.refs.get(run_id):
             return self._pick(self.refs[run_id], op, k)
         return None
+
+
+def _call_terms(op: str, size: int, k: int, got: tuple) -> tuple[float, float] | None:
+    """(α term, β term) in seconds of one call under the reference ``got`` of _AlphaBeta.get: a
+    preset reference (4th item: device, nodes, NICs) is NCCL's fastest algorithm/protocol
+    (tracekit.analyses.nccl_reference: latency, size / algbw), as in collective_verdicts; the
+    others, and a call NCCL's model has no answer for, the α–β line of :func:`_terms`."""
+    if len(got) > 3 and size is not None:
+        from tracekit.analyses.nccl_reference import nccl_reference
+
+        dev, nodes, nics = got[3]
+        p = nccl_reference(op, size, k, nodes, dev, nics)
+        if p is not None:
+            return p.latency_s, p.beta_term_s
+    return _terms(op, size, k, got[0], got[1])
 
 
 def _terms(op: str, size: int, k: int, alpha: float, beta: float) -> tuple[float, float] | None:
@@ -289,8 +313,8 @@ def rows_for(con, link: str | None) -> list[dict]:
                 akey = (run_id, pg, op, k)
                 got = ab_memo[akey] if akey in ab_memo else ab_memo.setdefault(akey, ab.get(run_id, op, k, pg))
                 if got:
-                    tkey = (op, size, k, got[0], got[1])
-                    t = terms_memo[tkey] if tkey in terms_memo else terms_memo.setdefault(tkey, _terms(*tkey))
+                    tkey = (op, size, k, got)
+                    t = terms_memo[tkey] if tkey in terms_memo else terms_memo.setdefault(tkey, _call_terms(*tkey))
                 else:
                     t = None
                 m = memo[key] = (got, t)
@@ -447,7 +471,7 @@ def dimension_rows(con, link: str | None) -> list[dict]:
         if run_id not in models or step not in steps.get((run_id, rank), ()):
             continue
         got = ab.get(run_id, op, k, pg)
-        t = _terms(op, size, k, got[0], got[1]) if got else None
+        t = _call_terms(op, size, k, got) if got else None
         calls[(run_id, rank, dim)][step].append((sum(t) if t else None, dur, ov))
         groups[(run_id, rank, dim)].add(pg)
     out = []

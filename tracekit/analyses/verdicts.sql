@@ -15,6 +15,12 @@
 -- The algorithm modelled: the kernel's when the model has it (RING → ring, TREE → double_binary_tree,
 -- NVLS → nvls), else the op's default (ring; pairwise for all-to-all; p2p for send); a fit's own
 -- prediction uses the algorithm its α, β were derived through (so that it reproduces the fitted line).
+-- A preset reference (verdict_basis 'preset': no user link, no fit of this machine) is NCCL's own
+-- cost model rather than the preset's α–β line: the fastest algorithm × protocol NCCL 2.20 would
+-- run for the instance's op, size, k and node count on the machine its device implies
+-- (tracekit.analyses.nccl_reference, tracekit.model.nccl_tuning), named in nccl_algo; its latency
+-- is the α term, size / its algbw the β term, latency × algbw the crossover. Node count: the
+-- group's recorded hosts, 1 for a one-host group; unknown hosts across nodes keep the preset line.
 -- verdict: 'skew-bound' when the longest wait before the instance (skew) exceeds its sync time;
 -- else 'latency-bound' when the reference's α term >= its β term, i.e. size < crossover_bytes D*,
 -- 'bandwidth-bound' otherwise; NULL without a reference (no_model_reason says why). An instance
@@ -63,6 +69,8 @@
 --                               (in-switch nvls considered only against an nvlink4/nvlink5 link: NVLS
 --                               needs third-generation NVSwitch, H100 and later)
 -- best_predicted_ns   DOUBLE   its predicted time, ns
+-- nccl_algo           VARCHAR  NCCL's algorithm/protocol the reference assumed (e.g. 'tree/LL'), NULL
+--                               unless the reference is NCCL's model (a preset reference)
 CREATE OR REPLACE VIEW collective_verdicts AS
 -- The model UDFs whose arguments are the instance's (op, algorithm, k) run once per distinct tuple
 -- (a few per run) and are joined back on it (IS NOT DISTINCT FROM: a NULL argument is a key too),
@@ -72,7 +80,7 @@ WITH ma AS MATERIALIZED (
     FROM (SELECT DISTINCT op, algo, group_size FROM collective_instances)
 ),
 i AS (
-    SELECT i.*, m.model_algo, (i.complete OR r.source = 'nccl_tests') AS judged
+    SELECT i.*, m.model_algo, (i.complete OR r.source = 'nccl_tests') AS judged, r.device_name AS run_device
     FROM collective_instances i LEFT JOIN runs r USING (run_id)
     LEFT JOIN ma m ON m.op IS NOT DISTINCT FROM i.op AND m.algo IS NOT DISTINCT FROM i.algo
                   AND m.group_size IS NOT DISTINCT FROM i.group_size
@@ -87,11 +95,23 @@ j AS MATERIALIZED (
            r.locality, r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
            coalesce(r.ref_algo, i.model_algo) AS ref_algo,
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps, f.fit_algo,
-           r.link, r.link_alpha_s, r.link_beta_Bps
+           r.link, r.link_alpha_s, r.link_beta_Bps, i.run_device,
+           CASE WHEN coalesce(r.hosts, '') <> '' THEN len(string_split(r.hosts, ','))::INTEGER
+                WHEN r.locality <> 'inter_node' THEN 1 END::INTEGER AS ref_nodes
     FROM i
     LEFT JOIN f ON f.run_id = i.run_id AND f.pg_name = i.pg_name AND f.op = i.op AND f.group_size = i.group_size
     LEFT JOIN collective_reference r
            ON r.run_id = i.run_id AND r.pg_name = i.pg_name AND r.op = i.op AND r.group_size = i.group_size
+),
+-- NCCL's pick for preset references, once per distinct (op, size, k, nodes, device)
+nm AS MATERIALIZED (
+    SELECT op, size_bytes, group_size, ref_nodes, run_device,
+           tk_nccl_algo(op, size_bytes, group_size, ref_nodes, run_device, nics) AS nccl_algo,
+           tk_nccl_latency(op, size_bytes, group_size, ref_nodes, run_device, nics) AS nccl_latency_s,
+           tk_nccl_beta_term(op, size_bytes, group_size, ref_nodes, run_device, nics) AS nccl_beta_term_s,
+           tk_nccl_crossover(op, size_bytes, group_size, ref_nodes, run_device, nics) AS nccl_crossover_bytes
+    FROM (SELECT DISTINCT op, size_bytes, group_size, ref_nodes, run_device FROM j WHERE ref_kind = 'preset'),
+         (SELECT TRY_CAST(getvariable('tk_nics_per_node') AS INTEGER) AS nics)
 ),
 -- (A, B) of T = A·α + B·D/β per distinct (op, algorithm, k): the fit's, the link's (model_algo) and
 -- the reference's algorithm
@@ -108,8 +128,11 @@ t AS (
            cl.a * j.link_alpha_s * 1e9 AS link_alpha_term_ns,
            cl.b * j.size_bytes / j.link_beta_Bps * 1e9 AS link_beta_term_ns,
            cl.a * j.link_alpha_s * j.link_beta_Bps / cl.b AS link_crossover_bytes,
-           cr.a AS ref_a, cr.b AS ref_b
+           cr.a AS ref_a, cr.b AS ref_b, nm.nccl_algo, nm.nccl_latency_s, nm.nccl_beta_term_s, nm.nccl_crossover_bytes
     FROM j
+    LEFT JOIN nm ON j.ref_kind = 'preset' AND nm.op IS NOT DISTINCT FROM j.op
+                AND nm.size_bytes IS NOT DISTINCT FROM j.size_bytes AND nm.group_size IS NOT DISTINCT FROM j.group_size
+                AND nm.ref_nodes IS NOT DISTINCT FROM j.ref_nodes AND nm.run_device IS NOT DISTINCT FROM j.run_device
     LEFT JOIN co cf ON cf.op IS NOT DISTINCT FROM j.op AND cf.algo IS NOT DISTINCT FROM j.fit_algo
                    AND cf.group_size IS NOT DISTINCT FROM j.group_size
     LEFT JOIN co cl ON cl.op IS NOT DISTINCT FROM j.op AND cl.algo IS NOT DISTINCT FROM j.model_algo
@@ -118,10 +141,13 @@ t AS (
                    AND cr.group_size IS NOT DISTINCT FROM j.group_size
 ),
 p AS (
-    SELECT * EXCLUDE (ref_a, ref_b),
-           ref_a * ref_alpha_s * 1e9 AS ref_alpha_term_ns,
-           ref_b * size_bytes / ref_beta_Bps * 1e9 AS ref_beta_term_ns,
-           ref_a * ref_alpha_s * ref_beta_Bps / ref_b AS crossover_bytes,
+    SELECT * EXCLUDE (ref_a, ref_b, nccl_latency_s, nccl_beta_term_s, nccl_crossover_bytes),
+           CASE WHEN nccl_algo IS NOT NULL THEN nccl_latency_s * 1e9 ELSE ref_a * ref_alpha_s * 1e9 END
+               AS ref_alpha_term_ns,
+           CASE WHEN nccl_algo IS NOT NULL THEN nccl_beta_term_s * 1e9 ELSE ref_b * size_bytes / ref_beta_Bps * 1e9 END
+               AS ref_beta_term_ns,
+           CASE WHEN nccl_algo IS NOT NULL THEN nccl_crossover_bytes ELSE ref_a * ref_alpha_s * ref_beta_Bps / ref_b END
+               AS crossover_bytes,
            fit_alpha_term_ns + fit_beta_term_ns AS fit_predicted_ns,
            link_alpha_term_ns + link_beta_term_ns AS link_predicted_ns
     FROM t
@@ -171,6 +197,6 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, s
        verdict_basis,
        CASE WHEN judged AND sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
        CASE WHEN judged AND sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END AS efficiency_link,
-       best.best_algo, best.best_time_s * 1e9 AS best_predicted_ns
+       best.best_algo, best.best_time_s * 1e9 AS best_predicted_ns, nccl_algo
 FROM bq
 LEFT JOIN best USING (op, size_bytes, group_size, a_key, b_key, in_switch);

@@ -9,13 +9,15 @@ Forms:
   tracekit predict all_reduce --bytes 100MB --ranks 4 --link nvlink4 [--algo ring|...|all] [--json]
   (also all_gather, reduce_scatter, all_to_all, broadcast, send; --alpha/--beta override the preset)
   tracekit predict all_reduce --bytes 1GB --nodes 4 --gpus-per-node 8 --link-in nvlink4 --link-out ib_ndr \
-      --algo hierarchical
+      --algo hierarchical|all [--nics-per-node 8] [--machine dgx-h100|FILE.toml]
+  tracekit predict all_reduce --bytes 8 --ranks 2048 --nodes 256 --machine dgx-h100 --algo nccl
   tracekit predict overlap --compute 1ms --comm 1ms --chunks 8|best --alpha-chunk 10us | --two-batch
   tracekit predict transfer --bytes 1.342GB --link ib_ndr --nics 8 [--layers 80]
   tracekit predict pp-decode --stages 8 --microbatches 8 --stage-time 1ms --transfer 0.1ms --tokens 100
   tracekit predict links
 """
 
+import dataclasses
 import json
 from typing import Callable, Optional
 
@@ -27,6 +29,7 @@ from tracekit.model import format_bandwidth as _fbw
 from tracekit.model import format_bytes as _fb
 from tracekit.model.units import parse_size
 from tracekit.model import format_time as _ft
+from tracekit.model.multinode import RING_OPS, flat_ring_across_nodes
 
 app = typer.Typer(
     help="The α–β calculator: collective times per algorithm, hierarchical, overlap models.",
@@ -108,8 +111,9 @@ def _link_caption(link: model.Link) -> str:
 
 
 def _flat_assumption(link: model.Link, nics_per_node: int, gpus_per_node: int) -> str:
+    """Words for the per-GPU NIC share that algorithms other than rings see across nodes."""
     return (
-        f"assumes every step crosses the network: {gpus_per_node} GPUs per node share {nics_per_node} NIC(s), "
+        f"every GPU sends across nodes at once: {gpus_per_node} GPUs per node share {nics_per_node} NIC(s), "
         f"β per GPU = NIC β × {min(nics_per_node, gpus_per_node)}/{gpus_per_node} = {_fbw(link.beta_Bps)}"
     )
 
@@ -143,9 +147,27 @@ def _run_collective(
     link_out: Optional[str],
     as_json: bool,
     nics_per_node: Optional[int] = None,
+    machine: Optional[str] = None,
 ) -> None:
     size_bytes = parse_size(size, whole=False)
-    hierarchical = algo is not None and algo.strip().lower() == "hierarchical"
+    algo_key = None if algo is None else algo.strip().lower()
+    if algo_key == "nccl" or (algo_key == "all" and (machine is not None or link_in is not None or link_out is not None)):
+        the_machine, ranks, nodes = _machine_from_options(
+            op, machine, ranks, nodes, gpus_per_node, link, link_in, link_out, nics_per_node, efficiency, alpha, beta
+        )
+        if algo_key == "nccl":
+            _run_nccl(op, size_bytes, ranks, nodes, the_machine, as_json)
+        else:
+            _run_all_multi_node(op, size_bytes, ranks, nodes, the_machine, as_json)
+        return
+    if machine is not None:
+        if algo_key != "hierarchical":
+            raise BadInputError("--machine goes with --algo nccl, all or hierarchical")
+        m = _machine_from_options(
+            op, machine, ranks, nodes, gpus_per_node, None, link_in, link_out, nics_per_node, efficiency, None, None
+        )[0]
+        gpus_per_node, link_in, link_out, nics_per_node = m.gpus_per_node, m.link_in, m.nic, m.nics_per_node
+    hierarchical = algo_key == "hierarchical"
     if hierarchical:
         _run_hierarchical(
             op, size_bytes, ranks, link, alpha, beta, efficiency, nodes, gpus_per_node, link_in, link_out, as_json,
@@ -167,6 +189,7 @@ def _run_collective(
         if op != "send":
             raise BadInputError(f"{op} needs --ranks K (the group size)")
         ranks = 2
+    ring_words = None
     if flat_multi_node:
         the_link = model.network_link(link, nics_per_node, gpus_per_node, efficiency=efficiency).with_overrides(
             alpha_s=model.parse_time(alpha) if alpha is not None else None,
@@ -176,6 +199,17 @@ def _run_collective(
         the_link = _resolve_link(link, alpha, beta, efficiency)
     result = model.predict_collective(op, size_bytes, ranks, the_link, algo=algo)
     preds = result if isinstance(result, list) else [result]
+    if flat_multi_node and op in RING_OPS:
+        # NCCL's rings leave each node through all of its NICs: the ring rows get the node's NICs
+        nic = model.link_from_preset(link, efficiency=efficiency).with_overrides(
+            alpha_s=model.parse_time(alpha) if alpha is not None else None,
+            beta_Bps=model.parse_bandwidth(beta) if beta is not None else None,
+        )
+        nodes_n = ranks // gpus_per_node if ranks % gpus_per_node == 0 else None
+        if nodes_n is None:
+            raise BadInputError(f"--ranks {ranks} is not a multiple of --gpus-per-node {gpus_per_node}")
+        ring, ring_words = flat_ring_across_nodes(op, size_bytes, nodes_n, gpus_per_node, nic, nics_per_node)
+        preds = [ring if p.algo == "ring" else p for p in preds]
     skipped = []
     if algo is not None and algo.strip().lower() == "all":
         ran = {p.algo for p in preds}
@@ -194,11 +228,16 @@ def _run_collective(
                 "predictions": [p.to_dict() for p in preds],
                 "skipped": skipped,
                 **({"assumption": _flat_assumption(the_link, nics_per_node, gpus_per_node)} if flat_multi_node else {}),
+                **({"ring_assumption": ring_words} if ring_words else {}),
             }
         )
         return
     caption = _link_caption(the_link)
-    if flat_multi_node:
+    if ring_words:
+        caption += "; ring: " + ring_words
+        if any(p.algo != "ring" for p in preds):
+            caption += "; the others: " + _flat_assumption(the_link, nics_per_node, gpus_per_node)
+    elif flat_multi_node:
         caption += "; " + _flat_assumption(the_link, nics_per_node, gpus_per_node)
     if skipped:
         caption += "; skipped: " + ", ".join(f"{s['algo']} ({s['reason']})" for s in skipped)
@@ -248,6 +287,13 @@ def _run_hierarchical(
     lin = model.link_from_preset(link_in, efficiency=efficiency)
     lout = model.network_link(link_out, nics_per_node, gpus_per_node, efficiency=efficiency)
     h = model.hierarchical_all_reduce(size_bytes, nodes, gpus_per_node, lin, lout)
+    # the flat comparator as NCCL runs it: its rings leave every node through all of its NICs
+    flat, words = flat_ring_across_nodes(
+        "all_reduce", size_bytes, nodes, gpus_per_node, model.link_from_preset(link_out, efficiency=efficiency),
+        nics_per_node, lin,
+    )
+    h = dataclasses.replace(h, flat_ring=flat, speedup_vs_flat=flat.time_s / h.time_s if h.time_s > 0 else None,
+                            flat_assumption=words)
     if as_json:
         payload = h.to_dict()
         payload["link_in"] = lin.to_dict()
@@ -275,6 +321,150 @@ def _run_hierarchical(
     console.print(f"[dim]{h.flat_assumption}[/dim]")
 
 
+def _machine_from_options(op, machine, ranks, nodes, gpus_per_node, link, link_in, link_out, nics_per_node,
+                          efficiency, alpha, beta):
+    """(Machine, k, n) for --algo nccl / all across nodes: --machine (preset or TOML file) with the
+    command line's facts over it, else a machine made of --gpus-per-node, --link-in (or --link),
+    --link-out and --nics-per-node. NVLS is assumed on nvlink4/nvlink5 nodes (H100/B200 NVSwitch
+    systems) unless --machine says otherwise. k defaults to n × G, n to 1."""
+    from tracekit.model.machine import make_machine, resolve_machine
+
+    if alpha is not None or beta is not None:
+        raise BadInputError("--alpha/--beta do not apply to the NCCL model: it takes link presets or --machine")
+    if link is not None and link_in is not None:
+        raise BadInputError("give --link-in (or --link) for the intra-node link, not both")
+    link_in = link_in if link_in is not None else link
+    if machine is not None:
+        m = resolve_machine(machine)
+        over = {}
+        for fact, value in (("gpus_per_node", gpus_per_node), ("link_in", link_in), ("nic", link_out),
+                            ("nics_per_node", nics_per_node)):
+            if value is not None:
+                over[fact] = value
+        if over:
+            srcs = tuple((f, s) for f, s in m.sources if f not in over) + tuple((f, "command line") for f in over)
+            m = dataclasses.replace(m, sources=srcs, **over)
+    else:
+        g = gpus_per_node
+        if g is None and ranks is None and op == "send":
+            ranks = 2  # a send has two ends
+        if g is None:
+            if ranks is None:
+                raise BadInputError(f"{op} needs --ranks K or --gpus-per-node G (or --machine)")
+            g = ranks if not nodes else max(1, ranks // nodes)
+        if link_in is None:
+            raise BadInputError("the NCCL model needs --link-in (or --link) for the intra-node link, or --machine")
+        key = link_in.strip().lower().replace("-", "_")
+        facts = {"nvls": key in ("nvlink4", "nvlink5"), "nvswitch": key.startswith("nvlink"),
+                 "arch": {"nvlink2": "volta", "nvlink3": "ampere", "nvlink5": "blackwell"}.get(
+                     key, "cdna" if key.startswith("xgmi") else "hopper")}
+        m = make_machine(g, link_in, nic=link_out, nics_per_node=nics_per_node, source="command line",
+                         name="command line", **facts)
+        m = dataclasses.replace(m, sources=m.sources + (
+            ("nvls", "assumed: NVLink SHARP on nvlink4/nvlink5 NVSwitch nodes" if facts["nvls"] else "assumed: none"),
+            ("arch", f"assumed from {key}")))
+    m = dataclasses.replace(m, efficiency=efficiency)
+    n = 1 if nodes is None else nodes
+    k = ranks if ranks is not None else n * m.gpus_per_node
+    if ranks is not None and nodes is not None and ranks > nodes * m.gpus_per_node:
+        raise BadInputError(f"--ranks {ranks} is more than --nodes {nodes} × {m.gpus_per_node} GPUs per node")
+    if k < 2 and op != "send":
+        raise BadInputError(f"bad rank count {k}: a collective needs at least 2 ranks")
+    return m, k, n
+
+
+def _machine_caption(machine) -> str:
+    """The machine in one line, and that NCCL's model is an approximation on an AMD (RCCL) machine."""
+    return machine.describe() + (" (RCCL runs here: NCCL's model is an approximation)" if machine.arch == "cdna" else "")
+
+
+def _run_nccl(op: str, size_bytes: float, ranks: int, nodes: int, machine, as_json: bool) -> None:
+    """--algo nccl: every algorithm × protocol of NCCL's tuning model, the fastest marked."""
+    from tracekit.model.nccl_tuning import NCCL_SOURCE, nccl_choice, nccl_predictions
+
+    rows = nccl_predictions(op, size_bytes, ranks, nodes, machine)
+    best = nccl_choice(op, size_bytes, ranks, nodes, machine)
+    if as_json:
+        _emit_json({"op": op, "size_bytes": size_bytes, "ranks": ranks, "nodes": nodes,
+                    "machine": machine.to_dict(), "source": NCCL_SOURCE, "nccl_pick": best.label,
+                    "predictions": [r.to_dict() for r in rows]})
+        return
+    table = _table(
+        f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks over {nodes} node(s): NCCL's model",
+        ["algorithm/protocol", "time", "latency", "β term", "algbw", "busbw (NCCL)", "D*", "verdict"],
+        f"{_machine_caption(machine)}; {NCCL_SOURCE}; latency = NCCL's α term; D* = its latency/bandwidth boundary; "
+        "* = what NCCL would pick; — = NCCL would not run it here"
+        + ("; p2p: tracekit's composition from the table's ring latencies (NCCL's tuning table has no "
+           "point-to-point row)" if any(r.algo == "p2p" for r in rows) else ""),
+    )
+    for r in rows:
+        if not r.eligible:
+            table.add_row(r.label, "—", "—", "—", "—", "—", "—", r.reason)
+            continue
+        table.add_row(("* " if r is best or r == best else "") + r.label, _ft(r.time_s), _ft(r.latency_s),
+                      _ft(r.beta_term_s), _fbw(r.algbw_Bps), _fbw(r.bus_bw_Bps), _fb(r.crossover_bytes), r.verdict)
+    console = _console()
+    _print(table, console)
+    console.print(f"NCCL would pick {best.label}: {_ft(best.time_s)} (path: {best.assumption})")
+
+
+def _run_all_multi_node(op: str, size_bytes: float, ranks: int, nodes: int, machine, as_json: bool) -> None:
+    """--algo all across nodes: the α–β flat ring (NCCL's rings over every NIC) and hierarchical
+    all-reduce, beside NCCL's ring, tree, NVLS / NVLS-tree and CollNet at their best protocol."""
+    from tracekit.model.nccl_tuning import NCCL_SOURCE, nccl_choice, nccl_predictions
+
+    g = machine.gpus_per_node
+    rows = []  # (algorithm, model, time, α term, β term, D*, verdict, assumption)
+    lin = machine.intra_link
+    nic = machine.nic_link
+    if nodes > 1 and nic is None:
+        raise BadInputError(f"machine {machine.name!r} has no --link-out NIC preset for {nodes} nodes")
+    ppn = max(1, ranks // nodes)
+    if op in RING_OPS and nodes > 1:
+        p, words = flat_ring_across_nodes(op, size_bytes, nodes, ppn, nic,
+                                          max(1, -(-ppn * machine.nics_per_node // g)), lin)
+        rows.append(("ring (flat)", "α–β", p.time_s, p.alpha_term_s, p.beta_term_s, p.crossover_bytes, p.verdict, words))
+    if op == "all_reduce" and nodes > 1:
+        lout = model.network_link(machine.nic, machine.nics_per_node, ppn, efficiency=machine.efficiency)
+        h = model.hierarchical_all_reduce(size_bytes, nodes, ppn, lin, lout)
+        rows.append(("hierarchical", "α–β", h.time_s, h.alpha_term_s, h.beta_term_s, None, h.verdict,
+                     f"ring reduce-scatter and all-gather inside the node over {lin.name} "
+                     f"({_fbw(lin.beta_Bps)}), ring all-reduce of D/{ppn} across {nodes} nodes with each GPU "
+                     f"on its NIC share ({_fbw(lout.beta_Bps)})"))
+    preds = nccl_predictions(op, size_bytes, ranks, nodes, machine)
+    best = nccl_choice(op, size_bytes, ranks, nodes, machine)
+    for algo in dict.fromkeys(r.algo for r in preds):
+        eligible = [r for r in preds if r.algo == algo and r.eligible]
+        if not eligible:
+            reason = next(r.reason for r in preds if r.algo == algo)
+            rows.append((algo, "NCCL", None, None, None, None, None, reason))
+            continue
+        r = min(eligible, key=lambda x: x.time_s)
+        rows.append(((("* " if r.label == best.label else "") + r.label), "NCCL", r.time_s, r.latency_s, r.beta_term_s,
+                     r.crossover_bytes, r.verdict, r.assumption))
+    if as_json:
+        keys = ("algo", "model", "time_s", "alpha_term_s", "beta_term_s", "crossover_bytes", "verdict", "assumption")
+        _emit_json({"op": op, "size_bytes": size_bytes, "ranks": ranks, "nodes": nodes, "machine": machine.to_dict(),
+                    "source": NCCL_SOURCE, "nccl_pick": best.label,
+                    "predictions": [dict(zip(keys, (row[0].removeprefix("* "),) + row[1:])) for row in rows]})
+        return
+    table = _table(
+        f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks over {nodes} node(s)",
+        ["algorithm", "model", "time", "α term", "β term", "D*", "verdict"],
+        f"{_machine_caption(machine)}; NCCL rows: {NCCL_SOURCE}, each algorithm at its fastest protocol; "
+        "* = what NCCL would pick; α term = fixed latency",
+    )
+    for name, mdl, t, a, b, dstar, v, _ in rows:
+        if t is None:
+            table.add_row(name, mdl, "—", "—", "—", "—", "not run here")
+        else:
+            table.add_row(name, mdl, _ft(t), _ft(a), _ft(b), "—" if dstar is None else _fb(dstar), v)
+    console = _console()
+    _print(table, console)
+    for name, mdl, *_, words in rows:
+        console.print(f"[dim]{name.removeprefix('* ')} ({mdl}): {words}[/dim]")
+
+
 def _make_collective_command(op: str):
     def command(
         size: str = typer.Option(..., "--bytes", help="Bytes per rank (nccl-tests S): 100MB = 1e8, 1G = 1GiB = 2**30, 1e9."),
@@ -288,7 +478,9 @@ def _make_collective_command(op: str):
         algo: Optional[str] = typer.Option(
             None,
             "--algo",
-            help=f"{'|'.join(model.ALGORITHMS[op])}|all" + ("|hierarchical" if op == "all_reduce" else ""),
+            help="nccl: NCCL 2.20's own model per algorithm/protocol; all: every algorithm (across nodes: ring, "
+            "tree, NVLS" + (", hierarchical" if op == "all_reduce" else "") + "); or one of "
+            + "|".join(model.ALGORITHMS[op]) + ("|hierarchical" if op == "all_reduce" else "") + ".",
         ),
         nodes: Optional[str] = typer.Option(None, "--nodes", help="Hierarchical: number of nodes N."),
         gpus_per_node: Optional[str] = typer.Option(None, "--gpus-per-node", help="Hierarchical: GPUs per node G."),
@@ -296,8 +488,13 @@ def _make_collective_command(op: str):
         link_out: Optional[str] = typer.Option(None, "--link-out", help="Hierarchical: inter-node link preset."),
         nics_per_node: Optional[str] = typer.Option(
             None, "--nics-per-node",
-            help="Multi-node: NICs per node shared by --gpus-per-node GPUs (β per GPU = NIC β × nics/G); "
-                 "default one NIC per GPU.",
+            help="Multi-node: NICs per node. Rings use all of them (β = nics × NIC β); algorithms whose every "
+                 "GPU sends at once get NIC β × nics/G each. Default one NIC per GPU.",
+        ),
+        machine: Optional[str] = typer.Option(
+            None, "--machine",
+            help="A machine preset (dgx-h100, dgx-a100, p5.48xlarge, gh200-slingshot, mi300x-oam) or a TOML "
+                 "machine file; --gpus-per-node, --link-in, --link-out, --nics-per-node override its facts.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON (seconds, bytes)."),
     ) -> None:
@@ -316,6 +513,7 @@ def _make_collective_command(op: str):
             link_out,
             as_json,
             _int(nics_per_node, "--nics-per-node"),
+            machine,
         )
 
     command.__doc__ = f"Predict {op} time per algorithm (time, α and β terms, steps, bytes sent, verdict)."

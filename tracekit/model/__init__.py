@@ -15,7 +15,12 @@ Pure Python (numpy only for the fit), no I/O. Implements
 - :mod:`~tracekit.model.overlap`: no overlap, chunked pipelining, layer-by-layer
   transfer, two-batch overlap, pipeline-parallel decode;
 - :mod:`~tracekit.model.fit`: α and β fitted from measurements (relative-error
-  weighted, robust).
+  weighted, robust);
+- :mod:`~tracekit.model.machine`: :class:`Machine` (nodes, GPUs, links, NICs), named presets and
+  the TOML machine file;
+- :mod:`~tracekit.model.nccl_tuning`: NCCL's own cost model (its tuning table, NCCL 2.20.3) per
+  algorithm × protocol, and the pair NCCL would pick;
+- :mod:`~tracekit.model.multinode`: flat rings across nodes using every NIC of the node.
 
 Units everywhere: bytes, seconds, bytes/second per direction. Bad values
 raise :class:`tracekit.errors.BadInputError`.
@@ -64,6 +69,8 @@ from tracekit.model.links import (
     n_half,
     network_link,
 )
+from tracekit.model.machine import MACHINE_PRESETS, Machine, load_machine_file, machine_preset, make_machine
+from tracekit.model.nccl_tuning import NCCL_TABLE, NcclPrediction, nccl_choice, nccl_predictions
 from tracekit.model.ops import CANONICAL_OPS, canonical_op
 from tracekit.model.overlap import (
     ChunkedOverlap,
@@ -152,4 +159,13 @@ __all__ = [
     "layered_exposed_time",
     "pipeline_bubble_fraction",
     "verdict",
+    "MACHINE_PRESETS",
+    "Machine",
+    "load_machine_file",
+    "machine_preset",
+    "make_machine",
+    "NCCL_TABLE",
+    "NcclPrediction",
+    "nccl_choice",
+    "nccl_predictions",
 ]

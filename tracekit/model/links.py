@@ -121,6 +121,7 @@ LINK_PRESETS: dict[str, LinkPreset] = {
         LinkPreset("ib_xdr", "InfiniBand XDR, one 800 Gb/s NIC", 100 * _GB, 5 * _US),
         LinkPreset("roce200", "RoCE, one 200 GbE NIC", 25 * _GB, 5 * _US),
         LinkPreset("slingshot11", "HPE Slingshot 11, one 200 Gb/s Cassini NIC", 25 * _GB, 5 * _US),
+        LinkPreset("efa_100", "AWS EFA, one 100 Gb/s network card (p5: 32 per instance)", 12.5 * _GB, 5 * _US),
         LinkPreset("loopback_gloo", "gloo over TCP loopback, one host (CPU)", 2.5 * _GB, 100 * _US),
     )
 }
@@ -143,6 +144,8 @@ values here are per direction, in bytes (reference, "Units"). Sources of the add
   (400) and ConnectX-8 SuperNIC (800 Gb/s) data sheets, per port per direction → 12.5 / 25 / 50 /
   100 GB/s; roce200 / roce400: the same NICs in Ethernet mode (200 / 400 GbE).
 - slingshot11: HPE Slingshot 11 (Cassini NIC) data sheet, 200 Gb/s per port → 25 GB/s.
+- efa_100: AWS EC2 P5 instance specifications, 3,200 Gb/s of EFA as 32 network cards → 100 Gb/s
+  = 12.5 GB/s each; α as for the other RDMA NICs above.
 - loopback_gloo: no data sheet: gloo's TCP transport over the loopback device between processes of
   one CPU host. Set from this project's own `collect sweep` on a 2-core machine
   (fixtures/sweep_2rank, ok fits): all_reduce α ≈ 111 µs per step, β ≈ 2.2 GB/s; reduce_scatter

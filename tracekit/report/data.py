@@ -138,7 +138,8 @@ def build_report(
     ``references`` (per op, group size, locality class and reference — each fit its own row, ``groups``
     the process groups judged by it: what the verdicts were judged against,
     with α, β, the collective's crossover size D* and fixed latency, or the reason for "no
-    model") and ``degraded_links`` (the buckets that raised the degraded-link warning).
+    model"; ``nccl_algos``: the NCCL algorithm/protocol pairs a preset reference assumed, when it
+    is NCCL's model) and ``degraded_links`` (the buckets that raised the degraded-link warning).
     ``alpha_s`` and ``beta_Bps`` (both, seconds and bytes/s) are the user's own α/β, used as the
     reference for every verdict; ``nics_per_node`` shares a node's NICs among its GPUs for groups
     across hosts (collective_reference).
@@ -258,7 +259,7 @@ def build_report(
         "pg_name, seq, locality, size_bytes, group_size, sync_time_ns, skew_ns, predicted_ns, fit_predicted_ns, "
         "link_predicted_ns, best_algo, best_predicted_ns, ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, "
         "crossover_bytes, link, link_crossover_bytes, tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps, "
-        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes "
+        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes, nccl_algo "
         "FROM collective_verdicts WHERE run_id = ?",
         p,
     )
@@ -278,7 +279,9 @@ def build_report(
                any_value(ref_alpha_s) AS alpha_s, any_value(ref_beta_Bps) / 1e9 AS beta_gbps,
                any_value(ref_alpha_s * ref_beta_Bps) AS n_half_bytes, any_value(crossover_bytes) AS crossover_bytes,
                any_value(ref_alpha_term_ns) AS fixed_latency_ns, any_value(link) AS link,
-               any_value(link_crossover_bytes) AS link_crossover_bytes
+               any_value(link_crossover_bytes) AS link_crossover_bytes,
+               -- NCCL's algorithm/protocol a preset reference assumed, per size (nccl_reference)
+               string_agg(DISTINCT nccl_algo, ', ' ORDER BY nccl_algo) AS nccl_algos
         FROM __report_verdicts
         GROUP BY op, group_size, locality, verdict_basis, reference, ref_note, ref_alpha_s, ref_beta_Bps
         ORDER BY op, group_size, locality, reference, note, kind, alpha_s, beta_gbps
@@ -691,7 +694,8 @@ def print_report(report: dict, console=None) -> None:
         for r in report["references"]:
             note = r["no_model_reason"] if r["kind"] is None else (r["note"] or "")
             t.add_row(r["op"], str(r["group_size"]), LOCALITY_SHORT.get(r["locality"], "?"), str(r["instances"]),
-                      r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""), note or "")
+                      r["reference"] + (f" [{r['kind']}]" if r["kind"] else "")
+                      + (f"; NCCL's model: {r['nccl_algos']}" if r.get("nccl_algos") else ""), note or "")
         _show(con, t)
         t = _table("The references' α and β, fixed latency and boundary D*")
         for col in ("op", "k", "reference", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)", "link n½"):
