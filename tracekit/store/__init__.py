@@ -233,16 +233,23 @@ ANALYSIS_MEMORY_MAX = 8 * 2**30
 
 
 class AnalysisConnection:
-    """A DuckDB connection whose ``execute`` retries a statement that ran out of memory.
+    """The connection analyses and reports run on: a DuckDB connection to a store's runs
+    (:meth:`Store.connect`) whose ``execute`` retries a statement that ran out of memory.
 
     Sorts, joins and aggregations spill to disk within the budget; a window over one very
     large partition may not, and DuckDB then fails the statement. Instead of failing the
     report, the budget is raised ×4 (up to ANALYSIS_MEMORY_MAX) and the statement run again
     (a failed statement has no effect). Everything else is the wrapped connection's.
+
+    ``duckdb``: the DuckDB connection itself (a statement run on it skips the budget retry and
+    the analyses). ``analyses``: None on a bare store connection; ``tracekit.analyses.connect``
+    sets it to the analyses' builder, whose ``prepare(statement)`` ``execute`` and ``sql`` call
+    first, so that the analyses a statement names exist when it binds.
     """
 
     def __init__(self, con, limit: int):
-        self._con = con
+        self.duckdb = con
+        self.analyses = None
         self._pins: list[int] = []  # shared locks on the run versions the views read (Store.pin)
         self.bound_files: list[str] = []  # every Parquet file the store's views read (tracekit.sqlshell)
         self.run_tables: dict[str, set[str]] = {}  # run id → the TABLES it has files of
@@ -254,23 +261,31 @@ class AnalysisConnection:
         if self.memory_limit >= ANALYSIS_MEMORY_MAX:
             return False
         self.memory_limit = min(self.memory_limit * 4, ANALYSIS_MEMORY_MAX)
-        self._con.execute(f"SET memory_limit = '{self.memory_limit}B'")
+        self.duckdb.execute(f"SET memory_limit = '{self.memory_limit}B'")
         return True
 
-    def execute(self, *args, **kwargs):
+    def execute(self, query, *args, **kwargs):
         import duckdb
 
+        if self.analyses is not None:
+            self.analyses.prepare(query)
         while True:
             try:
-                return self._con.execute(*args, **kwargs)
+                return self.duckdb.execute(query, *args, **kwargs)
             except duckdb.OutOfMemoryException:
                 if not self.raise_budget():
                     raise
 
+    def sql(self, query, *args, **kwargs):
+        """A DuckDB relation of ``query`` (lazy: no budget retry), the analyses it names built."""
+        if self.analyses is not None:
+            self.analyses.prepare(query)
+        return self.duckdb.sql(query, *args, **kwargs)
+
     def close(self) -> None:
         """Close the connection and release its runs (a replace may then remove their old files)."""
         try:
-            self._con.close()
+            self.duckdb.close()
         finally:
             _unpin(self._pins)
 
@@ -281,7 +296,9 @@ class AnalysisConnection:
             pass
 
     def __getattr__(self, name):
-        return getattr(self._con, name)
+        if name == "duckdb":  # not set yet (__init__ failed): no recursion
+            raise AttributeError(name)
+        return getattr(self.duckdb, name)
 
 
 def _unpin(fds: list[int]) -> None:
