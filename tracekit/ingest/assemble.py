@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracekit import SCHEMA_VERSION
+from tracekit.store import SCHEMA_VERSION
 from tracekit.errors import FileError
 from tracekit.ingest import pg_attribution
 from tracekit.ingest.attribute import build_collectives

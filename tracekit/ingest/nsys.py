@@ -654,7 +654,7 @@ def _assign_process_ranks(readers: list[_Reader], env: dict[int, dict]) -> None:
        files whose processes have no rank are numbered in file order by the ingest.
     Ranks other than from env, file name or MPI are marked with a warning naming the source.
     """
-    from tracekit.ingest import rank_from_filename
+    from tracekit.ingest.staging import rank_from_filename
 
     n = len(readers)
     by_pid = {e["pid"]: e for e in env.values() if e["pid"] is not None}

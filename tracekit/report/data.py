@@ -827,7 +827,7 @@ def _rank_list(ranks: list) -> str:
 def cpu_side_lines(report: dict) -> list[str]:
     """One line each, as plain text: the CPU-only ranks (their compute is CPU op time), the
     CPU-side collectives (their span is the CPU call), the same-stream overlaps kept whole."""
-    from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS
+    from tracekit.store import CLIP_TOLERANCE_NS
 
     cs = report.get("cpu_side") or {}
     out = []

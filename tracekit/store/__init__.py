@@ -37,8 +37,14 @@ from typing import Iterable
 
 import pyarrow as pa
 
-from tracekit import SCHEMA_VERSION
 from tracekit.errors import FileError, StoreError
+
+SCHEMA_VERSION = "1.0"
+"""Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR."""
+
+CLIP_TOLERANCE_NS = 100
+"""Overlaps of consecutive GPU ops on one stream up to this are clock noise: kept and counted
+(the ranks' ``same_stream_overlaps``), not clipped (tracekit.ingest.linkpass)."""
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
