@@ -323,8 +323,9 @@ def register_udfs(con) -> None:
             preds = [p for p in preds if p.algo != "nvls"] or preds
         return min(preds, key=lambda p: p.time_s)
 
-    # predict_collective over every algorithm costs ~45 µs and tk_best_algo / tk_best_time ask it
-    # twice per instance with arguments that repeat (same op, size, k, α, β): remember the answers.
+    # predict_collective over every algorithm is costly (benchmarks/README.md) and tk_best_algo /
+    # tk_best_time ask it twice per instance with arguments that repeat (same op, size, k, α, β):
+    # remember the answers.
     best_cache: dict = {}
 
     def best(*args):
@@ -468,7 +469,7 @@ def create_table_from_rows(con, name: str, schema, rows: list[dict]) -> None:
     double, string and bool fields) holding ``rows`` (dicts; a missing key is NULL), in order.
 
     The values go to DuckDB as one typed list per column, unnested side by side, not through a
-    pyarrow table: building one from Python objects imports pandas (~0.15 s on every analyze).
+    pyarrow table: building one from Python objects imports pandas, on every analyze.
     """
     names, types, cols = [], [], []
     for field in schema:

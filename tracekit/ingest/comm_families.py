@@ -23,7 +23,7 @@ op and the group size (tracekit.model.busbw_factor). Where a buffer only bounds 
 (symmetric buffers of ``all_to_all_vdev``, whose splits are device tensors), the row is ``approx``.
 
 Process group: the op's group-name argument (``group_arg``, an index into ``Concrete Inputs``)
-when the trace recorded it (Kineto records no string arguments today, so usually the default
+when the trace recorded it (the Kineto traces read so far record no string arguments, so usually the default
 group, as for any collective without a process-group name).
 
 User families: ``tracekit ingest --comm-pattern 'REGEX=OP'`` adds a kernel pattern with its op

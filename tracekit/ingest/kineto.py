@@ -29,9 +29,8 @@ any other value is converted from its decimal text. Why 2^41: for x < 2^k the
 double nearest the text is off by at most 2^(k-53) µs = 500·2^(k-53) ns, and the
 product x*1000 adds at most half an ulp of a number below 2^(k+10), 2^(k-44) ns;
 the sum, about 2^(k-43) ns, must stay below 0.5 ns so the rounding lands on the
-true integer. k = 41 leaves a factor of 2 (0.25 ns). (The bound used to be
-2^52/1000 µs ≈ 2^42.03, which let 1 ns errors through: hta_nccl_parser's
-ts ≈ 4.46e12 µs lost up to 1 ns.)
+true integer. k = 41 leaves a factor of 2 (0.25 ns); a looser bound lets 1 ns
+errors through (benchmarks/README.md, "Design measurements kept out of the code").
 """
 
 from __future__ import annotations

@@ -369,7 +369,7 @@ def read_nsys_report(
 
     Returns ``[(RankFile, staging file), ...]`` in process order (by pid); the first
     process' rows go to ``out_stage``, the k-th's to ``<out_stage stem>.p<k>.arrows``
-    beside it. A report of one process (or none) is read whole, as before: one rank.
+    beside it. A report of one process (or none) is read whole: one rank.
     In a report of several processes (``nsys profile torchrun ...``) each process with
     GPU activity (kernels, memcpy, memset, syncs, graphs: their ``globalPid``) is a
     rank, read with every query restricted to that process, so that correlation ids,

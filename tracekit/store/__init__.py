@@ -17,7 +17,7 @@ Writes are atomic: a run is assembled in ``.staging``, renamed into ``runs/`` as
 version and made current by one rename of its link (:meth:`Staging.commit`), so an
 interrupted or failed ingest leaves the store as it was and a replace is seen by readers
 as the old run or the new one, never none; the next writer cleans up after one that died
-(:func:`recover`). Run directories of older stores (plain directories) are read as before. Every run row carries ``schema_version``; a reader refuses a store whose
+(:func:`recover`). Run directories of older stores (plain directories) are read too. Every run row carries ``schema_version``; a reader refuses a store whose
 major version is newer than this tracekit's (``StoreError``).
 
 The column contract is in ``../shared/DESIGN.md`` ("The store"); the Arrow
@@ -229,10 +229,9 @@ TABLES = {
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)
 ANALYSIS_MEMORY_LIMIT = 48 * 2**20
 """DuckDB's memory budget for analyses, bytes (it spills beyond; see :class:`AnalysisConnection`).
-No analysis holds a whole rank in one window any more (overlap_windows sweeps a sorted stream,
-collective_instances is built in parts), so a small budget suffices: the report of a 3 GB trace
-(×64 replica of hta_ddp_v100) peaks at ~226 MiB (~260 MiB at 128 MB), of a 757 MB one (×16) at
-~187 MiB (benchmarks/README.md)."""
+No analysis holds a whole rank in one window (overlap_windows sweeps a sorted stream,
+collective_instances is built in parts), so a small budget suffices (the peaks measured with it:
+benchmarks/README.md, "Design measurements kept out of the code")."""
 
 ANALYSIS_MEMORY_MAX = 8 * 2**30
 """The budget a statement that cannot run within ANALYSIS_MEMORY_LIMIT may grow to (×4 per retry)."""
@@ -593,7 +592,7 @@ class Store:
 
         best = None
         for rid in self.run_ids():
-            # ParquetFile, not read_table (which imports pyarrow.dataset and pandas: ~0.25 s of startup);
+            # ParquetFile, not read_table (which imports pyarrow.dataset and pandas at startup);
             # created_at compared as integer ns since the epoch, not as a Python datetime (converting
             # a tz-aware timestamp imports pandas too; a cast imports pyarrow.compute)
             t = pq.ParquetFile(self.run_dir(rid) / "run.parquet").read(columns=["created_at", "workload", "source"])
