@@ -15,8 +15,8 @@ with the base views, the model UDFs and the ``tk_link`` variable, and nothing el
 relations the statement names and, first, every module those read (:meth:`Builder.ensure`). So
 ``SELECT count(*) FROM events`` builds no analysis, a query of ``collective_bandwidth`` builds
 instance_rows, collective_instances and collective_bandwidth, and a report builds each module once
-on its one connection. A name no module defines and DuckDB does not know (a misspelt view) builds
-nothing: DuckDB's binder then refuses the statement at once.
+on its one connection. A name no module defines (a misspelt view) is left to DuckDB, whose binder
+refuses the statement at once: alone, it builds nothing.
 
 The α–β formulas are not re-typed in SQL: :func:`register_udfs` exposes ``tracekit.model``
 functions to DuckDB (prefixed ``tk_``).
@@ -114,15 +114,13 @@ def create_module(con, name: str) -> None:
         importlib.import_module(f"{__package__}.{name}").create(con)
 
 
-def statement_names(query: str) -> tuple[set[str], set[str]]:
+def statement_names(query: str) -> set[str]:
     """The names in ``query`` (any SQL text: one statement or several, of any type) as DuckDB's
-    tokenizer (``duckdb.tokenize``) reads them, lower case: ``(named, sources)``.
-
-    ``named``: every identifier and every string constant (a macro may be passed a table's name as
-    a string, as ``merge_intervals('_comm_spans')``); a superset of the relations the statement
-    reads. ``sources``: the identifiers right after FROM or JOIN that are not qualified
-    (``schema.x``) nor the names of the statement's CTEs (``x AS (``): the relations the
-    statement reads from directly (a table function's name among them).
+    tokenizer (``duckdb.tokenize``) reads them, lower case: every identifier (quotes removed) and
+    every string constant (a macro may be passed a table's name as a string, as
+    ``merge_intervals('_comm_spans')``), comments skipped. A superset of the relations the
+    statement reads: a column or alias named like a relation is in it too (no column of the store
+    or of an analysis is, tests/test_analysis_pipeline.py).
     """
     import duckdb
 
@@ -130,24 +128,13 @@ def statement_names(query: str) -> tuple[set[str], set[str]]:
     raw = duckdb.tokenize(query)
     text = query.encode("utf-8")  # the tokenizer's offsets are in bytes
     ends = [t[0] for t in raw[1:]] + [len(text)]
-    toks = [(kind, text[a:b].decode("utf-8", "replace").strip()) for (a, kind), b in zip(raw, ends)
-            if kind != kinds.comment]
     named: set[str] = set()
-    sources: set[str] = set()
-    ctes: set[str] = set()
-    for i, (kind, tok) in enumerate(toks):
+    for (a, kind), b in zip(raw, ends):
         if kind == kinds.identifier:
-            name = tok.strip('"').lower()
-            named.add(name)
-            prev = toks[i - 1] if i else (None, "")
-            nxt = toks[i + 1] if i + 1 < len(toks) else (None, "")
-            if prev[0] == kinds.keyword and prev[1].upper() in ("FROM", "JOIN") and nxt[1] != ".":
-                sources.add(name)
-            if nxt[0] == kinds.keyword and nxt[1].upper() == "AS" and i + 2 < len(toks) and toks[i + 2][1].startswith("("):
-                ctes.add(name)
+            named.add(text[a:b].decode("utf-8", "replace").strip().strip('"').lower())
         elif kind == kinds.string_const:
-            named.add(tok.strip("'").lower())
-    return named, sources - ctes
+            named.add(text[a:b].decode("utf-8", "replace").strip().strip("'").lower())
+    return named
 
 
 class Builder:
@@ -214,25 +201,19 @@ class Builder:
         self.ensure([m.name for m in MODULES])
 
     def prepare(self, query: str) -> None:
-        """Build the modules ``query`` needs (:func:`statement_names`: the modules defining a name
-        it holds, and what those read) before it runs. When it reads from a name that no module
-        defines and the connection does not know (a misspelt view), nothing is built: DuckDB's
-        binder refuses it. Does nothing while a module is being built (modules declare what they
+        """Build the modules ``query`` needs before it runs: those defining a name it holds
+        (:func:`statement_names`) and what they read (:meth:`ensure`). A name no module defines is
+        left to DuckDB: a misspelt view alone builds nothing, and DuckDB's binder refuses the
+        statement at once. Does nothing while a module is being built (modules declare what they
         read) or once every module is."""
         if self._building or len(self.built) == len(MODULES) or not isinstance(query, str):
             return
-        named, sources = statement_names(query)
-        wanted = sorted({DEFINED_BY[n] for n in named if n in DEFINED_BY} - set(self.built))
-        if not wanted:
-            return
-        unknown = [n for n in sources if n not in DEFINED_BY]
-        if unknown:
-            known = {n.lower() for (n,) in self.con.duckdb.execute(
-                "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views() "
-                "UNION ALL SELECT function_name FROM duckdb_functions()").fetchall()}
-            if any(n not in known for n in unknown):
-                return
-        self.ensure(wanted)
+        wanted = {DEFINED_BY[n] for n in statement_names(query) if n in DEFINED_BY} - set(self.built)
+        if wanted:
+            self.ensure(sorted(wanted, key=_ORDER.__getitem__))
+
+
+_ORDER = {m.name: i for i, m in enumerate(MODULES)}
 
 
 def connect(store, run_ids: list[str] | None = None, link: str | None = None):
