@@ -18,9 +18,7 @@ ig = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ig)
 
 OPEN_CIRCLES = {
-    # the ingest's collective attribution circle (attribute → pg_attribution → assemble → attribute) is
-    # being opened on another branch; the collectors' EP workloads share helpers both ways
-    ("tracekit.ingest.assemble", "tracekit.ingest.attribute", "tracekit.ingest.pg_attribution"),
+    # the collectors' EP workloads: ep.run_ep hands a DP > 1 config to epdp, which builds on ep's layers
     ("tracekit.collectors.workloads.ep", "tracekit.collectors.workloads.epdp"),
 }
 """Circles known and left open for now: the test fails on any other, and on one of these once it
