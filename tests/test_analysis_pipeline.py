@@ -102,6 +102,21 @@ def test_a_misspelt_view_in_sql_fails_at_once_building_nothing(tp_store, monkeyp
     assert made == ["instance_rows", "collective_instances", "collective_bandwidth"] == con.analyses.built
 
 
+def test_any_statement_type_builds_what_it_names(tp_store, monkeypatch, capsys):
+    """EXPLAIN and DESCRIBE are not SELECTs to DuckDB's JSON serializer; the tokenizer reads them all."""
+    made = _created(monkeypatch)
+    assert main(["sql", "--store", str(tp_store.path), "--json", "EXPLAIN SELECT * FROM collective_samples"]) == 0
+    assert made == ["instance_rows", "collective_instances", "collective_samples"]
+    capsys.readouterr()
+    made.clear()
+    assert main(["sql", "--store", str(tp_store.path), "--json", "DESCRIBE alpha_beta_fit"]) == 0
+    assert [r["column_name"] for r in json.loads(capsys.readouterr().out)][:2] == ["run_id", "source"]
+    # fit reads collective_instances, collective_samples and instance_locality (node_locality, which
+    # reads collective_bandwidth), each built once, before it
+    assert made == ["instance_rows", "collective_instances", "collective_samples", "collective_bandwidth",
+                    "node_locality", "fit"]
+
+
 def test_ensure_of_an_unknown_name_fails_at_once(tp_store, monkeypatch):
     made = _created(monkeypatch)
     con = analyses.connect(tp_store)
