@@ -6,14 +6,17 @@ torch nor DuckDB, so ``tracekit analyze`` on an existing store starts fast.
 
 __version__ = "0.1.0"
 
-SCHEMA_VERSION = "1.0"
-"""Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR."""
 
 
 def __getattr__(name: str):
     """Lazy exports: ``tracekit.open(store)`` (the Python API), ``tracekit.profile`` (context
-    manager) and ``tracekit.step()``,
-    imported on first use so that ``import tracekit`` stays free of torch/DuckDB."""
+    manager) and ``tracekit.step()``, and ``tracekit.SCHEMA_VERSION`` (the store's,
+    :data:`tracekit.store.SCHEMA_VERSION`), imported on first use so that ``import tracekit`` stays
+    free of torch/DuckDB."""
+    if name == "SCHEMA_VERSION":
+        from tracekit.store import SCHEMA_VERSION
+
+        return SCHEMA_VERSION
     if name == "open":  # the notebook API, tracekit/api.py
         from tracekit.api import open as open_
 

@@ -181,11 +181,12 @@ class Run:
             from tracekit.report.data import report_connection
 
             _, acon = report_connection(self.store, self.run_id, self.link)
-            confine(acon._con, acon._con.bound_files)
+            confine(acon.duckdb, acon.bound_files)
             self._sql_con = acon
-        raw = self._sql_con._con._con  # the DuckDB connection (SET is locked: no budget retry)
+        raw = self._sql_con.duckdb  # the DuckDB connection itself (SET is locked: no budget retry)
         try:
-            return self._sql_con._retry(lambda: raw.sql(query, params=params) if params else raw.sql(query))
+            self._sql_con.analyses.prepare(query)
+            return raw.sql(query, params=params) if params else raw.sql(query)
         except duckdb.Error as exc:
             lines = str(exc).splitlines()
             raise BadInputError(f"SQL error: {lines[0] if lines else type(exc).__name__}") from None

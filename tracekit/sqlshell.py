@@ -92,7 +92,7 @@ def check_read_only(query: str) -> str:
 
 
 def confine(con, files: list[str]) -> None:
-    """Lock ``con`` (a DuckDB connection, or tracekit's AnalysisConnection) down to reading ``files``.
+    """Lock ``con`` (a DuckDB connection, or tracekit.store.AnalysisConnection) down to reading ``files``.
 
     Runs the settings in the module docstring, ``lock_configuration`` last; after this no setting
     of ``con`` can change.
@@ -129,18 +129,17 @@ def run_query(store, query: str, *, arrow: bool = False, run_ids: list[str] | No
     check_read_only(query)
     limit = ANALYSIS_MEMORY_LIMIT
     while True:
-        acon = analyses.connect(store, run_ids=run_ids)  # base views and UDFs; an analysis is built when the query needs it
-        con = acon._con  # tracekit.store.AnalysisConnection: its bound files, its close()
+        con = analyses.connect(store, run_ids=run_ids)  # base views and UDFs; the analyses the query names are built first
+        raw = con.duckdb  # statements on it skip the budget retry (AnalysisConnection.execute would SET the budget)
         try:
-            con.execute(f"SET memory_limit = '{limit}B'")
-            confine(con, con.bound_files)
+            raw.execute(f"SET memory_limit = '{limit}B'")
+            confine(raw, con.bound_files)
             try:
-                # on the DuckDB connection itself (AnalysisConnection.execute would SET the budget),
-                # retried by the pipeline while the query names analyses not built yet
+                con.analyses.prepare(query)
                 if arrow:  # a relation straight to Arrow (a DB-API result would copy the rows once more)
-                    rel = acon._retry(lambda: con._con.sql(query))
+                    rel = raw.sql(query)
                     return None if rel is None else rel.to_arrow_table()
-                cur = acon._retry(lambda: con._con.execute(query))
+                cur = raw.execute(query)
                 if cur.description is None:
                     return None, []
                 return [d[0] for d in cur.description], cur.fetchall()

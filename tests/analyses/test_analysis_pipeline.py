@@ -1,17 +1,22 @@
-"""The analyses as an explicit pipeline: every module listed once, built on first use, once per report,
-and every view and table exactly as its module's header documents it (DESCRIBE against the header).
+"""The analyses declared as data: every module listed once in MODULES with what it defines and
+reads, built on first use (what a statement names and what that reads, nothing more), once per
+report, and every view and table exactly as its module's header documents it (DESCRIBE against the
+header).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import time
 from importlib import resources
 
 import pytest
 
 from tracekit import analyses
 from tracekit.cli import main
+from tracekit.errors import BadInputError
 from tracekit.ingest import ingest_paths
 from tracekit.store import TABLES, Store
 
@@ -40,11 +45,22 @@ def _created(monkeypatch) -> list[str]:
     return made
 
 
-def test_the_pipeline_lists_every_module_file_once():
+def _objects(con) -> set[str]:
+    """Every view, table and macro on ``con`` (the store's, the analyses', temporary ones)."""
+    return {n for (n,) in con.duckdb.execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal UNION SELECT table_name FROM duckdb_tables() "
+        "UNION SELECT function_name FROM duckdb_functions() "
+        "WHERE function_type IN ('macro', 'table_macro') AND NOT internal").fetchall()}
+
+
+def test_the_modules_list_every_module_file_once():
     files = sorted(f.name.rsplit(".", 1)[0] for f in resources.files(analyses).iterdir()
                    if f.name.endswith((".sql", ".py")) and f.name != "__init__.py")
-    assert sorted(analyses.PIPELINE) == files
-    assert len(set(analyses.PIPELINE)) == len(analyses.PIPELINE)
+    names = [m.name for m in analyses.MODULES]
+    assert sorted(names) == files and len(set(names)) == len(names)
+    defined = [r for m in analyses.MODULES for r in m.defines]
+    assert len(defined) == len(set(defined))  # each relation defined once
+    assert not set(defined) & set(TABLES)
 
 
 def test_a_base_table_query_builds_no_analysis(tp_store, monkeypatch, capsys):
@@ -54,24 +70,71 @@ def test_a_base_table_query_builds_no_analysis(tp_store, monkeypatch, capsys):
     assert row["n"] > 0 and made == []
 
 
-def test_a_view_builds_the_modules_up_to_it_and_no_further(tp_store, monkeypatch):
+def test_a_view_builds_what_it_reads_and_nothing_else(tp_store, monkeypatch):
     made = _created(monkeypatch)
     con = analyses.connect(tp_store)
     (n,) = con.execute("SELECT count(*) FROM collective_bandwidth").fetchone()
-    upto = analyses.PIPELINE[: analyses.PIPELINE.index("collective_bandwidth") + 1]
-    assert made == list(upto) and con.loaded == list(upto)
+    # collective_bandwidth reads collective_instances, which reads instance_rows' view and macro
+    assert made == ["instance_rows", "collective_instances", "collective_bandwidth"] == con.analyses.built
     assert n == con.execute("SELECT count(*) FROM collective_instances").fetchone()[0] > 0
-    assert made == list(upto)  # already there: nothing built again
-    assert "overlap_windows" not in made and "fit" not in made
+    assert len(made) == 3  # already there: nothing built again
+    # a late module builds its own closure only: the islands read the interval macros
+    con.execute("SELECT count(*) FROM compute_islands").fetchone()
+    assert made[3:] == ["intervals", "overlap_islands"]
 
 
-def test_a_misspelt_name_still_fails_once_everything_is_built(tp_store):
+def test_a_misspelt_view_in_sql_fails_at_once_building_nothing(tp_store, monkeypatch, capsys):
+    """Replaces test_a_misspelt_name_still_fails_once_everything_is_built (the whole pipeline,
+    critical path included, was built before DuckDB refused the name)."""
+    made = _created(monkeypatch)
+    t0 = time.perf_counter()
+    code = main(["sql", "--store", str(tp_store.path), "SELECT * FROM collective_verdictz"])
+    elapsed = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert code == 2 and made == [] and elapsed < 1.0
+    assert err.count("\n") == 1 and "collective_verdictz" in err and err.startswith("tracekit: SQL error")
+    # beside a real view: that view's modules only, and DuckDB's binder refuses the misspelt one
     import duckdb
 
     con = analyses.connect(tp_store)
-    with pytest.raises(duckdb.CatalogException):
-        con.execute("SELECT * FROM collective_verdictz")
-    assert con.loaded == list(analyses.PIPELINE)
+    with pytest.raises(duckdb.CatalogException, match="collective_verdictz"):
+        con.execute("SELECT * FROM collective_bandwidth JOIN collective_verdictz USING (run_id)")
+    assert made == ["instance_rows", "collective_instances", "collective_bandwidth"] == con.analyses.built
+
+
+def test_any_statement_type_builds_what_it_names(tp_store, monkeypatch, capsys):
+    """EXPLAIN and DESCRIBE are not SELECTs to DuckDB's JSON serializer; the tokenizer reads them all."""
+    made = _created(monkeypatch)
+    assert main(["sql", "--store", str(tp_store.path), "--json", "EXPLAIN SELECT * FROM collective_samples"]) == 0
+    assert made == ["instance_rows", "collective_instances", "collective_samples"]
+    capsys.readouterr()
+    made.clear()
+    assert main(["sql", "--store", str(tp_store.path), "--json", "DESCRIBE alpha_beta_fit"]) == 0
+    assert [r["column_name"] for r in json.loads(capsys.readouterr().out)][:2] == ["run_id", "source"]
+    # fit reads collective_instances, collective_samples and instance_locality (node_locality, which
+    # reads collective_bandwidth), each built once, before it
+    assert made == ["instance_rows", "collective_instances", "collective_samples", "collective_bandwidth",
+                    "node_locality", "fit"]
+
+
+def test_ensure_of_an_unknown_name_fails_at_once(tp_store, monkeypatch):
+    made = _created(monkeypatch)
+    con = analyses.connect(tp_store)
+    with pytest.raises(BadInputError, match=r"'collective_verdictz' \(did you mean collective_verdicts\?\)"):
+        con.analyses.ensure(["collective_bandwidth", "collective_verdictz"])
+    assert made == []
+    con.analyses.ensure("collective_samples")  # a module's name, or a relation it defines
+    assert made == ["instance_rows", "collective_instances", "collective_samples"]
+
+
+def test_statement_names_read_by_the_tokenizer():
+    named = analyses.statement_names(
+        "WITH w AS (SELECT * FROM collective_waits) -- FROM not_this\n"
+        "SELECT 'αβ', x.y FROM w JOIN main.runs ON 1 JOIN \"Verdicts\" v ON 1, merge_intervals('_comm_spans')")
+    # identifiers (quotes off, lower case) and string constants; no keyword, no comment; the
+    # non-ASCII constant before them checks the tokenizer's byte offsets
+    assert named == {"w", "collective_waits", "αβ", "x", "y", "main", "runs", "verdicts", "v", "merge_intervals",
+                     "_comm_spans"}
 
 
 def test_analyze_with_json_and_html_builds_each_module_once(tp_store, monkeypatch, tmp_path, capsys):
@@ -80,35 +143,70 @@ def test_analyze_with_json_and_html_builds_each_module_once(tp_store, monkeypatc
     assert main(["analyze", "--store", str(tp_store.path), "--json", "--html", str(html)]) == 0
     assert json.loads(capsys.readouterr().out)["run"]["run_id"] == "tp"
     assert html.stat().st_size > 10_000
-    # every module but the per-GPU-op tables, which no report reads; none twice
-    assert sorted(made) == sorted(set(analyses.PIPELINE) - {"gpu_launchers"})
+    # every module but the per-GPU-op tables, which no report reads, and the all-to-all imbalance,
+    # which the report asks for only when the run has all-to-alls (TP: none); none twice
+    assert sorted(made) == sorted({m.name for m in analyses.MODULES} - {"gpu_launchers", "alltoall_imbalance"})
 
 
-def test_the_islands_are_built_only_when_asked(tp_store, monkeypatch, capsys):
-    """The terminal/JSON report never binds the island views (they read every rank's events file);
-    ensure() creates them, and the interval macros they read, without the modules between."""
+def test_the_terminal_report_builds_no_island_or_gpu_op_table(tp_store, monkeypatch, capsys):
+    """The terminal/JSON report never names the island views (they read every rank's events file)
+    nor the per-GPU-op tables; a user's statement naming one builds that module and what it reads."""
     made = _created(monkeypatch)
     assert main(["analyze", "--store", str(tp_store.path), "--json"]) == 0
     capsys.readouterr()
-    assert "overlap_islands" not in made and "critical_path" in made
+    assert "overlap_islands" not in made and "gpu_launchers" not in made and "critical_path" in made
     made.clear()
-    con = analyses.connect(tp_store)
-    con.ensure("overlap_islands")
-    assert made == ["intervals", "overlap_islands"] and con.loaded == []
-    (n,) = con.execute("SELECT count(*) FROM compute_islands WHERE run_id = 'tp'").fetchone()
-    assert n > 0 and made == ["intervals", "overlap_islands"]  # bound: nothing else built
-    con.ensure("overlap_islands")
-    assert made == ["intervals", "overlap_islands"]
-    con.load_all()  # the pipeline skips what ensure() created
-    assert sorted(made) == sorted(analyses.PIPELINE) and con.loaded == list(analyses.PIPELINE)
-    made.clear()  # a user's statement naming an island view creates that module alone; so does one
-    assert main(["sql", "--store", str(tp_store.path), "--json",  # naming a per-GPU-op table
-                 "SELECT count(*) AS n FROM gpu_launchers"]) == 0
+    assert main(["sql", "--store", str(tp_store.path), "--json", "SELECT count(*) AS n FROM gpu_launchers"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["n"] == 0 and made == ["gpu_launchers"]  # CPU-only (gloo)
     made.clear()
     assert main(["sql", "--store", str(tp_store.path), "--json",
                  "SELECT count(*) AS n FROM overlap_islands o JOIN compute_islands c USING (run_id, rank, grp)"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["n"] >= 0 and made == ["intervals", "overlap_islands"]
+
+
+def _named_in_source(name: str) -> set[str]:
+    """The names a module's statements hold: SQL tokens but comments (statement_names), or for a
+    Python module those of every string constant but docstrings (its SQL)."""
+    sql = analyses.sql_text(name)
+    if sql is not None:
+        return analyses.statement_names(sql)
+    tree = ast.parse(resources.files(analyses).joinpath(f"{name}.py").read_text(encoding="utf-8"))
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            out |= set(re.findall(r"[a-z_][a-z0-9_]*", n.value.lower()))
+    return out
+
+
+@pytest.mark.parametrize("module", analyses.MODULES, ids=lambda m: m.name)
+def test_each_module_creates_what_it_declares_and_binds_with_what_it_reads(tp_store, module):
+    con = analyses.connect(tp_store, link="nvlink4")
+    base = _objects(con)
+    assert set(module.reads) <= base | set(analyses.DEFINED_BY), module.reads  # each read exists somewhere
+    deps = sorted({analyses.DEFINED_BY[r] for r in module.reads if r in analyses.DEFINED_BY} - {module.name})
+    if deps:
+        con.analyses.ensure(deps)  # what it reads, built
+    assert module.name not in con.analyses.built
+    before = _objects(con)
+    assert set(module.reads) <= before
+    con.analyses = None  # nothing built on the way: the module binds with what is there, or fails
+    analyses.create_module(con, module.name)
+    assert _objects(con) - before == set(module.defines)
+    con.close()
+    # and its statements name no relation of another module, nor a base view, that it does not declare
+    known = set(analyses.DEFINED_BY) | set(TABLES)
+    undeclared = (_named_in_source(module.name) & known) - set(module.reads) - set(module.defines)
+    assert not undeclared, f"{module.name} names {sorted(undeclared)} without declaring them"
+
+
+def test_no_column_is_named_as_a_relation(tp_store):
+    """statement_names takes every identifier for a possible relation: a column named as one would
+    build its module needlessly (never wrongly)."""
+    con = analyses.connect(tp_store, link="nvlink4")
+    con.analyses.ensure_all()
+    cols = {c for (c,) in con.duckdb.execute("SELECT DISTINCT column_name FROM duckdb_columns()").fetchall()}
+    assert not cols & set(analyses.DEFINED_BY)
 
 
 def _documented(names: set[str]) -> dict[str, list[tuple[str, str]]]:
@@ -121,7 +219,7 @@ def _documented(names: set[str]) -> dict[str, list[tuple[str, str]]]:
     import importlib
 
     texts = []
-    for name in analyses.PIPELINE:
+    for name in (m.name for m in analyses.MODULES):
         sql = analyses.sql_text(name)
         if sql is not None:
             texts.append("\n".join(l[2:].strip() for l in sql.splitlines() if l.startswith("--")))
@@ -150,7 +248,8 @@ def _documented(names: set[str]) -> dict[str, list[tuple[str, str]]]:
 
 
 def test_every_view_and_table_matches_its_documented_columns(tp_store):
-    con = analyses.connect(tp_store, link="nvlink4").load_all()
+    con = analyses.connect(tp_store, link="nvlink4")
+    con.analyses.ensure_all()
     objects = [n for (n,) in con.execute(
         "SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
         "UNION ALL SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY 1").fetchall()

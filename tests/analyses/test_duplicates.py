@@ -110,7 +110,7 @@ def test_a_conflicting_repeat_is_flagged_and_kept_out_of_the_statistics(tmp_path
 def _negatives(con) -> list[tuple[str, str, float]]:
     """(view, column, min) for every *_ns column of every view and table with a negative value."""
     found = []
-    con.load_all()  # every analysis of the pipeline (they are built on first use)
+    con.analyses.ensure_all()  # every analysis module (they are built on first use)
     objs = [o for (o,) in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()]
     assert {"collective_instances", "collective_waits", "collective_verdicts", "overlap_by_rank",

@@ -68,7 +68,7 @@ def test_run_default_newest_unknown_and_lazy(tk, run):
     r = tk.run()
     assert r.run_id == run.run_id and r._con is None  # nothing opened yet
     assert r.sql("SELECT count(*) FROM events").fetchall()[0][0] > 0
-    assert r.con.loaded == []  # a query of a base view builds no analysis
+    assert r.con.analyses.built == []  # a query of a base view builds no analysis
     r.close()
     with pytest.raises(StoreError, match="is not in"):
         tk.run("no-such-run")

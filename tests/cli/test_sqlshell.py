@@ -92,7 +92,8 @@ def _documented_views() -> set[str]:
     from tracekit import analyses
 
     with tempfile.TemporaryDirectory() as d:
-        con = analyses.connect(Store(d)).load_all()
+        con = analyses.connect(Store(d))
+        con.analyses.ensure_all()
         try:
             rows = con.execute("SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views() "
                                "WHERE NOT internal").fetchall()
@@ -141,7 +142,7 @@ def test_the_connection_itself_is_locked(store, tmp_path):
     st = Store(store)
     con = st.connect()
     confine(con, con.bound_files)
-    raw = con._con
+    raw = con.duckdb
     for q, exc in [
         (f"COPY (SELECT 1) TO '{tmp_path}/x.csv'", duckdb.PermissionException),
         ("SELECT * FROM read_csv('/etc/passwd')", duckdb.PermissionException),

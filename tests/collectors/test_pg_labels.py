@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tracekit.collectors.pg_labels import LABEL_PREFIX, WRAPPED  # noqa: E402
-from tracekit.ingest import kineto, pg_attribution  # noqa: E402
+from tracekit.ingest import comm_families, pg_attribution  # noqa: E402
 
 JOB = textwrap.dedent("""
     import json, sys, torch, torch.distributed as dist
@@ -72,5 +72,5 @@ def test_every_call_runs_inside_its_groups_range(tmp_path):
 
 def test_the_reader_keeps_the_ranges_the_attribution_reads():
     assert LABEL_PREFIX == pg_attribution.LABEL_PREFIX == "tracekit.process_group:"
-    assert LABEL_PREFIX in kineto._COMM_CPU_PREFIX  # the reader keeps their rows for attribute.py
+    assert LABEL_PREFIX in comm_families.COMM_CPU_PREFIX  # the reader keeps their rows for attribute.py
     assert {"all_reduce", "all_to_all_single", "reduce_scatter_tensor", "send", "irecv"} <= set(WRAPPED)

@@ -18,7 +18,6 @@ from tracekit.cli import main
 from tracekit.errors import BadInputError
 from tracekit.ingest import ingest_paths
 from tracekit.ingest import comm_families as cf
-from tracekit.ingest import kineto
 from tracekit.ingest.attribute import dtype_bytes, parse_kernel_name
 from tracekit.model import CANONICAL_OPS
 from tracekit.store import Store
@@ -41,10 +40,10 @@ def test_table_is_well_formed_and_wired_into_the_readers():
         for k in fam.kernels:
             re.compile(k.pattern)
             assert k.op is None or k.op in CANONICAL_OPS
-            assert k.pattern in kineto.BUILTIN_COMM_PATTERNS  # comm by name
+            assert k.pattern in cf.BUILTIN_COMM_PATTERNS  # comm by name
         for c in fam.cpu_ops:
             assert c.op in CANONICAL_OPS and c.buffer >= 0
-            assert c.name.startswith(kineto._COMM_CPU_PREFIX)  # its metadata row is kept
+            assert c.name.startswith(cf.COMM_CPU_PREFIX)  # its metadata row is kept
 
 
 @pytest.mark.parametrize("name, op", [

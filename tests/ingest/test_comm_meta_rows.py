@@ -9,7 +9,8 @@ import json
 import pytest
 
 from tracekit.ingest import kineto, staging
-from tracekit.ingest.kineto import BUILTIN_COMM_PATTERNS, compile_comm_patterns, read_rank_file
+from tracekit.ingest.comm_families import BUILTIN_COMM_PATTERNS, compile_comm_patterns
+from tracekit.ingest.kineto import read_rank_file
 
 
 def _rest(raws: list[bytes], category: list, correlation: list) -> list[bytes]:

@@ -242,7 +242,7 @@ def test_comm_pattern_cannot_hang_the_ingest(tmp_path, capsys):
     rc = main(["ingest", str(f), "--store", str(tmp_path / "s"), "--comm-pattern", "(a+)+$"])
     assert time.monotonic() - t0 < 60  # a hang is minutes; this is a bound, not a timing
     err = capsys.readouterr().err
-    from tracekit.ingest.kineto import re2
+    from tracekit.ingest.comm_families import re2
 
     if re2 is None:
         assert rc == 2 and err.count("\n") == 1 and "nested quantifier" in err
@@ -257,19 +257,19 @@ def test_comm_pattern_cannot_hang_the_ingest(tmp_path, capsys):
                                           ("(a|aa)*c", "nested quantifier")])
 def test_slow_patterns_refused_without_re2(pattern, why, monkeypatch):
     from tracekit.errors import BadInputError
-    from tracekit.ingest import kineto
+    from tracekit.ingest import comm_families
 
-    monkeypatch.setattr(kineto, "re2", None)
+    monkeypatch.setattr(comm_families, "re2", None)
     with pytest.raises(BadInputError, match=why):
-        kineto.compile_comm_patterns([pattern])
-    assert kineto.compile_comm_patterns(["my_allreduce", "^x+y"]).search("foo_my_ALLREDUCE")
+        comm_families.compile_comm_patterns([pattern])
+    assert comm_families.compile_comm_patterns(["my_allreduce", "^x+y"]).search("foo_my_ALLREDUCE")
 
 
 def test_slow_pattern_refused_at_the_command_line_without_re2(tmp_path, capsys, monkeypatch):
     from tests.conftest import store_snapshot
-    from tracekit.ingest import kineto
+    from tracekit.ingest import comm_families
 
-    monkeypatch.setattr(kineto, "re2", None)
+    monkeypatch.setattr(comm_families, "re2", None)
     store = tmp_path / "s"
     assert main(["ingest", str(D / "custom_allreduce.json"), "--store", str(store)]) == 0
     before = store_snapshot(store)

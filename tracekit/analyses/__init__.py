@@ -1,4 +1,4 @@
-"""The DuckDB analyses: an ordered pipeline of modules, built on a connection when first used.
+"""The DuckDB analyses: modules declared as data, each built on a connection when a statement first names it.
 
 Each module is ``analyses/<name>.sql`` (DuckDB statements) or ``analyses/<name>.py`` (a
 ``create(con)`` that builds a table, where the work calls the model, sweeps a sorted stream or
@@ -6,16 +6,17 @@ builds a table in parts). Every module starts with a header documenting each out
 (name, type, unit, meaning); ``tests/analyses/test_analysis_pipeline.py`` checks those headers against
 ``DESCRIBE`` of every view and table.
 
-:data:`PIPELINE` is the order modules are created in: each reads only the base tables (``runs``,
-``ranks``, ``events``, ``collectives``) and modules before it. :func:`connect` gives a connection
-with the base views, the model UDFs and the ``tk_link`` variable, and nothing else yet: a
-statement that names an object not created so far (DuckDB's binder answers CatalogException or
-BinderException; a failed statement has no effect) makes the connection create the next module
-and try again, until the statement binds or the pipeline is exhausted. So ``SELECT count(*) FROM
-events`` builds no analysis, a query of ``collective_bandwidth`` builds the modules up to it, and
-a report builds each table once on its one connection. Why on a miss rather than by reading the
-names a query references: DuckDB itself decides what a statement needs (views, macros passed
-table names as strings, CTEs), with no second list of names or dependencies to keep in step.
+:data:`MODULES` says, for each module, the relations it defines (views, tables and macros,
+internal ``_`` names included) and the relations it reads (the store's base views and other
+modules' relations); ``tests/test_analysis_pipeline.py`` checks both against what each module
+creates and names. :func:`connect` gives a store connection (:class:`tracekit.store.AnalysisConnection`)
+with the base views, the model UDFs and the ``tk_link`` variable, and nothing else yet; its
+``analyses`` (a :class:`Builder`) builds, before each statement, the modules defining the
+relations the statement names and, first, every module those read (:meth:`Builder.ensure`). So
+``SELECT count(*) FROM events`` builds no analysis, a query of ``collective_bandwidth`` builds
+instance_rows, collective_instances and collective_bandwidth, and a report builds each module once
+on its one connection. A name no module defines (a misspelt view) is left to DuckDB, whose binder
+refuses the statement at once: alone, it builds nothing.
 
 The α–β formulas are not re-typed in SQL: :func:`register_udfs` exposes ``tracekit.model``
 functions to DuckDB (prefixed ``tk_``).
@@ -23,60 +24,77 @@ functions to DuckDB (prefixed ``tk_``).
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from importlib import resources
 
-PIPELINE = (
-    "instance_rows",         # SQL: _instance_calls, the macro collective_instance_rows
-    "collective_instances",  # Python: the table, built in parts
-    "collective_bandwidth",
-    "collective_waits",      # SQL: collective_waits, collective_duplicates (read __instance_calls)
-    "collective_samples",
-    "node_locality",         # SQL: instance_locality, bandwidth_by_locality (the fit and reference read the class)
-    "fit",                   # Python: alpha_beta_fit
-    "verdicts",              # collective_verdicts
-    "intervals",             # SQL: the interval macros
-    "overlap_windows",       # Python: the union-length sweep
-    "overlap",               # overlap_by_rank/_by_step, collective_overlap
-    "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
-    "measured_vs_model",     # Python: per rank, and per rank and dimension (reads process_groups)
-    "gpu_time_breakdown",    # Python: GPU time by class and idle class per rank and step (the stored summaries)
-    "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads the launcher summaries)
-    "alltoall_imbalance",    # SQL: alltoall_matrix(_total), alltoall_imbalance (reads collective_instances)
-    "pipeline_bubbles",      # SQL: pipeline_bubbles (reads overlap_windows' per-window summary)
-    "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
-    "overlap_islands",       # SQL: comm_islands, compute_islands, overlap_islands (read events; HTML timeline)
-    "gpu_launchers",         # Python: gpu_launchers, gpu_idle_gaps (per GPU op / gap; read events; no report)
+from tracekit.errors import BadInputError
+
+
+@dataclass(frozen=True)
+class Module:
+    """One analysis module: ``name`` (its file, ``analyses/<name>.sql`` or ``.py``), ``defines`` (the
+    views, tables and macros it creates) and ``reads`` (the relations its statements name: the
+    store's base views and relations of other modules)."""
+
+    name: str
+    defines: tuple[str, ...]
+    reads: tuple[str, ...]
+
+
+MODULES: tuple[Module, ...] = (
+    Module("instance_rows", ("_instance_calls", "_most_common", "collective_instance_rows"),
+           ("collectives", "ranks")),
+    Module("collective_instances", ("__instance_calls", "collective_instances"),  # Python: built in parts
+           ("_instance_calls", "collective_instance_rows", "collectives")),
+    Module("collective_bandwidth", ("bandwidth_by_size", "collective_bandwidth"), ("collective_instances",)),
+    Module("collective_waits", ("collective_duplicates", "collective_waits"),
+           ("__instance_calls", "collective_instances", "collectives")),
+    Module("collective_samples", ("collective_samples",), ("collective_instances", "collectives", "runs")),
+    Module("node_locality", ("bandwidth_by_locality", "instance_locality"),
+           ("collective_bandwidth", "collective_instances", "collectives", "ranks")),
+    Module("fit", ("alpha_beta_fit", "collective_reference"),  # Python
+           ("collective_instances", "collective_samples", "collectives", "instance_locality", "ranks", "runs")),
+    Module("verdicts", ("collective_verdicts",),
+           ("alpha_beta_fit", "collective_instances", "collective_reference", "ranks", "runs")),
+    Module("intervals", ("intersect_islands", "island_prefix", "merge_intervals"), ()),
+    Module("overlap_windows", ("_overlap_summary", "_overlap_summary_computed", "_span_overlap",  # Python: the sweep
+                               "_span_overlap_computed", "_summary_missing", "overlap_windows"),
+           ("collectives", "events", "overlap_summary", "ranks", "runs", "span_overlap")),
+    Module("overlap", ("collective_overlap", "overlap_by_rank", "overlap_by_step"), ("_span_overlap", "overlap_windows")),
+    Module("process_groups", ("_pg_desc", "_pg_layout", "process_groups"),
+           ("collective_instances", "collective_overlap", "collectives", "ranks", "runs")),
+    Module("measured_vs_model", ("measured_vs_model", "measured_vs_model_by_dimension"),  # Python
+           ("collective_overlap", "collective_reference", "collective_waits", "collectives", "events",
+            "overlap_by_step", "process_groups", "ranks", "runs")),
+    Module("gpu_time_breakdown", ("_gpu_breakdown_summary", "_gpu_breakdown_summary_computed",  # Python
+                                  "_gpu_launcher_summary", "_gpu_launcher_summary_computed", "_gpu_summary_missing",
+                                  "gpu_time_breakdown"),
+           ("events", "gpu_breakdown_summary", "gpu_launcher_summary", "ranks", "runs")),
+    Module("kernel_summary", ("_gpu_ops", "gpu_time_by_launcher", "kernel_summary"),
+           ("_gpu_launcher_summary", "events", "gpu_time_breakdown", "ranks")),
+    Module("alltoall_imbalance", ("_a2a_cells", "_a2a_rows", "alltoall_imbalance", "alltoall_matrix",
+                                  "alltoall_matrix_total"), ("collective_instances", "collectives")),
+    Module("pipeline_bubbles", ("_pp_runs", "pipeline_bubbles"), ("_overlap_summary", "collectives", "runs")),
+    Module("critical_path", ("critical_path", "critical_path_summary"),  # Python: a walk over the events
+           ("_instance_calls", "events", "ranks", "runs")),
+    Module("overlap_islands", ("_comm_spans", "_compute_spans", "comm_islands", "compute_islands", "overlap_islands"),
+           ("events", "intersect_islands", "merge_intervals")),
+    Module("gpu_launchers", ("gpu_idle_gaps", "gpu_launchers"), ("events", "ranks")),  # Python; no report reads them
 )
-"""The analysis modules in creation order (each after every module it reads). The collective
-chain comes first and the overlap chain after it, so that the export (collectives, waits,
-verdicts) never sweeps the events for overlap; the critical path near the end, as the costliest (a
-walk over the events): a statement that needs any earlier module never builds it. Last the island
-views, which only the HTML timeline queries, after :meth:`AnalysesConnection.ensure` creates them
-(binding them reads every rank's events file), and the per-GPU-op tables gpu_launchers /
-gpu_idle_gaps, which no report reads (they read every GPU op and CPU range)."""
+"""Every analysis module: what it defines and what it reads (:class:`Module`). The order is the one
+:meth:`Builder.ensure_all` builds in; a statement builds only what it needs, whatever the order."""
 
+BY_NAME: dict[str, Module] = {m.name: m for m in MODULES}
+"""Module name → :class:`Module`."""
 
-_ENSURE_READS = {"overlap_islands": ("intervals",)}
-"""The pipeline modules each module :meth:`AnalysesConnection.ensure` may create reads."""
-
-_LATE_NAMES = {**{v: "overlap_islands" for v in ("comm_islands", "compute_islands", "overlap_islands")},
-               **{t: "gpu_launchers" for t in ("gpu_launchers", "gpu_idle_gaps")}}
-"""View or table → the late module (after the critical path) that defines it: a statement naming one creates
-that module alone (:meth:`AnalysesConnection.ensure`), not every module before it."""
-
-
-def _missing_name(exc) -> str | None:
-    """The object a DuckDB CatalogException says does not exist (``Table with name X does not
-    exist``), lower-cased; None for another message."""
-    import re
-
-    m = re.search(r"with name \"?([A-Za-z_][A-Za-z0-9_]*)\"? does not exist", str(exc))
-    return m.group(1).lower() if m else None
+DEFINED_BY: dict[str, str] = {rel: m.name for m in MODULES for rel in m.defines}
+"""Relation (view, table or macro; lower case) → the name of the module that defines it."""
 
 
 def modules() -> dict[str, str]:
-    """name → SQL text of every SQL module of the pipeline."""
-    return {name: text for name in PIPELINE if (text := sql_text(name)) is not None}
+    """name → SQL text of every SQL module."""
+    return {m.name: text for m in MODULES if (text := sql_text(m.name)) is not None}
 
 
 def sql_text(name: str) -> str | None:
@@ -86,7 +104,7 @@ def sql_text(name: str) -> str | None:
 
 
 def create_module(con, name: str) -> None:
-    """Create one pipeline module's objects on ``con`` (its inputs must exist already)."""
+    """Create one module's objects on ``con`` (the relations it reads must exist already)."""
     text = sql_text(name)
     if text is not None:
         con.execute(text)
@@ -96,72 +114,112 @@ def create_module(con, name: str) -> None:
         importlib.import_module(f"{__package__}.{name}").create(con)
 
 
-class AnalysesConnection:
-    """A store connection (:class:`tracekit.store.AnalysisConnection`) whose analyses are created
-    in :data:`PIPELINE` order when a statement first needs them (module docstring).
+def statement_names(query: str) -> set[str]:
+    """The names in ``query`` (any SQL text: one statement or several, of any type) as DuckDB's
+    tokenizer (``duckdb.tokenize``) reads them, lower case: every identifier (quotes removed) and
+    every string constant (a macro may be passed a table's name as a string, as
+    ``merge_intervals('_comm_spans')``), comments skipped. A superset of the relations the
+    statement reads: a column or alias named like a relation is in it too (no column of the store
+    or of an analysis is, tests/test_analysis_pipeline.py).
+    """
+    import duckdb
 
-    ``execute`` and ``sql`` retry a statement that fails to bind after creating the next module;
-    ``load_all`` creates the rest; everything else is the wrapped connection's. ``loaded``: the
-    modules created so far, in order.
+    kinds = duckdb.token_type
+    raw = duckdb.tokenize(query)
+    text = query.encode("utf-8")  # the tokenizer's offsets are in bytes
+    ends = [t[0] for t in raw[1:]] + [len(text)]
+    named: set[str] = set()
+    for (a, kind), b in zip(raw, ends):
+        if kind == kinds.identifier:
+            named.add(text[a:b].decode("utf-8", "replace").strip().strip('"').lower())
+        elif kind == kinds.string_const:
+            named.add(text[a:b].decode("utf-8", "replace").strip().strip("'").lower())
+    return named
+
+
+class Builder:
+    """The analyses of one connection (``con.analyses``, set by :func:`connect`): which modules are
+    built (``built``, in the order they were), and the building.
+
+    ``con``: the :class:`tracekit.store.AnalysisConnection` whose ``execute`` and ``sql`` call
+    :meth:`prepare` with each statement before running it.
     """
 
     def __init__(self, con):
-        self._con = con
-        self.loaded: list[str] = []
-        self._ahead: set[str] = set()  # created out of order by ensure()
+        self.con = con
+        self.built: list[str] = []
+        self._building = 0  # > 0 while a module is being created: its own statements prepare nothing
+        self._lock = threading.RLock()
 
-    def load_next(self) -> bool:
-        """Create the next module of the pipeline; False when every module exists already."""
-        if len(self.loaded) == len(PIPELINE):
-            return False
-        name = PIPELINE[len(self.loaded)]
-        if name not in self._ahead:
-            create_module(self._con, name)
-        self.loaded.append(name)
-        return True
+    def ensure(self, names) -> None:
+        """Build what ``names`` (module names or the relations modules define) need: each named
+        module, or the one defining a named relation, after every module it reads from, each once.
 
-    def ensure(self, name: str) -> None:
-        """Create the pipeline module ``name`` now unless it exists, out of order: for a module late in
-        the pipeline that reads only the base tables and early modules (``overlap_islands``, which the
-        HTML timeline queries; last so that no other statement binds it on the way; a statement naming
-        one of its views calls this itself)."""
-        if name not in self.loaded and name not in self._ahead:
-            for dep in _ENSURE_READS.get(name, ()):
-                self.ensure(dep)
-            create_module(self._con, name)
-            self._ahead.add(name)
+        Raises BadInputError (one line, nothing built) for a name that is neither a module nor a
+        relation a module defines.
+        """
+        if isinstance(names, str):
+            names = [names]
+        wanted = []
+        for n in names:
+            key = str(n).lower()
+            mod = key if key in BY_NAME else DEFINED_BY.get(key)
+            if mod is None:
+                import difflib
 
-    def load_all(self) -> "AnalysesConnection":
-        while self.load_next():
-            pass
-        return self
+                near = difflib.get_close_matches(key, list(BY_NAME) + list(DEFINED_BY), n=1)
+                hint = f" (did you mean {near[0]}?)" if near else ""
+                raise BadInputError(f"no analysis module or view named {n!r}{hint}")
+            wanted.append(mod)
+        with self._lock:
+            if set(wanted) - set(self.built):
+                # the statement before may have left a result unread: the one about to run ends it
+                # anyway, and DuckDB refuses some work (register) on a connection holding one
+                self.con.duckdb.abort()
+            for mod in wanted:
+                self._build(mod, ())
 
-    def _retry(self, call):
-        import duckdb
+    def _build(self, name: str, path: tuple[str, ...]) -> None:
+        if name in self.built:
+            return
+        if name in path:  # a fault in MODULES, not in the input
+            raise RuntimeError(f"analysis modules read each other: {' -> '.join(path + (name,))}")
+        module = BY_NAME[name]
+        for rel in module.reads:
+            dep = DEFINED_BY.get(rel)
+            if dep is not None and dep != name:
+                self._build(dep, path + (name,))
+        self._building += 1
+        try:
+            create_module(self.con, name)
+        finally:
+            self._building -= 1
+        self.built.append(name)
 
-        while True:
-            try:
-                return call()
-            except (duckdb.CatalogException, duckdb.BinderException) as exc:
-                late = _LATE_NAMES.get(_missing_name(exc))
-                if late is not None and late not in self._ahead and late not in self.loaded:
-                    self.ensure(late)  # a late module's view: that module, not the pipeline before it
-                elif not self.load_next():
-                    raise
+    def ensure_all(self) -> None:
+        """Build every module (in :data:`MODULES` order, each after what it reads)."""
+        self.ensure([m.name for m in MODULES])
 
-    def execute(self, query, *args, **kwargs):
-        return self._retry(lambda: self._con.execute(query, *args, **kwargs))
-
-    def sql(self, query, *args, **kwargs):
-        return self._retry(lambda: self._con.sql(query, *args, **kwargs))
-
-    def __getattr__(self, name):
-        return getattr(self._con, name)
+    def prepare(self, query: str) -> None:
+        """Build the modules ``query`` needs before it runs: those defining a name it holds
+        (:func:`statement_names`) and what they read (:meth:`ensure`). A name no module defines is
+        left to DuckDB: a misspelt view alone builds nothing, and DuckDB's binder refuses the
+        statement at once. Does nothing while a module is being built (modules declare what they
+        read) or once every module is."""
+        if self._building or len(self.built) == len(MODULES) or not isinstance(query, str):
+            return
+        wanted = {DEFINED_BY[n] for n in statement_names(query) if n in DEFINED_BY} - set(self.built)
+        if wanted:
+            self.ensure(sorted(wanted, key=_ORDER.__getitem__))
 
 
-def connect(store, run_ids: list[str] | None = None, link: str | None = None) -> AnalysesConnection:
-    """A connection to ``store`` (a :class:`tracekit.store.Store`) over ``run_ids`` (default: every
-    run) with the analyses available, each created on first use.
+_ORDER = {m.name: i for i, m in enumerate(MODULES)}
+
+
+def connect(store, run_ids: list[str] | None = None, link: str | None = None):
+    """A connection (:class:`tracekit.store.AnalysisConnection`) to ``store`` (a
+    :class:`tracekit.store.Store`) over ``run_ids`` (default: every run) with the analyses
+    available, each built when a statement first names it (``con.analyses``, a :class:`Builder`).
 
     ``link``: the preset the verdicts and measured_vs_model compare with (the DuckDB variable
     ``tk_link``). Raises BadInputError for an unknown preset, StoreError as ``Store.connect``.
@@ -173,7 +231,8 @@ def connect(store, run_ids: list[str] | None = None, link: str | None = None) ->
     con = store.connect(run_ids=run_ids)
     con.execute("SET VARIABLE tk_link = ?", [link])
     register_udfs(con)
-    return AnalysesConnection(con)
+    con.analyses = Builder(con)
+    return con
 
 
 # NCCL's TREE kernels run the pipelined double binary tree (tracekit.model.collectives)
@@ -245,8 +304,9 @@ def register_udfs(con) -> None:
             preds = [p for p in preds if p.algo != "nvls"] or preds
         return min(preds, key=lambda p: p.time_s)
 
-    # predict_collective over every algorithm costs ~45 µs and tk_best_algo / tk_best_time ask it
-    # twice per instance with arguments that repeat (same op, size, k, α, β): remember the answers.
+    # predict_collective over every algorithm is costly (benchmarks/README.md) and tk_best_algo /
+    # tk_best_time ask it twice per instance with arguments that repeat (same op, size, k, α, β):
+    # remember the answers.
     best_cache: dict = {}
 
     def best(*args):
@@ -393,7 +453,7 @@ def create_table_from_rows(con, name: str, schema, rows: list[dict]) -> None:
     double, string and bool fields) holding ``rows`` (dicts; a missing key is NULL), in order.
 
     The values go to DuckDB as one typed list per column, unnested side by side, not through a
-    pyarrow table: building one from Python objects imports pandas (~0.15 s on every analyze).
+    pyarrow table: building one from Python objects imports pandas, on every analyze.
     """
     names, types, cols = [], [], []
     for field in schema:

@@ -28,10 +28,31 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-from tracekit.cli import commands as _commands  # noqa: E402,F401  (registers the commands)
-from tracekit.cli import conventions as _conventions  # noqa: E402
+from tracekit.cli import commands, conventions, export_diff, predict, profile  # noqa: E402
 
-_conventions.apply(app)  # --flag/--no-flag, typed metavars (tracekit/cli/conventions.py)
+COMMANDS = (
+    ("profile", profile.profile, profile.COMMAND_OPTIONS),
+    ("ingest", commands.ingest, {}),
+    ("analyze", commands.analyze, {}),
+    ("runs", commands.runs, {}),
+    ("sql", commands.sql, {}),
+    ("export", export_diff.export, {}),
+    ("diff", export_diff.diff, {}),
+)
+"""Every top-level command: (name, function, typer's ``app.command`` options), in ``--help`` order."""
+
+GROUPS = (
+    ("collect", commands.collect_group()),  # the workloads (tracekit/cli/collect.py), loaded on first lookup
+    ("predict", predict.app),
+)
+"""Every command group: (name, typer sub-app)."""
+
+for _name, _fn, _opts in COMMANDS:
+    app.command(_name, **_opts)(_fn)
+for _name, _group in GROUPS:
+    app.add_typer(_group, name=_name)
+
+conventions.apply(app)  # --flag/--no-flag, typed metavars (tracekit/cli/conventions.py)
 
 
 def main(argv: list[str] | None = None) -> int:

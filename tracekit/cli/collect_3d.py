@@ -1,6 +1,6 @@
 """`tracekit collect 3d`: the TP × PP × DP training workload, then ingest it and print the report.
 
-Registered on the ``collect`` sub-app (imported by ``tracekit.cli.collect``). Thin: the work is
+Listed in ``tracekit.cli.collect.WORKLOADS``. Thin: the work is
 in ``tracekit.collectors.workloads.threed``, ``tracekit.ingest.ingest_paths`` and ``tracekit.report.data``.
 """
 
@@ -9,11 +9,10 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from tracekit.cli.collect import ingest_and_report, run_workload, workload_command
+from tracekit.cli.collect_run import ingest_and_report, run_workload
 from tracekit.collectors.workloads.threed import ThreeDConfig
 
 
-@workload_command("3d", ThreeDConfig)
 def three_d(config: ThreeDConfig, store: Optional[str], ingest: bool) -> None:
     """TP inside PP stages inside DP replicas: Megatron TP all-reduces, 1F1B send/recv, DP gradient buckets (ddp or fsdp)."""
     from tracekit.collectors.workloads.threed import run_3d

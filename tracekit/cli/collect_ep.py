@@ -1,7 +1,6 @@
 """`tracekit collect ep`: the expert-parallel MoE workload, then ingest and report.
 
-Registered on the ``collect`` sub-app (imported at the end of
-``tracekit.cli.collect``); the work is in ``tracekit.collectors.workloads.ep.run_ep``.
+Listed in ``tracekit.cli.collect.WORKLOADS``; the work is in ``tracekit.collectors.workloads.ep.run_ep``.
 """
 
 from __future__ import annotations
@@ -11,10 +10,9 @@ from typing import Optional
 
 
 from tracekit.collectors.workloads.ep import EPConfig
-from tracekit.cli.collect import ingest_and_report, run_workload, workload_command
+from tracekit.cli.collect_run import ingest_and_report, run_workload
 
 
-@workload_command("ep", EPConfig)
 def ep(config: EPConfig, store: Optional[str], ingest: bool) -> None:
     """Expert-parallel MoE layers (top-k router, sharded experts, all-to-all on the router's uneven splits), profiled."""
     from tracekit.collectors.workloads.ep import run_ep

@@ -1,7 +1,7 @@
 """`tracekit collect pp` and `tracekit collect disagg-kv`: run the pipeline-parallel
 or the disaggregated prefill/decode workload, then ingest it and print the report.
 
-Registered on the ``collect`` sub-app (imported by ``tracekit.cli.collect``).
+Listed in ``tracekit.cli.collect.WORKLOADS``.
 Thin: the work is in ``tracekit.collectors.workloads.pp`` / ``tracekit.collectors.workloads.disagg_kv``,
 ``tracekit.ingest.ingest_paths`` and ``tracekit.report.data``.
 """
@@ -14,10 +14,9 @@ from typing import Optional
 
 from tracekit.collectors.workloads.disagg_kv import KVConfig
 from tracekit.collectors.workloads.pp import PPConfig
-from tracekit.cli.collect import ingest_and_report, run_workload, workload_command
+from tracekit.cli.collect_run import ingest_and_report, run_workload
 
 
-@workload_command("pp", PPConfig)
 def pp(config: PPConfig, store: Optional[str], ingest: bool) -> None:
     """Pipeline-parallel transformer: activations (and gradients) sent stage to stage with isend/irecv."""
     from tracekit.collectors.workloads.pp import run_pp
@@ -40,7 +39,6 @@ def pp(config: PPConfig, store: Optional[str], ingest: bool) -> None:
         ingest_and_report(run_dir, "pp", config_dict, store)
 
 
-@workload_command("disagg-kv", KVConfig)
 def disagg_kv(config: KVConfig, store: Optional[str], ingest: bool) -> None:
     """Disaggregated prefill/decode: prefill ranks ship each layer's KV cache to decode ranks (bulk or layer-wise)."""
     from tracekit.collectors.workloads.disagg_kv import run_disagg_kv

@@ -1,7 +1,7 @@
 """`tracekit collect sweep`: the calibration sweep (collectors/workloads/sweep.py),
 then ingest and the report with this machine's fitted α, β and n½ per op.
 
-Registered on ``tracekit.cli.collect.app`` by an import at the end of that module.
+Listed in ``tracekit.cli.collect.WORKLOADS``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from typing import Optional
 
 
 from tracekit.collectors.workloads.sweep import SweepConfig
-from tracekit.cli.collect import ingest_and_report, run_workload, workload_command
+from tracekit.cli.collect_run import ingest_and_report, run_workload
 
 
-@workload_command("sweep", SweepConfig)
 def sweep(config: SweepConfig, store: Optional[str], ingest: bool) -> None:
     """Calibration sweep: every op over sizes min..max (×factor), for the α–β fit.
 

@@ -1,4 +1,5 @@
-"""Registration of the top-level commands on the typer app.
+"""The top-level commands ingest, analyze, runs and sql, and the lazily loaded ``collect`` group
+(listed on the app in tracekit/cli/__init__.py).
 
 Each command parses arguments and calls a library function; heavy imports
 (DuckDB, pyarrow) happen inside the command bodies.
@@ -15,14 +16,10 @@ import typer
 
 from typer.core import TyperGroup
 
-from tracekit.cli import app
-from tracekit.cli import predict as _predict
-from tracekit.cli import profile as _profile  # noqa: F401  (registers `tracekit profile`)
-
 COLLECT_HELP = "Run a built-in real workload (tp, ...) on N ranks with the profiler on, then ingest it."
 
 
-class _LazyCollect(TyperGroup):
+class LazyCollect(TyperGroup):
     """The ``tracekit collect`` group, whose subcommands (tracekit/cli/collect.py and the workload
     configs of tracekit.collectors they read their options from) are imported when a command line,
     ``--help`` or a caller first lists or looks them up (``commands``), not when the CLI starts:
@@ -32,21 +29,24 @@ class _LazyCollect(TyperGroup):
 
     @property
     def commands(self):
-        if _LazyCollect._loaded is None:
+        if LazyCollect._loaded is None:
             import typer.main
 
             from tracekit.cli import collect
 
-            _LazyCollect._loaded = typer.main.get_command(collect.app).commands
-        return _LazyCollect._loaded
+            LazyCollect._loaded = typer.main.get_command(collect.app).commands
+        return LazyCollect._loaded
 
     @commands.setter
     def commands(self, value) -> None:  # click's Group.__init__ sets the (empty) dict of the stub
         pass
 
 
-app.add_typer(typer.Typer(cls=_LazyCollect, help=COLLECT_HELP, no_args_is_help=True), name="collect")
-app.add_typer(_predict.app, name="predict")
+
+def collect_group() -> typer.Typer:
+    """The ``tracekit collect`` group: its commands (tracekit/cli/collect.py) loaded on first lookup."""
+    return typer.Typer(cls=LazyCollect, help=COLLECT_HELP, no_args_is_help=True)
+
 
 StoreOpt = typer.Option(None, "--store", help="Store directory (default: $TRACEKIT_STORE or ./tracekit-store).")
 
@@ -73,7 +73,6 @@ def _print_rank_warnings(st, rid: str) -> None:
             typer.echo(f"tracekit: warning: rank {row['rank']}: {w}", err=True)
 
 
-@app.command()
 def ingest(
     paths: List[Path] = typer.Argument(
         ..., help="Trace files or folders of rank files: Kineto .json/.json.gz, Nsight Systems .sqlite, nccl-tests logs."
@@ -120,7 +119,6 @@ def ingest(
         print_report(build_report(st, rid))
 
 
-@app.command()
 def analyze(
     run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the newest run)."),
     store: Optional[Path] = StoreOpt,
@@ -157,7 +155,6 @@ def analyze(
         print_report(rep)
 
 
-@app.command()
 def runs(
     store: Optional[Path] = StoreOpt,
     json_out: bool = typer.Option(False, "--json", help="Print as JSON."),
@@ -194,7 +191,6 @@ def runs(
     console.print(t)
 
 
-@app.command()
 def sql(
     query: str = typer.Argument(..., help="SQL over the views: runs, ranks, events, collectives, collective_instances, ..."),
     store: Optional[Path] = StoreOpt,
@@ -230,5 +226,3 @@ def sql(
     width = max(120, os.get_terminal_size().columns) if sys.stdout.isatty() else piped_width_of(200)
     typer.echo(sqlout.render(table, fmt, width=width), nl=False)
 
-
-from tracekit.cli import export_diff as _export_diff  # noqa: E402,F401  (registers `export` and `diff`)

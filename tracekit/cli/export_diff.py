@@ -12,12 +12,9 @@ from typing import Optional
 
 import typer
 
-from tracekit.cli import app
-
 _STORE_HELP = "Store directory (default: $TRACEKIT_STORE or ./tracekit-store)."
 
 
-@app.command()
 def export(
     perfetto: Path = typer.Option(..., "--perfetto", help="Write one merged Chrome/Perfetto trace JSON here."),
     run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the newest run)."),
@@ -39,7 +36,6 @@ def export(
     )
 
 
-@app.command()
 def diff(
     run_a: str = typer.Argument(..., help="The run before (A)."),
     run_b: str = typer.Argument(..., help="The run after (B)."),

@@ -14,7 +14,6 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand
 
-from tracekit.cli import app
 from tracekit.errors import BadInputError
 
 _META_KEY = "tracekit.profile.command"
@@ -44,13 +43,15 @@ HELP = (
 )
 
 
-@app.command(
-    "profile",
+COMMAND_OPTIONS = dict(
     cls=_DashDashCommand,
     help=HELP,
     options_metavar="[OPTIONS] -- COMMAND [ARGS]...",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )
+"""How ``tracekit profile`` is declared (typer's ``app.command`` options; the list in tracekit/cli/__init__.py)."""
+
+
 def profile(
     ctx: typer.Context,
     wait: int = typer.Option(1, "--wait", help="Profiler schedule: steps skipped first."),

@@ -18,17 +18,13 @@ from typing import Callable, Sequence
 
 from tracekit.errors import BadInputError, FileError
 from tracekit.ingest.engine import default_jobs, make_engine
+from tracekit.ingest.staging import rank_from_filename
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite", ".nsys-rep")
 PARALLEL_MIN_BYTES = 32 << 20  # below this, worker start-up costs more than it saves
-_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.I)
 
 
-def rank_from_filename(path: str | Path) -> int | None:
-    """``rank-3.json``, ``rank3``, ``worker3``, ``rank_3`` → 3; None when the name has no rank."""
-    m = _RANK_RE.search(Path(path).name)
-    return int(m.group(1)) if m else None
 
 
 def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -126,7 +122,8 @@ def _read_one(args):
 
 def _read_one_unchecked(args):
     path, out, patterns, digest = args
-    from tracekit.ingest.kineto import compile_comm_patterns, read_rank_file
+    from tracekit.ingest.comm_families import compile_comm_patterns
+    from tracekit.ingest.kineto import read_rank_file
 
     regex = compile_comm_patterns(patterns)
     if str(path).lower().endswith(".nsys-rep"):
@@ -206,13 +203,13 @@ def ingest_paths(
     from tracekit.ingest.comm_families import parse_comm_pattern, user_families
 
     user_kernels = [parse_comm_pattern(p) for p in comm_patterns]  # REGEX or REGEX=OP
-    from tracekit.ingest.kineto import compile_comm_patterns
+    from tracekit.ingest.comm_families import compile_comm_patterns
 
     compile_comm_patterns([k.pattern for k in user_kernels])  # BadInputError: invalid, or one that could hang the ingest
     if run_id is not None:
         check_run_id(run_id)
 
-    from tracekit.ingest.kineto import BUILTIN_COMM_PATTERNS
+    from tracekit.ingest.comm_families import BUILTIN_COMM_PATTERNS
 
     if config is None:
         config = _collector_config(paths)

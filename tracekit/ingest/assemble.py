@@ -30,11 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracekit import SCHEMA_VERSION
+from tracekit.store import SCHEMA_VERSION
 from tracekit.errors import FileError
 from tracekit.ingest import pg_attribution
 from tracekit.ingest.attribute import build_collectives
 from tracekit.ingest.linkpass import CLASSES, CLIP_TOLERANCE_NS, link_rank, supports_pdl
+from tracekit.ingest.seq import number_seq
 from tracekit.ingest.staging import _BatchWriter
 from tracekit.timeline.intervals import rank_overlap_summary
 from tracekit.store import (COLLECTIVES_SCHEMA, GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA,
@@ -528,20 +529,6 @@ def rank_collectives(rows) -> pa.Table:
     if not need.any():
         return table.combine_chunks()
     return number_seq(table, need)
-
-
-def number_seq(table: pa.Table, need: np.ndarray) -> pa.Table:
-    """``table`` with the rows of the bool mask ``need`` numbered 0, 1... per pg_name in call order
-    (issue_ts_ns, ts_ns, event_id, row order): their ``seq``; other rows keep theirs."""
-    seq = table.column("seq")
-    df = table.select(["pg_name", "issue_ts_ns", "ts_ns", "event_id"]).to_pandas()[need]
-    df = df.sort_values(["issue_ts_ns", "ts_ns", "event_id"], kind="stable")
-    number = df.groupby("pg_name", sort=False, dropna=False).cumcount()
-    vals = pc.fill_null(seq, 0).to_numpy().copy()
-    vals[df.index.to_numpy()] = number.to_numpy()  # the index: positions in ``table``
-    valid = seq.is_valid().to_numpy(zero_copy_only=False) | need
-    i = COLLECTIVES_SCHEMA.get_field_index("seq")
-    return table.set_column(i, COLLECTIVES_SCHEMA.field(i), pa.array(vals, pa.int64(), mask=~valid)).combine_chunks()
 
 
 def _shifted(table: pa.Table, offset_ns: int, cols=("ts_ns", "issue_ts_ns")) -> pa.Table:

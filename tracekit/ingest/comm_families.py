@@ -7,7 +7,7 @@ patterns that make a kernel communication (with the op the name implies, if any)
 that launch them, each with its canonical op and where its size is. From the table come:
 
 * :data:`KERNEL_PATTERNS`: regexes (searched case-insensitively) that the readers add to the
-  comm-by-name rule (``tracekit.ingest.kineto.BUILTIN_COMM_PATTERNS``);
+  comm-by-name rule (:data:`BUILTIN_COMM_PATTERNS`, :func:`compile_comm_patterns`, here);
 * :data:`CPU_OP_NAMES`: CPU op names whose metadata rows the reader keeps (beside
   ``record_param_comms`` / ``nccl:*`` / ``c10d::*``), so that a kernel's launch can be linked to them;
 * :func:`kernel_op`: the op a family kernel's name implies (``parse_kernel_name`` falls back to it);
@@ -23,7 +23,7 @@ op and the group size (tracekit.model.busbw_factor). Where a buffer only bounds 
 (symmetric buffers of ``all_to_all_vdev``, whose splits are device tensors), the row is ``approx``.
 
 Process group: the op's group-name argument (``group_arg``, an index into ``Concrete Inputs``)
-when the trace recorded it (Kineto records no string arguments today, so usually the default
+when the trace recorded it (the Kineto traces read so far record no string arguments, so usually the default
 group, as for any collective without a process-group name).
 
 User families: ``tracekit ingest --comm-pattern 'REGEX=OP'`` adds a kernel pattern with its op
@@ -249,9 +249,7 @@ def user_families(kernels: Sequence[Kernel]) -> Iterator[None]:
 @functools.lru_cache(maxsize=64)
 def _user_matcher(pattern: str):
     """A user's pattern compiled as the comm-by-name rule compiles it (RE2, or refused when it could
-    take exponential time: :func:`tracekit.ingest.kineto.compile_comm_patterns`)."""
-    from tracekit.ingest.kineto import compile_comm_patterns  # kineto imports this module
-
+    take exponential time: :func:`compile_comm_patterns`)."""
     return compile_comm_patterns([pattern])
 
 
@@ -340,5 +338,85 @@ def resolve_family(kernel_name: str, enclosing: Sequence[dict], dtype_bytes) -> 
     )
 
 
-__all__ = ["FAMILIES", "KERNEL_PATTERNS", "CPU_OP_NAMES", "CpuOp", "Kernel", "Family", "family_kernel", "kernel_op",
+
+# -- the comm-by-name rule (DESIGN.md "Classifying events"; metadata decides first) ------------------
+# Beyond NCCL/RCCL/gloo, the collective families' kernels (FAMILIES above: symmetric memory, custom
+# all-reduce, TensorRT-LLM, DeepEP, NVSHMEM, MSCCL++) and the CPU ops that launch them.
+BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:") + KERNEL_PATTERNS
+# + the process-group ranges a job may put around its gloo calls (tracekit.ingest.pg_attribution):
+# CPU ops whose metadata rows the readers keep
+COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:", "tracekit.process_group:") + CPU_OP_NAMES
+
+try:  # RE2: linear-time matching, so no --comm-pattern can make the ingest hang (a core dependency)
+    import re2
+except ImportError:  # pragma: no cover - tested by setting re2 to None
+    re2 = None
+
+_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
+
+
+def _slow_regex_reason(tree) -> str | None:
+    """Why Python's backtracking ``re`` could take exponential time on this parsed pattern
+    (``re._parser`` tree), or None: a backreference, or a repeat whose body holds another repeat
+    or an alternation (``(a+)+``, ``(a|aa)*``). A bounded walk over the pattern, not the input."""
+    def walk(items, in_repeat: bool) -> str | None:
+        for op, av in items:
+            name = str(op)
+            if name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return "a backreference"
+            if name in _REPEATS:
+                if in_repeat:
+                    return "a nested quantifier"
+                got = walk(av[2], True)
+            elif name == "BRANCH":
+                if in_repeat:
+                    return "a nested quantifier over an alternation"
+                got = next((r for b in av[1] if (r := walk(b, in_repeat))), None)
+            elif name in ("SUBPATTERN", "ATOMIC_GROUP"):
+                got = walk(av[-1], in_repeat)
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                got = walk(av[1], in_repeat)
+            else:
+                got = None
+            if got:
+                return got
+        return None
+
+    return walk(tree, False)
+
+
+def compile_comm_patterns(patterns) -> Any:
+    """One case-insensitive matcher (``.search(name)``) for communication kernel names: the
+    union of ``patterns`` (the builtin ones and the user's ``--comm-pattern``).
+
+    With ``google-re2`` (a core dependency) the union runs in linear time whatever the pattern.
+    Without it, or for the rare pattern RE2 cannot compile (lookarounds), Python's ``re`` runs it
+    after a bounded check: patterns with a backreference or a nested quantifier are refused.
+    Raises BadInputError naming the pattern (invalid, or refused).
+    """
+    import re._parser as sre_parse
+
+    trees = []
+    for p in patterns:
+        try:
+            trees.append(sre_parse.parse(p, re.I))
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise BadInputError(f"--comm-pattern {p!r} is not a valid regular expression ({exc})") from None
+    joined = "|".join(f"(?:{p})" for p in patterns)
+    if re2 is not None:
+        opts = re2.Options()
+        opts.log_errors = False
+        try:
+            return re2.compile("(?i)" + joined, opts)
+        except re2.error:
+            pass
+    for p, tree in zip(patterns, trees):
+        why = _slow_regex_reason(tree)
+        if why:
+            raise BadInputError(f"--comm-pattern {p!r} has {why}, which can make matching take exponential time "
+                                "(install google-re2, or simplify the pattern)")
+    return re.compile(joined, re.I)
+
+
+__all__ = ["FAMILIES", "KERNEL_PATTERNS", "CPU_OP_NAMES", "BUILTIN_COMM_PATTERNS", "COMM_CPU_PREFIX", "compile_comm_patterns", "CpuOp", "Kernel", "Family", "family_kernel", "kernel_op",
            "parse_comm_pattern", "resolve_family", "user_families"]

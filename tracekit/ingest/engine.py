@@ -41,7 +41,7 @@ RAY_CANCEL_WAIT_S = 10.0
 
 
 class LocalEngine:
-    """Today's engine: a forkserver process pool of ``jobs`` workers when ``parallel``, else the
+    """The default engine: a forkserver process pool of ``jobs`` workers when ``parallel``, else the
     calling process itself (one pool for both phases of an ingest)."""
 
     name = "local"

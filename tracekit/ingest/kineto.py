@@ -29,9 +29,8 @@ any other value is converted from its decimal text. Why 2^41: for x < 2^k the
 double nearest the text is off by at most 2^(k-53) µs = 500·2^(k-53) ns, and the
 product x*1000 adds at most half an ulp of a number below 2^(k+10), 2^(k-44) ns;
 the sum, about 2^(k-43) ns, must stay below 0.5 ns so the rounding lands on the
-true integer. k = 41 leaves a factor of 2 (0.25 ns). (The bound used to be
-2^52/1000 µs ≈ 2^42.03, which let 1 ns errors through: hta_nccl_parser's
-ts ≈ 4.46e12 µs lost up to 1 ns.)
+true integer. k = 41 leaves a factor of 2 (0.25 ns); a looser bound lets 1 ns
+errors through (benchmarks/README.md, "Design measurements kept out of the code").
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ import pyarrow as pa
 
 from tracekit.errors import BadInputError, FileError
 from tracekit.ingest import staging
-from tracekit.ingest.comm_families import CPU_OP_NAMES, KERNEL_PATTERNS
+from tracekit.ingest.comm_families import COMM_CPU_PREFIX  # the comm-by-name rule lives with the families
 from tracekit.ingest.jsonstream import FastChunk, TraceStream
 from tracekit.ingest.staging import META_BATCH_ROWS, RankFile, _BatchWriter, raw_batch, sha256_file
 
@@ -74,83 +73,6 @@ _CAT = {
     "cpu_instant_event": "cpu_instant_event",
 }
 GPU_CATEGORIES = frozenset({"kernel", "memcpy", "memset", "sync", "gpu_user_annotation"})
-
-# Communication by name (DESIGN.md "Classifying events"); metadata decides first.
-# Beyond NCCL/RCCL/gloo, the collective families' kernels (tracekit.ingest.comm_families: symmetric
-# memory, custom all-reduce, TensorRT-LLM, DeepEP, NVSHMEM, MSCCL++) and the CPU ops that launch them.
-BUILTIN_COMM_PATTERNS = (r"nccl", r"rccl", r"^gloo:") + KERNEL_PATTERNS
-# + the process-group ranges a job may put around its gloo calls (tracekit.ingest.pg_attribution)
-_COMM_CPU_PREFIX = ("nccl:", "c10d::", "gloo:", "record_param_comms", "rccl:", "tracekit.process_group:") + CPU_OP_NAMES
-
-try:  # RE2: linear-time matching, so no --comm-pattern can make the ingest hang (a core dependency)
-    import re2
-except ImportError:  # pragma: no cover - tested by setting re2 to None
-    re2 = None
-
-_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
-
-
-def _slow_regex_reason(tree) -> str | None:
-    """Why Python's backtracking ``re`` could take exponential time on this parsed pattern
-    (``re._parser`` tree), or None: a backreference, or a repeat whose body holds another repeat
-    or an alternation (``(a+)+``, ``(a|aa)*``). A bounded walk over the pattern, not the input."""
-    def walk(items, in_repeat: bool) -> str | None:
-        for op, av in items:
-            name = str(op)
-            if name in ("GROUPREF", "GROUPREF_EXISTS"):
-                return "a backreference"
-            if name in _REPEATS:
-                if in_repeat:
-                    return "a nested quantifier"
-                got = walk(av[2], True)
-            elif name == "BRANCH":
-                if in_repeat:
-                    return "a nested quantifier over an alternation"
-                got = next((r for b in av[1] if (r := walk(b, in_repeat))), None)
-            elif name in ("SUBPATTERN", "ATOMIC_GROUP"):
-                got = walk(av[-1], in_repeat)
-            elif name in ("ASSERT", "ASSERT_NOT"):
-                got = walk(av[1], in_repeat)
-            else:
-                got = None
-            if got:
-                return got
-        return None
-
-    return walk(tree, False)
-
-
-def compile_comm_patterns(patterns) -> Any:
-    """One case-insensitive matcher (``.search(name)``) for communication kernel names: the
-    union of ``patterns`` (the builtin ones and the user's ``--comm-pattern``).
-
-    With ``google-re2`` (a core dependency) the union runs in linear time whatever the pattern.
-    Without it, or for the rare pattern RE2 cannot compile (lookarounds), Python's ``re`` runs it
-    after a bounded check: patterns with a backreference or a nested quantifier are refused.
-    Raises BadInputError naming the pattern (invalid, or refused).
-    """
-    import re._parser as sre_parse
-
-    trees = []
-    for p in patterns:
-        try:
-            trees.append(sre_parse.parse(p, re.I))
-        except (re.error, OverflowError, RecursionError) as exc:
-            raise BadInputError(f"--comm-pattern {p!r} is not a valid regular expression ({exc})") from None
-    joined = "|".join(f"(?:{p})" for p in patterns)
-    if re2 is not None:
-        opts = re2.Options()
-        opts.log_errors = False
-        try:
-            return re2.compile("(?i)" + joined, opts)
-        except re2.error:
-            pass
-    for p, tree in zip(patterns, trees):
-        why = _slow_regex_reason(tree)
-        if why:
-            raise BadInputError(f"--comm-pattern {p!r} has {why}, which can make matching take exponential time "
-                                "(install google-re2, or simplify the pattern)")
-    return re.compile(joined, re.I)
 
 _MAX_EXACT_FLOAT_US = float(2**41)  # see the module docstring
 _MAX_INT_US = (2**63 - 1) // 1000
@@ -439,7 +361,7 @@ class _ChunkState:
         """name → True for names whose CPU events need their args (collective ops, profiler steps)."""
         nc = self.name_flags
         for nm in set(names) - nc.keys():
-            nc[nm] = nm.startswith(_COMM_CPU_PREFIX) or nm.startswith("ProfilerStep#")
+            nc[nm] = nm.startswith(COMM_CPU_PREFIX) or nm.startswith("ProfilerStep#")
         return nc
 
     def comm_name(self, name: str) -> bool:
@@ -804,7 +726,7 @@ def _build_batch(ev: _Events, rf: RankFile, st: "_ChunkState") -> pa.RecordBatch
     track[ids.strm_ok] = ids.strm[ids.strm_ok]
     is_comm = (kernel & (_table_flags(names, st.comm_name)[ni] | ids.coll)) | (
         ~gpu & _table_flags(names, lambda nm: nm.startswith("gloo:"))[ni])
-    cpu_comm = ~gpu & _table_flags(names, lambda nm: nm.startswith(_COMM_CPU_PREFIX))[ni]
+    cpu_comm = ~gpu & _table_flags(names, lambda nm: nm.startswith(COMM_CPU_PREFIX))[ni]
     event_ids = np.arange(st.next_id, st.next_id + n, dtype=np.int64)
     st.next_id += n
     ts_ns, dur_ns = ev.ts_ns, ev.dur_ns

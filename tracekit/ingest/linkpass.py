@@ -59,7 +59,7 @@ import pyarrow.compute as pc
 
 from tracekit.ingest.staging import _BatchWriter
 from tracekit.model.ops import canonical_op
-from tracekit.store import EVENTS_SCHEMA
+from tracekit.store import CLIP_TOLERANCE_NS, EVENTS_SCHEMA
 
 SYNC_NAME = re.compile(
     r"(stream|event|device|context)synchronize|cuda_sync|hip(stream|event|device)synchronize", re.I | re.A
@@ -67,9 +67,6 @@ SYNC_NAME = re.compile(
 """CPU calls that wait for the GPU, by name (searched anywhere in the name; ASCII case folding only,
 so ``ſ`` is not an ``s``)."""
 
-CLIP_TOLERANCE_NS = 100
-"""Overlaps of consecutive GPU ops on one stream up to this are clock noise: kept and counted
-(``same_stream_overlaps``), not clipped."""
 
 PDL_PRESETS = frozenset({"nvlink4", "pcie5", "nvlink5"})
 """Intra-node link presets (tracekit.model.DEVICE_PRESETS) of the NVIDIA devices of sm_90 and later

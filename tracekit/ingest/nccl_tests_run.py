@@ -49,7 +49,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracekit import SCHEMA_VERSION
+from tracekit.store import SCHEMA_VERSION
 from tracekit.errors import StoreError
 from tracekit.ingest.attribute import dtype_bytes, wire_bytes_for
 from tracekit.ingest.nccl_tests import NcclTestsGroup, parse_nccl_tests

@@ -369,7 +369,7 @@ def read_nsys_report(
 
     Returns ``[(RankFile, staging file), ...]`` in process order (by pid); the first
     process' rows go to ``out_stage``, the k-th's to ``<out_stage stem>.p<k>.arrows``
-    beside it. A report of one process (or none) is read whole, as before: one rank.
+    beside it. A report of one process (or none) is read whole: one rank.
     In a report of several processes (``nsys profile torchrun ...``) each process with
     GPU activity (kernels, memcpy, memset, syncs, graphs: their ``globalPid``) is a
     rank, read with every query restricted to that process, so that correlation ids,
@@ -654,7 +654,7 @@ def _assign_process_ranks(readers: list[_Reader], env: dict[int, dict]) -> None:
        files whose processes have no rank are numbered in file order by the ingest.
     Ranks other than from env, file name or MPI are marked with a warning naming the source.
     """
-    from tracekit.ingest import rank_from_filename
+    from tracekit.ingest.staging import rank_from_filename
 
     n = len(readers)
     by_pid = {e["pid"]: e for e in env.values() if e["pid"] is not None}

@@ -237,7 +237,7 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
             t = pa.Table.from_pylist(rows[r], schema=t.schema)
             need = [f is not None and not f["trace_seq"] and row["op"] is not None and row["pg_name"] is not None
                     for f, row in zip(facts[r], rows[r])]
-            from tracekit.ingest.assemble import number_seq
+            from tracekit.ingest.seq import number_seq
 
             t = number_seq(t, pa.array(need, pa.bool_()).to_numpy(zero_copy_only=False))
         out.append((r, t))

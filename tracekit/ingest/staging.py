@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import operator
 from dataclasses import dataclass, field
+import re
 from pathlib import Path
 from typing import Any
 
@@ -369,3 +370,12 @@ class _BatchWriter:
         if exc_type is None and self._error is not None:
             raise self._error
         return False
+
+
+_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.I)
+
+
+def rank_from_filename(path: str | Path) -> int | None:
+    """``rank-3.json``, ``rank3``, ``worker3``, ``rank_3`` → 3; None when the name has no rank."""
+    m = _RANK_RE.search(Path(path).name)
+    return int(m.group(1)) if m else None

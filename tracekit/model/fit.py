@@ -32,7 +32,7 @@ If the weighted fit's intercept comes out negative (α < 0 is not a link),
 it is refitted through the origin (a = 0, b = Σ(n/t)/Σ((n/t)²)) and
 ``intercept_clamped`` is set.
 
-How good the fit is (issue 15): with the regression written as 1 ≈ a·(1/t) +
+How good the fit is: with the regression written as 1 ≈ a·(1/t) +
 b·(n/t) over the m kept samples, the residual variance s² = Σr²/(m − p) (p = 2
 fitted parameters, 1 when clamped) and cov(a, b) = s²·(XᵀX)⁻¹ give the
 standard errors of a and b (ordinary least-squares theory on the weighted

@@ -493,24 +493,24 @@ def _table(title: str):
     return t
 
 
-def _show(con, t) -> None:
+def _show(console, t) -> None:
     """Print a :func:`_table`: title and caption as text wrapping at spaces at any width, and the
     table with no cell cut (each column at least as wide as its longest word, so cells wrap only
     between words); at 100 columns every table of the report fits (tests/report/test_report_width.py)."""
     from rich.text import Text
 
     if getattr(t, "tk_title", None):
-        con.print()
-        con.print(Text(t.tk_title, style="bold"))
+        console.print()
+        console.print(Text(t.tk_title, style="bold"))
     widths = []
     for col in t.columns:
         cells = [str(col.header)] + [str(c) for c in col._cells]
         widths.append(max([len(w) for c in cells for w in c.split()] + [1]))
-    fits = sum(widths) + 2 * len(widths) <= con.width
+    fits = sum(widths) + 2 * len(widths) <= console.width
     # too wide: the widest column (a kernel or op name) folds inside its words, every other column
     # keeps its longest word whole, so no number or label is cut
     fold = None if fits else max(range(len(widths)), key=widths.__getitem__)
-    if fold is not None and sum(widths) - widths[fold] + 2 * len(widths) + 12 > con.width:
+    if fold is not None and sum(widths) - widths[fold] + 2 * len(widths) + 12 > console.width:
         fold = -1  # even so too wide: rich folds the longest words rather than crop the table
     for i, (col, w) in enumerate(zip(t.columns, widths)):
         if fold == -1:
@@ -523,9 +523,9 @@ def _show(con, t) -> None:
         if cells and not any(" " in c.strip() for c in cells) and max(map(len, cells)) >= len(str(col.header)):
             col.no_wrap = True  # single words at least as wide as the header: never squeezed
     caption, t.caption = t.caption, None
-    con.print(t)
+    console.print(t)
     if caption:
-        con.print(Text(caption, style="dim"))
+        console.print(Text(caption, style="dim"))
 
 
 LOCALITY_SHORT = {"intra_node": "intra", "inter_node": "inter", "unknown": "unknown"}
@@ -559,7 +559,7 @@ def bench_label(pg_name) -> str:
     return str(pg_name).rsplit(":", 1)[-1]
 
 
-def print_by_size(report: dict, con) -> None:
+def print_by_size(report: dict, console) -> None:
     """``report['by_size']`` as the nccl-tests-style table (size, count, time, algbw, busbw, model
     time, efficiency, verdict) and, for a sweep or nccl-tests log, the peak busbw per op."""
     rows = report.get("by_size") or []
@@ -587,7 +587,7 @@ def print_by_size(report: dict, con) -> None:
                  "bound: the most frequent verdict (* = the bucket holds several)"
                  + ("; eff > 1: faster than the reference predicts (a pessimistic reference for that op and size, "
                     "e.g. a preset's α)" if any((r["median_efficiency"] or 0) > 1 for r in rows) else ""))
-    _show(con, t)
+    _show(console, t)
     workload, source = report["run"].get("workload"), report["run"].get("source")
     if (workload == "sweep" or source == "nccl_tests") and report.get("peak_busbw"):
         t = _table("Peak busbw per op" + (" and benchmark run" if runs else ""))
@@ -596,23 +596,23 @@ def print_by_size(report: dict, con) -> None:
         for r in report["peak_busbw"]:
             t.add_row(r["op"], str(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
                       fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["at_size_bytes"]), str(r["size_buckets"]))
-        _show(con, t)
+        _show(console, t)
 
 
 def print_report(report: dict, console=None) -> None:
     """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
     from tracekit.report.textfmt import output_console
 
-    con = console or output_console(120)
+    console = console or output_console(120)
     run = report["run"]
-    con.print(
+    console.print(
         f"[bold]run[/bold] {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
         f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
     )
-    print_cpu_side(report, con)
+    print_cpu_side(report, console)
     offs = [r for r in report["ranks"] if r.get("clock_offset_ns")]
     if offs:
-        con.print("clock offsets applied: " + ", ".join(
+        console.print("clock offsets applied: " + ", ".join(
             f"rank {r['rank']} {r['clock_offset_ns'] / 1e3:+,.1f} µs (± {r['clock_offset_err_ns'] / 1e3:,.1f})" for r in offs))
     t = _table("Collectives per op (matched instances; per size: the table by size below)")
     for col in ("op", "count", "total bytes", "size buckets", "peak busbw GB/s", "at size", "total wait ms",
@@ -627,10 +627,10 @@ def print_report(report: dict, console=None) -> None:
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
         t.caption = f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here"
-    _show(con, t)
-    print_by_size(report, con)
+    _show(console, t)
+    print_by_size(report, console)
     if run.get("source") == "nccl_tests":
-        con.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
+        console.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
     t = _table("Overlap per rank (whole trace)")
     for col in ("rank", "comm ms", compute_header(report), "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
@@ -638,7 +638,7 @@ def print_report(report: dict, console=None) -> None:
         t.add_row(str(r["rank"]), fmt_ms(r["comm_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["overlap_ns"]),
                   fmt_ms(r["exposed_comm_ns"]), fmt_pct(r["overlap_ratio"]))
     if report["overlap_by_rank"]:
-        _show(con, t)
+        _show(console, t)
     if report["stragglers"]:
         t = _table(f"Worst stragglers (top {TOP_STRAGGLERS} instances by skew)")
         for col in ("op", "pg", "seq", "size", "straggler rank", "skew µs", "sync µs"):
@@ -646,14 +646,14 @@ def print_report(report: dict, console=None) -> None:
         for r in report["stragglers"]:
             t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), fmt_bytes(r["size_bytes"]), str(r["straggler"]),
                       fmt_us(r["skew_ns"]), fmt_us(r["sync_time_ns"]))
-        _show(con, t)
+        _show(console, t)
     if report.get("straggler_ranks"):
         t = _table("Stragglers by rank (the waiting each imposed on the others)")
         for col in ("rank", "times last", "waiting imposed ms", "largest waits summed ms"):
             t.add_column(col, justify="right")
         for r in report["straggler_ranks"]:
             t.add_row(str(r["rank"]), str(r["times_last"]), fmt_ms(r["wait_caused_ns"]), fmt_ms(r["skew_sum_ns"]))
-        _show(con, t)
+        _show(console, t)
     if report.get("fit"):
         t = _table("α–β fit per op and process group (this run's sync times; weighted by relative error; "
                    "only a group's 'ok' fit judges anything)")
@@ -671,7 +671,7 @@ def print_report(report: dict, console=None) -> None:
             t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), f"{r['n_used']}/{r['n_samples']}",
                       str(r.get("n_sizes") or 0), alpha,
                       fmt_us(None if r["fixed_latency_s"] is None or not shown else r["fixed_latency_s"] * 1e9), beta)
-        _show(con, t)
+        _show(console, t)
         t = _table("α–β fit quality per op: the boundary it implies, its spread, its status")
         for col in ("op", "k", "group", "class", "D*", "link n½", "spread (sizes)", "status"):
             t.add_column(col, justify="left" if col in ("op", "group", "class", "status") else "right",
@@ -686,7 +686,7 @@ def print_report(report: dict, console=None) -> None:
                      "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
                      "(of the per-size medians, which is judged: ok <= 15 %); class: the group's ranks on one "
                      "host (intra), several (inter) or unknown; 'all <class>': that class's groups pooled")
-        _show(con, t)
+        _show(console, t)
     if report.get("references"):
         t = _table("Reference of the verdicts (what each op was judged against)")
         for col in ("op", "k", "class", "instances", "reference", "note"):
@@ -696,7 +696,7 @@ def print_report(report: dict, console=None) -> None:
             t.add_row(r["op"], str(r["group_size"]), LOCALITY_SHORT.get(r["locality"], "?"), str(r["instances"]),
                       r["reference"] + (f" [{r['kind']}]" if r["kind"] else "")
                       + (f"; NCCL's model: {r['nccl_algos']}" if r.get("nccl_algos") else ""), note or "")
-        _show(con, t)
+        _show(console, t)
         t = _table("The references' α and β, fixed latency and boundary D*")
         for col in ("op", "k", "reference", "α/step µs", "fixed latency µs", "β GB/s", "D* (boundary)", "link n½"):
             t.add_column(col, justify="left" if col in ("op", "reference") else "right")
@@ -708,7 +708,7 @@ def print_report(report: dict, console=None) -> None:
                       fmt_us(r["fixed_latency_ns"]), fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]),
                       fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
-            _show(con, t)
+            _show(console, t)
     if report.get("verdicts"):
         t = _table("Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
         for col in ("op", "class", "verdict", "reference", "count", "efficiency", "vs link"):
@@ -722,7 +722,7 @@ def print_report(report: dict, console=None) -> None:
         t.caption = ("efficiency: median predicted / measured sync time, against the reference; vs link: against "
                      "the link (" + (", ".join(links) or "none") + "); class: the group's ranks on one host (intra), "
                      "several (inter), unknown")
-        _show(con, t)
+        _show(console, t)
     eff = [r for r in report.get("by_size") or [] if r.get("link")]
     if eff:
         t = _table("Efficiency against the link per op and size (predicted / measured sync time)")
@@ -735,7 +735,7 @@ def print_report(report: dict, console=None) -> None:
                       fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]), r["link_regime"] or "—")
         t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
                      "raises the degraded-link warning")
-        _show(con, t)
+        _show(console, t)
     if report.get("furthest_from_model"):
         t = _table("Furthest from the model (lowest predicted/measured under each verdict's reference, see above)")
         for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "best algo"):
@@ -743,7 +743,7 @@ def print_report(report: dict, console=None) -> None:
         for r in report["furthest_from_model"]:
             t.add_row(r["op"], str(r["seq"]), fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]), fmt_us(r["predicted_ns"]),
                       fmt_num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
-        _show(con, t)
+        _show(console, t)
     if report.get("measured_vs_model"):
         rows = report["measured_vs_model"]
         t = _table("Measured per step (means over the profiled steps that hold communication)")
@@ -752,7 +752,7 @@ def print_report(report: dict, console=None) -> None:
         for r in rows:
             t.add_row(str(r["rank"]), str(r["steps"]), fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_ms(r["overlap_ns"]),
                       fmt_ms(r["exposed_ns"]))
-        _show(con, t)
+        _show(console, t)
         t = _table("Model per step (α–β prediction under the run's overlap model) against the measurement")
         for col in ("rank", "model", "predicted comm ms", "predicted exposed ms", "measured / predicted", "α/β from"):
             t.add_column(col, justify="left" if col in ("model", "α/β from") else "right")
@@ -761,7 +761,7 @@ def print_report(report: dict, console=None) -> None:
             t.add_row(str(r["rank"]), r["model"], fmt_ms(r["predicted_comm_ns"]), fmt_ms(r["predicted_exposed_ns"]), gap,
                       r["ab_source"] or "—")
         t.caption = "; ".join(sorted({r["note"] for r in rows if r.get("note")}))
-        _show(con, t)
+        _show(console, t)
         t = _table("Gap per step, decomposed: which part to fix")
         for col in ("rank", "gap ms", "skew ms", "transfer ms", "exposure ms"):
             t.add_column(col, justify="right")
@@ -770,7 +770,7 @@ def print_report(report: dict, console=None) -> None:
                       fmt_ms(r.get("gap_exposure_ns")))
         t.caption = ("gap = measured exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond "
                      "the α–β model) + exposure (what the overlap model would hide, minus what was hidden)")
-        _show(con, t)
+        _show(console, t)
     if report.get("model_by_dimension"):
         t = _table("Measured vs model per dimension (means over ranks, per step; each dimension's overlap model)")
         for col in ("dim", "model", "ranks", "calls", "comm ms", "exposed ms", "max rank ms", "pred. exposed ms",
@@ -782,7 +782,7 @@ def print_report(report: dict, console=None) -> None:
                       "—" if d["ratio"] is None else f"{d['ratio']:.3g}×")
         t.caption = ("exposed = Σ over the dimension's calls of their time not covered by compute; predicted: α–β "
                      "per call, then " + "; ".join(f"{d['dimension']}: {d['note']}" for d in report["model_by_dimension"]))
-        _show(con, t)
+        _show(console, t)
     if len(report.get("by_dimension") or []) > 1 or any(d["dimension"] != "other" for d in report.get("by_dimension") or []):
         t = _table("Process groups by dimension (tp/pp/dp/ep from the groups' descriptions, else the run's layout)")
         for col in ("dimension", "groups", "calls", "instances", "incomplete", "bytes", "sync ms", "comm ms", "overlap"):
@@ -790,15 +790,15 @@ def print_report(report: dict, console=None) -> None:
         for d in report["by_dimension"]:
             t.add_row(d["dimension"], str(d["groups"]), str(d["calls"]), str(d["instances"]), str(d["incomplete"]),
                       fmt_bytes(d["bytes"]), fmt_ms(d["sync_time_ns"]), fmt_ms(d["comm_ns"]), fmt_pct(d["overlap_fraction"]))
-        _show(con, t)
-    print_gpu_breakdown(report, con)
-    print_kernel_sections(report, con)
-    print_alltoall(report, con)
-    print_locality(report, con)
-    print_bubbles(report, con)
-    print_critical_path(report, con)
+        _show(console, t)
+    print_gpu_breakdown(report, console)
+    print_kernel_sections(report, console)
+    print_alltoall(report, console)
+    print_locality(report, console)
+    print_bubbles(report, console)
+    print_critical_path(report, console)
     for w in report["warnings"]:
-        con.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {w}")
 
 
 # -- CPU-only ranks, CPU-side collectives, same-stream overlaps (tracekit.ingest.linkpass) ---------
@@ -831,7 +831,7 @@ def _rank_list(ranks: list) -> str:
 def cpu_side_lines(report: dict) -> list[str]:
     """One line each, as plain text: the CPU-only ranks (their compute is CPU op time), the
     CPU-side collectives (their span is the CPU call), the same-stream overlaps kept whole."""
-    from tracekit.ingest.linkpass import CLIP_TOLERANCE_NS
+    from tracekit.store import CLIP_TOLERANCE_NS
 
     cs = report.get("cpu_side") or {}
     out = []

@@ -208,14 +208,14 @@ def print_diff(diff: dict, console=None) -> None:
 
     from tracekit.report.textfmt import output_console
 
-    con = console or output_console(160)
+    console = console or output_console(160)
     a_id, b_id = diff["run_a"]["run_id"], diff["run_b"]["run_id"]
-    con.print(f"[bold]diff[/bold] A = {a_id} ({diff['run_a'].get('workload')}, {diff['run_a'].get('world_size')} ranks)"
-              f"  →  B = {b_id} ({diff['run_b'].get('workload')}, {diff['run_b'].get('world_size')} ranks)")
+    console.print(f"[bold]diff[/bold] A = {a_id} ({diff['run_a'].get('workload')}, {diff['run_a'].get('world_size')} ranks)"
+                  f"  →  B = {b_id} ({diff['run_b'].get('workload')}, {diff['run_b'].get('world_size')} ranks)")
     for side, meta in (("A", diff["run_a"]), ("B", diff["run_b"])):
         if meta.get("timeline") is False:
-            con.print(f"{side} ({meta['run_id']}) has no timeline (a benchmark log: each size's measured time only): "
-                      "its comm, compute, overlap and wait are — (unknown, not 0)")
+            console.print(f"{side} ({meta['run_id']}) has no timeline (a benchmark log: each size's measured time only): "
+                          "its comm, compute, overlap and wait are — (unknown, not 0)")
     t = Table(title="Run totals (sums over ranks of the whole-trace overlap, overlap_by_rank)")
     for col in ("", "A", "B", "Δ (B − A)"):
         t.add_column(col, justify="left" if not col else "right")
@@ -225,7 +225,7 @@ def print_diff(diff: dict, console=None) -> None:
         t.add_row(label, fmt_ms(ta[key]), fmt_ms(tb[key]), fmt_ms(td[key], signed=True))
     t.add_row("overlap ratio", fmt_pct(ta["overlap_ratio"]), fmt_pct(tb["overlap_ratio"]),
               fmt_pp(td["overlap_ratio"]))
-    con.print(t)
+    console.print(t)
     t = Table(title="Per op and size bucket (largest change in time spent first)")
     for col in ("op", "size", "count A→B", "median sync µs A→B", "Δ sync", "busbw GB/s A→B", "wait ms A→B",
                 "overlap A→B", "exposed ms A→B", "Δ comm ms"):
@@ -243,10 +243,10 @@ def print_diff(diff: dict, console=None) -> None:
             f"{fmt_ms(a.get('exposed_comm_ns'))} → {fmt_ms(b.get('exposed_comm_ns'))}",
             fmt_ms(r["delta"]["comm_ns"], signed=True),
         )
-    con.print(t)
-    con.print("comm and exposed per row sum each call's span: calls that run at once (two streams, two groups) "
-              "count once each, so rows can add up to more than the run totals, which are unions")
+    console.print(t)
+    console.print("comm and exposed per row sum each call's span: calls that run at once (two streams, two groups) "
+                  "count once each, so rows can add up to more than the run totals, which are unions")
     pooled = [f"{side} {r['op']} {r['bucket']['label']}: {r[k]['groups']}" for r in diff["rows"]
               for side, k in (("A", "a"), ("B", "b")) if r[k] and (r[k].get("groups") or 0) > 1]
     if pooled:
-        con.print("Rows whose medians pool several process groups / benchmark runs (count): " + "; ".join(pooled))
+        console.print("Rows whose medians pool several process groups / benchmark runs (count): " + "; ".join(pooled))

@@ -17,7 +17,7 @@ Writes are atomic: a run is assembled in ``.staging``, renamed into ``runs/`` as
 version and made current by one rename of its link (:meth:`Staging.commit`), so an
 interrupted or failed ingest leaves the store as it was and a replace is seen by readers
 as the old run or the new one, never none; the next writer cleans up after one that died
-(:func:`recover`). Run directories of older stores (plain directories) are read as before. Every run row carries ``schema_version``; a reader refuses a store whose
+(:func:`recover`). Run directories of older stores (plain directories) are read too. Every run row carries ``schema_version``; a reader refuses a store whose
 major version is newer than this tracekit's (``StoreError``).
 
 The column contract is in ``../shared/DESIGN.md`` ("The store"); the Arrow
@@ -37,8 +37,14 @@ from typing import Iterable
 
 import pyarrow as pa
 
-from tracekit import SCHEMA_VERSION
 from tracekit.errors import FileError, StoreError
+
+SCHEMA_VERSION = "1.0"
+"""Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR."""
+
+CLIP_TOLERANCE_NS = 100
+"""Overlaps of consecutive GPU ops on one stream up to this are clock noise: kept and counted
+(the ranks' ``same_stream_overlaps``), not clipped (tracekit.ingest.linkpass)."""
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -223,26 +229,32 @@ TABLES = {
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)
 ANALYSIS_MEMORY_LIMIT = 48 * 2**20
 """DuckDB's memory budget for analyses, bytes (it spills beyond; see :class:`AnalysisConnection`).
-No analysis holds a whole rank in one window any more (overlap_windows sweeps a sorted stream,
-collective_instances is built in parts), so a small budget suffices: the report of a 3 GB trace
-(×64 replica of hta_ddp_v100) peaks at ~226 MiB (~260 MiB at 128 MB), of a 757 MB one (×16) at
-~187 MiB (benchmarks/README.md)."""
+No analysis holds a whole rank in one window (overlap_windows sweeps a sorted stream,
+collective_instances is built in parts), so a small budget suffices (the peaks measured with it:
+benchmarks/README.md, "Design measurements kept out of the code")."""
 
 ANALYSIS_MEMORY_MAX = 8 * 2**30
 """The budget a statement that cannot run within ANALYSIS_MEMORY_LIMIT may grow to (×4 per retry)."""
 
 
 class AnalysisConnection:
-    """A DuckDB connection whose ``execute`` retries a statement that ran out of memory.
+    """The connection analyses and reports run on: a DuckDB connection to a store's runs
+    (:meth:`Store.connect`) whose ``execute`` retries a statement that ran out of memory.
 
     Sorts, joins and aggregations spill to disk within the budget; a window over one very
     large partition may not, and DuckDB then fails the statement. Instead of failing the
     report, the budget is raised ×4 (up to ANALYSIS_MEMORY_MAX) and the statement run again
     (a failed statement has no effect). Everything else is the wrapped connection's.
+
+    ``duckdb``: the DuckDB connection itself (a statement run on it skips the budget retry and
+    the analyses). ``analyses``: None on a bare store connection; ``tracekit.analyses.connect``
+    sets it to the analyses' builder, whose ``prepare(statement)`` ``execute`` and ``sql`` call
+    first, so that the analyses a statement names exist when it binds.
     """
 
     def __init__(self, con, limit: int):
-        self._con = con
+        self.duckdb = con
+        self.analyses = None
         self._pins: list[int] = []  # shared locks on the run versions the views read (Store.pin)
         self.bound_files: list[str] = []  # every Parquet file the store's views read (tracekit.sqlshell)
         self.run_tables: dict[str, set[str]] = {}  # run id → the TABLES it has files of
@@ -254,23 +266,31 @@ class AnalysisConnection:
         if self.memory_limit >= ANALYSIS_MEMORY_MAX:
             return False
         self.memory_limit = min(self.memory_limit * 4, ANALYSIS_MEMORY_MAX)
-        self._con.execute(f"SET memory_limit = '{self.memory_limit}B'")
+        self.duckdb.execute(f"SET memory_limit = '{self.memory_limit}B'")
         return True
 
-    def execute(self, *args, **kwargs):
+    def execute(self, query, *args, **kwargs):
         import duckdb
 
+        if self.analyses is not None:
+            self.analyses.prepare(query)
         while True:
             try:
-                return self._con.execute(*args, **kwargs)
+                return self.duckdb.execute(query, *args, **kwargs)
             except duckdb.OutOfMemoryException:
                 if not self.raise_budget():
                     raise
 
+    def sql(self, query, *args, **kwargs):
+        """A DuckDB relation of ``query`` (lazy: no budget retry), the analyses it names built."""
+        if self.analyses is not None:
+            self.analyses.prepare(query)
+        return self.duckdb.sql(query, *args, **kwargs)
+
     def close(self) -> None:
         """Close the connection and release its runs (a replace may then remove their old files)."""
         try:
-            self._con.close()
+            self.duckdb.close()
         finally:
             _unpin(self._pins)
 
@@ -281,7 +301,9 @@ class AnalysisConnection:
             pass
 
     def __getattr__(self, name):
-        return getattr(self._con, name)
+        if name == "duckdb":  # not set yet (__init__ failed): no recursion
+            raise AttributeError(name)
+        return getattr(self.duckdb, name)
 
 
 def _unpin(fds: list[int]) -> None:
@@ -570,7 +592,7 @@ class Store:
 
         best = None
         for rid in self.run_ids():
-            # ParquetFile, not read_table (which imports pyarrow.dataset and pandas: ~0.25 s of startup);
+            # ParquetFile, not read_table (which imports pyarrow.dataset and pandas at startup);
             # created_at compared as integer ns since the epoch, not as a Python datetime (converting
             # a tz-aware timestamp imports pandas too; a cast imports pyarrow.compute)
             t = pq.ParquetFile(self.run_dir(rid) / "run.parquet").read(columns=["created_at", "workload", "source"])
