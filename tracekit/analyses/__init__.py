@@ -367,9 +367,9 @@ def register_udfs(con) -> None:
     from tracekit.model import SIZE_BUCKET_SQL
 
     con.execute(SIZE_BUCKET_SQL)
-    from tracekit.analyses import nccl_reference  # tk_nccl_*: NCCL's pick as a preset verdict's reference
+    from tracekit.analyses import _nccl_udfs  # tk_nccl_*: NCCL's pick as a preset verdict's reference (UDFs, not an analysis)
 
-    nccl_reference.register(con)
+    _nccl_udfs.register(con)
 
 
 _ARROW_TYPES = {"DOUBLE": "float64", "VARCHAR": "string", "BIGINT": "int64", "INTEGER": "int32", "BOOLEAN": "bool_"}

@@ -37,7 +37,7 @@ ok fit; else the newest ok sweep / nccl-tests fit of this machine; else the pres
 the group's device and locality class; the order: analyses/fit.py). Where that last one, a
 preset, applies and the device is known, a call's time is NCCL's own model instead, as in
 collective_verdicts: the fastest algorithm/protocol for its op, size, k and node count
-(tracekit.analyses.nccl_reference). A call whose
+(tracekit.analyses._nccl_udfs). A call whose
 group has none takes the first group's of its (op, k); a missing (op, k) falls back to the reference of another op of that k, then any op (α and
 β are link properties in the model; the algorithm coefficients carry the op).
 send/recv are modelled as point-to-point messages (T = α + D/β).
@@ -193,10 +193,10 @@ class _AlphaBeta:
 def _call_terms(op: str, size: int, k: int, got: tuple) -> tuple[float, float] | None:
     """(α term, β term) in seconds of one call under the reference ``got`` of _AlphaBeta.get: a
     preset reference (4th item: device, nodes, NICs) is NCCL's fastest algorithm/protocol
-    (tracekit.analyses.nccl_reference: latency, size / algbw), as in collective_verdicts; the
+    (tracekit.analyses._nccl_udfs: latency, size / algbw), as in collective_verdicts; the
     others, and a call NCCL's model has no answer for, the α–β line of :func:`_terms`."""
     if len(got) > 3 and size is not None:
-        from tracekit.analyses.nccl_reference import nccl_reference
+        from tracekit.analyses._nccl_udfs import nccl_reference
 
         dev, nodes, nics = got[3]
         p = nccl_reference(op, size, k, nodes, dev, nics)
