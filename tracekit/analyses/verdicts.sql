@@ -18,7 +18,7 @@
 -- A preset reference (verdict_basis 'preset': no user link, no fit of this machine) is NCCL's own
 -- cost model rather than the preset's α–β line: the fastest algorithm × protocol NCCL 2.20 would
 -- run for the instance's op, size, k and node count on the machine its device implies
--- (tracekit.analyses.nccl_reference, tracekit.model.nccl_tuning), named in nccl_algo; its latency
+-- (tracekit.analyses._nccl_udfs, tracekit.model.nccl_tuning), named in nccl_algo; its latency
 -- is the α term, size / its algbw the β term, latency × algbw the crossover. Node count: the
 -- group's recorded hosts, 1 for a one-host group; unknown hosts across nodes keep the preset line.
 -- verdict: 'skew-bound' when the longest wait before the instance (skew) exceeds its sync time;
