@@ -74,12 +74,15 @@ _NCCL_TESTS_HEAD = 1 << 20
 _PARAMS_MARK = re.compile(rb"#\s*nThread\s+\d+\s+nGpus\s+\d+")
 _HEADER_MARK = re.compile(rb"#\s*size\s+count\s+type\b")
 _TAGGED = re.compile(rb"^\s*\[\d+,\d+\]<std(?:out|err|diag)>:")
+_BINARY_MARK = re.compile(rb"(?<![\w.-])(?:all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv"
+                          rb"|gather|scatter|hypercube)_perf(?:_mpi)?\b")
 
 
 def _looks_like_nccl_tests(path: Path) -> bool:
     """A .log/.txt/.out/.md in a directory is taken only when its first MiB holds nccl-tests'
     parameter line (``# nThread 1 nGpus 8 ...``) or its column header (``# size count type``);
-    a .log/.txt/.out also when it says ``out-of-place`` (NCCL's INFO lines can come first).
+    a .log/.txt/.out also when it says ``out-of-place`` (NCCL's INFO lines can come first) or names a
+    test binary (``all_reduce_perf``: a job that failed before its first line of output).
     Unreadable files are left out (a trace directory's unreadable side file is not a log)."""
     try:
         with open(path, "rb") as fh:
@@ -88,6 +91,8 @@ def _looks_like_nccl_tests(path: Path) -> bool:
         return False
     if _PARAMS_MARK.search(head) or _HEADER_MARK.search(head):
         return True
+    if not path.name.endswith(".md") and _BINARY_MARK.search(head):
+        return True  # a job that ran a test binary and failed before printing its parameters
     return not path.name.endswith(".md") and b"out-of-place" in head
 
 
@@ -163,6 +168,8 @@ def ingest_paths(
     op: str | None = None,
     engine: str = "local",
     address: str | None = None,
+    strict: bool = True,
+    on_skip: Callable[[str], None] | None = None,
 ) -> str:
     """Ingest trace files (one run; one file per rank) into ``store``; returns the run id.
 
@@ -183,6 +190,9 @@ def ingest_paths(
     ``ray`` (one Ray task per file and per rank; ``address`` None: a local Ray instance of
     ``jobs`` CPUs, ``auto`` or ``HOST:PORT``: a running cluster, whose workers must see the files
     and the store at the same paths).
+    ``strict`` (nccl-tests logs): False ingests the logs that can be read and leaves the others out,
+    calling ``on_skip`` with each one's one-line error and storing them in the run's warnings and
+    ``config.skipped`` (tracekit.ingest.nccl_tests_run); True (default) refuses the whole input.
     Raises FileError / BadInputError (store unchanged) on bad input.
     """
     from tracekit.store import Store, check_run_id
@@ -201,6 +211,14 @@ def ingest_paths(
         raise FileError(logs[0], f"an nccl-tests log cannot share a run with traces such as {other.name}; ingest them apart")
     if op is not None and not logs:
         raise BadInputError("--op applies to nccl-tests logs only (traces name their collectives)")
+    parsed = skipped = None
+    if logs and not strict and len(logs) > 1:
+        from tracekit.ingest.nccl_tests_run import read_logs
+
+        files, parsed, skipped = read_logs(files, op=op, strict=False)  # FileError when none can be read
+        for exc in skipped:
+            if on_skip:
+                on_skip(str(exc))
     if source is None and all(k == "nsys" for k in kinds.values()):
         source = "nsys"
     from tracekit.ingest.comm_families import parse_comm_pattern, user_families
@@ -244,7 +262,8 @@ def ingest_paths(
             rid = run_id or _default_run_id(paths, None, digests)
             if st.has_run(rid) and not replace:
                 raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
-            build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {}, op=op)
+            build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {}, op=op, logs=parsed,
+                                 skipped=skipped or ())
             stg.commit(rid, replace=replace)
             return rid
         where = os.path.abspath if engine == "ray" else str  # a Ray worker's cwd is not ours

@@ -37,6 +37,11 @@ of the fit; a warning on the run's rank row names the benchmark run and the
 sizes. Quarantined rows are counted in ``ranks.events_quarantined`` and named
 in its ``warnings``. ``runs.backend`` is ``rccl`` when every run that names
 its library is an RCCL one, else ``nccl``.
+
+Partial ingests. Of several logs, those that cannot be read (:func:`read_logs`: not a log, a job that
+failed before its first row, a line over the length limit, an OS error) are left out unless ``strict``:
+the run holds the others, ``runs.config`` lists them under ``skipped`` (``path``, ``reason``: the one-line
+error) and the rank row's ``warnings`` name each (``skipped <path>: <reason>``).
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import SCHEMA_VERSION
-from tracekit.errors import StoreError
+from tracekit.errors import FileError, StoreError
 from tracekit.ingest.attribute import dtype_bytes, wire_bytes_for
 from tracekit.ingest.nccl_tests import NcclTestsGroup, parse_nccl_tests
 from tracekit.store import combined_digest
@@ -79,25 +84,56 @@ def _failed_warning(name: str, g: NcclTestsGroup, pg: str, wrong: list[tuple[int
     return None
 
 
+def read_logs(files: list[Path], *, op: str | None = None, strict: bool = True) -> tuple[list[Path], list, list[FileError]]:
+    """Parse every log of ``files``: (the files read, their NcclTestsLog, the FileError of each file left out).
+
+    ``strict``: the first file that cannot be read raises its FileError (all or nothing). Otherwise such
+    files are left out and returned; when none can be read, the first one's FileError is raised (its
+    message says how many others failed too). BadInputError (an unknown ``op``) is always raised.
+    """
+    good, logs, failed = [], [], []
+    for f in files:
+        try:
+            logs.append(parse_nccl_tests(f, op=op))
+        except FileError as exc:
+            if strict:
+                raise
+            failed.append(exc)
+            continue
+        good.append(f)
+    if not good:
+        first = failed[0]
+        more = f" (and {len(failed) - 1} other log(s) could not be read either)" if len(failed) > 1 else ""
+        raise FileError(first.path, first.problem + more)
+    return good, logs, failed
+
+
 def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: list[str], *, config: dict,
-                         op: str | None = None) -> None:
+                         op: str | None = None, logs: list | None = None,
+                         skipped: list[FileError] = ()) -> None:
     """Parse ``files`` (nccl-tests / rccl-tests logs) and write the run's tables into ``stage``.
 
     ``op``: the collective of runs whose log and file name do not name one (the CLI's ``--op``).
+    ``logs``: the files already parsed (:func:`read_logs`), in order; ``skipped``: the errors of logs
+    left out, stored in the run's warnings and ``config.skipped``.
     Raises FileError (from the parser) for a file that is not an nccl-tests log, BadInputError
     for an unknown ``op``, StoreError when the staging files cannot be written (no space, I/O).
     """
-    logs = [parse_nccl_tests(f, op=op) for f in files]
+    if logs is None:
+        logs = [parse_nccl_tests(f, op=op) for f in files]
+    if skipped:
+        config = dict(config, skipped=[dict(path=e.path, reason=e.problem) for e in skipped])
     try:
-        _write(stage, run_id, files, digests, config, logs)
+        _write(stage, run_id, files, digests, config, logs, [f"skipped {e.path}: {e.problem}" for e in skipped])
     except OSError as exc:  # ENOSPC, EIO... while writing the staging files
         raise StoreError(f"{stage.parent.parent}: cannot write to the store ({exc.strerror or exc})") from None
 
 
-def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], config: dict, logs: list) -> None:
+def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], config: dict, logs: list,
+           skipped: list[str] = ()) -> None:
     runs = [(f, log, g) for f, log in zip(files, logs) for g in log.groups]
     op_count = Counter(g.op for _, _, g in runs)
-    rows, groups_cfg, warnings = [], [], []
+    rows, groups_cfg, warnings = [], [], list(skipped)
     for log in logs:
         warnings.extend(log.warnings)
     t = 1_000_000_000  # 1 s: keeps every ts positive
