@@ -65,13 +65,16 @@ def test_mpirun_tags_inside_result_rows(tmp_path):
     for first, second in ROWS:
         body.append(f"[1,0]<stdout>:{first}{chatter}")  # the row's first piece glued to another rank's chatter
         body.append(f"[1,0]<stdout>:{second}")
-    body.append(f"[1,0]<stdout>:{ROWS[0][0]}[1,0]<stdout>:{ROWS[0][1]}")  # two tagged pieces on one line
+    for first, second in ROWS:  # every printed piece tagged on one line: preamble, out-of-place, in-place
+        oop, ip = second[: len(second) // 2], second[len(second) // 2:]
+        body.append(f"[1,0]<stdout>:{first}[1,0]<stdout>:{oop}[1,0]<stdout>:{ip}")
     text = "\n".join(lines[:-2] + body + lines[-2:]) + "\n"
     f = tmp_path / "tagged.log"
     f.write_text(text)
     log = parse_nccl_tests(f)
     assert log.quarantined == ()
-    assert _values(log) == EXPECTED + EXPECTED[:1]
+    assert _values(log) == EXPECTED + EXPECTED
+    assert {(r.root, r.redop, r.oop_wrong, r.ip_wrong) for r in log.rows} == {(-1, "sum", 0, 0)}
     assert log.group_size == 4 and log.op == "all_reduce"
 
 
@@ -320,3 +323,69 @@ def test_ratio_recovers_the_fleet_group_sizes(tmp_path):
                 assert b.group_size_source == "nthreads_ngpus"
                 continue
             assert (b.group_size, b.group_size_source) == (a.group_size, "busbw_ratio"), (src.name, a.op)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. nccl-tests' own JSON output (-J FILE, with the -I per-iteration report)
+
+JSON_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "inputs" / "nccl_tests_json" / "all_reduce_perf.json"
+
+
+def test_json_output_read_like_the_text():
+    log = parse_nccl_tests(JSON_FIXTURE)
+    assert (log.op, log.op_source, log.group_size, log.group_size_source) == ("all_reduce", "command", 8, "rank_lines")
+    assert (log.nccl_version, log.tests_version, log.layout) == ("2.27.3", "nccl-tests json v3", "json")
+    assert [(r.size_bytes, r.count, r.dtype, r.redop, r.root) for r in log.rows] == [
+        (1048576, 262144, "float", "sum", -1), (134217728, 33554432, "float", "sum", -1)]
+    assert [(r.oop_time_us, r.oop_algbw, r.oop_busbw, r.ip_time_us, r.ip_busbw, r.ip_wrong) for r in log.rows] == [
+        (40.0, 26.2144, 45.8752, 39.5, 46.455899, 0), (800.0, 167.77216, 293.60128, 798.0, 294.337123, 0)]
+    # busbw = algbw · 2·7/8, as the fixture's NOTE.md computes
+    assert all(abs(r.oop_busbw - r.oop_algbw * 1.75) < 1e-5 for r in log.rows)
+    g = log.groups[0]
+    assert g.hosts == ("node01",) and g.device_names == ("NVIDIA H100 80GB HBM3",)
+    assert g.params["iters"] == 5 and g.params["n_gpus"] == 8
+    assert g.per_iter == ({"size_bytes": 134217728, "half": "out-of-place", "n": 5, "skipped": 0, "min_us": 790.0,
+                           "p50_us": 800.0, "p99_us": 810.0, "max_us": 810.0, "cv_pct": 0.883883},)
+
+
+def test_json_output_ingested_beside_text_logs(tmp_path, capsys):
+    d = tmp_path / "results"
+    d.mkdir()
+    (d / "ar.json").write_bytes(JSON_FIXTURE.read_bytes())
+    (d / "all_gather.log").write_text(_plain_log("all_gather_perf"))
+    store = tmp_path / "s"
+    assert main(["ingest", str(d), "--store", str(store), "--run-id", "mixed"]) == 0
+    run = Store(store).run_dir("mixed")
+    rows = pq.read_table(run / "collectives.parquet").to_pylist()
+    ar = [r for r in rows if r["op"] == "all_reduce"]
+    assert [(r["size_bytes"], r["dur_ns"], r["log_busbw_gbps"], r["group_size"]) for r in ar] == [
+        (1048576, 40000, 45.8752, 8), (1048576, 39500, 46.455899, 8),
+        (134217728, 800000, 293.60128, 8), (134217728, 798000, 294.337123, 8)]
+    cfg = json.loads(pq.read_table(run / "run.parquet").to_pylist()[0]["config"])
+    g = next(g for g in cfg["groups"] if g["op"] == "all_reduce")
+    assert g["per_iter"][0]["p99_us"] == 810.0 and g["tests_version"] == "nccl-tests json v3"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t[: len(t) // 2], "not valid JSON"),  # a job killed mid-run
+    (lambda t: t.replace('"version":3', '"version":9'), "format version 9: this reader knows [1, 2, 3]"),
+    (lambda t: t.replace('"bus_bw":45.875200', '"bus_bw":inf'), "not valid JSON"),
+    (lambda t: t.replace(t[t.index('"results":'):t.index(',"out_of_bounds"')], '"results":[]')
+     .replace('"errors":[]', '"errors":["unhandled cuda error"]'),
+     "has no results (the job failed before its first row?): unhandled cuda error"),
+])
+def test_bad_json_output_is_one_line_exit_2(tmp_path, capsys, edit, message):
+    f = tmp_path / "ar.json"
+    f.write_text(edit(JSON_FIXTURE.read_text()))
+    assert main(["ingest", str(f), "--store", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(f) in err
+    assert store_snapshot(tmp_path / "s") == {}
+
+
+def test_json_result_with_nan_is_quarantined(tmp_path):
+    f = tmp_path / "ar.json"
+    f.write_text(JSON_FIXTURE.read_text().replace('"time":40.000000', '"time":"nan"'))
+    log = parse_nccl_tests(f)
+    assert [r.size_bytes for r in log.rows] == [134217728]
+    assert log.quarantined == ((1, "results[0]: out_of_place.time 'nan' is not a number"),)

@@ -97,16 +97,25 @@ def _looks_like_nccl_tests(path: Path) -> bool:
 
 
 def _source_kind(path: Path) -> str:
-    """``kineto`` (JSON or gzip), ``nsys`` (SQLite) or ``nccl_tests`` (any other text; a line
-    starting ``[1,0]<stdout>:`` is mpirun's tag, not JSON). FileError when it cannot be read."""
+    """``kineto`` (JSON or gzip), ``nsys`` (SQLite) or ``nccl_tests`` (nccl-tests' own JSON, opening
+    ``{"version": N, "start_time": ...}``, or any other text; a line starting ``[1,0]<stdout>:`` is
+    mpirun's tag, not JSON). FileError when it cannot be read."""
     name = path.name.lower()
-    if name.endswith((".json", ".json.gz", ".gz")):
+    if name.endswith((".json.gz", ".gz")):
         return "kineto"
     try:
         with open(path, "rb") as fh:
-            head = fh.read(64)
+            head = fh.read(256)
     except OSError as exc:
+        if name.endswith(".json"):
+            return "kineto"  # the Kineto reader names the error
         raise FileError(path, f"cannot read it ({exc.strerror or exc})") from None
+    from tracekit.ingest.nccl_tests_json import is_nccl_tests_json
+
+    if is_nccl_tests_json(head):
+        return "nccl_tests"  # nccl-tests' own JSON output (-J FILE)
+    if name.endswith(".json"):
+        return "kineto"
     if head.startswith(b"\x1f\x8b") or (head.lstrip()[:1] in (b"{", b"[") and not _TAGGED.match(head)):
         return "kineto"
     if head.startswith(b"SQLite format 3"):

@@ -153,7 +153,8 @@ class NcclTestsGroup:
     as a dict), dtype (None when rows mix types), rows, avg_busbw (GB/s, None
     when absent or not finite), oob_values / oob_failed (the ``Out of bounds
     values : N OK|FAILED`` footer; None / False without one), quarantined:
-    (line, reason) per row left out.
+    (line, reason) per row left out; per_iter: the per-iteration summaries of an
+    nccl-tests JSON file's ``-I`` report (:mod:`tracekit.ingest.nccl_tests_json`), empty for a text log.
     """
 
     index: int
@@ -180,6 +181,7 @@ class NcclTestsGroup:
     oob_values: int | None
     oob_failed: bool
     quarantined: tuple[tuple[int, str], ...]
+    per_iter: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -700,6 +702,10 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
         raw = p.read_bytes()
     except OSError as exc:
         raise FileError(p, f"cannot read: {exc.strerror or exc}") from None
+    from tracekit.ingest.nccl_tests_json import is_nccl_tests_json, parse_nccl_tests_json
+
+    if is_nccl_tests_json(raw[:256]):
+        return parse_nccl_tests_json(p, raw, op=op)  # the -J twin of the text log
     if b"\x00" in raw[:4096]:
         raise FileError(p, "not an nccl-tests log: binary data")
     text = raw.decode("utf-8", errors="replace")
@@ -852,7 +858,13 @@ def _ranks_from_ratio(p: Path, g: _Group, op: str, k: int, k_src: str, warnings:
     """The group size of a run without rank lines, checked against its rows' busbw/algbw ratio
     (:func:`ranks_from_ratio`): kept when the ratio allows it; replaced, with a warning, when the ratio
     allows one size only; kept with a warning naming the range otherwise."""
-    pairs = [(r[a], r[b]) for r in g.rows for a, b in (("oop_algbw", "oop_busbw"), ("ip_algbw", "ip_busbw"))
+    return _ranks_from_ratio_rows(p, g.index, g.rows, op, k, k_src, warnings)
+
+
+def _ranks_from_ratio_rows(p: Path, index: int, rows: list[dict], op: str, k: int, k_src: str,
+                           warnings: list) -> tuple[int, str]:
+    """:func:`_ranks_from_ratio` on a benchmark run's row dicts (``index``: the run's index in its file)."""
+    pairs = [(r[a], r[b]) for r in rows for a, b in (("oop_algbw", "oop_busbw"), ("ip_algbw", "ip_busbw"))
              if r[a] is not None and r[b] is not None]
     rng = ranks_from_ratio(op, pairs)
     if rng is None:
@@ -860,7 +872,7 @@ def _ranks_from_ratio(p: Path, g: _Group, op: str, k: int, k_src: str, warnings:
     lo, hi = rng
     first, last = math.ceil(lo - 1e-9), math.floor(hi + 1e-9) if math.isfinite(hi) else None
     said = {"nthreads_ngpus": "its nThread × nGpus line", "command": "its command line"}[k_src]
-    what = f"{p.name} benchmark run {g.index} ({op}, no '# Rank' lines)"
+    what = f"{p.name} benchmark run {index} ({op}, no '# Rank' lines)"
     if last is not None and first > last:
         warnings.append(f"{what}: its rows' busbw/algbw ratios fit no single group size; {k} ranks from {said} kept")
         return k, k_src

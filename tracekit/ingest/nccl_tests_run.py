@@ -26,7 +26,9 @@ rank count. ``runs.config`` (JSON) keeps, besides the caller's config:
   ``library`` (nccl / rccl / null), ``library_version``, ``tests_version``,
   ``dtype``, ``params``, ``rows``, ``quarantined`` (rows left out: bad
   numbers), ``wrong_rows`` (store rows with ``wrong`` > 0), ``oob_values``
-  and ``oob_failed`` (the ``Out of bounds values`` footer), ``avg_busbw``.
+  and ``oob_failed`` (the ``Out of bounds values`` footer), ``avg_busbw``; for an nccl-tests
+  JSON file with ``-I`` output, ``per_iter`` (per size and half: n, skipped, min/p50/p99/max µs,
+  cv_pct; tracekit.ingest.nccl_tests_json).
 
 ``collectives.wrong`` is the number of wrong values nccl-tests reported for
 the row's half (``#wrong`` out-of-place or in-place; null for ``N/A``). In a
@@ -177,6 +179,7 @@ def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], conf
             tests_version=g.tests_version, dtype=g.dtype, params=g.params, rows=len(g.rows),
             quarantined=len(g.quarantined), wrong_rows=len(wrong_sizes), oob_values=g.oob_values,
             oob_failed=g.oob_failed, avg_busbw=g.avg_busbw,
+            **({"per_iter": list(g.per_iter)} if g.per_iter else {}),
         ))
     (stage / "events").mkdir()
     pq.write_table(EVENTS_SCHEMA.empty_table(), stage / "events" / "rank=0.parquet", **PARQUET_OPTS)
