@@ -389,3 +389,35 @@ def test_json_result_with_nan_is_quarantined(tmp_path):
     log = parse_nccl_tests(f)
     assert [r.size_bytes for r in log.rows] == [134217728]
     assert log.quarantined == ((1, "results[0]: out_of_place.time 'nan' is not a number"),)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1-rank runs: labelled as such, no peak busbw, the no-model reason says "1 rank"
+
+ONE_RANK = """\
+# nThread 1 nGpus 1 minBytes 64 maxBytes 1048576 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid  40001 on     node01 device  0 [0000:18:00] NVIDIA H100 80GB HBM3
+#
+#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong
+          64            16     float     sum      -1     4.10    0.02    0.00       0     3.90    0.02    0.00       0
+        4096          1024     float     sum      -1     4.20    0.98    0.00       0     4.00    1.02    0.00       0
+     1048576        262144     float     sum      -1    10.50   99.86    0.00       0    10.40  100.82    0.00       0
+"""
+
+
+def test_one_rank_run_is_labelled_and_has_no_peak_or_model(tmp_path, capsys):
+    f = tmp_path / "all_reduce.log"
+    f.write_text(ONE_RANK)
+    store = tmp_path / "s"
+    assert main(["ingest", str(f), "--store", str(store), "--run-id", "one"]) == 0
+    assert "1 rank: nothing crosses a link (busbw is 0 by definition)" in capsys.readouterr().err
+    assert main(["analyze", "--store", str(store), "--run", "one", "--json", "--link", "nvlink4"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["peak_busbw"] == []
+    assert [(r["op"], r["count"], r["peak_busbw_gbps"], r["peak_busbw_size_bytes"]) for r in rep["collectives"]] == [
+        ("all_reduce", 6, None, None)]
+    assert {r["status_reason"] for r in rep["fit"]} == {"1 rank: the collective moves no data between ranks"}
+    assert {(r["reference"], r["no_model_reason"]) for r in rep["references"]} == {
+        ("no model", "1 rank: the collective moves no data between ranks")}

@@ -171,6 +171,9 @@ def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], conf
         w = _failed_warning(Path(f).name, g, pg, wrong_sizes)
         if w:
             warnings.append(w)
+        if k == 1:
+            warnings.append(f"{Path(f).name} benchmark run {g.index} (pg {pg}): 1 rank: nothing crosses a link "
+                            "(busbw is 0 by definition): its times are kept, with no peak busbw and no α–β model")
         groups_cfg.append(dict(
             index=i, pg_name=pg, path=str(f), first_line=g.first_line, last_line=g.last_line, op=g.op,
             op_source=g.op_source, test_name=g.test_name, command=g.command, group_size=k,

@@ -178,7 +178,9 @@ def build_report(
         SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
                count(DISTINCT tk_size_bucket(size_bytes)) AS size_buckets,
                min(size_bytes) AS min_size_bytes, max(size_bytes) AS max_size_bytes,
-               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes
+               -- a 1-rank group moves nothing between ranks: its busbw is 0 by definition, no peak
+               max(busbw_gbps) FILTER (WHERE group_size > 1) AS peak_busbw_gbps,
+               arg_max(size_bytes, busbw_gbps) FILTER (WHERE group_size > 1) AS peak_busbw_size_bytes
         FROM collective_bandwidth
         WHERE run_id = ?
         GROUP BY op ORDER BY count(*) DESC, op
@@ -315,7 +317,7 @@ def build_report(
         f"""
         SELECT op, group_size, {bench} AS bench_run, max(busbw_gbps) AS peak_busbw_gbps,
                arg_max(size_bytes, busbw_gbps) AS at_size_bytes, count(DISTINCT bucket_bytes) AS size_buckets
-        FROM __report_buckets WHERE busbw_gbps IS NOT NULL GROUP BY ALL ORDER BY ALL
+        FROM __report_buckets WHERE busbw_gbps IS NOT NULL AND group_size > 1 GROUP BY ALL ORDER BY ALL
         """,
     )
     # degraded links: per group and bucket, large-size instances (>= 16·D* of the link) well below
