@@ -9,11 +9,15 @@ Before a line is read, it is cleaned:
 
 - Markdown code fences (lines starting with three backticks or tildes) are
   dropped, so a log pasted into a ``.md`` file reads like the log itself;
+- ``mpirun --tag-output`` tags (``[1,0]<stdout>:``) are removed wherever they
+  are: Open MPI tags every piece a process writes, so a row printed in pieces
+  carries one at each piece (:func:`untag`);
 - rank prefixes are stripped (up to three, nested): ``srun -l`` (``0: ``,
   `` 12: `` — the width changes with the rank count), ``mpirun
   --tag-output`` (``[1,0]<stdout>:``), and ``pdsh``-style ``host: `` (taken
   as a prefix only when what follows is nccl-tests output: a ``#`` line, a
-  number, NCCL chatter or a command);
+  number, NCCL chatter or a command); inside a result row, a whole field
+  ending in a colon (``3:``, ``node01:``) is such a label and dropped;
 - NCCL chatter (``host:pid:tid [dev] NCCL INFO|WARN|TRACE ...``) is dropped,
   also when it lands in the middle of a result row: the text before it (the
   chatter's host name glued to the row's last field is told apart by the
@@ -58,8 +62,27 @@ starting`` line (``op_source`` ``header``), the command line in the log
 ``op`` argument (``argument``, the CLI's ``--op``). An ``op`` argument that
 disagrees with what the log says is ignored with a warning. The group size
 is the number of distinct ``# Rank N`` lines, else nThread × nGpus from the
-parameter line (which undercounts multi-process MPI runs;
-``group_size_source`` says which).
+parameter line (which undercounts multi-process MPI runs), else the command
+line's (:func:`command_ranks`). Without rank lines, the size is checked against
+the rows' busbw/algbw ratio for the collectives whose bus factor depends on n
+(:func:`ranks_from_ratio`): when the ratio allows one size only and it is
+another, that size is used (``busbw_ratio``) with a warning.
+``group_size_source`` says which.
+
+Result rows met before any column header are read in the current layout when
+a command line above them names the op and the rank count (an excerpt pasted
+under its command; warned), else left out with a warning naming their lines.
+
+Failed jobs and bounds
+----------------------
+A log without result rows whose job printed an error (``NCCL WARN``, ``srun:
+error``, ``Test NCCL failure``) is refused as a job that "failed before its
+first result row", naming the last such line; one with nccl-tests' own lines
+(parameters, rank lines) but no error as one that "stopped" before it. A line
+over MAX_LINE_CHARS refuses the file (naming the line) before any pattern
+runs on it, and every pattern is linear in the line, so a file is read in
+time linear in its size; a row field over MAX_TOKEN_CHARS quarantines the row.
+nccl-tests' JSON output (``-J``) is handed to :mod:`tracekit.ingest.nccl_tests_json`.
 
 Validation
 ----------
