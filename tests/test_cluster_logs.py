@@ -251,6 +251,23 @@ def test_longest_accepted_lines_read_in_linear_time(tmp_path, unit):
     assert _values(log) == EXPECTED
 
 
+def test_row_cut_by_chatter_never_grows_without_bound(tmp_path):
+    """A row cut by NCCL chatter, then 50,000 lines of numbers glued to chatter: each would continue the
+    cut row; the pieces are dropped once longer than any row (linear time, not a 2.5 MB row)."""
+    cut = ROWS[0][0] + " node01:1:1 [0] NCCL INFO a\n"
+    junk = "1 2 3 4 5 6 7 8 9 10 node01:1:1 [0] NCCL INFO b\n" * 50_000
+    f = tmp_path / "all_reduce.log"
+    f.write_text(_plain_log() + cut + junk)
+    t0 = time.perf_counter()
+    log = parse_nccl_tests(f)
+    assert time.perf_counter() - t0 < 5.0
+    assert _values(log) == EXPECTED
+    n = len(_plain_log().splitlines()) + 1
+    assert log.quarantined[0] == (n, "result row cut off by NCCL output and never continued")
+    # each dropped piece holds at most 4096 characters of 21-character fragments + the row start
+    assert len(log.quarantined) >= 50_000 * 21 // 4200
+
+
 def test_long_field_quarantines_the_row(tmp_path):
     f = tmp_path / "all_reduce.log"
     f.write_text(_plain_log().replace("    18.52    0.00", "    18.52" + "0" * 70 + "    0.00"))

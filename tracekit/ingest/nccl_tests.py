@@ -312,6 +312,7 @@ _PARAM_FIELDS = (
 )
 
 _HALF_BASE = ("time", "algbw", "busbw", "wrong")
+_PENDING_MAX_CHARS = 4096  # a row cut by chatter and continued over more text than this is dropped
 # the columns of rows read without a header (today's layout, nccl-tests' writeResultHeader)
 _HEADERLESS = (["redop", "root"], 4, False, "current")
 _HEADERLESS_COLUMNS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
@@ -597,6 +598,8 @@ class _Reader:
                 return
             if self.pending is not None:
                 self.pending = (self.pending[0], self.pending[1] + " " + row_text)
+                if len(self.pending[1]) > _PENDING_MAX_CHARS:  # no row is this long: pieces of no row
+                    self.drop_pending()
                 return
             if _row_start(row_text.split()):
                 self.pending = (lineno, row_text)
