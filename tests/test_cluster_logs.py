@@ -251,6 +251,28 @@ def test_longest_accepted_lines_read_in_linear_time(tmp_path, unit):
     assert _values(log) == EXPECTED
 
 
+LINE_STARTS = ["", "#  Rank  9 Group  0 Pid   7085 on   mi300-07 device  0 [0000:05:00] a", "# nThread 1 nGpus 1 ",
+               "# Collective test starting: ", "# nccl-tests version 2.1 ", "# Out of bounds values : ",
+               "#  size  count  type ", ROWS[0][0] + " ", "node:1:1 [0] NCCL INFO ", "$ mpirun -np 4 ", "host: "]
+LINE_FILLS = [" ", "a", "1 ", "a:", "/a_", "x:1:1 ", "\t"]
+
+
+def test_every_line_shape_reads_in_linear_time(tmp_path):
+    """Each kind of line nccl-tests prints, continued by 40,000 characters of a run that makes a
+    backtracking pattern quadratic (a lazy name before trailing spaces took 25 s a line): the whole
+    grid reads in seconds."""
+    f = tmp_path / "all_reduce.log"
+    lines = [start + (fill * 40_000)[:40_000] + "z" for start in LINE_STARTS for fill in LINE_FILLS]
+    t0 = time.perf_counter()
+    for line in lines:
+        f.write_text(_plain_log() + line + "\n")
+        try:
+            parse_nccl_tests(f)
+        except FileError:
+            pass
+    assert time.perf_counter() - t0 < 6.0
+
+
 def test_row_cut_by_chatter_never_grows_without_bound(tmp_path):
     """A row cut by NCCL chatter, then 50,000 lines of numbers glued to chatter: each would continue the
     cut row; the pieces are dropped once longer than any row (linear time, not a 2.5 MB row)."""

@@ -260,7 +260,7 @@ _FILENAME_OPS = (
 
 _RANK_LINE = re.compile(
     r"^#\s*Rank\s+(?P<rank>\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(?P<host>\S+)\s+"
-    r"device\s+(?P<dev>\d+)\s+\[[^\]]*\]\s*(?P<name>.*?)\s*$"
+    r"device\s+(?P<dev>\d+)\s+\[[^\]]*\]\s*(?P<name>.*)$"  # (name stripped after: a lazy .*?\s*$ is quadratic)
 )
 _PARAMS_LINE = re.compile(r"^#\s*nThread\s+(?P<nthread>\d+)\s+nGpus\s+(?P<ngpus>\d+)\b(?P<rest>.*)$")
 _TEST_START = re.compile(r"^#\s*Collective test starting:\s*(?P<name>\S+)")
@@ -679,7 +679,7 @@ class _Reader:
             self.job_lines += 1
             g = self.boundary(lineno)
             rank = int(m.group("rank"))
-            g.ranks[rank] = (rank, m.group("host"), int(m.group("dev")), m.group("name"))
+            g.ranks[rank] = (rank, m.group("host"), int(m.group("dev")), m.group("name").strip())
             return
         if self.footer(stripped):
             return
