@@ -181,6 +181,20 @@ def test_failed_job_alone_is_named_not_called_not_a_log(tmp_path):
         parse_nccl_tests(f)
 
 
+def test_job_that_failed_mid_run_keeps_its_rows_and_is_warned_about(tmp_path):
+    text = _plain_log().split("# Out of bounds")[0] + (
+        "node01:40003:40010 [2] NCCL WARN Cuda failure 'an illegal memory access was encountered'\n"
+        "srun: error: node01: task 2: Exited with exit code 1\n")
+    f = tmp_path / "all_reduce.log"
+    f.write_text(text)
+    log = parse_nccl_tests(f)
+    assert _values(log) == EXPECTED
+    n = len(HEAD.splitlines()) + 1 + 3
+    assert log.warnings == (f"all_reduce.log benchmark run 0: no footer after its last result row (line {n}): the "
+                            f"job failed mid-run? its last error, line {n + 2}: srun: error: node01: task 2: "
+                            "Exited with exit code 1",)
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. headerless rows
 
@@ -344,7 +358,7 @@ def test_ratio_kept_when_it_agrees_and_broadcast_untouched(tmp_path):
     log = parse_nccl_tests(f)
     assert (log.group_size, log.group_size_source, log.warnings) == (16, "nthreads_ngpus", ())
     f = tmp_path / "broadcast.log"
-    f.write_text(LOST_RANKS.replace("sum", "sum"))
+    f.write_text(LOST_RANKS)
     assert parse_nccl_tests(f).group_size == 1  # busbw = algbw for every n: nothing to infer from
 
 

@@ -756,6 +756,11 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
         if reader.last_error is not None:
             _refuse_failed_job(p, reader, headerless=0)
         raise FileError(p, "nccl-tests log has a column header but no result rows (did the run fail?)")
+    last = groups[-1]
+    if reader.last_error is not None and last.rows and not last.closed and reader.last_error[0] > last.last_line:
+        line, text = reader.last_error
+        warnings.append(f"{p.name} benchmark run {last.index}: no footer after its last result row (line "
+                        f"{last.last_line}): the job failed mid-run? its last error, line {line}: {text}")
     for g in done:
         if g.quarantined:
             shown = "; ".join(f"line {ln}: {why}" for ln, why in g.quarantined[:3])
