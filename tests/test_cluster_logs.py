@@ -474,3 +474,11 @@ def test_one_rank_run_is_labelled_and_has_no_peak_or_model(tmp_path, capsys):
     assert {r["status_reason"] for r in rep["fit"]} == {"1 rank: the collective moves no data between ranks"}
     assert {(r["reference"], r["no_model_reason"]) for r in rep["references"]} == {
         ("no model", "1 rank: the collective moves no data between ranks")}
+
+
+def test_json_host_name_longer_than_the_writer_prints_is_refused(tmp_path):
+    f = tmp_path / "ar.json"
+    f.write_text(JSON_FIXTURE.read_text().replace('"hostname":"node01"', '"hostname":"' + "n" * 5000 + '"', 1))
+    with pytest.raises(FileError, match=r"config.devices\[0\].hostname of 5,000 characters \(its writer prints at "
+                                        r"most 1024\)"):
+        parse_nccl_tests(f)

@@ -37,6 +37,8 @@ from tracekit.model.ops import canonical_op
 
 MAX_JSON_BYTES = 256 << 20
 """Largest nccl-tests JSON file read (256 MiB; a sweep with every iteration's time is a few MB)."""
+MAX_NAME_CHARS = 1024
+"""Longest host or device name accepted (nccl-tests' writer reads them with ``%1024s``)."""
 FORMAT_VERSIONS = (1, 2, 3)
 """``version`` values of nccl-tests' writer that this reader knows."""
 SIGNATURE = re.compile(rb'^\s*\{\s*"version"\s*:\s*\d+\s*,\s*"start_time"\s*:')
@@ -148,6 +150,10 @@ def parse_nccl_tests_json(p: Path, raw: bytes, op: str | None = None):
     ranks = {}
     for d in devices:
         r, host, dev = d.get("rank"), d.get("hostname"), d.get("device")
+        for key in ("hostname", "device_info"):
+            if len(str(d.get(key) or "")) > MAX_NAME_CHARS:
+                raise FileError(p, f"nccl-tests JSON: config.devices[{devices.index(d)}].{key} of "
+                                   f"{len(str(d.get(key))):,} characters (its writer prints at most {MAX_NAME_CHARS})")
         if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_RANKS:
             ranks[r] = (r, str(host) if host is not None else "", dev if isinstance(dev, int) else -1,
                         str(d.get("device_info") or ""))
