@@ -534,7 +534,6 @@ class _Reader:
         self.header_seen = False
         self.pending: tuple[int, str] | None = None  # (line, text) of a row cut by chatter
         self.last_error: tuple[int, str] | None = None  # the last NCCL WARN / srun error / test failure line
-        self.job_lines = 0  # lines that only an nccl-tests job prints (parameters, rank lines, version)
 
     def boundary(self, lineno: int, force: bool = False) -> _Group:
         """A line that begins a run: a new group when the current one has rows (or ``force``)."""
@@ -615,7 +614,6 @@ class _Reader:
             g = self.boundary(lineno, force=self.cur.tests_version is not None)
             kind = m.group("kind").lower()
             g.tests_version = f"{kind}-tests {m.group('v')}"
-            self.job_lines += 1
             mm = _LIB_CODE.search(m.group("rest"))
             if mm and g.library_version is None:
                 g.library, g.library_version = kind, _library_from_code(mm.group("code"))
@@ -666,7 +664,6 @@ class _Reader:
             return
         m = _PARAMS_LINE.match(stripped)
         if m:
-            self.job_lines += 1
             g = self.boundary(lineno, force=bool(self.cur.params or self.cur.header))
             g.params = {"n_threads": int(m.group("nthread")), "n_gpus": int(m.group("ngpus"))}
             for pattern, name in _PARAM_FIELDS:
@@ -676,7 +673,6 @@ class _Reader:
             return
         m = _RANK_LINE.match(stripped)
         if m:
-            self.job_lines += 1
             g = self.boundary(lineno)
             rank = int(m.group("rank"))
             g.ranks[rank] = (rank, m.group("host"), int(m.group("dev")), m.group("name").strip())
@@ -806,7 +802,7 @@ def _refuse_failed_job(p: Path, reader: _Reader, headerless: int) -> None:
     if reader.last_error is not None:
         line, text = reader.last_error
         raise FileError(p, f"nccl-tests job failed before its first result row: line {line}: {text}")
-    if reader.job_lines or any(g.command is not None for g in reader.groups):
+    if any(g.ranks or g.params or g.tests_version or g.command is not None for g in reader.groups):
         raise FileError(p, "nccl-tests job stopped before its first result row (no result table, no error "
                            "line: killed or cut off?)")
 
