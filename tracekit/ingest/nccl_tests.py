@@ -176,8 +176,10 @@ class NcclTestsGroup:
     as a dict), dtype (None when rows mix types), rows, avg_busbw (GB/s, None
     when absent or not finite), oob_values / oob_failed (the ``Out of bounds
     values : N OK|FAILED`` footer; None / False without one), quarantined:
-    (line, reason) per row left out; per_iter: the per-iteration summaries of an
-    nccl-tests JSON file's ``-I`` report (:mod:`tracekit.ingest.nccl_tests_json`), empty for a text log.
+    (line, reason) per row left out; per_iter: the per-iteration summaries of ``-I``,
+    one dict per size and half (size_bytes, half, n, skipped, min_us, p50_us, p99_us, max_us, cv_pct:
+    a text log's ``i_min i_max i_p99 i_cv%`` columns leave n, skipped and p50_us None; the JSON
+    output has them all, :mod:`tracekit.ingest.nccl_tests_json`); empty without ``-I``.
     """
 
     index: int
@@ -843,9 +845,20 @@ def _row(tokens: list[str], header: tuple[list[str], int, bool, str]) -> dict:
     count = _whole(tokens[1], "count")
     oop = _half(halves[0])
     ip = _half(halves[1])
+    per_iter = [_per_iter_text(size, name, h[len(_HALF_BASE):]) for name, h in (("out-of-place", halves[0]),
+                ("in-place", halves[1])) if h is not None and len(h) == len(_HALF_BASE) + len(_PER_ITER)]
     return dict(line=0, size_bytes=size, count=count, dtype=tokens[2], redop=redop, root=root,
                 oop_time_us=oop[0], oop_algbw=oop[1], oop_busbw=oop[2], oop_wrong=oop[3],
-                ip_time_us=ip[0], ip_algbw=ip[1], ip_busbw=ip[2], ip_wrong=ip[3])
+                ip_time_us=ip[0], ip_algbw=ip[1], ip_busbw=ip[2], ip_wrong=ip[3], per_iter=per_iter)
+
+
+def _per_iter_text(size: int, half: str, tokens: list[str]) -> dict:
+    """The ``-I`` columns of one half (``i_min i_max i_p99 i_cv%``: µs, µs, µs, %) as a per-iteration
+    summary with the JSON reader's keys; a value that is not a finite number ≥ 0 is None."""
+    vals = [_finite(t) for t in tokens]
+    vals = [v if v is not None and v >= 0 else None for v in vals]
+    return dict(size_bytes=size, half=half, n=None, skipped=None, min_us=vals[0], p50_us=None, p99_us=vals[2],
+                max_us=vals[1], cv_pct=vals[3])
 
 
 # nccl-tests' bus factor busbw/algbw per collective, as a multiple of (n-1)/n (src/<op>.cu, GetBw of each
@@ -953,7 +966,9 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
         raise FileError(p, f"line {g.first_line}: nccl-tests run of {k} ranks: out of range (1..{MAX_RANKS})")
     if k_src != "rank_lines":
         k, k_src = _ranks_from_ratio(p, g, op, k, k_src, warnings)
-    rows = tuple(NcclTestsRow(op=op, group_size=k, group=g.index, **r) for r in g.rows)
+    rows = tuple(NcclTestsRow(op=op, group_size=k, group=g.index, **{c: v for c, v in r.items() if c != "per_iter"})
+                 for r in g.rows)
+    per_iter = tuple(s for r in g.rows for s in r.get("per_iter", ()))
     ranks = tuple(sorted(g.ranks.values()))
     hosts = tuple(dict.fromkeys(r[1] for r in ranks))
     devices = tuple(dict.fromkeys(r[3] for r in ranks if r[3]))
@@ -968,5 +983,5 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
         tests_version=g.tests_version, layout=g.header[3] if g.header else "current", columns=g.columns,
         params=dict(g.params), dtype=dtypes.pop() if len(dtypes) == 1 else None, rows=rows,
         avg_busbw=g.avg_busbw, oob_values=g.oob[0] if g.oob else None, oob_failed=bool(g.oob and g.oob[1]),
-        quarantined=tuple(g.quarantined),
+        quarantined=tuple(g.quarantined), per_iter=per_iter,
     )
