@@ -484,19 +484,16 @@ def test_json_host_name_longer_than_the_writer_prints_is_refused(tmp_path):
         parse_nccl_tests(f)
 
 
-def test_text_per_iteration_columns_kept_like_the_json():
+def test_text_per_iteration_columns_kept_like_the_json(tmp_path):
     """A text log printed with -I: each half's i_min i_max i_p99 i_cv% (µs, µs, µs, %) are kept per size
     and half with the JSON reader's keys (n, skipped and p50 are not printed: None)."""
-    import tempfile
-
     text = (HEAD.replace("  #wrong     time   algbw   busbw  #wrong",
                          "  #wrong    i_min    i_max    i_p99    i_cv%     time   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%")
             + ROWS[2][0] + "    520.3  257.96  386.94       0    510.0    530.5    530.5     1.20"
             + "    519.8  258.21  387.32       0    509.1    531.0    531.0     1.31\n")
-    with tempfile.TemporaryDirectory() as d:
-        f = Path(d) / "all_reduce.log"
-        f.write_text(text)
-        log = parse_nccl_tests(f)
+    f = tmp_path / "all_reduce.log"
+    f.write_text(text)
+    log = parse_nccl_tests(f)
     assert _values(log) == EXPECTED[2:]
     assert log.groups[0].per_iter == (
         {"size_bytes": 134217728, "half": "out-of-place", "n": None, "skipped": None, "min_us": 510.0,
