@@ -471,6 +471,7 @@ def test_one_rank_run_is_labelled_and_has_no_peak_or_model(tmp_path, capsys):
     assert rep["peak_busbw"] == []
     assert [(r["op"], r["count"], r["peak_busbw_gbps"], r["peak_busbw_size_bytes"]) for r in rep["collectives"]] == [
         ("all_reduce", 6, None, None)]
+    assert {r["peak_busbw_gbps"] for r in rep["by_size"]} == {None}
     assert {r["status_reason"] for r in rep["fit"]} == {"1 rank: the collective moves no data between ranks"}
     assert {(r["reference"], r["no_model_reason"]) for r in rep["references"]} == {
         ("no model", "1 rank: the collective moves no data between ranks")}

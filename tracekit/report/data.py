@@ -299,7 +299,7 @@ def build_report(
         SELECT op, group_size, locality, {bench} AS bench_run, bucket_bytes, count(*) AS count,
                count(DISTINCT size_bytes) AS sizes,
                median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
-               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps,
+               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) FILTER (WHERE group_size > 1) AS peak_busbw_gbps,
                median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
                mode(verdict) AS verdict, count(DISTINCT verdict) AS verdicts,
                count(DISTINCT coalesce(reference, 'no model')) AS references,
