@@ -501,3 +501,35 @@ def test_text_per_iteration_columns_kept_like_the_json(tmp_path):
          "p50_us": None, "p99_us": 530.5, "max_us": 530.5, "cv_pct": 1.2},
         {"size_bytes": 134217728, "half": "in-place", "n": None, "skipped": None, "min_us": 509.1,
          "p50_us": None, "p99_us": 531.0, "max_us": 531.0, "cv_pct": 1.31})
+
+
+def _json_twin_text(t_first: str = "40.00") -> str:
+    """The stdout log of the job that wrote the JSON fixture, printed as nccl-tests prints (2 decimals)."""
+    ranks = "".join(f"#  Rank {r:2d} Group  0 Pid  {70001 + r} on     node01 device {r:2d} [0000:{0x18 + 16 * r:02x}:00] "
+                    "NVIDIA H100 80GB HBM3\n" for r in range(8))
+    return ("# Collective test starting: all_reduce_perf\n"
+            "# nThread 1 nGpus 8 minBytes 1048576 maxBytes 134217728 step: 128(factor) warmup iters: 5 iters: 5 "
+            "agg iters: 1 validation: 1 graph: 0\n#\n# Writing JSON output to ar.json\n# Using devices\n" + ranks
+            + "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong\n"
+            + f"     1048576        262144     float     sum      -1    {t_first}   26.21   45.88       0    39.50   26.55   46.46       0\n"
+            + "   134217728      33554432     float     sum      -1   800.00  167.77  293.60       0   798.00  168.19  294.34       0\n")
+
+
+def test_text_twin_of_a_json_file_is_read_once(tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "ar.json").write_bytes(JSON_FIXTURE.read_bytes())
+    (d / "slurm-9.out").write_text(_json_twin_text())
+    store = Store(tmp_path / "s")
+    rid = ingest_paths([d], store)
+    run = store.run_dir(rid)
+    rows = pq.read_table(run / "collectives.parquet").to_pylist()
+    assert [(r["pg_name"], r["dur_ns"], r["log_busbw_gbps"]) for r in rows][:2] == [
+        ("nccl_tests:all_reduce", 40000, 45.8752), ("nccl_tests:all_reduce", 39500, 46.455899)]
+    assert len(rows) == 4
+    warnings = pq.read_table(run / "ranks.parquet").to_pylist()[0]["warnings"]
+    assert "slurm-9.out benchmark run 0 (lines 1-16) is the text twin of ar.json (nccl-tests -J): read once, from the JSON" in warnings
+    # a time that differs beyond its printed digits is another run: both kept
+    (d / "slurm-9.out").write_text(_json_twin_text("40.02"))
+    rid = ingest_paths([d], store, replace=True)
+    assert len(pq.read_table(store.run_dir(rid) / "collectives.parquet").to_pylist()) == 8

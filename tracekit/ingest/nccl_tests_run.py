@@ -40,6 +40,10 @@ sizes. Quarantined rows are counted in ``ranks.events_quarantined`` and named
 in its ``warnings``. ``runs.backend`` is ``rccl`` when every run that names
 its library is an RCCL one, else ``nccl``.
 
+Twins. A job run with ``-J FILE`` leaves its text log and the JSON; when both are ingested, a text
+benchmark run whose op, group size, sizes and times (as printed) match a JSON file's is read once, from
+the JSON (:func:`_drop_text_twins`), with a warning.
+
 Partial ingests. Of several logs, those that cannot be read (:func:`read_logs`: not a log, a job that
 failed before its first row, a line over the length limit, an OS error) are left out unless ``strict``:
 the run holds the others, ``runs.config`` lists them under ``skipped`` (``path``, ``reason``: the one-line
@@ -131,11 +135,47 @@ def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: l
         raise StoreError(f"{stage.parent.parent}: cannot write to the store ({exc.strerror or exc})") from None
 
 
+def _same_time(text_us: float | None, json_us: float | None) -> bool:
+    """A time as the text log printed it (7 characters: 2, 1 or 0 decimals, then ``%.1e``) agrees with
+    the JSON's ``%lf`` value: within half a unit of the text's last digit, or 5 % for the exponent form."""
+    if text_us is None or json_us is None:
+        return text_us is None and json_us is None
+    tol = 0.005 if text_us < 9999.995 else 0.05 if text_us < 99999.95 else 0.5 if text_us < 999999.5 else 0.05 * text_us
+    return abs(text_us - json_us) <= tol + 1e-9
+
+
+def _drop_text_twins(runs: list) -> tuple[list, list[str]]:
+    """``runs`` without the text benchmark runs that an nccl-tests JSON file of the same ingest holds too
+    (a job run with ``-J`` leaves both its stdout log and the JSON): same op, group size, sizes and
+    times (as printed). The JSON is kept (full precision, the ``-I`` report); one warning per twin."""
+    jsons = [(f, g) for f, log, g in runs if g.layout == "json"]
+    if not jsons:
+        return runs, []
+    keep, warnings = [], []
+    for f, log, g in runs:
+        twin = None
+        if g.layout != "json":
+            key = [(r.size_bytes, r.dtype) for r in g.rows]
+            for jf, jg in jsons:
+                if (jg.op, jg.group_size) == (g.op, g.group_size) and [(r.size_bytes, r.dtype) for r in jg.rows] == key \
+                        and all(_same_time(a.ip_time_us, b.ip_time_us) and _same_time(a.oop_time_us, b.oop_time_us)
+                                for a, b in zip(g.rows, jg.rows)):
+                    twin = jf
+                    break
+        if twin is None:
+            keep.append((f, log, g))
+        else:
+            warnings.append(f"{Path(f).name} benchmark run {g.index} (lines {g.first_line}-{g.last_line}) is the text "
+                            f"twin of {Path(twin).name} (nccl-tests -J): read once, from the JSON")
+    return keep, warnings
+
+
 def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], config: dict, logs: list,
            skipped: list[str] = ()) -> None:
     runs = [(f, log, g) for f, log in zip(files, logs) for g in log.groups]
+    runs, twins = _drop_text_twins(runs)
     op_count = Counter(g.op for _, _, g in runs)
-    rows, groups_cfg, warnings = [], [], list(skipped)
+    rows, groups_cfg, warnings = [], [], list(skipped) + twins
     for log in logs:
         warnings.extend(log.warnings)
     t = 1_000_000_000  # 1 s: keeps every ts positive
