@@ -96,6 +96,7 @@ printed: microseconds and GB/s (GB = 1e9).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -745,7 +746,7 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
     if not reader.header_seen:
         _refuse_failed_job(p, reader, headerless=sum(len(g.headerless) for g in groups))
         raise FileError(p, "not an nccl-tests log: no '# size count type ... time algbw busbw' column header")
-    done = [_finish(p, g, forced_op, filename_op, warnings) for g in groups if g.rows or g.quarantined]
+    done = [_with_per_iter(_finish(p, g, forced_op, filename_op, warnings), g) for g in groups if g.rows or g.quarantined]
     quarantined = tuple(q for g in done for q in g.quarantined)
     if not any(g.rows for g in done):
         if quarantined:
@@ -774,6 +775,12 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
         params=first.params, avg_busbw=first.avg_busbw, nccl_version=first.library_version,
         tests_version=first.tests_version, groups=tuple(done), quarantined=quarantined, warnings=tuple(warnings),
     )
+
+
+def _with_per_iter(done: NcclTestsGroup, g: _Group) -> NcclTestsGroup:
+    """``done`` with the ``-I`` summaries its rows carried (:func:`_per_iter_text`)."""
+    per_iter = tuple(s for r in g.rows for s in r.get("per_iter", ()))
+    return dataclasses.replace(done, per_iter=per_iter) if per_iter else done
 
 
 def _headerless_warnings(p: Path, groups: list[_Group]) -> list[str]:
@@ -968,7 +975,6 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
         k, k_src = _ranks_from_ratio(p, g, op, k, k_src, warnings)
     rows = tuple(NcclTestsRow(op=op, group_size=k, group=g.index, **{c: v for c, v in r.items() if c != "per_iter"})
                  for r in g.rows)
-    per_iter = tuple(s for r in g.rows for s in r.get("per_iter", ()))
     ranks = tuple(sorted(g.ranks.values()))
     hosts = tuple(dict.fromkeys(r[1] for r in ranks))
     devices = tuple(dict.fromkeys(r[3] for r in ranks if r[3]))
@@ -983,5 +989,5 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
         tests_version=g.tests_version, layout=g.header[3] if g.header else "current", columns=g.columns,
         params=dict(g.params), dtype=dtypes.pop() if len(dtypes) == 1 else None, rows=rows,
         avg_busbw=g.avg_busbw, oob_values=g.oob[0] if g.oob else None, oob_failed=bool(g.oob and g.oob[1]),
-        quarantined=tuple(g.quarantined), per_iter=per_iter,
+        quarantined=tuple(g.quarantined),
     )
