@@ -26,9 +26,7 @@ rank count. ``runs.config`` (JSON) keeps, besides the caller's config:
   ``library`` (nccl / rccl / null), ``library_version``, ``tests_version``,
   ``dtype``, ``params``, ``rows``, ``quarantined`` (rows left out: bad
   numbers), ``wrong_rows`` (store rows with ``wrong`` > 0), ``oob_values``
-  and ``oob_failed`` (the ``Out of bounds values`` footer), ``avg_busbw``; for an nccl-tests
-  JSON file with ``-I`` output, ``per_iter`` (per size and half: n, skipped, min/p50/p99/max µs,
-  cv_pct; tracekit.ingest.nccl_tests_json).
+  and ``oob_failed`` (the ``Out of bounds values`` footer), ``avg_busbw``.
 
 ``collectives.wrong`` is the number of wrong values nccl-tests reported for
 the row's half (``#wrong`` out-of-place or in-place; null for ``N/A``). In a
@@ -39,6 +37,10 @@ of the fit; a warning on the run's rank row names the benchmark run and the
 sizes. Quarantined rows are counted in ``ranks.events_quarantined`` and named
 in its ``warnings``. ``runs.backend`` is ``rccl`` when every run that names
 its library is an RCCL one, else ``nccl``.
+
+Per-iteration times. A run printed with ``-I`` also keeps ``per_iter`` in its ``groups`` entry: per
+size and half, n, skipped, min/p50/p99/max µs and cv_pct (a text log prints no n, skipped or p50:
+null; tracekit.ingest.nccl_tests_json for the JSON's).
 
 Twins. A job run with ``-J FILE`` leaves its text log and the JSON; when both are ingested, a text
 benchmark run whose op, group size, sizes and times (as printed) match a JSON file's is read once, from
@@ -61,7 +63,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import SCHEMA_VERSION
-from tracekit.errors import FileError, StoreError
+from tracekit.errors import StoreError
 from tracekit.ingest.attribute import dtype_bytes, wire_bytes_for
 from tracekit.ingest.nccl_tests import NcclTestsGroup, parse_nccl_tests
 from tracekit.store import combined_digest
@@ -97,6 +99,8 @@ def read_logs(files: list[Path], *, op: str | None = None, strict: bool = True) 
     files are left out and returned; when none can be read, the first one's FileError is raised (its
     message says how many others failed too). BadInputError (an unknown ``op``) is always raised.
     """
+    from tracekit.errors import FileError
+
     good, logs, failed = [], [], []
     for f in files:
         try:
@@ -129,8 +133,9 @@ def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: l
         logs = [parse_nccl_tests(f, op=op) for f in files]
     if skipped:
         config = dict(config, skipped=[dict(path=e.path, reason=e.problem) for e in skipped])
+    logs, twins = _drop_text_twins(files, logs)
     try:
-        _write(stage, run_id, files, digests, config, logs, [f"skipped {e.path}: {e.problem}" for e in skipped])
+        _write(stage, run_id, files, digests, config, logs, [f"skipped {e.path}: {e.problem}" for e in skipped] + twins)
     except OSError as exc:  # ENOSPC, EIO... while writing the staging files
         raise StoreError(f"{stage.parent.parent}: cannot write to the store ({exc.strerror or exc})") from None
 
@@ -144,40 +149,52 @@ def _same_time(text_us: float | None, json_us: float | None) -> bool:
     return abs(text_us - json_us) <= tol + 1e-9
 
 
-def _drop_text_twins(runs: list) -> tuple[list, list[str]]:
-    """``runs`` without the text benchmark runs that an nccl-tests JSON file of the same ingest holds too
-    (a job run with ``-J`` leaves both its stdout log and the JSON): same op, group size, sizes and
-    times (as printed). The JSON is kept (full precision, the ``-I`` report); one warning per twin."""
-    jsons = [(f, g) for f, log, g in runs if g.layout == "json"]
+def _drop_text_twins(files: list[Path], logs: list) -> tuple[list, list[str]]:
+    """``logs`` (one per file) without the text benchmark runs that an nccl-tests JSON file of the same
+    ingest holds too (a job run with ``-J`` leaves both its stdout log and the JSON): same op, group size,
+    sizes and times (as printed). The JSON is kept (full precision, the ``-I`` report); one warning per
+    twin."""
+    import dataclasses
+
+    jsons = [(f, g) for f, log in zip(files, logs) for g in log.groups if g.layout == "json"]
     if not jsons:
-        return runs, []
-    keep, warnings = [], []
-    for f, log, g in runs:
-        twin = None
-        if g.layout != "json":
-            key = [(r.size_bytes, r.dtype) for r in g.rows]
-            for jf, jg in jsons:
-                if (jg.op, jg.group_size) == (g.op, g.group_size) and [(r.size_bytes, r.dtype) for r in jg.rows] == key \
-                        and all(_same_time(a.ip_time_us, b.ip_time_us) and _same_time(a.oop_time_us, b.oop_time_us)
-                                for a, b in zip(g.rows, jg.rows)):
-                    twin = jf
-                    break
-        if twin is None:
-            keep.append((f, log, g))
-        else:
-            warnings.append(f"{Path(f).name} benchmark run {g.index} (lines {g.first_line}-{g.last_line}) is the text "
-                            f"twin of {Path(twin).name} (nccl-tests -J): read once, from the JSON")
-    return keep, warnings
+        return logs, []
+    out, warnings = [], []
+    for f, log in zip(files, logs):
+        keep = []
+        for g in log.groups:
+            twin = _json_twin(g, jsons)
+            if twin is None:
+                keep.append(g)
+            else:
+                warnings.append(f"{Path(f).name} benchmark run {g.index} (lines {g.first_line}-{g.last_line}) is the "
+                                f"text twin of {Path(twin).name} (nccl-tests -J): read once, from the JSON")
+        out.append(log if len(keep) == len(log.groups) else dataclasses.replace(log, groups=tuple(keep)))
+    return out, warnings
+
+
+def _json_twin(g: NcclTestsGroup, jsons: list) -> Path | None:
+    """The JSON file of ``jsons`` ((file, group) pairs) whose run ``g`` (a text log's) repeats, or None."""
+    twin = None
+    if g.layout != "json":
+        key = [(r.size_bytes, r.dtype) for r in g.rows]
+        for jf, jg in jsons:
+            if (jg.op, jg.group_size) == (g.op, g.group_size) and [(r.size_bytes, r.dtype) for r in jg.rows] == key \
+                    and all(_same_time(a.ip_time_us, b.ip_time_us) and _same_time(a.oop_time_us, b.oop_time_us)
+                            for a, b in zip(g.rows, jg.rows)):
+                twin = jf
+                break
+    return twin
 
 
 def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], config: dict, logs: list,
-           skipped: list[str] = ()) -> None:
+           extra_warnings: list[str] = ()) -> None:
     runs = [(f, log, g) for f, log in zip(files, logs) for g in log.groups]
-    runs, twins = _drop_text_twins(runs)
     op_count = Counter(g.op for _, _, g in runs)
-    rows, groups_cfg, warnings = [], [], list(skipped) + twins
+    rows, groups_cfg, warnings = [], [], []
     for log in logs:
         warnings.extend(log.warnings)
+    warnings.extend(extra_warnings)  # logs left out, text twins of JSON files
     t = 1_000_000_000  # 1 s: keeps every ts positive
     eid = 0
     for i, (f, log, g) in enumerate(runs):
@@ -222,10 +239,12 @@ def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], conf
             tests_version=g.tests_version, dtype=g.dtype, params=g.params, rows=len(g.rows),
             quarantined=len(g.quarantined), wrong_rows=len(wrong_sizes), oob_values=g.oob_values,
             oob_failed=g.oob_failed, avg_busbw=g.avg_busbw,
-            **({"per_iter": list(g.per_iter)} if g.per_iter else {}),
         ))
     (stage / "events").mkdir()
     pq.write_table(EVENTS_SCHEMA.empty_table(), stage / "events" / "rank=0.parquet", **PARQUET_OPTS)
+    for cfg_g, (_, _, g) in zip(groups_cfg, runs):
+        if g.per_iter:  # the -I report's per-size summaries
+            cfg_g["per_iter"] = list(g.per_iter)
     pq.write_table(pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA), stage / "collectives.parquet", **PARQUET_OPTS)
     # One ranks row (rank 0 printed the logs); several logs share it through a combined digest.
     ranks = [dict(run_id=run_id, rank=0, host=None,
