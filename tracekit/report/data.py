@@ -101,6 +101,20 @@ def report_connection(store: Store | str | None = None, run_id: str | None = Non
     return run_id, analyses.connect(st, run_ids=[run_id] + calib, link=link)
 
 
+def _no_peak_for_one_rank(by_op: list[dict], by_size: list[dict]) -> None:
+    """A 1-rank group moves nothing between ranks: its busbw is 0 by definition (nccl-tests' factor
+    at n = 1), not a measurement, so its buckets and an op seen only in such groups show no peak busbw
+    (None; "—" in the terminal). Edits the rows in place."""
+    multi = {r["op"] for r in by_size if r["group_size"] != 1}
+    for r in by_size:
+        if r["group_size"] == 1:
+            r["peak_busbw_gbps"] = None
+    one = {r["op"] for r in by_size} - multi
+    for r in by_op:
+        if r["op"] in one:
+            r["peak_busbw_gbps"] = r["peak_busbw_size_bytes"] = None
+
+
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
     alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None, con=None,
@@ -178,9 +192,7 @@ def build_report(
         SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
                count(DISTINCT tk_size_bucket(size_bytes)) AS size_buckets,
                min(size_bytes) AS min_size_bytes, max(size_bytes) AS max_size_bytes,
-               -- a 1-rank group moves nothing between ranks: its busbw is 0 by definition, no peak
-               max(busbw_gbps) FILTER (WHERE group_size > 1) AS peak_busbw_gbps,
-               arg_max(size_bytes, busbw_gbps) FILTER (WHERE group_size > 1) AS peak_busbw_size_bytes
+               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes
         FROM collective_bandwidth
         WHERE run_id = ?
         GROUP BY op ORDER BY count(*) DESC, op
@@ -299,7 +311,7 @@ def build_report(
         SELECT op, group_size, locality, {bench} AS bench_run, bucket_bytes, count(*) AS count,
                count(DISTINCT size_bytes) AS sizes,
                median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
-               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) FILTER (WHERE group_size > 1) AS peak_busbw_gbps,
+               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps,
                median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
                mode(verdict) AS verdict, count(DISTINCT verdict) AS verdicts,
                count(DISTINCT coalesce(reference, 'no model')) AS references,
@@ -311,6 +323,7 @@ def build_report(
         ORDER BY op, group_size, locality, bench_run, bucket_bytes
         """,
     )
+    _no_peak_for_one_rank(by_op, by_size)
     # peak busbw per op and k (per benchmark run of a log): the headline of a sweep, not a median
     peak_busbw = _rows(
         con,
