@@ -533,3 +533,17 @@ def test_text_twin_of_a_json_file_is_read_once(tmp_path):
     (d / "slurm-9.out").write_text(_json_twin_text("40.02"))
     rid = ingest_paths([d], store, replace=True)
     assert len(pq.read_table(store.run_dir(rid) / "collectives.parquet").to_pylist()) == 8
+
+
+def test_json_written_under_a_probed_name_is_found_in_a_folder(tmp_path):
+    """nccl-tests writes FILE.0, FILE.1... when FILE exists: such files of a folder are read too."""
+    from tracekit.ingest import expand_paths
+
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "ar.json.0").write_bytes(JSON_FIXTURE.read_bytes())
+    (d / "notes.json.1").write_text('{"a": 1}')  # not nccl-tests' JSON: left out
+    assert [p.name for p in expand_paths([d])] == ["ar.json.0"]
+    store = Store(tmp_path / "s")
+    rid = ingest_paths([d], store)
+    assert len(pq.read_table(store.run_dir(rid) / "collectives.parquet").to_pylist()) == 4

@@ -55,6 +55,7 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
             found += [q for q in entries if q.name.endswith(".nsys-rep")
                       and not q.with_name(q.name[: -len(".nsys-rep")] + ".sqlite").exists()]
             found += [q for q in entries if q.name.endswith(NCCL_TESTS_SUFFIXES) and _looks_like_nccl_tests(q)]
+            found += [q for q in entries if _NCCL_JSON_PROBED.search(q.name) and _is_nccl_tests_json_file(q)]
             if not found:
                 raise FileError(
                     p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, nccl-tests logs)"
@@ -76,6 +77,21 @@ _HEADER_MARK = re.compile(rb"#\s*size\s+count\s+type\b")
 _TAGGED = re.compile(rb"^\s*\[\d+,\d+\]<std(?:out|err|diag)>:")
 _BINARY_MARK = re.compile(rb"(?<![\w.-])(?:all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv"
                           rb"|gather|scatter|hypercube)_perf(?:_mpi)?\b")
+
+
+# nccl-tests' JSON writer names its file FILE.0, FILE.1... when FILE exists (jsonOutputInit, src/util.cu)
+_NCCL_JSON_PROBED = re.compile(r"\.json\.\d+$")
+
+
+def _is_nccl_tests_json_file(path: Path) -> bool:
+    """The file opens as nccl-tests' JSON output does (False when it cannot be read)."""
+    from tracekit.ingest.nccl_tests_json import is_nccl_tests_json
+
+    try:
+        with open(path, "rb") as fh:
+            return is_nccl_tests_json(fh.read(256))
+    except OSError:
+        return False
 
 
 def _looks_like_nccl_tests(path: Path) -> bool:
