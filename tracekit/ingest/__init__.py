@@ -50,12 +50,12 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
             except OSError as exc:
                 raise FileError(p, f"cannot list the directory ({exc.strerror or exc})") from None
             found = [q for q in entries if q.name.endswith(KINETO_SUFFIXES + (".sqlite",))
-                     and q.name != "run_config.json"]
+                     and q.name != "run_config.json"
+                     or (_NCCL_JSON_PROBED.search(q.name) and _is_nccl_tests_json_file(q))]  # FILE.0 of -J
             # a report beside its own export (nsys profile --export=sqlite writes both): the export
             found += [q for q in entries if q.name.endswith(".nsys-rep")
                       and not q.with_name(q.name[: -len(".nsys-rep")] + ".sqlite").exists()]
             found += [q for q in entries if q.name.endswith(NCCL_TESTS_SUFFIXES) and _looks_like_nccl_tests(q)]
-            found += [q for q in entries if _NCCL_JSON_PROBED.search(q.name) and _is_nccl_tests_json_file(q)]
             if not found:
                 raise FileError(
                     p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, nccl-tests logs)"
