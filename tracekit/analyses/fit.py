@@ -179,6 +179,9 @@ def _fit_one(lst: list[tuple], op: str, k: int, row: dict) -> dict:
     if algo is None:
         row.update(status="insufficient", status_reason=f"no model for {op}")
         return row
+    if k == 1:
+        row.update(status="insufficient", status_reason="1 rank: the collective moves no data between ranks")
+        return row
     try:
         f = fit_alpha_beta([float(s[6]) for s in use], [s[7] * 1e-9 for s in use], op, int(k),
                            algo=algo, warmup_first=False)
@@ -307,6 +310,10 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
         row = dict(run_id=rid, pg_name=pg, op=op, group_size=k, locality=locality, hosts=hosts or "")
         if ("send" if op == "recv" else op) not in ALGORITHMS:
             row["no_model_reason"] = f"the model has no algorithm for {op}"
+            out.append(row)
+            continue
+        if k == 1:  # nothing crosses a link: no α, no β to judge it by
+            row["no_model_reason"] = "1 rank: the collective moves no data between ranks"
             out.append(row)
             continue
         # topology of the group: its locality class, else the hosts of the ranks that recorded it

@@ -56,7 +56,8 @@ conventions.apply(app)  # --flag/--no-flag, typed metavars (tracekit/cli/convent
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code (0 ok, 2 bad input/usage, 1 internal)."""
+    """Run the CLI; returns the process exit code (0 ok, 2 bad input/usage, 1 internal, 3 partial ingest:
+    some nccl-tests logs left out, see `tracekit ingest --strict`)."""
     try:
         rv = app(args=argv, prog_name="tracekit", standalone_mode=False)
         if isinstance(rv, int) and rv != 0:  # typer turns Ctrl-C into a return value of 130

@@ -92,6 +92,9 @@ def ingest(
     op: Optional[str] = typer.Option(
         None, "--op", help="nccl-tests logs: the collective, when neither the log nor its file name says it."
     ),
+    strict: bool = typer.Option(
+        False, "--strict", help="nccl-tests logs: refuse the whole input when one log cannot be read (default: "
+        "ingest the others, name the failures and exit 3)."),
 ) -> None:
     """Ingest traces (one run; one file per rank) into the Parquet store."""
     from tracekit.ingest import ingest_paths
@@ -103,11 +106,12 @@ def ingest(
         raise BadInputError(f"--jobs must be at least 1, got {jobs}")
     st = _store(store)
     before = set(st.run_ids()) if st.runs_dir.is_dir() else set()
+    skipped: list[str] = []  # logs left out of a partial nccl-tests ingest (exit 3)
     with terminal_progress() as progress:
         rid = ingest_paths(
             [str(p) for p in paths], st, run_id=run_id, replace=replace, workload=workload,
             comm_patterns=comm_pattern, jobs=jobs, align=align, progress=progress, op=op,
-            engine=engine, address=address,
+            engine=engine, address=address, strict=strict, on_skip=skipped.append,
         )
     if rid in before and not replace:  # ingest_paths found the same files (sha256) in the store
         typer.echo(f"tracekit: these files are already ingested as {rid} (use --replace to ingest them again)", err=True)
@@ -117,6 +121,13 @@ def ingest(
         from tracekit.report.data import build_report, print_report
 
         print_report(build_report(st, rid))
+    if skipped:
+        if rid in before and not replace:  # the stored run's warnings may predate these failures
+            for line in skipped:
+                typer.echo(f"tracekit: warning: skipped {line}", err=True)
+        typer.echo(f"tracekit: partial ingest: {len(skipped)} log(s) could not be read and were left out "
+                   "(exit 3; --strict refuses the whole input instead)", err=True)
+        raise typer.Exit(3)
 
 
 def analyze(

@@ -46,7 +46,8 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
             except OSError as exc:
                 raise FileError(p, f"cannot list the directory ({exc.strerror or exc})") from None
             found = [q for q in entries if q.name.endswith(KINETO_SUFFIXES + (".sqlite",))
-                     and q.name != "run_config.json"]
+                     and q.name != "run_config.json"
+                     or (_NCCL_JSON_PROBED.search(q.name) and _is_nccl_tests_json_file(q))]  # FILE.0 of -J
             # a report beside its own export (nsys profile --export=sqlite writes both): the export
             found += [q for q in entries if q.name.endswith(".nsys-rep")
                       and not q.with_name(q.name[: -len(".nsys-rep")] + ".sqlite").exists()]
@@ -70,12 +71,30 @@ _NCCL_TESTS_HEAD = 1 << 20
 _PARAMS_MARK = re.compile(rb"#\s*nThread\s+\d+\s+nGpus\s+\d+")
 _HEADER_MARK = re.compile(rb"#\s*size\s+count\s+type\b")
 _TAGGED = re.compile(rb"^\s*\[\d+,\d+\]<std(?:out|err|diag)>:")
+_BINARY_MARK = re.compile(rb"(?<![\w.-])(?:all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv"
+                          rb"|gather|scatter|hypercube)_perf(?:_mpi)?\b")
+
+
+# nccl-tests' JSON writer names its file FILE.0, FILE.1... when FILE exists (jsonOutputInit, src/util.cu)
+_NCCL_JSON_PROBED = re.compile(r"\.json\.\d+$")
+
+
+def _is_nccl_tests_json_file(path: Path) -> bool:
+    """The file opens as nccl-tests' JSON output does (False when it cannot be read)."""
+    from tracekit.ingest.nccl_tests_json import is_nccl_tests_json
+
+    try:
+        with open(path, "rb") as fh:
+            return is_nccl_tests_json(fh.read(256))
+    except OSError:
+        return False
 
 
 def _looks_like_nccl_tests(path: Path) -> bool:
     """A .log/.txt/.out/.md in a directory is taken only when its first MiB holds nccl-tests'
     parameter line (``# nThread 1 nGpus 8 ...``) or its column header (``# size count type``);
-    a .log/.txt/.out also when it says ``out-of-place`` (NCCL's INFO lines can come first).
+    a .log/.txt/.out also when it says ``out-of-place`` (NCCL's INFO lines can come first) or names a
+    test binary (``all_reduce_perf``: a job that failed before its first line of output).
     Unreadable files are left out (a trace directory's unreadable side file is not a log)."""
     try:
         with open(path, "rb") as fh:
@@ -84,20 +103,31 @@ def _looks_like_nccl_tests(path: Path) -> bool:
         return False
     if _PARAMS_MARK.search(head) or _HEADER_MARK.search(head):
         return True
+    if not path.name.endswith(".md") and _BINARY_MARK.search(head):
+        return True  # a job that ran a test binary and failed before printing its parameters
     return not path.name.endswith(".md") and b"out-of-place" in head
 
 
 def _source_kind(path: Path) -> str:
-    """``kineto`` (JSON or gzip), ``nsys`` (SQLite) or ``nccl_tests`` (any other text; a line
-    starting ``[1,0]<stdout>:`` is mpirun's tag, not JSON). FileError when it cannot be read."""
+    """``kineto`` (JSON or gzip), ``nsys`` (SQLite) or ``nccl_tests`` (nccl-tests' own JSON, opening
+    ``{"version": N, "start_time": ...}``, or any other text; a line starting ``[1,0]<stdout>:`` is
+    mpirun's tag, not JSON). FileError when it cannot be read."""
     name = path.name.lower()
-    if name.endswith((".json", ".json.gz", ".gz")):
+    if name.endswith((".json.gz", ".gz")):
         return "kineto"
     try:
         with open(path, "rb") as fh:
-            head = fh.read(64)
+            head = fh.read(256)
     except OSError as exc:
+        if name.endswith(".json"):
+            return "kineto"  # the Kineto reader names the error
         raise FileError(path, f"cannot read it ({exc.strerror or exc})") from None
+    from tracekit.ingest.nccl_tests_json import is_nccl_tests_json
+
+    if is_nccl_tests_json(head):
+        return "nccl_tests"  # nccl-tests' own JSON output (-J FILE)
+    if name.endswith(".json"):
+        return "kineto"
     if head.startswith(b"\x1f\x8b") or (head.lstrip()[:1] in (b"{", b"[") and not _TAGGED.match(head)):
         return "kineto"
     if head.startswith(b"SQLite format 3"):
@@ -160,6 +190,8 @@ def ingest_paths(
     op: str | None = None,
     engine: str = "local",
     address: str | None = None,
+    strict: bool = True,
+    on_skip: Callable[[str], None] | None = None,
 ) -> str:
     """Ingest trace files (one run; one file per rank) into ``store``; returns the run id.
 
@@ -180,6 +212,9 @@ def ingest_paths(
     ``ray`` (one Ray task per file and per rank; ``address`` None: a local Ray instance of
     ``jobs`` CPUs, ``auto`` or ``HOST:PORT``: a running cluster, whose workers must see the files
     and the store at the same paths).
+    ``strict`` (nccl-tests logs): False ingests the logs that can be read and leaves the others out,
+    calling ``on_skip`` with each one's one-line error and storing them in the run's warnings and
+    ``config.skipped`` (tracekit.ingest.nccl_tests_run); True (default) refuses the whole input.
     Raises FileError / BadInputError (store unchanged) on bad input.
     """
     from tracekit.store import Store, check_run_id
@@ -198,6 +233,14 @@ def ingest_paths(
         raise FileError(logs[0], f"an nccl-tests log cannot share a run with traces such as {other.name}; ingest them apart")
     if op is not None and not logs:
         raise BadInputError("--op applies to nccl-tests logs only (traces name their collectives)")
+    parsed = skipped = None
+    if logs and not strict and len(logs) > 1:
+        from tracekit.ingest.nccl_tests_run import read_logs
+
+        files, parsed, skipped = read_logs(files, op=op, strict=False)  # FileError when none can be read
+        for exc in skipped:
+            if on_skip:
+                on_skip(str(exc))
     if source is None and all(k == "nsys" for k in kinds.values()):
         source = "nsys"
     from tracekit.ingest.comm_families import parse_comm_pattern, user_families
@@ -241,7 +284,8 @@ def ingest_paths(
             rid = run_id or _default_run_id(paths, None, digests)
             if st.has_run(rid) and not replace:
                 raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
-            build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {}, op=op)
+            build_nccl_tests_run(stg.dir, rid, files, digests, config=config or {}, op=op, logs=parsed,
+                                 skipped=skipped or ())
             stg.commit(rid, replace=replace)
             return rid
         where = os.path.abspath if engine == "ray" else str  # a Ray worker's cwd is not ours

@@ -9,11 +9,15 @@ Before a line is read, it is cleaned:
 
 - Markdown code fences (lines starting with three backticks or tildes) are
   dropped, so a log pasted into a ``.md`` file reads like the log itself;
+- ``mpirun --tag-output`` tags (``[1,0]<stdout>:``) are removed wherever they
+  are: Open MPI tags every piece a process writes, so a row printed in pieces
+  carries one at each piece (:func:`untag`);
 - rank prefixes are stripped (up to three, nested): ``srun -l`` (``0: ``,
   `` 12: `` — the width changes with the rank count), ``mpirun
   --tag-output`` (``[1,0]<stdout>:``), and ``pdsh``-style ``host: `` (taken
   as a prefix only when what follows is nccl-tests output: a ``#`` line, a
-  number, NCCL chatter or a command);
+  number, NCCL chatter or a command); inside a result row, a whole field
+  ending in a colon (``3:``, ``node01:``) is such a label and dropped;
 - NCCL chatter (``host:pid:tid [dev] NCCL INFO|WARN|TRACE ...``) is dropped,
   also when it lands in the middle of a result row: the text before it (the
   chatter's host name glued to the row's last field is told apart by the
@@ -58,8 +62,27 @@ starting`` line (``op_source`` ``header``), the command line in the log
 ``op`` argument (``argument``, the CLI's ``--op``). An ``op`` argument that
 disagrees with what the log says is ignored with a warning. The group size
 is the number of distinct ``# Rank N`` lines, else nThread × nGpus from the
-parameter line (which undercounts multi-process MPI runs;
-``group_size_source`` says which).
+parameter line (which undercounts multi-process MPI runs), else the command
+line's (:func:`command_ranks`). Without rank lines, the size is checked against
+the rows' busbw/algbw ratio for the collectives whose bus factor depends on n
+(:func:`ranks_from_ratio`): when the ratio allows one size only and it is
+another, that size is used (``busbw_ratio``) with a warning.
+``group_size_source`` says which.
+
+Result rows met before any column header are read in the current layout when
+a command line above them names the op and the rank count (an excerpt pasted
+under its command; warned), else left out with a warning naming their lines.
+
+Failed jobs and bounds
+----------------------
+A log without result rows whose job printed an error (``NCCL WARN``, ``srun:
+error``, ``Test NCCL failure``) is refused as a job that "failed before its
+first result row", naming the last such line; one with nccl-tests' own lines
+(parameters, rank lines) but no error as one that "stopped" before it. A line
+over MAX_LINE_CHARS refuses the file (naming the line) before any pattern
+runs on it, and every pattern is linear in the line, so a file is read in
+time linear in its size; a row field over MAX_TOKEN_CHARS quarantines the row.
+nccl-tests' JSON output (``-J``) is handed to :mod:`tracekit.ingest.nccl_tests_json`.
 
 Validation
 ----------
@@ -73,6 +96,7 @@ printed: microseconds and GB/s (GB = 1e9).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -92,6 +116,12 @@ MAX_BW_GBPS = 1e6
 """Largest algbw/busbw accepted, GB/s (1 PB/s: no link comes near)."""
 MAX_RANKS = 1 << 20
 """Largest group size accepted (the same bound as the trace readers')."""
+MAX_LINE_CHARS = 1 << 16
+"""Longest line accepted, characters (64 Ki). nccl-tests' own lines are under 300 characters and NCCL's
+longest INFO lines (ring/tree channel lists) a few KB at thousands of ranks; a longer line means the
+file is not a log (or is damaged), and the file is refused naming that line."""
+MAX_TOKEN_CHARS = 64
+"""Longest field accepted in a result row, characters: a longer one quarantines the row."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +177,10 @@ class NcclTestsGroup:
     as a dict), dtype (None when rows mix types), rows, avg_busbw (GB/s, None
     when absent or not finite), oob_values / oob_failed (the ``Out of bounds
     values : N OK|FAILED`` footer; None / False without one), quarantined:
-    (line, reason) per row left out.
+    (line, reason) per row left out; per_iter: the per-iteration summaries of ``-I``,
+    one dict per size and half (size_bytes, half, n, skipped, min_us, p50_us, p99_us, max_us, cv_pct:
+    a text log's ``i_min i_max i_p99 i_cv%`` columns leave n, skipped and p50_us None; the JSON
+    output has them all, :mod:`tracekit.ingest.nccl_tests_json`); empty without ``-I``.
     """
 
     index: int
@@ -174,6 +207,7 @@ class NcclTestsGroup:
     oob_values: int | None
     oob_failed: bool
     quarantined: tuple[tuple[int, str], ...]
+    per_iter: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -229,7 +263,7 @@ _FILENAME_OPS = (
 
 _RANK_LINE = re.compile(
     r"^#\s*Rank\s+(?P<rank>\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(?P<host>\S+)\s+"
-    r"device\s+(?P<dev>\d+)\s+\[[^\]]*\]\s*(?P<name>.*?)\s*$"
+    r"device\s+(?P<dev>\d+)\s+\[[^\]]*\]\s*(?P<name>.*)$"  # (name stripped after: a lazy .*?\s*$ is quadratic)
 )
 _PARAMS_LINE = re.compile(r"^#\s*nThread\s+(?P<nthread>\d+)\s+nGpus\s+(?P<ngpus>\d+)\b(?P<rest>.*)$")
 _TEST_START = re.compile(r"^#\s*Collective test starting:\s*(?P<name>\S+)")
@@ -245,12 +279,30 @@ _FENCE = re.compile(r"^\s*(?:```|~~~)")
 # a line invoking a test binary: ".../build/all_reduce_perf -b 8", "all_gather_perf_mpi", "alltoall_perf"
 _COMMAND = re.compile(r"(?:^|[\s/=\"'])(?P<bin>[a-z_]+_perf)(?:_mpi)?(?=[\s\"';|&)]|$)")
 # NCCL's debug output: "host:pid:tid [dev] NCCL INFO ..." (RCCL prints the same)
-_CHATTER = re.compile(r"(?P<who>\S+):\d+:\d+\s+\[\d+\]\s+NCCL\s+(?:INFO|WARN|TRACE|ABORT)\b")
+# (the host starts a whitespace-separated token: the search starts only there, so it stays linear)
+_CHATTER = re.compile(r"(?<!\S)(?P<who>[^\s:]+):\d+:\d+\s+\[\d+\]\s+NCCL\s+(?:INFO|WARN|TRACE|ABORT)\b")
 _CHATTER_BARE = re.compile(r"^\s*(?:\S+:\d+:\d+\s+)?(?:\[\d+\]\s+)?NCCL\s+(?:INFO|WARN|TRACE|ABORT)\b")
 # the last field of a row fragment glued to the chatter's host name: an integer, a decimal, N/A, a reduction
 _FIELD_HEAD = re.compile(r"(?:N/A|premulsum|mulsum|prod|none|sum|max|min|avg|[+-]?\d+(?:\.\d+)?)")
 
 _SRUN = re.compile(r"^\s*\d+:\s")
+# mpirun --tag-output's tag anywhere in a line: Open MPI tags each chunk a process writes, so a result row
+# printed in pieces, with another rank's NCCL output between them, carries tags in its middle
+_MPIRUN_ANY = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:")
+# a whole field that is a launcher's label (srun -l "12:", pdsh "host:"): never a result-row field
+_TAG_TOKEN = re.compile(r"[A-Za-z0-9][\w.-]*:$")
+# the last error a failed job printed: NCCL's WARN lines, srun's errors, nccl-tests' own failure lines
+_JOB_ERROR = re.compile(r"\bNCCL\s+WARN\b|\bsrun:\s+error\b|\bTest\s+(?:NCCL\s+|CUDA\s+)?failure\b"
+                        r"|\bNCCL\s+failure\b|\bCUDA\s+failure\b", re.I)
+# the options of a command line that give its rank count: before the test binary, the launcher's
+# (mpirun/mpiexec -np/-n/--np, srun -n/--ntasks, or srun -N/--nodes with --ntasks-per-node); after it,
+# the test's -g/--ngpus and -t/--nthreads (nccl-tests' defaults: 1 thread, 1 GPU per process)
+_LAUNCHER = re.compile(r"(?:^|[\s/])(?:mpirun|mpiexec|srun|orterun|prun|aprun|jsrun|flux)(?=\s|$)")
+_CMD_PROCS = re.compile(r"(?:^|\s)(?:-np|-n|--np|--ntasks)[\s=]+(\d+)(?=\s|$)")
+_CMD_NODES = re.compile(r"(?:^|\s)(?:-N|--nodes)[\s=]+(\d+)(?=\s|$)")
+_CMD_PER_NODE = re.compile(r"(?:^|\s)--ntasks-per-node[\s=]+(\d+)(?=\s|$)")
+_CMD_GPUS = re.compile(r"(?:^|\s)(?:-g|--ngpus)[\s=]+(\d+)(?=\s|$)")
+_CMD_THREADS = re.compile(r"(?:^|\s)(?:-t|--nthreads)[\s=]+(\d+)(?=\s|$)")
 _MPIRUN = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:\s?")
 _PDSH = re.compile(r"^[A-Za-z0-9][\w.-]*:\s")
 
@@ -263,6 +315,11 @@ _PARAM_FIELDS = (
 )
 
 _HALF_BASE = ("time", "algbw", "busbw", "wrong")
+_PENDING_MAX_CHARS = 4096  # a row cut by chatter and continued over more text than this is dropped
+# the columns of rows read without a header (today's layout, nccl-tests' writeResultHeader)
+_HEADERLESS = (["redop", "root"], 4, False, "current")
+_HEADERLESS_COLUMNS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                       "time", "algbw", "busbw", "#wrong")
 _PER_ITER = ("i_min", "i_max", "i_p99", "i_cv%")
 
 
@@ -292,6 +349,47 @@ def strip_prefixes(line: str) -> str:
                 return line
         line = line[m.end():]
     return line
+
+
+def untag(line: str) -> str:
+    """``line`` without ``mpirun --tag-output`` tags (``[1,0]<stdout>:``) wherever they are.
+
+    Open MPI tags every chunk a process writes, so a row printed in pieces carries a tag at each
+    piece; the tag is removed and the pieces joined as written (a piece glued to another rank's NCCL
+    chatter is then split off by :func:`_split_chatter`)."""
+    return _MPIRUN_ANY.sub("", line) if "]<std" in line else line
+
+
+def _drop_tag_tokens(tokens: list[str]) -> list[str]:
+    """A row's fields without launcher labels left inside it (``3:``, ``node01:``): a result field
+    never ends with a colon."""
+    return [t for t in tokens if not _TAG_TOKEN.match(t)] if any(t.endswith(":") for t in tokens) else tokens
+
+
+def command_ranks(command: str, start: int, end: int) -> tuple[int | None, str]:
+    """(rank count, how it was found) of a command line whose test binary spans ``command[start:end]``.
+
+    Ranks = processes × threads × GPUs: processes from the launcher's options before the binary
+    (``mpirun -np P``, ``srun -n P`` or ``srun -N nodes --ntasks-per-node T``; 1 when no launcher is
+    named), threads and GPUs from the test's ``-t`` / ``-g`` after it (default 1 each, as nccl-tests'
+    own defaults in its common.cu). None when a launcher is named without its process count."""
+    before, after = command[:start], command[end:]
+    procs: int | None
+    m = _CMD_PROCS.search(before)
+    if m:
+        procs = int(m.group(1))
+    else:
+        nodes, per = _CMD_NODES.search(before), _CMD_PER_NODE.search(before)
+        if nodes and per:
+            procs = int(nodes.group(1)) * int(per.group(1))
+        elif _LAUNCHER.search(before):
+            return None, "a launcher without its process count"
+        else:
+            procs = 1
+    threads = _CMD_THREADS.search(after)
+    gpus = _CMD_GPUS.search(after)
+    n = procs * (int(threads.group(1)) if threads else 1) * (int(gpus.group(1)) if gpus else 1)
+    return n, "command"
 
 
 def _split_chatter(line: str) -> tuple[str | None, str | None]:
@@ -419,6 +517,9 @@ class _Group:
         self.tests_version: str | None = None
         self.library: str | None = None
         self.library_version: str | None = None
+        self.command_ranks: int | None = None  # the rank count its command line gives (command_ranks)
+        self.headerless: list[int] = []  # lines of result rows met before any column header, not read
+        self.headerless_read: int | None = None  # line of the first row read without a header
         self.closed = False  # a footer or "test concluded" was read
         self.touched = False  # any line of it was read
 
@@ -435,6 +536,7 @@ class _Reader:
         self.cur = _Group(0, 1)
         self.header_seen = False
         self.pending: tuple[int, str] | None = None  # (line, text) of a row cut by chatter
+        self.last_error: tuple[int, str] | None = None  # the last NCCL WARN / srun error / test failure line
 
     def boundary(self, lineno: int, force: bool = False) -> _Group:
         """A line that begins a run: a new group when the current one has rows (or ``force``)."""
@@ -481,11 +583,14 @@ class _Reader:
             return
         g = self.boundary(lineno, force=self.cur.command is not None)
         g.command, g.command_bin, g.command_op = stripped.lstrip("#$+> ").strip()[:2000], binary, op
+        g.command_ranks = command_ranks(stripped, m.start("bin"), m.end())[0]
 
     def line(self, lineno: int, physical: str) -> None:
         if _FENCE.match(physical):
             return
-        line = strip_prefixes(physical)
+        line = strip_prefixes(untag(physical))
+        if _JOB_ERROR.search(line):
+            self.last_error = (lineno, " ".join(line.split())[:300])
         row_text, chatter = _split_chatter(line)
         if chatter is not None:
             m = _LIB_VERSION.search(chatter)
@@ -495,6 +600,8 @@ class _Reader:
                 return
             if self.pending is not None:
                 self.pending = (self.pending[0], self.pending[1] + " " + row_text)
+                if len(self.pending[1]) > _PENDING_MAX_CHARS:  # no row is this long: pieces of no row
+                    self.drop_pending()
                 return
             if _row_start(row_text.split()):
                 self.pending = (lineno, row_text)
@@ -532,9 +639,16 @@ class _Reader:
         if not _row_start(tokens):
             self.command(stripped, lineno)
             return  # other output
+        tokens = _drop_tag_tokens(tokens)
         g = self.cur
         if g.header is None:
-            return  # numbers before any column header
+            if g.command_op is None or g.command_ranks is None:
+                g.headerless.append(row_line)  # numbers before any column header: warned about at the end
+                return
+            g.header = _HEADERLESS  # an excerpt pasted under its command line: read in today's layout
+            g.columns = _HEADERLESS_COLUMNS
+            g.headerless_read = row_line
+            self.header_seen = True
         g.last_line = lineno
         try:
             g.rows.append(_row(tokens, g.header))
@@ -564,7 +678,7 @@ class _Reader:
         if m:
             g = self.boundary(lineno)
             rank = int(m.group("rank"))
-            g.ranks[rank] = (rank, m.group("host"), int(m.group("dev")), m.group("name"))
+            g.ranks[rank] = (rank, m.group("host"), int(m.group("dev")), m.group("name").strip())
             return
         if self.footer(stripped):
             return
@@ -613,24 +727,39 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
         raw = p.read_bytes()
     except OSError as exc:
         raise FileError(p, f"cannot read: {exc.strerror or exc}") from None
+    from tracekit.ingest.nccl_tests_json import is_nccl_tests_json, parse_nccl_tests_json
+
+    if is_nccl_tests_json(raw[:256]):
+        return parse_nccl_tests_json(p, raw, op=op)  # the -J twin of the text log
     if b"\x00" in raw[:4096]:
         raise FileError(p, "not an nccl-tests log: binary data")
     text = raw.decode("utf-8", errors="replace")
     filename_op = _op_from_filename(p)
     reader = _Reader()
     for lineno, physical in enumerate(text.splitlines(), start=1):
+        if len(physical) > MAX_LINE_CHARS:
+            raise FileError(p, f"line {lineno}: {len(physical):,} characters, over the {MAX_LINE_CHARS:,}-character "
+                               "limit of an nccl-tests log line (not a log, or damaged)")
         reader.line(lineno, physical)
     groups = reader.end()
+    warnings: list[str] = _headerless_warnings(p, groups)
     if not reader.header_seen:
+        _refuse_failed_job(p, reader, headerless=sum(len(g.headerless) for g in groups))
         raise FileError(p, "not an nccl-tests log: no '# size count type ... time algbw busbw' column header")
-    warnings: list[str] = []
-    done = [_finish(p, g, forced_op, filename_op, warnings) for g in groups if g.rows or g.quarantined]
+    done = [_with_per_iter(_finish(p, g, forced_op, filename_op, warnings), g) for g in groups if g.rows or g.quarantined]
     quarantined = tuple(q for g in done for q in g.quarantined)
     if not any(g.rows for g in done):
         if quarantined:
             line, why = quarantined[0]
             raise FileError(p, f"no usable result rows: all {len(quarantined)} quarantined (line {line}: {why})")
+        if reader.last_error is not None:
+            _refuse_failed_job(p, reader, headerless=0)
         raise FileError(p, "nccl-tests log has a column header but no result rows (did the run fail?)")
+    last = groups[-1]
+    if reader.last_error is not None and last.rows and not last.closed and reader.last_error[0] > last.last_line:
+        line, text = reader.last_error
+        warnings.append(f"{p.name} benchmark run {last.index}: no footer after its last result row (line "
+                        f"{last.last_line}): the job failed mid-run? its last error, line {line}: {text}")
     for g in done:
         if g.quarantined:
             shown = "; ".join(f"line {ln}: {why}" for ln, why in g.quarantined[:3])
@@ -648,8 +777,50 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
     )
 
 
+def _with_per_iter(done: NcclTestsGroup, g: _Group) -> NcclTestsGroup:
+    """``done`` with the ``-I`` summaries its rows carried (:func:`_per_iter_text`)."""
+    per_iter = tuple(s for r in g.rows for s in r.get("per_iter", ()))
+    return dataclasses.replace(done, per_iter=per_iter) if per_iter else done
+
+
+def _headerless_warnings(p: Path, groups: list[_Group]) -> list[str]:
+    """One warning per benchmark run with rows read without a header, or left unread for want of one."""
+    out = []
+    for g in groups:
+        if g.headerless_read is not None:
+            out.append(f"{p.name} benchmark run {g.index}: result rows from line {g.headerless_read} have no column "
+                       f"header: read in nccl-tests' current layout (size count type redop root, then time algbw "
+                       f"busbw #wrong out-of-place and in-place), op and {g.command_ranks} ranks from the command line")
+        if g.headerless:
+            lines = g.headerless
+            why = ("no command line above them" if g.command_op is None else
+                   "the command line above them does not give the rank count (a launcher without -np/-n)")
+            out.append(f"{p.name}: {len(lines)} line(s) that look like result rows (lines {lines[0]}-{lines[-1]}) "
+                       f"have no column header and were not read: {why}")
+    return out
+
+
+def _refuse_failed_job(p: Path, reader: _Reader, headerless: int) -> None:
+    """Raise FileError naming a job that failed (or stopped) before its first result row, when the file
+    is such a job's log: it holds an error line (NCCL WARN, srun: error, a test failure) or lines only
+    nccl-tests prints (parameters, rank lines, version). Returns when it is neither."""
+    if headerless:
+        raise FileError(p, f"{headerless} result row(s) without a column header and no command line naming the "
+                           "op and ranks above them: not read (paste the '# size count type' header or the "
+                           "command line above the rows)")
+    if reader.last_error is not None:
+        line, text = reader.last_error
+        raise FileError(p, f"nccl-tests job failed before its first result row: line {line}: {text}")
+    if any(g.ranks or g.params or g.tests_version or g.command is not None for g in reader.groups):
+        raise FileError(p, "nccl-tests job stopped before its first result row (no result table, no error "
+                           "line: killed or cut off?)")
+
+
 def _row(tokens: list[str], header: tuple[list[str], int, bool, str]) -> dict:
     """One result row's values (raises _Bad with the reason when it must be quarantined)."""
+    long = next((t for t in tokens if len(t) > MAX_TOKEN_CHARS), None)
+    if long is not None:
+        raise _Bad(f"a field of {len(long):,} characters (longest accepted: {MAX_TOKEN_CHARS})")
     middle_names, half, timestamp, _layout = header
     body = tokens[3:]
     if timestamp and len(body) >= 2 and _TIMESTAMP.match(body[-2]):
@@ -681,9 +852,88 @@ def _row(tokens: list[str], header: tuple[list[str], int, bool, str]) -> dict:
     count = _whole(tokens[1], "count")
     oop = _half(halves[0])
     ip = _half(halves[1])
+    per_iter = [_per_iter_text(size, name, h[len(_HALF_BASE):]) for name, h in (("out-of-place", halves[0]),
+                ("in-place", halves[1])) if h is not None and len(h) == len(_HALF_BASE) + len(_PER_ITER)]
     return dict(line=0, size_bytes=size, count=count, dtype=tokens[2], redop=redop, root=root,
                 oop_time_us=oop[0], oop_algbw=oop[1], oop_busbw=oop[2], oop_wrong=oop[3],
-                ip_time_us=ip[0], ip_algbw=ip[1], ip_busbw=ip[2], ip_wrong=ip[3])
+                ip_time_us=ip[0], ip_algbw=ip[1], ip_busbw=ip[2], ip_wrong=ip[3], per_iter=per_iter)
+
+
+def _per_iter_text(size: int, half: str, tokens: list[str]) -> dict:
+    """The ``-I`` columns of one half (``i_min i_max i_p99 i_cv%``: µs, µs, µs, %) as a per-iteration
+    summary with the JSON reader's keys; a value that is not a finite number ≥ 0 is None."""
+    vals = [_finite(t) for t in tokens]
+    vals = [v if v is not None and v >= 0 else None for v in vals]
+    return dict(size_bytes=size, half=half, n=None, skipped=None, min_us=vals[0], p50_us=None, p99_us=vals[2],
+                max_us=vals[1], cv_pct=vals[3])
+
+
+# nccl-tests' bus factor busbw/algbw per collective, as a multiple of (n-1)/n (src/<op>.cu, GetBw of each
+# test): all_reduce 2(n-1)/n; all_gather, reduce_scatter, alltoall, gather, scatter (n-1)/n. The others
+# (broadcast, reduce, sendrecv: factor 1) do not depend on n.
+_BUS_FACTOR_MULT = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0,
+                    "gather": 1.0, "scatter": 1.0}
+_RATIO_MIN_ALGBW = 1.0  # GB/s: rows below this carry too few printed digits to tell n
+
+
+def _printed_eps(v: float) -> float:
+    """Half a unit of the last digit nccl-tests prints for a bandwidth (``%6.2f`` while it fits 6 characters,
+    then one decimal, then none: getFloatStr in its src/util.cu)."""
+    return 0.005 if v < 999.995 else 0.05 if v < 9999.95 else 0.5
+
+
+def ranks_from_ratio(op: str, pairs: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """The range [lo, hi] of group sizes n that every (algbw, busbw) pair (GB/s, as printed) fits:
+    busbw = algbw · m·(n-1)/n (m = 2 for all_reduce, 1 for all_gather / reduce_scatter / alltoall / gather
+    / scatter), each value within half a unit of its last printed digit. None for an op whose factor does
+    not depend on n or without a pair of algbw ≥ 1 GB/s; (lo, hi) with lo > hi when no n fits them all;
+    hi may be inf (the ratio is at the factor's limit)."""
+    m = _BUS_FACTOR_MULT.get(op)
+    use = [(a, b) for a, b in pairs if a >= _RATIO_MIN_ALGBW]
+    if m is None or not use:
+        return None
+    lo, hi = 1.0, math.inf
+    for a, b in use:
+        ea, eb = _printed_eps(a), _printed_eps(b)
+        f_lo, f_hi = max(0.0, (b - eb) / (a + ea)) / m, (b + eb) / (a - ea) / m
+        lo = max(lo, 1.0 / (1.0 - f_lo) if f_lo < 1 else math.inf)
+        hi = min(hi, 1.0 / (1.0 - f_hi) if f_hi < 1 else math.inf)
+    return lo, hi
+
+
+def _ranks_from_ratio(p: Path, g: _Group, op: str, k: int, k_src: str, warnings: list) -> tuple[int, str]:
+    """The group size of a run without rank lines, checked against its rows' busbw/algbw ratio
+    (:func:`ranks_from_ratio`): kept when the ratio allows it; replaced, with a warning, when the ratio
+    allows one size only; kept with a warning naming the range otherwise."""
+    return _ranks_from_ratio_rows(p, g.index, g.rows, op, k, k_src, warnings)
+
+
+def _ranks_from_ratio_rows(p: Path, index: int, rows: list[dict], op: str, k: int, k_src: str,
+                           warnings: list) -> tuple[int, str]:
+    """:func:`_ranks_from_ratio` on a benchmark run's row dicts (``index``: the run's index in its file)."""
+    pairs = [(r[a], r[b]) for r in rows for a, b in (("oop_algbw", "oop_busbw"), ("ip_algbw", "ip_busbw"))
+             if r[a] is not None and r[b] is not None]
+    rng = ranks_from_ratio(op, pairs)
+    if rng is None:
+        return k, k_src
+    lo, hi = rng
+    first, last = math.ceil(lo - 1e-9), math.floor(hi + 1e-9) if math.isfinite(hi) else None
+    said = {"nthreads_ngpus": "its nThread × nGpus line", "command": "its command line"}[k_src]
+    what = f"{p.name} benchmark run {index} ({op}, no '# Rank' lines)"
+    if last is not None and first > last:
+        warnings.append(f"{what}: its rows' busbw/algbw ratios fit no single group size; {k} ranks from {said} kept")
+        return k, k_src
+    if first <= k and (last is None or k <= last):
+        return k, k_src
+    if last == first and 1 <= first <= MAX_RANKS:
+        warnings.append(f"{what}: {said} gives {k} ranks, but its rows' busbw/algbw ratio "
+                        f"({_BUS_FACTOR_MULT[op]:g}·(n-1)/n) gives n = {first} (rank lines lost? a multi-process "
+                        f"run): {first} ranks used")
+        return first, "busbw_ratio"
+    span = f"{first}-{last}" if last is not None else f"at least {first}"
+    warnings.append(f"{what}: {said} gives {k} ranks, but its rows' busbw/algbw ratio gives n = {span}: "
+                    f"{k} kept, its sizes on the wire may be wrong")
+    return k, k_src
 
 
 def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, warnings: list) -> NcclTestsGroup:
@@ -714,12 +964,17 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
         k, k_src = len(g.ranks), "rank_lines"
     elif g.params:
         k, k_src = g.params["n_threads"] * g.params["n_gpus"], "nthreads_ngpus"
+    elif g.command_ranks is not None:
+        k, k_src = g.command_ranks, "command"
     else:
-        raise FileError(p, f"line {g.first_line}: nccl-tests run names no ranks: no '# Rank N ... device' lines "
-                           "and no 'nThread/nGpus' line")
+        raise FileError(p, f"line {g.first_line}: nccl-tests run names no ranks: no '# Rank N ... device' lines, "
+                           "no 'nThread/nGpus' line and no command line giving them")
     if not 1 <= k <= MAX_RANKS:
         raise FileError(p, f"line {g.first_line}: nccl-tests run of {k} ranks: out of range (1..{MAX_RANKS})")
-    rows = tuple(NcclTestsRow(op=op, group_size=k, group=g.index, **r) for r in g.rows)
+    if k_src != "rank_lines":
+        k, k_src = _ranks_from_ratio(p, g, op, k, k_src, warnings)
+    rows = tuple(NcclTestsRow(op=op, group_size=k, group=g.index, **{c: v for c, v in r.items() if c != "per_iter"})
+                 for r in g.rows)
     ranks = tuple(sorted(g.ranks.values()))
     hosts = tuple(dict.fromkeys(r[1] for r in ranks))
     devices = tuple(dict.fromkeys(r[3] for r in ranks if r[3]))

@@ -37,6 +37,19 @@ of the fit; a warning on the run's rank row names the benchmark run and the
 sizes. Quarantined rows are counted in ``ranks.events_quarantined`` and named
 in its ``warnings``. ``runs.backend`` is ``rccl`` when every run that names
 its library is an RCCL one, else ``nccl``.
+
+Per-iteration times. A run printed with ``-I`` also keeps ``per_iter`` in its ``groups`` entry: per
+size and half, n, skipped, min/p50/p99/max µs and cv_pct (a text log prints no n, skipped or p50:
+null; tracekit.ingest.nccl_tests_json for the JSON's).
+
+Twins. A job run with ``-J FILE`` leaves its text log and the JSON; when both are ingested, a text
+benchmark run whose op, group size, sizes and times (as printed) match a JSON file's is read once, from
+the JSON (:func:`_drop_text_twins`), with a warning.
+
+Partial ingests. Of several logs, those that cannot be read (:func:`read_logs`: not a log, a job that
+failed before its first row, a line over the length limit, an OS error) are left out unless ``strict``:
+the run holds the others, ``runs.config`` lists them under ``skipped`` (``path``, ``reason``: the one-line
+error) and the rank row's ``warnings`` name each (``skipped <path>: <reason>``).
 """
 
 from __future__ import annotations
@@ -79,27 +92,109 @@ def _failed_warning(name: str, g: NcclTestsGroup, pg: str, wrong: list[tuple[int
     return None
 
 
+def read_logs(files: list[Path], *, op: str | None = None, strict: bool = True) -> tuple[list[Path], list, list[FileError]]:
+    """Parse every log of ``files``: (the files read, their NcclTestsLog, the FileError of each file left out).
+
+    ``strict``: the first file that cannot be read raises its FileError (all or nothing). Otherwise such
+    files are left out and returned; when none can be read, the first one's FileError is raised (its
+    message says how many others failed too). BadInputError (an unknown ``op``) is always raised.
+    """
+    from tracekit.errors import FileError
+
+    good, logs, failed = [], [], []
+    for f in files:
+        try:
+            logs.append(parse_nccl_tests(f, op=op))
+        except FileError as exc:
+            if strict:
+                raise
+            failed.append(exc)
+            continue
+        good.append(f)
+    if not good:
+        first = failed[0]
+        more = f" (and {len(failed) - 1} other log(s) could not be read either)" if len(failed) > 1 else ""
+        raise FileError(first.path, first.problem + more)
+    return good, logs, failed
+
+
 def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: list[str], *, config: dict,
-                         op: str | None = None) -> None:
+                         op: str | None = None, logs: list | None = None,
+                         skipped: list[FileError] = ()) -> None:
     """Parse ``files`` (nccl-tests / rccl-tests logs) and write the run's tables into ``stage``.
 
     ``op``: the collective of runs whose log and file name do not name one (the CLI's ``--op``).
+    ``logs``: the files already parsed (:func:`read_logs`), in order; ``skipped``: the errors of logs
+    left out, stored in the run's warnings and ``config.skipped``.
     Raises FileError (from the parser) for a file that is not an nccl-tests log, BadInputError
     for an unknown ``op``, StoreError when the staging files cannot be written (no space, I/O).
     """
-    logs = [parse_nccl_tests(f, op=op) for f in files]
+    if logs is None:
+        logs = [parse_nccl_tests(f, op=op) for f in files]
+    if skipped:
+        config = dict(config, skipped=[dict(path=e.path, reason=e.problem) for e in skipped])
+    logs, twins = _drop_text_twins(files, logs)
     try:
-        _write(stage, run_id, files, digests, config, logs)
+        _write(stage, run_id, files, digests, config, logs, [f"skipped {e.path}: {e.problem}" for e in skipped] + twins)
     except OSError as exc:  # ENOSPC, EIO... while writing the staging files
         raise StoreError(f"{stage.parent.parent}: cannot write to the store ({exc.strerror or exc})") from None
 
 
-def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], config: dict, logs: list) -> None:
+def _same_time(text_us: float | None, json_us: float | None) -> bool:
+    """A time as the text log printed it (7 characters: 2, 1 or 0 decimals, then ``%.1e``) agrees with
+    the JSON's ``%lf`` value: within half a unit of the text's last digit, or 5 % for the exponent form."""
+    if text_us is None or json_us is None:
+        return text_us is None and json_us is None
+    tol = 0.005 if text_us < 9999.995 else 0.05 if text_us < 99999.95 else 0.5 if text_us < 999999.5 else 0.05 * text_us
+    return abs(text_us - json_us) <= tol + 1e-9
+
+
+def _drop_text_twins(files: list[Path], logs: list) -> tuple[list, list[str]]:
+    """``logs`` (one per file) without the text benchmark runs that an nccl-tests JSON file of the same
+    ingest holds too (a job run with ``-J`` leaves both its stdout log and the JSON): same op, group size,
+    sizes and times (as printed). The JSON is kept (full precision, the ``-I`` report); one warning per
+    twin."""
+    import dataclasses
+
+    jsons = [(f, g) for f, log in zip(files, logs) for g in log.groups if g.layout == "json"]
+    if not jsons:
+        return logs, []
+    out, warnings = [], []
+    for f, log in zip(files, logs):
+        keep = []
+        for g in log.groups:
+            twin = _json_twin(g, jsons)
+            if twin is None:
+                keep.append(g)
+            else:
+                warnings.append(f"{Path(f).name} benchmark run {g.index} (lines {g.first_line}-{g.last_line}) is the "
+                                f"text twin of {Path(twin).name} (nccl-tests -J): read once, from the JSON")
+        out.append(log if len(keep) == len(log.groups) else dataclasses.replace(log, groups=tuple(keep)))
+    return out, warnings
+
+
+def _json_twin(g: NcclTestsGroup, jsons: list) -> Path | None:
+    """The JSON file of ``jsons`` ((file, group) pairs) whose run ``g`` (a text log's) repeats, or None."""
+    twin = None
+    if g.layout != "json":
+        key = [(r.size_bytes, r.dtype) for r in g.rows]
+        for jf, jg in jsons:
+            if (jg.op, jg.group_size) == (g.op, g.group_size) and [(r.size_bytes, r.dtype) for r in jg.rows] == key \
+                    and all(_same_time(a.ip_time_us, b.ip_time_us) and _same_time(a.oop_time_us, b.oop_time_us)
+                            for a, b in zip(g.rows, jg.rows)):
+                twin = jf
+                break
+    return twin
+
+
+def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], config: dict, logs: list,
+           extra_warnings: list[str] = ()) -> None:
     runs = [(f, log, g) for f, log in zip(files, logs) for g in log.groups]
     op_count = Counter(g.op for _, _, g in runs)
     rows, groups_cfg, warnings = [], [], []
     for log in logs:
         warnings.extend(log.warnings)
+    warnings.extend(extra_warnings)  # logs left out, text twins of JSON files
     t = 1_000_000_000  # 1 s: keeps every ts positive
     eid = 0
     for i, (f, log, g) in enumerate(runs):
@@ -133,6 +228,9 @@ def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], conf
         w = _failed_warning(Path(f).name, g, pg, wrong_sizes)
         if w:
             warnings.append(w)
+        if k == 1:
+            warnings.append(f"{Path(f).name} benchmark run {g.index} (pg {pg}): 1 rank: nothing crosses a link "
+                            "(busbw is 0 by definition): its times are kept, with no peak busbw and no α–β model")
         groups_cfg.append(dict(
             index=i, pg_name=pg, path=str(f), first_line=g.first_line, last_line=g.last_line, op=g.op,
             op_source=g.op_source, test_name=g.test_name, command=g.command, group_size=k,
@@ -144,6 +242,9 @@ def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], conf
         ))
     (stage / "events").mkdir()
     pq.write_table(EVENTS_SCHEMA.empty_table(), stage / "events" / "rank=0.parquet", **PARQUET_OPTS)
+    for cfg_g, (_, _, g) in zip(groups_cfg, runs):
+        if g.per_iter:  # the -I report's per-size summaries
+            cfg_g["per_iter"] = list(g.per_iter)
     pq.write_table(pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA), stage / "collectives.parquet", **PARQUET_OPTS)
     # One ranks row (rank 0 printed the logs); several logs share it through a combined digest.
     ranks = [dict(run_id=run_id, rank=0, host=None,

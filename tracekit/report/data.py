@@ -101,6 +101,20 @@ def report_connection(store: Store | str | None = None, run_id: str | None = Non
     return run_id, analyses.connect(st, run_ids=[run_id] + calib, link=link)
 
 
+def _no_peak_for_one_rank(by_op: list[dict], by_size: list[dict]) -> None:
+    """A 1-rank group moves nothing between ranks: its busbw is 0 by definition (nccl-tests' factor
+    at n = 1), not a measurement, so its buckets and an op seen only in such groups show no peak busbw
+    (None; "—" in the terminal). Edits the rows in place."""
+    multi = {r["op"] for r in by_size if r["group_size"] != 1}
+    for r in by_size:
+        if r["group_size"] == 1:
+            r["peak_busbw_gbps"] = None
+    one = {r["op"] for r in by_size} - multi
+    for r in by_op:
+        if r["op"] in one:
+            r["peak_busbw_gbps"] = r["peak_busbw_size_bytes"] = None
+
+
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
     alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None, con=None,
@@ -312,13 +326,14 @@ def build_report(
         ORDER BY op, group_size, locality, bench_run, bucket_bytes
         """,
     )
+    _no_peak_for_one_rank(by_op, by_size)
     # peak busbw per op and k (per benchmark run of a log): the headline of a sweep, not a median
     peak_busbw = _rows(
         con,
         f"""
         SELECT op, group_size, {bench} AS bench_run, max(busbw_gbps) AS peak_busbw_gbps,
                arg_max(size_bytes, busbw_gbps) AS at_size_bytes, count(DISTINCT bucket_bytes) AS size_buckets
-        FROM __report_buckets WHERE busbw_gbps IS NOT NULL GROUP BY ALL ORDER BY ALL
+        FROM __report_buckets WHERE busbw_gbps IS NOT NULL AND group_size > 1 GROUP BY ALL ORDER BY ALL
         """,
     )
     # degraded links: per group and bucket, large-size instances (>= 16·D* of the link) well below
