@@ -381,7 +381,7 @@ def test_ratio_recovers_the_fleet_group_sizes(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # 6. nccl-tests' own JSON output (-J FILE, with the -I per-iteration report)
 
-JSON_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "inputs" / "nccl_tests_json" / "all_reduce_perf.json"
+JSON_FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "inputs" / "nccl_tests_json" / "all_reduce_perf.json"
 
 
 def test_json_output_read_like_the_text():
