@@ -65,12 +65,14 @@ def _print_rank_warnings(st, rid: str) -> None:
     """The run's per-rank warnings on stderr (quarantined events, clipped kernels, no events...)."""
     import pyarrow.parquet as pq
 
+    from tracekit.report.textfmt import literal
+
     f = st.run_dir(rid) / "ranks.parquet"
     if not f.exists():
         return
     for row in pq.ParquetFile(f).read(columns=["rank", "warnings"]).to_pylist():  # read_table imports pandas
         for w in row["warnings"] or []:
-            typer.echo(f"tracekit: warning: rank {row['rank']}: {w}", err=True)
+            typer.echo(literal(f"tracekit: warning: rank {row['rank']}: {w}"), err=True)  # one line, as it is
 
 
 @app.command()
@@ -177,10 +179,11 @@ def runs(
     if json_out:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
     from rich import box
+
+    from tracekit.report.textfmt import literal_console
 
     t = Table(title=f"runs in {st.path}", box=box.SIMPLE_HEAD)
     cells = [["" if r[c] is None else (str(r[c])[:19] if c == "created_at" else str(r[c])) for c in cols] for r in rows]
@@ -189,7 +192,7 @@ def runs(
     for row in cells:
         t.add_row(*row)
     need = sum(max([len(c)] + [len(row[i]) for row in cells]) + 3 for i, c in enumerate(cols)) + 1
-    console = Console()
+    console = literal_console()  # labels are data: '[/wl]' is printed, not read as markup
     console.width = max(console.width, need)  # wider than the terminal: its lines wrap, nothing is cut
     console.print(t)
 

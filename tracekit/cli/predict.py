@@ -272,7 +272,9 @@ def _run_hierarchical(
     _print(table, console)
     if h.speedup_vs_flat is not None:
         console.print(f"hierarchical is {h.speedup_vs_flat:.3g}× the speed of the flat ring")
-    console.print(f"[dim]{h.flat_assumption}[/dim]")
+    from rich.text import Text
+
+    console.print(Text(h.flat_assumption, style="dim"))
 
 
 def _make_collective_command(op: str):

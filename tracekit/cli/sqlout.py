@@ -51,8 +51,9 @@ def _json_rows(table) -> str:
 
 
 def _table_text(table, width: int | None, plain: bool) -> str:
-    from rich.console import Console
     from rich.table import Table
+
+    from tracekit.report.textfmt import literal_console
 
     t = Table(box=None if plain else Table().box)
     for c in table.column_names:
@@ -60,7 +61,7 @@ def _table_text(table, width: int | None, plain: bool) -> str:
     for r in table.to_pylist():
         t.add_row(*["NULL" if v is None else str(v) for v in r.values()])
     buf = io.StringIO()
-    Console(file=buf, width=width or 200, no_color=True, force_terminal=False).print(t)
+    literal_console(file=buf, width=width or 200, no_color=True, force_terminal=False).print(t)
     return buf.getvalue()
 
 

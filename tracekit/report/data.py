@@ -598,14 +598,16 @@ def print_by_size(report: dict, con) -> None:
 
 def print_report(report: dict, console=None) -> None:
     """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
-    from tracekit.report.textfmt import output_console
+    from tracekit.report.textfmt import literal, output_console
 
     con = console or output_console(120)
     run = report["run"]
-    con.print(
-        f"[bold]run[/bold] {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
+    from rich.text import Text
+
+    con.print(Text.assemble(("run", "bold"), literal(
+        f" {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
         f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
-    )
+    )))
     print_cpu_side(report, con)
     offs = [r for r in report["ranks"] if r.get("clock_offset_ns")]
     if offs:
@@ -627,7 +629,8 @@ def print_report(report: dict, console=None) -> None:
     _show(con, t)
     print_by_size(report, con)
     if run.get("source") == "nccl_tests":
-        con.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
+        con.print(Text("nccl-tests log: one row per message size (the log's average time); no timeline to overlap",
+                       style="dim"))
     t = _table("Overlap per rank (whole trace)")
     for col in ("rank", "comm ms", compute_header(report), "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
@@ -794,7 +797,7 @@ def print_report(report: dict, console=None) -> None:
     print_bubbles(report, con)
     print_critical_path(report, con)
     for w in report["warnings"]:
-        con.print(f"[yellow]warning:[/yellow] {w}")
+        con.print(Text.assemble(("warning:", "yellow"), " " + literal(str(w))))
 
 
 # -- CPU-only ranks, CPU-side collectives, same-stream overlaps (tracekit.ingest.linkpass) ---------
