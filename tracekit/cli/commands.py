@@ -207,11 +207,16 @@ def sql(
     json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
     run: List[str] = typer.Option([], "--run", metavar="RUN_ID",
                                   help="Only this run: every table and view holds its rows alone (repeatable)."),
+    timeout: float = typer.Option(300.0, "--timeout", metavar="SECONDS",
+                                  help="Stop the query after this many seconds (0: no limit)."),
+    max_rows: int = typer.Option(1_000_000, "--max-rows", metavar="N",
+                                 help="Refuse a result of more than N rows (0: no limit); csv and parquet with "
+                                      "--output stream to the file and are not capped."),
 ) -> None:
     """Run one read-only SQL statement (SELECT or EXPLAIN of one) against the store's tables and analysis
     views; nothing else is readable (tracekit/sqlshell.py)."""
     from tracekit.cli import sqlout
-    from tracekit.errors import StoreError
+    from tracekit.errors import BadInputError, StoreError
     from tracekit.sqlshell import run_query
 
     if json_out:
@@ -221,7 +226,15 @@ def sql(
     for rid in run:
         if not st.has_run(rid):
             raise StoreError(f"run {rid!r} is not in {st.path} (runs: {', '.join(st.run_ids()[:8]) or 'none'})")
-    table = run_query(st, query, arrow=True, run_ids=sorted(set(run)) or None)  # confined: reads the store only
+    if timeout < 0 or max_rows < 0:
+        raise BadInputError("--timeout and --max-rows take a number >= 0 (0: no limit)")
+    if output is not None and fmt in sqlout.STREAMED:  # batch by batch to the file, none held in memory
+        with sqlout.streamed(fmt, output) as (sink, counted):
+            run_query(st, query, arrow=True, run_ids=sorted(set(run)) or None, timeout_s=timeout, sink=sink)
+        typer.echo(f"wrote {counted():,} rows to {output}", err=True)
+        return
+    table = run_query(st, query, arrow=True, run_ids=sorted(set(run)) or None,  # confined: reads the store only
+                      timeout_s=timeout, max_rows=max_rows)
     if table is None:
         return
     # formatting after the query: only --output writes, from Python (tracekit/cli/sqlout.py)
