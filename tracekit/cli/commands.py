@@ -169,6 +169,10 @@ def runs(
 
     st = _store(store, must_exist=True)
     con = st.connect()
+    from tracekit.report.textfmt import literal
+
+    for why in con.damaged_runs.values():  # a damaged run is left out, the others listed
+        typer.echo(literal(f"tracekit: warning: {why}"), err=True)
     cur = con.execute(
         "SELECT r.run_id, r.created_at, r.workload, r.source, r.backend, r.world_size, "
         "count(k.rank) AS ranks, sum(k.events) AS events "

@@ -289,18 +289,15 @@ def _finish_ranks(st, stage, ex, paths, per_file, files, digests, run_id, replac
 
 
 def _collector_config(paths) -> dict | None:
-    """The ``run_config.json`` a tracekit collector left beside the rank files, if any."""
-    import json
+    """The ``run_config.json`` a tracekit collector left beside the rank files, if any, checked
+    against its schema (:func:`tracekit.ingest.run_config.read_run_config`: FileError naming the key)."""
+    from tracekit.ingest.run_config import read_run_config
 
     for p in paths:
         p = Path(p)
         f = (p if p.is_dir() else p.parent) / "run_config.json"
         if f.is_file():
-            try:
-                cfg = json.loads(f.read_text())
-            except (OSError, ValueError) as exc:
-                raise FileError(f, f"not valid JSON ({exc})") from None
-            return cfg if isinstance(cfg, dict) else None
+            return read_run_config(f)
     return None
 
 
