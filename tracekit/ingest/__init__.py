@@ -206,9 +206,9 @@ def ingest_paths(
     from tracekit.ingest.comm_families import parse_comm_pattern, user_families
 
     user_kernels = [parse_comm_pattern(p) for p in comm_patterns]  # REGEX or REGEX=OP
-    from tracekit.ingest.kineto import compile_comm_patterns
+    from tracekit.ingest.kineto import check_user_patterns
 
-    compile_comm_patterns([k.pattern for k in user_kernels])  # BadInputError: invalid, or one that could hang the ingest
+    check_user_patterns([k.pattern for k in user_kernels])  # BadInputError: invalid, RE2 cannot run it, matches all
     if run_id is not None:
         check_run_id(run_id)
 
