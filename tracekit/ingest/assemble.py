@@ -349,7 +349,14 @@ def assemble_rank(task: RankTask) -> RankResult:
             calls=lk.cpu_calls,
         )
         facts: list = []
-        table = rank_collectives(pg_attribution.tap(rows, facts))
+        from tracekit.ingest.attribute import GROUP_SIZE_NOTES, group_size_warnings
+
+        k_notes: dict = {}
+        k_token = GROUP_SIZE_NOTES.set(k_notes)  # contradicting group sizes, counted while the rows are built
+        try:
+            table = rank_collectives(pg_attribution.tap(rows, facts))
+        finally:
+            GROUP_SIZE_NOTES.reset(k_token)
     # the recv collectives' spans (an unattributed row, op NULL, is none)
     recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)
     windows, spans = tap.summaries(run_id, rank, table.column("event_id").to_numpy(zero_copy_only=False)[recv])
@@ -359,7 +366,7 @@ def assemble_rank(task: RankTask) -> RankResult:
     extent = (lk.ts_lo, lk.ts_hi)
     del meta, lk, rows
     n_unattributed = table.column("op").null_count
-    warnings = list(dict.fromkeys(rf.warnings)) + ([gpu_note] if gpu_note else [])
+    warnings = list(dict.fromkeys(rf.warnings)) + ([gpu_note] if gpu_note else []) + group_size_warnings(k_notes)
     if rf.quarantined:
         warnings.append(f"{rf.quarantined} event(s) quarantined in all (a missing or non-positive ts, a negative dur, "
                         "or a reason warned above)")

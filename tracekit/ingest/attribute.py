@@ -701,6 +701,10 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
             pg_ranks = pg_config.get(pg_name)
     group_size = res.get("group_size")
     approx = bool(res.get("approx"))
+    group_size, k_note = consistent_group_size(group_size, pg_ranks, world_size)
+    if k_note is not None:  # a contradiction: the smallest consistent size, flagged
+        approx = True
+        note_group_size(pg_name, k_note)
     if group_size is None and pg_ranks:
         group_size = len(pg_ranks)
     if group_size is None:
@@ -743,3 +747,51 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
         approx=approx,
         issue_ts_ns=issue_ts if issue_ts is not None else sp["ts_ns"],
     )
+
+
+# -- group sizes that contradict the world or the group's ranks -----------------------------
+
+import contextvars  # noqa: E402
+
+GROUP_SIZE_NOTES: contextvars.ContextVar = contextvars.ContextVar("tracekit_group_size_notes", default=None)
+"""While a rank's collectives are built (tracekit.ingest.assemble.assemble_rank): (pg_name, note)
+→ calls, for :func:`consistent_group_size`'s contradictions; None elsewhere (nothing kept)."""
+
+
+def consistent_group_size(group_size: int | None, pg_ranks, world_size: int | None) -> tuple[int | None, str | None]:
+    """A call's group size k checked against what else the trace says: ``(k, None)`` when the
+    metadata's ``Group size`` (``group_size``) is absent or agrees with the world size and with the
+    number of distinct ranks in ``Process Group Ranks`` (``pg_ranks``); else ``(smallest, note)``:
+    a group cannot hold more ranks than the world, nor other ranks than it lists, so the smallest
+    of the sizes given is the one consistent with all of them, and ``note`` says what disagreed.
+    busbw and the wire bytes scale with k ((k-1)/k, 2(k-1)/k: nccl-tests doc/PERFORMANCE.md), so a
+    k too large inflates them."""
+    if group_size is None:
+        return None, None
+    problems, sizes = [], [group_size]
+    if world_size and group_size > world_size:
+        problems.append(f"Group size {group_size} is larger than the world ({world_size} ranks)")
+        sizes.append(world_size)
+    if pg_ranks:
+        n = len(set(pg_ranks))
+        if n != group_size:
+            problems.append(f"Group size {group_size} disagrees with the {n} rank(s) of Process Group Ranks")
+            sizes.append(n)
+    if not problems:
+        return group_size, None
+    k = min(sizes)
+    return k, "; ".join(problems) + f": {k} used"
+
+
+def note_group_size(pg_name, note: str) -> None:
+    """Count one call's contradiction (:func:`consistent_group_size`) where a rank is being built."""
+    notes = GROUP_SIZE_NOTES.get()
+    if notes is not None:
+        key = (pg_name, note)
+        notes[key] = notes.get(key, 0) + 1
+
+
+def group_size_warnings(notes: dict) -> list[str]:
+    """The rank's warnings for :data:`GROUP_SIZE_NOTES`' contents, one per group and note."""
+    return [f"process group {pg}: {note} ({n:,} call(s), marked approx)" for (pg, note), n in sorted(
+        notes.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]

@@ -1,0 +1,64 @@
+"""Odd input, right numbers: a Group size that contradicts the world or the group's ranks is
+flagged and the smallest consistent size used (busbw and wire bytes scale with it)."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+
+from tests.conftest import FIXTURES
+from tracekit.cli import main
+from tracekit.ingest.attribute import consistent_group_size
+
+TWO = FIXTURES / "handmade" / "two_rank"
+
+
+@pytest.mark.parametrize("gs, ranks, world, want", [
+    (2, [0, 1], 2, (2, None)),
+    (None, [0, 1], 2, (None, None)),
+    (16, [0, 1], 2, (2, "Group size 16 is larger than the world (2 ranks); Group size 16 disagrees with the 2 "
+                        "rank(s) of Process Group Ranks: 2 used")),
+    (16, None, 8, (8, "Group size 16 is larger than the world (8 ranks): 8 used")),
+    (4, [0, 1, 1], 8, (2, "Group size 4 disagrees with the 2 rank(s) of Process Group Ranks: 2 used")),
+    (2, [0, 1, 2, 3], 8, (2, "Group size 2 disagrees with the 4 rank(s) of Process Group Ranks: 2 used")),
+])
+def test_consistent_group_size(gs, ranks, world, want):
+    assert consistent_group_size(gs, ranks, world) == want
+
+
+def _with_group_size(tmp_path, sizes: dict[int, int]):
+    d = tmp_path / "t"
+    d.mkdir()
+    for r in (0, 1):
+        doc = json.loads((TWO / f"rank{r}.json").read_text())
+        for ev in doc["traceEvents"]:
+            a = ev.get("args") or {}
+            if "Group size" in a and r in sizes:
+                a["Group size"] = sizes[r]
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    return d
+
+
+def test_group_size_larger_than_the_world_uses_the_world(tmp_path, capsys):
+    s = tmp_path / "s"
+    assert main(["ingest", str(_with_group_size(tmp_path, {0: 16, 1: 16})), "--store", str(s), "--run-id", "x"]) == 0
+    err = capsys.readouterr().err
+    assert ("process group 0: Group size 16 is larger than the world (2 ranks); Group size 16 disagrees with the "
+            "2 rank(s) of Process Group Ranks: 2 used (2 call(s), marked approx)") in err
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT rank, op, group_size, approx, size_bytes, wire_bytes FROM "
+                       f"read_parquet('{s}/runs/x/collectives.parquet') ORDER BY rank, ts_ns").fetchall()
+    # all_reduce of 4 MiB on k = 2: wire = 2(k-1)/k · size = size; the all-gather's 1 MiB output: (k-1)/k · size
+    assert rows == [(0, "all_reduce", 2, True, 4194304, 4194304), (0, "all_gather", 2, True, 1048576, 524288),
+                    (1, "all_reduce", 2, True, 4194304, 4194304), (1, "all_gather", 2, True, 1048576, 524288)]
+
+
+def test_consistent_group_size_is_not_flagged(tmp_path, capsys):
+    s = tmp_path / "s"
+    assert main(["ingest", str(TWO), "--store", str(s), "--run-id", "x"]) == 0
+    assert "Group size" not in capsys.readouterr().err
+    con = duckdb.connect()
+    assert con.execute(f"SELECT DISTINCT group_size, approx FROM read_parquet('{s}/runs/x/collectives.parquet')"
+                       ).fetchall() == [(2, False)]
