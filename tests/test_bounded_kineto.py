@@ -122,3 +122,39 @@ def test_trailing_data_named_where_it_is(tmp_path):
             pass
     assert "trailing data after the JSON document" in str(ei.value)
     assert _byte_named(str(ei.value)) == len(doc) + 1
+
+
+def test_corrupt_gzip_names_where_it_fails(tmp_path):
+    """A deflate stream damaged ~20 kB in: the message gives the 4 kB block of the compressed file
+    where zlib fails and the JSON bytes decompressed before it (not 'after 0 bytes')."""
+    import zlib
+
+    text, _, _ = _damaged(4000, "none")
+    raw = text.encode()
+    c = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    parts, flushes = [], []
+    for off in range(0, len(raw), 50000):  # full flushes: deflate blocks start at known offsets
+        parts.append(c.compress(raw[off:off + 50000]) + c.flush(zlib.Z_FULL_FLUSH))
+        flushes.append(sum(map(len, parts)))
+    parts.append(c.flush())
+    gz = bytearray(b"".join(parts))
+    at = flushes[len(flushes) // 2]  # a block header half way through: invalid block type
+    for i in range(at, at + 8):
+        gz[i] = 0xFF
+    # an independent count: where zlib itself stops, fed the same 4 kB blocks
+    d, out, fail = zlib.decompressobj(zlib.MAX_WBITS | 16), 0, None
+    for off in range(0, len(gz), 4096):
+        try:
+            out += len(d.decompress(bytes(gz[off:off + 4096])))
+        except zlib.error:
+            fail = off
+            break
+    assert fail is not None and 16384 <= fail < len(gz) - 4096  # in the deflate data, not at the CRC
+    p = tmp_path / "c.json.gz"
+    p.write_bytes(bytes(gz))
+    with pytest.raises(FileError) as ei:
+        for _ in TraceStream(p):
+            pass
+    msg = str(ei.value)
+    assert f"corrupt gzip data (in compressed bytes {fail:,}-{fail + 4096:,} (where zlib found it), after {out:,} bytes" in msg
+    assert out > 100000

@@ -173,7 +173,10 @@ class _Reader:
                 self.path, f"truncated gzip stream after {_gunzip_length(self.path):,} bytes of JSON (file incomplete?)"
             ) from None
         except _GZIP_ERRORS as exc:
-            raise FileError(self.path, f"corrupt gzip data after {self.consumed:,} bytes ({exc})") from None
+            out, at = _gunzip_failure(self.path)
+            where = f"in compressed bytes {at:,}-{at + 4096:,} (where zlib found it), " if at is not None else ""
+            raise FileError(self.path, f"corrupt gzip data ({where}after {max(out, self.consumed):,} bytes of JSON: "
+                                       f"{exc})") from None
         if not data:
             self.eof = True
         self.consumed += len(data)
@@ -181,6 +184,27 @@ class _Reader:
 
     def close(self) -> None:
         self.fh.close()
+
+
+def _gunzip_failure(path: Path, step: int = 4096) -> tuple[int, int | None]:
+    """Where a corrupt gzip file fails: (bytes of data decompressed before the failure, the
+    offset in the compressed file of the ``step``-byte block whose inflate failed, or None when
+    zlib finds no failure). A second pass, on the error path only: the reader's block lost the
+    part decompressed before the error."""
+    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    total = pos = 0
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(step):
+                total += len(d.decompress(block))
+                while d.unused_data and d.eof:  # a multi-member gzip file: the next member
+                    rest = d.unused_data
+                    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                    total += len(d.decompress(rest))
+                pos += len(block)
+    except zlib.error:
+        return total, pos
+    return total, None
 
 
 def _gunzip_length(path: Path) -> int:
