@@ -62,3 +62,35 @@ def test_consistent_group_size_is_not_flagged(tmp_path, capsys):
     con = duckdb.connect()
     assert con.execute(f"SELECT DISTINCT group_size, approx FROM read_parquet('{s}/runs/x/collectives.parquet')"
                        ).fetchall() == [(2, False)]
+
+
+def test_full_disk_while_reading_says_write_not_read(tmp_path, capsys, monkeypatch):
+    """ENOSPC from the staging writer: one line naming the store's staging folder, 'cannot write',
+    exit 2, nothing stored (it said 'cannot read' and named the trace)."""
+    import errno
+    import os
+
+    from tracekit.ingest import staging
+
+    def full(out):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out))
+
+    monkeypatch.setattr(staging, "open_stage_writer", full)
+    s = tmp_path / "s"
+    assert main(["ingest", str(TWO / "rank0.json"), "--store", str(s)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "cannot write the staging files while reading" in line and "No space left on device" in line
+    assert "cannot read" not in line and str(TWO / "rank0.json") in line
+    assert not list((s / "runs").glob("*")) if (s / "runs").exists() else True
+
+
+def test_unreadable_trace_still_says_read(tmp_path, capsys):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
+    p = tmp_path / "rank0.json"
+    p.write_text((TWO / "rank0.json").read_text())
+    p.chmod(0)
+    assert main(["ingest", str(p), "--store", str(tmp_path / "s")]) == 2
+    assert "cannot read it" in capsys.readouterr().err

@@ -9,6 +9,7 @@ Nothing downstream knows which format a run came from.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -121,7 +122,24 @@ def _read_one(args):
     except RecursionError:
         raise FileError(args[0], "JSON nested too deeply to read") from None
     except OSError as exc:
-        raise FileError(args[0], f"cannot read it ({exc.strerror or exc})") from None
+        raise _read_or_write_error(exc, Path(args[0]), Path(args[1])) from None
+
+
+_WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS") if hasattr(errno, n))
+
+
+def _read_or_write_error(exc: OSError, src: Path, out: Path) -> Exception:
+    """The one-line error for an OSError while a trace file was read into staging: a write error
+    (disk full, quota, read-only file system, or any error on a file of the staging folder)
+    names the store's staging folder and says write; anything else names the trace and says read."""
+    name = Path(exc.filename) if isinstance(exc.filename, (str, bytes, os.PathLike)) and exc.filename else None
+    on_out = name is not None and (Path(os.fsdecode(name)).parent == out.parent)
+    if exc.errno in _WRITE_ERRNOS or on_out:
+        from tracekit.errors import StoreError
+
+        return StoreError(f"{out.parent}: cannot write the staging files while reading {src} "
+                          f"({exc.strerror or exc}); nothing was stored")
+    return FileError(src, f"cannot read it ({exc.strerror or exc})")
 
 
 def _read_one_unchecked(args):
