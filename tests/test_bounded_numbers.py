@@ -94,3 +94,31 @@ def test_unreadable_trace_still_says_read(tmp_path, capsys):
     p.chmod(0)
     assert main(["ingest", str(p), "--store", str(tmp_path / "s")]) == 2
     assert "cannot read it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype, sizes, warned", [
+    (["Float"], [4194304, 2097152], None),  # a list of one name: read (4 B × 1,048,576; 4 B × 524,288 out)
+    (6, [None, None], "dtype '6' is not a dtype tracekit knows"),
+    ({"a": 1}, [None, None], "dtype '{\"a\": 1}' is not a dtype tracekit knows"),
+    ("Float7", [None, None], "dtype 'Float7' is not a dtype tracekit knows"),
+    ("BFloat16", [2097152, 1048576], None),
+])
+def test_non_string_dtype_read_or_warned(tmp_path, capsys, dtype, sizes, warned):
+    d = tmp_path / "t"
+    d.mkdir()
+    for r in (0, 1):
+        doc = json.loads((TWO / f"rank{r}.json").read_text())
+        for ev in doc["traceEvents"]:
+            if "dtype" in (ev.get("args") or {}):
+                ev["args"]["dtype"] = dtype
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    s = tmp_path / "s"
+    assert main(["ingest", str(d), "--store", str(s), "--run-id", "x"]) == 0
+    err = capsys.readouterr().err
+    got = duckdb.connect().execute(f"SELECT size_bytes FROM read_parquet('{s}/runs/x/collectives.parquet') "
+                                   "WHERE rank = 0 ORDER BY ts_ns").fetchall()
+    assert [g[0] for g in got] == sizes
+    if warned:
+        assert f"rank 0: process group 0: {warned}" in err and "its calls have no message size" in err
+    else:
+        assert "dtype" not in err

@@ -39,6 +39,7 @@ sequential).
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections import defaultdict
@@ -228,10 +229,11 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
         op = name_op
     row: dict = dict(op=op, algo=algo, proto=proto, approx=False)
     if meta is not None:
-        nb = dtype_bytes(meta.get("dtype"))
+        dt = meta_dtype(meta.get("dtype"), _pg_name(meta), meta.get("in_nelems") is not None)
+        nb = dtype_bytes(dt)
         row.update(
             meta_source=src,
-            dtype=None if meta.get("dtype") is None else str(meta.get("dtype")),
+            dtype=None if dt is None else str(dt),
             size_bytes=size_bytes_for(op, meta.get("in_nelems"), meta.get("out_nelems"), nb),
             group_size=int_or_none(meta.get("group_size"), 1, 2**31 - 1),
             pg_name=_pg_name(meta),
@@ -783,15 +785,31 @@ def consistent_group_size(group_size: int | None, pg_ranks, world_size: int | No
     return k, "; ".join(problems) + f": {k} used"
 
 
-def note_group_size(pg_name, note: str) -> None:
-    """Count one call's contradiction (:func:`consistent_group_size`) where a rank is being built."""
+def note_group_size(pg_name, note: str, count: bool = True) -> None:
+    """Count one call's note (a contradiction of :func:`consistent_group_size`, a dtype of
+    :func:`meta_dtype`) where a rank is being built; ``count`` False: noted, not counted (a note
+    made once per pattern of calls, not per call)."""
     notes = GROUP_SIZE_NOTES.get()
     if notes is not None:
         key = (pg_name, note)
-        notes[key] = notes.get(key, 0) + 1
+        notes[key] = (notes.get(key) or 0) + 1 if count else None
 
 
 def group_size_warnings(notes: dict) -> list[str]:
     """The rank's warnings for :data:`GROUP_SIZE_NOTES`' contents, one per group and note."""
-    return [f"process group {pg}: {note} ({n:,} call(s), marked approx)" for (pg, note), n in sorted(
-        notes.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]
+    return [f"process group {pg}: {note}" + ("" if n is None else f" ({n:,} call(s), marked approx)")
+            for (pg, note), n in sorted(notes.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]
+
+
+def meta_dtype(dtype: Any, pg_name, sized: bool):
+    """A call's ``dtype`` metadata as :func:`dtype_bytes` reads it: a string as is; a list of one
+    string (``["Float"]``) its string. A value that is no dtype tracekit knows (a number, an
+    object, an unknown name) leaves the call's sizes null; when the call has element counts
+    (``sized``) that is noted (a rank warning) rather than silent."""
+    if isinstance(dtype, list) and len(dtype) == 1 and isinstance(dtype[0], str):
+        dtype = dtype[0]
+    if dtype is not None and sized and dtype_bytes(dtype) is None:
+        shown = dtype if isinstance(dtype, str) else json.dumps(dtype, default=str)
+        note_group_size(pg_name, f"dtype {shown[:40]!r} is not a dtype tracekit knows (a name such as Float, "
+                                 "BFloat16): its calls have no message size", count=False)
+    return dtype
