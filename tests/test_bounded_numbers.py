@@ -122,3 +122,27 @@ def test_non_string_dtype_read_or_warned(tmp_path, capsys, dtype, sizes, warned)
         assert f"rank 0: process group 0: {warned}" in err and "its calls have no message size" in err
     else:
         assert "dtype" not in err
+
+
+def test_calls_issued_out_of_seq_order_are_one_window(tmp_path):
+    """Rank 1 issues seq 1 before seq 0 (two streams): matched by their Seq in window 0 (it was
+    taken for a new profiler window: two incomplete instances); a seq coming back (0, 1, 0, 1)
+    still starts a window."""
+    from tracekit import analyses
+    from tracekit.ingest import ingest_paths
+    from tracekit.store import Store
+
+    d = tmp_path / "t"
+    d.mkdir()
+    for r in (0, 1):  # both ranks: the all-reduce (first in time) is seq 1, the all-gather seq 0
+        doc = json.loads((TWO / f"rank{r}.json").read_text())
+        for ev in doc["traceEvents"]:
+            a = ev.get("args") or {}
+            if "Seq" in a:
+                a["Seq"] = 1 - a["Seq"]
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    st = Store(tmp_path / "s")
+    ingest_paths([str(d)], st, run_id="x")
+    con = analyses.connect(st)
+    rows = con.execute("SELECT win, seq, op, ranks_seen, complete FROM collective_instances ORDER BY win, seq").fetchall()
+    assert rows == [(0, 0, "all_gather", 2, True), (0, 1, "all_reduce", 2, True)]
