@@ -146,3 +146,47 @@ def test_calls_issued_out_of_seq_order_are_one_window(tmp_path):
     con = analyses.connect(st)
     rows = con.execute("SELECT win, seq, op, ranks_seen, complete FROM collective_instances ORDER BY win, seq").fetchall()
     assert rows == [(0, 0, "all_gather", 2, True), (0, 1, "all_reduce", 2, True)]
+
+
+def _as_async(doc: dict, interleave: bool) -> dict:
+    """The doc with each NCCL kernel written as a nestable async span: a "b" and an "e" with one id
+    (Chrome's trace format), the "e" events after every "b" when ``interleave``."""
+    begins, ends, rest = [], [], []
+    for i, ev in enumerate(doc["traceEvents"]):
+        if ev.get("ph") == "X" and str(ev.get("name", "")).startswith("nccl"):
+            b = dict(ev, ph="b", id=f"0x{i:x}")
+            b.pop("dur")
+            e = {"ph": "e", "cat": ev["cat"], "name": ev["name"], "pid": ev["pid"], "tid": ev["tid"],
+                 "id": f"0x{i:x}", "ts": ev["ts"] + ev["dur"]}
+            begins.append(b)
+            ends.append(e)
+        else:
+            rest.append(ev)
+    if interleave:
+        spans = begins + ends
+    else:
+        spans = [x for pair in zip(begins, ends) for x in pair]
+    return dict(doc, traceEvents=rest + spans)
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_async_b_e_collective_spans_read_as_spans(tmp_path, capsys, monkeypatch, interleave, fast):
+    """The two NCCL kernels per rank as async b/e spans: the same collectives (op, size, start and
+    duration to the ns) as the X events give, with the C scanner or without it."""
+    monkeypatch.setenv("TRACEKIT_NO_KSCAN", "0" if fast == "1" else "1")
+    d = tmp_path / "t"
+    d.mkdir()
+    for r in (0, 1):
+        doc = json.loads((TWO / f"rank{r}.json").read_text())
+        (d / f"rank{r}.json").write_text(json.dumps(_as_async(doc, interleave)))
+    s, ref = tmp_path / "s", tmp_path / "ref"
+    assert main(["ingest", str(d), "--store", str(s), "--run-id", "x"]) == 0
+    assert "no communication" not in capsys.readouterr().err
+    assert main(["ingest", str(TWO), "--store", str(ref), "--run-id", "x"]) == 0
+    q = ("SELECT rank, op, size_bytes, ts_ns, dur_ns, group_size FROM read_parquet('{}/runs/x/collectives.parquet') "
+         "ORDER BY rank, ts_ns")
+    got = duckdb.connect().execute(q.format(s)).fetchall()
+    want = duckdb.connect().execute(q.format(ref)).fetchall()
+    assert got == want and len(got) == 4
+    assert got[0][1:5] == ("all_reduce", 4194304, 1_000_000, 50_000)  # ts 1000 µs, dur 50 µs

@@ -92,6 +92,7 @@ class Ev(msgspec.Struct, gc=False):
     ts: Any = None
     dur: Any = None
     args: msgspec.Raw = msgspec.Raw(b"null")
+    id: Any = None  # async ("b"/"e") events: what pairs a begin with its end
 
 
 class ExactEv(msgspec.Struct, gc=False):
