@@ -190,3 +190,35 @@ def test_async_b_e_collective_spans_read_as_spans(tmp_path, capsys, monkeypatch,
     want = duckdb.connect().execute(q.format(ref)).fetchall()
     assert got == want and len(got) == 4
     assert got[0][1:5] == ("all_reduce", 4194304, 1_000_000, 50_000)  # ts 1000 µs, dur 50 µs
+
+
+def test_ranks_disagreeing_on_the_group_size_are_flagged(tmp_path, capsys):
+    d = tmp_path / "t"
+    d.mkdir()
+    for r in (0, 1):
+        doc = json.loads((TWO / f"rank{r}.json").read_text())
+        if r == 1:
+            for ev in doc["traceEvents"]:
+                a = ev.get("args") or {}
+                if "Group size" in a:
+                    a["Group size"] = 1
+                    a.pop("Process Group Ranks", None)
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    assert main(["ingest", str(d), "--store", str(tmp_path / "s"), "--run-id", "x"]) == 0
+    err = capsys.readouterr().err
+    note = "process group 0: its ranks disagree on its size (rank 0: 2; rank 1: 1)"
+    assert f"rank 0: {note}" in err and f"rank 1: {note}" in err
+
+
+def test_group_size_disagreements_unit():
+    import pyarrow as pa
+
+    from tracekit.ingest.attribute import group_size_disagreements
+
+    def t(rows):
+        return pa.table({"pg_name": [p for p, _ in rows], "group_size": [k for _, k in rows]})
+
+    got = group_size_disagreements([(0, t([("a", 4), ("b", 2)])), (1, t([("a", 8), ("b", 2)])), (2, t([("a", 4)]))])
+    note = "process group a: its ranks disagree on its size (rank 0: 4; rank 1: 8; rank 2: 4)"
+    assert {r: [n.split(";  ")[0][: len(note)] for n in ns] for r, ns in got.items()} == {0: [note], 1: [note], 2: [note]}
+    assert group_size_disagreements([(0, t([("a", 4)])), (1, t([("a", 4)]))]) == {}

@@ -445,8 +445,11 @@ def finish_run(
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
         _check_one_timeline(extent, results, ranks)
     tables, pg_notes = pg_attribution.attribute(tables, facts, pg_config, same_clock=mode == "none")
+    from tracekit.ingest.attribute import group_size_disagreements
+
+    k_notes = group_size_disagreements(tables)  # ranks that give one process group different sizes
     for rr in rank_rows:
-        rr["warnings"].extend(pg_notes.get(rr["rank"], []))
+        rr["warnings"].extend(pg_notes.get(rr["rank"], []) + k_notes.get(rr["rank"], []))
     offsets = estimate_offsets(_light_rows(tables) if mode != "none" else [], sorted(hosts), hosts, mode)
     con = None
     for rr in rank_rows:

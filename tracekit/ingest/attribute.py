@@ -813,3 +813,26 @@ def meta_dtype(dtype: Any, pg_name, sized: bool):
         note_group_size(pg_name, f"dtype {shown[:40]!r} is not a dtype tracekit knows (a name such as Float, "
                                  "BFloat16): its calls have no message size", count=False)
     return dtype
+
+
+def group_size_disagreements(tables) -> dict[int, list[str]]:
+    """``tables``: (rank, collectives table) of every rank of a run → rank → warnings, one per
+    process group whose calls carry different group sizes on different ranks (the instance takes
+    the largest: collective_instances), naming each rank's sizes. Ranks that agree get none."""
+    sizes: dict = {}  # pg_name → rank → set of group sizes
+    for rank, t in tables:
+        if t is None or not t.num_rows:
+            continue
+        for pg, k in set(zip(t.column("pg_name").to_pylist(), t.column("group_size").to_pylist())):
+            if pg is not None and k is not None:
+                sizes.setdefault(pg, {}).setdefault(rank, set()).add(k)
+    out: dict[int, list[str]] = {}
+    for pg, by_rank in sorted(sizes.items(), key=lambda kv: str(kv[0])):
+        if len(set().union(*by_rank.values())) < 2:
+            continue
+        said = "; ".join(f"rank {r}: {', '.join(map(str, sorted(ks)))}" for r, ks in sorted(by_rank.items()))
+        note = (f"process group {pg}: its ranks disagree on its size ({said}); its instances take the largest, "
+                "check the trace's Group size")
+        for r in by_rank:
+            out.setdefault(r, []).append(note)
+    return out
