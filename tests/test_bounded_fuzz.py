@@ -55,3 +55,17 @@ def test_a_hang_is_counted_not_waited_for(tmp_path, monkeypatch):
         assert kind == "refused" and "no traceEvents array" in detail
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("case", [51, 449])
+def test_sqlite_schema_with_invalid_utf8_is_refused(tmp_path, capsys, case):
+    """Fuzz cases (seed 1) whose damaged page leaves invalid UTF-8 in the SQLite schema: SQLite's
+    error message quoting it made the reader raise UnicodeDecodeError (exit 1, 'internal error')."""
+    from tracekit.cli import main
+
+    name, data = fuzz.make_cases("nsys", case + 1, seed=1)[case]
+    p = tmp_path / name
+    p.write_bytes(data)
+    assert main(["ingest", str(p), "--store", str(tmp_path / "s")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"tracekit: {p}: corrupt or unreadable SQLite database (its schema holds invalid UTF-8: invalid start byte)"

@@ -703,7 +703,7 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
             pg_ranks = pg_config.get(pg_name)
     group_size = res.get("group_size")
     approx = bool(res.get("approx"))
-    group_size, k_note = consistent_group_size(group_size, pg_ranks, world_size)
+    group_size, k_note = consistent_group_size(group_size, pg_ranks, DECLARED_WORLD.get())
     if k_note is not None:  # a contradiction: the smallest consistent size, flagged
         approx = True
         note_group_size(pg_name, k_note)
@@ -758,11 +758,16 @@ import contextvars  # noqa: E402
 GROUP_SIZE_NOTES: contextvars.ContextVar = contextvars.ContextVar("tracekit_group_size_notes", default=None)
 """While a rank's collectives are built (tracekit.ingest.assemble.assemble_rank): (pg_name, note)
 → calls, for :func:`consistent_group_size`'s contradictions; None elsewhere (nothing kept)."""
+DECLARED_WORLD: contextvars.ContextVar = contextvars.ContextVar("tracekit_declared_world", default=None)
+"""While a rank's collectives are built: the world size the trace files declare
+(``distributedInfo.world_size``), or None: a world inferred from the files ingested (one rank of
+a larger job) bounds no group's size."""
 
 
 def consistent_group_size(group_size: int | None, pg_ranks, world_size: int | None) -> tuple[int | None, str | None]:
     """A call's group size k checked against what else the trace says: ``(k, None)`` when the
-    metadata's ``Group size`` (``group_size``) is absent or agrees with the world size and with the
+    metadata's ``Group size`` (``group_size``) is absent or agrees with the declared world size
+    (``world_size``; None: unknown) and with the
     number of distinct ranks in ``Process Group Ranks`` (``pg_ranks``); else ``(smallest, note)``:
     a group cannot hold more ranks than the world, nor other ranks than it lists, so the smallest
     of the sizes given is the one consistent with all of them, and ``note`` says what disagreed.
