@@ -115,3 +115,31 @@ def test_error_messages_stay_one_line(tmp_path, capsys):
     assert main(["ingest", str(p), "--store", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "name[x].json" in err
+
+
+def test_html_report_and_export_keep_names_inert(tmp_path, capsys):
+    """HTML-like names (a process group, a kernel, the workload) are escaped in the HTML report
+    and kept exactly in the Perfetto export's JSON."""
+    d = tmp_path / "traces"
+    d.mkdir()
+    pg, kernel, wl = "<script>alert(1)</script>[/pg]", "<img src=x onerror=alert(2)>gemm", "<b>wl</b>"
+    for r in (0, 1):
+        doc = json.loads((FIXTURES / "handmade" / "two_rank" / f"rank{r}.json").read_text())
+        for ev in doc["traceEvents"]:
+            args = ev.get("args") or {}
+            if "Process Group Name" in args:
+                args["Process Group Name"] = pg
+            if ev.get("name", "").startswith("sm90"):
+                ev["name"] = kernel
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    (d / "run_config.json").write_text(json.dumps({"workload": wl}))
+    s = tmp_path / "s"
+    assert main(["ingest", str(d), "--store", str(s), "--run-id", "a"]) == 0
+    html_out, perfetto = tmp_path / "r.html", tmp_path / "p.json"
+    assert main(["analyze", "--store", str(s), "--html", str(html_out)]) == 0
+    page = html_out.read_text()
+    for raw in (pg, kernel, wl, "<script>alert", "<img src=x"):
+        assert raw not in page
+    assert main(["export", "--store", str(s), "--run", "a", "--perfetto", str(perfetto)]) == 0
+    names = {e.get("name") for e in json.loads(perfetto.read_text())["traceEvents"]}
+    assert kernel in names
