@@ -138,3 +138,36 @@ def test_address_auto_that_finds_a_dead_cluster_fails_in_seconds(tmp_path, liste
         assert line == f"tracekit: cannot reach a Ray cluster at 127.0.0.1:{port} (--address auto) (Connection refused)"
     assert took < 60, took
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.skipif(not _ray(), reason="Ray is not installed")
+def test_ray_instance_of_our_own_dies_with_the_command(traces, tmp_path):
+    """--engine ray with no --address starts a local Ray instance; kill -9 of the command: its GCS,
+    raylet, dashboard and runtime-env agents, log monitor and workers are gone 5 s later (a reaper
+    notes them as they start and kills them once the command has ended)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.Popen([sys.executable, "-m", "tracekit", "ingest", str(traces), "--store", str(tmp_path / "s"),
+                          "--engine", "ray", "--jobs", "2"],
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120 and p.poll() is None:
+            if any("raylet" in c for _, c in _session(p.pid)) and len(_session(p.pid)) >= 6:
+                break
+            time.sleep(0.2)
+        before = len(_session(p.pid))
+        time.sleep(2)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        t1 = time.monotonic()
+        left = _session(p.pid)
+        while left and time.monotonic() - t1 < 5:
+            time.sleep(0.2)
+            left = _session(p.pid)
+        assert before >= 6 and left == []
+    finally:
+        for pid, _ in _session(p.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

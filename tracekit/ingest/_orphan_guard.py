@@ -119,3 +119,80 @@ def start_forkserver(ctx) -> None:
 if os.environ.get(PARENT_ENV) and os.environ.get(PARENT_ENV) == str(os.getppid()):
     # imported as a fork server's preload, its parent the command that started it
     die_with_parent(int(os.environ[PARENT_ENV]))
+
+
+# -- a local Ray instance's processes -----------------------------------------------------------
+# Ray starts its own processes (GCS server, raylet, dashboard and runtime-env agents) for an
+# instance ``ray.init()`` starts; ``ray.shutdown()`` stops them, but a command killed with -9 never
+# calls it, and some of them (the agents) outlive it. A reaper process, started once the instance
+# is up, notes them while the command runs and kills those still alive once it has ended.
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks since boot) of a live process from /proc; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            rest = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (None if rest[0] == b"Z" else (int(rest[1]), int(rest[19])))
+
+
+def _children(pids: set[int]) -> list[int]:
+    """Every live descendant of ``pids`` (a walk of /proc)."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit() and (st := _stat(int(d))) is not None:
+            kids.setdefault(st[0], []).append(int(d))
+    out, todo = [], list(pids)
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def ray_processes() -> list[tuple[int, int]]:
+    """(pid, start time) of this process's descendants (from /proc; empty elsewhere): after
+    ``ray.init()`` started a local instance, its processes."""
+    if not os.path.isdir("/proc"):
+        return []
+    return [(pid, st[1]) for pid in _children({os.getpid()}) if (st := _stat(pid)) is not None]
+
+
+def start_reaper(victims: list[tuple[int, int]]):
+    """A detached process that kills ``victims`` (pid, start time) once this process has ended;
+    returns its Popen (kill it after a clean ``ray.shutdown()``). Started before ``ray.init()``,
+    with no victim, it notes the instance's processes as they start. Its own session, no stdio: it
+    holds none of the caller's pipes."""
+    import json
+    import subprocess
+
+    return subprocess.Popen(
+        [sys.executable, "-c", "from tracekit.ingest._orphan_guard import _reap; _reap()",
+         str(os.getpid()), json.dumps(victims)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        close_fds=True)
+
+
+def _reap() -> None:
+    """The reaper's body (:func:`start_reaper`): while the command runs, note every process
+    descended from it or from a victim (every :data:`POLL_S` s: Ray starts some after ``init``
+    returns); once it has ended, SIGKILL each noted process whose pid still names the same process
+    (same start time)."""
+    import json
+    import time
+
+    command, victims = int(sys.argv[1]), json.loads(sys.argv[2])
+    me = os.getpid()
+    known = {pid: started for pid, started in victims}
+    while _stat(command) is not None:
+        for pid in _children({command} | set(known)):
+            if pid != me and pid not in known and (st := _stat(pid)) is not None:
+                known[pid] = st[1]
+        time.sleep(POLL_S)
+    for pid, started in known.items():
+        if (st := _stat(pid)) is not None and st[1] == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

@@ -120,6 +120,7 @@ class RayEngine:
         self.address, self.workers = address, workers
         self._started = False
         self._remote = None
+        self._reaper = None
 
     def __enter__(self) -> "RayEngine":
         import ray
@@ -137,10 +138,20 @@ class RayEngine:
                     if found is not None:
                         _check_reachable(found, given="auto")
                 kw["address"] = self.address
+            if self.address is None and os.path.isdir("/proc"):
+                # an instance of our own: a reaper notes its processes as they start and kills them
+                # if this process ends without ray.shutdown() (kill -9)
+                from tracekit.ingest import _orphan_guard
+
+                try:
+                    self._reaper = _orphan_guard.start_reaper([])
+                except OSError:  # no process to spare: ray.shutdown() only
+                    self._reaper = None
             try:
                 with _quiet_fd2(self.address is not None), _join_timeouts(self.address is not None):
                     ray.init(**kw)
             except (ConnectionError, ValueError, RuntimeError) as exc:
+                self._stop_reaper()
                 where = "a local Ray instance" if self.address is None else f"Ray cluster at {self.address!r}"
                 raise BadInputError(f"cannot start or join {where}: {' '.join(str(exc).split())[:300]}") from None
             self._started = True
@@ -153,6 +164,14 @@ class RayEngine:
 
             ray.shutdown()
             self._started = False
+        self._stop_reaper()
+
+    def _stop_reaper(self) -> None:
+        """Ray shut down cleanly (or never started): nothing left for the reaper to kill."""
+        if self._reaper is not None:
+            self._reaper.kill()
+            self._reaper.wait()
+            self._reaper = None
 
     def map(self, fn: Callable, tasks: Sequence, names: Sequence[str], progress=None) -> list:
         import ray
