@@ -161,8 +161,15 @@ class Run:
         cur = self.con.execute(f"SELECT * FROM {view} WHERE run_id = ? ORDER BY {order}", [self.run_id])
         return _units(cur.df())
 
-    def sql(self, query: str, params: list | None = None):
+    def sql(self, query: str, params: list | None = None, *, timeout_s: float | None = None,
+            max_rows: int | None = None, max_bytes: int | None = None):
         """``query`` (one read-only statement) → a DuckDB relation (``.df()``, ``.arrow()``, ``.fetchall()``; duckdb 2 relations have no ``fetchone``).
+
+        The statement runs at the call, bounded as ``tracekit sql`` bounds it
+        (:func:`tracekit.sqlshell.fetch_bounded`): interrupted after ``timeout_s`` seconds
+        (default :data:`tracekit.sqlshell.DEFAULT_TIMEOUT_S`), refused past ``max_rows`` rows or
+        ``max_bytes`` bytes (defaults ``DEFAULT_MAX_ROWS``, ``DEFAULT_MAX_BYTES``; 0: no limit),
+        each with BadInputError; the relation returned reads the result held in memory.
 
         Every view of ``tracekit sql`` is there (README "Analysis views"), covering this run and
         the store's calibration runs: filter with ``WHERE run_id = '...'`` (:attr:`run_id`). Columns
@@ -184,9 +191,18 @@ class Run:
             confine(acon.duckdb, acon.bound_files)
             self._sql_con = acon
         raw = self._sql_con.duckdb  # the DuckDB connection itself (SET is locked: no budget retry)
+        from tracekit import sqlshell
+
         try:
             self._sql_con.analyses.prepare(query)
-            return raw.sql(query, params=params) if params else raw.sql(query)
+            table = sqlshell.fetch_bounded(
+                raw, lambda: raw.sql(query, params=params) if params else raw.sql(query),
+                timeout_s=sqlshell.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s,
+                max_rows=sqlshell.DEFAULT_MAX_ROWS if max_rows is None else max_rows,
+                max_bytes=sqlshell.DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
+            if getattr(self, "_result_con", None) is None:
+                self._result_con = duckdb.connect()  # in memory: holds no file, reads only the tables given
+            return self._result_con.from_arrow(table)
         except duckdb.Error as exc:
             lines = str(exc).splitlines()
             raise BadInputError(f"SQL error: {lines[0] if lines else type(exc).__name__}") from None

@@ -18,6 +18,14 @@ A query is run only when all of these hold:
    ``python_enable_replacements = false`` (no Python variables as tables), and last
    ``lock_configuration = true``, so the query cannot ``SET`` any of it back.
 
+3. **It is bounded** (:func:`fetch_bounded`): a timer thread calls DuckDB's ``interrupt()`` on the
+   connection after ``timeout_s`` (:data:`DEFAULT_TIMEOUT_S`), stopping the statement wherever it
+   is (running or handing over its rows); the result is read as Arrow record batches of
+   :data:`BATCH_ROWS` rows and refused once it holds more than ``max_rows``
+   (:data:`DEFAULT_MAX_ROWS`) rows or ``max_bytes`` (:data:`DEFAULT_MAX_BYTES`) bytes of Arrow
+   buffers, unless the batches go to a ``sink`` (``tracekit sql --format csv|parquet --output``),
+   which writes each batch and keeps none: DuckDB streams the result within its memory budget.
+
 A refused query raises :class:`tracekit.errors.BadInputError` (``tracekit sql`` exits 2 with one
 line saying why); a query DuckDB rejects while running (syntax, an unknown column, a file outside
 the store) does too. DuckDB's settings are those of the version installed (2.0: ``allowed_paths``
@@ -27,6 +35,18 @@ and ``lock_configuration``, https://duckdb.org/docs/stable/operations_manual/sec
 from __future__ import annotations
 
 from tracekit.errors import BadInputError
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Seconds a query may run (``tracekit sql --timeout``, ``Run.sql(timeout_s=)``) before it is
+interrupted; 0 or None: no limit. Long enough for the first query to build the analyses of a large
+store."""
+DEFAULT_MAX_ROWS = 1_000_000
+"""Rows of a result held in memory (printed, or written as JSON or a text table) before the query
+is refused (``--max-rows``); 0 or None: no limit."""
+DEFAULT_MAX_BYTES = 1 << 30
+"""Bytes of Arrow buffers a held result may take (1 GiB) before the query is refused."""
+BATCH_ROWS = 65_536
+"""Rows per record batch read from DuckDB (the unit of the caps and of streamed output)."""
 
 READ_ONLY_TYPES = ("SELECT",)
 """Statement types (``duckdb.StatementType`` names) a query may be, besides EXPLAIN of one."""
@@ -109,15 +129,77 @@ def confine(con, files: list[str]) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def run_query(store, query: str, *, arrow: bool = False, run_ids: list[str] | None = None):
-    """Run one read-only query on the store, confined. Returns ``(columns, rows)`` (``columns`` is
-    None for a statement without a result), or with ``arrow`` the result as a pyarrow Table (None
-    without a result). ``run_ids``: the runs every table and view holds (default: all).
+def fetch_bounded(raw_con, make_relation, *, timeout_s=DEFAULT_TIMEOUT_S, max_rows=DEFAULT_MAX_ROWS,
+                  max_bytes=DEFAULT_MAX_BYTES, sink=None):
+    """The result of ``make_relation()`` (a DuckDB relation on ``raw_con``, or None for a statement
+    without rows) as a pyarrow Table, read in batches of :data:`BATCH_ROWS` rows, bounded:
 
-    Raises BadInputError for a refused or failing query, StoreError for an unreadable store. A
-    query that runs out of DuckDB's memory budget is run again on a fresh confined connection with
-    the budget ×4, up to ``tracekit.store.ANALYSIS_MEMORY_MAX`` (the budget cannot be raised on a
-    locked connection).
+    * ``timeout_s`` seconds after the call, a timer thread calls ``raw_con.interrupt()``; the
+      statement stops and BadInputError says so (``--timeout``);
+    * a result of more than ``max_rows`` rows, or ``max_bytes`` bytes of Arrow buffers, is refused
+      with BadInputError as soon as a batch passes the cap (``--max-rows``), its rows dropped;
+    * with ``sink`` (a callable taking the schema and returning an object with ``write_batch`` and
+      ``close``), each batch goes to the sink as it comes and none is kept (no row or byte cap;
+      the time limit holds); returns None then, as for a statement without rows.
+
+    0 or None for a limit: no limit. Other DuckDB errors propagate (the caller words them).
+    """
+    import threading
+
+    import duckdb
+
+    timer = None
+    if timeout_s:
+        timer = threading.Timer(float(timeout_s), raw_con.interrupt)
+        timer.daemon = True
+        timer.start()
+    try:
+        rel = make_relation()
+        if rel is None:
+            return None
+        reader = rel.to_arrow_reader(BATCH_ROWS)
+        if sink is not None:
+            out = sink(reader.schema)
+            try:
+                for batch in reader:
+                    out.write_batch(batch)
+            finally:
+                out.close()
+            return None
+        import pyarrow as pa
+
+        batches, rows, size = [], 0, 0
+        for batch in reader:
+            rows += batch.num_rows
+            size += batch.nbytes
+            if max_rows and rows > max_rows:
+                raise BadInputError(f"sql: the result has more than {max_rows:,} rows (--max-rows); add a LIMIT, "
+                                    "or stream it to a file with --format csv|parquet --output FILE")
+            if max_bytes and size > max_bytes:
+                raise BadInputError(f"sql: the result takes more than {max_bytes >> 20:,} MiB; add a LIMIT, "
+                                    "or stream it to a file with --format csv|parquet --output FILE")
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+    except duckdb.InterruptException:
+        raise BadInputError(f"sql: the query ran longer than {float(timeout_s):g} s and was stopped "
+                            "(--timeout; 0 for no limit)") from None
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def run_query(store, query: str, *, arrow: bool = False, run_ids: list[str] | None = None,
+              timeout_s=DEFAULT_TIMEOUT_S, max_rows=DEFAULT_MAX_ROWS, max_bytes=DEFAULT_MAX_BYTES, sink=None):
+    """Run one read-only query on the store, confined and bounded (:func:`fetch_bounded`: its
+    ``timeout_s``, ``max_rows``, ``max_bytes`` and ``sink``). Returns ``(columns, rows)``
+    (``columns`` is None for a statement without a result), or with ``arrow`` the result as a
+    pyarrow Table (None without a result, or when the batches went to ``sink``). ``run_ids``: the
+    runs every table and view holds (default: all).
+
+    Raises BadInputError for a refused, failing, too long or too large query, StoreError for an
+    unreadable store. A query that runs out of DuckDB's memory budget is run again on a fresh
+    confined connection with the budget ×4, up to ``tracekit.store.ANALYSIS_MEMORY_MAX`` (the
+    budget cannot be raised on a locked connection); with a ``sink``, the sink is opened again.
     """
     import duckdb
 
@@ -136,13 +218,14 @@ def run_query(store, query: str, *, arrow: bool = False, run_ids: list[str] | No
             confine(raw, con.bound_files)
             try:
                 con.analyses.prepare(query)
-                if arrow:  # a relation straight to Arrow (a DB-API result would copy the rows once more)
-                    rel = raw.sql(query)
-                    return None if rel is None else rel.to_arrow_table()
-                cur = raw.execute(query)
-                if cur.description is None:
+                # a relation straight to Arrow (a DB-API result would copy the rows once more)
+                table = fetch_bounded(raw, lambda: raw.sql(query),
+                                      timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes, sink=sink)
+                if arrow:
+                    return table
+                if table is None:
                     return None, []
-                return [d[0] for d in cur.description], cur.fetchall()
+                return table.column_names, [tuple(r.values()) for r in table.to_pylist()]
             except duckdb.OutOfMemoryException:
                 if limit >= ANALYSIS_MEMORY_MAX:
                     raise BadInputError(f"SQL error: the query needs more than {limit >> 20} MiB of memory") from None

@@ -20,9 +20,11 @@
 --   the longest (the link pass cuts the first of two identical kernels on a stream to the second's
 --   start, i.e. to 0 ns); the copies dropped are counted in collective_duplicates (kind 'copy';
 --   analyses/collective_waits.sql);
--- - a rank's seq going down, in issue order (issue_ts_ns, else ts_ns), starts a new profiler
---   window (profiler windows concatenated into one file restart seq): win counts the restarts
---   before a row, and rows are matched within their window (collective_duplicates kind 'window');
+-- - a rank's seq going down, in issue order (issue_ts_ns, else ts_ns), to a seq the rank has already
+--   recorded starts a new profiler window (profiler windows concatenated into one file restart seq):
+--   win counts the restarts before a row, and rows are matched within their window
+--   (collective_duplicates kind 'window'); a seq going down to one not seen yet is calls issued out
+--   of their seq order (two streams, two threads), matched by their seq numbers in window 0;
 -- - what is left, several different rows of one (rank, pg, win, seq), is a conflict: the instance
 --   is flagged disagree and conflict, its sync time is NULL (so it has no bandwidth, no verdict and
 --   is no fit sample) (collective_duplicates kind 'conflict').
@@ -68,8 +70,10 @@ WITH r AS (
     WHERE op IS NOT NULL AND seq IS NOT NULL
 ),
 s AS (
-    SELECT *, coalesce(seq < lag(seq) OVER (PARTITION BY run_id, rank, pg_name ORDER BY order_ns, ts_ns, event_id),
-                       false)::INTEGER AS restart
+    SELECT *, (coalesce(seq < lag(seq) OVER (PARTITION BY run_id, rank, pg_name ORDER BY order_ns, ts_ns, event_id),
+                        false)
+               AND row_number() OVER (PARTITION BY run_id, rank, pg_name, seq ORDER BY order_ns, ts_ns, event_id) > 1
+              )::INTEGER AS restart
     FROM r WHERE copy_no = 1
 ),
 w AS (

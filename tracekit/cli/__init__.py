@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                 print("tracekit: interrupted", file=sys.stderr)
             return rv
     except TracekitError as exc:
-        print(f"tracekit: {exc}", file=sys.stderr)
+        from tracekit.report.textfmt import literal
+
+        print(literal(f"tracekit: {exc}"), file=sys.stderr)  # one line: a newline in a name is written \\n
         return exc.exit_code
     except typer.Exit as exc:  # typer/click normal exits
         return exc.exit_code

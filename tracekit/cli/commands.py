@@ -65,12 +65,14 @@ def _print_rank_warnings(st, rid: str) -> None:
     """The run's per-rank warnings on stderr (quarantined events, clipped kernels, no events...)."""
     import pyarrow.parquet as pq
 
+    from tracekit.report.textfmt import literal
+
     f = st.run_dir(rid) / "ranks.parquet"
     if not f.exists():
         return
     for row in pq.ParquetFile(f).read(columns=["rank", "warnings"]).to_pylist():  # read_table imports pandas
         for w in row["warnings"] or []:
-            typer.echo(f"tracekit: warning: rank {row['rank']}: {w}", err=True)
+            typer.echo(literal(f"tracekit: warning: rank {row['rank']}: {w}"), err=True)  # one line, as it is
 
 
 def ingest(
@@ -175,6 +177,10 @@ def runs(
 
     st = _store(store, must_exist=True)
     con = st.connect()
+    from tracekit.report.textfmt import literal
+
+    for why in con.damaged_runs.values():  # a damaged run is left out, the others listed
+        typer.echo(literal(f"tracekit: warning: {why}"), err=True)
     cur = con.execute(
         "SELECT r.run_id, r.created_at, r.workload, r.source, r.backend, r.world_size, "
         "count(k.rank) AS ranks, sum(k.events) AS events "
@@ -185,10 +191,11 @@ def runs(
     if json_out:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
     from rich import box
+
+    from tracekit.report.textfmt import literal_console
 
     t = Table(title=f"runs in {st.path}", box=box.SIMPLE_HEAD)
     cells = [["" if r[c] is None else (str(r[c])[:19] if c == "created_at" else str(r[c])) for c in cols] for r in rows]
@@ -197,7 +204,7 @@ def runs(
     for row in cells:
         t.add_row(*row)
     need = sum(max([len(c)] + [len(row[i]) for row in cells]) + 3 for i, c in enumerate(cols)) + 1
-    console = Console()
+    console = literal_console()  # labels are data: '[/wl]' is printed, not read as markup
     console.width = max(console.width, need)  # wider than the terminal: its lines wrap, nothing is cut
     console.print(t)
 
@@ -211,11 +218,16 @@ def sql(
     json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
     run: List[str] = typer.Option([], "--run", metavar="RUN_ID",
                                   help="Only this run: every table and view holds its rows alone (repeatable)."),
+    timeout: float = typer.Option(300.0, "--timeout", metavar="SECONDS",
+                                  help="Stop the query after this many seconds (0: no limit)."),
+    max_rows: int = typer.Option(1_000_000, "--max-rows", metavar="N",
+                                 help="Refuse a result of more than N rows (0: no limit); csv and parquet with "
+                                      "--output stream to the file and are not capped."),
 ) -> None:
     """Run one read-only SQL statement (SELECT or EXPLAIN of one) against the store's tables and analysis
     views; nothing else is readable (tracekit/sqlshell.py)."""
     from tracekit.cli import sqlout
-    from tracekit.errors import StoreError
+    from tracekit.errors import BadInputError, StoreError
     from tracekit.sqlshell import run_query
 
     if json_out:
@@ -225,7 +237,15 @@ def sql(
     for rid in run:
         if not st.has_run(rid):
             raise StoreError(f"run {rid!r} is not in {st.path} (runs: {', '.join(st.run_ids()[:8]) or 'none'})")
-    table = run_query(st, query, arrow=True, run_ids=sorted(set(run)) or None)  # confined: reads the store only
+    if timeout < 0 or max_rows < 0:
+        raise BadInputError("--timeout and --max-rows take a number >= 0 (0: no limit)")
+    if output is not None and fmt in sqlout.STREAMED:  # batch by batch to the file, none held in memory
+        with sqlout.streamed(fmt, output) as (sink, counted):
+            run_query(st, query, arrow=True, run_ids=sorted(set(run)) or None, timeout_s=timeout, sink=sink)
+        typer.echo(f"wrote {counted():,} rows to {output}", err=True)
+        return
+    table = run_query(st, query, arrow=True, run_ids=sorted(set(run)) or None,  # confined: reads the store only
+                      timeout_s=timeout, max_rows=max_rows)
     if table is None:
         return
     # formatting after the query: only --output writes, from Python (tracekit/cli/sqlout.py)

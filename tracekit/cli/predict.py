@@ -318,7 +318,9 @@ def _run_hierarchical(
     _print(table, console)
     if h.speedup_vs_flat is not None:
         console.print(f"hierarchical is {h.speedup_vs_flat:.3g}× the speed of the flat ring")
-    console.print(f"[dim]{h.flat_assumption}[/dim]")
+    from rich.text import Text
+
+    console.print(Text(h.flat_assumption, style="dim"))
 
 
 def _machine_from_options(op, machine, ranks, nodes, gpus_per_node, link, link_in, link_out, nics_per_node,

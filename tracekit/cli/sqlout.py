@@ -19,6 +19,7 @@ output folder that does not exist.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -51,8 +52,9 @@ def _json_rows(table) -> str:
 
 
 def _table_text(table, width: int | None, plain: bool) -> str:
-    from rich.console import Console
     from rich.table import Table
+
+    from tracekit.report.textfmt import literal_console
 
     t = Table(box=None if plain else Table().box)
     for c in table.column_names:
@@ -60,7 +62,7 @@ def _table_text(table, width: int | None, plain: bool) -> str:
     for r in table.to_pylist():
         t.add_row(*["NULL" if v is None else str(v) for v in r.values()])
     buf = io.StringIO()
-    Console(file=buf, width=width or 200, no_color=True, force_terminal=False).print(t)
+    literal_console(file=buf, width=width or 200, no_color=True, force_terminal=False).print(t)
     return buf.getvalue()
 
 
@@ -105,3 +107,57 @@ def write(table, fmt: str, output: Path) -> Path:
     return output
 
 
+
+
+STREAMED = ("csv", "parquet")
+"""Formats written batch by batch with ``--output`` (:func:`streamed`): no row is held in memory."""
+
+
+@contextlib.contextmanager
+def streamed(fmt: str, output: Path):
+    """Yield ``(sink, rows)`` for :func:`tracekit.sqlshell.fetch_bounded`: ``sink(schema)`` opens a
+    writer of ``fmt`` (csv: pyarrow's CSVWriter, lists and structs as JSON text as in
+    :func:`render`; parquet: pyarrow's ParquetWriter) on a temporary file beside ``output``, which
+    is renamed to ``output`` when the block ends without error (:func:`tracekit.store.atomic_output`);
+    ``rows()`` is the number of rows written. Opening the sink again (a query retried with more
+    memory) starts the file over."""
+    from tracekit.store import atomic_output
+
+    written = [0]
+
+    with atomic_output(output) as tmp:
+        def sink(schema):
+            written[0] = 0
+            return _BatchSink(fmt, tmp, schema, written)
+
+        yield sink, lambda: written[0]
+
+
+class _BatchSink:
+    """One streamed output file: ``write_batch`` per record batch, ``close`` at the end."""
+
+    def __init__(self, fmt, path, schema, written):
+        import pyarrow as pa
+
+        self.fmt, self.written = fmt, written
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            self.w = pq.ParquetWriter(path, schema)
+        else:
+            import pyarrow.csv as pacsv
+
+            flat = _flat(pa.Table.from_batches([], schema=schema)).schema
+            self.w = pacsv.CSVWriter(str(path), flat)
+
+    def write_batch(self, batch) -> None:
+        import pyarrow as pa
+
+        if self.fmt == "parquet":
+            self.w.write_batch(batch)
+        else:
+            self.w.write_table(_flat(pa.Table.from_batches([batch])))
+        self.written[0] += batch.num_rows
+
+    def close(self) -> None:
+        self.w.close()

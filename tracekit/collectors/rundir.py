@@ -148,7 +148,7 @@ def detect_launcher(command: list[str], env: dict | None = None) -> Launcher | N
                                               _opt(targs, "--master-port", "--master_port")])) or "(default endpoint)")
         rdzv_id = _opt(targs, "--rdzv-id", "--rdzv_id") or env.get("PET_RDZV_ID") or "none"
         key = f"torchrun {endpoint} id={rdzv_id} nnodes={nnodes}"
-        if rdzv_id != "none" and RUN_ID_RE.match(f"external-{rdzv_id}"):
+        if rdzv_id != "none" and RUN_ID_RE.fullmatch(f"external-{rdzv_id}"):
             rid = f"external-{rdzv_id}"
         else:  # the same on every node: the rendezvous and the script's command line
             digest = hashlib.sha1("\0".join([key, *script]).encode()).hexdigest()[:8]

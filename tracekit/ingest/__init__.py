@@ -9,6 +9,7 @@ Nothing downstream knows which format a run came from.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -147,7 +148,24 @@ def _read_one(args):
     except RecursionError:
         raise FileError(args[0], "JSON nested too deeply to read") from None
     except OSError as exc:
-        raise FileError(args[0], f"cannot read it ({exc.strerror or exc})") from None
+        raise _read_or_write_error(exc, Path(args[0]), Path(args[1])) from None
+
+
+_WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS") if hasattr(errno, n))
+
+
+def _read_or_write_error(exc: OSError, src: Path, out: Path) -> Exception:
+    """The one-line error for an OSError while a trace file was read into staging: a write error
+    (disk full, quota, read-only file system, or any error on a file of the staging folder)
+    names the store's staging folder and says write; anything else names the trace and says read."""
+    name = Path(exc.filename) if isinstance(exc.filename, (str, bytes, os.PathLike)) and exc.filename else None
+    on_out = name is not None and (Path(os.fsdecode(name)).parent == out.parent)
+    if exc.errno in _WRITE_ERRNOS or on_out:
+        from tracekit.errors import StoreError
+
+        return StoreError(f"{out.parent}: cannot write the staging files while reading {src} "
+                          f"({exc.strerror or exc}); nothing was stored")
+    return FileError(src, f"cannot read it ({exc.strerror or exc})")
 
 
 def _read_one_unchecked(args):
@@ -246,9 +264,9 @@ def ingest_paths(
     from tracekit.ingest.comm_families import parse_comm_pattern, user_families
 
     user_kernels = [parse_comm_pattern(p) for p in comm_patterns]  # REGEX or REGEX=OP
-    from tracekit.ingest.comm_families import compile_comm_patterns
+    from tracekit.ingest.comm_families import check_user_patterns
 
-    compile_comm_patterns([k.pattern for k in user_kernels])  # BadInputError: invalid, or one that could hang the ingest
+    check_user_patterns([k.pattern for k in user_kernels])  # BadInputError: invalid, RE2 cannot run it, matches all
     if run_id is not None:
         check_run_id(run_id)
 
@@ -330,18 +348,15 @@ def _finish_ranks(st, stage, ex, paths, per_file, files, digests, run_id, replac
 
 
 def _collector_config(paths) -> dict | None:
-    """The ``run_config.json`` a tracekit collector left beside the rank files, if any."""
-    import json
+    """The ``run_config.json`` a tracekit collector left beside the rank files, if any, checked
+    against its schema (:func:`tracekit.ingest.run_config.read_run_config`: FileError naming the key)."""
+    from tracekit.ingest.run_config import read_run_config
 
     for p in paths:
         p = Path(p)
         f = (p if p.is_dir() else p.parent) / "run_config.json"
         if f.is_file():
-            try:
-                cfg = json.loads(f.read_text())
-            except (OSError, ValueError) as exc:
-                raise FileError(f, f"not valid JSON ({exc})") from None
-            return cfg if isinstance(cfg, dict) else None
+            return read_run_config(f)
     return None
 
 

@@ -753,6 +753,7 @@ static int parse_event(Scan *s, int64_t i, int64_t *end, REC *e) {
                 if (!r && es2) r = RS_BAD; /* "\u0058" is "X" too: leave escaped phases to msgspec */
                 if (!r) {
                     unsigned char c = se - j == 3 ? b[j + 1] : 0;
+                    if (c == 'b' || c == 'e') r = RS_BAD; /* async spans: paired by id, in the msgspec path */
                     e->ph = c == 'X' ? PH_X : c == 'M' ? PH_M : c == 'B' ? PH_B : c == 'E' ? PH_E : PH_OTHER;
                     j = se;
                 }

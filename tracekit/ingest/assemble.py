@@ -63,6 +63,7 @@ class RankTask:
     world_size: int
     pg_config: dict
     user_kernels: tuple = ()
+    declared_world: int | None = None  # the largest distributedInfo.world_size, None when no file gives one
 
 
 @dataclass
@@ -350,7 +351,16 @@ def assemble_rank(task: RankTask) -> RankResult:
             calls=lk.cpu_calls,
         )
         facts: list = []
-        table = rank_collectives(pg_attribution.tap(rows, facts))
+        from tracekit.ingest.attribute import DECLARED_WORLD, GROUP_SIZE_NOTES, group_size_warnings
+
+        k_notes: dict = {}
+        k_token = GROUP_SIZE_NOTES.set(k_notes)  # contradicting group sizes, counted while the rows are built
+        w_token = DECLARED_WORLD.set(task.declared_world)
+        try:
+            table = rank_collectives(pg_attribution.tap(rows, facts))
+        finally:
+            GROUP_SIZE_NOTES.reset(k_token)
+            DECLARED_WORLD.reset(w_token)
     # the recv collectives' spans (an unattributed row, op NULL, is none)
     recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)
     windows, spans = tap.summaries(run_id, rank, table.column("event_id").to_numpy(zero_copy_only=False)[recv])
@@ -360,7 +370,7 @@ def assemble_rank(task: RankTask) -> RankResult:
     extent = (lk.ts_lo, lk.ts_hi)
     del meta, lk, rows
     n_unattributed = table.column("op").null_count
-    warnings = list(dict.fromkeys(rf.warnings)) + ([gpu_note] if gpu_note else [])
+    warnings = list(dict.fromkeys(rf.warnings)) + ([gpu_note] if gpu_note else []) + group_size_warnings(k_notes)
     if rf.quarantined:
         warnings.append(f"{rf.quarantined} event(s) quarantined in all (a missing or non-positive ts, a negative dur, "
                         "or a reason warned above)")
@@ -424,7 +434,8 @@ def finish_run(
     (stage / "events").mkdir()
     order = sorted(zip(results, ranks, raw_files), key=lambda t: t[1])
     tasks = [RankTask(rf, rank, str(Path(raw).resolve()), str((stage / "events" / f"rank={rank}.parquet").resolve()),
-                      run_id, world_size, pg_config, tuple(user_kernels)) for rf, rank, raw in order]
+                      run_id, world_size, pg_config, tuple(user_kernels), _declared_world(results))
+             for rf, rank, raw in order]
     names = [str(rf.path) for rf, _, _ in order]
     done = (engine or LocalEngine(1, False)).map(assemble_rank, tasks, names, progress)
     # per rank: (rank, its collectives table); memory linear in the run's collectives
@@ -439,8 +450,11 @@ def finish_run(
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
         _check_one_timeline(extent, results, ranks)
     tables, pg_notes = pg_attribution.attribute(tables, facts, pg_config, same_clock=mode == "none")
+    from tracekit.ingest.attribute import group_size_disagreements
+
+    k_notes = group_size_disagreements(tables)  # ranks that give one process group different sizes
     for rr in rank_rows:
-        rr["warnings"].extend(pg_notes.get(rr["rank"], []))
+        rr["warnings"].extend(pg_notes.get(rr["rank"], []) + k_notes.get(rr["rank"], []))
     offsets = estimate_offsets(_light_rows(tables) if mode != "none" else [], sorted(hosts), hosts, mode)
     con = None
     for rr in rank_rows:
@@ -587,6 +601,14 @@ def _check_one_timeline(extent: dict, results, ranks) -> None:
             f"starts {gap_s:,.3f} s after {Path(early[2]).name} ends: not the same run "
             "(or clocks of different hosts: try --align collectives)",
         )
+
+
+def _declared_world(results) -> int | None:
+    """The largest ``distributedInfo.world_size`` the files declare; None when none declares one
+    (then the world is only what was ingested, no bound on a group's size)."""
+    ws = [di["world_size"] for r in results if isinstance(di := r.meta.get("distributedInfo"), dict)
+          and type(di.get("world_size")) is int and di["world_size"] > 0]
+    return max(ws) if ws else None
 
 
 def _world_size(results, ranks) -> int:

@@ -39,6 +39,7 @@ sequential).
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections import defaultdict
@@ -228,10 +229,11 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
         op = name_op
     row: dict = dict(op=op, algo=algo, proto=proto, approx=False)
     if meta is not None:
-        nb = dtype_bytes(meta.get("dtype"))
+        dt = meta_dtype(meta.get("dtype"), _pg_name(meta), meta.get("in_nelems") is not None)
+        nb = dtype_bytes(dt)
         row.update(
             meta_source=src,
-            dtype=None if meta.get("dtype") is None else str(meta.get("dtype")),
+            dtype=None if dt is None else str(dt),
             size_bytes=size_bytes_for(op, meta.get("in_nelems"), meta.get("out_nelems"), nb),
             group_size=int_or_none(meta.get("group_size"), 1, 2**31 - 1),
             pg_name=_pg_name(meta),
@@ -701,6 +703,10 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
             pg_ranks = pg_config.get(pg_name)
     group_size = res.get("group_size")
     approx = bool(res.get("approx"))
+    group_size, k_note = consistent_group_size(group_size, pg_ranks, DECLARED_WORLD.get())
+    if k_note is not None:  # a contradiction: the smallest consistent size, flagged
+        approx = True
+        note_group_size(pg_name, k_note)
     if group_size is None and pg_ranks:
         group_size = len(pg_ranks)
     if group_size is None:
@@ -743,3 +749,95 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
         approx=approx,
         issue_ts_ns=issue_ts if issue_ts is not None else sp["ts_ns"],
     )
+
+
+# -- group sizes that contradict the world or the group's ranks -----------------------------
+
+import contextvars  # noqa: E402
+
+GROUP_SIZE_NOTES: contextvars.ContextVar = contextvars.ContextVar("tracekit_group_size_notes", default=None)
+"""While a rank's collectives are built (tracekit.ingest.assemble.assemble_rank): (pg_name, note)
+→ calls, for :func:`consistent_group_size`'s contradictions; None elsewhere (nothing kept)."""
+DECLARED_WORLD: contextvars.ContextVar = contextvars.ContextVar("tracekit_declared_world", default=None)
+"""While a rank's collectives are built: the world size the trace files declare
+(``distributedInfo.world_size``), or None: a world inferred from the files ingested (one rank of
+a larger job) bounds no group's size."""
+
+
+def consistent_group_size(group_size: int | None, pg_ranks, world_size: int | None) -> tuple[int | None, str | None]:
+    """A call's group size k checked against what else the trace says: ``(k, None)`` when the
+    metadata's ``Group size`` (``group_size``) is absent or agrees with the declared world size
+    (``world_size``; None: unknown) and with the
+    number of distinct ranks in ``Process Group Ranks`` (``pg_ranks``); else ``(smallest, note)``:
+    a group cannot hold more ranks than the world, nor other ranks than it lists, so the smallest
+    of the sizes given is the one consistent with all of them, and ``note`` says what disagreed.
+    busbw and the wire bytes scale with k ((k-1)/k, 2(k-1)/k: nccl-tests doc/PERFORMANCE.md), so a
+    k too large inflates them."""
+    if group_size is None:
+        return None, None
+    problems, sizes = [], [group_size]
+    if world_size and group_size > world_size:
+        problems.append(f"Group size {group_size} is larger than the world ({world_size} ranks)")
+        sizes.append(world_size)
+    if pg_ranks:
+        n = len(set(pg_ranks))
+        if n != group_size:
+            problems.append(f"Group size {group_size} disagrees with the {n} rank(s) of Process Group Ranks")
+            sizes.append(n)
+    if not problems:
+        return group_size, None
+    k = min(sizes)
+    return k, "; ".join(problems) + f": {k} used"
+
+
+def note_group_size(pg_name, note: str, count: bool = True) -> None:
+    """Count one call's note (a contradiction of :func:`consistent_group_size`, a dtype of
+    :func:`meta_dtype`) where a rank is being built; ``count`` False: noted, not counted (a note
+    made once per pattern of calls, not per call)."""
+    notes = GROUP_SIZE_NOTES.get()
+    if notes is not None:
+        key = (pg_name, note)
+        notes[key] = (notes.get(key) or 0) + 1 if count else None
+
+
+def group_size_warnings(notes: dict) -> list[str]:
+    """The rank's warnings for :data:`GROUP_SIZE_NOTES`' contents, one per group and note."""
+    return [f"process group {pg}: {note}" + ("" if n is None else f" ({n:,} call(s), marked approx)")
+            for (pg, note), n in sorted(notes.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]
+
+
+def meta_dtype(dtype: Any, pg_name, sized: bool):
+    """A call's ``dtype`` metadata as :func:`dtype_bytes` reads it: a string as is; a list of one
+    string (``["Float"]``) its string. A value that is no dtype tracekit knows (a number, an
+    object, an unknown name) leaves the call's sizes null; when the call has element counts
+    (``sized``) that is noted (a rank warning) rather than silent."""
+    if isinstance(dtype, list) and len(dtype) == 1 and isinstance(dtype[0], str):
+        dtype = dtype[0]
+    if dtype is not None and sized and dtype_bytes(dtype) is None:
+        shown = dtype if isinstance(dtype, str) else json.dumps(dtype, default=str)
+        note_group_size(pg_name, f"dtype {shown[:40]!r} is not a dtype tracekit knows (a name such as Float, "
+                                 "BFloat16): its calls have no message size", count=False)
+    return dtype
+
+
+def group_size_disagreements(tables) -> dict[int, list[str]]:
+    """``tables``: (rank, collectives table) of every rank of a run → rank → warnings, one per
+    process group whose calls carry different group sizes on different ranks (the instance takes
+    the largest: collective_instances), naming each rank's sizes. Ranks that agree get none."""
+    sizes: dict = {}  # pg_name → rank → set of group sizes
+    for rank, t in tables:
+        if t is None or not t.num_rows:
+            continue
+        for pg, k in set(zip(t.column("pg_name").to_pylist(), t.column("group_size").to_pylist())):
+            if pg is not None and k is not None:
+                sizes.setdefault(pg, {}).setdefault(rank, set()).add(k)
+    out: dict[int, list[str]] = {}
+    for pg, by_rank in sorted(sizes.items(), key=lambda kv: str(kv[0])):
+        if len(set().union(*by_rank.values())) < 2:
+            continue
+        said = "; ".join(f"rank {r}: {', '.join(map(str, sorted(ks)))}" for r, ks in sorted(by_rank.items()))
+        note = (f"process group {pg}: its ranks disagree on its size ({said}); its instances take the largest, "
+                "check the trace's Group size")
+        for r in by_rank:
+            out.setdefault(r, []).append(note)
+    return out

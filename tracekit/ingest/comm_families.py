@@ -389,9 +389,10 @@ def compile_comm_patterns(patterns) -> Any:
     """One case-insensitive matcher (``.search(name)``) for communication kernel names: the
     union of ``patterns`` (the builtin ones and the user's ``--comm-pattern``).
 
-    With ``google-re2`` (a core dependency) the union runs in linear time whatever the pattern.
-    Without it, or for the rare pattern RE2 cannot compile (lookarounds), Python's ``re`` runs it
-    after a bounded check: patterns with a backreference or a nested quantifier are refused.
+    With ``google-re2`` (a core dependency) the union runs in RE2 only, in linear time whatever the
+    pattern; a pattern RE2 cannot compile (a lookaround, a backreference) is refused with RE2's
+    reason. Only where RE2 is not installed does Python's ``re`` run it, after a bounded check:
+    patterns with a backreference or a nested quantifier are refused.
     Raises BadInputError naming the pattern (invalid, or refused).
     """
     import re._parser as sre_parse
@@ -409,7 +410,16 @@ def compile_comm_patterns(patterns) -> Any:
         try:
             return re2.compile("(?i)" + joined, opts)
         except re2.error:
-            pass
+            for p in patterns:  # which one, and why
+                try:
+                    re2.compile("(?i)" + p, opts)
+                except re2.error as exc:
+                    why = exc.args[0] if exc.args else exc
+                    why = why.decode("utf-8", "replace") if isinstance(why, bytes) else str(why)
+                    raise BadInputError(f"--comm-pattern {p!r}: RE2 (linear-time matching) cannot compile it "
+                                        f"({' '.join(why.split())[:120]}); lookarounds and backreferences "
+                                        "are not supported") from None
+            raise BadInputError("--comm-pattern: RE2 cannot compile the patterns together") from None
     for p, tree in zip(patterns, trees):
         why = _slow_regex_reason(tree)
         if why:
@@ -418,5 +428,28 @@ def compile_comm_patterns(patterns) -> Any:
     return re.compile(joined, re.I)
 
 
-__all__ = ["FAMILIES", "KERNEL_PATTERNS", "CPU_OP_NAMES", "BUILTIN_COMM_PATTERNS", "COMM_CPU_PREFIX", "compile_comm_patterns", "CpuOp", "Kernel", "Family", "family_kernel", "kernel_op",
+_COMPUTE_PROBES = ("sm90_xmma_gemm_bf16bf16_bf16f32", "aten::mm", "cudaLaunchKernel",
+                   "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+                   "Memcpy HtoD (Pageable -> Device)", "ProfilerStep#3", "cudaStreamSynchronize")
+"""Names of compute kernels, CPU ops and runtime calls that no --comm-pattern should match."""
+
+
+def check_user_patterns(patterns) -> Any:
+    """The user's ``--comm-pattern`` regexes compiled (:func:`compile_comm_patterns`), each first
+    checked on its own: one that matches the empty string, or every name of
+    :data:`_COMPUTE_PROBES` (a GEMM, an elementwise kernel, aten::mm, a runtime call...), would
+    make every event communication, and is refused. Raises BadInputError naming the pattern."""
+    patterns = list(patterns)
+    for p in patterns:
+        m = compile_comm_patterns([p])
+        if m.search("") is not None:
+            raise BadInputError(f"--comm-pattern {p!r} matches the empty string, so every event name: "
+                                "give a pattern that names the communication kernels")
+        if all(m.search(n) is not None for n in _COMPUTE_PROBES):
+            raise BadInputError(f"--comm-pattern {p!r} matches every name (a GEMM, aten::mm, cudaLaunchKernel "
+                                "alike): give a pattern that names the communication kernels")
+    return compile_comm_patterns(patterns) if patterns else None
+
+
+__all__ = ["FAMILIES", "KERNEL_PATTERNS", "CPU_OP_NAMES", "BUILTIN_COMM_PATTERNS", "COMM_CPU_PREFIX", "compile_comm_patterns", "check_user_patterns", "CpuOp", "Kernel", "Family", "family_kernel", "kernel_op",
            "parse_comm_pattern", "resolve_family", "user_families"]

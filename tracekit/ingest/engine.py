@@ -42,7 +42,8 @@ RAY_CANCEL_WAIT_S = 10.0
 
 class LocalEngine:
     """The default engine: a forkserver process pool of ``jobs`` workers when ``parallel``, else the
-    calling process itself (one pool for both phases of an ingest)."""
+    calling process itself (one pool for both phases of an ingest). The fork server and the
+    workers die with the calling process, however it ends (:mod:`tracekit.ingest._orphan_guard`)."""
 
     name = "local"
 
@@ -55,7 +56,12 @@ class LocalEngine:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("forkserver"))
+            from tracekit.ingest import _orphan_guard
+
+            ctx = multiprocessing.get_context("forkserver")
+            _orphan_guard.start_forkserver(ctx)  # the fork server and the workers die with this process
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx,
+                                             initializer=_orphan_guard.guard_worker, initargs=(os.getpid(),))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -96,8 +102,9 @@ class RayEngine:
     """Each task is one Ray task (``max_retries`` = :data:`RAY_MAX_RETRIES` for lost workers).
 
     ``address``: None starts a local Ray instance for this ingest (``num_cpus`` = ``workers`` when
-    given) and stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster (a HOST:PORT
-    that refuses a TCP connection fails at once). A process already connected to Ray (``ray.init``
+    given) and stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster (a HOST:PORT,
+    or the one ``auto`` finds, that refuses a TCP connection fails at once; one that accepts but
+    does not answer as a Ray head fails within Ray's join timeouts, :data:`RAY_JOIN_TIMEOUTS`). A process already connected to Ray (``ray.init``
     in a notebook) keeps its connection, whatever ``address`` says.
     Raises BadInputError when Ray is not installed or the cluster cannot be reached or joined.
     """
@@ -106,13 +113,14 @@ class RayEngine:
 
     def __init__(self, address: str | None = None, workers: int | None = None):
         try:
-            with _join_timeouts(address not in (None, "auto")):  # Ray reads some when imported
+            with _join_timeouts(address is not None):  # Ray reads some when imported
                 import ray  # noqa: F401  (before any work: refuse at once when it is missing)
         except ImportError:
             raise BadInputError("--engine ray needs Ray, which is not installed: pip install 'tracekit[ray]'") from None
         self.address, self.workers = address, workers
         self._started = False
         self._remote = None
+        self._reaper = None
 
     def __enter__(self) -> "RayEngine":
         import ray
@@ -125,11 +133,28 @@ class RayEngine:
             else:
                 if self.address != "auto":
                     _check_reachable(self.address)
+                else:  # the address Ray would find (RAY_ADDRESS, the latest local cluster): checked alike
+                    found = _auto_address()
+                    if found is not None:
+                        _check_reachable(found, given="auto")
                 kw["address"] = self.address
+            if self.address is None and os.path.isdir("/proc"):
+                # an instance of our own: a reaper notes its processes as they start and kills them
+                # if this process ends without ray.shutdown() (kill -9)
+                from tracekit.ingest import _orphan_guard
+
+                try:
+                    self._reaper = _orphan_guard.start_reaper([])
+                except OSError:  # no process to spare: ray.shutdown() only
+                    self._reaper = None
             try:
-                with _quiet_fd2(self.address is not None), _join_timeouts(self.address not in (None, "auto")):
+                from tracekit.ingest._orphan_guard import reap_tag
+
+                with _quiet_fd2(self.address is not None), _join_timeouts(self.address is not None), \
+                        reap_tag(self._reaper):
                     ray.init(**kw)
             except (ConnectionError, ValueError, RuntimeError) as exc:
+                self._stop_reaper()
                 where = "a local Ray instance" if self.address is None else f"Ray cluster at {self.address!r}"
                 raise BadInputError(f"cannot start or join {where}: {' '.join(str(exc).split())[:300]}") from None
             self._started = True
@@ -142,6 +167,14 @@ class RayEngine:
 
             ray.shutdown()
             self._started = False
+        self._stop_reaper()
+
+    def _stop_reaper(self) -> None:
+        """Ray shut down cleanly (or never started): nothing left for the reaper to kill."""
+        if self._reaper is not None:
+            self._reaper.kill()
+            self._reaper.wait()
+            self._reaper = None
 
     def map(self, fn: Callable, tasks: Sequence, names: Sequence[str], progress=None) -> list:
         import ray
@@ -220,9 +253,22 @@ def _join_timeouts(on: bool):
                 os.environ.pop(k, None)
 
 
-def _check_reachable(address: str) -> None:
+def _auto_address() -> str | None:
+    """The ``HOST:PORT`` that ``--address auto`` resolves to (Ray's own lookup: ``RAY_ADDRESS``, then
+    the latest cluster started on this machine), or None when Ray finds none or cannot say."""
+    try:
+        from ray._private.services import get_ray_address_from_environment
+
+        found = get_ray_address_from_environment("auto", None)
+    except Exception:  # no cluster found, or a Ray whose private lookup differs: ray.init says why
+        return None
+    return found if isinstance(found, str) and found != "auto" and ":" in found else None
+
+
+def _check_reachable(address: str, given: str | None = None) -> None:
     """BadInputError unless ``HOST:PORT`` (a Ray head's GCS port, ``ray://`` for Ray Client) accepts a
-    TCP connection within RAY_CONNECT_TIMEOUT_S."""
+    TCP connection within RAY_CONNECT_TIMEOUT_S (``given``: what the user wrote, when ``address``
+    was found from it)."""
     import socket
 
     hostport = address.split("://", 1)[-1]
@@ -232,7 +278,8 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
     except OSError as exc:
-        raise BadInputError(f"cannot reach a Ray cluster at {address} ({exc.strerror or exc})") from None
+        via = f" (--address {given})" if given else ""
+        raise BadInputError(f"cannot reach a Ray cluster at {address}{via} ({exc.strerror or exc})") from None
 
 
 def _ray_result(ray, ref, name: str):

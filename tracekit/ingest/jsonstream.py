@@ -92,6 +92,7 @@ class Ev(msgspec.Struct, gc=False):
     ts: Any = None
     dur: Any = None
     args: msgspec.Raw = msgspec.Raw(b"null")
+    id: Any = None  # async ("b"/"e") events: what pairs a begin with its end
 
 
 class ExactEv(msgspec.Struct, gc=False):
@@ -115,6 +116,10 @@ _LONE_SURROGATE = re.compile(
     rb"(?<!\\)((?:\\\\)*)(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
     rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})"
 )
+
+
+_BARE_HINT = re.compile(rb"Infinity|inf|NaN|nan")
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 @dataclass
@@ -169,7 +174,10 @@ class _Reader:
                 self.path, f"truncated gzip stream after {_gunzip_length(self.path):,} bytes of JSON (file incomplete?)"
             ) from None
         except _GZIP_ERRORS as exc:
-            raise FileError(self.path, f"corrupt gzip data after {self.consumed:,} bytes ({exc})") from None
+            out, at = _gunzip_failure(self.path)
+            where = f"in compressed bytes {at:,}-{at + 4096:,} (where zlib found it), " if at is not None else ""
+            raise FileError(self.path, f"corrupt gzip data ({where}after {max(out, self.consumed):,} bytes of JSON: "
+                                       f"{exc})") from None
         if not data:
             self.eof = True
         self.consumed += len(data)
@@ -177,6 +185,27 @@ class _Reader:
 
     def close(self) -> None:
         self.fh.close()
+
+
+def _gunzip_failure(path: Path, step: int = 4096) -> tuple[int, int | None]:
+    """Where a corrupt gzip file fails: (bytes of data decompressed before the failure, the
+    offset in the compressed file of the ``step``-byte block whose inflate failed, or None when
+    zlib finds no failure). A second pass, on the error path only: the reader's block lost the
+    part decompressed before the error."""
+    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    total = pos = 0
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(step):
+                total += len(d.decompress(block))
+                while d.unused_data and d.eof:  # a multi-member gzip file: the next member
+                    rest = d.unused_data
+                    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                    total += len(d.decompress(rest))
+                pos += len(block)
+    except zlib.error:
+        return total, pos
+    return total, None
 
 
 def _gunzip_length(path: Path) -> int:
@@ -204,11 +233,15 @@ def _repair(text: bytes) -> tuple[bytes, list[str]]:
     except UnicodeDecodeError:
         text = text.decode("utf-8", "replace").encode("utf-8")
         notes.append("invalid UTF-8 replaced")
-    fixed, n = _BARE_CONST.subn(b"null", text)
+    n = 0
+    if _BARE_HINT.search(text):  # a cheap scan first: the lookbehind pattern is slow on long text
+        fixed, n = _BARE_CONST.subn(b"null", text)
     if n:
         notes.append(f"{n} bare inf/NaN token(s) read as null")
         text = fixed
-    fixed, n = _LONE_SURROGATE.subn(rb"\1\\ufffd", text)
+    n = 0
+    if _SURROGATE_HINT.search(text):
+        fixed, n = _LONE_SURROGATE.subn(rb"\1\\ufffd", text)
     if n:
         notes.append(f"{n} lone UTF-16 surrogate escape(s) read as U+FFFD")
         text = fixed
@@ -666,6 +699,7 @@ class TraceStream:
             if rd.eof:
                 yield from self._tail(buf, rd.consumed - len(buf))
                 return
+            self._slow_base = rd.consumed - len(buf)  # byte offset of buf, for _check_structure
             cut = self._cut(buf)
             if cut is None:
                 # No whole event decodes in this much text: read more (a huge
@@ -704,8 +738,38 @@ class TraceStream:
         got = _recover(buf, final=False)
         if got is _INCOMPLETE:
             self._recover_from = 2 * len(buf)
+            self._check_structure(buf)
             return None
         return got if got is not None and got[1] > 0 else None
+
+    def _check_structure(self, buf: bytes) -> None:
+        """``buf`` (text at array depth) ends inside its first event as far as the brackets go:
+        a huge event, or a damaged one that swallows the rest. Raise FileError at the first byte
+        a JSON decoder rejects, if it rejects one before the end of the text (after the repairs
+        of :func:`_repair`); a huge event's text is only cut short, never rejected. One decode,
+        done once per doubling of ``buf`` (linear in the end)."""
+        try:
+            _ANY.decode(b"[" + buf)
+            return
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            first = " ".join(str(exc).split())
+        if "truncated" in first.lower():
+            return
+        text, _ = _repair(buf)
+        try:
+            _ANY.decode(b"[" + text)
+            return
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            msg = " ".join(str(exc).split())
+        m = re.search(r"\(byte (\d+)\)", msg)
+        if "truncated" in msg.lower() or m is None:
+            return
+        at = int(m.group(1)) - 1
+        if "trailing characters" in msg:  # the array closed: _tail reports what follows it
+            return
+        base = self._slow_base
+        raise FileError(self.path, f"malformed JSON in traceEvents ({msg.replace(m.group(0), f'at byte {base + at:,}')}); "
+                                   "refused: one damaged event breaks the structure of the events after it")
 
     def _after_array(self, after: bytes) -> bool:
         """Read the top-level keys in ``after`` (the text after the array's closing ']').
@@ -756,20 +820,23 @@ class TraceStream:
 
     def _tail(self, buf: bytes, base: int) -> Iterator[Chunk]:
         """The last events, the closing ``]`` and any top-level keys after it (``base``: the byte
-        offset of ``buf`` in the decompressed JSON, for messages)."""
+        offset of ``buf`` in the decompressed JSON, for messages).
+
+        Linear in ``len(buf)``: at most :data:`_MAX_TAIL_TRIES` ``]`` from the end are tried
+        (each one decode of the events before it), then one forward pass reads the events one
+        by one to the ``]`` that closes the array (:func:`_array_close`, strings repaired as in
+        :func:`_recover`). A tail neither reads is refused (FileError) at the first byte a JSON
+        decoder rejects: the damage, not some later ``]``. A damaged event is refused, not
+        skipped, when it breaks the structure (an unclosed object swallows the events after it,
+        so no later event could be trusted); one whose brackets balance is skipped and counted.
+        """
         lim = len(buf)
-        body_error = None
+        tries = 0
         junk_at = None
-        while True:
+        while tries < _MAX_TAIL_TRIES:
             r = buf.rfind(b"]", 0, lim)
             if r < 0:
-                if junk_at is not None:
-                    snippet = buf[junk_at : junk_at + 16]
-                    raise FileError(self.path, f"trailing data after the JSON document at byte {base + junk_at:,} "
-                                               f"({snippet!r}...)")
-                if body_error is not None:
-                    raise FileError(self.path, f"malformed JSON in traceEvents ({body_error})")
-                raise FileError(self.path, "truncated JSON: traceEvents array is never closed (file incomplete?)")
+                break
             lim = r
             j = r - 1  # the last non-blank byte before this ']'
             while j >= 0 and buf[j] in _WS:
@@ -778,28 +845,106 @@ class TraceStream:
                 # this ']' closes something in the keys after the array, as no event list
                 # ends so; skipping it here keeps a long tail of keys linear, not quadratic
                 continue
+            tries += 1
             trailing, junk = self._doc_close(buf[r + 1 :])
             if trailing is None:
                 if junk is not None and junk_at is None:
                     junk_at = r + 1 + junk
                 continue
-            raw_body = buf[:r]
-            body = raw_body.strip(_WS)
-            lead = len(raw_body) - len(raw_body.lstrip(_WS))
-            if body.endswith(b","):  # a trailing comma, as some exporters write
-                body = body[:-1]
-                self.notes.append("trailing comma after the last event")
-            if body:
-                ch = _decode_events(body)
-                if ch is None:
-                    got = _recover(body, final=True)
-                    ch = got[0] if got is not None else None
-                if ch is None:
-                    # maybe the ']' we found closes something inside the last event
-                    if body_error is None:
-                        body_error = _decode_error(body, base + lead - 1)
-                    continue
-                self.notes.extend(ch.repaired)
+            ch = self._tail_events(buf[:r], one_by_one=False)
+            if ch is None:  # maybe the ']' we found closes something inside the last event
+                continue
+            if ch is not _NO_EVENTS:
                 yield ch
             self._take_keys(trailing)
             return
+        r = _array_close(buf)  # one forward pass: events one by one, their strings repaired
+        if r is not None:
+            trailing, junk = self._doc_close(buf[r + 1 :])
+            if trailing is not None:
+                ch = self._tail_events(buf[:r], one_by_one=True)
+                if ch is not None:
+                    if ch is not _NO_EVENTS:
+                        yield ch
+                    self._take_keys(trailing)
+                    return
+            elif junk is not None:
+                junk_at = r + 1 + junk
+        self._tail_error(buf, base, junk_at)
+
+    def _tail_events(self, raw_body: bytes, one_by_one: bool):
+        """The events of ``raw_body`` (the text before a ``]`` that closes the array): a Chunk,
+        :data:`_NO_EVENTS` when there is none, or None when they do not read."""
+        body = raw_body.strip(_WS)
+        if body.endswith(b","):  # a trailing comma, as some exporters write
+            body = body[:-1].rstrip(_WS)
+            trailing_comma = True
+        else:
+            trailing_comma = False
+        if not body:
+            if trailing_comma:
+                self.notes.append("trailing comma after the last event")
+            return _NO_EVENTS
+        ch = _decode_events(body)
+        if ch is None and one_by_one:
+            got = _recover(body, final=True)
+            ch = got[0] if got is not None else None
+        if ch is None:
+            return None
+        if trailing_comma:
+            self.notes.append("trailing comma after the last event")
+        self.notes.extend(ch.repaired)
+        return ch
+
+    def _tail_error(self, buf: bytes, base: int, junk_at: int | None):
+        """Raise the FileError for a tail no ``]`` reads: the first byte a JSON decoder rejects
+        in the events (one linear decode), else the trailing data, else an unclosed array."""
+        try:
+            _ANY.decode(b"[" + buf)
+            first = None
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            first = " ".join(str(exc).split())
+        if first is not None and "truncated" not in first.lower():
+            m = re.search(r"\(byte (\d+)\)", first)
+            at = int(m.group(1)) - 1 if m else None  # index in buf of the byte named
+            if at is not None and not ("trailing characters" in first and junk_at is not None):
+                if "trailing characters" in first:  # the array closes there but the document does not
+                    raise FileError(self.path, f"malformed JSON after traceEvents at byte {base + at:,} "
+                                               f"({buf[at : at + 16]!r}...)")
+                msg = first.replace(m.group(0), f"at byte {base + at:,}")
+                raise FileError(self.path, f"malformed JSON in traceEvents ({msg}); refused: one damaged "
+                                           f"event breaks the structure of the events after it")
+        if junk_at is not None:
+            snippet = buf[junk_at : junk_at + 16]
+            raise FileError(self.path, f"trailing data after the JSON document at byte {base + junk_at:,} "
+                                       f"({snippet!r}...)")
+        raise FileError(self.path, "truncated JSON: traceEvents array is never closed (file incomplete?)")
+
+
+_NO_EVENTS = Chunk([], b"[]")  # _tail_events: the array held no events after the cut
+_MAX_TAIL_TRIES = 4  # ']' tried from the end before the forward pass (each costs O(len(tail)))
+
+
+def _array_close(buf: bytes) -> int | None:
+    """Index of the ``]`` that closes the event array in ``buf`` (text at array depth, after a
+    cut between events), found by reading the events forward one by one
+    (:func:`_repair_object`, linear in each event); None when the text is not a run of objects
+    separated by commas and closed by ``]`` (a damaged or non-object item)."""
+    n = len(buf)
+    i = _skip_ws(buf, 0)
+    while i < n:
+        c = buf[i]
+        if c == 0x5D:  # ']'
+            return i
+        if c != 0x7B:  # '{'
+            return None
+        got = _repair_object(buf, i)
+        if got is None:
+            return None
+        k = _skip_ws(buf, got[1])
+        if k < n and buf[k] == 0x5D:
+            return k
+        if k >= n or buf[k] != 0x2C:
+            return None
+        i = _skip_ws(buf, k + 1)
+    return None

@@ -48,7 +48,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from tracekit.errors import BadInputError, FileError
+from tracekit.errors import FileError
 from tracekit.ingest import staging
 from tracekit.ingest.comm_families import COMM_CPU_PREFIX  # the comm-by-name rule lives with the families
 from tracekit.ingest.jsonstream import FastChunk, TraceStream
@@ -309,11 +309,13 @@ class _ChunkState:
         """B/E events (:class:`_Open`, file order) → the (B, E) pairs they complete.
 
         Chrome's duration events nest per thread: an E ends the latest B still open on its
-        (pid, tid). An E with none open is kept in ``unmatched_e``; a B never ended stays open.
+        (pid, tid). Its nestable async events (``b``/``e``) nest per (pid, cat, id) instead
+        (:attr:`_Open.key`), wherever their threads. An E with none open is kept in
+        ``unmatched_e``; a B never ended stays open.
         """
         done = []
         for ev in be:
-            stack = self.open.setdefault((ev.pid, ev.tid), [])
+            stack = self.open.setdefault(ev.key or (ev.pid, ev.tid), [])
             if not ev.end:
                 stack.append(ev)
             elif stack:
@@ -459,6 +461,7 @@ class _Open:
     cat: str
     name: str
     args: bytes
+    key: Any = None  # async b/e events: ("async", pid, cat, id) pairs them; None: per (pid, tid)
 
 
 def _intern(values: list) -> tuple[np.ndarray, np.ndarray]:
@@ -515,14 +518,28 @@ def _events_from_open(spans: list, st: "_ChunkState") -> _Events:
     )
 
 
+def _async_part(v: Any):
+    """A hashable form of an async event's pid, cat or id (a list or object as its JSON text)."""
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return msgspec.json.encode(v)
+
+
 def _slow_events(chunk, rf: RankFile, st: "_ChunkState") -> _Decoded:
     """A msgspec :class:`~tracekit.ingest.jsonstream.Chunk` → :class:`_Decoded` (thread names go to ``rf``)."""
-    xs, be_idx, no_ph = [], [], 0
+    xs, be_idx, no_ph, async_keys = [], [], 0, {}
     for e in chunk.events:
         ph = e.ph
         if ph == "X":
             xs.append(e)
         elif ph == "B" or ph == "E":
+            be_idx.append(len(xs))
+            xs.append(e)
+        elif ph == "b" or ph == "e":  # Chrome's nestable async spans: paired by (pid, cat, id)
+            async_keys[len(xs)] = ("async", _async_part(e.pid), _async_part(e.cat),
+                                   _async_part(e.id) if e.id is not None else ("name", _async_part(e.name)))
             be_idx.append(len(xs))
             xs.append(e)
         elif ph is None:
@@ -540,7 +557,7 @@ def _slow_events(chunk, rf: RankFile, st: "_ChunkState") -> _Decoded:
 
     def exact():
         if not exact_cache:
-            exact_cache.append([ev for ev in chunk.exact() if ev.ph in ("X", "B", "E")])
+            exact_cache.append([ev for ev in chunk.exact() if ev.ph in ("X", "B", "E", "b", "e")])
         return exact_cache[0]
 
     ts_ns, ts_ok = _vector_ns([e.ts for e in xs], exact, "ts")
@@ -551,8 +568,8 @@ def _slow_events(chunk, rf: RankFile, st: "_ChunkState") -> _Decoded:
     track = _ids([e.tid for e in xs])
     be = []
     if be_idx:
-        be = [_Open(xs[i].ph == "E", int(device[i]), int(track[i]), int(ts_ns[i]), bool(ts_ok[i]),
-                    cats[ci[i]], names[ni[i]], bytes(xs[i].args)) for i in be_idx]
+        be = [_Open(xs[i].ph in ("E", "e"), int(device[i]), int(track[i]), int(ts_ns[i]), bool(ts_ok[i]),
+                    cats[ci[i]], names[ni[i]], bytes(xs[i].args), async_keys.get(i)) for i in be_idx]
         keep = np.ones(n, dtype=bool)
         keep[be_idx] = False
         xs = [e for e, k in zip(xs, keep.tolist()) if k]

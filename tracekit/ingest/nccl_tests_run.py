@@ -63,7 +63,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.store import SCHEMA_VERSION
-from tracekit.errors import StoreError
+from tracekit.errors import FileError, StoreError
 from tracekit.ingest.attribute import dtype_bytes, wire_bytes_for
 from tracekit.ingest.nccl_tests import NcclTestsGroup, parse_nccl_tests
 from tracekit.store import combined_digest

@@ -433,6 +433,9 @@ def read_nsys_report(
                 # e.g. a column of an unexpected type or layout in an export version tracekit does not know
                 raise FileError(path, f"cannot read this Nsight Systems export ({msg})") from None
             raise FileError(path, f"corrupt or unreadable SQLite database ({msg})") from None
+        except UnicodeDecodeError as exc:  # SQLite's own message quoting damaged bytes of the schema
+            raise FileError(path, f"corrupt or unreadable SQLite database (its schema holds invalid UTF-8: "
+                                  f"{exc.reason})") from None
     finally:
         for rd in readers:
             rd.close()

@@ -616,14 +616,16 @@ def print_by_size(report: dict, console) -> None:
 
 def print_report(report: dict, console=None) -> None:
     """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
-    from tracekit.report.textfmt import output_console
+    from tracekit.report.textfmt import literal, output_console
 
     console = console or output_console(120)
     run = report["run"]
-    console.print(
-        f"[bold]run[/bold] {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
+    from rich.text import Text
+
+    console.print(Text.assemble(("run", "bold"), literal(
+        f" {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
         f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
-    )
+    )))
     print_cpu_side(report, console)
     offs = [r for r in report["ranks"] if r.get("clock_offset_ns")]
     if offs:
@@ -645,7 +647,8 @@ def print_report(report: dict, console=None) -> None:
     _show(console, t)
     print_by_size(report, console)
     if run.get("source") == "nccl_tests":
-        console.print("[dim]nccl-tests log: one row per message size (the log's average time); no timeline to overlap[/dim]")
+        console.print(Text("nccl-tests log: one row per message size (the log's average time); no timeline to overlap",
+                       style="dim"))
     t = _table("Overlap per rank (whole trace)")
     for col in ("rank", "comm ms", compute_header(report), "overlap ms", "exposed comm ms", "overlap ratio"):
         t.add_column(col, justify="right")
@@ -813,7 +816,7 @@ def print_report(report: dict, console=None) -> None:
     print_bubbles(report, console)
     print_critical_path(report, console)
     for w in report["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(Text.assemble(("warning:", "yellow"), " " + literal(str(w))))
 
 
 # -- CPU-only ranks, CPU-side collectives, same-stream overlaps (tracekit.ingest.linkpass) ---------

@@ -206,12 +206,15 @@ def print_diff(diff: dict, console=None) -> None:
     """Render a :func:`diff_runs` result as rich tables (A → B side by side, Δ after)."""
     from rich.table import Table
 
-    from tracekit.report.textfmt import output_console
+    from rich.text import Text
+
+    from tracekit.report.textfmt import literal, output_console
 
     console = console or output_console(160)
     a_id, b_id = diff["run_a"]["run_id"], diff["run_b"]["run_id"]
-    console.print(f"[bold]diff[/bold] A = {a_id} ({diff['run_a'].get('workload')}, {diff['run_a'].get('world_size')} ranks)"
-                  f"  →  B = {b_id} ({diff['run_b'].get('workload')}, {diff['run_b'].get('world_size')} ranks)")
+    console.print(Text.assemble(("diff", "bold"), literal(
+        f" A = {a_id} ({diff['run_a'].get('workload')}, {diff['run_a'].get('world_size')} ranks)"
+        f"  →  B = {b_id} ({diff['run_b'].get('workload')}, {diff['run_b'].get('world_size')} ranks)")))
     for side, meta in (("A", diff["run_a"]), ("B", diff["run_b"])):
         if meta.get("timeline") is False:
             console.print(f"{side} ({meta['run_id']}) has no timeline (a benchmark log: each size's measured time only): "

@@ -15,12 +15,57 @@ NONE = "—"
 
 
 def output_console(piped_width: int):
-    """A rich console for a command's output: the terminal's width on a terminal; when the output is
-    piped or redirected, ``$COLUMNS`` if it is set to a number, else ``piped_width`` (not rich's 80,
-    which would fold the tables)."""
-    from rich.console import Console
+    """A rich console for a command's output (:func:`literal_console`): the terminal's width on a
+    terminal; when the output is piped or redirected, ``$COLUMNS`` if it is set to a number, else
+    ``piped_width`` (not rich's 80, which would fold the tables)."""
+    return literal_console() if sys.stdout.isatty() else literal_console(width=piped_width_of(piped_width))
 
-    return Console() if sys.stdout.isatty() else Console(width=piped_width_of(piped_width))
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def literal(s: str) -> str:
+    """``s`` with every control character (C0, DEL, C1, and the Unicode line/paragraph separators)
+    written as a visible escape: a newline as ``\\n``, a tab as ``\\t``, ESC as ``\\x1b``,
+    U+2028 as ``\\u2028``. Text from a trace, a run config or a query result can then neither
+    break a table row nor send a terminal control sequence."""
+    if not _CONTROL.search(s):
+        return s
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group()) or (
+        f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}"), s)
+
+
+def literal_console(**kwargs):
+    """A rich Console that prints data as it is: no markup (``[bold]`` or ``[/pg]`` is text), no
+    emoji codes (``:smile:`` is text), no highlighting, and control characters escaped
+    (:func:`literal`) in every string it renders, table cells included. Styled text is passed as
+    :class:`rich.text.Text` (its plain text is escaped too). ``kwargs`` go to Console."""
+    from rich.console import Console
+    from rich.text import Text
+
+    class _LiteralConsole(Console):
+        def render_str(self, text, **kw):  # every str printed or put in a table passes here
+            kw["markup"], kw["emoji"], kw["highlight"] = False, False, False
+            return super().render_str(literal(text), **kw)
+
+        def print(self, *objects, **kw):
+            objects = tuple(_literal_text(o) if isinstance(o, Text) else o for o in objects)
+            super().print(*objects, **kw)
+
+    kwargs.setdefault("markup", False)
+    kwargs.setdefault("emoji", False)
+    kwargs.setdefault("highlight", False)
+    return _LiteralConsole(**kwargs)
+
+
+def _literal_text(t):
+    """A rich Text with control characters escaped (:func:`literal`); the same object if it has none."""
+    from rich.text import Text
+
+    if not _CONTROL.search(t.plain):
+        return t
+    return Text(literal(t.plain), style=t.style)
 
 
 def piped_width_of(default: int) -> int:

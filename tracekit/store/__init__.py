@@ -46,7 +46,7 @@ CLIP_TOLERANCE_NS = 100
 """Overlaps of consecutive GPU ops on one stream up to this are clock noise: kept and counted
 (the ranks' ``same_stream_overlaps``), not clipped (tracekit.ingest.linkpass)."""
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # whole names: a trailing newline does not pass
 
 RUNS_SCHEMA = pa.schema(
     [
@@ -258,6 +258,7 @@ class AnalysisConnection:
         self._pins: list[int] = []  # shared locks on the run versions the views read (Store.pin)
         self.bound_files: list[str] = []  # every Parquet file the store's views read (tracekit.sqlshell)
         self.run_tables: dict[str, set[str]] = {}  # run id → the TABLES it has files of
+        self.damaged_runs: dict[str, str] = {}  # run id → why it was left out (Store.connect of every run)
         self.memory_limit = limit
         con.execute(f"SET memory_limit = '{limit}B'")
 
@@ -399,7 +400,7 @@ def sql_file_list(paths: Iterable[str | os.PathLike]) -> str:
 
 def check_run_id(run_id: str) -> str:
     """Return ``run_id`` if it is a safe directory name, else raise StoreError."""
-    if not RUN_ID_RE.match(run_id or ""):
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
         raise StoreError(
             f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (at most 128 characters)"
         )
@@ -452,7 +453,7 @@ class Store:
         if not self.runs_dir.is_dir():
             return []
         return sorted(p.name for p in self.runs_dir.iterdir()
-                      if RUN_ID_RE.match(p.name) and p.is_dir() and (p / "run.parquet").exists())
+                      if RUN_ID_RE.fullmatch(p.name) and p.is_dir() and (p / "run.parquet").exists())
 
     def has_run(self, run_id: str) -> bool:
         return (self.run_dir(run_id) / "run.parquet").exists()
@@ -477,6 +478,9 @@ class Store:
         when connecting, pinned (:meth:`pin`) until ``con.close()``: a replace meanwhile leaves
         it in place; ``con.run_tables``: run id → the tables it has files of. The analyses are not
         here: ``tracekit.analyses.connect(store, ...)`` adds them.
+        A run whose run, ranks or collectives file is damaged (not readable Parquet, foreign
+        columns) raises StoreError when it is named in ``run_ids``; with every run (``run_ids``
+        None) it is left out, the others read, and ``con.damaged_runs`` says why (run id → message).
         Raises StoreError if a run was written by a newer major schema version.
         """
         import duckdb
@@ -509,7 +513,12 @@ class Store:
             for t in ("run.parquet", "ranks.parquet", "collectives.parquet"):
                 schema = next(s for pattern, s in TABLES.values() if pattern == t)
                 if (d / t).exists() and (why := _parquet_problem(d / t, schema)) is not None:
-                    raise StoreError(f"{d / t}: {why}; the run {rid!r} is damaged: ingest it again with --replace")
+                    msg = f"{d / t}: {why}; the run {rid!r} is damaged: ingest it again with --replace"
+                    if run_ids is not None:  # asked for by name: that run cannot be read
+                        raise StoreError(msg)
+                    con.damaged_runs[rid] = msg  # every run: the others are read without it
+                    break
+        ids = [rid for rid in ids if rid not in con.damaged_runs]
         for table, files in self.table_files(ids, dirs).items():
             files = [f for f in files if f not in damaged]
             schema = TABLES[table][1]
@@ -595,7 +604,11 @@ class Store:
             # ParquetFile, not read_table (which imports pyarrow.dataset and pandas at startup);
             # created_at compared as integer ns since the epoch, not as a Python datetime (converting
             # a tz-aware timestamp imports pandas too; a cast imports pyarrow.compute)
-            t = pq.ParquetFile(self.run_dir(rid) / "run.parquet").read(columns=["created_at", "workload", "source"])
+            try:
+                t = pq.ParquetFile(self.run_dir(rid) / "run.parquet").read(columns=["created_at", "workload", "source"])
+                t.column("created_at")[0]
+            except (OSError, pa.ArrowException, IndexError, KeyError):  # a damaged run: not the newest of anything
+                continue
             if workload is not None and (t.column("workload")[0].as_py() != workload
                                          or t.column("source")[0].as_py() == "nccl_tests"):
                 continue
@@ -619,7 +632,10 @@ class Store:
             f = self.run_dir(rid) / "ranks.parquet"
             if not f.exists():
                 continue
-            have = sorted(x for x in pq.ParquetFile(f).read(columns=["source_sha256"]).column(0).to_pylist() if x)
+            try:
+                have = sorted(x for x in pq.ParquetFile(f).read(columns=["source_sha256"]).column(0).to_pylist() if x)
+            except (OSError, pa.ArrowException, KeyError):  # a damaged run matches nothing
+                continue
             if have and (have == want or have == [combined_digest(want)]):
                 return rid
         return None
@@ -763,7 +779,7 @@ def _remove_unread(d: Path) -> None:
 def _next_version(runs: Path, run_id: str) -> int:
     n = 0
     for p in runs.iterdir():
-        m = _VERSION_RE.match(p.name)
+        m = _VERSION_RE.fullmatch(p.name)
         if m and m["id"] == run_id:
             n = max(n, int(m["n"]) + 1)
     return n
@@ -806,12 +822,12 @@ def recover(store: "Store") -> None:
     for p in entries:
         name = p.name
         try:
-            if _LINK_RE.match(name):
+            if _LINK_RE.fullmatch(name):
                 if p.is_symlink():
                     fs.unlink(p)
                 else:
                     _remove_unread(p)
-            elif m := _ASIDE_RE.match(name):
+            elif m := _ASIDE_RE.fullmatch(name):
                 dest = runs / m["id"]
                 if os.path.lexists(dest):
                     fs.rmtree(p)
@@ -820,7 +836,7 @@ def recover(store: "Store") -> None:
         except OSError:
             pass
     for p in entries:
-        m = _VERSION_RE.match(p.name)
+        m = _VERSION_RE.fullmatch(p.name)
         if not m or not p.is_dir() or p.is_symlink():
             continue
         try:
@@ -934,7 +950,7 @@ class Staging:
             old = os.readlink(dest)
             fs.rename(link, dest)  # atomic: readers see the old target or the new one
             old_name = old[len(_LINK_TARGET):] if old.startswith(_LINK_TARGET) else ""
-            return versions / old_name if _VERSION_RE.match(old_name) else ""
+            return versions / old_name if _VERSION_RE.fullmatch(old_name) else ""
         try:
             fs.exchange(link, dest)  # a plain run directory (older stores) swapped with the link
             return link  # now the old directory
