@@ -29,7 +29,7 @@ PIPELINE = (
     "instance_rows",         # SQL: _instance_calls, the macro collective_instance_rows
     "collective_instances",  # Python: the table, built in parts
     "collective_bandwidth",
-    "collective_waits",      # SQL: collective_waits, collective_duplicates (read __instance_calls)
+    "collective_waits",      # SQL: collective_waits, collective_duplicates, mismatched (read __instance_calls)
     "collective_samples",
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (the fit and reference read the class)
     "fit",                   # Python: alpha_beta_fit
@@ -196,6 +196,8 @@ def register_udfs(con) -> None:
                                                (nvls) only when sw (an NVLink/NVSwitch preset)
     tk_best_time(op, D, n, α, β, sw) → DOUBLE  its time, s
     tk_pipeline_bubble(p, m) → DOUBLE          GPipe/1F1B bubble fraction (p−1)/(m+p−1) (Huang et al. 2019)
+    tk_device_peak_gbps(device) → DOUBLE       nominal per-direction GB/s of the device's intra-node link
+                                               (the busbw cap; NULL for an unknown device)
     tk_size_bucket(S) → BIGINT                 power-of-two size bucket, largest 2^k <= S (a macro:
                                                tracekit.model.size_bucket, SIZE_BUCKET_SQL)
     """
@@ -304,6 +306,17 @@ def register_udfs(con) -> None:
     reg("tk_best_time", lambda op, d, n, a, b, sw: best(op, d, n, a, b, sw).time_s,
         ["VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "DOUBLE", "BOOLEAN"], "DOUBLE")
     reg("tk_pipeline_bubble", lambda p, m: pipeline_bubble_fraction(int(p), int(m)), ["BIGINT", "BIGINT"], "DOUBLE")
+
+    def device_peak_gbps(device):
+        # the nominal per-direction rate of the device's intra-node link (tracekit.model.device_presets,
+        # LINK_PRESETS: vendor data sheets), GB/s: no rank's busbw over any link of it can exceed this
+        from tracekit.model.links import LINK_PRESETS, device_presets
+
+        got = device_presets(device)
+        return None if got is None else LINK_PRESETS[got[0]].nominal_Bps / 1e9
+
+    con.create_function("tk_device_peak_gbps", per_distinct(device_peak_gbps, "DOUBLE"), ["VARCHAR"], "DOUBLE",
+                        type="arrow", null_handling="special")
     from tracekit.model import SIZE_BUCKET_SQL
 
     con.execute(SIZE_BUCKET_SQL)

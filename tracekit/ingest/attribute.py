@@ -272,7 +272,63 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             if sp is not None:
                 row["in_splits_raw"], row["out_splits_raw"] = sp
                 break
+    row["shape_k"] = group_size_from_shapes(op, enclosing, meta, row.get("in_splits_raw"))
     return row
+
+
+_GATHER_OUT_IN = ("c10d::_allgather_base", "c10d::allgather_into_tensor")
+_SCATTER_OUT_IN = ("c10d::_reduce_scatter_base", "c10d::reduce_scatter_tensor")
+
+
+def _dims_numel(d: Any) -> int | None:
+    """Elements of one tensor's dims (``[8192, 64]`` → 524,288); None unless a non-empty list of ints."""
+    if not isinstance(d, list) or not d or not all(int_or_none(x, 0) is not None for x in d):
+        return None
+    return math.prod(d)
+
+
+def _ratio(big: int | None, small: int | None) -> int | None:
+    """big / small when both are positive, small divides big exactly and the ratio is at least 2
+    (a ratio of 1 is also what a trace that records one count for both tensors shows), else None."""
+    if not big or not small or big % small or big // small < 2:
+        return None
+    return big // small
+
+
+def group_size_from_shapes(op: str | None, enclosing: list[dict], meta: dict | None, splits_raw) -> int | None:
+    """The group size k that the launching call's own tensors imply, or None when they imply none.
+
+    - all_gather: the output holds k inputs (``output = k × input``, torch.distributed
+      ``all_gather_into_tensor``'s contract): ``c10d::_allgather_base_`` /
+      ``c10d::allgather_into_tensor*`` with ``Input Dims`` (output, input), or ``Out msg nelems`` /
+      ``In msg nelems`` of metadata without a group size;
+    - reduce_scatter: the input holds k outputs (``c10d::_reduce_scatter_base_`` /
+      ``c10d::reduce_scatter_tensor*``, (output, input); or the metadata's element counts);
+    - all_to_all: one split per peer, the rank's own included (``In split size`` / the
+      ``c10d::alltoall_base_`` split lists; an empty list says even splits and no k).
+
+    Only an exact integer ratio counts; ``enclosing`` innermost first, ``meta`` the metadata row
+    :func:`_resolve` took sizes from (or None).
+    """
+    if op == "all_to_all":
+        splits, cut = parse_split_list(splits_raw)
+        return len(splits) if splits and not cut else None
+    if op not in ("all_gather", "reduce_scatter"):
+        return None
+    names = _GATHER_OUT_IN if op == "all_gather" else _SCATTER_OUT_IN
+    for r in enclosing:
+        if str(r.get("name", "")).startswith(names):
+            dims = r.get("input_dims")
+            if isinstance(dims, list) and len(dims) >= 2:
+                out, inp = _dims_numel(dims[0]), _dims_numel(dims[1])
+                k = _ratio(out, inp) if op == "all_gather" else _ratio(inp, out)
+                if k is not None:
+                    return k
+    if meta is not None:
+        i = int_or_none(meta.get("in_nelems"), 1, 2**53)
+        o = int_or_none(meta.get("out_nelems"), 1, 2**53)
+        return _ratio(o, i) if op == "all_gather" else _ratio(i, o)
+    return None
 
 
 def _pg_name(meta: dict) -> str | None:
@@ -693,25 +749,39 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
     op = res["op"]
     pg_name = res.get("pg_name")
     pg_ranks = res.get("pg_ranks")
+    # k_source (module docstring of this function's caller; DESIGN "group size"): the most specific
+    # evidence first — the call's metadata, its tensors' shapes, its group's recorded membership,
+    # the world size last (a guess: a sub-group's call would be counted as the world's)
+    k_source = "metadata" if (res.get("group_size") or pg_ranks) else None
+    guessed_pg = False
     if not pg_ranks and pg_name is not None and pg_name in pg_config:
         pg_ranks = pg_config[pg_name]
     if pg_name is None:
         pg_name = "0" if "0" in pg_config else "default"
-        if not pg_ranks:
-            pg_ranks = pg_config.get(pg_name)
+        guessed_pg = True
     group_size = res.get("group_size")
+    shape_k = res.get("shape_k")
+    if group_size is None and not res.get("pg_ranks") and shape_k:
+        group_size, k_source = shape_k, "shapes"
+        if pg_ranks and len(pg_ranks) != shape_k:
+            pg_ranks = None  # the group named (or guessed) is not the one the tensors describe
+    if group_size is None and not pg_ranks and guessed_pg:
+        pg_ranks = pg_config.get(pg_name)
+        if pg_ranks:
+            k_source = "world"  # the default group's membership: the call's own group is unknown
     approx = bool(res.get("approx"))
     if group_size is None and pg_ranks:
         group_size = len(pg_ranks)
-    if group_size is None:
-        group_size = world_size
+        k_source = k_source or "membership"
+    if group_size is None and world_size:
+        group_size, k_source = world_size, "world"
         if res.get("all_gather_shard"):
             approx = True
-    if not pg_ranks:
+    if not pg_ranks and world_size:
         pg_ranks = list(range(world_size)) if group_size == world_size else None
     size = res.get("size_bytes")
     if res.get("all_gather_shard") and size is not None:
-        size = size * group_size
+        size = size * group_size if group_size else None
     in_splits, a1 = parse_split_list(res.get("in_splits_raw"))
     out_splits, a2 = parse_split_list(res.get("out_splits_raw"))
     approx = approx or a1 or a2
@@ -742,4 +812,5 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
         meta_source=res["meta_source"],
         approx=approx,
         issue_ts_ns=issue_ts if issue_ts is not None else sp["ts_ns"],
+        k_source=k_source if group_size else None,
     )

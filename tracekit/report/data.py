@@ -188,10 +188,10 @@ def build_report(
     waits = dict(con.execute("SELECT op, sum(wait_ns) FROM collective_waits WHERE run_id = ? GROUP BY op", p).fetchall())
     flags = {op: (inc, dis) for op, inc, dis in con.execute(
         "SELECT op, count(*) FILTER (WHERE NOT complete), count(*) FILTER (WHERE disagree) "
-        "FROM collective_instances WHERE run_id = ? GROUP BY op", p).fetchall()}
+        "FROM collective_instances WHERE run_id = ? AND NOT mismatched GROUP BY op", p).fetchall()}
     for r in by_op:
         r["total_wait_ns"] = waits.get(r["op"])
-        r["incomplete"], r["disagreeing"] = flags[r["op"]]
+        r["incomplete"], r["disagreeing"] = flags.get(r["op"], (0, 0))
 
     per_rank_calls = _rows(
         con,
@@ -211,7 +211,7 @@ def build_report(
         """
         SELECT count(*) AS instances, count(*) FILTER (WHERE complete) AS complete,
                count(*) FILTER (WHERE NOT complete) AS incomplete, count(*) FILTER (WHERE disagree) AS disagreeing
-        FROM collective_instances WHERE run_id = ?
+        FROM collective_instances WHERE run_id = ? AND NOT mismatched
         """,
         p,
     )[0]
@@ -221,7 +221,7 @@ def build_report(
         con,
         f"""
         SELECT pg_name, seq, op, size_bytes, group_size, straggler, skew_ns, sync_time_ns
-        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1
+        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1 AND NOT mismatched AND skew_ns IS NOT NULL
         ORDER BY skew_ns DESC, pg_name, seq LIMIT {TOP_STRAGGLERS}
         """,
         p,
@@ -235,7 +235,7 @@ def build_report(
         SELECT i.straggler AS rank, count(*) AS times_last, sum(w.imposed_ns) AS wait_caused_ns,
                sum(i.skew_ns) AS skew_sum_ns
         FROM collective_instances i JOIN w USING (pg_name, seq)
-        WHERE i.run_id = ? AND i.ranks_seen > 1
+        WHERE i.run_id = ? AND i.ranks_seen > 1 AND NOT i.mismatched
         GROUP BY i.straggler ORDER BY wait_caused_ns DESC, rank
         """,
         [run_id, run_id],
@@ -353,6 +353,12 @@ def build_report(
     process_groups = _rows(
         con, "SELECT * EXCLUDE (run_id) FROM process_groups WHERE run_id = ? ORDER BY dimension, pg_name", p)
     named = {g["pg_name"]: g for g in process_groups}
+    for g in process_groups:
+        g["by_size"] = []
+    for r in _rows(con, "SELECT * EXCLUDE (run_id) FROM process_group_sizes WHERE run_id = ? "
+                        "ORDER BY pg_name, op, bucket_bytes", p):  # statistics per op and size bucket
+        if r["pg_name"] in named:
+            named[r["pg_name"]]["by_size"].append({k: v for k, v in r.items() if k != "pg_name"})
     for f in fit:  # the fitted group's description and dimension (process_groups), None for a class
         g = named.get(f["pg_name"]) or {}
         f["description"], f["dimension"] = g.get("description"), g.get("dimension")
@@ -376,6 +382,9 @@ def build_report(
         )
     if inst["disagreeing"]:
         warnings.append(f"{inst['disagreeing']} collective instance(s) where ranks disagree on op or size")
+    mismatched = mismatched_section(con, run_id)
+    if mismatched:
+        warnings.append(mismatched_line(mismatched))
     for d in degraded:
         hosts = d.get("hosts") or "hosts not recorded"
         warnings.append(
@@ -431,6 +440,7 @@ def build_report(
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
         critical_path=critical_path_section(con, run_id, critical_path),
+        mismatched=mismatched,
     )
 
 
@@ -1145,3 +1155,29 @@ def print_critical_path(report: dict, console) -> None:
                       fmt_pct(r["share"]))
         t.caption = "share = time on the paths / the paths' summed length (gaps are in no event)"
         _show(console, t)
+
+
+MISMATCHED_SHOWN = 5
+"""Mismatched instances named in the report's one line (all of them are in the JSON)."""
+
+
+def mismatched_section(con, run_id: str) -> list[dict]:
+    """The run's mismatched instances (the view ``mismatched``: ranks whose calls at one (group,
+    window, seq) disagree on op or size), ordered by group and seq: dicts of pg_name, win, seq,
+    ranks, ops, sizes (bytes). Such instances are left out of every count, wait, straggler,
+    bandwidth, fit and verdict of the report."""
+    return _rows(con, "SELECT * EXCLUDE (run_id) FROM mismatched WHERE run_id = ? ORDER BY pg_name, win, seq",
+                 [run_id])
+
+
+def mismatched_line(rows: list[dict]) -> str:
+    """The report's one line about mismatched instances: how many, and the first few as
+    ``group g seq s: rank r op size, ...``."""
+    def one(m):
+        calls = ", ".join(f"rank {r} {o or '?'} {fmt_bytes(z) if z is not None else '?'}"
+                          for r, o, z in zip(m["ranks"], m["ops"], m["sizes"]))
+        return f"group {m['pg_name']} seq {m['seq']}: {calls}"
+    shown = "; ".join(one(m) for m in rows[:MISMATCHED_SHOWN])
+    more = f"; and {len(rows) - MISMATCHED_SHOWN} more" if len(rows) > MISMATCHED_SHOWN else ""
+    return (f"{len(rows)} mismatched instance(s) (ranks' calls disagree on op or size; left out of counts, "
+            f"waits, stragglers, bandwidth, fits, verdicts and the critical path): {shown}{more}")
