@@ -155,6 +155,7 @@ best AS MATERIALIZED (
 SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, sync_time_ns, skew_ns,
        reference, ref_note,
        CASE WHEN async_cpu THEN 'async call: no transfer time in this trace'
+            WHEN group_size IS NULL THEN 'group size unknown (no metadata, tensor shapes or world size in the trace)'
             WHEN judged AND sync_time_ns IS NULL THEN
                  'no sync time: the ranks'' clocks disagree by more than the transfer, or conflicting spans'
             WHEN verdict_basis IS NOT NULL THEN NULL

@@ -62,6 +62,7 @@ class RankTask:
     world_size: int
     pg_config: dict
     user_kernels: tuple = ()
+    world_known: bool = True  # False: no trace declares world_size and one file was given (k unknown, not 1)
 
 
 @dataclass
@@ -345,7 +346,8 @@ def assemble_rank(task: RankTask) -> RankResult:
             gpu_note = f"GPU time breakdown not stored at ingest ({exc})"
         meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
-            run_id, rank, meta, lk.launches, world_size=task.world_size, pg_config=task.pg_config, cpu_only=cpu_only,
+            run_id, rank, meta, lk.launches, world_size=task.world_size if task.world_known else None,
+            pg_config=task.pg_config, cpu_only=cpu_only,
             calls=lk.cpu_calls,
         )
         facts: list = []
@@ -423,7 +425,8 @@ def finish_run(
     (stage / "events").mkdir()
     order = sorted(zip(results, ranks, raw_files), key=lambda t: t[1])
     tasks = [RankTask(rf, rank, str(Path(raw).resolve()), str((stage / "events" / f"rank={rank}.parquet").resolve()),
-                      run_id, world_size, pg_config, tuple(user_kernels)) for rf, rank, raw in order]
+                      run_id, world_size, pg_config, tuple(user_kernels), _world_known(results))
+             for rf, rank, raw in order]
     names = [str(rf.path) for rf, _, _ in order]
     done = (engine or LocalEngine(1, False)).map(assemble_rank, tasks, names, progress)
     # per rank: (rank, its collectives table); memory linear in the run's collectives
@@ -600,6 +603,13 @@ def _check_one_timeline(extent: dict, results, ranks) -> None:
             f"starts {gap_s:,.3f} s after {Path(early[2]).name} ends: not the same run "
             "(or clocks of different hosts: try --align collectives)",
         )
+
+
+def _world_known(results) -> bool:
+    """Whether the world size is evidence: some trace declares it (distributedInfo.world_size), or
+    several rank files were given. One file that declares none says nothing about its group."""
+    return len(results) > 1 or any(isinstance(r.meta.get("distributedInfo"), dict)
+                                   and isinstance(r.meta["distributedInfo"].get("world_size"), int) for r in results)
 
 
 def _world_size(results, ranks) -> int:

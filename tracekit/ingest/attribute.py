@@ -344,7 +344,7 @@ def build_collectives(
     meta,
     launches,
     *,
-    world_size: int,
+    world_size: int | None,
     pg_config: dict[str, list[int]],
     cpu_only: bool,
     calls=None,
@@ -356,7 +356,11 @@ def build_collectives(
     ``launches`` (a :class:`tracekit.ingest.linkpass.ById`) maps a comm kernel's event_id →
     (pid, tid, launch ts, launch end) of its runtime launch call, via ``lookup``;
     kernels missing from it were launched outside the capture. ``pg_config`` maps process-group
-    name → global ranks (from ``distributedInfo.pg_config``). ``seq`` is left null where the
+    name → global ranks (from ``distributedInfo.pg_config``); ``world_size`` None when no trace
+    declares it (one file: a call whose group nothing else names then has group_size null, never 1).
+    Each row's ``k_source`` says where its group size came from (:func:`_finish_row`: the call's
+    metadata, its tensors' shapes (:func:`group_size_from_shapes`), its group's recorded membership,
+    the world size). ``seq`` is left null where the
     trace has none (:func:`tracekit.ingest.assemble.rank_collectives` numbers it).
 
     CPU-side collectives (``cpu_only``: the rank's trace has no GPU activity), one rule: the

@@ -178,7 +178,9 @@ def build_report(
         SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
                count(DISTINCT tk_size_bucket(size_bytes)) AS size_buckets,
                min(size_bytes) AS min_size_bytes, max(size_bytes) AS max_size_bytes,
-               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes
+               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes,
+               count(*) FILTER (WHERE over_cap) AS over_cap, max(cap_gbps) AS cap_gbps,
+               count(*) FILTER (WHERE k_source = 'world') AS k_world
         FROM collective_bandwidth
         WHERE run_id = ?
         GROUP BY op ORDER BY count(*) DESC, op
@@ -382,6 +384,16 @@ def build_report(
         )
     if inst["disagreeing"]:
         warnings.append(f"{inst['disagreeing']} collective instance(s) where ranks disagree on op or size")
+    for r in by_op:
+        if r.get("over_cap"):
+            warnings.append(
+                f"{r['op']}: {r['over_cap']} instance(s) with a busbw that would exceed the device's physical cap "
+                f"({fmt_num(r['cap_gbps'])} GB/s per direction, its fastest link): a wrong group size or size, "
+                "clocks that disagree, or an in-switch reduction — marked ! in the tables")
+    k_world = sum(r.get("k_world") or 0 for r in by_op)
+    if k_world:
+        warnings.append(f"{k_world} instance(s) whose group size is the world size (k_source 'world': no metadata, "
+                        "tensor shapes or group membership in the trace names their group): their busbw assumes it")
     mismatched = mismatched_section(con, run_id)
     if mismatched:
         warnings.append(mismatched_line(mismatched))
@@ -625,15 +637,22 @@ def print_report(report: dict, console=None) -> None:
     for col in ("op", "count", "total bytes", "size buckets", "peak busbw GB/s", "at size", "total wait ms",
                 "incomplete"):
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
+    notes = []
     for r in report["collectives"]:
         t.add_row(
             r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), str(r["size_buckets"]),
-            fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["peak_busbw_size_bytes"]), fmt_ms(r["total_wait_ns"]),
-            str(r["incomplete"]),
+            fmt_num(r["peak_busbw_gbps"]) + ("!" if _over_cap(r) else ""), fmt_bytes(r["peak_busbw_size_bytes"]),
+            fmt_ms(r["total_wait_ns"]), str(r["incomplete"]),
         )
+    if any(_over_cap(r) for r in report["collectives"]):
+        notes.append("! = above the device's physical cap (see the warnings): not a rate the hardware carries")
+    if any(r["total_wait_ns"] is None for r in report["collectives"]):
+        notes.append("total wait — : fewer than two ranks of the group recorded its calls, no wait can be measured")
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
-        t.caption = f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here"
+        notes.append(f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here")
+    if notes:
+        t.caption = "; ".join(notes)
     _show(con, t)
     print_by_size(report, con)
     if run.get("source") == "nccl_tests":
@@ -1181,3 +1200,8 @@ def mismatched_line(rows: list[dict]) -> str:
     more = f"; and {len(rows) - MISMATCHED_SHOWN} more" if len(rows) > MISMATCHED_SHOWN else ""
     return (f"{len(rows)} mismatched instance(s) (ranks' calls disagree on op or size; left out of counts, "
             f"waits, stragglers, bandwidth, fits, verdicts and the critical path): {shown}{more}")
+
+
+def _over_cap(r: dict) -> bool:
+    """Whether a by-op row's peak busbw exceeds its device's physical cap (collective_bandwidth.cap_gbps)."""
+    return r.get("peak_busbw_gbps") is not None and r.get("cap_gbps") is not None and r["peak_busbw_gbps"] > r["cap_gbps"]
