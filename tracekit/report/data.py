@@ -791,10 +791,12 @@ def print_report(report: dict, console=None) -> None:
         for col in ("rank", "gap ms", "skew ms", "transfer ms", "exposure ms"):
             t.add_column(col, justify="right")
         for r in rows:
-            t.add_row(str(r["rank"]), fmt_ms(r.get("gap_ns")), fmt_ms(r.get("gap_skew_ns")), fmt_ms(r.get("gap_transfer_ns")),
-                      fmt_ms(r.get("gap_exposure_ns")))
+            t.add_row(str(r["rank"]), fmt_ms(r.get("gap_ns")), *(fmt_ms(_to_fix(r.get(k))) for k in (
+                "gap_skew_ns", "gap_transfer_ns", "gap_exposure_ns")))
         t.caption = ("gap = measured exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond "
-                     "the α–β model) + exposure (what the overlap model would hide, minus what was hidden)")
+                     "the α–β model) + exposure (what the overlap model would hide, minus what was hidden); a part "
+                     "below the model shows 0 (nothing to fix there; --json keeps its signed value); — : not "
+                     "measurable (waits need two ranks of a group)")
         _show(con, t)
     if report.get("model_by_dimension"):
         t = _table("Measured vs model per dimension (means over ranks, per step; each dimension's overlap model)")
@@ -1094,6 +1096,8 @@ def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[st
     summary = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_summary WHERE run_id = ? "
                          "ORDER BY step, rank", [run_id])
     total = sum(r["length_ns"] for r in summary)
+    for r in summary:
+        r["longer_than_step"] = longer_than_step(r)
     top = _rows(con, """
         SELECT name, class, count(*) AS events, count(DISTINCT event_rank) AS ranks, sum(on_path_ns) AS on_path_ns
         FROM critical_path WHERE run_id = ? AND on_path_ns > 0
@@ -1155,9 +1159,13 @@ def print_critical_path(report: dict, console) -> None:
         t.add_column(col, justify="right")
     for r in shown:
         n = r["length_ns"] or None
-        t.add_row("—" if r["step"] is None else str(r["step"]), str(r["rank"]), fmt_ms(r["length_ns"]),
+        t.add_row("—" if r["step"] is None else str(r["step"]), str(r["rank"]),
+                  fmt_ms(r["length_ns"]) + ("*" if r.get("longer_than_step") else ""),
                   fmt_ms(r["window_ns"]), *(fmt_pct(None if n is None else r[k] / n) for k in PATH_PARTS))
     more = f"; {len(shown)} of {len(rows)} rows (all in --json)" if len(rows) > len(shown) else ""
+    why = sorted({r["longer_than_step"] for r in shown if r.get("longer_than_step")})
+    if why:
+        more += "; * path longer than the step: " + "; ".join(why)
     t.caption = ("the chain of stream order, launches, host thread order, syncs and collective last arrivals that "
                  "ends at the rank's last event of the step; comm = communication after the last arrival; "
                  "straggler = the path on other ranks' work; CPU = runtime calls and host code; idle = a launched "
@@ -1205,3 +1213,21 @@ def mismatched_line(rows: list[dict]) -> str:
 def _over_cap(r: dict) -> bool:
     """Whether a by-op row's peak busbw exceeds its device's physical cap (collective_bandwidth.cap_gbps)."""
     return r.get("peak_busbw_gbps") is not None and r.get("cap_gbps") is not None and r["peak_busbw_gbps"] > r["cap_gbps"]
+
+
+def _to_fix(ns):
+    """A gap part as "which part to fix" shows it: None stays None (not measurable), a part below the
+    model (negative: ahead of it) is 0, nothing to fix."""
+    return None if ns is None else max(0.0, ns)
+
+
+def longer_than_step(r: dict) -> str | None:
+    """Why a critical_path_summary row's path is longer than the rank's own step span (length_ns >
+    window_ns), or None when it is not: it starts on another rank's work (a straggler's, entered
+    through a collective's last arrival) or before the rank's first event of the step (work the
+    previous step left running)."""
+    if r.get("length_ns") is None or r.get("window_ns") is None or r["length_ns"] <= r["window_ns"]:
+        return None
+    if r.get("other_ranks") or r.get("straggler_ns"):
+        return "it starts on another rank's work before this rank's step began (a straggler)"
+    return "it starts before the rank's first event of the step (work the previous step left running)"
