@@ -492,7 +492,7 @@ def finish_run(
     algo_proto = sorted({ap for _, t in tables for ap in zip(t.column("algo").to_pylist(),
                                                              t.column("proto").to_pylist())}, key=str)
     run_row = _run_row(run_id, results, [dict(algo=a, proto=p) for a, p in algo_proto], world_size, workload,
-                       config, source)
+                       config, source, lambda: _backend_from_names(stage / "events"))
     run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
     pq.write_table(pa.Table.from_pylist([run_row], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
     shutil.rmtree(stage / "duckdb-tmp", ignore_errors=True)
@@ -633,7 +633,25 @@ def _pg_config(results) -> dict[str, list[int]]:
     return out
 
 
-def _run_row(run_id, results, rows, world_size, workload, config, source) -> dict:
+def _backend_from_names(events_dir: Path) -> str | None:
+    """The backend the run's collective calls name (``nccl:*`` → nccl, ``rccl:*`` → rccl, ``gloo:*``
+    → gloo; the most named), from the staged events files; None when they name none. Read only
+    for a run whose traces declare no backend (legacy traces): one scan of the name column."""
+    import duckdb
+
+    from tracekit.store import sql_file_list
+
+    files = sorted(str(f) for f in Path(events_dir).glob("*.parquet"))
+    if not files:
+        return None
+    got = duckdb.connect().execute(
+        f"SELECT split_part(name, ':', 1) AS b, count(*) AS n FROM read_parquet({sql_file_list(files)}) "
+        "WHERE name LIKE 'nccl:%' OR name LIKE 'rccl:%' OR name LIKE 'gloo:%' GROUP BY b ORDER BY n DESC, b LIMIT 1"
+    ).fetchone()
+    return None if got is None else got[0]
+
+
+def _run_row(run_id, results, rows, world_size, workload, config, source, names_backend=None) -> dict:
     from datetime import datetime, timezone
 
     meta = results[0].meta if results else {}
@@ -645,6 +663,8 @@ def _run_row(run_id, results, rows, world_size, workload, config, source) -> dic
     backend = di.get("backend")
     if isinstance(device_name, str) and ("AMD" in device_name or "Instinct" in device_name) and backend == "nccl":
         backend = "rccl"
+    if (not isinstance(backend, str) or not backend) and names_backend is not None:
+        backend = names_backend()  # the calls' own names (nccl:all_reduce...) before the guesses below
     if not isinstance(backend, str) or not backend:
         if any(r.get("algo") or r.get("proto") for r in rows):
             backend = "nccl"

@@ -145,6 +145,9 @@ _CATEGORY_BITS = {
     "memset": _C_GPU_OP | _C_MEMORY,
     "sync": _C_SYNC,
     "cpu_op": _C_CPU_OP,
+    # no category at all (kineto's reader: "other"): a legacy autograd-profiler trace, whose events
+    # are CPU ops without "cat"; classed by the same CPU-only rule as today's cpu_op rows
+    "other": _C_CPU_OP,
 }
 # name → bits
 _N_CPU_ONLY_COMM, _N_SYNC, _N_COLLECTIVE_CPU, _N_NULL, _N_GLOO_P2P, _N_CALL = 1, 2, 4, 8, 16, 32

@@ -596,7 +596,7 @@ def print_by_size(report: dict, con) -> None:
         t.add_column(col, justify="left" if col in ("op", "class", "run", "bound") else "right", no_wrap=(col == "op"))
     for r in rows:
         bound = (r["verdict"] or "—").replace("-bound", "") + ("*" if (r["verdicts"] or 0) > 1 else "")
-        t.add_row(r["op"], str(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
+        t.add_row(r["op"], _k(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
                   *((bench_label(r["bench_run"]),) if runs else ()),
                   size_label(r["bucket_bytes"]), str(r["count"]), fmt_us(r["median_sync_time_ns"]),
                   fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
@@ -613,7 +613,7 @@ def print_by_size(report: dict, con) -> None:
         for col in ("op", "k") + (("run",) if runs else ()) + ("peak busbw GB/s", "at size", "sizes"):
             t.add_column(col, justify="left" if col in ("op", "run") else "right")
         for r in report["peak_busbw"]:
-            t.add_row(r["op"], str(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
+            t.add_row(r["op"], _k(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
                       fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["at_size_bytes"]), str(r["size_buckets"]))
         _show(con, t)
 
@@ -694,7 +694,7 @@ def print_report(report: dict, console=None) -> None:
                 f"{fmt_num(None if r['alpha_hi_s'] is None else r['alpha_hi_s'] * 1e6)})")
             beta = "—" if r["beta_gbps"] is None or not shown else (
                 f"{r['beta_gbps']:,.2f} ({fmt_num(r['beta_lo_gbps'])}–{fmt_num(r['beta_hi_gbps']) if r['beta_hi_gbps'] is not None else '∞'})")
-            t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), f"{r['n_used']}/{r['n_samples']}",
+            t.add_row(r["op"], _k(r["group_size"]), fit_group_label(r), f"{r['n_used']}/{r['n_samples']}",
                       str(r.get("n_sizes") or 0), alpha,
                       fmt_us(None if r["fixed_latency_s"] is None or not shown else r["fixed_latency_s"] * 1e9), beta)
         _show(con, t)
@@ -704,7 +704,7 @@ def print_report(report: dict, console=None) -> None:
                          no_wrap=(col == "op"))
         for r in report["fit"]:
             status = r["status"] + (f": {r['status_reason']}" if r.get("status_reason") else "")
-            t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), LOCALITY_SHORT.get(r["locality"], "?"),
+            t.add_row(r["op"], _k(r["group_size"]), fit_group_label(r), LOCALITY_SHORT.get(r["locality"], "?"),
                       fmt_bytes(r["crossover_bytes"] if r["status"] != "insufficient" else None),
                       fmt_bytes(r["n_half_bytes"] if r["status"] != "insufficient" else None),
                       f"{fmt_pct(r['residual_spread'])} ({fmt_pct(r.get('size_spread'))})", status)
@@ -719,7 +719,7 @@ def print_report(report: dict, console=None) -> None:
             t.add_column(col, justify="left" if col in ("op", "class", "reference", "note") else "right")
         for r in report["references"]:
             note = r["no_model_reason"] if r["kind"] is None else (r["note"] or "")
-            t.add_row(r["op"], str(r["group_size"]), LOCALITY_SHORT.get(r["locality"], "?"), str(r["instances"]),
+            t.add_row(r["op"], _k(r["group_size"]), LOCALITY_SHORT.get(r["locality"], "?"), str(r["instances"]),
                       r["reference"] + (f" [{r['kind']}]" if r["kind"] else ""), note or "")
         _show(con, t)
         t = _table("The references' α and β, fixed latency and boundary D*")
@@ -729,7 +729,7 @@ def print_report(report: dict, console=None) -> None:
             if r["kind"] is None:
                 continue
             short = r["kind"] if r["kind"] in ("sweep", "nccl_tests") else r["reference"]  # run ids are long
-            t.add_row(r["op"], str(r["group_size"]), short, fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
+            t.add_row(r["op"], _k(r["group_size"]), short, fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
                       fmt_us(r["fixed_latency_ns"]), fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]),
                       fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
@@ -755,7 +755,7 @@ def print_report(report: dict, console=None) -> None:
         for col in ("op", "k") + (("class",) if classes else ()) + ("size ≥", "link", "link µs", "efficiency", "regime"):
             t.add_column(col, justify="left" if col in ("op", "class", "link", "regime") else "right")
         for r in eff:
-            t.add_row(r["op"], str(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
+            t.add_row(r["op"], _k(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
                       size_label(r["bucket_bytes"]), r["link"],
                       fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]), r["link_regime"] or "—")
         t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
@@ -1231,3 +1231,9 @@ def longer_than_step(r: dict) -> str | None:
     if r.get("other_ranks") or r.get("straggler_ns"):
         return "it starts on another rank's work before this rank's step began (a straggler)"
     return "it starts before the rank's first event of the step (work the previous step left running)"
+
+
+def _k(group_size) -> str:
+    """A group size as the terminal tables show it: "—" when unknown (no metadata, tensor shapes,
+    membership or world size gave one)."""
+    return "—" if group_size is None else str(group_size)
