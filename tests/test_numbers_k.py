@@ -188,3 +188,46 @@ def test_critical_path_has_no_edge_through_a_mismatched_instance(mismatch):
         "WHERE c.seq IN (4, 5)").fetchone()
     assert crossed == (0,)
     assert con.execute("SELECT count(*) FROM _cp_arrivals").fetchone() == (6,)  # rank 0 of each good instance
+
+
+def test_group_size_from_shapes():
+    from tracekit.ingest.attribute import group_size_from_shapes as k
+
+    ag = {"name": "c10d::_allgather_base_", "input_dims": [[65536, 64], [8192, 64], []]}
+    rs = {"name": "c10d::_reduce_scatter_base_", "input_dims": [[8192, 384], [65536, 384], [], [], []]}
+    into = {"name": "c10d::allgather_into_tensor_coalesced_", "input_dims": [[96], [24]]}
+    assert k("all_gather", [ag], None, None) == 8
+    assert k("reduce_scatter", [rs], None, None) == 8
+    assert k("all_gather", [into], None, None) == 4
+    assert k("all_gather", [rs], None, None) is None  # not a gather's op
+    assert k("all_gather", [{"name": "c10d::_allgather_base_", "input_dims": [[100], [30]]}], None, None) is None  # 100/30
+    assert k("all_gather", [], {"in_nelems": 512, "out_nelems": 2048}, None) == 4  # record_param_comms counts
+    assert k("all_gather", [], {"in_nelems": 512, "out_nelems": 512}, None) is None  # one count for both: no k
+    assert k("reduce_scatter", [], {"in_nelems": 4096, "out_nelems": 256}, None) == 16
+    assert k("all_to_all", [], None, "[3, 1, 2, 2]") == 4  # one split per peer
+    assert k("all_to_all", [], None, "[]") is None  # even splits name no k
+    assert k("all_reduce", [ag], None, None) is None
+
+
+def _finish(res, world_size=16, pg_config=None):
+    from tracekit.ingest.attribute import _finish_row
+
+    base = dict(op="all_gather", meta_source="cpu_op_dims", size_bytes=1024, nbytes=4)
+    row = _finish_row("r", 0, {"event_id": 1, "ts_ns": 0, "dur_ns": 1}, dict(base, **res), 0, world_size,
+                      pg_config or {})
+    return row["group_size"], row["k_source"]
+
+
+def test_group_size_evidence_in_order():
+    # metadata first, over the shapes
+    assert _finish(dict(group_size=4, shape_k=8)) == (4, "metadata")
+    assert _finish(dict(pg_ranks=[0, 1], shape_k=8)) == (2, "metadata")
+    # then the shapes, over the group's recorded membership and the world
+    assert _finish(dict(pg_name="7", shape_k=8), pg_config={"7": [0, 1, 2, 3]}) == (8, "shapes")
+    # then the membership of the group the call names
+    assert _finish(dict(pg_name="7"), pg_config={"7": [0, 1, 2, 3]}) == (4, "membership")
+    # the default group's membership or the world size: a guess, flagged
+    assert _finish(dict(), pg_config={"0": list(range(16))}) == (16, "world")
+    assert _finish(dict()) == (16, "world")
+    # nothing at all: unknown, not 1
+    assert _finish(dict(), world_size=None) == (None, None)

@@ -647,7 +647,9 @@ def print_report(report: dict, console=None) -> None:
     if any(_over_cap(r) for r in report["collectives"]):
         notes.append("! = above the device's physical cap (see the warnings): not a rate the hardware carries")
     if any(r["total_wait_ns"] is None for r in report["collectives"]):
-        notes.append("total wait — : fewer than two ranks of the group recorded its calls, no wait can be measured")
+        notes.append("total wait — : a nccl-tests log holds per-size averages, no rank's arrival"
+                     if run.get("source") == "nccl_tests" else
+                     "total wait — : fewer than two ranks of the group recorded its calls, no wait can be measured")
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
         notes.append(f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here")
