@@ -227,7 +227,8 @@ def test_group_size_evidence_in_order():
     # then the membership of the group the call names
     assert _finish(dict(pg_name="7"), pg_config={"7": [0, 1, 2, 3]}) == (4, "membership")
     # the default group's membership or the world size: a guess, flagged
-    assert _finish(dict(), pg_config={"0": list(range(16))}) == (16, "world")
+    assert _finish(dict(), pg_config={"0": list(range(16)), "1": [0, 1]}) == (16, "world")
+    assert _finish(dict(), pg_config={"0": list(range(16))}) == (16, "membership")  # the rank's only group
     assert _finish(dict()) == (16, "world")
     # nothing at all: unknown, not 1
     assert _finish(dict(), world_size=None) == (None, None)

@@ -120,7 +120,7 @@ def test_p2p_pair_inferred_along_its_dimension():
     import duckdb
 
     con = duckdb.connect()
-    con.execute("CREATE TABLE runs AS SELECT 'r' AS run_id, ? AS config",
+    con.execute("CREATE TABLE runs AS SELECT 'r' AS run_id, ? AS config, 'kineto' AS source",
                 [json.dumps({"parallel_layout": {"order": "tp-dp-pp", "tp": 2, "dp": 2, "pp": 2}})])
     pairs = {"p2p:0->4": [0, 4], "p2p:0->2": [0, 2], "p2p:2->1": [2, 1], "p2p:5->4": [5, 4]}
     con.execute("CREATE TABLE collectives (run_id VARCHAR, rank INTEGER, event_id BIGINT, pg_name VARCHAR, "

@@ -31,7 +31,8 @@
 --                               instances left out, as in every count)
 -- incomplete          BIGINT    instances that are NOT collective_instances.complete (the one definition)
 -- bytes               BIGINT    Σ size_bytes over instances (nccl-tests S), bytes
--- sync_time_ns        DOUBLE    Σ sync_time_ns over instances, ns
+-- sync_time_ns        DOUBLE    Σ sync_time_ns over instances, ns; NULL for a nccl-tests log (its rows are
+--                               per-size averages of a benchmark, not time the job spent)
 -- median_sync_time_ns DOUBLE    median sync_time_ns over instances, ns, when the group ran one op in one
 --                               size bucket (tk_size_bucket); NULL otherwise (a median across ops and
 --                               sizes describes no call): see process_group_sizes
@@ -119,14 +120,16 @@ SELECT c.run_id, c.pg_name, d.description,
             ELSE coalesce(i.dim, 'other') END AS dimension,
        c.group_size, c.ranks, c.ops, c.calls,
        coalesce(n.instances, 0) AS instances, coalesce(n.incomplete, 0) AS incomplete,
-       n.bytes, n.sync_time_ns, n.median_sync_time_ns,
+       n.bytes, CASE WHEN NOT coalesce(rr.source = 'nccl_tests', false) THEN n.sync_time_ns END AS sync_time_ns,
+       n.median_sync_time_ns,
        c.comm_ns, coalesce(o.overlap_ns, 0)::BIGINT AS overlap_ns,
        CASE WHEN c.comm_ns > 0 THEN coalesce(o.overlap_ns, 0) / c.comm_ns END AS overlap_fraction
 FROM calls c
 LEFT JOIN _pg_desc d USING (run_id, pg_name)
 LEFT JOIN inferred i USING (run_id, pg_name)
 LEFT JOIN inst n USING (run_id, pg_name)
-LEFT JOIN ov o USING (run_id, pg_name);
+LEFT JOIN ov o USING (run_id, pg_name)
+LEFT JOIN runs rr ON rr.run_id = c.run_id;
 
 
 -- process_group_sizes: per run, process group, op and power-of-two size bucket (tk_size_bucket), the

@@ -771,8 +771,8 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
             pg_ranks = None  # the group named (or guessed) is not the one the tensors describe
     if group_size is None and not pg_ranks and guessed_pg:
         pg_ranks = pg_config.get(pg_name)
-        if pg_ranks:
-            k_source = "world"  # the default group's membership: the call's own group is unknown
+        if pg_ranks:  # the default group's membership: exact when it is the rank's only group
+            k_source = "membership" if len(pg_config) == 1 else "world"
     approx = bool(res.get("approx"))
     if group_size is None and pg_ranks:
         group_size = len(pg_ranks)

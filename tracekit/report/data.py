@@ -468,7 +468,10 @@ def by_dimension(groups: list[dict]) -> list[dict]:
         d["groups"] += 1
         for k in ("calls", "instances", "incomplete", "bytes", "sync_time_ns", "comm_ns", "overlap_ns"):
             d[k] += g[k] or 0
+        d["_sync_known"] = d.get("_sync_known", False) or g["sync_time_ns"] is not None
     for d in out.values():
+        if not d.pop("_sync_known"):
+            d["sync_time_ns"] = None  # no group of the dimension has a sync time (one rank each, a log): unknown
         d["overlap_fraction"] = d["overlap_ns"] / d["comm_ns"] if d["comm_ns"] else None
     return sorted(out.values(), key=lambda d: (d["dimension"] == "other", d["dimension"]))
 
