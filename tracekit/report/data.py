@@ -114,7 +114,11 @@ def build_report(
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),
     ``collectives`` (per op: count, bytes, size range and buckets, peak busbw and the size it was
-    reached at, total wait; nothing is a median across sizes), ``by_size`` (per op, group size,
+    reached at (``peak_lower_bound``: it is an incomplete instance's, a lower bound), total wait (None
+    when no wait can be measured), ``over_cap`` (instances whose busbw exceeds ``cap_gbps``, the
+    device's fastest link), ``k_world`` (instances whose k is the world size); mismatched instances
+    left out of every count; nothing is a median across sizes), ``mismatched``
+    (:func:`mismatched_section`), ``by_size`` (per op, group size,
     locality class (instance_locality), benchmark run of a nccl-tests log (``bench_run``, else None) and power-of-two size bucket
     (``bucket_bytes``, tracekit.model.size_bucket): count, medians within the bucket of sync time,
     algbw, busbw, the reference's predicted time and efficiency, peak busbw, the most frequent
@@ -180,6 +184,7 @@ def build_report(
                min(size_bytes) AS min_size_bytes, max(size_bytes) AS max_size_bytes,
                max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes,
                count(*) FILTER (WHERE over_cap) AS over_cap, max(cap_gbps) AS cap_gbps,
+               NOT arg_max(complete, busbw_gbps) AS peak_lower_bound,
                count(*) FILTER (WHERE k_source = 'world') AS k_world
         FROM collective_bandwidth
         WHERE run_id = ?
@@ -644,9 +649,13 @@ def print_report(report: dict, console=None) -> None:
     for r in report["collectives"]:
         t.add_row(
             r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), str(r["size_buckets"]),
-            fmt_num(r["peak_busbw_gbps"]) + ("!" if _over_cap(r) else ""), fmt_bytes(r["peak_busbw_size_bytes"]),
+            ("≥" if r.get("peak_lower_bound") else "") + fmt_num(r["peak_busbw_gbps"]) + ("!" if _over_cap(r) else ""),
+            fmt_bytes(r["peak_busbw_size_bytes"]),
             fmt_ms(r["total_wait_ns"]), str(r["incomplete"]),
         )
+    if any(r.get("peak_lower_bound") for r in report["collectives"]):
+        notes.append("≥ = the peak of an incomplete instance: its sync time holds the wait for ranks not recorded, "
+                     "so the busbw is a lower bound")
     if any(_over_cap(r) for r in report["collectives"]):
         notes.append("! = above the device's physical cap (see the warnings): not a rate the hardware carries")
     if any(r["total_wait_ns"] is None for r in report["collectives"]):
