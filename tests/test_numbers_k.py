@@ -124,6 +124,9 @@ def test_report_flags_world_k_and_over_cap(subgroup, tmp_path):
     text = subprocess.run([sys.executable, "-m", "tracekit", "analyze", "--store", str(store.path)],
                           capture_output=True, text=True, check=True).stdout
     assert "!" in text.split("Collectives per op (")[1].split("\n\n")[0]  # the peak is marked, not bare
+    by_size = text.split("Collectives per op and size")[1].split("\n\n")[0]
+    rs = [line for line in by_size.splitlines() if line.startswith("reduce_scatter")]
+    assert rs and all("!" in line for line in rs)
 
 
 def _mismatch_rank(rank: int) -> list:

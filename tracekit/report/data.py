@@ -265,9 +265,10 @@ def build_report(
         "pg_name, seq, locality, size_bytes, group_size, sync_time_ns, skew_ns, predicted_ns, fit_predicted_ns, "
         "link_predicted_ns, best_algo, best_predicted_ns, ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, "
         "crossover_bytes, link, link_crossover_bytes, tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps, "
-        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes "
+        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes, "
+        "(SELECT tk_device_peak_gbps(device_name) FROM runs WHERE run_id = ?) AS cap_gbps "
         "FROM collective_verdicts WHERE run_id = ?",
-        p,
+        [run_id, run_id],
     )
     verdicts = _rows(
         con,
@@ -304,7 +305,7 @@ def build_report(
         SELECT op, group_size, locality, {bench} AS bench_run, bucket_bytes, count(*) AS count,
                count(DISTINCT size_bytes) AS sizes,
                median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
-               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps,
+               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps, max(cap_gbps) AS cap_gbps,
                median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
                mode(verdict) AS verdict, count(DISTINCT verdict) AS verdicts,
                count(DISTINCT coalesce(reference, 'no model')) AS references,
@@ -607,13 +608,16 @@ def print_by_size(report: dict, con) -> None:
         t.add_row(r["op"], _k(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
                   *((bench_label(r["bench_run"]),) if runs else ()),
                   size_label(r["bucket_bytes"]), str(r["count"]), fmt_us(r["median_sync_time_ns"]),
-                  fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
+                  fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]),
+                  ("!" if _over_cap(r) else "") + fmt_num(r["peak_busbw_gbps"]),
                   fmt_us(r["median_predicted_ns"]) + mixed(r), fmt_num(r["median_efficiency"]) + mixed(r), bound)
     t.caption = ("algbw, busbw GB/s (nccl-tests rules); model, eff: the verdicts' reference (predicted / measured; "
                  "† = medians over groups judged against different references: see the references below); "
                  "bound: the most frequent verdict (* = the bucket holds several)"
                  + ("; eff > 1: faster than the reference predicts (a pessimistic reference for that op and size, "
-                    "e.g. a preset's α)" if any((r["median_efficiency"] or 0) > 1 for r in rows) else ""))
+                    "e.g. a preset's α)" if any((r["median_efficiency"] or 0) > 1 for r in rows) else "")
+                 + ("; ! = above the device's physical cap (see the warnings)" if any(_over_cap(r) for r in rows)
+                    else ""))
     _show(con, t)
     workload, source = report["run"].get("workload"), report["run"].get("source")
     if (workload == "sweep" or source == "nccl_tests") and report.get("peak_busbw"):
@@ -649,7 +653,7 @@ def print_report(report: dict, console=None) -> None:
     for r in report["collectives"]:
         t.add_row(
             r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), str(r["size_buckets"]),
-            ("≥" if r.get("peak_lower_bound") else "") + fmt_num(r["peak_busbw_gbps"]) + ("!" if _over_cap(r) else ""),
+            ("!" if _over_cap(r) else "") + ("≥" if r.get("peak_lower_bound") else "") + fmt_num(r["peak_busbw_gbps"]),
             fmt_bytes(r["peak_busbw_size_bytes"]),
             fmt_ms(r["total_wait_ns"]), str(r["incomplete"]),
         )
