@@ -55,6 +55,7 @@ def test_one_rank_of_eight_has_no_wait_skew_or_straggler(one_of_8):
     rep = json.loads(_run(one_of_8, "--json"))
     (ar,) = rep["collectives"]
     assert ar["total_wait_ns"] is None and ar["incomplete"] == 3
+    assert set(rep["null_reasons"]) >= {"collectives.total_wait_ns", "stragglers"}
     assert rep["stragglers"] == [] and rep["straggler_ranks"] == []
     # one definition of incomplete: the by-op table, the instances and the process groups agree
     assert rep["instances"]["incomplete"] == 3

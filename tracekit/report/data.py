@@ -118,7 +118,8 @@ def build_report(
     when no wait can be measured), ``over_cap`` (instances whose busbw exceeds ``cap_gbps``, the
     device's fastest link), ``k_world`` (instances whose k is the world size); mismatched instances
     left out of every count; nothing is a median across sizes), ``mismatched``
-    (:func:`mismatched_section`), ``by_size`` (per op, group size,
+    (:func:`mismatched_section`), ``null_reasons`` (section.column → why its nulls are null, once per
+    section), ``by_size`` (per op, group size,
     locality class (instance_locality), benchmark run of a nccl-tests log (``bench_run``, else None) and power-of-two size bucket
     (``bucket_bytes``, tracekit.model.size_bucket): count, medians within the bucket of sync time,
     algbw, busbw, the reference's predicted time and efficiency, peak busbw, the most frequent
@@ -400,6 +401,19 @@ def build_report(
     if k_world:
         warnings.append(f"{k_world} instance(s) whose group size is the world size (k_source 'world': no metadata, "
                         "tensor shapes or group membership in the trace names their group): their busbw assumes it")
+    null_reasons = {}  # section → why its nulls are null (once per section; the terminal shows "—")
+    if any(r["total_wait_ns"] is None for r in by_op):
+        null_reasons["collectives.total_wait_ns"] = (
+            "a nccl-tests log holds per-size averages, no rank's arrival" if is_log else
+            "fewer than two ranks of the group recorded its calls: no wait can be measured")
+    if inst.get("instances") and not stragglers and not is_log:
+        null_reasons["stragglers"] = "no instance recorded by two or more ranks of its group: no skew, no straggler"
+    if any(m.get("wait_ns") is None and m.get("gap_ns") is not None for m in mvm):
+        null_reasons["measured_vs_model.gap_skew_ns"] = (
+            "the rank's calls were recorded by fewer than two ranks of their group: the skew and transfer "
+            "parts of the gap cannot be told apart")
+    if any(r.get("group_size") is None for r in by_size):
+        null_reasons["by_size.group_size"] = "no metadata, tensor shapes, group membership or world size names the group"
     mismatched = mismatched_section(con, run_id)
     if mismatched:
         warnings.append(mismatched_line(mismatched))
@@ -459,6 +473,7 @@ def build_report(
                                     "ORDER BY step, rank", [run_id]),
         critical_path=critical_path_section(con, run_id, critical_path),
         mismatched=mismatched,
+        null_reasons=null_reasons,
     )
 
 
