@@ -235,3 +235,25 @@ def test_group_size_evidence_in_order():
     assert _finish(dict()) == (16, "world")
     # nothing at all: unknown, not 1
     assert _finish(dict(), world_size=None) == (None, None)
+
+
+def test_mismatched_pair_leaves_the_story_as_if_absent(mismatch, tmp_path):
+    """The same two ranks without the crossed calls (seq 4 and 5 removed from both): stragglers,
+    straggler ranks, counts, waits and verdict counts are the same as with them."""
+    d = tmp_path / "without"
+    d.mkdir()
+    for r in range(2):
+        ev = [e for e in _mismatch_rank(r) if e["args"]["Seq"] not in (4, 5)]
+        _write(d / f"rank{r}.json", r, 2, ev, device="Handmade GPU")
+    store = Store(tmp_path / "s")
+    ingest_paths([d], store, run_id="mm")
+
+    def story(st):
+        rep = json.loads(subprocess.run([sys.executable, "-m", "tracekit", "analyze", "--store", str(st.path),
+                                         "--json"], capture_output=True, text=True, check=True).stdout)
+        return (sorted((r["op"], r["count"], r["total_wait_ns"], r["incomplete"]) for r in rep["collectives"]),
+                [(s["seq"], s["op"], s["straggler"], s["skew_ns"], s["sync_time_ns"]) for s in rep["stragglers"]],
+                rep["straggler_ranks"], rep["instances"],
+                sorted((v["op"], v["verdict"], v["count"]) for v in rep["verdicts"]))
+
+    assert story(mismatch) == story(store)
