@@ -40,3 +40,5 @@ def test_run_sql_is_scoped_to_its_run(tmp_path):
     assert got == {"all_reduce": pytest.approx(119.8372571, rel=1e-9), "all_gather": pytest.approx(58.2542222, rel=1e-9)}
     # a second query on the same run, naming another analysis, is scoped too
     assert a.sql("SELECT count(*) FROM collective_waits").fetchall() == [(4,)]
+
+    assert len(a.sql("EXPLAIN SELECT count(*) FROM collective_bandwidth").fetchall()) >= 1

@@ -202,7 +202,7 @@ class Run:
         scoped = con.__dict__.setdefault("_run_scoped", [])  # the views this made (not the store's registered ones)
         while scoped:
             raw.execute(f'DROP VIEW temp.main."{scoped.pop()}"')
-        explain = f"EXPLAIN {query}"
+        explain = query if query.lstrip()[:7].upper() == "EXPLAIN" else f"EXPLAIN {query}"
         con.execute(explain, params) if params else con.execute(explain)  # creates the modules it needs
         (db,) = raw.execute("SELECT current_database()").fetchone()
         rid = self.run_id.replace("'", "''")
