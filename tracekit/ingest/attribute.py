@@ -671,7 +671,8 @@ def _p2p_pair(row: dict, issuer: dict, rank: int) -> None:
     if peer is not None:
         src, dst = (rank, peer) if row["op"] == "send" else (peer, rank)
         row.update(peer=peer, pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2, seq=None,
-                   wire_bytes=row["size_bytes"] if row["op"] == "send" else 0)
+                   wire_bytes=row["size_bytes"] if row["op"] == "send" else 0,
+                   k_source="metadata")  # the call's own peer argument: a pair
 
 
 def _cpu_call_rows(run_id, rank, meta, calls, world_size, pg_config) -> Iterator[dict]:
