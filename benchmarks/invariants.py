@@ -16,7 +16,7 @@ The invariants (a report that breaks one contradicts itself):
   collective_instances;
 - incomplete: the per-op, the run's and the process groups' incomplete counts agree;
 - busbw: every instance's busbw is at most the device's physical cap, or flagged over_cap (and the
-  report warns);
+  report warns); every group size says where it came from (k_source), 'world' only for the world size;
 - critical path: no path longer than its step unless the report says why (``longer_than_step``);
 - no negative durations: collectives, sync times, skews, waits, overlap, GPU time parts, critical
   path parts; "which part to fix" never shows a negative part (the terminal clamps it);
@@ -108,6 +108,10 @@ def analyze(paths: list[Path], store_dir: Path) -> tuple[dict, dict]:
                              JOIN collective_instances i USING (run_id, pg_name, win, seq)
                              WHERE i.ranks_seen < 2 AND i.group_size > 1 AND w.wait_ns IS NOT NULL"""),
             over_cap=q("SELECT count(*) FILTER (WHERE busbw_gbps > cap_gbps AND NOT over_cap) FROM collective_bandwidth"),
+            k_source=q("""SELECT count(*) FILTER (WHERE c.group_size IS NOT NULL AND c.k_source IS NULL),
+                                 count(*) FILTER (WHERE c.k_source = 'world' AND c.group_size <> r.world_size),
+                                 count(*) FILTER (WHERE c.group_size < 1)
+                          FROM collectives c JOIN runs r USING (run_id) WHERE r.source <> 'nccl_tests'"""),
         )
     finally:
         con.close()
@@ -155,6 +159,14 @@ def check(rep: dict, rows: dict) -> list[str]:
     for r in by_op.values():
         if r.get("over_cap") and not any("physical cap" in w and w.startswith(r["op"]) for w in rep.get("warnings") or []):
             bad.append(f"{r['op']}: over_cap instances without a warning")
+    # every group size says where it came from; 'world' is the world size; never below 1
+    no_source, not_world, below_one = rows["k_source"][0]
+    if no_source:
+        bad.append(f"{no_source} collective(s) with a group size and no k_source")
+    if not_world:
+        bad.append(f"{not_world} collective(s) with k_source 'world' whose group size is not the world size")
+    if below_one:
+        bad.append(f"{below_one} collective(s) with a group size below 1")
     # critical path no longer than its step (or the report says why); no negative part
     for r in (rep.get("critical_path") or {}).get("summary") or []:
         if r["length_ns"] is not None and r["window_ns"] is not None and r["length_ns"] > r["window_ns"] \

@@ -71,6 +71,11 @@ def test_the_checks_catch_what_they_claim(good):
         w["negative"] = [("wait_ns", 1)]
     assert any("negative wait_ns" in b for b in broken(negative))
 
+    def k_source(r, w):
+        w["k_source"] = [(1, 1, 0)]
+    got = broken(k_source)
+    assert any("no k_source" in b for b in got) and any("not the world size" in b for b in got)
+
     def cap(r, w):
         w["over_cap"] = [(1,)]
     assert any("without over_cap" in b for b in broken(cap))
