@@ -1312,6 +1312,13 @@ def render_html(data: dict) -> str:
     if sizes:
         runs = [Column("bench_run", "benchmark run")] if any(r["bench_run"] for r in sizes) else []
         runs = ([Column("locality", "class")] if len({r["locality"] for r in sizes}) > 1 else []) + runs
+        # a peak busbw above the device's physical cap is never shown bare: a column says so
+        over = [r.get("peak_busbw_gbps") is not None and r.get("cap_gbps") is not None
+                and r["peak_busbw_gbps"] > r["cap_gbps"] for r in sizes]
+        if any(over):
+            sizes = [dict(r, over_cap_note=f"! above the device's {fmt_num(r['cap_gbps'])} GB/s" if o else "")
+                     for r, o in zip(sizes, over)]
+        flag = [Column("over_cap_note", "physical cap", lambda v: v or "")] if any(over) else []
         tables.insert(0, Table(
             "Per op and message size", [
                 Column("op", "op"), Column("group_size", "k", fmt_num, True), *runs,
@@ -1320,7 +1327,7 @@ def render_html(data: dict) -> str:
                 Column("median_sync_time_ns", "median sync (µs)", fmt_us, True),
                 Column("median_algbw_gbps", "median algbw (GB/s)", fmt_num, True),
                 Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
-                Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True),
+                Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True), *flag,
                 Column("median_predicted_ns", "model (µs)", fmt_us, True),
                 Column("median_efficiency", "efficiency", fmt_num, True),
                 Column("verdict", "verdict (most frequent)", lambda v: v or "—"),
