@@ -257,3 +257,43 @@ def test_mismatched_pair_leaves_the_story_as_if_absent(mismatch, tmp_path):
                 sorted((v["op"], v["verdict"], v["count"]) for v in rep["verdicts"]))
 
     assert story(mismatch) == story(store)
+
+
+def test_html_names_a_peak_above_the_cap(tmp_path):
+    """Two ranks, reduce_scatters of two sizes (k = 2 from the tensors): 100,663,296 B in 100 µs is
+    1006.6 GB/s algbw, × 1/2 = 503.3 GB/s busbw > A100's 300; 25,165,824 B in 100 µs → 125.8 GB/s."""
+    d = tmp_path / "t"
+    d.mkdir()
+    for r in range(2):
+        ev: list = []
+        for n, (rows, ts) in enumerate(((65536, 1000), (16384, 2000))):
+            _call(ev, pid=1, tid=1, corr=n + 1, ts=ts - 10, kernel=RS, k_ts=ts, k_dur=100, cpu_ops=[
+                ("c10d::_reduce_scatter_base_", {"Input Dims": [[rows // 2, 384], [rows, 384], [], [], []],
+                                                 "Input type": ["float", "float", "", "", "Scalar"]})])
+        _write(d / f"rank{r}.json", r, 2, ev)
+    store = Store(tmp_path / "s")
+    ingest_paths([d], store, run_id="h")
+    subprocess.run([sys.executable, "-m", "tracekit", "analyze", "--store", str(store.path), "--html",
+                    str(tmp_path / "r.html")], capture_output=True, text=True, check=True)
+    page = (tmp_path / "r.html").read_text()
+    assert page.count("! above the device&#x27;s 300.00 GB/s") + page.count("! above the device's 300.00 GB/s") == 1
+    con = analyses.connect(store)
+    got = con.execute("SELECT size_bytes, busbw_gbps, over_cap FROM collective_bandwidth ORDER BY size_bytes").fetchall()
+    assert got == [(25165824, pytest.approx(25165824 / 100_000 / 2), False),
+                   (100663296, pytest.approx(100663296 / 100_000 / 2), True)]
+
+
+def test_size_from_c10d_output_input_ops_alone():
+    """Without an nccl:* op, S comes from the c10d (output, input) op's right tensor: the all-gather's
+    output (not × k again), the reduce-scatter's input."""
+    from tracekit.ingest.attribute import _finish_row, _resolve
+
+    def size(kernel, op_row):
+        res = _resolve({"name": kernel, "gpu": True}, [op_row])
+        return _finish_row("r", 0, {"event_id": 1, "ts_ns": 0, "dur_ns": 1}, res, 0, 16, {})["size_bytes"], res["shape_k"]
+
+    ag = {"name": "c10d::_allgather_base_", "input_dims": [[65536, 64], [8192, 64], []], "input_type": ["float", "float", ""]}
+    rs = {"name": "c10d::_reduce_scatter_base_", "input_dims": [[8192, 384], [65536, 384], [], [], []],
+          "input_type": ["float", "float", "", "", "Scalar"]}
+    assert size(AG, ag) == (65536 * 64 * 4, 8)
+    assert size(RS, rs) == (65536 * 384 * 4, 8)

@@ -249,6 +249,14 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
         dt = types[0] if isinstance(types, list) and types else None
         nb = dtype_bytes(dt)
         nel = _numel(dims_row.get("input_dims"))
+        shard = op == "all_gather"  # an nccl:* all-gather's Input Dims are one rank's shard: × k later
+        dims = dims_row.get("input_dims")
+        if str(dims_row.get("name", "")).startswith(_OUT_IN_OPS + _GATHER_OUT_IN + _SCATTER_OUT_IN) \
+                and isinstance(dims, list) and len(dims) >= 2:
+            # c10d's (output, input) ops: S is the all-gather's output, the reduce-scatter's and the
+            # all-to-all's input (nccl-tests' S), never the first tensor whatever the op
+            nel = _dims_numel(dims[0] if op == "all_gather" else dims[1])
+            shard = False
         row.update(
             meta_source="cpu_op_dims",
             dtype=None if dt is None else str(dt),
@@ -260,7 +268,7 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             in_splits_raw=None,
             out_splits_raw=None,
             nbytes=nb,
-            all_gather_shard=(op == "all_gather"),
+            all_gather_shard=shard,
             seq_at=None,
         )
     if "meta_source" not in row:
