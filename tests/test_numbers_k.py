@@ -232,6 +232,15 @@ def test_group_size_evidence_in_order():
     # the default group's membership or the world size: a guess, flagged
     assert _finish(dict(), pg_config={"0": list(range(16)), "1": [0, 1]}) == (16, "world")
     assert _finish(dict(), pg_config={"0": list(range(16))}) == (16, "membership")  # the rank's only group
+    # a GPU kernel is no 1-rank group's: rank 0's groups of 2+ ranks all have 16 → 16 (a CPU call could be the 1-rank one's)
+    from tracekit.ingest.attribute import _finish_row
+    cfg = {"0": list(range(16)), "5": [0]}
+    kernel = _finish_row("r", 0, {"event_id": 1, "ts_ns": 0, "dur_ns": 1, "gpu": True},
+                         dict(op="all_reduce", meta_source="name_only"), 0, 16, cfg)
+    assert (kernel["group_size"], kernel["k_source"]) == (16, "membership")
+    assert _finish(dict(), pg_config=cfg) == (16, "world")
+    # every group of rank 0 has 16 ranks (a group without rank 0 does not count): k = 16 whichever it was
+    assert _finish(dict(), pg_config={"0": list(range(16)), "1": list(range(16)), "2": [5, 6]}) == (16, "membership")
     assert _finish(dict()) == (16, "world")
     # nothing at all: unknown, not 1
     assert _finish(dict(), world_size=None) == (None, None)

@@ -780,8 +780,11 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
             pg_ranks = None  # the group named (or guessed) is not the one the tensors describe
     if group_size is None and not pg_ranks and guessed_pg:
         pg_ranks = pg_config.get(pg_name)
-        if pg_ranks:  # the default group's membership: exact when it is the rank's only group
-            k_source = "membership" if len(pg_config) == 1 else "world"
+        if pg_ranks:  # the default group's membership: exact when every group of the rank has its size
+            # (a GPU kernel is never a 1-rank group's: NCCL launches none for one)
+            least = 2 if sp.get("gpu") is True else 1
+            sizes = {len(v) for v in pg_config.values() if rank in v and len(v) >= least}
+            k_source = "membership" if sizes == {len(pg_ranks)} else "world"
     approx = bool(res.get("approx"))
     if group_size is None and pg_ranks:
         group_size = len(pg_ranks)
