@@ -23,11 +23,11 @@
 -- cap_gbps      DOUBLE   the physical cap: nominal per-direction rate of the run device's intra-node
 --                        link (tk_device_peak_gbps: tracekit.model.links, vendor data sheets), GB/s;
 --                        the fastest link a rank has, so the cap of any locality; NULL: unknown device
+-- complete      BOOLEAN  collective_instances.complete: when false, the sync time still holds the wait for
+--                        ranks not recorded, so algbw and busbw are lower bounds
 -- over_cap      BOOLEAN  busbw_gbps > cap_gbps: not a rate the hardware can carry — a wrong group size
 --                        or size, clocks, or an in-switch reduction (NVLS/SHARP all-reduce); the report
 --                        flags it, never shows it bare. NULL when either is NULL
--- complete      BOOLEAN  collective_instances.complete: when false, the sync time still holds the wait for
---                        ranks not recorded, so algbw and busbw are lower bounds
 -- Mismatched instances (collective_instances.mismatched) are left out; a CPU enqueue of an
 -- asynchronous backend (async_cpu) has sync_time_ns NULL, hence no bandwidth.
 CREATE OR REPLACE VIEW collective_bandwidth AS
