@@ -171,8 +171,10 @@ class Run:
         ``max_bytes`` bytes (defaults ``DEFAULT_MAX_ROWS``, ``DEFAULT_MAX_BYTES``; 0: no limit),
         each with BadInputError; the relation returned reads the result held in memory.
 
-        Every view of ``tracekit sql`` is there (README "Analysis views"), covering this run and
-        the store's calibration runs: filter with ``WHERE run_id = '...'`` (:attr:`run_id`). Columns
+        Every view of ``tracekit sql`` is there (README "Analysis views"), holding this run's rows
+        only (every table and view with a ``run_id`` column is read through a view of it filtered
+        to :attr:`run_id`, so an aggregate over a view is this run's; the analyses are built over
+        the run and the store's calibration runs first, as the report builds them). Columns
         keep the views' names (``*_gbps``). The query runs confined, as ``tracekit sql`` runs it
         (:mod:`tracekit.sqlshell`: SELECT or EXPLAIN of one only, the store's own files only, the
         connection's configuration locked), on a connection of its own.
@@ -194,7 +196,7 @@ class Run:
         from tracekit import sqlshell
 
         try:
-            self._sql_con.analyses.prepare(query)
+            self._scope_to_run(query)  # the analyses it names built, then this run's rows only
             table = sqlshell.fetch_bounded(
                 raw, lambda: raw.sql(query, params=params) if params else raw.sql(query),
                 timeout_s=sqlshell.DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s,
@@ -206,6 +208,24 @@ class Run:
         except duckdb.Error as exc:
             lines = str(exc).splitlines()
             raise BadInputError(f"SQL error: {lines[0] if lines else type(exc).__name__}") from None
+
+    def _scope_to_run(self, query: str) -> None:
+        """Build the analyses ``query`` names over every run of the connection (unscoped), then put
+        a temporary view in front of each table and view with a ``run_id`` column that keeps this
+        run's rows (the same name: DuckDB resolves the temporary schema first)."""
+        con = self._sql_con
+        raw = con.duckdb
+        scoped = self.__dict__.setdefault("_run_scoped", [])  # the views this made (not the store's registered ones)
+        while scoped:
+            raw.execute(f'DROP VIEW temp.main."{scoped.pop()}"')
+        con.analyses.prepare(query)  # creates the modules it names
+        (db,) = raw.execute("SELECT current_database()").fetchone()
+        rid = self.run_id.replace("'", "''")
+        for (name,) in raw.execute(
+                "SELECT DISTINCT table_name FROM duckdb_columns() WHERE database_name = current_database() "
+                "AND schema_name = 'main' AND column_name = 'run_id' AND NOT internal").fetchall():
+            raw.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM "{db}".main."{name}" WHERE run_id = \'{rid}\'')
+            scoped.append(name)
 
     def collectives(self):
         """One row per collective call per rank (the ``collectives`` table), by rank then start.

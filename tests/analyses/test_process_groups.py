@@ -120,7 +120,7 @@ def test_p2p_pair_inferred_along_its_dimension():
     import duckdb
 
     con = duckdb.connect()
-    con.execute("CREATE TABLE runs AS SELECT 'r' AS run_id, ? AS config",
+    con.execute("CREATE TABLE runs AS SELECT 'r' AS run_id, ? AS config, 'kineto' AS source",
                 [json.dumps({"parallel_layout": {"order": "tp-dp-pp", "tp": 2, "dp": 2, "pp": 2}})])
     pairs = {"p2p:0->4": [0, 4], "p2p:0->2": [0, 2], "p2p:2->1": [2, 1], "p2p:5->4": [5, 4]}
     con.execute("CREATE TABLE collectives (run_id VARCHAR, rank INTEGER, event_id BIGINT, pg_name VARCHAR, "
@@ -128,7 +128,10 @@ def test_p2p_pair_inferred_along_its_dimension():
     for i, (name, ranks) in enumerate(pairs.items()):
         con.execute("INSERT INTO collectives VALUES ('r', ?, ?, ?, ?, 2, 'send', 10)", [ranks[0], i, name, ranks])
     con.execute("CREATE TABLE collective_instances AS SELECT 'r' AS run_id, 'x' AS pg_name, true AS complete, "
-                "1::BIGINT AS size_bytes, 1.0::DOUBLE AS sync_time_ns")
+                "1::BIGINT AS size_bytes, 1.0::DOUBLE AS sync_time_ns, 'send' AS op, false AS mismatched")
+    from tracekit.model import SIZE_BUCKET_SQL
+
+    con.execute(SIZE_BUCKET_SQL)
     con.execute("CREATE TABLE collective_overlap AS SELECT 'r' AS run_id, 0 AS rank, 0::BIGINT AS event_id, "
                 "0::BIGINT AS overlap_ns")
     con.execute(analyses.sql_text("process_groups"))

@@ -62,8 +62,10 @@ def test_cpu_side_instances_waits_and_overlap(cpu_nccl):
     _, con = cpu_nccl
     assert con.execute("SELECT pg_name, seq, sync_time_ns, skew_ns, straggler, complete FROM collective_instances "
                        "ORDER BY pg_name, seq").fetchall() == [
-        ("0", 0, 150 * US, 50 * US, 1, True), ("0", 1, 22.5 * US, 20 * US, 0, True),
-        ("p2p:0->1", 0, 40 * US, 20 * US, 0, True)]
+        # NCCL calls on the CPU only enqueue GPU work: no transfer time (sync NULL; NOTE.md's 150, 22.5
+        # and 40 µs are the calls' spans after the last arrival, not transfers)
+        ("0", 0, None, 50 * US, 1, True), ("0", 1, None, 20 * US, 0, True),
+        ("p2p:0->1", 0, None, 20 * US, 0, True)]
     assert con.execute("SELECT pg_name, seq, rank, wait_ns FROM collective_waits ORDER BY ALL").fetchall() == [
         ("0", 0, 0, 50 * US), ("0", 0, 1, 0), ("0", 1, 0, 0), ("0", 1, 1, 20 * US),
         ("p2p:0->1", 0, 0, 0), ("p2p:0->1", 0, 1, 20 * US)]

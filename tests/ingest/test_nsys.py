@@ -262,13 +262,13 @@ def test_nccl_nvtx_range_gives_op_and_size_and_overlap(tmp_path):
     ).fetchone()[0] == 3
 
 
-def test_all_gather_without_group_size_is_scaled_by_world_and_flagged(tmp_path):
+def test_all_gather_without_group_size_or_world_has_no_k(tmp_path):
     p = _nccl_file(tmp_path / "rank0.sqlite", comm_init=False)
     con, _ = _ingest(tmp_path, p)
-    rows = dict(con.execute("SELECT op, (size_bytes, meta_source, approx) FROM collectives").fetchall())
-    assert rows["all_reduce"] == (4096, "record_param_comms", False)
-    # world size 1 (one file): the shard × 1, marked approximate
-    assert rows["all_gather"] == (1024, "cpu_op_dims", True)
+    rows = dict(con.execute("SELECT op, (size_bytes, meta_source, approx, group_size) FROM collectives").fetchall())
+    assert rows["all_reduce"] == (4096, "record_param_comms", False, None)
+    # one file that declares no world size: k unknown (null, not 1), so the shard's S is unknown too
+    assert rows["all_gather"] == (None, "cpu_op_dims", False, None)
 
 
 def test_nccl_kernel_outside_any_range_is_name_only(tmp_path):

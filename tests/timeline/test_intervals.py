@@ -192,6 +192,9 @@ def _instances_of(rows, part_rows, monkeypatch):
     monkeypatch.setattr(ci_mod, "PART_ROWS", part_rows)
     con = duckdb.connect()
     con.register("collectives", pa.Table.from_pylist(rows, schema=COLLECTIVES_SCHEMA))
+    from tracekit.store import RUNS_SCHEMA
+
+    con.register("runs", RUNS_SCHEMA.empty_table())  # instance_rows reads the run's backend and source
     con.execute(modules()["instance_rows"])
     ci_mod.create(con)
     return con.execute("SELECT pg_name, seq, op, dtype, algo, ranks_seen, disagree FROM collective_instances "

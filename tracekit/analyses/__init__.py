@@ -44,12 +44,12 @@ class Module:
 
 MODULES: tuple[Module, ...] = (
     Module("instance_rows", ("_instance_calls", "_most_common", "collective_instance_rows"),
-           ("collectives", "ranks")),
+           ("collectives", "ranks", "runs")),
     Module("collective_instances", ("__instance_calls", "collective_instances"),  # Python: built in parts
            ("_instance_calls", "collective_instance_rows", "collectives")),
-    Module("collective_bandwidth", ("bandwidth_by_size", "collective_bandwidth"), ("collective_instances",)),
-    Module("collective_waits", ("collective_duplicates", "collective_waits"),
-           ("__instance_calls", "collective_instances", "collectives")),
+    Module("collective_bandwidth", ("bandwidth_by_size", "collective_bandwidth"), ("collective_instances", "runs")),
+    Module("collective_waits", ("collective_duplicates", "collective_waits", "mismatched_instances"),
+           ("__instance_calls", "collective_instances", "collectives", "ranks")),
     Module("collective_samples", ("collective_samples",), ("collective_instances", "collectives", "runs")),
     Module("node_locality", ("bandwidth_by_locality", "instance_locality"),
            ("collective_bandwidth", "collective_instances", "collectives", "ranks")),
@@ -62,7 +62,7 @@ MODULES: tuple[Module, ...] = (
                                "_span_overlap_computed", "_summary_missing", "overlap_windows"),
            ("collectives", "events", "overlap_summary", "ranks", "runs", "span_overlap")),
     Module("overlap", ("collective_overlap", "overlap_by_rank", "overlap_by_step"), ("_span_overlap", "overlap_windows")),
-    Module("process_groups", ("_pg_desc", "_pg_layout", "process_groups"),
+    Module("process_groups", ("_pg_desc", "_pg_layout", "process_group_sizes", "process_groups"),
            ("collective_instances", "collective_overlap", "collectives", "ranks", "runs")),
     Module("measured_vs_model", ("measured_vs_model", "measured_vs_model_by_dimension"),  # Python
            ("collective_overlap", "collective_reference", "collective_waits", "collectives", "events",
@@ -77,7 +77,7 @@ MODULES: tuple[Module, ...] = (
                                   "alltoall_matrix_total"), ("collective_instances", "collectives")),
     Module("pipeline_bubbles", ("_pp_runs", "pipeline_bubbles"), ("_overlap_summary", "collectives", "runs")),
     Module("critical_path", ("critical_path", "critical_path_summary"),  # Python: a walk over the events
-           ("_instance_calls", "events", "ranks", "runs")),
+           ("_instance_calls", "collective_instances", "events", "ranks", "runs")),
     Module("overlap_islands", ("_comm_spans", "_compute_spans", "comm_islands", "compute_islands", "overlap_islands"),
            ("events", "intersect_islands", "merge_intervals")),
     Module("gpu_launchers", ("gpu_idle_gaps", "gpu_launchers"), ("events", "ranks")),  # Python; no report reads them
@@ -255,6 +255,8 @@ def register_udfs(con) -> None:
                                                (nvls) only when sw (an NVLink/NVSwitch preset)
     tk_best_time(op, D, n, α, β, sw) → DOUBLE  its time, s
     tk_pipeline_bubble(p, m) → DOUBLE          GPipe/1F1B bubble fraction (p−1)/(m+p−1) (Huang et al. 2019)
+    tk_device_peak_gbps(device) → DOUBLE       nominal per-direction GB/s of the device's intra-node link
+                                               (the busbw cap; NULL for an unknown device)
     tk_size_bucket(S) → BIGINT                 power-of-two size bucket, largest 2^k <= S (a macro:
                                                tracekit.model.size_bucket, SIZE_BUCKET_SQL)
     """
@@ -364,6 +366,17 @@ def register_udfs(con) -> None:
     reg("tk_best_time", lambda op, d, n, a, b, sw: best(op, d, n, a, b, sw).time_s,
         ["VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "DOUBLE", "BOOLEAN"], "DOUBLE")
     reg("tk_pipeline_bubble", lambda p, m: pipeline_bubble_fraction(int(p), int(m)), ["BIGINT", "BIGINT"], "DOUBLE")
+
+    def device_peak_gbps(device):
+        # the nominal per-direction rate of the device's intra-node link (tracekit.model.device_presets,
+        # LINK_PRESETS: vendor data sheets), GB/s: no rank's busbw over any link of it can exceed this
+        from tracekit.model.links import LINK_PRESETS, device_presets
+
+        got = device_presets(device)
+        return None if got is None else LINK_PRESETS[got[0]].nominal_Bps / 1e9
+
+    con.create_function("tk_device_peak_gbps", per_distinct(device_peak_gbps, "DOUBLE"), ["VARCHAR"], "DOUBLE",
+                        type="arrow", null_handling="special")
     from tracekit.model import SIZE_BUCKET_SQL
 
     con.execute(SIZE_BUCKET_SQL)

@@ -6,7 +6,10 @@
 -- A rank's row is its collectives row as matched (analyses/instance_rows.sql: a span written twice
 -- counts once; a rank's rows are matched within their profiler window, key (pg, win, seq)).
 -- Instances in conflict (a rank recorded several different spans for one key) have no waits: no
--- single start is that rank's.
+-- single start is that rank's; nor have mismatched instances (collective_instances.mismatched: the
+-- ranks' calls at the key are different calls, so no rank waited for another at it). An instance
+-- that fewer than two ranks of its group recorded keeps its rows with wait_ns NULL: the wait for
+-- ranks not recorded cannot be measured.
 --
 -- run_id     VARCHAR  run
 -- pg_name    VARCHAR  process group name
@@ -17,15 +20,35 @@
 -- ts_ns      BIGINT   the rank's start, ns
 -- dur_ns     BIGINT   the rank's span duration, ns (wait + transfer)
 -- wait_ns    BIGINT   last_arrival − ts_ns: time spent waiting for the last rank, ns (>= 0: the last
---                     arrival is the latest start of the instance's rows)
+--                     arrival is the latest start of the instance's rows); NULL when fewer than two
+--                     ranks of a group of more recorded the instance
 -- is_straggler BOOLEAN this rank arrived last
 -- win        INTEGER  profiler window (collective_instances.win)
 CREATE OR REPLACE VIEW collective_waits AS
 SELECT c.run_id, c.pg_name, c.seq, c.rank, c.event_id, i.op, c.ts_ns, c.dur_ns,
-       i.last_arrival_ns - c.ts_ns AS wait_ns,
+       CASE WHEN i.skew_ns IS NOT NULL THEN i.last_arrival_ns - c.ts_ns END AS wait_ns,
        (c.rank = i.straggler) AS is_straggler, c.win
 FROM __instance_calls c JOIN collective_instances i USING (run_id, pg_name, win, seq)
-WHERE NOT i.conflict;
+WHERE NOT i.conflict AND NOT i.mismatched;
+
+-- mismatched_instances: one row per instance whose ranks' calls disagree on op or size
+-- (collective_instances.mismatched), with what each rank recorded; these instances are kept out of
+-- the waits, stragglers, counts, fits, verdicts and the critical path.
+-- Reads: __instance_calls, collective_instances
+--
+-- run_id    VARCHAR    run
+-- pg_name   VARCHAR    process group name
+-- win       INTEGER    profiler window
+-- seq       BIGINT     per-group sequence number
+-- ranks     INTEGER[]  the ranks that recorded a call at this key, ascending
+-- ops       VARCHAR[]  each of those ranks' op, in the order of ranks
+-- sizes     BIGINT[]   each of those ranks' size_bytes (nccl-tests S, bytes), in the order of ranks
+CREATE OR REPLACE VIEW mismatched_instances AS
+SELECT c.run_id, c.pg_name, c.win, c.seq, list(c.rank ORDER BY c.rank) AS ranks,
+       list(c.op ORDER BY c.rank) AS ops, list(c.size_bytes ORDER BY c.rank) AS sizes
+FROM __instance_calls c JOIN collective_instances i USING (run_id, pg_name, win, seq)
+WHERE i.mismatched
+GROUP BY c.run_id, c.pg_name, c.win, c.seq;
 
 -- collective_duplicates: what _instance_calls resolved in each rank's repeated (pg, seq) rows,
 -- one row per (run, rank, pg, kind); empty for a trace without repeats. Reads: collectives,

@@ -137,7 +137,10 @@ SELECT rank, event_id, last_rank, last_eid, last_ns FROM (
            first(rank ORDER BY ts_ns DESC, rank) OVER w AS last_rank,
            first(event_id ORDER BY ts_ns DESC, rank) OVER w AS last_eid,
            max(ts_ns) OVER w AS last_ns
-    FROM _instance_calls WHERE run_id = ?
+    FROM _instance_calls c WHERE run_id = ?
+      -- a mismatched instance (collective_instances.mismatched) joins no ranks: no cross-rank edge
+      AND NOT EXISTS (SELECT 1 FROM collective_instances i WHERE i.run_id = c.run_id AND i.pg_name = c.pg_name
+                      AND i.win = c.win AND i.seq = c.seq AND i.mismatched)
     WINDOW w AS (PARTITION BY pg_name, win, seq)
 ) WHERE last_ns > ts_ns
 QUALIFY row_number() OVER (PARTITION BY rank, event_id ORDER BY last_ns DESC, last_rank, last_eid) = 1

@@ -1,6 +1,6 @@
 -- instance_rows: the rows of the table collective_instances (one row per collective call,
 -- matched across the ranks of its process group), one part of the calls at a time.
--- Reads: collectives
+-- Reads: collectives, runs
 --
 -- _instance_calls: the collectives rows that can be matched (op and seq known; a recv counts as
 --   its pair's send), duplicates resolved (below), with the columns win and part = 0.
@@ -40,7 +40,8 @@
 -- size_bytes        BIGINT   nccl-tests S for this op, bytes (max over ranks)
 -- group_size        INTEGER  ranks in the process group
 -- ranks_seen        INTEGER  ranks that recorded the call; < group_size means incomplete
--- complete          BOOLEAN  ranks_seen = group_size
+-- complete          BOOLEAN  ranks_seen = group_size, or a nccl-tests log's row (one row per size, already
+--                            the whole communicator's); NOT complete is "incomplete" in every table
 -- disagree          BOOLEAN  ranks recorded different ops or sizes for this (pg, seq) (send and
 --                            recv of one p2p pair agree; an all-to-all with uneven splits may
 --                            differ in size by rank), or a rank recorded it twice (conflict)
@@ -57,13 +58,26 @@
 -- win               INTEGER  profiler window: 0, or how many times the ranks' seq restarted before
 --                            this call (see above); (run_id, pg_name, win, seq) is the key
 -- conflict          BOOLEAN  some rank recorded this (pg, win, seq) as several different spans
+-- mismatched        BOOLEAN  the ranks' calls at this (pg, win, seq) disagree on op or size (each rank
+--                            recorded one call, but not the same one: the ranks' call orders differ);
+--                            such an instance is listed by the view `mismatched_instances` and left out of
+--                            waits, stragglers, instance counts, fits, verdicts and the critical
+--                            path's cross-rank edges
+-- k_source          VARCHAR  where group_size came from (collectives.k_source; 'world' when any rank's
+--                            came from the world size, else the most common over ranks)
+-- async_cpu         BOOLEAN  every rank's row is a CPU-side call (collectives.cpu_side) of an
+--                            asynchronous backend (runs.backend nccl / rccl): the call only enqueues
+--                            GPU work, so its span holds no transfer time
 --
 -- sync_time_ns is NULL, not negative, when the median of (end_r − last_arrival) is below 0 (ranks'
--- clocks that disagree by more than the transfer) and when conflict.
+-- clocks that disagree by more than the transfer), when conflict, when mismatched and when
+-- async_cpu (a CPU enqueue of an asynchronous backend measures no transfer). skew_ns is NULL when
+-- fewer than two ranks recorded the instance of a group of more (a skew needs two arrivals).
 CREATE OR REPLACE VIEW _instance_calls AS
 WITH r AS (
     SELECT run_id, pg_name, seq, rank, event_id, CASE WHEN op = 'recv' THEN 'send' ELSE op END AS op, dtype, algo,
            size_bytes, group_size, in_splits, approx, ts_ns, dur_ns, coalesce(issue_ts_ns, ts_ns) AS order_ns,
+           k_source, cpu_side,
            row_number() OVER (PARTITION BY run_id, rank, pg_name, seq, op, size_bytes, ts_ns
                               ORDER BY dur_ns DESC, event_id) AS copy_no
     FROM collectives
@@ -82,7 +96,7 @@ w AS (
     FROM s
 )
 SELECT run_id, pg_name, seq, rank, event_id, op, dtype, algo, size_bytes, group_size, in_splits, approx, ts_ns, dur_ns,
-       win, count(*) OVER (PARTITION BY run_id, rank, pg_name, win, seq) AS rank_rows, 0::BIGINT AS part
+       k_source, cpu_side, win, count(*) OVER (PARTITION BY run_id, rank, pg_name, win, seq) AS rank_rows, 0::BIGINT AS part
 FROM w;
 
 -- _most_common(l): the value of list l that occurs most often (ties: the first in sort order), NULLs
@@ -111,7 +125,9 @@ WITH agg AS (
            max(ts_ns) AS last_arrival_ns,
            max(ts_ns + dur_ns) AS last_end_ns,
            list(ts_ns + dur_ns) AS ends,
-           first(rank ORDER BY ts_ns DESC, rank ASC) AS straggler
+           first(rank ORDER BY ts_ns DESC, rank ASC) AS straggler,
+           list(k_source) AS k_sources,
+           bool_and(coalesce(cpu_side, false)) AS all_cpu_side
     FROM query_table(calls)
     WHERE part = p
     GROUP BY run_id, pg_name, win, seq
@@ -121,13 +137,18 @@ a AS (
            _most_common(ops) AS op, _most_common(dtypes) AS dtype, _most_common(algos) AS algo,
            len(list_distinct(ranks))::INTEGER AS ranks_seen,
            (len(list_distinct(ops)) > 1 OR conflict OR coalesce(len(list_distinct(sizes)), 0) > 1) AS disagree,
+           (NOT conflict AND (len(list_distinct(ops)) > 1 OR coalesce(len(list_distinct(sizes)), 0) > 1)) AS mismatched,
+           CASE WHEN list_contains(k_sources, 'world') THEN 'world' ELSE _most_common(k_sources) END AS k_source,
            list_aggregate(list_transform(ends, lambda x: x - last_arrival_ns), 'median')::DOUBLE AS sync_time_ns
     FROM agg
 )
 SELECT run_id, pg_name, seq, op, dtype, size_bytes, group_size, ranks_seen,
-       (ranks_seen = group_size) AS complete, disagree, approx,
+       (ranks_seen = group_size OR is_log) AS complete, disagree, approx,
        first_arrival_ns, last_arrival_ns, last_end_ns,
-       last_arrival_ns - first_arrival_ns AS skew_ns,
-       CASE WHEN NOT conflict AND sync_time_ns >= 0 THEN sync_time_ns END AS sync_time_ns,
-       straggler, algo, win, conflict
-FROM a;
+       CASE WHEN ranks_seen > 1 OR group_size = 1 THEN last_arrival_ns - first_arrival_ns END AS skew_ns,
+       CASE WHEN NOT conflict AND NOT mismatched AND NOT async_cpu AND sync_time_ns >= 0 THEN sync_time_ns END
+           AS sync_time_ns,
+       straggler, algo, win, conflict, mismatched, k_source, async_cpu
+FROM (SELECT a.*, (a.all_cpu_side AND coalesce(r.backend IN ('nccl', 'rccl'), false)) AS async_cpu,
+             coalesce(r.source = 'nccl_tests', false) AS is_log
+      FROM a LEFT JOIN runs r USING (run_id));

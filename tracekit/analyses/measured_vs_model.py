@@ -95,7 +95,8 @@ gap_ratio            DOUBLE   measured exposed / predicted exposed (NULL if pred
 larger               VARCHAR  'measured' or 'model': which side is larger
 bubble_fraction      DOUBLE   pp only: (p−1)/(m+p−1)
 note                 VARCHAR  what the prediction assumed, in words
-wait_ns              DOUBLE   the rank's waiting for stragglers per step, ns (inside comm_ns)
+wait_ns              DOUBLE   the rank's waiting for stragglers per step, ns (inside comm_ns); NULL when
+                              a step's calls were recorded by fewer than two ranks of their group
 gap_ns               DOUBLE   exposed_ns − predicted_exposed_ns, ns per step
 gap_skew_ns          DOUBLE   part of the gap spent waiting for stragglers, ns per step
 gap_transfer_ns      DOUBLE   part of the gap that is transfer beyond the α–β model, ns per step
@@ -271,7 +272,7 @@ def rows_for(con, link: str | None) -> list[dict]:
         f"SELECT w.run_id, w.rank, e.step, sum(w.wait_ns) FROM collective_waits w "
         f"JOIN {CALL_STEPS} e USING (run_id, rank, event_id) GROUP BY ALL"
     ).fetchall():
-        waits[(run_id, rank, step)] = float(w or 0)
+        waits[(run_id, rank, step)] = None if w is None else float(w)  # None: fewer than two ranks recorded
     measured = defaultdict(list)
     for run_id, rank, step, comp, comm, ov, exp in con.execute(
         "SELECT run_id, rank, step, compute_ns, comm_ns, overlap_ns, exposed_comm_ns FROM overlap_by_step "
@@ -336,7 +337,8 @@ def rows_for(con, link: str | None) -> list[dict]:
         row = dict(run_id=run_id, workload=workload, rank=rank, steps=n, compute_ns=c * 1e9,
                    comm_ns=sum(s[2] for s in steps) / n, overlap_ns=sum(s[3] for s in steps) / n,
                    exposed_ns=sum(s[4] for s in steps) / n, model="no_overlap")
-        row["wait_ns"] = min(sum(waits.get((run_id, rank, s[0]), 0.0) for s in steps) / n, row["comm_ns"])
+        got = [waits.get((run_id, rank, s[0]), 0.0) for s in steps]
+        row["wait_ns"] = None if None in got else min(sum(got) / n, row["comm_ns"])  # None: not measurable
         a_alpha, a_beta, n_calls, used, modelled = sums.get((run_id, rank)) or (0.0, 0.0, 0, None, True)
         if used is None or not modelled:
             row.update(note="no α/β for this run's collectives (run a sweep, or pass --link)" if used is None
@@ -399,7 +401,8 @@ def rows_for(con, link: str | None) -> list[dict]:
         row["note"] = note
         row["gap_ns"] = row["exposed_ns"] - row["predicted_exposed_ns"]
         row["gap_skew_ns"] = row["wait_ns"]
-        row["gap_transfer_ns"] = row["comm_ns"] - row["wait_ns"] - row["predicted_comm_ns"]
+        row["gap_transfer_ns"] = (None if row["wait_ns"] is None
+                                  else row["comm_ns"] - row["wait_ns"] - row["predicted_comm_ns"])
         row["gap_exposure_ns"] = row["predicted_comm_ns"] - row["predicted_exposed_ns"] - row["overlap_ns"]
         out.append(row)
     return out

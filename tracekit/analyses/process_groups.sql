@@ -27,11 +27,15 @@
 -- ranks               INTEGER[] the group's global ranks, sorted (as the collectives rows record them)
 -- ops                 VARCHAR   the ops it ran, alphabetical, comma-separated
 -- calls               BIGINT    collectives rows: one per rank per call
--- instances           BIGINT    matched instances (collective_instances rows of the group)
--- incomplete          BIGINT    instances that not every rank of the group recorded
+-- instances           BIGINT    matched instances (collective_instances rows of the group; mismatched
+--                               instances left out, as in every count)
+-- incomplete          BIGINT    instances that are NOT collective_instances.complete (the one definition)
 -- bytes               BIGINT    Σ size_bytes over instances (nccl-tests S), bytes
--- sync_time_ns        DOUBLE    Σ sync_time_ns over instances, ns
--- median_sync_time_ns DOUBLE    median sync_time_ns over instances, ns
+-- sync_time_ns        DOUBLE    Σ sync_time_ns over instances, ns; NULL for a nccl-tests log (its rows are
+--                               per-size averages of a benchmark, not time the job spent)
+-- median_sync_time_ns DOUBLE    median sync_time_ns over instances, ns, when the group ran one op in one
+--                               size bucket (tk_size_bucket); NULL otherwise (a median across ops and
+--                               sizes describes no call): see process_group_sizes
 -- comm_ns             BIGINT    Σ dur_ns of the group's calls over ranks, ns
 -- overlap_ns          BIGINT    Σ over those calls of the part covered by compute (collective_overlap), ns
 -- overlap_fraction    DOUBLE    overlap_ns / comm_ns; NULL when comm_ns = 0
@@ -76,10 +80,14 @@ WITH calls AS (
     GROUP BY run_id, pg_name
 ),
 inst AS (
-    SELECT run_id, pg_name, count(*) AS instances, count(*) FILTER (WHERE NOT complete) AS incomplete,
-           sum(size_bytes)::BIGINT AS bytes, sum(sync_time_ns) AS sync_time_ns,
-           median(sync_time_ns) AS median_sync_time_ns
-    FROM collective_instances GROUP BY run_id, pg_name
+    SELECT i.run_id, i.pg_name, count(*) AS instances, count(*) FILTER (WHERE NOT i.complete) AS incomplete,
+           sum(i.size_bytes)::BIGINT AS bytes, sum(i.sync_time_ns) AS sync_time_ns,
+           -- one median only where it describes one kind of call: a single op in a single size bucket
+           CASE WHEN count(DISTINCT (i.op, tk_size_bucket(i.size_bytes))) = 1 THEN median(i.sync_time_ns) END
+               AS median_sync_time_ns
+    FROM collective_instances i
+    WHERE NOT i.mismatched
+    GROUP BY i.run_id, i.pg_name
 ),
 ov AS (
     SELECT c.run_id, c.pg_name, sum(o.overlap_ns)::BIGINT AS overlap_ns
@@ -112,11 +120,30 @@ SELECT c.run_id, c.pg_name, d.description,
             ELSE coalesce(i.dim, 'other') END AS dimension,
        c.group_size, c.ranks, c.ops, c.calls,
        coalesce(n.instances, 0) AS instances, coalesce(n.incomplete, 0) AS incomplete,
-       n.bytes, n.sync_time_ns, n.median_sync_time_ns,
+       n.bytes, CASE WHEN NOT coalesce(rr.source = 'nccl_tests', false) THEN n.sync_time_ns END AS sync_time_ns,
+       n.median_sync_time_ns,
        c.comm_ns, coalesce(o.overlap_ns, 0)::BIGINT AS overlap_ns,
        CASE WHEN c.comm_ns > 0 THEN coalesce(o.overlap_ns, 0) / c.comm_ns END AS overlap_fraction
 FROM calls c
 LEFT JOIN _pg_desc d USING (run_id, pg_name)
 LEFT JOIN inferred i USING (run_id, pg_name)
 LEFT JOIN inst n USING (run_id, pg_name)
-LEFT JOIN ov o USING (run_id, pg_name);
+LEFT JOIN ov o USING (run_id, pg_name)
+LEFT JOIN runs rr ON rr.run_id = c.run_id;
+
+
+-- process_group_sizes: per run, process group, op and power-of-two size bucket (tk_size_bucket), the
+-- statistics of the group's instances (mismatched ones left out): a group's numbers per kind of call.
+--
+-- run_id              VARCHAR  run
+-- pg_name             VARCHAR  process group name
+-- op                  VARCHAR  canonical op
+-- bucket_bytes        BIGINT   size bucket: sizes in [bucket_bytes, 2·bucket_bytes), bytes (NULL: size unknown)
+-- instances           BIGINT   instances
+-- incomplete          BIGINT   instances that are NOT collective_instances.complete
+-- median_sync_time_ns DOUBLE   median sync_time_ns over the bucket's instances, ns (NULL: none has one)
+CREATE OR REPLACE VIEW process_group_sizes AS
+SELECT run_id, pg_name, op, tk_size_bucket(size_bytes) AS bucket_bytes, count(*) AS instances,
+       count(*) FILTER (WHERE NOT complete) AS incomplete, median(sync_time_ns)::DOUBLE AS median_sync_time_ns
+FROM collective_instances WHERE NOT mismatched
+GROUP BY run_id, pg_name, op, tk_size_bucket(size_bytes);

@@ -27,7 +27,9 @@
 -- recorded by fewer ranks than its group (a trace of rank 0 of 8) is not judged, and gets no
 -- efficiency: its "sync time" still holds the wait for the ranks not recorded (nccl-tests rows,
 -- already per-size averages over the whole communicator, are judged); and NULL when the
--- instance has no sync time (collective_instances: a conflict, or clocks that disagree).
+-- instance has no sync time (collective_instances: a conflict, or clocks that disagree; a CPU-side
+-- call of an asynchronous backend, no_model_reason 'async call: no transfer time in this trace').
+-- Mismatched instances (collective_instances.mismatched) have no row.
 --
 -- run_id              VARCHAR  run
 -- pg_name             VARCHAR  process group name
@@ -82,8 +84,10 @@ WITH ma AS MATERIALIZED (
 i AS (
     SELECT i.*, m.model_algo, (i.complete OR r.source = 'nccl_tests') AS judged, r.device_name AS run_device
     FROM collective_instances i LEFT JOIN runs r USING (run_id)
+    -- mismatched instances (ranks' calls disagree) are listed by the view `mismatched_instances`, never judged
     LEFT JOIN ma m ON m.op IS NOT DISTINCT FROM i.op AND m.algo IS NOT DISTINCT FROM i.algo
                   AND m.group_size IS NOT DISTINCT FROM i.group_size
+    WHERE NOT i.mismatched
 ),
 f AS (
     SELECT run_id, pg_name, op, group_size, algo AS fit_algo, alpha_s, beta_Bps FROM alpha_beta_fit
@@ -91,7 +95,7 @@ f AS (
 ),
 j AS MATERIALIZED (
     SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo,
-           i.sync_time_ns, i.skew_ns, i.judged, i.ranks_seen,
+           i.sync_time_ns, i.skew_ns, i.judged, i.ranks_seen, i.async_cpu,
            r.locality, r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
            coalesce(r.ref_algo, i.model_algo) AS ref_algo,
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps, f.fit_algo,
@@ -176,7 +180,9 @@ best AS MATERIALIZED (
 )
 SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, sync_time_ns, skew_ns,
        reference, ref_note,
-       CASE WHEN judged AND sync_time_ns IS NULL THEN
+       CASE WHEN async_cpu THEN 'async call: no transfer time in this trace'
+            WHEN group_size IS NULL THEN 'group size unknown (no metadata, tensor shapes or world size in the trace)'
+            WHEN judged AND sync_time_ns IS NULL THEN
                  'no sync time: the ranks'' clocks disagree by more than the transfer, or conflicting spans'
             WHEN verdict_basis IS NOT NULL THEN NULL
             WHEN NOT judged THEN 'incomplete: ' || ranks_seen || ' of ' || group_size

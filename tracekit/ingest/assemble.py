@@ -64,6 +64,7 @@ class RankTask:
     pg_config: dict
     user_kernels: tuple = ()
     declared_world: int | None = None  # the largest distributedInfo.world_size, None when no file gives one
+    world_known: bool = True  # False: no trace declares world_size and one file was given (k unknown, not 1)
 
 
 @dataclass
@@ -347,7 +348,8 @@ def assemble_rank(task: RankTask) -> RankResult:
             gpu_note = f"GPU time breakdown not stored at ingest ({exc})"
         meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
-            run_id, rank, meta, lk.launches, world_size=task.world_size, pg_config=task.pg_config, cpu_only=cpu_only,
+            run_id, rank, meta, lk.launches, world_size=task.world_size if task.world_known else None,
+            pg_config=task.pg_config, cpu_only=cpu_only,
             calls=lk.cpu_calls,
         )
         facts: list = []
@@ -434,7 +436,8 @@ def finish_run(
     (stage / "events").mkdir()
     order = sorted(zip(results, ranks, raw_files), key=lambda t: t[1])
     tasks = [RankTask(rf, rank, str(Path(raw).resolve()), str((stage / "events" / f"rank={rank}.parquet").resolve()),
-                      run_id, world_size, pg_config, tuple(user_kernels), _declared_world(results))
+                      run_id, world_size, pg_config, tuple(user_kernels), _declared_world(results),
+                      _world_known(results))
              for rf, rank, raw in order]
     names = [str(rf.path) for rf, _, _ in order]
     done = (engine or LocalEngine(1, False)).map(assemble_rank, tasks, names, progress)
@@ -504,7 +507,7 @@ def finish_run(
     algo_proto = sorted({ap for _, t in tables for ap in zip(t.column("algo").to_pylist(),
                                                              t.column("proto").to_pylist())}, key=str)
     run_row = _run_row(run_id, results, [dict(algo=a, proto=p) for a, p in algo_proto], world_size, workload,
-                       config, source)
+                       config, source, lambda: _backend_from_names(stage / "events"))
     run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
     pq.write_table(pa.Table.from_pylist([run_row], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
     shutil.rmtree(stage / "duckdb-tmp", ignore_errors=True)
@@ -611,6 +614,13 @@ def _declared_world(results) -> int | None:
     return max(ws) if ws else None
 
 
+def _world_known(results) -> bool:
+    """Whether the world size is evidence: some trace declares it (distributedInfo.world_size), or
+    several rank files were given. One file that declares none says nothing about its group."""
+    return len(results) > 1 or any(isinstance(r.meta.get("distributedInfo"), dict)
+                                   and isinstance(r.meta["distributedInfo"].get("world_size"), int) for r in results)
+
+
 def _world_size(results, ranks) -> int:
     ws = 0
     for r in results:
@@ -632,7 +642,25 @@ def _pg_config(results) -> dict[str, list[int]]:
     return out
 
 
-def _run_row(run_id, results, rows, world_size, workload, config, source) -> dict:
+def _backend_from_names(events_dir: Path) -> str | None:
+    """The backend the run's collective calls name (``nccl:*`` → nccl, ``rccl:*`` → rccl, ``gloo:*``
+    → gloo; the most named), from the staged events files; None when they name none. Read only
+    for a run whose traces declare no backend (legacy traces): one scan of the name column."""
+    import duckdb
+
+    from tracekit.store import sql_file_list
+
+    files = sorted(str(f) for f in Path(events_dir).glob("*.parquet"))
+    if not files:
+        return None
+    got = duckdb.connect().execute(
+        f"SELECT split_part(name, ':', 1) AS b, count(*) AS n FROM read_parquet({sql_file_list(files)}) "
+        "WHERE name LIKE 'nccl:%' OR name LIKE 'rccl:%' OR name LIKE 'gloo:%' GROUP BY b ORDER BY n DESC, b LIMIT 1"
+    ).fetchone()
+    return None if got is None else got[0]
+
+
+def _run_row(run_id, results, rows, world_size, workload, config, source, names_backend=None) -> dict:
     from datetime import datetime, timezone
 
     meta = results[0].meta if results else {}
@@ -644,6 +672,8 @@ def _run_row(run_id, results, rows, world_size, workload, config, source) -> dic
     backend = di.get("backend")
     if isinstance(device_name, str) and ("AMD" in device_name or "Instinct" in device_name) and backend == "nccl":
         backend = "rccl"
+    if (not isinstance(backend, str) or not backend) and names_backend is not None:
+        backend = names_backend()  # the calls' own names (nccl:all_reduce...) before the guesses below
     if not isinstance(backend, str) or not backend:
         if any(r.get("algo") or r.get("proto") for r in rows):
             backend = "nccl"

@@ -251,6 +251,14 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
         dt = types[0] if isinstance(types, list) and types else None
         nb = dtype_bytes(dt)
         nel = _numel(dims_row.get("input_dims"))
+        shard = op == "all_gather"  # an nccl:* all-gather's Input Dims are one rank's shard: × k later
+        dims = dims_row.get("input_dims")
+        if str(dims_row.get("name", "")).startswith(_OUT_IN_OPS + _GATHER_OUT_IN + _SCATTER_OUT_IN) \
+                and isinstance(dims, list) and len(dims) >= 2:
+            # c10d's (output, input) ops: S is the all-gather's output, the reduce-scatter's and the
+            # all-to-all's input (nccl-tests' S), never the first tensor whatever the op
+            nel = _dims_numel(dims[0] if op == "all_gather" else dims[1])
+            shard = False
         row.update(
             meta_source="cpu_op_dims",
             dtype=None if dt is None else str(dt),
@@ -262,7 +270,7 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             in_splits_raw=None,
             out_splits_raw=None,
             nbytes=nb,
-            all_gather_shard=(op == "all_gather"),
+            all_gather_shard=shard,
             seq_at=None,
         )
     if "meta_source" not in row:
@@ -274,7 +282,63 @@ def _resolve(kernel: dict, enclosing: list[dict]) -> dict:
             if sp is not None:
                 row["in_splits_raw"], row["out_splits_raw"] = sp
                 break
+    row["shape_k"] = group_size_from_shapes(op, enclosing, meta, row.get("in_splits_raw"))
     return row
+
+
+_GATHER_OUT_IN = ("c10d::_allgather_base", "c10d::allgather_into_tensor")
+_SCATTER_OUT_IN = ("c10d::_reduce_scatter_base", "c10d::reduce_scatter_tensor")
+
+
+def _dims_numel(d: Any) -> int | None:
+    """Elements of one tensor's dims (``[8192, 64]`` → 524,288); None unless a non-empty list of ints."""
+    if not isinstance(d, list) or not d or not all(int_or_none(x, 0) is not None for x in d):
+        return None
+    return math.prod(d)
+
+
+def _ratio(big: int | None, small: int | None) -> int | None:
+    """big / small when both are positive, small divides big exactly and the ratio is at least 2
+    (a ratio of 1 is also what a trace that records one count for both tensors shows), else None."""
+    if not big or not small or big % small or big // small < 2:
+        return None
+    return big // small
+
+
+def group_size_from_shapes(op: str | None, enclosing: list[dict], meta: dict | None, splits_raw) -> int | None:
+    """The group size k that the launching call's own tensors imply, or None when they imply none.
+
+    - all_gather: the output holds k inputs (``output = k × input``, torch.distributed
+      ``all_gather_into_tensor``'s contract): ``c10d::_allgather_base_`` /
+      ``c10d::allgather_into_tensor*`` with ``Input Dims`` (output, input), or ``Out msg nelems`` /
+      ``In msg nelems`` of metadata without a group size;
+    - reduce_scatter: the input holds k outputs (``c10d::_reduce_scatter_base_`` /
+      ``c10d::reduce_scatter_tensor*``, (output, input); or the metadata's element counts);
+    - all_to_all: one split per peer, the rank's own included (``In split size`` / the
+      ``c10d::alltoall_base_`` split lists; an empty list says even splits and no k).
+
+    Only an exact integer ratio counts; ``enclosing`` innermost first, ``meta`` the metadata row
+    :func:`_resolve` took sizes from (or None).
+    """
+    if op == "all_to_all":
+        splits, cut = parse_split_list(splits_raw)
+        return len(splits) if splits and not cut else None
+    if op not in ("all_gather", "reduce_scatter"):
+        return None
+    names = _GATHER_OUT_IN if op == "all_gather" else _SCATTER_OUT_IN
+    for r in enclosing:
+        if str(r.get("name", "")).startswith(names):
+            dims = r.get("input_dims")
+            if isinstance(dims, list) and len(dims) >= 2:
+                out, inp = _dims_numel(dims[0]), _dims_numel(dims[1])
+                k = _ratio(out, inp) if op == "all_gather" else _ratio(inp, out)
+                if k is not None:
+                    return k
+    if meta is not None:
+        i = int_or_none(meta.get("in_nelems"), 1, 2**53)
+        o = int_or_none(meta.get("out_nelems"), 1, 2**53)
+        return _ratio(o, i) if op == "all_gather" else _ratio(i, o)
+    return None
 
 
 def _pg_name(meta: dict) -> str | None:
@@ -290,7 +354,7 @@ def build_collectives(
     meta,
     launches,
     *,
-    world_size: int,
+    world_size: int | None,
     pg_config: dict[str, list[int]],
     cpu_only: bool,
     calls=None,
@@ -302,7 +366,11 @@ def build_collectives(
     ``launches`` (a :class:`tracekit.ingest.linkpass.ById`) maps a comm kernel's event_id →
     (pid, tid, launch ts, launch end) of its runtime launch call, via ``lookup``;
     kernels missing from it were launched outside the capture. ``pg_config`` maps process-group
-    name → global ranks (from ``distributedInfo.pg_config``). ``seq`` is left null where the
+    name → global ranks (from ``distributedInfo.pg_config``); ``world_size`` None when no trace
+    declares it (one file: a call whose group nothing else names then has group_size null, never 1).
+    Each row's ``k_source`` says where its group size came from (:func:`_finish_row`: the call's
+    metadata, its tensors' shapes (:func:`group_size_from_shapes`), its group's recorded membership,
+    the world size). ``seq`` is left null where the
     trace has none (:func:`tracekit.ingest.assemble.rank_collectives` numbers it).
 
     CPU-side collectives (``cpu_only``: the rank's trace has no GPU activity), one rule: the
@@ -613,7 +681,8 @@ def _p2p_pair(row: dict, issuer: dict, rank: int) -> None:
     if peer is not None:
         src, dst = (rank, peer) if row["op"] == "send" else (peer, rank)
         row.update(peer=peer, pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2, seq=None,
-                   wire_bytes=row["size_bytes"] if row["op"] == "send" else 0)
+                   wire_bytes=row["size_bytes"] if row["op"] == "send" else 0,
+                   k_source="metadata")  # the call's own peer argument: a pair
 
 
 def _cpu_call_rows(run_id, rank, meta, calls, world_size, pg_config) -> Iterator[dict]:
@@ -695,13 +764,29 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
     op = res["op"]
     pg_name = res.get("pg_name")
     pg_ranks = res.get("pg_ranks")
+    # k_source (module docstring of this function's caller; DESIGN "group size"): the most specific
+    # evidence first — the call's metadata, its tensors' shapes, its group's recorded membership,
+    # the world size last (a guess: a sub-group's call would be counted as the world's)
+    k_source = "metadata" if (res.get("group_size") or pg_ranks) else None
+    guessed_pg = False
     if not pg_ranks and pg_name is not None and pg_name in pg_config:
         pg_ranks = pg_config[pg_name]
     if pg_name is None:
         pg_name = "0" if "0" in pg_config else "default"
-        if not pg_ranks:
-            pg_ranks = pg_config.get(pg_name)
+        guessed_pg = True
     group_size = res.get("group_size")
+    shape_k = res.get("shape_k")
+    if group_size is None and not res.get("pg_ranks") and shape_k:
+        group_size, k_source = shape_k, "shapes"
+        if pg_ranks and len(pg_ranks) != shape_k:
+            pg_ranks = None  # the group named (or guessed) is not the one the tensors describe
+    if group_size is None and not pg_ranks and guessed_pg:
+        pg_ranks = pg_config.get(pg_name)
+        if pg_ranks:  # the default group's membership: exact when every group of the rank has its size
+            # (a GPU kernel is never a 1-rank group's: NCCL launches none for one)
+            least = 2 if sp.get("gpu") is True else 1
+            sizes = {len(v) for v in pg_config.values() if rank in v and len(v) >= least}
+            k_source = "membership" if sizes == {len(pg_ranks)} else "world"
     approx = bool(res.get("approx"))
     group_size, k_note = consistent_group_size(group_size, pg_ranks, DECLARED_WORLD.get())
     if k_note is not None:  # a contradiction: the smallest consistent size, flagged
@@ -709,15 +794,16 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
         note_group_size(pg_name, k_note)
     if group_size is None and pg_ranks:
         group_size = len(pg_ranks)
-    if group_size is None:
-        group_size = world_size
+        k_source = k_source or "membership"
+    if group_size is None and world_size:
+        group_size, k_source = world_size, "world"
         if res.get("all_gather_shard"):
             approx = True
-    if not pg_ranks:
+    if not pg_ranks and world_size:
         pg_ranks = list(range(world_size)) if group_size == world_size else None
     size = res.get("size_bytes")
     if res.get("all_gather_shard") and size is not None:
-        size = size * group_size
+        size = size * group_size if group_size else None
     in_splits, a1 = parse_split_list(res.get("in_splits_raw"))
     out_splits, a2 = parse_split_list(res.get("out_splits_raw"))
     approx = approx or a1 or a2
@@ -748,6 +834,7 @@ def _finish_row(run_id, rank, sp, res, issue_ts, world_size, pg_config) -> dict:
         meta_source=res["meta_source"],
         approx=approx,
         issue_ts_ns=issue_ts if issue_ts is not None else sp["ts_ns"],
+        k_source=k_source if group_size else None,
     )
 
 

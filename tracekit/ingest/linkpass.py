@@ -73,12 +73,24 @@ PDL_PRESETS = frozenset({"nvlink4", "pcie5", "nvlink5"})
 (Hopper H100/H200/GH200, Blackwell B200/B300/GB200): the devices with programmatic dependent launch."""
 
 
+def _amd_device(d: dict, name: str) -> bool:
+    """Whether a ``deviceProperties`` entry is an AMD GPU: by its name (AMD, Instinct, MI<n>, Radeon,
+    a ``gfx`` architecture), its ``gcnArchName`` (ROCm's Kineto writes it), or a warp 64 lanes wide
+    (``warpSize``: AMD CDNA/GCN wavefronts; every NVIDIA GPU's warp is 32)."""
+    if re.search(r"AMD|Instinct|\bMI\d|Radeon|\bgfx\d", name, re.I):
+        return True
+    if isinstance(d.get("gcnArchName"), str) and d["gcnArchName"].strip():
+        return True
+    return d.get("warpSize") == 64
+
+
 def supports_pdl(device_properties) -> bool:
     """Whether a rank's GPUs run programmatic dependent launch (PDL, CUDA 11.8+ on sm_90 and later:
     a kernel may start before the previous one on its stream ends, so ops on one stream overlap
     legitimately). ``device_properties``: Kineto's ``deviceProperties`` list. True when every
     listed device is an NVIDIA GPU of compute capability 9 or more (``computeMajor``; AMD GPUs
-    also report a ``computeMajor``, their gfx major, so a name of an AMD device never counts), or,
+    also report a ``computeMajor``, their gfx major, so an AMD device (:func:`_amd_device`: name,
+    ``gcnArchName``, warp size 64) never counts, nor an unnamed device without a 32-wide warp), or,
     without ``computeMajor``, whose name maps to a Hopper/Blackwell link preset (:data:`PDL_PRESETS`).
     False for an empty or missing list (an unknown device keeps the clipping of clock defects)."""
     from tracekit.model.links import device_presets
@@ -89,11 +101,13 @@ def supports_pdl(device_properties) -> bool:
         if not isinstance(d, dict):
             return False
         name = str(d.get("name") or "")
-        if re.search(r"AMD|Instinct|\bMI\d|Radeon", name, re.I):
+        if _amd_device(d, name):
             return False
         major = d.get("computeMajor")
         if type(major) is int:
-            if major < 9:
+            # sm_90+ only for a device known to be NVIDIA's: a named one, or an unnamed one whose
+            # warp is 32 wide (an unnamed device with computeMajor 9 may be an AMD gfx9 part)
+            if major < 9 or (not name.strip() and d.get("warpSize") != 32):
                 return False
             continue
         preset = device_presets(name)
@@ -128,6 +142,9 @@ _CATEGORY_BITS = {
     "memset": _C_GPU_OP | _C_MEMORY,
     "sync": _C_SYNC,
     "cpu_op": _C_CPU_OP,
+    # no category at all (kineto's reader: "other"): a legacy autograd-profiler trace, whose events
+    # are CPU ops without "cat"; classed by the same CPU-only rule as today's cpu_op rows
+    "other": _C_CPU_OP,
 }
 # name → bits
 _N_CPU_ONLY_COMM, _N_SYNC, _N_COLLECTIVE_CPU, _N_NULL, _N_GLOO_P2P, _N_CALL = 1, 2, 4, 8, 16, 32

@@ -202,17 +202,20 @@ def attribute(tables: list, facts: dict, pg_config: dict, *, same_clock: bool):
         row, c = rows[r][j], calls.cand[i]
         if len(c) == 1 and not (c & bad_groups):
             (g,) = c
-            row.update(pg_name=g, pg_ranks=list(pg_config[g]), group_size=len(pg_config[g]), seq=None)
+            row.update(pg_name=g, pg_ranks=list(pg_config[g]), group_size=len(pg_config[g]), seq=None,
+                       k_source="membership")
         else:
             sizes = {len(pg_config[g]) for g in c}
-            row.update(pg_name=None, pg_ranks=None, seq=None, group_size=sizes.pop() if len(sizes) == 1 else None)
+            k = sizes.pop() if len(sizes) == 1 else None
+            row.update(pg_name=None, pg_ranks=None, seq=None, group_size=k, k_source="membership" if k else None)
             unassigned[r] += 1
     for i, (r, j) in enumerate(p2p.where):
         row, c = rows[r][j], p2p.cand[i]
         if len(c) == 1:
             (peer,) = c
             src, dst = (r, peer) if row["op"] == "send" else (peer, r)
-            row.update(peer=peer, pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2, seq=None)
+            row.update(peer=peer, pg_name=f"p2p:{src}->{dst}", pg_ranks=[src, dst], group_size=2, seq=None,
+                       k_source="metadata")
         else:
             row.update(peer=None, pg_name=None, pg_ranks=None, seq=None)
             unassigned[r] += 1

@@ -128,7 +128,12 @@ def build_report(
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),
     ``collectives`` (per op: count, bytes, size range and buckets, peak busbw and the size it was
-    reached at, total wait; nothing is a median across sizes), ``by_size`` (per op, group size,
+    reached at (``peak_lower_bound``: it is an incomplete instance's, a lower bound), total wait (None
+    when no wait can be measured), ``over_cap`` (instances whose busbw exceeds ``cap_gbps``, the
+    device's fastest link), ``k_world`` (instances whose k is the world size); mismatched instances
+    left out of every count; nothing is a median across sizes), ``mismatched``
+    (:func:`mismatched_section`), ``null_reasons`` (section.column → why its nulls are null, once per
+    section), ``by_size`` (per op, group size,
     locality class (instance_locality), benchmark run of a nccl-tests log (``bench_run``, else None) and power-of-two size bucket
     (``bucket_bytes``, tracekit.model.size_bucket): count, medians within the bucket of sync time,
     algbw, busbw, the reference's predicted time and efficiency, peak busbw, the most frequent
@@ -193,7 +198,10 @@ def build_report(
         SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
                count(DISTINCT tk_size_bucket(size_bytes)) AS size_buckets,
                min(size_bytes) AS min_size_bytes, max(size_bytes) AS max_size_bytes,
-               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes
+               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes,
+               count(*) FILTER (WHERE over_cap) AS over_cap, max(cap_gbps) AS cap_gbps,
+               NOT arg_max(complete, busbw_gbps) AS peak_lower_bound,
+               count(*) FILTER (WHERE k_source = 'world') AS k_world
         FROM collective_bandwidth
         WHERE run_id = ?
         GROUP BY op ORDER BY count(*) DESC, op
@@ -203,10 +211,10 @@ def build_report(
     waits = dict(con.execute("SELECT op, sum(wait_ns) FROM collective_waits WHERE run_id = ? GROUP BY op", p).fetchall())
     flags = {op: (inc, dis) for op, inc, dis in con.execute(
         "SELECT op, count(*) FILTER (WHERE NOT complete), count(*) FILTER (WHERE disagree) "
-        "FROM collective_instances WHERE run_id = ? GROUP BY op", p).fetchall()}
+        "FROM collective_instances WHERE run_id = ? AND NOT mismatched GROUP BY op", p).fetchall()}
     for r in by_op:
         r["total_wait_ns"] = waits.get(r["op"])
-        r["incomplete"], r["disagreeing"] = flags[r["op"]]
+        r["incomplete"], r["disagreeing"] = flags.get(r["op"], (0, 0))
 
     per_rank_calls = _rows(
         con,
@@ -226,7 +234,7 @@ def build_report(
         """
         SELECT count(*) AS instances, count(*) FILTER (WHERE complete) AS complete,
                count(*) FILTER (WHERE NOT complete) AS incomplete, count(*) FILTER (WHERE disagree) AS disagreeing
-        FROM collective_instances WHERE run_id = ?
+        FROM collective_instances WHERE run_id = ? AND NOT mismatched
         """,
         p,
     )[0]
@@ -236,7 +244,7 @@ def build_report(
         con,
         f"""
         SELECT pg_name, seq, op, size_bytes, group_size, straggler, skew_ns, sync_time_ns
-        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1
+        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1 AND NOT mismatched AND skew_ns IS NOT NULL
         ORDER BY skew_ns DESC, pg_name, seq LIMIT {TOP_STRAGGLERS}
         """,
         p,
@@ -250,7 +258,7 @@ def build_report(
         SELECT i.straggler AS rank, count(*) AS times_last, sum(w.imposed_ns) AS wait_caused_ns,
                sum(i.skew_ns) AS skew_sum_ns
         FROM collective_instances i JOIN w USING (pg_name, seq)
-        WHERE i.run_id = ? AND i.ranks_seen > 1
+        WHERE i.run_id = ? AND i.ranks_seen > 1 AND NOT i.mismatched
         GROUP BY i.straggler ORDER BY wait_caused_ns DESC, rank
         """,
         [run_id, run_id],
@@ -273,9 +281,10 @@ def build_report(
         "pg_name, seq, locality, size_bytes, group_size, sync_time_ns, skew_ns, predicted_ns, fit_predicted_ns, "
         "link_predicted_ns, best_algo, best_predicted_ns, ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, "
         "crossover_bytes, link, link_crossover_bytes, tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps, "
-        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes, nccl_algo "
+        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes, nccl_algo, "
+        "(SELECT tk_device_peak_gbps(device_name) FROM runs WHERE run_id = ?) AS cap_gbps "
         "FROM collective_verdicts WHERE run_id = ?",
-        p,
+        [run_id, run_id],
     )
     verdicts = _rows(
         con,
@@ -314,7 +323,7 @@ def build_report(
         SELECT op, group_size, locality, {bench} AS bench_run, bucket_bytes, count(*) AS count,
                count(DISTINCT size_bytes) AS sizes,
                median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
-               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps,
+               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps, max(cap_gbps) AS cap_gbps,
                median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
                mode(verdict) AS verdict, count(DISTINCT verdict) AS verdicts,
                count(DISTINCT coalesce(reference, 'no model')) AS references,
@@ -371,6 +380,12 @@ def build_report(
     process_groups = _rows(
         con, "SELECT * EXCLUDE (run_id) FROM process_groups WHERE run_id = ? ORDER BY dimension, pg_name", p)
     named = {g["pg_name"]: g for g in process_groups}
+    for g in process_groups:
+        g["by_size"] = []
+    for r in _rows(con, "SELECT * EXCLUDE (run_id) FROM process_group_sizes WHERE run_id = ? "
+                        "ORDER BY pg_name, op, bucket_bytes", p):  # statistics per op and size bucket
+        if r["pg_name"] in named:
+            named[r["pg_name"]]["by_size"].append({k: v for k, v in r.items() if k != "pg_name"})
     for f in fit:  # the fitted group's description and dimension (process_groups), None for a class
         g = named.get(f["pg_name"]) or {}
         f["description"], f["dimension"] = g.get("description"), g.get("dimension")
@@ -394,6 +409,32 @@ def build_report(
         )
     if inst["disagreeing"]:
         warnings.append(f"{inst['disagreeing']} collective instance(s) where ranks disagree on op or size")
+    for r in by_op:
+        if r.get("over_cap"):
+            warnings.append(
+                f"{r['op']}: {r['over_cap']} instance(s) with a busbw that would exceed the device's physical cap "
+                f"({fmt_num(r['cap_gbps'])} GB/s per direction, its fastest link): a wrong group size or size, "
+                "clocks that disagree, or an in-switch reduction — marked ! in the tables")
+    k_world = sum(r.get("k_world") or 0 for r in by_op)
+    if k_world:
+        warnings.append(f"{k_world} instance(s) whose group size is the world size (k_source 'world': no metadata, "
+                        "tensor shapes or group membership in the trace names their group): their busbw assumes it")
+    null_reasons = {}  # section → why its nulls are null (once per section; the terminal shows "—")
+    if any(r["total_wait_ns"] is None for r in by_op):
+        null_reasons["collectives.total_wait_ns"] = (
+            "a nccl-tests log holds per-size averages, no rank's arrival" if is_log else
+            "fewer than two ranks of the group recorded its calls: no wait can be measured")
+    if inst.get("instances") and not stragglers and not is_log:
+        null_reasons["stragglers"] = "no instance recorded by two or more ranks of its group: no skew, no straggler"
+    if any(m.get("wait_ns") is None and m.get("gap_ns") is not None for m in mvm):
+        null_reasons["measured_vs_model.gap_skew_ns"] = (
+            "the rank's calls were recorded by fewer than two ranks of their group: the skew and transfer "
+            "parts of the gap cannot be told apart")
+    if any(r.get("group_size") is None for r in by_size):
+        null_reasons["by_size.group_size"] = "no metadata, tensor shapes, group membership or world size names the group"
+    mismatched = mismatched_section(con, run_id)
+    if mismatched:
+        warnings.append(mismatched_line(mismatched))
     for d in degraded:
         hosts = d.get("hosts") or "hosts not recorded"
         warnings.append(
@@ -449,6 +490,8 @@ def build_report(
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
         critical_path=critical_path_section(con, run_id, critical_path),
+        mismatched=mismatched,
+        null_reasons=null_reasons,
     )
 
 
@@ -464,7 +507,10 @@ def by_dimension(groups: list[dict]) -> list[dict]:
         d["groups"] += 1
         for k in ("calls", "instances", "incomplete", "bytes", "sync_time_ns", "comm_ns", "overlap_ns"):
             d[k] += g[k] or 0
+        d["_sync_known"] = d.get("_sync_known", False) or g["sync_time_ns"] is not None
     for d in out.values():
+        if not d.pop("_sync_known"):
+            d["sync_time_ns"] = None  # no group of the dimension has a sync time (one rank each, a log): unknown
         d["overlap_fraction"] = d["overlap_ns"] / d["comm_ns"] if d["comm_ns"] else None
     return sorted(out.values(), key=lambda d: (d["dimension"] == "other", d["dimension"]))
 
@@ -592,16 +638,19 @@ def print_by_size(report: dict, console) -> None:
         t.add_column(col, justify="left" if col in ("op", "class", "run", "bound") else "right", no_wrap=(col == "op"))
     for r in rows:
         bound = (r["verdict"] or "—").replace("-bound", "") + ("*" if (r["verdicts"] or 0) > 1 else "")
-        t.add_row(r["op"], str(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
+        t.add_row(r["op"], _k(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
                   *((bench_label(r["bench_run"]),) if runs else ()),
                   size_label(r["bucket_bytes"]), str(r["count"]), fmt_us(r["median_sync_time_ns"]),
-                  fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]), fmt_num(r["peak_busbw_gbps"]),
+                  fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]),
+                  ("!" if _over_cap(r) else "") + fmt_num(r["peak_busbw_gbps"]),
                   fmt_us(r["median_predicted_ns"]) + mixed(r), fmt_num(r["median_efficiency"]) + mixed(r), bound)
     t.caption = ("algbw, busbw GB/s (nccl-tests rules); model, eff: the verdicts' reference (predicted / measured; "
                  "† = medians over groups judged against different references: see the references below); "
                  "bound: the most frequent verdict (* = the bucket holds several)"
                  + ("; eff > 1: faster than the reference predicts (a pessimistic reference for that op and size, "
-                    "e.g. a preset's α)" if any((r["median_efficiency"] or 0) > 1 for r in rows) else ""))
+                    "e.g. a preset's α)" if any((r["median_efficiency"] or 0) > 1 for r in rows) else "")
+                 + ("; ! = above the device's physical cap (see the warnings)" if any(_over_cap(r) for r in rows)
+                    else ""))
     _show(console, t)
     workload, source = report["run"].get("workload"), report["run"].get("source")
     if (workload == "sweep" or source == "nccl_tests") and report.get("peak_busbw"):
@@ -609,7 +658,7 @@ def print_by_size(report: dict, console) -> None:
         for col in ("op", "k") + (("run",) if runs else ()) + ("peak busbw GB/s", "at size", "sizes"):
             t.add_column(col, justify="left" if col in ("op", "run") else "right")
         for r in report["peak_busbw"]:
-            t.add_row(r["op"], str(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
+            t.add_row(r["op"], _k(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
                       fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["at_size_bytes"]), str(r["size_buckets"]))
         _show(console, t)
 
@@ -635,15 +684,28 @@ def print_report(report: dict, console=None) -> None:
     for col in ("op", "count", "total bytes", "size buckets", "peak busbw GB/s", "at size", "total wait ms",
                 "incomplete"):
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
+    notes = []
     for r in report["collectives"]:
         t.add_row(
             r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), str(r["size_buckets"]),
-            fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["peak_busbw_size_bytes"]), fmt_ms(r["total_wait_ns"]),
-            str(r["incomplete"]),
+            ("!" if _over_cap(r) else "") + ("≥" if r.get("peak_lower_bound") else "") + fmt_num(r["peak_busbw_gbps"]),
+            fmt_bytes(r["peak_busbw_size_bytes"]),
+            fmt_ms(r["total_wait_ns"]), str(r["incomplete"]),
         )
+    if any(r.get("peak_lower_bound") for r in report["collectives"]):
+        notes.append("≥ = the peak of an incomplete instance: its sync time holds the wait for ranks not recorded, "
+                     "so the busbw is a lower bound")
+    if any(_over_cap(r) for r in report["collectives"]):
+        notes.append("! = above the device's physical cap (see the warnings): not a rate the hardware carries")
+    if any(r["total_wait_ns"] is None for r in report["collectives"]):
+        notes.append("total wait — : a nccl-tests log holds per-size averages, no rank's arrival"
+                     if run.get("source") == "nccl_tests" else
+                     "total wait — : fewer than two ranks of the group recorded its calls, no wait can be measured")
     if report["unattributed"]:
         n = sum(u["spans"] for u in report["unattributed"])
-        t.caption = f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here"
+        notes.append(f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here")
+    if notes:
+        t.caption = "; ".join(notes)
     _show(console, t)
     print_by_size(report, console)
     if run.get("source") == "nccl_tests":
@@ -686,7 +748,7 @@ def print_report(report: dict, console=None) -> None:
                 f"{fmt_num(None if r['alpha_hi_s'] is None else r['alpha_hi_s'] * 1e6)})")
             beta = "—" if r["beta_gbps"] is None or not shown else (
                 f"{r['beta_gbps']:,.2f} ({fmt_num(r['beta_lo_gbps'])}–{fmt_num(r['beta_hi_gbps']) if r['beta_hi_gbps'] is not None else '∞'})")
-            t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), f"{r['n_used']}/{r['n_samples']}",
+            t.add_row(r["op"], _k(r["group_size"]), fit_group_label(r), f"{r['n_used']}/{r['n_samples']}",
                       str(r.get("n_sizes") or 0), alpha,
                       fmt_us(None if r["fixed_latency_s"] is None or not shown else r["fixed_latency_s"] * 1e9), beta)
         _show(console, t)
@@ -696,7 +758,7 @@ def print_report(report: dict, console=None) -> None:
                          no_wrap=(col == "op"))
         for r in report["fit"]:
             status = r["status"] + (f": {r['status_reason']}" if r.get("status_reason") else "")
-            t.add_row(r["op"], str(r["group_size"]), fit_group_label(r), LOCALITY_SHORT.get(r["locality"], "?"),
+            t.add_row(r["op"], _k(r["group_size"]), fit_group_label(r), LOCALITY_SHORT.get(r["locality"], "?"),
                       fmt_bytes(r["crossover_bytes"] if r["status"] != "insufficient" else None),
                       fmt_bytes(r["n_half_bytes"] if r["status"] != "insufficient" else None),
                       f"{fmt_pct(r['residual_spread'])} ({fmt_pct(r.get('size_spread'))})", status)
@@ -711,7 +773,7 @@ def print_report(report: dict, console=None) -> None:
             t.add_column(col, justify="left" if col in ("op", "class", "reference", "note") else "right")
         for r in report["references"]:
             note = r["no_model_reason"] if r["kind"] is None else (r["note"] or "")
-            t.add_row(r["op"], str(r["group_size"]), LOCALITY_SHORT.get(r["locality"], "?"), str(r["instances"]),
+            t.add_row(r["op"], _k(r["group_size"]), LOCALITY_SHORT.get(r["locality"], "?"), str(r["instances"]),
                       r["reference"] + (f" [{r['kind']}]" if r["kind"] else "")
                       + (f"; NCCL's model: {r['nccl_algos']}" if r.get("nccl_algos") else ""), note or "")
         _show(console, t)
@@ -722,7 +784,7 @@ def print_report(report: dict, console=None) -> None:
             if r["kind"] is None:
                 continue
             short = r["kind"] if r["kind"] in ("sweep", "nccl_tests") else r["reference"]  # run ids are long
-            t.add_row(r["op"], str(r["group_size"]), short, fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
+            t.add_row(r["op"], _k(r["group_size"]), short, fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
                       fmt_us(r["fixed_latency_ns"]), fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]),
                       fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
@@ -748,7 +810,7 @@ def print_report(report: dict, console=None) -> None:
         for col in ("op", "k") + (("class",) if classes else ()) + ("size ≥", "link", "link µs", "efficiency", "regime"):
             t.add_column(col, justify="left" if col in ("op", "class", "link", "regime") else "right")
         for r in eff:
-            t.add_row(r["op"], str(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
+            t.add_row(r["op"], _k(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
                       size_label(r["bucket_bytes"]), r["link"],
                       fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]), r["link_regime"] or "—")
         t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
@@ -784,10 +846,12 @@ def print_report(report: dict, console=None) -> None:
         for col in ("rank", "gap ms", "skew ms", "transfer ms", "exposure ms"):
             t.add_column(col, justify="right")
         for r in rows:
-            t.add_row(str(r["rank"]), fmt_ms(r.get("gap_ns")), fmt_ms(r.get("gap_skew_ns")), fmt_ms(r.get("gap_transfer_ns")),
-                      fmt_ms(r.get("gap_exposure_ns")))
+            t.add_row(str(r["rank"]), fmt_ms(r.get("gap_ns")), *(fmt_ms(_to_fix(r.get(k))) for k in (
+                "gap_skew_ns", "gap_transfer_ns", "gap_exposure_ns")))
         t.caption = ("gap = measured exposed − predicted exposed = skew (waiting for stragglers) + transfer (beyond "
-                     "the α–β model) + exposure (what the overlap model would hide, minus what was hidden)")
+                     "the α–β model) + exposure (what the overlap model would hide, minus what was hidden); a part "
+                     "below the model shows 0 (nothing to fix there; --json keeps its signed value); — : not "
+                     "measurable (waits need two ranks of a group)")
         _show(console, t)
     if report.get("model_by_dimension"):
         t = _table("Measured vs model per dimension (means over ranks, per step; each dimension's overlap model)")
@@ -1087,6 +1151,8 @@ def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[st
     summary = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_summary WHERE run_id = ? "
                          "ORDER BY step, rank", [run_id])
     total = sum(r["length_ns"] for r in summary)
+    for r in summary:
+        r["longer_than_step"] = longer_than_step(r)
     top = _rows(con, """
         SELECT name, class, count(*) AS events, count(DISTINCT event_rank) AS ranks, sum(on_path_ns) AS on_path_ns
         FROM critical_path WHERE run_id = ? AND on_path_ns > 0
@@ -1148,9 +1214,13 @@ def print_critical_path(report: dict, console) -> None:
         t.add_column(col, justify="right")
     for r in shown:
         n = r["length_ns"] or None
-        t.add_row("—" if r["step"] is None else str(r["step"]), str(r["rank"]), fmt_ms(r["length_ns"]),
+        t.add_row("—" if r["step"] is None else str(r["step"]), str(r["rank"]),
+                  fmt_ms(r["length_ns"]) + ("*" if r.get("longer_than_step") else ""),
                   fmt_ms(r["window_ns"]), *(fmt_pct(None if n is None else r[k] / n) for k in PATH_PARTS))
     more = f"; {len(shown)} of {len(rows)} rows (all in --json)" if len(rows) > len(shown) else ""
+    why = sorted({r["longer_than_step"] for r in shown if r.get("longer_than_step")})
+    if why:
+        more += "; * path longer than the step: " + "; ".join(why)
     t.caption = ("the chain of stream order, launches, host thread order, syncs and collective last arrivals that "
                  "ends at the rank's last event of the step; comm = communication after the last arrival; "
                  "straggler = the path on other ranks' work; CPU = runtime calls and host code; idle = a launched "
@@ -1167,3 +1237,58 @@ def print_critical_path(report: dict, console) -> None:
                       fmt_pct(r["share"]))
         t.caption = "share = time on the paths / the paths' summed length (gaps are in no event)"
         _show(console, t)
+
+
+MISMATCHED_SHOWN = 5
+"""Mismatched instances named in the report's one line (all of them are in the JSON)."""
+
+
+def mismatched_section(con, run_id: str) -> list[dict]:
+    """The run's mismatched instances (the view ``mismatched_instances``: ranks whose calls at one (group,
+    window, seq) disagree on op or size), ordered by group and seq: dicts of pg_name, win, seq,
+    ranks, ops, sizes (bytes). Such instances are left out of every count, wait, straggler,
+    bandwidth, fit and verdict of the report."""
+    return _rows(con, "SELECT * EXCLUDE (run_id) FROM mismatched_instances WHERE run_id = ? ORDER BY pg_name, win, seq",
+                 [run_id])
+
+
+def mismatched_line(rows: list[dict]) -> str:
+    """The report's one line about mismatched instances: how many, and the first few as
+    ``group g seq s: rank r op size, ...``."""
+    def one(m):
+        calls = ", ".join(f"rank {r} {o or '?'} {fmt_bytes(z) if z is not None else '?'}"
+                          for r, o, z in zip(m["ranks"], m["ops"], m["sizes"]))
+        return f"group {m['pg_name']} seq {m['seq']}: {calls}"
+    shown = "; ".join(one(m) for m in rows[:MISMATCHED_SHOWN])
+    more = f"; and {len(rows) - MISMATCHED_SHOWN} more" if len(rows) > MISMATCHED_SHOWN else ""
+    return (f"{len(rows)} mismatched instance(s) (ranks' calls disagree on op or size; left out of counts, "
+            f"waits, stragglers, bandwidth, fits, verdicts and the critical path): {shown}{more}")
+
+
+def _over_cap(r: dict) -> bool:
+    """Whether a by-op row's peak busbw exceeds its device's physical cap (collective_bandwidth.cap_gbps)."""
+    return r.get("peak_busbw_gbps") is not None and r.get("cap_gbps") is not None and r["peak_busbw_gbps"] > r["cap_gbps"]
+
+
+def _to_fix(ns):
+    """A gap part as "which part to fix" shows it: None stays None (not measurable), a part below the
+    model (negative: ahead of it) is 0, nothing to fix."""
+    return None if ns is None else max(0.0, ns)
+
+
+def longer_than_step(r: dict) -> str | None:
+    """Why a critical_path_summary row's path is longer than the rank's own step span (length_ns >
+    window_ns), or None when it is not: it starts on another rank's work (a straggler's, entered
+    through a collective's last arrival) or before the rank's first event of the step (work the
+    previous step left running)."""
+    if r.get("length_ns") is None or r.get("window_ns") is None or r["length_ns"] <= r["window_ns"]:
+        return None
+    if r.get("other_ranks") or r.get("straggler_ns"):
+        return "it starts on another rank's work before this rank's step began (a straggler)"
+    return "it starts before the rank's first event of the step (work the previous step left running)"
+
+
+def _k(group_size) -> str:
+    """A group size as the terminal tables show it: "—" when unknown (no metadata, tensor shapes,
+    membership or world size gave one)."""
+    return "—" if group_size is None else str(group_size)

@@ -43,6 +43,7 @@ FIT_COLOR = "#212529"
 COMPUTE_COLOR = "#4c6ef5"
 COMM_WAIT_COLOR = "#ffc9c9"
 COMM_COLOR = "#e03131"
+COMM_UNSPLIT_COLOR = "#adb5bd"  # a call whose wait and transfer cannot be told apart (one rank of its group)
 OVERLAP_COLOR = "#2f9e44"
 MEMORY_COLOR = "#ae3ec9"  # memcpy/memset, in every figure that shows them
 IDLE_COLOR = "#e9ecef"  # idle time, in the GPU breakdown and the critical path
@@ -339,7 +340,11 @@ def _timeline(con, run_id: str, steps: int) -> dict[str, Any]:
             con,
             f"""
             SELECT e.rank, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e, e.name,
-                   c.op, c.size_bytes, c.pg_name, c.seq, i.last_arrival_ns, w.wait_ns, i.sync_time_ns,
+                   c.op, c.size_bytes, c.pg_name, c.seq,
+                   -- the last arrival only where it is one: two or more ranks of the group recorded
+                   -- the instance (skew_ns not NULL) and their calls match
+                   CASE WHEN i.skew_ns IS NOT NULL AND NOT i.mismatched THEN i.last_arrival_ns END AS last_arrival_ns,
+                   w.wait_ns, i.sync_time_ns,
                    i.straggler, v.verdict
             FROM events e
             LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
@@ -574,12 +579,15 @@ def timeline_figure(data: dict):
     ] for x in calls]
     text = [("" if x["op"] is None else f"{x['op']} {fmt_bytes(x['size_bytes'])}") for x in calls]
     lane = lambda x: f"rank {x['rank']} · comm"  # noqa: E731
-    bars(calls, lane, COMM_WAIT_COLOR, "comm: waiting for the last rank", 0.7, None, hoverinfo="skip")
-    xfer = []
-    for x in calls:
-        s = x["s"] if x["last_arrival_ns"] is None else max(x["s"], min(x["e"], x["last_arrival_ns"]))
-        xfer.append({"rank": x["rank"], "s": s, "e": x["e"]})
+    # waiting vs transfer only where the last arrival is known; a call of which one rank of its group
+    # was recorded (or an unattributed span) is drawn whole in grey: the split cannot be measured
+    split = [x for x in calls if x["last_arrival_ns"] is not None]
+    unsplit = [x for x in calls if x["last_arrival_ns"] is None]
+    bars(split, lane, COMM_WAIT_COLOR, "comm: waiting for the last rank", 0.7, None, hoverinfo="skip")
+    xfer = [{"rank": x["rank"], "s": max(x["s"], min(x["e"], x["last_arrival_ns"])), "e": x["e"]} for x in split]
     bars(xfer, lane, COMM_COLOR, "comm: transfer (after last arrival)", 0.7, None, hoverinfo="skip")
+    bars(unsplit, lane, COMM_UNSPLIT_COLOR, "comm: wait and transfer not separable (fewer than two ranks of the group)",
+         0.7, None, hoverinfo="skip")
     # on top: the whole call, transparent, carrying the label and the hover text
     bars(calls, lane, "rgba(0,0,0,0)", "collective", 0.7, hover_call, custom=custom, text=text, showlegend=False)
     bars(tl["overlap"], lambda x: f"rank {x['rank']} · overlap", OVERLAP_COLOR, "overlap (comm ∩ compute)", 0.7,
@@ -1304,6 +1312,13 @@ def render_html(data: dict) -> str:
     if sizes:
         runs = [Column("bench_run", "benchmark run")] if any(r["bench_run"] for r in sizes) else []
         runs = ([Column("locality", "class")] if len({r["locality"] for r in sizes}) > 1 else []) + runs
+        # a peak busbw above the device's physical cap is never shown bare: a column says so
+        over = [r.get("peak_busbw_gbps") is not None and r.get("cap_gbps") is not None
+                and r["peak_busbw_gbps"] > r["cap_gbps"] for r in sizes]
+        if any(over):
+            sizes = [dict(r, over_cap_note=f"! above the device's {fmt_num(r['cap_gbps'])} GB/s" if o else "")
+                     for r, o in zip(sizes, over)]
+        flag = [Column("over_cap_note", "physical cap", lambda v: v or "")] if any(over) else []
         tables.insert(0, Table(
             "Per op and message size", [
                 Column("op", "op"), Column("group_size", "k", fmt_num, True), *runs,
@@ -1312,7 +1327,7 @@ def render_html(data: dict) -> str:
                 Column("median_sync_time_ns", "median sync (µs)", fmt_us, True),
                 Column("median_algbw_gbps", "median algbw (GB/s)", fmt_num, True),
                 Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
-                Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True),
+                Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True), *flag,
                 Column("median_predicted_ns", "model (µs)", fmt_us, True),
                 Column("median_efficiency", "efficiency", fmt_num, True),
                 Column("verdict", "verdict (most frequent)", lambda v: v or "—"),

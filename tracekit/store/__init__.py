@@ -131,6 +131,10 @@ COLLECTIVES_SCHEMA = pa.schema(
         ("in_place", pa.bool_()),  # nccl-tests runs: the in-place column
         ("wrong", pa.int64()),  # nccl-tests runs: wrong values of the row (#wrong; see nccl_tests_run); else null
         ("cpu_side", pa.bool_()),  # a CPU span with no GPU kernel (gloo span or collective CPU call); null: nccl-tests
+        # where group_size came from: metadata (Group size / Process Group Ranks), shapes (the call's
+        # tensors: output = k × input...), membership (the group's recorded ranks), world (the world
+        # size, a last resort); null: unknown k, or a nccl-tests log (k from the log)
+        ("k_source", pa.string()),
     ]
 )
 
