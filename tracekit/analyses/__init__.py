@@ -31,6 +31,7 @@ PIPELINE = (
     "collective_bandwidth",
     "collective_waits",      # SQL: collective_waits, collective_duplicates (read __instance_calls)
     "collective_samples",
+    "machine",               # Python: group_machine (hosts, ranks per host, GPU, NICs, locality per group)
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (the fit and reference read the class)
     "fit",                   # Python: alpha_beta_fit
     "verdicts",              # collective_verdicts
