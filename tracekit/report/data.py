@@ -525,7 +525,7 @@ def _show(con, t) -> None:
         con.print(Text(caption, style="dim"))
 
 
-LOCALITY_SHORT = {"intra_node": "intra", "inter_node": "inter", "unknown": "unknown"}
+LOCALITY_SHORT = {"intra_node": "intra", "inter_node": "inter", "mixed": "mixed", "unknown": "unknown"}
 """instance_locality's classes as the terminal tables print them."""
 
 

@@ -854,7 +854,7 @@ def alltoall_heatmap(data: dict):
     return fig
 
 
-LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "unknown": "#adb5bd"}
+LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "mixed": "#7048e8", "unknown": "#adb5bd"}
 
 
 def locality_figure(data: dict):
@@ -868,7 +868,7 @@ def locality_figure(data: dict):
     if not rows:
         return None
     fig = go.Figure()
-    for loc in ("intra_node", "inter_node", "unknown"):
+    for loc in ("intra_node", "inter_node", "mixed", "unknown"):
         for op in sorted({r["op"] for r in rows if r["locality"] == loc}):
             sel = sorted((r for r in rows if r["locality"] == loc and r["op"] == op), key=lambda r: r["bucket_bytes"])
             fig.add_trace(go.Scatter(
