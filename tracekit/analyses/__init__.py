@@ -35,6 +35,7 @@ PIPELINE = (
     "node_locality",         # SQL: instance_locality, bandwidth_by_locality (the fit and reference read the class)
     "fit",                   # Python: alpha_beta_fit
     "verdicts",              # collective_verdicts
+    "fleet",                 # Python: group_plateau (degraded links vs peers and model), fleet_pairs, fleet_nodes
     "intervals",             # SQL: the interval macros
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, collective_overlap

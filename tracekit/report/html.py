@@ -1019,8 +1019,8 @@ def report_tables(report: dict) -> list[Table]:
                 Column("median_efficiency_link", "efficiency", fmt_num, True),
                 Column("link_regime", "regime", lambda v: v or "—"),
             ], eff,
-            note=("Power-of-two size buckets, as nccl-tests steps sizes; regime by the link's D*. A bucket at >= 16·D* "
-                  "below 0.5 raises the degraded-link warning."),
+            note=("Power-of-two size buckets, as nccl-tests steps sizes; regime by the link's D*. Degraded links are "
+                  "judged on each group's busbw plateau against its peers and the model (fleet section)."),
             id="efficiency-by-size",
         ))
     if report.get("fit"):
