@@ -22,6 +22,8 @@ locality, first rule that holds:
               and the network between nodes
   unknown     otherwise; ``locality_reason`` says why (no host named, only one host known...)
 
+group_machine: one row per (run, process group).
+
 run_id             VARCHAR  run
 pg_name            VARCHAR  process group (nccl-tests: one benchmark run)
 group_size         INTEGER  k, ranks in the group
