@@ -1149,29 +1149,34 @@ def print_machine(report: dict, console) -> None:
 
 
 def degraded_warnings(rows: list[dict]) -> list[str]:
-    """One warning line per kind of degraded group (group_plateau rows with degraded true); groups whose
-    warnings would read the same apart from the group fold into one line with their count."""
+    """Warning lines for degraded groups (group_plateau rows with degraded true). Groups of the same op,
+    rank count, class, basis and model fold into one line with their count; numbers that differ
+    between them show as a range (min–max)."""
     from tracekit.analyses.fleet import MODEL_FRACTION, PEER_FRACTION
 
-    folded: dict[str, list[dict]] = {}
+    def rng(vals, fmt):
+        lo, hi = fmt(min(vals)), fmt(max(vals))
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    pct = lambda v: f"{v:.0%}"  # noqa: E731
+    folded: dict[tuple, list[dict]] = {}
     for d in rows:
-        why = []
-        if "peers" in (d["degraded_basis"] or ""):
-            why.append(f"{d['peer_ratio']:.0%} of its {d['peers']} peers' median {fmt_num(d['peer_busbw_gbps'])} GB/s "
-                       f"(< {PEER_FRACTION:.0%})")
-        if "model" in (d["degraded_basis"] or ""):
-            why.append(f"{d['model_ratio']:.0%} of {d['model']} ({fmt_num(d['model_busbw_gbps'])} GB/s, "
-                       f"< {MODEL_FRACTION:.0%})")
-        text = (f"{d['op']} on {d['group_size']} ranks ({d['locality'].replace('_', '-')}): large-message busbw "
-                f"{fmt_num(d['plateau_busbw_gbps'])} GB/s ({fmt_bytes(d['plateau_min_bytes'])}–"
-                f"{fmt_bytes(d['plateau_max_bytes'])}, where its curve is flat) reaches {' and '.join(why)}: "
-                "link degraded or misconfigured?")
-        folded.setdefault(text, []).append(d)
+        folded.setdefault((d["op"], d["group_size"], d["locality"], d["degraded_basis"], d["model"]), []).append(d)
     out = []
-    for text, ds in folded.items():
+    for (op, k, loc, basis, model), ds in folded.items():
+        why = []
+        if "peers" in (basis or ""):
+            why.append(f"{rng([d['peer_ratio'] for d in ds], pct)} of its peers' median "
+                       f"{rng([d['peer_busbw_gbps'] for d in ds], fmt_num)} GB/s (< {PEER_FRACTION:.0%})")
+        if "model" in (basis or ""):
+            why.append(f"{rng([d['model_ratio'] for d in ds], pct)} of {model} "
+                       f"({fmt_num(ds[0]['model_busbw_gbps'])} GB/s, < {MODEL_FRACTION:.0%})")
         names = [f"{d['pg_name']} ({d['hosts'] or 'hosts not recorded'})" for d in ds]
         who = names[0] if len(ds) == 1 else f"{len(ds)} groups: " + "; ".join(names[:3]) + ("; …" if len(ds) > 3 else "")
-        out.append(f"{text} [{who}]")
+        out.append(f"{op} on {k} ranks ({loc.replace('_', '-')}): large-message busbw "
+                   f"{rng([d['plateau_busbw_gbps'] for d in ds], fmt_num)} GB/s (the sizes where its curve is flat, "
+                   f"{fmt_bytes(min(d['plateau_min_bytes'] for d in ds))}–{fmt_bytes(max(d['plateau_max_bytes'] for d in ds))}) "
+                   f"reaches {' and '.join(why)}: link degraded or misconfigured? [{who}]")
     return out
 
 
