@@ -741,11 +741,12 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
 # ── machine facts: hosts, ranks per host, GPU, NICs (tracekit.analyses.machine reads them) ──────────
 
 # NCCL's network choice, one line per process: "host:pid:tid [dev] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB
-# [1]mlx5_3:1/RoCE ; OOB ib0:10.0.0.1<0>" (also NET/Socket; the list ends at ';'). NCCL prints it from
-# src/transport/net_ib.cc / net_socket.cc (ncclIbInit, ncclNetSocketInit: "NET/IB : Using%s ; OOB %s").
+# [1]mlx5_3:1/RoCE ; OOB ib0:10.0.0.1<0>" (also NET/Socket; the list ends at ';'): one " [i]dev:port/link"
+# item per network device in use, printed at init by NCCL's IB and socket transports (src/transport/net_ib*,
+# net_socket.cc).
 _NET_USING = re.compile(r"(?P<who>\S+):\d+:\d+\s+\[\d+\]\s+NCCL\s+INFO\s+NET/(?P<plugin>IB|Socket)\s*:\s*Using\s+"
                         r"(?P<list>[^;]*)")
-_NIC_ITEM = re.compile(r"\[\d+\](?P<name>[A-Za-z0-9_.\-]+?)(?::\d+)?(?:/(?P<kind>[A-Za-z]+))?(?=\s|<|$)")
+_NIC_ITEM = re.compile(r"\[\d+\](?P<name>[A-Za-z0-9_.\-]+)(?::[^\s/<;]*)?(?:/(?P<kind>[A-Za-z]+))?")
 # the aws-ofi-nccl plugin: "NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 4 nics)"
 _NET_OFI = re.compile(r"(?P<who>\S+):\d+:\d+\s+\[\d+\]\s+NCCL\s+INFO\s+NET/OFI\b(?P<rest>.*)")
 _OFI_PROVIDER = re.compile(r"[Ss]elected [Pp]rovider is (?P<p>[\w-]+)")
