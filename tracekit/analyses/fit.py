@@ -50,6 +50,11 @@ min_size_bytes    BIGINT   smallest size used (offered, when there is no fit)
 max_size_bytes    BIGINT   largest size used (offered, when there is no fit)
 status            VARCHAR  'ok', 'insufficient' or 'poor'
 status_reason     VARCHAR  why not ok, in words (NULL when ok)
+split             BOOLEAN  β fitted on the sizes >= 4·D* and α on those below (tracekit.model.fit), else one line
+alpha_range_min_bytes BIGINT smallest size α was fitted on
+alpha_range_max_bytes BIGINT largest size α was fitted on
+beta_range_min_bytes  BIGINT smallest size β was fitted on
+beta_range_max_bytes  BIGINT largest size β was fitted on
 
 collective_reference: for each (run, process group, op, group size) of collective_instances,
 the α–β reference its verdicts and efficiency use, chosen in this order (issues 15 and 18):
@@ -125,6 +130,8 @@ SCHEMA = pa.schema(
         ("b_s_per_byte", pa.float64()), ("residual_spread", pa.float64()), ("size_spread", pa.float64()),
         ("residual_max_abs", pa.float64()), ("min_size_bytes", pa.int64()), ("max_size_bytes", pa.int64()),
         ("status", pa.string()), ("status_reason", pa.string()),
+        ("split", pa.bool_()), ("alpha_range_min_bytes", pa.int64()), ("alpha_range_max_bytes", pa.int64()),
+        ("beta_range_min_bytes", pa.int64()), ("beta_range_max_bytes", pa.int64()),
     ]
 )
 
@@ -198,7 +205,9 @@ def _fit_one(lst: list[tuple], op: str, k: int, row: dict) -> dict:
                b_s_per_byte=f.b_s_per_byte, residual_spread=f.residual_spread,
                size_spread=f.size_spread, residual_max_abs=f.residual_max_abs,
                min_size_bytes=f.min_size_bytes, max_size_bytes=f.max_size_bytes,
-               status=f.status, status_reason=f.status_reason or None)
+               status=f.status, status_reason=f.status_reason or None, split=f.split,
+               alpha_range_min_bytes=f.alpha_range_bytes[0], alpha_range_max_bytes=f.alpha_range_bytes[1],
+               beta_range_min_bytes=f.beta_range_bytes[0], beta_range_max_bytes=f.beta_range_bytes[1])
     return row
 
 

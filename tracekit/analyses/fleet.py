@@ -77,10 +77,7 @@ from statistics import median
 
 import pyarrow as pa
 
-PLATEAU_WITHIN = 0.9
-"""Plateau sizes: from the largest size down, while every busbw from there on stays >= this fraction of
-the curve's peak. 0.9: nccl-tests' busbw at the largest sizes of a healthy run moves by a few percent
-from size to size; 10 % keeps the flat top and leaves out the ramp."""
+from tracekit.model.fit import PLATEAU_WITHIN  # noqa: E402 - the plateau's one definition (0.9 of the peak)
 
 MIN_PEERS = 2
 """Peers needed to judge a group against them (with one, which of the two is slow is unclear)."""
