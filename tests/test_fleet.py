@@ -144,3 +144,25 @@ def test_pairs_and_common_node_by_hand():
     assert pairs[0]["fleet_busbw_gbps"] == 40.0 and pairs[0]["ratio"] == 0.25  # median of 10, 12, 40, 42, 41
     assert [(n["host"], n["slow_pairs"], n["suspect"]) for n in nodes] == [
         ("n1", 2, True), ("n2", 1, False), ("n3", 1, False), ("n4", 0, False)]
+
+
+def test_a_run_far_below_its_one_peer_is_flagged_the_peer_is_not(tmp_path):
+    # two 2-node × 8 H100 all_reduce runs on the same hosts: 216 GB/s and 28.6 GB/s of busbw at large
+    # sizes (7.6× lower); the NIC preset (ib_ndr, 40 GB/s) alone would not catch it (28.6/40 = 72 %)
+    from tests.test_machine_reference import _allreduce_log
+
+    k = 16
+
+    def rows(busbw):  # t = S/busbw · 2(k−1)/k, µs
+        return [(2**p, 2**p / (busbw * 1e9) * 2 * (k - 1) / k * 1e6) for p in (28, 29, 30)]
+
+    store = Store(tmp_path / "s")
+    ingest_paths([_allreduce_log(tmp_path / "good_all_reduce.log", ["n1", "n2"], 8, rows(216.0)),
+                  _allreduce_log(tmp_path / "slow_all_reduce.log", ["n1", "n2"], 8, rows(28.6))], store, run_id="r")
+    rep = build_report(store, "r")
+    (d,) = rep["degraded_links"]
+    assert (d["pg_name"], d["degraded_basis"], d["peers"]) == ("nccl_tests:all_reduce:run1", "peers", 1)
+    assert d["plateau_busbw_gbps"] == pytest.approx(28.6, rel=1e-3) and d["peer_busbw_gbps"] == pytest.approx(216, rel=1e-3)
+    assert d["peer_ratio"] == pytest.approx(28.6 / 216, rel=2e-3)
+    (w,) = [w for w in rep["warnings"] if "degraded" in w]
+    assert "13% of its peers' median 216.00 GB/s" in w and "n1,n2" in w

@@ -79,8 +79,9 @@ import pyarrow as pa
 
 from tracekit.model.fit import PLATEAU_WITHIN  # noqa: E402 - the plateau's one definition (0.9 of the peak)
 
-MIN_PEERS = 2
-"""Peers needed to judge a group against them (with one, which of the two is slow is unclear)."""
+MIN_PEERS = 1
+"""Peers needed to judge a group against them. One suffices: of two groups only the slower can fall
+below PEER_FRACTION (< 1) of the other."""
 
 PEER_FRACTION = 0.7
 """Degraded against peers: plateau below this fraction of the peers' median plateau. Identical healthy
