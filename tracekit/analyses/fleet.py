@@ -4,9 +4,9 @@ Reads: collective_bandwidth, group_machine, collective_reference
 
 A degraded link is found the way an operator looks for one: each group's large-message bus
 bandwidth — the sizes where its own busbw curve has flattened — against (a) its peers, the other
-groups of the same op, rank count, locality class, ranks per host, node count and GPU model among
-the runs connected (a fleet: every node pair of a cluster acceptance sweep), and (b) the machine
-model (the group's link from collective_reference).
+groups of the same op, rank count, locality class, ranks per host, node count and GPU model in the
+same run or in another connected run sharing a host with it (a fleet: every node pair of a cluster
+acceptance sweep), and (b) the machine model (the group's link from collective_reference).
 
 The plateau of a group: the per-size median busbw (collective_bandwidth: S / sync time × the
 nccl-tests bus factor, GB/s with GB = 1e9), sizes ascending; the plateau sizes are the largest
@@ -37,7 +37,8 @@ plateau_min_bytes   BIGINT   smallest plateau size, bytes
 plateau_max_bytes   BIGINT   largest plateau size, bytes
 plateau_sizes       INTEGER  sizes in the plateau
 plateau_busbw_gbps  DOUBLE   median busbw over the plateau sizes, GB/s
-peers               INTEGER  peer groups (same op, k, locality, ranks per host, nodes, GPU; itself excluded)
+peers               INTEGER  peer groups (same op, k, locality, ranks per host, nodes, GPU; same run or one
+                             sharing a host; itself excluded)
 peer_busbw_gbps     DOUBLE   median plateau busbw of the peers, GB/s (NULL: no peers)
 peer_ratio          DOUBLE   plateau / peer median (NULL: fewer than MIN_PEERS peers)
 model               VARCHAR  the machine model's link (collective_reference.link), NULL when none
@@ -174,8 +175,13 @@ def group_rows(con) -> list[dict]:
     for r in rows:
         if r["locality"] != "unknown":
             peers[key(r)].append(r)
+    run_hosts: dict = defaultdict(set)
     for r in rows:
-        others = [o["plateau_busbw_gbps"] for o in peers.get(key(r), []) if o is not r]
+        run_hosts[r["run_id"]].update(h for h in (r["hosts"] or "").split(",") if h)
+    for r in rows:
+        # peers: this run's groups, and another run's only where the two runs share a host (one fleet)
+        others = [o["plateau_busbw_gbps"] for o in peers.get(key(r), []) if o is not r and (
+            o["run_id"] == r["run_id"] or run_hosts[o["run_id"]] & run_hosts[r["run_id"]])]
         r["peers"] = len(others)
         basis = []
         if others:
