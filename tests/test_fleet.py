@@ -166,3 +166,20 @@ def test_a_run_far_below_its_one_peer_is_flagged_the_peer_is_not(tmp_path):
     assert d["peer_ratio"] == pytest.approx(28.6 / 216, rel=2e-3)
     (w,) = [w for w in rep["warnings"] if "degraded" in w]
     assert "13% of its peers' median 216.00 GB/s" in w and "n1,n2" in w
+
+
+@pytest.mark.parametrize("slow_hosts, flagged", [(["n1", "n2"], True), (["m1", "m2"], False)])
+def test_peers_in_another_run_only_on_shared_hosts(tmp_path, slow_hosts, flagged):
+    # the same two logs ingested as two runs: the healthy run is a peer of the slow one only when the
+    # runs share a host (one fleet); on other hosts the slow run is judged against the model alone
+    from tests.test_machine_reference import _allreduce_log
+
+    def rows(busbw):
+        return [(2**p, 2**p / (busbw * 1e9) * 2 * 15 / 16 * 1e6) for p in (28, 29, 30)]
+
+    store = Store(tmp_path / "s")
+    ingest_paths([_allreduce_log(tmp_path / "good_all_reduce.log", ["n1", "n2"], 8, rows(216.0))], store,
+                 run_id="good")
+    ingest_paths([_allreduce_log(tmp_path / "slow_all_reduce.log", slow_hosts, 8, rows(28.6))], store, run_id="slow")
+    rep = build_report(store, "slow")
+    assert bool(rep["degraded_links"]) is flagged
