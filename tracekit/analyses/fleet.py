@@ -17,7 +17,8 @@ point and all-to-all reach their plateau later than the α–β line's crossover
 A group is degraded when (a) it has >= ``MIN_PEERS`` peers and its plateau is below
 ``PEER_FRACTION`` × the median of their plateaus (basis ``peers``), or (b) its plateau is below
 ``MODEL_FRACTION`` × the model's busbw (the link's effective β: for the ring-type algorithms the
-model uses, busbw at large sizes → β; basis ``model``; ``peers,model`` when both; not against
+model uses, busbw at large sizes → β; basis ``model``; ``peers,model`` when both; only when the
+plateau's sizes are all >= ``MODEL_CROSSOVERS`` × the model's D*, and not against
 ``NO_MODEL_CHECK_LINKS``).
 
 group_plateau: one row per (run, process group) with busbw.
@@ -44,6 +45,7 @@ peer_ratio          DOUBLE   plateau / peer median (NULL: fewer than MIN_PEERS p
 model               VARCHAR  the machine model's link (collective_reference.link), NULL when none
 model_busbw_gbps    DOUBLE   its effective β, GB/s
 model_ratio         DOUBLE   plateau / model busbw
+model_crossover_bytes DOUBLE the model's D* = A·α·β/B for the op on k ranks (default algorithm), bytes
 degraded            BOOLEAN  true when flagged (rules above)
 degraded_basis      VARCHAR  peers / model / peers,model (NULL when not degraded)
 
@@ -89,6 +91,10 @@ PEER_FRACTION = 0.7
 nodes of one fleet agree to far better than 30 % at large sizes; a link running at a lower rate or
 width, or traffic on a slower path, costs 2× or more."""
 
+MODEL_CROSSOVERS = 4
+"""The model check looks only at a plateau whose sizes are all >= this many of the model's crossovers D*
+(where its β term is >= 80 % of its time): below, busbw measures latency, not the link."""
+
 MODEL_FRACTION = 0.25
 """Degraded against the model: plateau below this fraction of the model's busbw. Loose on purpose:
 the model's multi-node link is a preset (one NIC per GPU assumed when the NICs are not logged), not
@@ -108,7 +114,8 @@ SCHEMA = pa.schema(
         ("plateau_min_bytes", pa.int64()), ("plateau_max_bytes", pa.int64()), ("plateau_sizes", pa.int32()),
         ("plateau_busbw_gbps", pa.float64()), ("peers", pa.int32()), ("peer_busbw_gbps", pa.float64()),
         ("peer_ratio", pa.float64()), ("model", pa.string()), ("model_busbw_gbps", pa.float64()),
-        ("model_ratio", pa.float64()), ("degraded", pa.bool_()), ("degraded_basis", pa.string()),
+        ("model_ratio", pa.float64()), ("model_crossover_bytes", pa.float64()), ("degraded", pa.bool_()),
+        ("degraded_basis", pa.string()),
     ]
 )
 
@@ -143,6 +150,21 @@ def plateau(curve: list[tuple[int, float]]) -> tuple[float, int, int, int, float
     return float(median(b for _, b in top)), top[0][0], top[-1][0], len(top), peak
 
 
+def _crossover(op: str, k, alpha, beta) -> float | None:
+    """The model's D* = A·α·β/B for ``op`` on ``k`` ranks under its default algorithm
+    (tracekit.model.algorithm_coefficients), bytes; None where the model has no answer."""
+    from tracekit.model import ALGORITHMS, algorithm_coefficients
+
+    algos = ALGORITHMS.get(op)
+    if not algos or alpha is None or not beta or not k:
+        return None
+    try:
+        c = algorithm_coefficients(op, algos[0], int(k))
+    except Exception:  # noqa: BLE001 - a group size the algorithm cannot run on: no crossover
+        return None
+    return c.alpha_coeff * alpha * beta / c.beta_coeff if c.beta_coeff else None
+
+
 def group_rows(con) -> list[dict]:
     """The rows of group_plateau (module docstring)."""
     curves: dict = defaultdict(list)
@@ -155,18 +177,19 @@ def group_rows(con) -> list[dict]:
     shape = {(r[0], r[1]): r[2:] for r in con.execute(
         "SELECT run_id, pg_name, locality, nodes, ranks_per_host, hosts, gpu FROM group_machine").fetchall()}
     model = {(r[0], r[1]): r[2:] for r in con.execute(
-        "SELECT run_id, pg_name, any_value(link), any_value(link_beta_Bps) FROM collective_reference "
-        "GROUP BY ALL").fetchall()}
+        "SELECT run_id, pg_name, any_value(link), any_value(link_beta_Bps), any_value(link_alpha_s) "
+        "FROM collective_reference GROUP BY ALL").fetchall()}
     rows = []
     for (rid, pg), pts in sorted(curves.items()):
         op = "send" if pts[0][0] == "recv" else pts[0][0]
         p = plateau([(s, b) for _, _, s, b in pts])
         loc, nodes, rph, hosts, gpu = shape.get((rid, pg), ("unknown", 0, None, "", None))
-        link, beta = model.get((rid, pg), (None, None))
+        link, beta, alpha = model.get((rid, pg), (None, None, None))
         row = dict(run_id=rid, pg_name=pg, op=op, group_size=pts[0][1], locality=loc, nodes=nodes,
                    ranks_per_host=rph, hosts=hosts, gpu=gpu, sizes=len(pts), peak_busbw_gbps=p[4],
                    plateau_busbw_gbps=p[0], plateau_min_bytes=p[1], plateau_max_bytes=p[2], plateau_sizes=p[3],
-                   model=link, model_busbw_gbps=beta / 1e9 if beta else None)
+                   model=link, model_busbw_gbps=beta / 1e9 if beta else None,
+                   model_crossover_bytes=_crossover(op, pts[0][1], alpha, beta))
         if row["model_busbw_gbps"]:
             row["model_ratio"] = row["plateau_busbw_gbps"] / row["model_busbw_gbps"]
         rows.append(row)
@@ -191,6 +214,8 @@ def group_rows(con) -> list[dict]:
                 if r["peer_ratio"] < PEER_FRACTION:
                     basis.append("peers")
         if (r.get("model_ratio") is not None and r["model"] not in NO_MODEL_CHECK_LINKS
+                and r["model_crossover_bytes"] is not None
+                and r["plateau_min_bytes"] >= MODEL_CROSSOVERS * r["model_crossover_bytes"]
                 and r["model_ratio"] < MODEL_FRACTION):
             basis.append("model")
         r["degraded"] = bool(basis)

@@ -1135,7 +1135,7 @@ def machine_lines(report: dict) -> list[str]:
             continue
         per = f"{m['ranks_per_host']}" if m["ranks_per_host"] else "uneven"
         nics = (f", {m['nics_per_node']} NICs/node" if m["nics_per_node"] else "") + (f" ({m['nic']})" if m["nic"] else "")
-        hosts = ", ".join(m["hosts"][:4]) + (f" … ({len(m['hosts'])} hosts)" if len(m["hosts"]) > 4 else "")
+        hosts = ", ".join(m["hosts"][:4]) + (f" and {len(m['hosts']) - 4} more" if len(m["hosts"]) > 4 else "")
         out.append(f"machine: {m['nodes']} node(s) × {per} rank(s) of {m['gpu'] or 'unknown GPU'}{nics}, "
                    f"{m['locality'].replace('_', '-')}, {m['groups']} group(s) on {hosts} (source: {m['source']})"
                    + (f" — {m['locality_reason']}" if m["locality_reason"] else ""))
@@ -1172,7 +1172,8 @@ def degraded_warnings(rows: list[dict]) -> list[str]:
             why.append(f"{rng([d['model_ratio'] for d in ds], pct)} of {model} "
                        f"({fmt_num(ds[0]['model_busbw_gbps'])} GB/s, < {MODEL_FRACTION:.0%})")
         names = [f"{d['pg_name']} ({d['hosts'] or 'hosts not recorded'})" for d in ds]
-        who = names[0] if len(ds) == 1 else f"{len(ds)} groups: " + "; ".join(names[:3]) + ("; …" if len(ds) > 3 else "")
+        who = names[0] if len(ds) == 1 else (f"{len(ds)} groups: " + "; ".join(names[:3])
+                                             + (f" and {len(ds) - 3} more" if len(ds) > 3 else ""))
         out.append(f"{op} on {k} ranks ({loc.replace('_', '-')}): large-message busbw "
                    f"{rng([d['plateau_busbw_gbps'] for d in ds], fmt_num)} GB/s (the sizes where its curve is flat, "
                    f"{fmt_bytes(min(d['plateau_min_bytes'] for d in ds))}–{fmt_bytes(max(d['plateau_max_bytes'] for d in ds))}) "
