@@ -29,20 +29,20 @@ Samples excluded, each with its reason:
   back) until the kept set stops changing, at most 20 rounds.
 
 β from the large sizes, α from the small ones. Real NCCL curves bend: protocol and chunking
-switches make the time per byte fall slowly up to the plateau, so one line over 1 KB–16 GB puts
-its slope between the two regimes and β lands below the large-message busbw plateau (6–10 % on
-nccl-tests logs, outside its own interval). So, after the robust fit over all sizes, the bound is
-the larger of ``BETA_RANGE_CROSSOVERS`` × D* (D* = a/b of the current fit) and the start of the
-plateau (the smallest size from which every per-size median n/t stays >= ``PLATEAU_WITHIN`` × the
-best); when the kept samples hold >= ``BETA_RANGE_MIN_SIZES`` = 2 distinct sizes at or above it and
->= 2 below:
+switches make the time per byte fall slowly up to the plateau, so one line over every size puts
+its slope between the two regimes and β lands below the large-message busbw plateau, often outside
+its own interval. So, after the robust fit over all sizes, the bound is the larger of
+``BETA_RANGE_CROSSOVERS`` × D* (D* = a/b of the current fit) and the start of the plateau (the
+smallest size from which every per-size median n/t stays >= ``PLATEAU_WITHIN`` × the best); when
+the kept samples hold >= ``BETA_RANGE_MIN_SIZES`` = 2 distinct sizes at or above it and >= 2 below,
 the bandwidth term b is the slope of the relative weighted line through the samples >= the bound
-alone (its intercept is discarded: the α term is < 1/4 of the time there), and a is the relative weighted mean of t − b·n over the samples below it
-(b fixed; a < 0 is clamped to 0); D* is recomputed and the split repeated until the bound stops
-moving (at most 5 rounds). se(b) and β's interval come from the large-size regression alone, se(a)
-and α's from the small-size one (s² over m − 1 degrees of freedom, se(a)² = s²/Σ(1/t²); b's
-uncertainty is not propagated into a). ``beta_range_bytes`` / ``alpha_range_bytes`` report the two
-size ranges (both the whole range when the split does not apply; ``split`` says which).
+alone (its intercept is discarded: the α term is <= 1/5 of the time there), and a is the relative
+weighted mean of t − b·n over the samples below it (b fixed; a < 0 is clamped to 0); D* is
+recomputed and the split repeated until the β range stops changing (at most 5 rounds). se(b) and
+β's interval come from the large-size regression alone, se(a) and α's from the small-size one (s²
+over m − 1 degrees of freedom, se(a)² = s²/Σ(1/t²); b's uncertainty is not propagated into a).
+``beta_range_bytes`` / ``alpha_range_bytes`` report the two size ranges (both the whole range when
+the split does not apply; ``split`` says which).
 
 If the weighted fit's intercept comes out negative (α < 0 is not a link),
 it is refitted through the origin (a = 0, b = Σ(n/t)/Σ((n/t)²)) and
