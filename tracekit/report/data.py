@@ -229,7 +229,8 @@ def build_report(
         "f.alpha_lo_s, f.alpha_hi_s, f.fixed_latency_s, f.beta_gbps, f.beta_se_Bps / 1e9 AS beta_se_gbps, "
         "f.beta_lo_Bps / 1e9 AS beta_lo_gbps, f.beta_hi_Bps / 1e9 AS beta_hi_gbps, f.n_half_bytes, f.crossover_bytes, "
         "f.residual_spread, f.size_spread, f.residual_max_abs, f.min_size_bytes, f.max_size_bytes, f.status, "
-        "f.status_reason FROM alpha_beta_fit f "
+        "f.status_reason, f.split, f.alpha_range_min_bytes, f.alpha_range_max_bytes, f.beta_range_min_bytes, "
+        "f.beta_range_max_bytes FROM alpha_beta_fit f "
         "WHERE f.run_id = ? ORDER BY f.op, f.group_size, f.scope, f.locality, f.pg_name",
         p,
     )
@@ -645,7 +646,9 @@ def print_report(report: dict, console=None) -> None:
         t.caption = ("D* = the collective's crossover size (α term = β term): its latency/bandwidth boundary; "
                      "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
                      "(of the per-size medians, which is judged: ok <= 15 %); class: the group's ranks on one "
-                     "host (intra), several (inter) or unknown; 'all <class>': that class's groups pooled")
+                     "host (intra), one on each of several (inter), several on each of several (mixed) or unknown; "
+                     "'all <class>': that class's groups pooled; β from "
+                     "the plateau sizes >= 4·D*, α from the sizes below (--json: alpha_range_*, beta_range_*)")
         _show(con, t)
     if report.get("references"):
         t = _table("Reference of the verdicts (what each op was judged against)")
@@ -680,7 +683,7 @@ def print_report(report: dict, console=None) -> None:
         links = sorted({r["link"] for r in report["verdicts"] if r.get("link")})
         t.caption = ("efficiency: median predicted / measured sync time, against the reference; vs link: against "
                      "the link (" + (", ".join(links) or "none") + "); class: the group's ranks on one host (intra), "
-                     "several (inter), unknown")
+                     "one on each of several (inter), several on each of several (mixed), unknown")
         _show(con, t)
     eff = [r for r in report.get("by_size") or [] if r.get("link")]
     if eff:
