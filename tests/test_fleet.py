@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 import pytest
 
 from tests.conftest import shared_trace
@@ -183,3 +185,24 @@ def test_peers_in_another_run_only_on_shared_hosts(tmp_path, slow_hosts, flagged
     ingest_paths([_allreduce_log(tmp_path / "slow_all_reduce.log", slow_hosts, 8, rows(28.6))], store, run_id="slow")
     rep = build_report(store, "slow")
     assert bool(rep["degraded_links"]) is flagged
+
+
+def test_fleet_in_json_and_html(fleet):
+    import json
+
+    from tracekit.report.data import report_json
+    from tracekit.report.html import fleet_heatmap
+
+    store, con = fleet
+    rep = build_report(store, "fleet", con=con)
+    back = json.loads(report_json(rep))
+    assert len(back["fleet"]["pairs"]) == 360 and back["fleet"]["slow_pairs"] == []
+    assert {m["locality"] for m in back["machine"]} == {"inter_node", "mixed"}
+    fig = fleet_heatmap({"report": rep})
+    # one heatmap per op (all_to_all, send) and GPUs per node (1, 2, 4, 8), 10 × 10 nodes each
+    assert len(fig.data) == 8
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (10, 10) and np.isnan(np.diag(z)).all()
+    assert np.allclose(z, z.T, equal_nan=True)  # a pair's value on both sides of the diagonal
+    pair = next(p for p in rep["fleet"]["pairs"] if p["op"] == "all_to_all" and p["ranks_per_host"] == 1)
+    assert z[0, 1] == pytest.approx(pair["plateau_busbw_gbps"] / pair["fleet_busbw_gbps"])

@@ -1286,9 +1286,10 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "chunk on the diagonal), and per call the max/mean of the bytes ranks send and receive: 1 = even "
      "(analyses/alltoall_imbalance.sql)."),
     ("locality", "Intra- vs inter-node", locality_figure,
-     "Each instance is intra-node when every rank of its group is on one host (ranks.host), inter-node when they are "
-     "on several, unknown when a host is not known; one line per op and class: the median nccl-tests busbw "
-     "of each power-of-two size bucket (analyses/node_locality.sql)."),
+     "Each instance is intra-node when every rank of its group is on one host (trace host names, or an nccl-tests "
+     "log's 'Using devices' lines), inter-node when they are one on each of several, mixed when several share "
+     "each of several hosts, unknown when a host is not known; one line per op and class: the median nccl-tests "
+     "busbw of each power-of-two size bucket (analyses/machine.py, node_locality.sql)."),
     ("bubbles", "Pipeline bubbles", bubbles_figure,
      "Per pipeline stage and profiler step: the part of the step (first to last event over all stages) the "
      "stage spends outside compute, beside the model's (p−1)/(m+p−1) for p stages and m micro-batches "
