@@ -14,11 +14,12 @@ sizes from which every busbw stays >= ``PLATEAU_WITHIN`` × the curve's peak (th
 rising), and the plateau busbw is the median busbw over them. Not a fixed multiple of D*: point-to-
 point and all-to-all reach their plateau later than the α–β line's crossover suggests.
 
-A group is degraded when (a) it has >= ``MIN_PEERS`` peers and its plateau is below
-``PEER_FRACTION`` × the median of their plateaus (basis ``peers``), or (b) its plateau is below
+A group is judged only where its plateau lies in the model's bandwidth regime (every plateau size
+>= ``MODEL_CROSSOVERS`` × the model's D*; any plateau when there is no model): below that, busbw
+measures latency and launch jitter, not the link. It is degraded when (a) it has >= ``MIN_PEERS``
+peers and its plateau is below ``PEER_FRACTION`` × the median of their plateaus (basis ``peers``), or (b) its plateau is below
 ``MODEL_FRACTION`` × the model's busbw (the link's effective β: for the ring-type algorithms the
-model uses, busbw at large sizes → β; basis ``model``; ``peers,model`` when both; only when the
-plateau's sizes are all >= ``MODEL_CROSSOVERS`` × the model's D*, and not against
+model uses, busbw at large sizes → β; basis ``model``; ``peers,model`` when both; not against
 ``NO_MODEL_CHECK_LINKS``).
 
 group_plateau: one row per (run, process group) with busbw.
@@ -92,7 +93,7 @@ nodes of one fleet agree to far better than 30 % at large sizes; a link running 
 width, or traffic on a slower path, costs 2× or more."""
 
 MODEL_CROSSOVERS = 4
-"""The model check looks only at a plateau whose sizes are all >= this many of the model's crossovers D*
+"""Both checks look only at a plateau whose sizes are all >= this many of the model's crossovers D*
 (where its β term is >= 80 % of its time): below, busbw measures latency, not the link."""
 
 MODEL_FRACTION = 0.25
@@ -207,16 +208,18 @@ def group_rows(con) -> list[dict]:
             o["run_id"] == r["run_id"] or run_hosts[o["run_id"]] & run_hosts[r["run_id"]])]
         r["peers"] = len(others)
         basis = []
+        # judged only on a plateau in the model's bandwidth regime (all its sizes >= MODEL_CROSSOVERS·D*;
+        # any plateau when the model has no D*): below, busbw measures latency and launch jitter
+        bandwidth = (r["model_crossover_bytes"] is None
+                     or r["plateau_min_bytes"] >= MODEL_CROSSOVERS * r["model_crossover_bytes"])
         if others:
             r["peer_busbw_gbps"] = float(median(others))
             if len(others) >= MIN_PEERS and r["peer_busbw_gbps"] > 0:
                 r["peer_ratio"] = r["plateau_busbw_gbps"] / r["peer_busbw_gbps"]
-                if r["peer_ratio"] < PEER_FRACTION:
+                if r["peer_ratio"] < PEER_FRACTION and bandwidth:
                     basis.append("peers")
         if (r.get("model_ratio") is not None and r["model"] not in NO_MODEL_CHECK_LINKS
-                and r["model_crossover_bytes"] is not None
-                and r["plateau_min_bytes"] >= MODEL_CROSSOVERS * r["model_crossover_bytes"]
-                and r["model_ratio"] < MODEL_FRACTION):
+                and r["model_crossover_bytes"] is not None and bandwidth and r["model_ratio"] < MODEL_FRACTION):
             basis.append("model")
         r["degraded"] = bool(basis)
         r["degraded_basis"] = ",".join(basis) or None
