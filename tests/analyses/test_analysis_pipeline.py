@@ -111,9 +111,9 @@ def test_any_statement_type_builds_what_it_names(tp_store, monkeypatch, capsys):
     made.clear()
     assert main(["sql", "--store", str(tp_store.path), "--json", "DESCRIBE alpha_beta_fit"]) == 0
     assert [r["column_name"] for r in json.loads(capsys.readouterr().out)][:2] == ["run_id", "source"]
-    # fit reads collective_instances, collective_samples and instance_locality (node_locality, which
-    # reads collective_bandwidth), each built once, before it
-    assert made == ["instance_rows", "collective_instances", "collective_samples", "collective_bandwidth",
+    # fit reads collective_instances, collective_samples, group_machine (machine) and instance_locality
+    # (node_locality, which reads collective_bandwidth and group_machine), each built once, before it
+    assert made == ["instance_rows", "collective_instances", "collective_samples", "machine", "collective_bandwidth",
                     "node_locality", "fit"]
 
 

@@ -141,7 +141,12 @@ def test_fit_superbench_all_reduce():
     dominated = sizes >= 10 * log.group_size * fit.n_half_bytes
     assert dominated.sum() >= 6  # 64 MB … 8 GiB
     residuals = np.array(fit.residuals)[dominated]
-    assert np.all(np.abs(residuals) < 0.10), residuals
+    # β comes from the plateau sizes (tracekit.model.fit's two ranges): those agree within 4 %; the
+    # ramp below the plateau (64–128 MB) sits up to 11 % above the plateau's line
+    assert fit.split and fit.beta_range_bytes[0] >= 2**28
+    on_plateau = sizes >= fit.beta_range_bytes[0]
+    assert np.all(np.abs(np.array(fit.residuals)[on_plateau]) < 0.04)
+    assert np.all(np.abs(residuals) < 0.12), residuals
     # and the latency plateau (≤ 64 KB) is fitted within 10 % as well
     plateau = (sizes > 0) & (sizes <= 65536)
     assert np.all(np.abs(np.array(fit.residuals)[plateau]) < 0.10)

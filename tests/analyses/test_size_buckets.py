@@ -181,7 +181,10 @@ def test_two_benchmark_runs_get_two_fits(tmp_path):
     for f, (alpha, beta) in zip(fits, RUNS):
         assert f[2:5] == ("all_reduce", K, 2 * len(SIZES)) and f[7] == "ok"  # both halves of every row
         a_ref, b_ref = _independent_fit(alpha, beta)
-        assert f[5] == pytest.approx(a_ref, rel=1e-6) and f[6] == pytest.approx(b_ref, rel=1e-6)
+        # one line over every size; tracekit.model.fit takes β from the large sizes and α from the small
+        # ones (two ranges), which on this straight line, times rounded to 0.01 µs, moves α and β by
+        # < 2e-5 (β lands closer to the true 240 GB/s)
+        assert f[5] == pytest.approx(a_ref, rel=2e-5) and f[6] == pytest.approx(b_ref, rel=2e-5)
         assert f[5] == pytest.approx(alpha, rel=0.01) and f[6] == pytest.approx(beta, rel=0.01)
         assert refs[f[1]] == f[5]  # each benchmark run judged by its own fit
     rep = build_report(store, "log")

@@ -51,12 +51,16 @@ MODULES: tuple[Module, ...] = (
     Module("collective_waits", ("collective_duplicates", "collective_waits", "mismatched_instances"),
            ("__instance_calls", "collective_instances", "collectives", "ranks")),
     Module("collective_samples", ("collective_samples",), ("collective_instances", "collectives", "runs")),
+    Module("machine", ("group_machine",), ("collectives", "ranks", "runs")),  # Python: hosts, GPU, NICs, class per group
     Module("node_locality", ("bandwidth_by_locality", "instance_locality"),
-           ("collective_bandwidth", "collective_instances", "collectives", "ranks")),
+           ("collective_bandwidth", "collective_instances", "collectives", "group_machine", "ranks")),
     Module("fit", ("alpha_beta_fit", "collective_reference"),  # Python
-           ("collective_instances", "collective_samples", "collectives", "instance_locality", "ranks", "runs")),
+           ("collective_instances", "collective_samples", "collectives", "group_machine", "instance_locality", "ranks",
+            "runs")),
     Module("verdicts", ("collective_verdicts",),
            ("alpha_beta_fit", "collective_instances", "collective_reference", "ranks", "runs")),
+    Module("fleet", ("fleet_nodes", "fleet_pairs", "group_plateau"),  # Python: degraded links vs peers and model
+           ("collective_bandwidth", "collective_reference", "group_machine", "ranks", "runs")),
     Module("intervals", ("intersect_islands", "island_prefix", "merge_intervals"), ()),
     Module("overlap_windows", ("_overlap_summary", "_overlap_summary_computed", "_span_overlap",  # Python: the sweep
                                "_span_overlap_computed", "_summary_missing", "overlap_windows"),

@@ -1,6 +1,6 @@
 """alpha_beta_fit and collective_reference — Python analyses.
 
-Reads: collective_samples, collective_instances, instance_locality, runs, ranks, collectives
+Reads: collective_samples, collective_instances, instance_locality, group_machine, runs, ranks, collectives
 
 alpha_beta_fit: α, β and n½ fitted per (run, process group, op, group size) — scope ``group``: a
 process group of a trace, or one benchmark run (one header and its rows) of a nccl-tests log, so two
@@ -19,7 +19,7 @@ run_id            VARCHAR  run
 source            VARCHAR  'trace' or 'nccl_tests'
 scope             VARCHAR  'group' (one process group / benchmark run) or 'locality' (a class's groups pooled)
 pg_name           VARCHAR  the process group or benchmark run fitted (NULL for scope 'locality')
-locality          VARCHAR  intra_node / inter_node / unknown (analyses/node_locality.sql) of the group or class
+locality          VARCHAR  intra_node / inter_node / mixed / unknown (analyses/machine.py) of the group or class
 groups            INTEGER  process groups whose samples were fitted (1 for scope 'group')
 op                VARCHAR  canonical op
 group_size        INTEGER  k
@@ -50,6 +50,11 @@ min_size_bytes    BIGINT   smallest size used (offered, when there is no fit)
 max_size_bytes    BIGINT   largest size used (offered, when there is no fit)
 status            VARCHAR  'ok', 'insufficient' or 'poor'
 status_reason     VARCHAR  why not ok, in words (NULL when ok)
+split             BOOLEAN  β fitted on the sizes >= 4·D* and α on those below (tracekit.model.fit), else one line
+alpha_range_min_bytes BIGINT smallest size α was fitted on
+alpha_range_max_bytes BIGINT largest size α was fitted on
+beta_range_min_bytes  BIGINT smallest size β was fitted on
+beta_range_max_bytes  BIGINT largest size β was fitted on
 
 collective_reference: for each (run, process group, op, group size) of collective_instances,
 the α–β reference its verdicts and efficiency use, chosen in this order (issues 15 and 18):
@@ -61,14 +66,19 @@ the α–β reference its verdicts and efficiency use, chosen in this order (iss
    when the run is a calibration run (its own benchmark run's fit);
 3. the newest ``ok`` fit of a calibration run (a ``collect sweep`` run or a nccl-tests log) on the
    same machine: same backend and device name and, when both record hosts, the group's hosts
-   among the calibration run's; a calibration run's own fit first for itself. Same op and group
-   size, else the same op at the nearest group size (said in ref_note); never another op's fit
-   (α per step depends on the algorithm and protocol NCCL picks for the op) — ref_kind
-   ``sweep`` / ``nccl_tests``;
+   among the calibration run's (a log's hosts: its "Using devices" lines, group_machine); a
+   calibration run's own fit first for itself. Only a fit of a group of the same locality class
+   and, where both are known, the same ranks per host and GPU model (:func:`machine_compatible`):
+   a single-node NVLink fit is never the reference of a group that crosses the network. Same op
+   and group size, else the same op at the nearest group size within that class (said in
+   ref_note); never another op's fit (α per step depends on the algorithm and protocol NCCL picks
+   for the op) — ref_kind ``sweep`` / ``nccl_tests``;
 4. a preset from the device and topology: the group's ranks on one host → that device's intra-node
    link (tracekit.model.device_presets: NVLink, xGMI or PCIe; a CPU gloo run → loopback_gloo);
-   across hosts → the typical NIC preset of such systems, shared by the node's GPUs over
-   ``tk_nics_per_node`` NICs when set (tracekit.model.network_link). Hosts not recorded: a group
+   across hosts (class inter_node or mixed) → the typical NIC preset of such systems, shared by the
+   node's GPUs over ``tk_nics_per_node`` NICs when set, else the NICs per node the log's NCCL INFO
+   NET lines name (tracekit.model.network_link); this preset stands for the machine model until
+   tracekit.model has NCCL's per-algorithm one, and ref_note says so. Hosts not recorded: a group
    of <= 8 ranks is taken as one host (said in ref_note), a larger one has no preset —
    ref_kind ``preset``;
 5. none: ref_kind NULL and no_model_reason says why.
@@ -82,7 +92,7 @@ run_id           VARCHAR  run
 pg_name          VARCHAR  process group
 op               VARCHAR  canonical op
 group_size       INTEGER  k
-locality         VARCHAR  intra_node / inter_node / unknown: the group's class (instance_locality)
+locality         VARCHAR  intra_node / inter_node / mixed / unknown: the group's class (instance_locality)
 hosts            VARCHAR  distinct hosts of the ranks that recorded the group, comma-separated ('' unknown)
 ref_kind         VARCHAR  link / user / sweep / nccl_tests / preset / own_fit, NULL for none
 reference        VARCHAR  the reference in words (preset name, or "sweep <run>: all_reduce k=2 fit")
@@ -120,6 +130,8 @@ SCHEMA = pa.schema(
         ("b_s_per_byte", pa.float64()), ("residual_spread", pa.float64()), ("size_spread", pa.float64()),
         ("residual_max_abs", pa.float64()), ("min_size_bytes", pa.int64()), ("max_size_bytes", pa.int64()),
         ("status", pa.string()), ("status_reason", pa.string()),
+        ("split", pa.bool_()), ("alpha_range_min_bytes", pa.int64()), ("alpha_range_max_bytes", pa.int64()),
+        ("beta_range_min_bytes", pa.int64()), ("beta_range_max_bytes", pa.int64()),
     ]
 )
 
@@ -196,7 +208,9 @@ def _fit_one(lst: list[tuple], op: str, k: int, row: dict) -> dict:
                b_s_per_byte=f.b_s_per_byte, residual_spread=f.residual_spread,
                size_spread=f.size_spread, residual_max_abs=f.residual_max_abs,
                min_size_bytes=f.min_size_bytes, max_size_bytes=f.max_size_bytes,
-               status=f.status, status_reason=f.status_reason or None)
+               status=f.status, status_reason=f.status_reason or None, split=f.split,
+               alpha_range_min_bytes=f.alpha_range_bytes[0], alpha_range_max_bytes=f.alpha_range_bytes[1],
+               beta_range_min_bytes=f.beta_range_bytes[0], beta_range_max_bytes=f.beta_range_bytes[1])
     return row
 
 
@@ -241,6 +255,8 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
     run_hosts: dict = defaultdict(set)
     for rid, host in con.execute("SELECT DISTINCT run_id, host FROM ranks WHERE host IS NOT NULL").fetchall():
         run_hosts[rid].add(host)
+    for rid, hs in con.execute("SELECT run_id, hosts FROM group_machine WHERE hosts <> ''").fetchall():
+        run_hosts[rid].update(hs.split(","))  # nccl-tests logs: the hosts of their rank lines
     bench = bench_groups(con)  # nccl-tests logs: each benchmark run's own device and hosts
     fits: dict = defaultdict(dict)  # run_id → {(pg, op, k): (α, β, algo, locality, n_used)}
     for rid, pg, op, k, a, b, algo, c, n in con.execute(
@@ -250,6 +266,7 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
         fits[rid][(pg, op, k)] = (a, b, algo, c, n)
     if localities is None:
         localities = group_localities(con)
+    machine = group_shapes(con)
     # the groups to judge, with the hosts and rank count of the ranks that recorded them
     groups = con.execute(
         """
@@ -274,24 +291,27 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
         key=lambda rid: str(runs[rid]["created"]), reverse=True,
     )
 
-    def pick_fit(rid, op, k, locality):
+    def pick_fit(rid, op, k, locality, shape):
         """(α, β, algo, note) from run rid's ok group fits for (op, k), with the fallbacks of the docstring."""
         # same op only: α per step is what the fit's algorithm and protocol make of the link (the
         # superbench A100 log: 12.4 µs per pairwise all_to_all step, ~2.5 µs per ring all_reduce step),
         # so another op's fit would misjudge this one; without one the preset comes next.
+        # Same locality class and ranks per host only (machine_compatible): a single-node NVLink fit
+        # says nothing of a group that crosses the network, nor 1 rank per node of 8.
         # ref_algo (the fit's algorithm) only where the fit is of this very k: at another k the α, β
         # are used as the link's, through the instance's own modelled algorithm (NULL)
         fs = fits.get(rid) or {}
         mop = "send" if op == "recv" else op
-        cands = sorted(((abs(kk - k), f[3] != locality, -(f[4] or 0), str(g)), (g, kk))
-                       for (g, o, kk), f in fs.items() if o == mop)
+        cands = sorted(((abs(kk - k), -(f[4] or 0), str(g)), (g, kk))
+                       for (g, o, kk), f in fs.items()
+                       if o == mop and machine_compatible(shape, machine.get((rid, g)), locality, f[3]))
         if not cands:
             return None
         g, kk = cands[0][1]
         a, b, algo, c, _ = fs[(g, mop, kk)]
-        notes = [] if c == locality else [f"fit of a {c} group ({g}), this group is {locality}"]
+        notes = []
         if kk != k:
-            notes.insert(0, f"no ok {op} k={k} fit there: nearest group size, k={kk}")
+            notes.insert(0, f"no ok {op} k={k} fit there: nearest group size of the same class, k={kk}")
             algo = None
         return a, b, algo, "; ".join(notes)
 
@@ -299,6 +319,7 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
 
     out = []
     for rid, pg, op, k, ranks_seen, n_hosts, no_host, hosts, per_host in groups:
+        group_nics = None  # NICs per node the group's own log reports (NCCL INFO NET lines)
         run = runs.get(rid, {})
         g = bench.get((rid, pg))
         if g is not None:  # a benchmark run of a log: its header's device and hosts, not the log's first
@@ -307,6 +328,11 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
                 n_hosts, no_host, ranks_seen, hosts = len(g["hosts"]), 0, k, ",".join(g["hosts"])
                 per_host = -(-(k or 1) // len(g["hosts"]))
         locality = localities.get((rid, pg), "unknown")
+        shape = machine.get((rid, pg))
+        if shape and shape["hosts"]:  # the machine the group ran on (group_machine): its hosts
+            n_hosts, hosts = len(shape["hosts"]), ",".join(sorted(shape["hosts"]))
+            if nics is None and shape["nics_per_node"]:
+                group_nics = shape["nics_per_node"]
         row = dict(run_id=rid, pg_name=pg, op=op, group_size=k, locality=locality, hosts=hosts or "")
         if ("send" if op == "recv" else op) not in ALGORITHMS:
             row["no_model_reason"] = f"the model has no algorithm for {op}"
@@ -317,7 +343,7 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
             out.append(row)
             continue
         # topology of the group: its locality class, else the hosts of the ranks that recorded it
-        if locality == "inter_node":
+        if locality in ("inter_node", "mixed"):
             topo, topo_note = "multi", ""
             n_hosts = max(n_hosts or 0, 2)
         elif locality == "intra_node":
@@ -349,9 +375,12 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
                 link_note = f"{run.get('device')}: intra-node {dev[0]}" + (f" ({topo_note})" if topo_note else "")
             elif dev is not None and topo == "multi":
                 gpn = int(per_host or 1)
-                link = network_link(dev[1], int(nics) if nics is not None else None, gpn)
+                use_nics = nics if nics is not None else group_nics
+                link = network_link(dev[1], int(use_nics) if use_nics is not None else None, gpn)
                 link_note = (f"group across {n_hosts} hosts: {dev[1]} assumed (typical NIC of {run.get('device')} "
-                             f"systems; --link to set)" + ("" if nics is None else f", {int(nics)} NICs per node"))
+                             f"systems; --link to set)" + ("" if use_nics is None else
+                                                          f", {int(use_nics)} NICs per node" +
+                                                          (" (NCCL INFO NET lines)" if nics is None else "")))
             else:
                 why = []
                 if dev is None:
@@ -390,7 +419,7 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
                     continue
                 if my_hosts and run_hosts.get(c) and not my_hosts <= run_hosts[c]:
                     continue
-            got = pick_fit(c, op, k, locality)
+            got = pick_fit(c, op, k, locality, shape)
             if got:
                 kind = "nccl_tests" if cr["source"] == "nccl_tests" else "sweep"
                 notes = [got[3]] if got[3] else []
@@ -402,8 +431,13 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
                               ref_alpha_s=got[0], ref_beta_Bps=got[1], ref_note="; ".join(notes) or None)
                 break
         if chosen is None and link is not None:
+            # the machine model: until tracekit.model has NCCL's own per-algorithm model, the
+            # device/topology preset (its note says which and why)
             chosen = dict(ref_kind="preset", reference=link.name, ref_alpha_s=link.alpha_s,
-                          ref_beta_Bps=link.beta_Bps, ref_note=link_note)
+                          ref_beta_Bps=link.beta_Bps,
+                          ref_note="; ".join(x for x in (
+                              f"no ok {op} fit of the same class on this machine ({locality}, "
+                              f"{shape['ranks_per_host'] or 'uneven'} rank(s) per host): preset of the machine model" if shape else None, link_note) if x))
         if chosen is None:
             reasons = ["no --link", "no ok sweep/nccl-tests fit from this machine"]
             if link_note:
@@ -420,6 +454,30 @@ def create_reference(con, localities: dict | None = None) -> None:
     from tracekit.analyses import create_table_from_rows
 
     create_table_from_rows(con, "collective_reference", REFERENCE_SCHEMA, reference_rows(con, localities))
+
+
+def group_shapes(con) -> dict:
+    """(run_id, pg_name) → {hosts, ranks_per_host, max_ranks_per_host, nics_per_node, gpu, locality}
+    of each group (the analysis group_machine)."""
+    return {(r[0], r[1]): dict(hosts=set((r[2] or "").split(",")) - {""}, ranks_per_host=r[3],
+                               max_ranks_per_host=r[4], nics_per_node=r[5], gpu=r[6], locality=r[7])
+            for r in con.execute("SELECT run_id, pg_name, hosts, ranks_per_host, max_ranks_per_host, nics_per_node, "
+                                 "gpu, locality FROM group_machine").fetchall()}
+
+
+def machine_compatible(shape: dict | None, fit_shape: dict | None, locality: str, fit_locality: str) -> bool:
+    """Whether a fit of a group shaped ``fit_shape`` may be the reference of a group shaped ``shape``
+    (both :func:`group_shapes` values, None when unknown) of class ``locality``: the same locality
+    class, and, where both are known, the same ranks per host and the same GPU model. k may differ
+    (the caller takes the nearest), but only within these."""
+    if fit_locality != locality:
+        return False
+    if shape is None or fit_shape is None:
+        return True
+    for key in ("ranks_per_host", "gpu"):
+        if shape.get(key) is not None and fit_shape.get(key) is not None and shape[key] != fit_shape[key]:
+            return False
+    return True
 
 
 def group_localities(con) -> dict:

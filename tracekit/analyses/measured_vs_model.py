@@ -158,7 +158,7 @@ class _AlphaBeta:
         for run_id, pg, op, k, a, b, kind, ref, dev, nodes in con.execute(
             "SELECT c.run_id, pg_name, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, coalesce(ref_run_id, reference), "
             "r.device_name, CASE WHEN coalesce(hosts, '') <> '' THEN len(string_split(hosts, ',')) "
-            "WHEN locality <> 'inter_node' THEN 1 END "
+            "WHEN locality NOT IN ('inter_node', 'mixed') THEN 1 END "
             "FROM collective_reference c LEFT JOIN runs r USING (run_id) "
             "WHERE ref_alpha_s IS NOT NULL AND ref_beta_Bps IS NOT NULL "
             "ORDER BY c.run_id, op, group_size, pg_name"

@@ -1,13 +1,13 @@
--- node_locality: each collective instance classed as intra-node or inter-node by the hosts of its
--- group's ranks, and bandwidth per class.
--- Reads: collectives, ranks, collective_instances, collective_bandwidth
+-- node_locality: each collective instance classed by the machine its group ran on (intra-node,
+-- inter-node, mixed), and bandwidth per class.
+-- Reads: collective_instances, collective_bandwidth, group_machine
 --
--- The group's ranks are collectives.pg_ranks (global ranks) of the instance's rows; a rank's host is
--- ranks.host (NULL or '' = unknown; a group rank whose trace was not ingested is unknown too).
--- locality, first rule that holds:
---   inter_node  the known hosts of the group's ranks are two or more (whatever the unknown ones are)
+-- The class is the group's (group_machine, analyses/machine.py: the hosts of its ranks from trace
+-- host names, or from an nccl-tests log's "Using devices" rank lines):
 --   intra_node  every rank of the group has a known host and it is the same one
---   unknown     otherwise (pg_ranks unknown, or some host unknown and the known ones all equal)
+--   inter_node  two or more known hosts, one rank on each (whatever the unknown ones are)
+--   mixed       two or more known hosts, some with several ranks (NVLink inside, network between nodes)
+--   unknown     otherwise (pg_ranks unknown, no host named, or some unknown and the known ones all equal)
 --
 -- instance_locality: one row per collective instance (a table, built with the module).
 --
@@ -18,37 +18,13 @@
 -- group_size   INTEGER  ranks in the group
 -- hosts        BIGINT   distinct known hosts among the group's ranks
 -- hosts_unknown BIGINT  group ranks whose host is unknown
--- locality     VARCHAR  intra_node / inter_node / unknown (header above)
+-- locality     VARCHAR  intra_node / inter_node / mixed / unknown (header above)
 CREATE OR REPLACE TABLE instance_locality AS
--- a table: the fit, the reference and bandwidth_by_locality read it. The hosts of a group's ranks
--- depend on its pg_ranks list alone: counted once per distinct (run, list), joined back to the
--- instances that recorded it
-WITH groups AS (
-    SELECT run_id, pg_name, seq, any_value(pg_ranks) AS pg_ranks FROM collectives
-    WHERE pg_ranks IS NOT NULL GROUP BY run_id, pg_name, seq
-),
-lists AS (
-    SELECT DISTINCT run_id, pg_ranks FROM groups
-),
-members AS (
-    SELECT l.run_id, l.pg_ranks, unnest(l.pg_ranks) AS r FROM lists l
-),
-hl AS (
-    SELECT m.run_id, m.pg_ranks, count(DISTINCT nullif(k.host, '')) AS hosts,
-           count(*) FILTER (WHERE nullif(k.host, '') IS NULL) AS hosts_unknown
-    FROM members m LEFT JOIN ranks k ON k.run_id = m.run_id AND k.rank = m.r
-    GROUP BY m.run_id, m.pg_ranks
-),
-h AS (
-    SELECT g.run_id, g.pg_name, g.seq, hl.hosts, hl.hosts_unknown
-    FROM groups g JOIN hl ON hl.run_id = g.run_id AND hl.pg_ranks IS NOT DISTINCT FROM g.pg_ranks
-)
-SELECT i.run_id, i.pg_name, i.seq, i.op, i.group_size, coalesce(h.hosts, 0) AS hosts,
-       coalesce(h.hosts_unknown, i.group_size) AS hosts_unknown,
-       CASE WHEN h.hosts >= 2 THEN 'inter_node'
-            WHEN h.hosts = 1 AND h.hosts_unknown = 0 THEN 'intra_node'
-            ELSE 'unknown' END AS locality
-FROM collective_instances i LEFT JOIN h USING (run_id, pg_name, seq);
+-- a table: the fit, the reference and bandwidth_by_locality read it
+SELECT i.run_id, i.pg_name, i.seq, i.op, i.group_size, coalesce(m.nodes, 0)::BIGINT AS hosts,
+       coalesce(m.hosts_unknown, i.group_size)::BIGINT AS hosts_unknown,
+       coalesce(m.locality, 'unknown') AS locality
+FROM collective_instances i LEFT JOIN group_machine m USING (run_id, pg_name);
 
 -- bandwidth_by_locality: per run, locality, op and power-of-two size bucket (tk_size_bucket,
 -- tracekit.model.size_bucket: the largest 2^k <= S), the instances' bandwidth (collective_bandwidth:
@@ -56,7 +32,7 @@ FROM collective_instances i LEFT JOIN h USING (run_id, pg_name, seq);
 -- never across sizes; the class's α–β fits are alpha_beta_fit's rows of scope 'locality'.
 --
 -- run_id              VARCHAR  run
--- locality            VARCHAR  intra_node / inter_node / unknown
+-- locality            VARCHAR  intra_node / inter_node / mixed / unknown
 -- op                  VARCHAR  canonical op
 -- bucket_bytes        BIGINT   size bucket: sizes in [bucket_bytes, 2·bucket_bytes), bytes (NULL: size unknown)
 -- instances           BIGINT   instances

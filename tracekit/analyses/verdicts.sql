@@ -37,7 +37,7 @@
 -- op                  VARCHAR  canonical op
 -- size_bytes          BIGINT   nccl-tests S, bytes
 -- group_size          INTEGER  k
--- locality            VARCHAR  intra_node / inter_node / unknown: the group's class (collective_reference)
+-- locality            VARCHAR  intra_node / inter_node / mixed / unknown: the group's class (collective_reference)
 -- model_algo          VARCHAR  algorithm the link prediction assumes
 -- sync_time_ns        DOUBLE   measured transfer time after the last arrival, ns
 -- skew_ns             BIGINT   longest wait of any rank for the last one, ns
@@ -101,7 +101,7 @@ j AS MATERIALIZED (
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps, f.fit_algo,
            r.link, r.link_alpha_s, r.link_beta_Bps, i.run_device,
            CASE WHEN coalesce(r.hosts, '') <> '' THEN len(string_split(r.hosts, ','))::INTEGER
-                WHEN r.locality <> 'inter_node' THEN 1 END::INTEGER AS ref_nodes
+                WHEN r.locality NOT IN ('inter_node', 'mixed') THEN 1 END::INTEGER AS ref_nodes
     FROM i
     LEFT JOIN f ON f.run_id = i.run_id AND f.pg_name = i.pg_name AND f.op = i.op AND f.group_size = i.group_size
     LEFT JOIN collective_reference r

@@ -991,3 +991,103 @@ def _finish(p: Path, g: _Group, forced_op: str | None, filename_op: str | None, 
         avg_busbw=g.avg_busbw, oob_values=g.oob[0] if g.oob else None, oob_failed=bool(g.oob and g.oob[1]),
         quarantined=tuple(g.quarantined),
     )
+
+
+# ── machine facts: hosts, ranks per host, GPU, NICs (tracekit.analyses.machine reads them) ──────────
+
+# NCCL's network choice, one line per process: "host:pid:tid [dev] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB
+# [1]mlx5_3:1/RoCE ; OOB ib0:10.0.0.1<0>" (also NET/Socket; the list ends at ';'): one " [i]dev:port/link"
+# item per network device in use, printed at init by NCCL's IB and socket transports (src/transport/net_ib*,
+# net_socket.cc).
+_NET_USING = re.compile(r"(?P<who>\S+):\d+:\d+\s+\[\d+\]\s+NCCL\s+INFO\s+NET/(?P<plugin>IB|Socket)\s*:\s*Using\s+"
+                        r"(?P<list>[^;]*)")
+_NIC_ITEM = re.compile(r"\[\d+\](?P<name>[A-Za-z0-9_.\-]+)(?::[^\s/<;]*)?(?:/(?P<kind>[A-Za-z]+))?")
+# the aws-ofi-nccl plugin: "NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 4 nics)"
+_NET_OFI = re.compile(r"(?P<who>\S+):\d+:\d+\s+\[\d+\]\s+NCCL\s+INFO\s+NET/OFI\b(?P<rest>.*)")
+_OFI_PROVIDER = re.compile(r"[Ss]elected [Pp]rovider is (?P<p>[\w-]+)")
+_OFI_FOUND = re.compile(r"\(found (?P<n>\d+) nics?\)")
+
+
+def nic_facts(path: str | os.PathLike) -> dict[str, dict]:
+    """host → {transport, nics, names} from the NCCL INFO network lines of a log (NCCL_DEBUG=INFO).
+
+    transport: ``IB`` / ``RoCE`` (from the device list's ``/IB`` / ``/RoCE``), ``Socket``, or ``OFI:<provider>``
+    (aws-ofi-nccl, e.g. ``OFI:efa``); nics: the number of network devices NCCL uses on that host (the
+    largest list printed by any of its processes; for OFI the plugin's "found N nics"); names: their
+    device names (``mlx5_0``...; empty for OFI). Empty when the log has no such lines (NCCL_DEBUG unset).
+    Raises FileError when the file cannot be read.
+    """
+    p = Path(path)
+    try:
+        text = p.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise FileError(p, f"cannot read: {exc.strerror or exc}") from None
+    out: dict[str, dict] = {}
+    if "NCCL INFO NET/" not in text:
+        return out
+    for line in text.splitlines():
+        if "NET/" not in line:
+            continue
+        m = _NET_USING.search(line)
+        if m is not None:
+            items = [(i.group("name"), i.group("kind")) for i in _NIC_ITEM.finditer(m.group("list"))]
+            if not items:
+                continue
+            kinds = {k for _, k in items if k}
+            transport = "Socket" if m.group("plugin") == "Socket" else ("RoCE" if kinds == {"RoCE"} else "IB")
+            cur = out.get(m.group("who"))
+            if cur is None or len(items) > cur["nics"]:
+                out[m.group("who")] = dict(transport=transport, nics=len(items), names=[n for n, _ in items])
+            continue
+        m = _NET_OFI.search(line)
+        if m is not None:
+            cur = out.setdefault(m.group("who"), dict(transport="OFI", nics=0, names=[]))
+            pm = _OFI_PROVIDER.search(m.group("rest"))
+            if pm is not None:
+                cur["transport"] = f"OFI:{pm.group('p')}"
+            fm = _OFI_FOUND.search(m.group("rest"))
+            if fm is not None:
+                cur["nics"] = max(cur["nics"], int(fm.group("n")))
+    return {h: f for h, f in out.items() if f["nics"] > 0}
+
+
+def machine_facts(g: NcclTestsGroup, nics: dict[str, dict] | None = None) -> dict:
+    """The machine one benchmark run ran on, from its "Using devices" rank lines and ``nics``
+    (:func:`nic_facts` of its log).
+
+    Keys: ``hosts`` (distinct, sorted), ``nodes`` (their number), ``ranks_per_host`` (ranks on each host
+    when every host has the same number, else None), ``max_ranks_per_host``, ``gpu`` (the device name
+    when one, else None), ``nics_per_node`` (NCCL's network devices per host when every host of the run
+    reported the same number, else None), ``nic`` (transport and device names, ``IB mlx5_0,mlx5_3``, or
+    None), ``locality`` (``intra_node``: one host; ``inter_node``: several hosts, one rank on each;
+    ``mixed``: several hosts, some with several ranks — NVLink inside a node and the network between
+    nodes; ``unknown``), ``locality_reason`` (why unknown, else None), ``source`` (where the facts come
+    from, in words).
+    """
+    from collections import Counter
+
+    per_host = Counter(r[1] for r in g.ranks)
+    hosts = sorted(per_host)
+    counts = set(per_host.values())
+    devices = sorted(set(g.device_names))
+    facts = dict(hosts=hosts, nodes=len(hosts), ranks_per_host=counts.pop() if len(counts) == 1 else None,
+                 max_ranks_per_host=max(per_host.values(), default=None),
+                 gpu=devices[0] if len(devices) == 1 else None, nics_per_node=None, nic=None,
+                 locality="unknown", locality_reason=None, source=None)
+    if not hosts:
+        facts["locality_reason"] = "the log has no 'Using devices' rank lines naming hosts"
+        return facts
+    facts["source"] = "nccl-tests 'Using devices'"
+    if len(hosts) == 1:
+        facts["locality"] = "intra_node"
+    else:
+        facts["locality"] = "inter_node" if facts["max_ranks_per_host"] == 1 else "mixed"
+    seen = [nics[h] for h in hosts if nics and h in nics]
+    if seen:
+        n = {f["nics"] for f in seen}
+        facts["nics_per_node"] = n.pop() if len(n) == 1 and len(seen) == len(hosts) else None
+        names = sorted({x for f in seen for x in f["names"]})
+        kinds = sorted({f["transport"] for f in seen})
+        facts["nic"] = " ".join(["/".join(kinds)] + ([",".join(names)] if names else []))
+        facts["source"] += ", NCCL INFO NET lines"
+    return facts

@@ -26,7 +26,10 @@ rank count. ``runs.config`` (JSON) keeps, besides the caller's config:
   ``library`` (nccl / rccl / null), ``library_version``, ``tests_version``,
   ``dtype``, ``params``, ``rows``, ``quarantined`` (rows left out: bad
   numbers), ``wrong_rows`` (store rows with ``wrong`` > 0), ``oob_values``
-  and ``oob_failed`` (the ``Out of bounds values`` footer), ``avg_busbw``.
+  and ``oob_failed`` (the ``Out of bounds values`` footer), ``avg_busbw``, ``machine`` (the machine
+  it ran on: hosts, nodes, ranks_per_host, max_ranks_per_host, gpu, nics_per_node, nic, locality,
+  locality_reason, source — :func:`tracekit.ingest.nccl_tests.machine_facts`; the analysis
+  ``group_machine`` reads it).
 
 ``collectives.wrong`` is the number of wrong values nccl-tests reported for
 the row's half (``#wrong`` out-of-place or in-place; null for ``N/A``). In a
@@ -65,7 +68,7 @@ import pyarrow.parquet as pq
 from tracekit.store import SCHEMA_VERSION
 from tracekit.errors import FileError, StoreError
 from tracekit.ingest.attribute import dtype_bytes, wire_bytes_for
-from tracekit.ingest.nccl_tests import NcclTestsGroup, parse_nccl_tests
+from tracekit.ingest.nccl_tests import NcclTestsGroup, machine_facts, nic_facts, parse_nccl_tests
 from tracekit.store import combined_digest
 from tracekit.store import COLLECTIVES_SCHEMA, EVENTS_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA
 
@@ -191,6 +194,7 @@ def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], conf
            extra_warnings: list[str] = ()) -> None:
     runs = [(f, log, g) for f, log in zip(files, logs) for g in log.groups]
     op_count = Counter(g.op for _, _, g in runs)
+    nics = {str(f): nic_facts(f) for f in files}  # the NCCL INFO network lines of each log
     rows, groups_cfg, warnings = [], [], []
     for log in logs:
         warnings.extend(log.warnings)
@@ -238,7 +242,7 @@ def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], conf
             devices=list(g.device_names), library=g.library, library_version=g.library_version,
             tests_version=g.tests_version, dtype=g.dtype, params=g.params, rows=len(g.rows),
             quarantined=len(g.quarantined), wrong_rows=len(wrong_sizes), oob_values=g.oob_values,
-            oob_failed=g.oob_failed, avg_busbw=g.avg_busbw,
+            oob_failed=g.oob_failed, avg_busbw=g.avg_busbw, machine=machine_facts(g, nics[str(f)]),
         ))
     (stage / "events").mkdir()
     pq.write_table(EVENTS_SCHEMA.empty_table(), stage / "events" / "rank=0.parquet", **PARQUET_OPTS)

@@ -28,6 +28,22 @@ Samples excluded, each with its reason:
   non-warm-up, non-empty sample against the new fit (so a point can come
   back) until the kept set stops changing, at most 20 rounds.
 
+β from the large sizes, α from the small ones. Real NCCL curves bend: protocol and chunking
+switches make the time per byte fall slowly up to the plateau, so one line over every size puts
+its slope between the two regimes and β lands below the large-message busbw plateau, often outside
+its own interval. So, after the robust fit over all sizes, the bound is the larger of
+``BETA_RANGE_CROSSOVERS`` × D* (D* = a/b of the current fit) and the start of the plateau (the
+smallest size from which every per-size median n/t stays >= ``PLATEAU_WITHIN`` × the best); when
+the kept samples hold >= ``BETA_RANGE_MIN_SIZES`` = 2 distinct sizes at or above it and >= 2 below,
+the bandwidth term b is the slope of the relative weighted line through the samples >= the bound
+alone (its intercept is discarded: the α term is <= 1/5 of the time there), and a is the relative
+weighted mean of t − b·n over the samples below it (b fixed; a < 0 is clamped to 0); D* is
+recomputed and the split repeated until the β range stops changing (at most 5 rounds). se(b) and
+β's interval come from the large-size regression alone, se(a) and α's from the small-size one (s²
+over m − 1 degrees of freedom, se(a)² = s²/Σ(1/t²); b's uncertainty is not propagated into a).
+``beta_range_bytes`` / ``alpha_range_bytes`` report the two size ranges (both the whole range when
+the split does not apply; ``split`` says which).
+
 If the weighted fit's intercept comes out negative (α < 0 is not a link),
 it is refitted through the origin (a = 0, b = Σ(n/t)/Σ((n/t)²)) and
 ``intercept_clamped`` is set.
@@ -84,6 +100,16 @@ MAX_SPREAD = 0.15
 """Largest RMS relative residual of the per-size medians of an ``ok`` fit (±5 % noise: about 3 %)."""
 MAX_OUTLIER_FRACTION = 0.25
 """Largest fraction of candidate samples an ``ok`` fit may drop as outliers."""
+BETA_RANGE_CROSSOVERS = 4
+"""β is fitted on the sizes >= this many crossovers D* (there the α term is <= 1/(1+4) = 20 % of the
+time on the fitted line) that are also on the plateau, α on the sizes below (module docstring)."""
+BETA_RANGE_MIN_SIZES = 2
+"""Distinct sizes the β range needs for the two-range estimate (two sizes, each measured more than once
+in nccl-tests' out-of-place and in-place columns, leave the slope a degree of freedom)."""
+PLATEAU_WITHIN = 0.9
+"""The plateau of a sweep: the largest sizes from which every per-size median rate n/t (∝ busbw) stays
+>= this fraction of the best one. nccl-tests' busbw at the largest sizes of a healthy run moves by a
+few percent from size to size; 10 % keeps the flat top and leaves out the ramp."""
 
 
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -131,7 +157,9 @@ class AlphaBetaFit:
     intervals (low, high), an end None where unbounded; crossover_bytes: the
     fit's D* = a/b, bytes; size_spread: RMS relative residual of the per-size
     medians; status: ok / insufficient / poor and status_reason in words
-    (module docstring).
+    (module docstring); split: whether β was fitted on the large sizes and α
+    on the small ones; beta_range_bytes / alpha_range_bytes: (smallest,
+    largest) size each was fitted on, bytes.
     """
 
     op: str
@@ -165,6 +193,9 @@ class AlphaBetaFit:
     size_spread: float | None = None
     status: str = "ok"
     status_reason: str = ""
+    split: bool = False
+    alpha_range_bytes: tuple[float | None, float | None] = (None, None)
+    beta_range_bytes: tuple[float | None, float | None] = (None, None)
 
     def predict_s(self, size_bytes: float) -> float:
         """The fitted line's time for ``size_bytes``: a + b·n, seconds."""
@@ -209,6 +240,9 @@ class AlphaBetaFit:
             "size_spread": self.size_spread,
             "status": self.status,
             "status_reason": self.status_reason,
+            "split": self.split,
+            "alpha_range_bytes": list(self.alpha_range_bytes),
+            "beta_range_bytes": list(self.beta_range_bytes),
             "dropped": [{"index": i, "reason": r} for i, r in self.dropped],
             "used": list(self.used),
             "residuals": list(self.residuals),
@@ -288,7 +322,9 @@ def _result(
     a: float,
     b: float,
     clamped: bool,
+    split: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> AlphaBetaFit:
+    """The fit's record; ``split``: (α-range mask, β-range mask) when the two-range estimate applied."""
     coeffs = algorithm_coefficients(op, algo, k)
     if not b > 0:
         raise BadInputError(
@@ -299,16 +335,30 @@ def _result(
     beta = coeffs.beta_coeff / b
     r = (t - (a + b * n)) / t
     used_r = r[mask]
-    se_a, se_b, dof = _standard_errors(n[mask], t[mask], used_r, clamped, method)
-    tq = _t975(dof)
+    if split is None:
+        se_a, se_b, dof = _standard_errors(n[mask], t[mask], used_r, clamped, method)
+        tq_a = tq = _t975(dof)
+        ranges = ((float(n[mask].min()), float(n[mask].max())),) * 2
+    else:
+        am, bm = split
+        nb, tb = n[bm], t[bm]
+        a_bw, b_bw, cl_bw = _wls(nb, tb)
+        _, se_b, dof = _standard_errors(nb, tb, (tb - (a_bw + b_bw * nb)) / tb, cl_bw, method)
+        tq = _t975(dof)
+        ra = r[am]
+        dof_a = int(am.sum()) - 1
+        se_a = (math.sqrt(float(np.dot(ra, ra)) / dof_a / float(np.sum(1.0 / t[am] ** 2)))
+                if dof_a >= 1 and not clamped else None)
+        tq_a = _t975(dof_a)
+        ranges = ((float(n[am].min()), float(n[am].max())), (float(nb.min()), float(nb.max())))
     alpha_se = alpha_ci = beta_se = beta_ci = None
     if se_b is not None and tq is not None:
         beta_se = coeffs.beta_coeff * se_b / b**2
         lo_b, hi_b = b - tq * se_b, b + tq * se_b
         beta_ci = (coeffs.beta_coeff / hi_b, coeffs.beta_coeff / lo_b if lo_b > 0 else None)
-    if se_a is not None and tq is not None:
+    if se_a is not None and tq_a is not None:
         alpha_se = se_a / coeffs.alpha_coeff
-        alpha_ci = ((a - tq * se_a) / coeffs.alpha_coeff, (a + tq * se_a) / coeffs.alpha_coeff)
+        alpha_ci = ((a - tq_a * se_a) / coeffs.alpha_coeff, (a + tq_a * se_a) / coeffs.alpha_coeff)
     sizes_used = np.unique(n[mask])
     medians = np.array([np.median(t[mask & (n == sz)]) for sz in sizes_used])
     size_r = (medians - (a + b * sizes_used)) / medians
@@ -352,7 +402,41 @@ def _result(
         size_spread=size_spread,
         status=status,
         status_reason=reason,
+        split=split is not None,
+        alpha_range_bytes=ranges[0],
+        beta_range_bytes=ranges[1],
     )
+
+
+def _split_ranges(n: np.ndarray, t: np.ndarray, mask: np.ndarray, a: float, b: float, clamped: bool):
+    """The two-range estimate of the module docstring: (a, b, clamped, (α mask, β mask)), or None when
+    the kept samples lack BETA_RANGE_MIN_SIZES sizes at or above the bound or 2 sizes below."""
+    sizes = np.unique(n[mask])
+    rate = np.array([np.median(n[mask & (n == sz)] / t[mask & (n == sz)]) for sz in sizes])
+    i = sizes.size
+    while i > 0 and rate[i - 1] >= PLATEAU_WITHIN * rate.max():
+        i -= 1
+    plateau_start = float(sizes[min(i, sizes.size - 1)])
+    got = None
+    for _ in range(5):
+        if not (a > 0 and b > 0):
+            return got
+        bound = max(BETA_RANGE_CROSSOVERS * a / b, plateau_start)
+        bm = mask & (n >= bound)
+        am = mask & (n < bound)
+        if np.unique(n[bm]).size < BETA_RANGE_MIN_SIZES or np.unique(n[am]).size < 2:
+            return got
+        if got is not None and np.array_equal(bm, got[3][1]):
+            return got
+        _, b_new, _ = _wls(n[bm], t[bm])
+        if not b_new > 0:
+            return got
+        w = 1.0 / t[am] ** 2
+        a_new = float(np.sum((t[am] - b_new * n[am]) * w) / np.sum(w))
+        cl = a_new < 0
+        got = (max(a_new, 0.0), b_new, cl, (am, bm))
+        a, b = got[0], got[1]
+    return got
 
 
 def _standard_errors(n: np.ndarray, t: np.ndarray, r: np.ndarray, clamped: bool, method: str):
@@ -434,6 +518,7 @@ def fit_alpha_beta(
     drop_empty: bool = True,
     outlier_k: float | None = 5.0,
     outlier_floor: float = 0.02,
+    split_ranges: bool = True,
 ) -> AlphaBetaFit:
     """Fit α and β from samples of ``op`` on ``group_size`` ranks run with ``algo``.
 
@@ -443,7 +528,9 @@ def fit_alpha_beta(
     samples, drops warm-up / empty / outlier samples as the module docstring
     describes (``outlier_k=None`` turns the robust rule off), then α = a/A,
     β = B/b, n½ = α·β with A, B from ``algorithm_coefficients(op, algo, k)``
-    (ring all-reduce: a = 2(k−1)α, b = 2(k−1)/(k·β)).
+    (ring all-reduce: a = 2(k−1)α, b = 2(k−1)/(k·β)). ``split_ranges``: β from the sizes >=
+    BETA_RANGE_CROSSOVERS·D* and α from those below, where the samples allow (module docstring);
+    False keeps the one line over every size.
 
     Returns an AlphaBetaFit. Raises BadInputError for mismatched or bad
     samples, fewer than 2 distinct sizes left, a non-positive fitted slope,
@@ -473,6 +560,10 @@ def fit_alpha_beta(
             mask = new_mask
             a, b, clamped = _wls(n[mask], t[mask])
         dropped = dropped + [(int(i), "outlier") for i in np.flatnonzero(candidates & ~mask)]
+    two = _split_ranges(n, t, mask, a, b, clamped) if split_ranges else None
+    if two is not None:
+        a, b, clamped, ranges = two
+        return _result(canon, a_name, k, "relative_wls", n, t, mask, dropped, a, b, clamped, split=ranges)
     return _result(canon, a_name, k, "relative_wls", n, t, mask, dropped, a, b, clamped)
 
 

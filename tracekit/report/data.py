@@ -17,24 +17,6 @@ from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us,
 
 TOP_STRAGGLERS = 10
 
-DEGRADED_BELOW = 0.5
-"""A large-size bucket (>= LARGE_SIZE_FACTOR·D*) whose median efficiency against the reference link (predicted /
-measured sync time) is below this fraction raises the degraded-link warning. 0.5: the α–β model
-with β = 0.8 × nominal already allows for protocol overheads, so a healthy link reaches 0.8–1.1 of
-it at large sizes (superbench's 8× A100 nccl-tests: 0.90–0.95 of nvlink3); half of it is well outside
-run-to-run noise and means a link running at a lower rate or width, or traffic on a slower path."""
-
-LARGE_SIZE_FACTOR = 16
-"""The degraded-link warning looks only at sizes >= this many times the link's crossover size D*,
-where the model's β term is >= 16/17 (94 %) of its time. Just above D* real NCCL stays well under
-the α–β model (protocol switches and chunking it does not model): the superbench 8× A100 nccl-tests
-logs, a healthy machine, reach 0.27–0.55 of nvlink3 at 1–4·D* but 0.66–0.89 at 16–32·D* and
-0.91–0.98 at >= 256·D*."""
-
-NO_WARNING_LINKS = ("loopback_gloo",)
-"""Presets with no data sheet behind them: efficiency is shown, but no degraded-link warning."""
-
-
 def _calibration_runs(st: Store) -> list[str]:
     """Runs that calibrate a machine (``collect sweep`` runs and nccl-tests logs), newest first."""
     con = st.connect()
@@ -270,7 +252,8 @@ def build_report(
         "f.alpha_lo_s, f.alpha_hi_s, f.fixed_latency_s, f.beta_gbps, f.beta_se_Bps / 1e9 AS beta_se_gbps, "
         "f.beta_lo_Bps / 1e9 AS beta_lo_gbps, f.beta_hi_Bps / 1e9 AS beta_hi_gbps, f.n_half_bytes, f.crossover_bytes, "
         "f.residual_spread, f.size_spread, f.residual_max_abs, f.min_size_bytes, f.max_size_bytes, f.status, "
-        "f.status_reason FROM alpha_beta_fit f "
+        "f.status_reason, f.split, f.alpha_range_min_bytes, f.alpha_range_max_bytes, f.beta_range_min_bytes, "
+        "f.beta_range_max_bytes FROM alpha_beta_fit f "
         "WHERE f.run_id = ? ORDER BY f.op, f.group_size, f.scope, f.locality, f.pg_name",
         p,
     )
@@ -345,25 +328,10 @@ def build_report(
         FROM __report_buckets WHERE busbw_gbps IS NOT NULL AND group_size > 1 GROUP BY ALL ORDER BY ALL
         """,
     )
-    # degraded links: per group and bucket, large-size instances (>= 16·D* of the link) well below
-    # the link; hosts from the reference table
-    degraded = _rows(
-        con,
-        f"""
-        SELECT v.op, v.group_size, v.pg_name, v.bucket_bytes, any_value(v.link) AS link, count(*) AS count,
-               median(v.efficiency_link) AS median_efficiency_link, median(v.busbw_gbps) AS median_busbw_gbps,
-               any_value(r.hosts) AS hosts, any_value(r.link_beta_Bps) / 1e9 AS link_beta_gbps
-        FROM __report_buckets v
-        LEFT JOIN collective_reference r
-               ON r.run_id = ? AND r.pg_name = v.pg_name AND r.op = v.op AND r.group_size = v.group_size
-        WHERE v.link IS NOT NULL AND v.link NOT IN ({", ".join("'" + x + "'" for x in NO_WARNING_LINKS)})
-          AND v.size_bytes >= {LARGE_SIZE_FACTOR} * v.link_crossover_bytes AND v.efficiency_link IS NOT NULL
-        GROUP BY v.op, v.group_size, v.pg_name, v.bucket_bytes
-        HAVING median(v.efficiency_link) < {DEGRADED_BELOW}
-        ORDER BY v.op, v.group_size, v.pg_name, v.bucket_bytes
-        """,
-        p,
-    )
+    # degraded links: each group's large-message plateau against its peers and the machine model
+    # (analyses/fleet.py, group_plateau)
+    degraded = _rows(con, "SELECT * EXCLUDE (run_id) FROM group_plateau WHERE run_id = ? AND degraded "
+                          "ORDER BY op, group_size, pg_name", p)
     furthest = _rows(
         con,
         f"""
@@ -435,14 +403,7 @@ def build_report(
     mismatched = mismatched_section(con, run_id)
     if mismatched:
         warnings.append(mismatched_line(mismatched))
-    for d in degraded:
-        hosts = d.get("hosts") or "hosts not recorded"
-        warnings.append(
-            f"{d['op']} on {d['group_size']} ranks (group {d['pg_name']}, {hosts}) at {fmt_bytes(d['bucket_bytes'])}–"
-            f"{fmt_bytes(2 * d['bucket_bytes'])} reaches {d['median_efficiency_link']:.0%} of {d['link']} "
-            f"(median busbw {fmt_num(d['median_busbw_gbps'])} GB/s against β {fmt_num(d['link_beta_gbps'])} GB/s, "
-            f"{d['count']} instance(s) at >= {LARGE_SIZE_FACTOR}·D*): link degraded or misconfigured?"
-        )
+    warnings.extend(degraded_warnings(degraded))
     if own_fit:
         warnings.append(
             f"{own_fit} instance(s) judged with their own process group's ok α–β fit: their efficiency is ≈ 1 by "
@@ -492,6 +453,8 @@ def build_report(
         critical_path=critical_path_section(con, run_id, critical_path),
         mismatched=mismatched,
         null_reasons=null_reasons,
+        machine=machine_section(con, run_id),
+        fleet=fleet_section(con, run_id),
     )
 
 
@@ -589,7 +552,7 @@ def _show(console, t) -> None:
         console.print(Text(caption, style="dim"))
 
 
-LOCALITY_SHORT = {"intra_node": "intra", "inter_node": "inter", "unknown": "unknown"}
+LOCALITY_SHORT = {"intra_node": "intra", "inter_node": "inter", "mixed": "mixed", "unknown": "unknown"}
 """instance_locality's classes as the terminal tables print them."""
 
 
@@ -675,6 +638,7 @@ def print_report(report: dict, console=None) -> None:
         f" {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
         f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
     )))
+    print_machine(report, console)
     print_cpu_side(report, console)
     offs = [r for r in report["ranks"] if r.get("clock_offset_ns")]
     if offs:
@@ -765,7 +729,9 @@ def print_report(report: dict, console=None) -> None:
         t.caption = ("D* = the collective's crossover size (α term = β term): its latency/bandwidth boundary; "
                      "n½ = α·β is the link's (one message). spread: RMS relative residual of the samples "
                      "(of the per-size medians, which is judged: ok <= 15 %); class: the group's ranks on one "
-                     "host (intra), several (inter) or unknown; 'all <class>': that class's groups pooled")
+                     "host (intra), one on each of several (inter), several on each of several (mixed) or unknown; "
+                     "'all <class>': that class's groups pooled; β from "
+                     "the plateau sizes >= 4·D*, α from the sizes below (--json: alpha_range_*, beta_range_*)")
         _show(console, t)
     if report.get("references"):
         t = _table("Reference of the verdicts (what each op was judged against)")
@@ -801,7 +767,7 @@ def print_report(report: dict, console=None) -> None:
         links = sorted({r["link"] for r in report["verdicts"] if r.get("link")})
         t.caption = ("efficiency: median predicted / measured sync time, against the reference; vs link: against "
                      "the link (" + (", ".join(links) or "none") + "); class: the group's ranks on one host (intra), "
-                     "several (inter), unknown")
+                     "one on each of several (inter), several on each of several (mixed), unknown")
         _show(console, t)
     eff = [r for r in report.get("by_size") or [] if r.get("link")]
     if eff:
@@ -813,8 +779,8 @@ def print_report(report: dict, console=None) -> None:
             t.add_row(r["op"], _k(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
                       size_label(r["bucket_bytes"]), r["link"],
                       fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]), r["link_regime"] or "—")
-        t.caption = (f"regime by the link's D*; a bucket at >= {LARGE_SIZE_FACTOR}·D* below {DEGRADED_BELOW:.0%} "
-                     "raises the degraded-link warning")
+        t.caption = ("regime by the link's D*; degraded links are judged on each group's busbw plateau against "
+                     "its peers and the model (tracekit/analyses/fleet.py)")
         _show(console, t)
     if report.get("furthest_from_model"):
         t = _table("Furthest from the model (lowest predicted/measured under each verdict's reference, see above)")
@@ -877,6 +843,7 @@ def print_report(report: dict, console=None) -> None:
     print_kernel_sections(report, console)
     print_alltoall(report, console)
     print_locality(report, console)
+    print_fleet(report, console)
     print_bubbles(report, console)
     print_critical_path(report, console)
     for w in report["warnings"]:
@@ -1292,3 +1259,124 @@ def _k(group_size) -> str:
     """A group size as the terminal tables show it: "—" when unknown (no metadata, tensor shapes,
     membership or world size gave one)."""
     return "—" if group_size is None else str(group_size)
+
+
+# -- the machine, degraded links and the fleet (tracekit/analyses/machine.py, fleet.py) ---------------
+
+def machine_section(con, run_id: str) -> list[dict]:
+    """The machines the run's groups ran on: one dict per distinct (gpu, nodes, ranks_per_host,
+    nics_per_node, nic, locality, locality_reason, source) of group_machine, with ``groups`` (how many
+    groups) and ``hosts`` (distinct hosts over those groups, sorted)."""
+    rows = _rows(con, "SELECT gpu, nodes, ranks_per_host, nics_per_node, nic, locality, locality_reason, source, "
+                      "count(*) AS groups, list(hosts) AS host_lists FROM group_machine WHERE run_id = ? "
+                      "GROUP BY ALL ORDER BY nodes, ranks_per_host NULLS LAST, locality", [run_id])
+    for r in rows:
+        r["hosts"] = sorted({h for hs in r.pop("host_lists") or [] for h in (hs or "").split(",") if h})
+    return rows
+
+
+def machine_lines(report: dict) -> list[str]:
+    """The report's machine lines: "machine: 2 nodes × 8 NVIDIA H100 ... (source: ...)", one per shape;
+    a class unknown says why."""
+    out = []
+    for m in report.get("machine") or []:
+        if m["locality"] == "unknown" and not m["nodes"]:
+            out.append(f"machine: {m['groups']} group(s) with hosts unknown: {m['locality_reason'] or 'no host named'}")
+            continue
+        per = f"{m['ranks_per_host']}" if m["ranks_per_host"] else "uneven"
+        nics = (f", {m['nics_per_node']} NICs/node" if m["nics_per_node"] else "") + (f" ({m['nic']})" if m["nic"] else "")
+        hosts = ", ".join(m["hosts"][:4]) + (f" and {len(m['hosts']) - 4} more" if len(m["hosts"]) > 4 else "")
+        out.append(f"machine: {m['nodes']} node(s) × {per} rank(s) of {m['gpu'] or 'unknown GPU'}{nics}, "
+                   f"{m['locality'].replace('_', '-')}, {m['groups']} group(s) on {hosts} (source: {m['source']})"
+                   + (f" — {m['locality_reason']}" if m["locality_reason"] else ""))
+    return out
+
+
+def print_machine(report: dict, console) -> None:
+    """The machine lines (:func:`machine_lines`)."""
+    for line in machine_lines(report):
+        console.print(line, highlight=False)
+
+
+def degraded_warnings(rows: list[dict]) -> list[str]:
+    """Warning lines for degraded groups (group_plateau rows with degraded true). Groups of the same op,
+    rank count, class, basis and model fold into one line with their count; numbers that differ
+    between them show as a range (min–max)."""
+    from tracekit.analyses.fleet import MODEL_FRACTION, PEER_FRACTION
+
+    def rng(vals, fmt):
+        lo, hi = fmt(min(vals)), fmt(max(vals))
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    pct = lambda v: f"{v:.0%}"  # noqa: E731
+    folded: dict[tuple, list[dict]] = {}
+    for d in rows:
+        folded.setdefault((d["op"], d["group_size"], d["locality"], d["degraded_basis"], d["model"]), []).append(d)
+    out = []
+    for (op, k, loc, basis, model), ds in folded.items():
+        why = []
+        if "peers" in (basis or ""):
+            why.append(f"{rng([d['peer_ratio'] for d in ds], pct)} of its peers' median "
+                       f"{rng([d['peer_busbw_gbps'] for d in ds], fmt_num)} GB/s (< {PEER_FRACTION:.0%})")
+        if "model" in (basis or ""):
+            why.append(f"{rng([d['model_ratio'] for d in ds], pct)} of {model} "
+                       f"({fmt_num(ds[0]['model_busbw_gbps'])} GB/s, < {MODEL_FRACTION:.0%})")
+        names = [f"{d['pg_name']} ({d['hosts'] or 'hosts not recorded'})" for d in ds]
+        who = names[0] if len(ds) == 1 else (f"{len(ds)} groups: " + "; ".join(names[:3])
+                                             + (f" and {len(ds) - 3} more" if len(ds) > 3 else ""))
+        out.append(f"{op} on {k} ranks ({loc.replace('_', '-')}): large-message busbw "
+                   f"{rng([d['plateau_busbw_gbps'] for d in ds], fmt_num)} GB/s (the sizes where its curve is flat, "
+                   f"{fmt_bytes(min(d['plateau_min_bytes'] for d in ds))}–{fmt_bytes(max(d['plateau_max_bytes'] for d in ds))}) "
+                   f"reaches {' and '.join(why)}: link degraded or misconfigured? [{who}]")
+    return out
+
+
+def fleet_section(con, run_id: str) -> dict[str, Any]:
+    """The fleet view (JSON key ``fleet``): ``pairs`` (fleet_pairs rows: per op, ranks per host and node
+    pair, plateau busbw, fleet median, ratio, slow), ``nodes`` (fleet_nodes rows), ``slow_pairs`` and
+    ``suspect_nodes`` (the rows flagged). Empty lists when the run has no two-node groups."""
+    pairs = _rows(con, "SELECT * EXCLUDE (run_id) FROM fleet_pairs WHERE run_id = ? ORDER BY ALL", [run_id])
+    nodes = _rows(con, "SELECT * EXCLUDE (run_id) FROM fleet_nodes WHERE run_id = ? ORDER BY ALL", [run_id])
+    return dict(pairs=pairs, nodes=nodes, slow_pairs=[p for p in pairs if p["slow"]],
+                suspect_nodes=[n for n in nodes if n["suspect"]])
+
+
+def print_fleet(report: dict, console) -> None:
+    """The fleet view: per op and ranks per host, a node × node table of plateau busbw (GB/s), then the
+    slow pairs and the nodes common to several of them."""
+    fleet = report.get("fleet") or {}
+    pairs = fleet.get("pairs") or []
+    if not pairs:
+        return
+    from tracekit.analyses.fleet import PEER_FRACTION, SUSPECT_SLOW_PAIRS
+
+    for op, rph in sorted({(p["op"], p["ranks_per_host"]) for p in pairs}):
+        sel = [p for p in pairs if p["op"] == op and p["ranks_per_host"] == rph]
+        hosts = sorted({p["host_a"] for p in sel} | {p["host_b"] for p in sel})
+        import os.path
+
+        prefix = os.path.commonprefix(hosts) if len(hosts) > 1 else ""
+        cell = {}
+        for p in sel:
+            cell[(p["host_a"], p["host_b"])] = cell[(p["host_b"], p["host_a"])] = p
+        t = _table(f"Fleet: {op}, {rph} rank(s) per node — plateau busbw per node pair (GB/s; * slow)")
+        t.add_column("node", justify="left", no_wrap=True)
+        for h in hosts:
+            t.add_column(h[len(prefix):], justify="right")
+        for a in hosts:
+            t.add_row(a[len(prefix):], *(("—" if a == b or (a, b) not in cell else
+                            fmt_num(cell[(a, b)]["plateau_busbw_gbps"]) + ("*" if cell[(a, b)]["slow"] else ""))
+                           for b in hosts))
+        t.caption = ((f"nodes without their common prefix '{prefix}'; " if prefix else "")
+                     + f"fleet median {fmt_num(sel[0]['fleet_busbw_gbps'])} GB/s; a pair is slow below "
+                     f"{PEER_FRACTION:.0%} of its peers (tracekit/analyses/fleet.py)")
+        _show(console, t)
+    slow = fleet.get("slow_pairs") or []
+    console.print("slow pairs: " + ("none" if not slow else "; ".join(
+        f"{p['host_a']}–{p['host_b']} ({p['op']}, {p['ranks_per_host']}/node, "
+        f"{fmt_num(p['plateau_busbw_gbps'])} GB/s = {p['ratio']:.0%} of the fleet)" for p in slow)), highlight=False)
+    sus = fleet.get("suspect_nodes") or []
+    if sus:
+        console.print(f"node(s) common to >= {SUSPECT_SLOW_PAIRS} slow pairs: " + "; ".join(
+            f"{n['host']} ({n['op']}, {n['ranks_per_host']}/node: {n['slow_pairs']} of {n['pairs']} pairs slow)"
+            for n in sus), highlight=False)

@@ -862,7 +862,7 @@ def alltoall_heatmap(data: dict):
     return fig
 
 
-LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "unknown": "#adb5bd"}
+LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "mixed": "#7048e8", "unknown": "#adb5bd"}
 
 
 def locality_figure(data: dict):
@@ -876,7 +876,7 @@ def locality_figure(data: dict):
     if not rows:
         return None
     fig = go.Figure()
-    for loc in ("intra_node", "inter_node", "unknown"):
+    for loc in ("intra_node", "inter_node", "mixed", "unknown"):
         for op in sorted({r["op"] for r in rows if r["locality"] == loc}):
             sel = sorted((r for r in rows if r["locality"] == loc and r["op"] == op), key=lambda r: r["bucket_bytes"])
             fig.add_trace(go.Scatter(
@@ -1027,8 +1027,8 @@ def report_tables(report: dict) -> list[Table]:
                 Column("median_efficiency_link", "efficiency", fmt_num, True),
                 Column("link_regime", "regime", lambda v: v or "—"),
             ], eff,
-            note=("Power-of-two size buckets, as nccl-tests steps sizes; regime by the link's D*. A bucket at >= 16·D* "
-                  "below 0.5 raises the degraded-link warning."),
+            note=("Power-of-two size buckets, as nccl-tests steps sizes; regime by the link's D*. Degraded links are "
+                  "judged on each group's busbw plateau against its peers and the model (fleet section)."),
             id="efficiency-by-size",
         ))
     if report.get("fit"):
@@ -1242,6 +1242,42 @@ FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
 )
 
 
+def fleet_heatmap(data: dict):
+    """The fleet view (report['fleet']['pairs']): one node × node heatmap per op (row) and ranks per node
+    (column), colour = the pair's plateau busbw over the fleet median of its panel, text = the busbw
+    (GB/s); slow pairs marked ×. None without two-node groups."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    pairs = ((data["report"].get("fleet") or {}).get("pairs")) or []
+    if not pairs:
+        return None
+    ops = sorted({p["op"] for p in pairs})
+    rphs = sorted({p["ranks_per_host"] for p in pairs})
+    fig = make_subplots(rows=len(ops), cols=len(rphs), horizontal_spacing=0.06, vertical_spacing=0.12,
+                        subplot_titles=[f"{op}, {r}/node" for op in ops for r in rphs])
+    for i, op in enumerate(ops, start=1):
+        for j, rph in enumerate(rphs, start=1):
+            sel = [p for p in pairs if p["op"] == op and p["ranks_per_host"] == rph]
+            if not sel:
+                continue
+            hosts = sorted({p["host_a"] for p in sel} | {p["host_b"] for p in sel})
+            at = {h: n for n, h in enumerate(hosts)}
+            z = [[None] * len(hosts) for _ in hosts]
+            text = [[""] * len(hosts) for _ in hosts]
+            for p in sel:
+                for a, b in ((p["host_a"], p["host_b"]), (p["host_b"], p["host_a"])):
+                    z[at[a]][at[b]] = p["ratio"]
+                    text[at[a]][at[b]] = f"{p['plateau_busbw_gbps']:.1f}" + (" ×" if p["slow"] else "")
+            fig.add_trace(go.Heatmap(
+                z=z, x=hosts, y=hosts, text=text, texttemplate="%{text}", zmin=0, zmax=1.2,
+                colorscale="RdYlGn", showscale=(i == 1 and j == 1), colorbar=dict(title="÷ fleet median"),
+                hovertemplate=f"{op}, {rph}/node: %{{y}} – %{{x}}<br>%{{text}} GB/s, %{{z:.2f}} of the fleet median"
+                              "<extra></extra>"), row=i, col=j)
+    _layout(fig, "Fleet: plateau busbw per node pair", height=max(420, 360 * len(ops)))
+    return fig
+
+
 RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
     # figures of analyses that only some runs have data for (a section saying so otherwise)
     ("gpu-breakdown", "GPU time breakdown", gpu_breakdown_figure,
@@ -1258,13 +1294,18 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "chunk on the diagonal), and per call the max/mean of the bytes ranks send and receive: 1 = even "
      "(analyses/alltoall_imbalance.sql)."),
     ("locality", "Intra- vs inter-node", locality_figure,
-     "Each instance is intra-node when every rank of its group is on one host (ranks.host), inter-node when they are "
-     "on several, unknown when a host is not known; one line per op and class: the median nccl-tests busbw "
-     "of each power-of-two size bucket (analyses/node_locality.sql)."),
+     "Each instance is intra-node when every rank of its group is on one host (trace host names, or an nccl-tests "
+     "log's 'Using devices' lines), inter-node when they are one on each of several, mixed when several share "
+     "each of several hosts, unknown when a host is not known; one line per op and class: the median nccl-tests "
+     "busbw of each power-of-two size bucket (analyses/machine.py, node_locality.sql)."),
     ("bubbles", "Pipeline bubbles", bubbles_figure,
      "Per pipeline stage and profiler step: the part of the step (first to last event over all stages) the "
      "stage spends outside compute, beside the model's (p−1)/(m+p−1) for p stages and m micro-batches "
      "(Huang et al., GPipe, 2019; analyses/pipeline_bubbles.sql)."),
+    ("fleet", "Fleet: node pairs", fleet_heatmap,
+     "Per op and ranks per node, each node pair's large-message busbw (the median over the sizes where its curve "
+     "is flat), coloured by its ratio to the fleet median of that panel; × marks a slow pair (below 70 % of its "
+     "peers; analyses/fleet.py)."),
 )
 
 
@@ -1292,6 +1333,9 @@ def render_html(data: dict) -> str:
     from tracekit.report.data import cpu_side_lines
 
     notes = "".join(f'<p class="note">{html.escape(n)}.</p>' for n in cpu_side_lines(rep))
+    from tracekit.report.data import machine_lines
+
+    notes += "".join(f'<p class="note">{html.escape(n)}</p>' for n in machine_lines(rep))
     glance = (
         f'<section id="tk-summary"><h2>At a glance</h2><div class="badges">{badges or "no collectives"}</div>'
         f'<p class="note">{html.escape(line)}.</p>{notes}</section>'
