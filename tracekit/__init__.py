@@ -6,8 +6,9 @@ torch nor DuckDB, so ``tracekit analyze`` on an existing store starts fast.
 
 __version__ = "0.1.0"
 
-SCHEMA_VERSION = "1.0"
-"""Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR."""
+SCHEMA_VERSION = "1.1"
+"""Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR. 1.1 added the Flight
+Recorder tables (fr_entries, fr_groups, fr_dumps); a 1.0 run reads them as empty."""
 
 
 def __getattr__(name: str):
