@@ -46,6 +46,7 @@ PIPELINE = (
     "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
     "overlap_islands",       # SQL: comm_islands, compute_islands, overlap_islands (read events; HTML timeline)
     "gpu_launchers",         # Python: gpu_launchers, gpu_idle_gaps (per GPU op / gap; read events; no report)
+    "hang",                  # Python: hang_instances, hang_divergence (read fr_entries; Flight Recorder triage)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the export (collectives, waits,
