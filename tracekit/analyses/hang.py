@@ -155,7 +155,7 @@ def _user_frame(frames) -> str | None:
     if not frames:
         return None
     for f in frames:
-        if "/torch/" not in f:
+        if "/torch/" not in f and "tracekit/collectors/pg_labels.py" not in f:  # torch and tracekit's own wrapper
             return f
     return frames[0]
 

@@ -197,6 +197,13 @@ class Agent:
             else:
                 pg_labels.install()
         self._start(dist.get_rank(), dist.get_world_size(), "init_process_group")
+        if self.cfg.get("fr"):  # tracekit profile --fr: dump this rank's Flight Recorder buffer (collectors.fr_agent)
+            try:
+                from tracekit.collectors.fr_agent import FrDumper
+
+                self.fr = FrDumper(self.out_dir, self.rank, self.world_size)
+            except Exception as exc:  # noqa: BLE001 - ImportError: no tracekit in the job's Python
+                self.notes.append(f"Flight Recorder dumps unavailable: {type(exc).__name__}: {exc}")
 
     def on_foreign_profiler(self) -> None:
         """The job starts a torch.profiler of its own: only one can run, so ours stands down
@@ -354,6 +361,10 @@ class Agent:
         self.finished = True
         self._finishing = True
         self.exit_reason = reason
+        if getattr(self, "fr", None) is not None:  # --fr: the Flight Recorder dump first (the job is ending)
+            self.fr.dump(reason)
+            if self.fr.error:
+                self.notes.append(self.fr.error)
         if self.prof is not None and not self.stopped:
             self.phase_at_stop = self._phase()
             self.stopped = True
