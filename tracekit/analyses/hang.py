@@ -64,7 +64,7 @@ culprit_last_op    VARCHAR    … its op
 culprit_last_state VARCHAR    … its state
 culprit_last_frame VARCHAR    … its innermost stack frame outside torch ("function file:line"); NULL when no stack was dumped
 waiting_ranks      INTEGER[]  the ranks that issued the instance (arrived), sorted
-waited_ns          BIGINT     longest wait: max over waiting ranks of (their dump time − their time_created_ns); NULL when the dumps do not say when they were taken
+waited_ns          BIGINT     longest wait, an upper bound: max over waiting ranks of the time from issuing it to the rank's next recorded call, or to its dump when it issued none after (gloo leaves every state 'scheduled', so nothing finer is known); NULL when neither time is known
 ranks_without_dump INTEGER[]  ranks 0..world_size−1 that left no dump
 mismatched         BIGINT     instances of the run whose match_state is not fully_matched
 instances          BIGINT     instances of the run (hang_instances rows)
@@ -235,8 +235,14 @@ def triage(run: dict, entries: list[dict], groups: list[dict], dumps: list[dict]
         waiting = first["arrived_ranks"]
         div["waiting_ranks"] = waiting
         got = pgs[first["pg_name"]][first["seq"]]
-        waits = [dumped_at[r] - got[r]["time_created_ns"] for r in waiting
-                 if dumped_at.get(r) is not None and got[r]["time_created_ns"] is not None]
+        waits = []
+        for r in waiting:
+            t0 = got[r]["time_created_ns"]
+            later = [e["time_created_ns"] for e in by_rank[r] if e["record_id"] > got[r]["record_id"]
+                     and e["time_created_ns"] is not None]
+            end = min(later) if later else dumped_at.get(r)
+            if t0 is not None and end is not None:
+                waits.append(end - t0)
         div["waited_ns"] = max(waits) if waits else None
     return rows, div
 

@@ -7,7 +7,12 @@ buffer on the given group) is replaced:
 
 - ``hang``: the rank never issues it (sleeps until it is killed): the other ranks wait in it;
 - ``op`` (alias ``desync``): the rank issues a broadcast instead of the all_reduce;
-- ``size``: the rank issues the all_reduce on a buffer one element longer;
+- ``size``: the rank issues the all_reduce on its buffer viewed as another shape (2 × n/2: the
+  same bytes). A byte count that differs is what a real size desync is, but on gloo it aborts every
+  rank of the collective inside gloo's transport ("Received data size doesn't match expected
+  size", std::terminate) before any rank can dump; gloo does not compare shapes, Flight Recorder
+  records them (input_sizes), so the job runs on and the dumps at exit show the mismatch;
+- ``dtype``: the rank issues the all_reduce on its buffer viewed as int32 (the same bytes);
 - ``delay``: the rank sleeps MS milliseconds first, then issues it (a straggler of known skew).
 
 Standard library only at import; torch is imported by the caller.
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 
 from tracekit.errors import BadInputError
 
-KINDS = ("hang", "op", "desync", "size", "delay")
+KINDS = ("hang", "op", "desync", "size", "dtype", "delay")
 _SPEC = re.compile(r"^(?P<kind>[a-z]+):(?P<rank>\d+)@(?P<step>\d+)(?::(?P<ms>\d+(?:\.\d+)?))?$")
 
 
@@ -46,8 +51,8 @@ def parse_fault(text: str) -> Fault:
     Raises BadInputError (one line) for anything else."""
     m = _SPEC.match(str(text).strip())
     if not m or m["kind"] not in KINDS:
-        raise BadInputError(f"--inject {text!r}: expected hang:RANK@STEP, op:RANK@STEP, size:RANK@STEP "
-                            "or delay:RANK@STEP:MS")
+        raise BadInputError(f"--inject {text!r}: expected hang:RANK@STEP, op:RANK@STEP, size:RANK@STEP, "
+                            "dtype:RANK@STEP or delay:RANK@STEP:MS")
     kind = "op" if m["kind"] == "desync" else m["kind"]
     if kind == "delay" and m["ms"] is None:
         raise BadInputError(f"--inject {text!r}: a delay needs its length: delay:RANK@STEP:MS")
@@ -81,7 +86,10 @@ def step_collective(buf, faults, rank: int, step: int, group=None, hang_s: float
     elif f.kind == "op":
         dist.broadcast(buf, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     elif f.kind == "size":
-        dist.all_reduce(torch.cat([buf.flatten(), buf.flatten()[:1]]), group=group)
+        n = buf.numel()
+        dist.all_reduce(buf.view(2, n // 2) if n % 2 == 0 else buf.view(1, n), group=group)
+    elif f.kind == "dtype":
+        dist.all_reduce(buf.view(torch.int32) if buf.element_size() == 4 else buf.view(torch.uint8), group=group)
     elif f.kind == "delay":
         time.sleep(f.delay_ms / 1000.0)
         dist.all_reduce(buf, group=group)
