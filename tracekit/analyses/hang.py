@@ -63,7 +63,7 @@ culprit_last_seq   BIGINT     … its collective seq
 culprit_last_op    VARCHAR    … its op
 culprit_last_state VARCHAR    … its state
 culprit_last_frame VARCHAR    … its innermost stack frame outside torch ("function file:line"); NULL when no stack was dumped
-waiting_ranks      INTEGER[]  the ranks that issued the instance (arrived), sorted
+waiting_ranks      INTEGER[]  the ranks that issued the instance (arrived), culprits excepted, sorted
 waited_ns          BIGINT     longest wait, an upper bound: max over waiting ranks of the time from issuing it to the rank's next recorded call, or to its dump when it issued none after (gloo leaves every state 'scheduled', so nothing finer is known); NULL when neither time is known
 ranks_without_dump INTEGER[]  ranks 0..world_size−1 that left no dump
 mismatched         BIGINT     instances of the run whose match_state is not fully_matched
@@ -232,11 +232,11 @@ def triage(run: dict, entries: list[dict], groups: list[dict], dumps: list[dict]
             div.update(culprit_last_pg=last["pg_name"], culprit_last_seq=last["collective_seq_id"],
                        culprit_last_op=last["op"], culprit_last_state=last["state"],
                        culprit_last_frame=_user_frame(last["frames"]))
-        waiting = first["arrived_ranks"]
+        waiting = [r for r in first["arrived_ranks"] if r not in first["culprit_ranks"]]
         div["waiting_ranks"] = waiting
         got = pgs[first["pg_name"]][first["seq"]]
         waits = []
-        for r in waiting:
+        for r in waiting or first["arrived_ranks"]:
             t0 = got[r]["time_created_ns"]
             later = [e["time_created_ns"] for e in by_rank[r] if e["record_id"] > got[r]["record_id"]
                      and e["time_created_ns"] is not None]

@@ -431,6 +431,7 @@ def build_report(
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
         critical_path=critical_path_section(con, run_id, critical_path),
+        hang=hang_section(con, run_id),
     )
 
 
@@ -793,6 +794,7 @@ def print_report(report: dict, console=None) -> None:
     print_locality(report, con)
     print_bubbles(report, con)
     print_critical_path(report, con)
+    print_hang(report, con)
     for w in report["warnings"]:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
@@ -1144,4 +1146,91 @@ def print_critical_path(report: dict, console) -> None:
             t.add_row(r["name"] or "", r["class"], str(r["events"]), str(r["ranks"]), fmt_ms(r["on_path_ns"]),
                       fmt_pct(r["share"]))
         t.caption = "share = time on the paths / the paths' summed length (gaps are in no event)"
+        _show(console, t)
+
+
+# -- when the job hangs: Flight Recorder triage (analyses/hang.py) ----------------------------------
+
+def _ranks_text(ranks) -> str:
+    """``[0, 2]`` → ``'0, 2'``; empty or None → ``''``."""
+    return ", ".join(map(str, ranks or []))
+
+
+MAX_HANG_ROWS = 20
+"""Diverging instances the terminal shows (all are in --json)."""
+
+
+def hang_section(con, run_id: str) -> dict | None:
+    """The report's ``hang`` section: None for a run without Flight Recorder dumps; else
+    ``divergence`` (the hang_divergence row: the first collective where the ranks diverged, its
+    classification, the culprit ranks and their last call, the longest wait in ns), ``diverging``
+    (the hang_instances rows not fully_matched, by first arrival), ``dumps`` (rank, version,
+    entries, reason, dumped_at_ns per dump) and ``instances`` (how many were matched)."""
+    (n,) = con.execute("SELECT count(*) FROM fr_dumps WHERE run_id = ?", [run_id]).fetchone()
+    if not n:
+        return None
+    div = _rows(con, "SELECT * EXCLUDE (run_id) FROM hang_divergence WHERE run_id = ?", [run_id])
+    bad = _rows(con, "SELECT * EXCLUDE (run_id) FROM hang_instances WHERE run_id = ? AND match_state <> 'fully_matched' "
+                     "ORDER BY first_created_ns NULLS LAST, pg_name, seq", [run_id])
+    dumps = _rows(con, "SELECT rank, version, entries, reason, dumped_at_ns FROM fr_dumps WHERE run_id = ? ORDER BY rank",
+                  [run_id])
+    d = div[0] if div else None
+    return dict(divergence=d, diverging=bad, dumps=dumps, instances=d["instances"] if d else 0)
+
+
+def hang_lines(report: dict) -> list[str]:
+    """The hang section as sentences (the terminal and the HTML page print them); [] without dumps."""
+    sec = report.get("hang")
+    if not sec:
+        return []
+    d = sec.get("divergence") or {}
+    dumps = sec.get("dumps") or []
+    lines = [f"{len(dumps)} Flight Recorder dump(s) (rank(s) {_ranks_text([x['rank'] for x in dumps])}); "
+             f"{sec.get('instances', 0)} collective instance(s) matched by (process group, seq)"]
+    if d.get("ranks_without_dump"):
+        lines.append(f"rank(s) {_ranks_text(d['ranks_without_dump'])} left no dump: what they did is unknown")
+    if not d or d.get("match_state") == "fully_matched":
+        lines.append("every collective that the dumps hold matched on every rank that recorded it: no divergence")
+        return lines
+    group = f"group {d['pg_name']}" + (f" ({d['pg_desc']})" if d.get("pg_desc") else "")
+    dim = f", dimension {d['dimension']}" if d.get("dimension") else ""
+    lines.append(f"first divergence: {group}{dim}, seq {d['seq']}, {d['op']}: {d['match_state']} — {d['detail']}")
+    if d.get("culprit_rank") is not None:
+        basis = {"missing": "never arrived", "majority": "differs from the majority",
+                 "tie": "a tie, differs from the lowest rank: either side may be the one"}.get(d.get("culprit_basis"), "")
+        last = "no entry recorded"
+        if d.get("culprit_last_op") is not None:
+            last = (f"{d['culprit_last_op']} seq {d['culprit_last_seq']} of group {d['culprit_last_pg']} "
+                    f"({d['culprit_last_state']})" + (f" at {d['culprit_last_frame']}" if d.get("culprit_last_frame") else ""))
+        lines.append(f"culprit: rank(s) {_ranks_text(d['culprit_ranks'])} ({basis}); rank {d['culprit_rank']}'s last "
+                     f"call: {last}")
+    waited = "—" if d.get("waited_ns") is None else f"{d['waited_ns'] / 1e9:.3f} s"
+    lines.append(f"waiting: rank(s) {_ranks_text(d.get('waiting_ranks') or [])}, up to {waited} (from issuing it to "
+                 "their next call or their dump)")
+    if d.get("mismatched", 0) > 1:
+        lines.append(f"{d['mismatched']} instance(s) diverge in all (the first is the cause; the rest may follow from it)")
+    return lines
+
+
+def print_hang(report: dict, console) -> None:
+    """The hang section: its sentences and the diverging instances, as rich text and a table."""
+    from rich.text import Text
+
+    lines = hang_lines(report)
+    if not lines:
+        return
+    console.print()
+    console.print(Text("When the job hangs: Flight Recorder triage", style="bold"))
+    for line in lines:
+        console.print(Text(line))
+    bad = (report.get("hang") or {}).get("diverging") or []
+    if bad:
+        t = _table("Diverging collectives (first arrival order)")
+        for col in ("group", "seq", "op", "state", "culprits", "missing", "detail"):
+            t.add_column(col, justify="right" if col == "seq" else "left")
+        for r in bad[:MAX_HANG_ROWS]:
+            t.add_row(str(r["pg_name"]), str(r["seq"]), str(r["op"]), r["match_state"], _ranks_text(r["culprit_ranks"]),
+                      _ranks_text(r["missing_ranks"]) or "—", r["detail"] or "—")
+        if len(bad) > MAX_HANG_ROWS:
+            t.caption = f"{MAX_HANG_ROWS} of {len(bad)} rows (all in --json)"
         _show(console, t)
