@@ -38,6 +38,7 @@ PIPELINE = (
     "overlap_windows",       # Python: the union-length sweep
     "overlap",               # overlap_by_rank/_by_step, collective_overlap
     "process_groups",        # per (run, process group): dimension, ranks, calls, bytes, sync, overlap
+    "hang",                  # Python: hang_instances, hang_divergence (read fr_entries, process_groups; Flight Recorder triage)
     "measured_vs_model",     # Python: per rank, and per rank and dimension (reads process_groups)
     "gpu_time_breakdown",    # Python: GPU time by class and idle class per rank and step (the stored summaries)
     "kernel_summary",        # SQL: kernel_summary, gpu_time_by_launcher (reads the launcher summaries)
@@ -46,7 +47,6 @@ PIPELINE = (
     "critical_path",         # Python: critical_path, critical_path_summary (reads events, _instance_calls)
     "overlap_islands",       # SQL: comm_islands, compute_islands, overlap_islands (read events; HTML timeline)
     "gpu_launchers",         # Python: gpu_launchers, gpu_idle_gaps (per GPU op / gap; read events; no report)
-    "hang",                  # Python: hang_instances, hang_divergence (read fr_entries; Flight Recorder triage)
 )
 """The analysis modules in creation order (each after every module it reads). The collective
 chain comes first and the overlap chain after it, so that the export (collectives, waits,

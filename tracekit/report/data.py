@@ -1166,10 +1166,10 @@ def hang_section(con, run_id: str) -> dict | None:
     classification, the culprit ranks and their last call, the longest wait in ns), ``diverging``
     (the hang_instances rows not fully_matched, by first arrival), ``dumps`` (rank, version,
     entries, reason, dumped_at_ns per dump) and ``instances`` (how many were matched)."""
+    div = _rows(con, "SELECT * EXCLUDE (run_id) FROM hang_divergence WHERE run_id = ?", [run_id])
     (n,) = con.execute("SELECT count(*) FROM fr_dumps WHERE run_id = ?", [run_id]).fetchone()
     if not n:
         return None
-    div = _rows(con, "SELECT * EXCLUDE (run_id) FROM hang_divergence WHERE run_id = ?", [run_id])
     bad = _rows(con, "SELECT * EXCLUDE (run_id) FROM hang_instances WHERE run_id = ? AND match_state <> 'fully_matched' "
                      "ORDER BY first_created_ns NULLS LAST, pg_name, seq", [run_id])
     dumps = _rows(con, "SELECT rank, version, entries, reason, dumped_at_ns FROM fr_dumps WHERE run_id = ? ORDER BY rank",
