@@ -15,8 +15,9 @@ Recorder itself is switched on by the environment before the process group exist
 The dump is torch's pickle form (``_dump_fr_trace(includeCollectives=True, includeStackTraces=True)``:
 the JSON form has no stacks), loaded here (this process's own bytes) and written as JSON with one
 more key, ``tracekit``: {rank, world_size, groups: {pg_name: {desc, ranks}} (the global ranks of
-every process group this rank knows: torch's own pg_config is empty on gloo), dumped_at_ns (wall
-clock), reason}. tracekit.ingest.flight_recorder reads it. Nothing here raises into the job.
+every process group this rank knew: torch's own pg_config is empty on gloo; the watcher thread
+notes the groups every second, so a dump after destroy_process_group still has them),
+dumped_at_ns (wall clock), reason}. tracekit.ingest.flight_recorder reads it. Nothing here raises into the job.
 """
 
 from __future__ import annotations
@@ -49,17 +50,20 @@ def groups_of_this_rank() -> dict:
     return out
 
 
-def snapshot(rank: int, world_size: int, reason: str) -> dict:
-    """This rank's Flight Recorder dump as a dict, with the ``tracekit`` key (module doc)."""
+def snapshot(rank: int, world_size: int, reason: str, known_groups: dict | None = None) -> dict:
+    """This rank's Flight Recorder dump as a dict, with the ``tracekit`` key (module doc).
+    ``known_groups``: groups seen earlier (a dump at exit comes after destroy_process_group, which
+    forgets them all); the ones torch still knows are added."""
     import pickle
 
     from torch._C._distributed_c10d import _dump_fr_trace
 
     dump = pickle.loads(_dump_fr_trace(True, True))
+    groups = dict(known_groups or {})
     try:
-        groups = groups_of_this_rank()
+        groups.update(groups_of_this_rank())
     except Exception:  # noqa: BLE001
-        groups = {}
+        pass
     dump["tracekit"] = {"rank": rank, "world_size": world_size, "groups": groups,
                         "dumped_at_ns": time.time_ns(), "reason": reason}
     return dump
@@ -74,13 +78,26 @@ class FrDumper:
         self.done = False
         self.error: str | None = None
         self._lock = threading.Lock()
+        self.groups: dict = {}
+        self._refresh_groups()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(poll_s,), name="tracekit-fr-watch", daemon=True)
         self._thread.start()
 
+    def _refresh_groups(self) -> None:
+        """Remember the process groups torch knows now (groups created later are seen by the watcher)."""
+        try:
+            self.groups.update(groups_of_this_rank())
+        except Exception:  # noqa: BLE001
+            pass
+
     def _watch(self, poll_s: float) -> None:
         req = os.path.join(self.out_dir, REQUEST_FILE)
+        n = 0
         while not self._stop.wait(poll_s):
+            n += 1
+            if n % 5 == 0:
+                self._refresh_groups()
             if os.path.exists(req):
                 try:
                     with open(req) as fh:
@@ -98,7 +115,7 @@ class FrDumper:
             self.done = True
             self._stop.set()
             try:
-                data = json.dumps(snapshot(self.rank, self.world_size, reason), default=str)
+                data = json.dumps(snapshot(self.rank, self.world_size, reason, self.groups), default=str)
                 tmp = self.path + f".tmp{os.getpid()}"
                 with open(tmp, "w") as fh:
                     fh.write(data)
