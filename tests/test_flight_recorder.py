@@ -268,6 +268,24 @@ def test_analyze_json_and_terminal_show_the_triage(tmp_path, capsys):
     assert 'id="tk-sec-hang"' in page and "first divergence: group 0 (default_pg), seq 2" in page
 
 
+def test_the_dumps_collectives_summary(tmp_path):
+    from tracekit.report.data import build_report
+
+    d = tmp_path / "d"
+    timed = [entry(s, size=(256,)) for s in (1, 2, 3)]
+    for e, ms in zip(timed, (1.0, 3.0, 2.0)):
+        e["duration_ms"] = ms  # NCCL with TORCH_NCCL_ENABLE_TIMING: recorded on completion
+    write(d, 0, dump(timed + [entry(4, "all_gather", size=(8,), out_size=(2, 8), dtype="Half")]))
+    write(d, 1, dump([entry(s, size=(256,)) for s in (1, 2, 3)] + [entry(4, "all_gather", size=(8,), out_size=(2, 8), dtype="Half")]))
+    st = Store(tmp_path / "s")
+    rid = ingest_paths([d], st)
+    rows = build_report(st, rid)["hang"]["collectives"]
+    got = [(r["op"], r["in_bytes"], r["calls"], r["ranks"], r["instances"], r["bytes"], r["timed"], r["median_duration_ns"])
+           for r in rows]
+    # all_gather of 8 halves = 16 B per call; all_reduce of 256 floats = 1024 B; durations 1, 3, 2 ms → median 2 ms
+    assert got == [("all_gather", 16, 2, 2, 1, 32, 0, None), ("all_reduce", 1024, 6, 2, 3, 6144, 3, 2_000_000)]
+
+
 # --------------------------------------------------------------------------- fault specs
 
 

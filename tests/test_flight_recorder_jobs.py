@@ -133,3 +133,24 @@ def test_a_healthy_job_is_fully_matched(tmp_path, monkeypatch, capsys):
     # 4 step all_reduces + the closing barrier (gloo records it as an all_reduce-like 'barrier' entry)
     assert d["match_state"] == "fully_matched" and d["dumped"] == [0, 1] and d["instances"] == 5
     assert "no divergence" in out.out
+
+
+def test_fr_only_counts_the_collectives_without_a_profiler(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(DEMO),
+           "--steps", "5", "--numel", "256"]
+    rc = main(["profile", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "runs"), "--fr-only",
+               "--run-id", "fo", "--", *cmd])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert not list((tmp_path / "runs" / "fo").glob("*.pt.trace.json.gz"))  # no profiler ran
+    from tracekit.report.data import build_report
+
+    rep = build_report(Store(tmp_path / "store"), "fo")
+    rows = {r["op"]: r for r in rep["hang"]["collectives"]}
+    # 5 steps × 2 ranks all_reduces of 256 float32 = 1024 B each; gloo records no duration
+    ar = rows["all_reduce"]
+    assert (ar["in_bytes"], ar["calls"], ar["ranks"], ar["instances"], ar["timed"]) == (1024, 10, 2, 5, 0)
+    assert ar["median_duration_ns"] is None
+    assert rep["hang"]["divergence"]["match_state"] == "fully_matched"
+    assert json.loads((tmp_path / "runs" / "fo" / "run_config.json").read_text())["flight_recorder"]["only"] is True

@@ -1175,7 +1175,23 @@ def hang_section(con, run_id: str) -> dict | None:
     dumps = _rows(con, "SELECT rank, version, entries, reason, dumped_at_ns FROM fr_dumps WHERE run_id = ? ORDER BY rank",
                   [run_id])
     d = div[0] if div else None
-    return dict(divergence=d, diverging=bad, dumps=dumps, instances=d["instances"] if d else 0)
+    return dict(divergence=d, diverging=bad, dumps=dumps, instances=d["instances"] if d else 0,
+                collectives=fr_collectives(con, run_id))
+
+
+def fr_collectives(con, run_id: str) -> list[dict]:
+    """What the Flight Recorder dumps say of the run's collectives, per (process group, op, input
+    bytes): calls (entries over ranks), ranks, instances (distinct seq), bytes = Σ in_bytes over
+    calls, timed = calls with a recorded duration, median_duration_ns over them (NULL when none:
+    gloo records none; NCCL only with TORCH_NCCL_ENABLE_TIMING). The dumps hold the last
+    TORCH_FR_BUFFER_SIZE entries of each rank, so the counts cover that window, not the whole job."""
+    return _rows(con, """
+        SELECT pg_name, op, in_bytes, count(*) AS calls, count(DISTINCT rank) AS ranks,
+               count(DISTINCT collective_seq_id) AS instances, sum(in_bytes) AS bytes,
+               count(duration_ns) AS timed, median(duration_ns) AS median_duration_ns,
+               min(collective_seq_id) AS first_seq, max(collective_seq_id) AS last_seq
+        FROM fr_entries WHERE run_id = ? AND collective_seq_id > 0 AND NOT coalesce(is_p2p, false)
+        GROUP BY ALL ORDER BY pg_name, op, in_bytes NULLS LAST""", [run_id])
 
 
 def hang_lines(report: dict) -> list[str]:
@@ -1233,4 +1249,16 @@ def print_hang(report: dict, console) -> None:
                       _ranks_text(r["missing_ranks"]) or "—", r["detail"] or "—")
         if len(bad) > MAX_HANG_ROWS:
             t.caption = f"{MAX_HANG_ROWS} of {len(bad)} rows (all in --json)"
+        _show(console, t)
+    colls = (report.get("hang") or {}).get("collectives") or []
+    if colls:
+        t = _table("Collectives in the Flight Recorder dumps (per group, op and input size)")
+        for col in ("group", "op", "bytes each", "calls", "ranks", "instances", "seq", "median ms"):
+            t.add_column(col, justify="left" if col in ("group", "op") else "right")
+        for r in colls[:MAX_HANG_ROWS]:
+            t.add_row(str(r["pg_name"]), str(r["op"]), "—" if r["in_bytes"] is None else fmt_bytes(r["in_bytes"]),
+                      str(r["calls"]), str(r["ranks"]), str(r["instances"]), f"{r['first_seq']}–{r['last_seq']}",
+                      fmt_ms(r["median_duration_ns"]))
+        t.caption = ("the last --fr-buffer entries of each rank only; median ms over the calls with a recorded "
+                     "duration (— : none recorded: gloo records none, NCCL only with TORCH_NCCL_ENABLE_TIMING=1)")
         _show(console, t)

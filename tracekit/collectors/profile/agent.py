@@ -242,6 +242,9 @@ class Agent:
     def step(self) -> None:
         if os.getpid() != self.pid or self.finished or self.stood_down:
             return
+        if self.cfg.get("fr_only"):  # no profiler to advance: count the step
+            self.steps += 1
+            return
         with self._lock:
             if self._busy:
                 return
@@ -313,8 +316,9 @@ class Agent:
         self.rank, self.world_size = int(rank), int(world_size)
         self.torch_version = torch.__version__
         self._claim_rank()
-        self.prof = make_profiler(self.cfg, self._on_trace_ready)
-        self.prof.start()
+        if not self.cfg.get("fr_only"):  # --fr-only: Flight Recorder alone, no profiler
+            self.prof = make_profiler(self.cfg, self._on_trace_ready)
+            self.prof.start()
         self.started_at = time.time()
         self.last_t = time.perf_counter()
         self.notes.append(f"profiler started at {how}")

@@ -98,6 +98,8 @@ class ProfileOptions:
     fr: bool = False
     #: Flight Recorder entries kept per rank (TORCH_FR_BUFFER_SIZE)
     fr_buffer: int = 2000
+    #: Flight Recorder only: no torch.profiler in the ranks (implies fr)
+    fr_only: bool = False
     #: stop the job after this many seconds (the ranks dump their Flight Recorder first); None: no limit
     timeout_s: float | None = None
 
@@ -132,7 +134,8 @@ class ProfileOptions:
             "repeat": self.repeat,
             "record_shapes": self.record_shapes,
             "with_stack": self.with_stack,
-            "fr": self.fr,
+            "fr": self.fr or self.fr_only,
+            "fr_only": self.fr_only,
         }
 
 
@@ -268,7 +271,7 @@ def job_env(site_dir: Path, run_dir: Path, opts: ProfileOptions, marker: str, ba
     env["TRACEKIT_PROFILE_AGENT"] = str(AGENT_PATH)
     env["TRACEKIT_PROFILE_CONFIG"] = json.dumps(opts.agent_config())
     env[ENV_JOB] = marker
-    if opts.fr:  # read by torch when the process group is created (torch/csrc/distributed/c10d/FlightRecorder.hpp)
+    if opts.fr or opts.fr_only:  # read by torch when the process group is created (torch/csrc/distributed/c10d/FlightRecorder.hpp)
         env["TORCH_FR_BUFFER_SIZE"] = str(opts.fr_buffer)
     return env
 
@@ -419,7 +422,7 @@ def _request_fr_dumps(run_dir: Path, opts: ProfileOptions, proc, on_progress, wa
     if on_progress:
         on_progress(f"the job ran past --timeout {opts.timeout_s:g} s: stopping it"
                     + (" (each rank dumps its Flight Recorder first)" if opts.fr else ""))
-    if not opts.fr:
+    if not (opts.fr or opts.fr_only):
         return
     from tracekit.collectors.fr_agent import REQUEST_FILE
 
@@ -445,7 +448,7 @@ def _gather_fr(result: JobResult, opts: ProfileOptions) -> None:
         if m:
             result.fr_dumps[int(m.group(1))] = f
     (result.run_dir / "fr-dump-request").unlink(missing_ok=True)
-    if opts.fr:
+    if opts.fr or opts.fr_only:
         world = result.world_size or (max(result.fr_dumps) + 1 if result.fr_dumps else 0)
         none = [r for r in range(world) if r not in result.fr_dumps]
         if none:
@@ -453,12 +456,17 @@ def _gather_fr(result: JobResult, opts: ProfileOptions) -> None:
                                 "(killed before dumping, or never initialised torch.distributed)")
         if isinstance(result.config, dict) and result.config:
             result.config["flight_recorder"] = {"buffer_size": opts.fr_buffer, "ranks_without_dump": none,
-                                                "dumps": [f.name for _r, f in sorted(result.fr_dumps.items())]}
+                                                "dumps": [f.name for _r, f in sorted(result.fr_dumps.items())],
+                                                "only": opts.fr_only}
+            if opts.fr_only:  # no trace was expected: partial when a rank left no dump
+                result.missing_ranks = none
+                result.config["missing_ranks"] = none
+                result.config["partial"] = bool(result.exit_code or result.interrupted or none)
     if result.timed_out:
         result.notes.append(f"the job ran past --timeout {opts.timeout_s:g} s and was stopped")
         if isinstance(result.config, dict) and result.config:
             result.config["timed_out_after_s"] = opts.timeout_s
-    if (opts.fr or result.timed_out) and isinstance(result.config, dict) and result.config:
+    if (opts.fr or opts.fr_only or result.timed_out) and isinstance(result.config, dict) and result.config:
         path = result.run_dir / "run_config.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(result.config, indent=2, default=str) + "\n")
@@ -535,7 +543,7 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
                      f"{max(worlds)}: its ranks are counted against {max(worlds)}")
     elif opts.expect_ranks:
         result.world_size = max(result.world_size or 0, opts.expect_ranks)
-    if result.world_size:
+    if result.world_size and not opts.fr_only:  # --fr-only: no trace is expected (_gather_fr names missing dumps)
         result.missing_ranks = [r for r in range(result.world_size) if r not in result.traces]
 
     if result.interrupted:
