@@ -297,3 +297,42 @@ def test_fault_specs():
     for bad in ("hang:1", "hang:x@1", "delay:1@2", "size:1@2:5", "crash:1@2"):
         with pytest.raises(BadInputError):
             parse_fault(bad)
+
+
+# --------------------------------------------------------------------------- property: known truth by construction
+
+from hypothesis import given, settings, strategies as hs  # noqa: E402
+
+from tracekit.analyses.hang import triage as triage_rows  # noqa: E402
+from tracekit.ingest.flight_recorder import entry_rows  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=hs.integers(2, 6), k=hs.integers(1, 8), data=hs.data())
+def test_the_culprit_and_seq_are_the_ones_built_in(n, k, data):
+    """n ranks issue all_reduce seq 1..k; one rank c diverges at seq s (1 ≤ s ≤ k) in one of three ways:
+    it stops before s (never arrives), calls broadcast at s, or uses another shape at s. With n ≥ 3 the
+    culprit is the minority; with n = 2 a mismatch is a tie (then the higher rank is named)."""
+    c = data.draw(hs.integers(0, n - 1), label="culprit")
+    s = data.draw(hs.integers(1, k), label="seq")
+    how = data.draw(hs.sampled_from(["missing", "op", "size"]), label="how")
+    rows = []
+    for r in range(n):
+        ents = []
+        for q in range(1, k + 1):
+            if r == c and how == "missing" and q >= s:
+                break
+            op = "broadcast" if (r == c and how == "op" and q == s) else "all_reduce"
+            size = (2, 512) if (r == c and how == "size" and q == s) else (1024,)
+            ents.append(entry(q, op, size=size))
+        rows += entry_rows("x", r, dump(ents))
+    inst, div = triage_rows({"run_id": "x", "world_size": n}, rows, [], [{"rank": r, "dumped_at_ns": None} for r in range(n)], {})
+    want_state = {"missing": "missing_ranks", "op": "op_mismatch", "size": "size_mismatch"}[how]
+    assert (div["match_state"], div["seq"]) == (want_state, s)
+    if how == "missing" or n > 2:
+        assert div["culprit_ranks"] == [c]
+        assert div["culprit_basis"] == ("missing" if how == "missing" else "majority")
+    else:  # a tie: the rank that differs from rank 0
+        assert div["culprit_ranks"] == [1] and div["culprit_basis"] == "tie"
+    # a rank that stopped misses every later seq too; a mismatch is one instance
+    assert div["mismatched"] == (k - s + 1 if how == "missing" else 1) and div["instances"] == k
