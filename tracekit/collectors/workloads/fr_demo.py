@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import sys
 
 
 def main(argv=None) -> int:
@@ -24,14 +25,20 @@ def main(argv=None) -> int:
     ap.add_argument("--pg-timeout", type=float, default=10.0, help="process group timeout, s")
     args = ap.parse_args(argv)
     from tracekit.collectors.faults import check_faults, parse_fault, step_collective
+    from tracekit.errors import BadInputError
 
-    faults = [parse_fault(s) for s in args.inject]
+    try:
+        faults = [parse_fault(s) for s in args.inject]
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        check_faults(faults, world)
+    except BadInputError as exc:
+        print(f"fr_demo: {exc}", file=sys.stderr)
+        return 2
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    check_faults(faults, world)
+    rank = dist.get_rank()
     try:
         import tracekit
 
