@@ -120,6 +120,20 @@ def test_a_pickle_holding_an_object_is_refused_nothing_executed_store_unchanged(
     assert store_snapshot(store) == before
 
 
+def test_torch_typed_list_markers_are_read_without_torch(tmp_path):
+    from tracekit.ingest.flight_recorder import load_dump
+
+    # {'version': '2.10', 'entries': [], 'x': build_intlist([1, 2])}, as torch::jit::pickle_save writes typed lists
+    raw = (b"\x80\x02}(X\x07\x00\x00\x00versionX\x04\x00\x00\x002.10X\x07\x00\x00\x00entries]"
+           b"X\x01\x00\x00\x00xctorch.jit._pickle\nbuild_intlist\n](K\x01K\x02e\x85Ru.")
+    f = tmp_path / "nccl_trace_rank_0"
+    f.write_bytes(raw)
+    assert load_dump(f) == {"version": "2.10", "entries": [], "x": [1, 2]}
+    f.write_bytes(raw.replace(b"(K\x01K\x02", b"(X\x01\x00\x00\x00aK\x02"))  # a str in an int list
+    with pytest.raises(BadInputError, match="typed list"):
+        load_dump(f)
+
+
 def test_an_unknown_major_version_is_refused(tmp_path, capsys):
     write(tmp_path / "d", 0, dump([entry(1)], version="3.0"), "json")
     assert main(["ingest", str(tmp_path / "d"), "--store", str(tmp_path / "s")]) == 2

@@ -68,15 +68,32 @@ DTYPE_BYTES = {
 """Bytes per element of the dtype names (c10::ScalarType names) Flight Recorder writes."""
 
 
+def _checked_list(kind):
+    def build(data):
+        if not isinstance(data, list) or not all(type(x) in kind for x in data):
+            raise pickle.UnpicklingError("a typed list holding something else")
+        return list(data)
+    return build
+
+
+_JIT_LIST_BUILDERS = {"build_intlist": _checked_list((int,)), "build_doublelist": _checked_list((float,)),
+                      "build_boollist": _checked_list((bool,))}
+"""The typed-list markers torch's C++ pickler (torch::jit::pickle_save) may write around a list of
+ints, floats or bools (``torch/jit/_pickle.py``): each is answered by a check and ``list``."""
+
+
 class SafeUnpickler(pickle.Unpickler):
     """An unpickler that builds builtin containers and scalars only.
 
     ``find_class`` (reached by the GLOBAL / STACK_GLOBAL opcodes: every class, function or
     reduce target) and ``persistent_load`` raise :class:`pickle.UnpicklingError`, so a pickle
-    naming any callable is refused before it is called.
+    naming any callable is refused before it is called; the one exception is the typed-list markers
+    of torch's C++ pickler (:data:`_JIT_LIST_BUILDERS`), answered by our own checked ``list``.
     """
 
     def find_class(self, module, name):
+        if module == "torch.jit._pickle" and name in _JIT_LIST_BUILDERS:
+            return _JIT_LIST_BUILDERS[name]  # a builtin stand-in: torch's code is never imported or called
         raise pickle.UnpicklingError(f"holds an object of type {module}.{name}, not a builtin container or scalar")
 
     def persistent_load(self, pid):
