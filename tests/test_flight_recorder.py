@@ -350,3 +350,14 @@ def test_the_culprit_and_seq_are_the_ones_built_in(n, k, data):
         assert div["culprit_ranks"] == [1] and div["culprit_basis"] == "tie"
     # a rank that stopped misses every later seq too; a mismatch is one instance
     assert div["mismatched"] == (k - s + 1 if how == "missing" else 1) and div["instances"] == k
+
+
+def test_fr_with_nsys_is_refused():
+    from tracekit.collectors.profile.runner import ProfileOptions
+
+    with pytest.raises(BadInputError, match="--nsys"):
+        ProfileOptions(fr=True, nsys=True).validated()
+    with pytest.raises(BadInputError, match="--fr-buffer"):
+        ProfileOptions(fr=True, fr_buffer=0).validated()
+    with pytest.raises(BadInputError, match="--timeout"):
+        ProfileOptions(timeout_s=0).validated()

@@ -124,6 +124,8 @@ class ProfileOptions:
             raise BadInputError(f"--fr-buffer must be an integer >= 1, got {self.fr_buffer}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise BadInputError(f"--timeout must be > 0 s, got {self.timeout_s}")
+        if (self.fr or self.fr_only) and self.nsys:
+            raise BadInputError("--fr/--fr-only dump through the injected agent, which --nsys replaces: drop one of them")
         return self
 
     def agent_config(self) -> dict[str, Any]:
@@ -358,6 +360,11 @@ def run_job(
             state["first"] = time.monotonic()
             if on_progress:
                 on_progress("interrupted: stopping the job (Ctrl-C again to force)")
+            if opts.fr or opts.fr_only:  # every rank dumps, even one blocked inside a collective (fr_agent's watcher)
+                try:
+                    (run_dir / "fr-dump-request").write_text("interrupt\n")
+                except OSError:
+                    pass
             _killpg(pgid, signal.SIGINT)
         else:
             state["first"] = -1e9  # escalate now
