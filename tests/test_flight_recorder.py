@@ -160,6 +160,8 @@ def test_dumps_beside_kineto_traces_of_the_same_job(tmp_path):
     assert con.execute("SELECT count(*) > 0 FROM events WHERE run_id = ?", [rid]).fetchone() == (True,)
     assert con.execute("SELECT rank, count(*) FROM fr_entries GROUP BY rank ORDER BY rank").fetchall() == [(0, 2), (1, 1)]
     assert con.execute("SELECT match_state, seq, culprit_ranks FROM hang_divergence").fetchone() == ("missing_ranks", 2, [1])
+    # these hand-made dumps' times have nothing to do with the traces: no offset is claimed
+    assert con.execute("SELECT timeline_ts_ns, timeline_offset_ns, timeline_pairs FROM hang_divergence").fetchone() == (None, None, 0)
     assert con.execute("SELECT schema_version FROM runs").fetchone() == ("1.1",)
 
 
@@ -298,6 +300,29 @@ def test_the_dumps_collectives_summary(tmp_path):
            for r in rows]
     # all_gather of 8 halves = 16 B per call; all_reduce of 256 floats = 1024 B; durations 1, 3, 2 ms → median 2 ms
     assert got == [("all_gather", 16, 2, 2, 1, 32, 0, None), ("all_reduce", 1024, 6, 2, 3, 6144, 3, 2_000_000)]
+
+
+def test_the_timeline_offset_is_where_the_pairs_agree():
+    import random
+
+    from tracekit.analyses.hang import timeline_offset
+
+    rnd = random.Random(7)
+    off = 1_790_857_026_000_000_000
+    kin, fr = [], []
+    for r in (0, 1):
+        t = 5_615_404_000_000_000 + r * 333_000
+        for i in range(12):
+            t += rnd.randrange(300_000, 3_000_000)  # 0.3-3 ms between calls
+            kin.append((r, "0", "all_reduce", t)) if 3 <= i < 9 else None  # the trace's window: 6 calls per rank
+            fr.append((r, "0", "all_reduce", t + off + rnd.randrange(10_000, 50_000)))  # stamped 10-50 µs later
+    got, pairs = timeline_offset(kin, fr)
+    assert pairs == 12 and off + 10_000 <= got <= off + 50_000
+    # one call each on two ranks, at unrelated times: the two candidates disagree → no offset
+    assert timeline_offset([(0, "0", "all_reduce", 10), (1, "0", "all_reduce", 5_000_000)],
+                           [(0, "0", "all_reduce", 100), (1, "0", "all_reduce", 100)])[0] is None
+    # a different op never pairs
+    assert timeline_offset([(0, "0", "broadcast", 10), (0, "0", "broadcast", 20)], fr) == (None, 0)
 
 
 # --------------------------------------------------------------------------- fault specs

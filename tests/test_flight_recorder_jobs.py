@@ -38,12 +38,12 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "tracekit" / "collectors" / "workloads" / "fr_demo.py"
 
 
-def _job(tmp_path, monkeypatch, nproc, *demo_args, timeout=None):
+def _job(tmp_path, monkeypatch, nproc, *demo_args, timeout=None, active=1):
     """Run fr_demo under `tracekit profile --fr`; returns (exit code, wall s, stdout, hang_divergence row, run dir)."""
     monkeypatch.setenv("PYTHONPATH", str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(DEMO),
            "--steps", "4", *demo_args]
-    opts = ["--fr", "--wait", "0", "--warmup", "0", "--active", "1", "--run-id", "job"]
+    opts = ["--fr", "--wait", "0", "--warmup", "0", "--active", str(active), "--run-id", "job"]
     if timeout is not None:
         opts += ["--timeout", str(timeout)]
     t0 = time.monotonic()
@@ -76,7 +76,8 @@ def _torchfrtrace(run_dir: Path, tmp_path: Path, with_groups: bool) -> str:
 def test_a_rank_that_never_arrives_ends_within_the_timeout(tmp_path, monkeypatch, capsys):
     # the process group would wait 120 s; --timeout stops the job after 25 s (start-up on a loaded 2-core
     # machine can take 10 s: a shorter limit may stop a rank that is slow, not hung), every rank dumping first
-    rc, wall, d, run_dir = _job(tmp_path, monkeypatch, 2, "--inject", "hang:1@2", "--pg-timeout", "120", timeout=25)
+    rc, wall, d, run_dir = _job(tmp_path, monkeypatch, 2, "--inject", "hang:1@2", "--pg-timeout", "120", timeout=25,
+                                active=4)  # the profiler records through the hang
     out = capsys.readouterr()
     assert rc == 124, out.err
     assert wall < 25 + 20  # the timeout, then SIGTERM (5 s to SIGKILL), the ingest and the report
@@ -87,6 +88,16 @@ def test_a_rank_that_never_arrives_ends_within_the_timeout(tmp_path, monkeypatch
     assert d["waited_ns"] > 0
     assert "first divergence: group 0 (default_pg), seq 3, all_reduce: missing_ranks" in out.out
     assert "the job ran past --timeout 25 s" in out.err
+    # placed on the Kineto timeline: the offset estimated from the collectives (hang.timeline_offset) against
+    # the traces' own baseTimeNanoseconds (Kineto time + base = wall clock); FR stamps ~tens of µs after Kineto
+    import gzip
+
+    base = json.loads(gzip.open(run_dir / "rank0.pt.trace.json.gz").read())["baseTimeNanoseconds"]
+    assert d["timeline_pairs"] >= 2 and 0 <= d["timeline_offset_ns"] - base < 1_000_000
+    export = tmp_path / "p.json"
+    assert main(["export", "--perfetto", str(export), "--store", str(tmp_path / "store"), "--run", "job"]) == 0
+    marks = [e for e in json.loads(export.read_text())["traceEvents"] if e.get("cat") == "tracekit.hang"]
+    assert [m["name"] for m in marks] == ["hang: missing_ranks in group 0 seq 3 (all_reduce)"]
     raw = _torchfrtrace(run_dir, tmp_path, with_groups=False)
     assert "KeyError" in raw and "build_collectives" in raw  # torch 2.13 on gloo's empty pg_config
     both = _torchfrtrace(run_dir, tmp_path, with_groups=True)

@@ -1,7 +1,15 @@
 """hang_instances, hang_divergence: where the ranks of a hung (or desynchronised) job parted ways,
 from their Flight Recorder dumps (the fr_entries / fr_groups / fr_dumps tables) — a Python analysis.
 
-Reads: runs, fr_entries, fr_groups, fr_dumps, process_groups
+Reads: runs, fr_entries, fr_groups, fr_dumps, process_groups, collectives
+
+Placing the hang on the Kineto timeline (a run that has both): Flight Recorder times are each rank's
+wall clock; the store's ts_ns are the traces' clock. One offset (wall − trace clock) is estimated
+from the run's collectives by an independent route: for every rank, every pair of a Kineto
+collective call (collectives.issue_ts_ns) and a Flight Recorder entry of the same process group
+and op gives a candidate offset; the true one is where most candidates agree — the densest
+window of TIMELINE_TOL_NS — and its median is taken (at least two pairs, and half the Kineto calls
+that have a candidate, must agree; it assumes the ranks' wall clocks agree, as on one host). timeline_ts_ns = first_created_ns − that offset.
 
 Entries are matched across ranks by (process group, collective_seq_id), the key tracekit uses for
 every collective (collectives' (pg_name, seq)); p2p entries (is_p2p, collective_seq_id 0) are
@@ -68,6 +76,9 @@ waited_ns          BIGINT     longest wait, an upper bound: max over waiting ran
 ranks_without_dump INTEGER[]  ranks 0..world_size−1 that left no dump
 mismatched         BIGINT     instances of the run whose match_state is not fully_matched
 instances          BIGINT     instances of the run (hang_instances rows)
+timeline_ts_ns     BIGINT     the diverging instance's first arrival on the store's clock (the Kineto timeline), ns; NULL without Kineto collectives to align on, or when nothing diverged
+timeline_offset_ns BIGINT     the offset used: Flight Recorder wall clock − store clock, ns; NULL when it cannot be estimated
+timeline_pairs     BIGINT     the (Kineto call, Flight Recorder entry) pairs that agreed on it (0: not estimated)
 """
 
 from __future__ import annotations
@@ -92,7 +103,49 @@ DIVERGENCE_COLS = [
     ("culprit_last_seq", "BIGINT"), ("culprit_last_op", "VARCHAR"), ("culprit_last_state", "VARCHAR"),
     ("culprit_last_frame", "VARCHAR"), ("waiting_ranks", "INTEGER[]"), ("waited_ns", "BIGINT"),
     ("ranks_without_dump", "INTEGER[]"), ("mismatched", "BIGINT"), ("instances", "BIGINT"),
+    ("timeline_ts_ns", "BIGINT"), ("timeline_offset_ns", "BIGINT"), ("timeline_pairs", "BIGINT"),
 ]
+
+TIMELINE_TOL_NS = 200_000
+"""Width of the window in which candidate offsets must agree, ns: Flight Recorder stamps a call when
+the backend's work is created, Kineto when the op starts (tens of µs apart), while consecutive
+collectives of a rank are rarely this close with the same gaps on every rank."""
+
+MAX_PAIR_CALLS = 64
+"""Kineto calls per rank (the last ones) used for the offset, to bound the pairs."""
+
+
+def timeline_offset(kineto: list[tuple], fr: list[tuple], tol_ns: int = TIMELINE_TOL_NS) -> tuple[int | None, int]:
+    """(offset ns, pairs that agree) of Flight Recorder wall-clock times against the store's clock
+    (module doc); (None, n) when fewer than two pairs, or fewer than half the Kineto calls that have
+    a candidate, agree. ``kineto``, ``fr``: (rank, pg_name,
+    op, t_ns) rows."""
+    import numpy as np
+
+    by_key: dict[tuple, list[int]] = defaultdict(list)
+    for r, pg, op, t in fr:
+        if t is not None:
+            by_key[(r, pg, op)].append(t)
+    per_rank: dict[int, list[tuple]] = defaultdict(list)
+    for row in kineto:
+        if row[3] is not None:
+            per_rank[row[0]].append(row)
+    diffs, calls = [], 0
+    for r, rows in per_rank.items():
+        for _r, pg, op, t in sorted(rows, key=lambda x: x[3])[-MAX_PAIR_CALLS:]:
+            cand = by_key.get((r, pg, op), ())
+            calls += bool(cand)
+            diffs.extend(f - t for f in cand)
+    if len(diffs) < 2:
+        return None, len(diffs)
+    d = np.sort(np.asarray(diffs, dtype=np.int64))
+    ends = np.searchsorted(d, d + tol_ns, side="right")
+    counts = ends - np.arange(len(d))
+    i = int(np.argmax(counts))
+    n = int(counts[i])
+    if n < max(2, (calls + 1) // 2):  # at least two pairs, and half the calls that have a candidate
+        return None, n
+    return int(np.median(d[i:ends[i]])), n
 
 
 def _table(con, name: str, cols: list[tuple[str, str]], rows: list[dict]) -> None:
@@ -160,10 +213,12 @@ def _user_frame(frames) -> str | None:
     return frames[0]
 
 
-def triage(run: dict, entries: list[dict], groups: list[dict], dumps: list[dict], dims: dict[str, str]) -> tuple[list[dict], dict]:
+def triage(run: dict, entries: list[dict], groups: list[dict], dumps: list[dict], dims: dict[str, str],
+           kineto: list[tuple] = ()) -> tuple[list[dict], dict]:
     """The hang_instances rows and the hang_divergence row of one run (see the module doc).
     ``run``: {run_id, world_size}; ``entries``/``groups``/``dumps``: its fr_* rows; ``dims``:
-    pg_name → dimension from process_groups."""
+    pg_name → dimension from process_groups; ``kineto``: the run's (rank, pg_name, op, issue_ts_ns)
+    collectives, to place the divergence on the timeline."""
     rid = run["run_id"]
     dumped = {d["rank"] for d in dumps}
     dumped_at = {d["rank"]: d["dumped_at_ns"] for d in dumps}
@@ -216,8 +271,10 @@ def triage(run: dict, entries: list[dict], groups: list[dict], dumps: list[dict]
                              last_created_ns=max(created) if created else None, **c))
     rows.sort(key=lambda r: (r["pg_name"], r["seq"]))
     bad = [r for r in rows if r["match_state"] != "fully_matched"]
+    offset, pairs = timeline_offset(list(kineto), [(e["rank"], e["pg_name"], e["op"], e["time_created_ns"]) for e in coll]) \
+        if kineto else (None, 0)
     div = dict(run_id=rid, match_state="fully_matched", ranks_without_dump=sorted(set(range(world)) - dumped),
-               mismatched=len(bad), instances=len(rows))
+               mismatched=len(bad), instances=len(rows), timeline_offset_ns=offset, timeline_pairs=pairs if offset is not None else 0)
     if bad:
         first = min(bad, key=lambda r: (r["first_created_ns"] if r["first_created_ns"] is not None else 1 << 62,
                                         r["pg_name"], r["seq"]))
@@ -244,6 +301,8 @@ def triage(run: dict, entries: list[dict], groups: list[dict], dumps: list[dict]
             if t0 is not None and end is not None:
                 waits.append(end - t0)
         div["waited_ns"] = max(waits) if waits else None
+        if offset is not None and first["first_created_ns"] is not None:
+            div["timeline_ts_ns"] = first["first_created_ns"] - offset
     return rows, div
 
 
@@ -270,10 +329,29 @@ def create(con) -> None:
         per_run = defaultdict(list)
         for e in entries:
             per_run[e["run_id"]].append(e)
+        kineto = defaultdict(list)
+        for c in fetch("SELECT run_id, rank, pg_name, op, coalesce(issue_ts_ns, ts_ns) AS t FROM collectives "
+                       "WHERE run_id IN (SELECT DISTINCT run_id FROM fr_entries) AND op IS NOT NULL"):
+            kineto[c["run_id"]].append((c["rank"], c["pg_name"], c["op"], c["t"]))
         for rid in sorted(per_run):
             rows, div = triage(runs.get(rid, {"run_id": rid}) | {"run_id": rid}, per_run[rid], groups[rid], dumps[rid],
-                               dims[rid])
+                               dims[rid], kineto[rid])
             inst += rows
             divs.append(div)
     _table(con, "hang_instances", INSTANCE_COLS, inst)
     _table(con, "hang_divergence", DIVERGENCE_COLS, divs)
+
+
+def hang_marks(con, run_id: str) -> list[dict]:
+    """The divergence point as a mark for a timeline export: [{ts_ns, name, args}] (ts_ns on the
+    store's clock), [] when nothing diverged or it could not be placed (no Kineto collectives)."""
+    cur = con.execute("SELECT * FROM hang_divergence WHERE run_id = ? AND timeline_ts_ns IS NOT NULL", [run_id])
+    names = [c[0] for c in cur.description]
+    out = []
+    for row in cur.fetchall():
+        d = dict(zip(names, row))
+        out.append(dict(ts_ns=d["timeline_ts_ns"],
+                        name=f"hang: {d['match_state']} in group {d['pg_name']} seq {d['seq']} ({d['op']})",
+                        args={"culprit_ranks": d["culprit_ranks"], "detail": d["detail"],
+                              "waiting_ranks": d["waiting_ranks"], "offset_ns": d["timeline_offset_ns"]}))
+    return out

@@ -1223,6 +1223,9 @@ def hang_lines(report: dict) -> list[str]:
     waited = "—" if d.get("waited_ns") is None else f"{d['waited_ns'] / 1e9:.3f} s"
     lines.append(f"waiting: rank(s) {_ranks_text(d.get('waiting_ranks') or [])}, up to {waited} (from issuing it to "
                  "their next call or their dump)")
+    if d.get("timeline_ts_ns") is not None:
+        lines.append(f"on the traces' timeline at {d['timeline_ts_ns']} ns (store clock; Flight Recorder's wall clock "
+                     f"aligned on {d['timeline_pairs']} collective call(s); marked in `tracekit export --perfetto`)")
     if d.get("mismatched", 0) > 1:
         lines.append(f"{d['mismatched']} instance(s) diverge in all (the first is the cause; the rest may follow from it)")
     return lines
