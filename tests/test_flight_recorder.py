@@ -134,6 +134,19 @@ def test_torch_typed_list_markers_are_read_without_torch(tmp_path):
         load_dump(f)
 
 
+def test_odd_fields_are_stored_as_null_not_guessed(tmp_path):
+    odd = {"record_id": "x", "collective_seq_id": "seven", "process_group": 5, "pg_id": 3, "input_sizes": "bad",
+           "input_dtypes": ["Float"], "output_sizes": [[2, "n"]], "output_dtypes": ["Mystery"], "time_created_ns": "12",
+           "profiling_name": "nccl:send 0->1", "duration_ms": True}
+    div, inst = triage(tmp_path, {0: dump([entry(1), odd, "not an entry"]), 1: dump([entry(1)])}, form="json")
+    con = Store(tmp_path / "store").connect()
+    got = con.execute("SELECT record_id, pg_name, collective_seq_id, op, input_sizes, output_sizes, in_bytes, out_bytes, "
+                      "time_created_ns, duration_ns FROM fr_entries WHERE rank = 0 ORDER BY record_id").fetchall()
+    # the odd entry: record id by position (1), group from pg_id, no seq, send from its name, shapes unknown → no bytes
+    assert got[1] == (1, "3", None, "send", None, [[2, -1]], None, None, 12, None)
+    assert len(got) == 2 and div["match_state"] == "fully_matched" and len(inst) == 1
+
+
 def test_an_unknown_major_version_is_refused(tmp_path, capsys):
     write(tmp_path / "d", 0, dump([entry(1)], version="3.0"), "json")
     assert main(["ingest", str(tmp_path / "d"), "--store", str(tmp_path / "s")]) == 2

@@ -253,7 +253,7 @@ def entry_rows(run_id: str, rank: int, dump: dict) -> list[dict]:
         started, completed = _int(e.get("time_discovered_started_ns")), _int(e.get("time_discovered_completed_ns"))
         dur_ms = e.get("duration_ms")
         rows.append(dict(
-            run_id=run_id, rank=rank, record_id=_int(e.get("record_id")) if e.get("record_id") is not None else i,
+            run_id=run_id, rank=rank, record_id=i if _int(e.get("record_id")) is None else _int(e.get("record_id")),
             pg_id=_int(e.get("pg_id")), pg_name=pg_name, pg_desc=pg_desc,
             collective_seq_id=_int(e.get("collective_seq_id")), p2p_seq_id=_int(e.get("p2p_seq_id")),
             op_id=_int(e.get("op_id")), profiling_name=e.get("profiling_name"), op=fr_op(e.get("profiling_name")),
