@@ -98,6 +98,7 @@ def test_a_rank_that_never_arrives_ends_within_the_timeout(tmp_path, monkeypatch
     assert main(["export", "--perfetto", str(export), "--store", str(tmp_path / "store"), "--run", "job"]) == 0
     marks = [e for e in json.loads(export.read_text())["traceEvents"] if e.get("cat") == "tracekit.hang"]
     assert [m["name"] for m in marks] == ["hang: missing_ranks in group 0 seq 3 (all_reduce)"]
+    assert "on the traces' timeline" in out.out and "after their first event" in out.out
     raw = _torchfrtrace(run_dir, tmp_path, with_groups=False)
     assert "KeyError" in raw and "build_collectives" in raw  # torch 2.13 on gloo's empty pg_config
     both = _torchfrtrace(run_dir, tmp_path, with_groups=True)

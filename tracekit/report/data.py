@@ -1165,7 +1165,9 @@ def hang_section(con, run_id: str) -> dict | None:
     ``divergence`` (the hang_divergence row: the first collective where the ranks diverged, its
     classification, the culprit ranks and their last call, the longest wait in ns), ``diverging``
     (the hang_instances rows not fully_matched, by first arrival), ``dumps`` (rank, version,
-    entries, reason, dumped_at_ns per dump) and ``instances`` (how many were matched)."""
+    entries, reason, dumped_at_ns per dump), ``instances`` (how many were matched), ``collectives``
+    (:func:`fr_collectives`) and ``timeline_after_first_event_ns`` (the divergence's place on the
+    traces' timeline, ns after their first event; None when not placed or without events)."""
     div = _rows(con, "SELECT * EXCLUDE (run_id) FROM hang_divergence WHERE run_id = ?", [run_id])
     (n,) = con.execute("SELECT count(*) FROM fr_dumps WHERE run_id = ?", [run_id]).fetchone()
     if not n:
@@ -1175,8 +1177,12 @@ def hang_section(con, run_id: str) -> dict | None:
     dumps = _rows(con, "SELECT rank, version, entries, reason, dumped_at_ns FROM fr_dumps WHERE run_id = ? ORDER BY rank",
                   [run_id])
     d = div[0] if div else None
+    first = None
+    if d and d.get("timeline_ts_ns") is not None:
+        (lo,) = con.execute("SELECT min(ts_ns) FROM events WHERE run_id = ?", [run_id]).fetchone()
+        first = None if lo is None else d["timeline_ts_ns"] - int(lo)
     return dict(divergence=d, diverging=bad, dumps=dumps, instances=d["instances"] if d else 0,
-                collectives=fr_collectives(con, run_id))
+                collectives=fr_collectives(con, run_id), timeline_after_first_event_ns=first)
 
 
 def fr_collectives(con, run_id: str) -> list[dict]:
@@ -1223,8 +1229,9 @@ def hang_lines(report: dict) -> list[str]:
     waited = "—" if d.get("waited_ns") is None else f"{d['waited_ns'] / 1e9:.3f} s"
     lines.append(f"waiting: rank(s) {_ranks_text(d.get('waiting_ranks') or [])}, up to {waited} (from issuing it to "
                  "their next call or their dump)")
-    if d.get("timeline_ts_ns") is not None:
-        lines.append(f"on the traces' timeline at {d['timeline_ts_ns']} ns (store clock; Flight Recorder's wall clock "
+    after = sec.get("timeline_after_first_event_ns")
+    if d.get("timeline_ts_ns") is not None and after is not None:
+        lines.append(f"on the traces' timeline {fmt_ms(after)} ms after their first event (Flight Recorder's wall clock "
                      f"aligned on {d['timeline_pairs']} collective call(s); marked in `tracekit export --perfetto`)")
     if d.get("mismatched", 0) > 1:
         lines.append(f"{d['mismatched']} instance(s) diverge in all (the first is the cause; the rest may follow from it)")
