@@ -154,6 +154,19 @@ def test_an_unknown_major_version_is_refused(tmp_path, capsys):
     assert "fr-rank0.json" in err and "'3.0'" in err and "major versions 1, 2" in err
 
 
+def test_other_pickles_in_a_trace_folder_are_left_alone(tmp_path):
+    from tracekit.ingest.flight_recorder import is_fr_dump
+
+    d = tmp_path / "d"
+    write(d, 0, dump([entry(1)]))
+    (d / "ckpt_100").write_bytes(pickle.dumps([1, 2, 3], protocol=2))  # not a dict: a checkpoint, say
+    (d / "state_7").write_bytes(pickle.dumps({"weights": [0.5]}, protocol=2))  # a dict, but none of the dump's keys
+    assert [is_fr_dump(d / n) for n in ("nccl_trace_rank_0", "ckpt_100", "state_7")] == [True, False, False]
+    st = Store(tmp_path / "s")
+    ingest_paths([d], st)
+    assert st.connect().execute("SELECT count(*) FROM fr_dumps").fetchone() == (1,)
+
+
 def test_two_dumps_of_one_rank_are_refused(tmp_path, capsys):
     d = tmp_path / "d"
     write(d, 0, dump([entry(1)]))

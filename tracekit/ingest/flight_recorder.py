@@ -59,6 +59,7 @@ ACCEPTED_MAJOR_VERSIONS = (1, 2)
 """Major schema versions of the dump this reader accepts (torch 2.13 writes "2.10")."""
 
 _FR_JSON_HEAD = re.compile(rb'^\s*\{\s*"(comm_lib_version|entries|pg_config|pg_status|version|tracekit)"')
+_FR_PICKLE_KEY = re.compile(rb"(version|entries|pg_config|comm_lib_version|pg_status)")
 _TRAILING_RANK = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?$", re.I)
 
 DTYPE_BYTES = {
@@ -102,8 +103,9 @@ class SafeUnpickler(pickle.Unpickler):
 
 def is_fr_dump(path: Path) -> bool:
     """Whether ``path`` looks like a Flight Recorder dump: a ``.pkl``/``.pickle`` file, a pickle
-    (first byte 0x80, the protocol opcode) whose name ends in a rank number, or a JSON object whose
-    first key is one of the dump's (torch writes its keys sorted: ``comm_lib_version`` first).
+    (first byte 0x80, the protocol opcode) whose name ends in a rank number and which opens a dict
+    naming one of the dump's keys in its first 80 bytes, or a JSON object whose first key is one of
+    the dump's (``_dump_fr_trace_json`` writes its keys sorted: ``comm_lib_version`` first).
     Unreadable files are not."""
     name = path.name.lower()
     if name.endswith(FR_SUFFIXES):
@@ -114,7 +116,10 @@ def is_fr_dump(path: Path) -> bool:
     except OSError:
         return False
     if head[:1] == b"\x80" and _TRAILING_RANK.search(path.name):
-        return True
+        # a pickle that opens a dict whose first key is one of the dump's (torch writes "version"
+        # first); other pickles (a legacy torch.save checkpoint named ckpt_100) are not taken
+        i = 11 if head[2:3] == b"\x95" else 2  # protocol 4+: a FRAME opcode (8-byte length) first
+        return head[i:i + 1] == b"}" and bool(_FR_PICKLE_KEY.search(head[:80]))
     return bool(_FR_JSON_HEAD.match(head))
 
 
