@@ -7,7 +7,6 @@ torch nor DuckDB, so ``tracekit analyze`` on an existing store starts fast.
 __version__ = "0.1.0"
 
 
-
 def __getattr__(name: str):
     """Lazy exports: ``tracekit.open(store)`` (the Python API), ``tracekit.profile`` (context
     manager) and ``tracekit.step()``, and ``tracekit.SCHEMA_VERSION`` (the store's,

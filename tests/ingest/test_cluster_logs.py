@@ -16,6 +16,7 @@ from tracekit.cli import main
 from tracekit.errors import FileError
 from tracekit.ingest import ingest_paths
 from tracekit.ingest.nccl_tests import MAX_LINE_CHARS, parse_nccl_tests, ranks_from_ratio
+from tracekit.ingest.nccl_tests_run import read_log
 from tracekit.store import Store
 
 # A 4-rank all_reduce log, written by hand in nccl-tests' current layout. algbw = S / t / 1e9 and
@@ -385,7 +386,7 @@ JSON_FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "inputs" / "nc
 
 
 def test_json_output_read_like_the_text():
-    log = parse_nccl_tests(JSON_FIXTURE)
+    log = read_log(JSON_FIXTURE)
     assert (log.op, log.op_source, log.group_size, log.group_size_source) == ("all_reduce", "command", 8, "rank_lines")
     assert (log.nccl_version, log.tests_version, log.layout) == ("2.27.3", "nccl-tests json v3", "json")
     assert [(r.size_bytes, r.count, r.dtype, r.redop, r.root) for r in log.rows] == [
@@ -439,7 +440,7 @@ def test_bad_json_output_is_one_line_exit_2(tmp_path, capsys, edit, message):
 def test_json_result_with_nan_is_quarantined(tmp_path):
     f = tmp_path / "ar.json"
     f.write_text(JSON_FIXTURE.read_text().replace('"time":40.000000', '"time":"nan"'))
-    log = parse_nccl_tests(f)
+    log = read_log(f)
     assert [r.size_bytes for r in log.rows] == [134217728]
     assert log.quarantined == ((1, "results[0]: out_of_place.time 'nan' is not a number"),)
 
@@ -482,7 +483,7 @@ def test_json_host_name_longer_than_the_writer_prints_is_refused(tmp_path):
     f.write_text(JSON_FIXTURE.read_text().replace('"hostname":"node01"', '"hostname":"' + "n" * 5000 + '"', 1))
     with pytest.raises(FileError, match=r"config.devices\[0\].hostname of 5,000 characters \(its writer prints at "
                                         r"most 1024\)"):
-        parse_nccl_tests(f)
+        read_log(f)
 
 
 def test_text_per_iteration_columns_kept_like_the_json(tmp_path):

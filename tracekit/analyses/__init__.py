@@ -68,6 +68,8 @@ MODULES: tuple[Module, ...] = (
     Module("overlap", ("collective_overlap", "overlap_by_rank", "overlap_by_step"), ("_span_overlap", "overlap_windows")),
     Module("process_groups", ("_pg_desc", "_pg_layout", "process_group_sizes", "process_groups"),
            ("collective_instances", "collective_overlap", "collectives", "ranks", "runs")),
+    Module("hang", ("hang_divergence", "hang_instances"),  # Python: Flight Recorder triage
+           ("collectives", "fr_dumps", "fr_entries", "fr_groups", "process_groups", "ranks", "runs")),
     Module("measured_vs_model", ("measured_vs_model", "measured_vs_model_by_dimension"),  # Python
            ("collective_overlap", "collective_reference", "collective_waits", "collectives", "events",
             "overlap_by_step", "process_groups", "ranks", "runs")),

@@ -77,7 +77,7 @@ def _print_rank_warnings(st, rid: str) -> None:
 
 def ingest(
     paths: List[Path] = typer.Argument(
-        ..., help="Trace files or folders of rank files: Kineto .json/.json.gz, Nsight Systems .sqlite, nccl-tests logs."
+        ..., help="Trace files or folders of rank files: Kineto .json/.json.gz, Nsight Systems .sqlite, nccl-tests logs, Flight Recorder dumps (pickle or JSON, one per rank)."
     ),
     store: Optional[Path] = StoreOpt,
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name of the run (default: from the files)."),

@@ -74,6 +74,18 @@ def profile(
     wait_timeout: float = typer.Option(
         300.0, "--wait-timeout", help="Multi-node: seconds node 0 waits for the other nodes after its own job ended."
     ),
+    fr: bool = typer.Option(
+        False, "--fr", help="Flight Recorder on in every rank; each rank dumps it into the run folder when the job ends, "
+        "fails, is stopped or runs past --timeout, and the dumps are ingested with the traces (the report's hang section)."
+    ),
+    fr_only: bool = typer.Option(
+        False, "--fr-only", help="Flight Recorder alone, no torch.profiler (cheap enough to leave on): per-collective "
+        "counts, sizes and, where the backend records them, durations of the last --fr-buffer calls per rank, and the hang section."
+    ),
+    fr_buffer: int = typer.Option(2000, "--fr-buffer", help="Flight Recorder entries kept per rank (TORCH_FR_BUFFER_SIZE)."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", help="Stop the job after this many seconds (with --fr every rank dumps first); exit 124."
+    ),
 ) -> None:
     from tracekit.collectors.profile.runner import USAGE, JobFailedError, ProfileOptions, no_trace_message, profile_command
 
@@ -97,7 +109,7 @@ def profile(
     opts = ProfileOptions(
         wait=wait, warmup=warmup, active=active, repeat=repeat, record_shapes=record_shapes,
         with_stack=with_stack, out=str(out), run_id=run_id, nsys=nsys,
-        expect_ranks=expect_ranks, wait_timeout_s=wait_timeout,
+        expect_ranks=expect_ranks, wait_timeout_s=wait_timeout, fr=fr, fr_only=fr_only, fr_buffer=fr_buffer, timeout_s=timeout,
     ).validated()  # a bad option is one line before anything runs or is said to run
 
     def progress(msg: str) -> None:
@@ -129,7 +141,7 @@ def profile(
             )
         else:
             progress(
-                f"run {rid} in {st.path}: ranks {', '.join(map(str, sorted(result.traces)))} of {result.world_size} "
+                f"run {rid} in {st.path}: ranks {', '.join(map(str, sorted(result.traces or result.fr_dumps)))} of {result.world_size} "
                 f"(traces in {result.run_dir}; job {result.wall_s:.1f} s){tail}"
             )
     for note in cfg.get("notes", []):

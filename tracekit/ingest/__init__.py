@@ -53,9 +53,13 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
             found += [q for q in entries if q.name.endswith(".nsys-rep")
                       and not q.with_name(q.name[: -len(".nsys-rep")] + ".sqlite").exists()]
             found += [q for q in entries if q.name.endswith(NCCL_TESTS_SUFFIXES) and _looks_like_nccl_tests(q)]
+            from tracekit.ingest.flight_recorder import is_fr_dump  # Flight Recorder dumps (pickle; JSON is above)
+
+            found += [q for q in entries if q not in found and is_fr_dump(q)]
             if not found:
                 raise FileError(
-                    p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, nccl-tests logs)"
+                    p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, nccl-tests logs, "
+                       "Flight Recorder dumps)"
                 )
             out.extend(sorted(found))
         elif not p.is_file():
@@ -239,6 +243,14 @@ def ingest_paths(
 
     st = store if isinstance(store, Store) else Store(store)
     files = expand_paths(paths)
+    from tracekit.ingest.flight_recorder import is_fr_dump
+
+    fr_files = [f for f in files if is_fr_dump(f)]  # Flight Recorder dumps: the fr_* tables of the run
+    if fr_files:
+        files = [f for f in files if f not in fr_files]
+        if not files:
+            return _ingest_fr_only(st, paths, fr_files, run_id=run_id, replace=replace, config=config,
+                                   workload=workload)
     kinds = {f: "nsys" if f.name.lower().endswith(NSYS_SUFFIXES) else _source_kind(f) for f in files}
     reports = [f for f in files if f.name.lower().endswith(".nsys-rep")]
     if reports:
@@ -246,6 +258,8 @@ def ingest_paths(
 
         find_nsys_for_export(reports[0])  # refuse before any work when nsys is not there to export it
     logs = [f for f, k in kinds.items() if k == "nccl_tests"]
+    if logs and fr_files:
+        raise FileError(fr_files[0], f"a Flight Recorder dump cannot share a run with an nccl-tests log such as {logs[0].name}")
     if logs and len(logs) != len(files):
         other = next(f for f, k in kinds.items() if k != "nccl_tests")
         raise FileError(logs[0], f"an nccl-tests log cannot share a run with traces such as {other.name}; ingest them apart")
@@ -316,7 +330,46 @@ def ingest_paths(
                                        workload=workload, config=config or {}, source=source or "kineto",
                                        align=align, progress=progress)
         if fresh:
+            if fr_files:
+                _stage_fr(stg.dir, rid, fr_files)
             stg.commit(rid, replace=replace)
+    return rid
+
+
+def _stage_fr(stage: Path, rid: str, fr_files: list[Path]) -> None:
+    """Write the fr_* tables of ``fr_files`` into a staged run (tracekit.ingest.flight_recorder)."""
+    from tracekit.ingest.flight_recorder import read_dumps, write_tables
+    from tracekit.ingest.staging import sha256_file
+
+    write_tables(stage, *read_dumps(fr_files, [sha256_file(f) for f in fr_files], rid)[:3])
+
+
+def _ingest_fr_only(st, paths, fr_files, *, run_id, replace, config, workload) -> str:
+    """A run of Flight Recorder dumps alone (no trace beside them); returns its id. Re-ingesting
+    the same dumps returns the existing run unless ``replace``."""
+    from tracekit.ingest.flight_recorder import build_fr_run
+    from tracekit.ingest.staging import sha256_file
+
+    digests = []
+    for f in fr_files:
+        try:
+            digests.append(sha256_file(f))
+        except OSError as exc:
+            raise FileError(f, f"cannot read it ({exc.strerror or exc})") from None
+    existing = st.find_by_sha256(digests)
+    if existing is not None and not replace and (run_id is None or run_id == existing):
+        return existing
+    if config is None:
+        config = _collector_config(paths)
+    rid = run_id or _default_run_id(paths, None, digests)
+    from tracekit.store import check_run_id
+
+    check_run_id(rid)
+    if st.has_run(rid) and not replace:
+        raise BadInputError(f"run {rid!r} already exists in {st.path} (use --replace or another --run-id)")
+    with st.staging() as stg:
+        build_fr_run(stg.dir, rid, fr_files, digests, config=config or {}, workload=workload)
+        stg.commit(rid, replace=replace)
     return rid
 
 

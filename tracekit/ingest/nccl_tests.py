@@ -82,7 +82,8 @@ first result row", naming the last such line; one with nccl-tests' own lines
 over MAX_LINE_CHARS refuses the file (naming the line) before any pattern
 runs on it, and every pattern is linear in the line, so a file is read in
 time linear in its size; a row field over MAX_TOKEN_CHARS quarantines the row.
-nccl-tests' JSON output (``-J``) is handed to :mod:`tracekit.ingest.nccl_tests_json`.
+nccl-tests' JSON output (``-J``) is read by :mod:`tracekit.ingest.nccl_tests_json`
+(:func:`tracekit.ingest.nccl_tests_run.read_log` picks the reader).
 
 Validation
 ----------
@@ -709,8 +710,10 @@ class _Reader:
         return self.groups
 
 
-def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTestsLog:
-    """Parse an nccl-tests / rccl-tests text log (``all_reduce_perf ... > log``) into runs and rows.
+def parse_nccl_tests(path: str | os.PathLike, op: str | None = None, raw: bytes | None = None) -> NcclTestsLog:
+    """Parse an nccl-tests / rccl-tests text log (``all_reduce_perf ... > log``) into runs and rows
+    (``raw``: the file's bytes, when the caller has read them; a ``-J`` JSON file is read by
+    :func:`tracekit.ingest.nccl_tests_run.read_log`, which takes either).
 
     ``op`` (any spelling ``canonical_op`` accepts) names the collective of a run whose log
     and file name do not (see the module docstring for the order). Rows keep the printed
@@ -723,14 +726,11 @@ def parse_nccl_tests(path: str | os.PathLike, op: str | None = None) -> NcclTest
     """
     p = Path(path)
     forced_op = canonical_op(op) if op is not None else None
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise FileError(p, f"cannot read: {exc.strerror or exc}") from None
-    from tracekit.ingest.nccl_tests_json import is_nccl_tests_json, parse_nccl_tests_json
-
-    if is_nccl_tests_json(raw[:256]):
-        return parse_nccl_tests_json(p, raw, op=op)  # the -J twin of the text log
+    if raw is None:
+        try:
+            raw = p.read_bytes()
+        except OSError as exc:
+            raise FileError(p, f"cannot read: {exc.strerror or exc}") from None
     if b"\x00" in raw[:4096]:
         raise FileError(p, "not an nccl-tests log: binary data")
     text = raw.decode("utf-8", errors="replace")

@@ -95,6 +95,22 @@ def _failed_warning(name: str, g: NcclTestsGroup, pg: str, wrong: list[tuple[int
     return None
 
 
+def read_log(path, op: str | None = None):
+    """One nccl-tests / rccl-tests result file, text log or ``-J`` JSON, as an NcclTestsLog
+    (:func:`tracekit.ingest.nccl_tests.parse_nccl_tests`, :func:`tracekit.ingest.nccl_tests_json.parse_nccl_tests_json`).
+    Raises FileError naming the file (unreadable, not a result file, ...), BadInputError for an unknown ``op``."""
+    from tracekit.ingest.nccl_tests_json import is_nccl_tests_json, parse_nccl_tests_json
+
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise FileError(p, f"cannot read: {exc.strerror or exc}") from None
+    if is_nccl_tests_json(raw[:256]):
+        return parse_nccl_tests_json(p, raw, op=op)  # the -J twin of the text log
+    return parse_nccl_tests(p, op=op, raw=raw)
+
+
 def read_logs(files: list[Path], *, op: str | None = None, strict: bool = True) -> tuple[list[Path], list, list[FileError]]:
     """Parse every log of ``files``: (the files read, their NcclTestsLog, the FileError of each file left out).
 
@@ -107,7 +123,7 @@ def read_logs(files: list[Path], *, op: str | None = None, strict: bool = True) 
     good, logs, failed = [], [], []
     for f in files:
         try:
-            logs.append(parse_nccl_tests(f, op=op))
+            logs.append(read_log(f, op=op))
         except FileError as exc:
             if strict:
                 raise
@@ -133,7 +149,7 @@ def build_nccl_tests_run(stage: Path, run_id: str, files: list[Path], digests: l
     for an unknown ``op``, StoreError when the staging files cannot be written (no space, I/O).
     """
     if logs is None:
-        logs = [parse_nccl_tests(f, op=op) for f in files]
+        logs = [read_log(f, op=op) for f in files]
     if skipped:
         config = dict(config, skipped=[dict(path=e.path, reason=e.problem) for e in skipped])
     logs, twins = _drop_text_twins(files, logs)

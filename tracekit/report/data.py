@@ -455,6 +455,7 @@ def build_report(
         null_reasons=null_reasons,
         machine=machine_section(con, run_id),
         fleet=fleet_section(con, run_id),
+        hang=hang_section(con, run_id),
     )
 
 
@@ -846,6 +847,7 @@ def print_report(report: dict, console=None) -> None:
     print_fleet(report, console)
     print_bubbles(report, console)
     print_critical_path(report, console)
+    print_hang(report, console)
     for w in report["warnings"]:
         console.print(Text.assemble(("warning:", "yellow"), " " + literal(str(w))))
 
@@ -1380,3 +1382,128 @@ def print_fleet(report: dict, console) -> None:
         console.print(f"node(s) common to >= {SUSPECT_SLOW_PAIRS} slow pairs: " + "; ".join(
             f"{n['host']} ({n['op']}, {n['ranks_per_host']}/node: {n['slow_pairs']} of {n['pairs']} pairs slow)"
             for n in sus), highlight=False)
+
+
+# -- when the job hangs: Flight Recorder triage (analyses/hang.py) ----------------------------------
+
+def _ranks_text(ranks) -> str:
+    """``[0, 2]`` → ``'0, 2'``; empty or None → ``''``."""
+    return ", ".join(map(str, ranks or []))
+
+
+MAX_HANG_ROWS = 20
+"""Diverging instances the terminal shows (all are in --json)."""
+
+
+def hang_section(con, run_id: str) -> dict | None:
+    """The report's ``hang`` section: None for a run without Flight Recorder dumps; else
+    ``divergence`` (the hang_divergence row: the first collective where the ranks diverged, its
+    classification, the culprit ranks and their last call, the longest wait in ns), ``diverging``
+    (the hang_instances rows not fully_matched, by first arrival), ``dumps`` (rank, version,
+    entries, reason, dumped_at_ns per dump), ``instances`` (how many were matched), ``collectives``
+    (:func:`fr_collectives`) and ``timeline_after_first_event_ns`` (the divergence's place on the
+    traces' timeline, ns after their first event; None when not placed or without events)."""
+    div = _rows(con, "SELECT * EXCLUDE (run_id) FROM hang_divergence WHERE run_id = ?", [run_id])
+    (n,) = con.execute("SELECT count(*) FROM fr_dumps WHERE run_id = ?", [run_id]).fetchone()
+    if not n:
+        return None
+    bad = _rows(con, "SELECT * EXCLUDE (run_id) FROM hang_instances WHERE run_id = ? AND match_state <> 'fully_matched' "
+                     "ORDER BY first_created_ns NULLS LAST, pg_name, seq", [run_id])
+    dumps = _rows(con, "SELECT rank, version, entries, reason, dumped_at_ns FROM fr_dumps WHERE run_id = ? ORDER BY rank",
+                  [run_id])
+    d = div[0] if div else None
+    first = None
+    if d and d.get("timeline_ts_ns") is not None:
+        (lo,) = con.execute("SELECT min(ts_ns) FROM events WHERE run_id = ?", [run_id]).fetchone()
+        first = None if lo is None else d["timeline_ts_ns"] - int(lo)
+    return dict(divergence=d, diverging=bad, dumps=dumps, instances=d["instances"] if d else 0,
+                collectives=fr_collectives(con, run_id), timeline_after_first_event_ns=first)
+
+
+def fr_collectives(con, run_id: str) -> list[dict]:
+    """What the Flight Recorder dumps say of the run's collectives, per (process group, op, input
+    bytes): calls (entries over ranks), ranks, instances (distinct seq), bytes = Σ in_bytes over
+    calls, timed = calls with a recorded duration, median_duration_ns over them (NULL when none:
+    gloo records none; NCCL only with TORCH_NCCL_ENABLE_TIMING). The dumps hold the last
+    TORCH_FR_BUFFER_SIZE entries of each rank, so the counts cover that window, not the whole job."""
+    return _rows(con, """
+        SELECT pg_name, op, in_bytes, count(*) AS calls, count(DISTINCT rank) AS ranks,
+               count(DISTINCT collective_seq_id) AS instances, sum(in_bytes) AS bytes,
+               count(duration_ns) AS timed, median(duration_ns) AS median_duration_ns,
+               min(collective_seq_id) AS first_seq, max(collective_seq_id) AS last_seq
+        FROM fr_entries WHERE run_id = ? AND collective_seq_id > 0 AND NOT coalesce(is_p2p, false)
+        GROUP BY ALL ORDER BY pg_name, op, in_bytes NULLS LAST""", [run_id])
+
+
+def hang_lines(report: dict) -> list[str]:
+    """The hang section as sentences (the terminal and the HTML page print them); [] without dumps."""
+    sec = report.get("hang")
+    if not sec:
+        return []
+    d = sec.get("divergence") or {}
+    dumps = sec.get("dumps") or []
+    lines = [f"{len(dumps)} Flight Recorder dump(s) (rank(s) {_ranks_text([x['rank'] for x in dumps])}); "
+             f"{sec.get('instances', 0)} collective instance(s) matched by (process group, seq)"]
+    if d.get("ranks_without_dump"):
+        lines.append(f"rank(s) {_ranks_text(d['ranks_without_dump'])} left no dump: what they did is unknown")
+    if not d or d.get("match_state") == "fully_matched":
+        lines.append("every collective that the dumps hold matched on every rank that recorded it: no divergence")
+        return lines
+    group = f"group {d['pg_name']}" + (f" ({d['pg_desc']})" if d.get("pg_desc") else "")
+    dim = f", dimension {d['dimension']}" if d.get("dimension") else ""
+    lines.append(f"first divergence: {group}{dim}, seq {d['seq']}, {d['op']}: {d['match_state']} — {d['detail']}")
+    if d.get("culprit_rank") is not None:
+        basis = {"missing": "never arrived", "majority": "differs from the majority",
+                 "tie": "a tie, differs from the lowest rank: either side may be the one"}.get(d.get("culprit_basis"), "")
+        last = "no entry recorded"
+        if d.get("culprit_last_op") is not None:
+            last = (f"{d['culprit_last_op']} seq {d['culprit_last_seq']} of group {d['culprit_last_pg']} "
+                    f"({d['culprit_last_state']})" + (f" at {d['culprit_last_frame']}" if d.get("culprit_last_frame") else ""))
+        lines.append(f"culprit: rank(s) {_ranks_text(d['culprit_ranks'])} ({basis}); rank {d['culprit_rank']}'s last "
+                     f"call: {last}")
+    waited = "—" if d.get("waited_ns") is None else f"{d['waited_ns'] / 1e9:.3f} s"
+    lines.append(f"waiting: rank(s) {_ranks_text(d.get('waiting_ranks') or [])}, up to {waited} (from issuing it to "
+                 "their next call or their dump)")
+    after = sec.get("timeline_after_first_event_ns")
+    if d.get("timeline_ts_ns") is not None and after is not None:
+        lines.append(f"on the traces' timeline {fmt_ms(after)} ms after their first event (Flight Recorder's wall clock "
+                     f"aligned on {d['timeline_pairs']} collective call(s); marked in `tracekit export --perfetto`)")
+    if d.get("mismatched", 0) > 1:
+        lines.append(f"{d['mismatched']} instance(s) diverge in all (the first is the cause; the rest may follow from it)")
+    return lines
+
+
+def print_hang(report: dict, console) -> None:
+    """The hang section: its sentences and the diverging instances, as rich text and a table."""
+    from rich.text import Text
+
+    lines = hang_lines(report)
+    if not lines:
+        return
+    console.print()
+    console.print(Text("When the job hangs: Flight Recorder triage", style="bold"))
+    for line in lines:
+        console.print(Text(line))
+    bad = (report.get("hang") or {}).get("diverging") or []
+    if bad:
+        t = _table("Diverging collectives (first arrival order)")
+        for col in ("group", "seq", "op", "state", "culprits", "missing", "detail"):
+            t.add_column(col, justify="right" if col == "seq" else "left")
+        for r in bad[:MAX_HANG_ROWS]:
+            t.add_row(str(r["pg_name"]), str(r["seq"]), str(r["op"]), r["match_state"], _ranks_text(r["culprit_ranks"]),
+                      _ranks_text(r["missing_ranks"]) or "—", r["detail"] or "—")
+        if len(bad) > MAX_HANG_ROWS:
+            t.caption = f"{MAX_HANG_ROWS} of {len(bad)} rows (all in --json)"
+        _show(console, t)
+    colls = (report.get("hang") or {}).get("collectives") or []
+    if colls:
+        t = _table("Collectives in the Flight Recorder dumps (per group, op and input size)")
+        for col in ("group", "op", "bytes each", "calls", "ranks", "instances", "seq", "median ms"):
+            t.add_column(col, justify="left" if col in ("group", "op") else "right")
+        for r in colls[:MAX_HANG_ROWS]:
+            t.add_row(str(r["pg_name"]), str(r["op"]), "—" if r["in_bytes"] is None else fmt_bytes(r["in_bytes"]),
+                      str(r["calls"]), str(r["ranks"]), str(r["instances"]), f"{r['first_seq']}–{r['last_seq']}",
+                      fmt_ms(r["median_duration_ns"]))
+        t.caption = ("the last --fr-buffer entries of each rank only; median ms over the calls with a recorded "
+                     "duration (— : none recorded: gloo records none, NCCL only with TORCH_NCCL_ENABLE_TIMING=1)")
+        _show(console, t)

@@ -1341,6 +1341,7 @@ def render_html(data: dict) -> str:
         f'<p class="note">{html.escape(line)}.</p>{notes}</section>'
     )
     sections.append(glance)
+    sections += hang_sections(rep)
     empty = []  # sections with nothing to show: one line at the end, not one empty box each
     for name, title, build, note in FIGURES + RUN_FIGURES:
         fig = build(data)
@@ -1517,3 +1518,26 @@ RUN_FIGURES = RUN_FIGURES + (
      "(the op that ended last before); idle = a launched op on a free stream that nothing recorded held back "
      "(analyses/critical_path.py)."),
 )
+
+
+# -- when the job hangs (analyses/hang.py, report['hang']) ------------------------------------------
+
+def hang_sections(rep: dict) -> list[str]:
+    """The divergence point of a run with Flight Recorder dumps, first on the page: the triage's
+    sentences (tracekit.report.data.hang_lines) and the diverging instances; [] without dumps."""
+    from tracekit.report.data import hang_lines
+
+    lines = hang_lines(rep)
+    if not lines:
+        return []
+    bad = (rep.get("hang") or {}).get("diverging") or []
+    ranks = lambda v: ", ".join(map(str, v or [])) or "—"  # noqa: E731
+    table = Table("Diverging collectives", [
+        Column("pg_name", "group"), Column("seq", "seq", numeric=True), Column("op", "op"),
+        Column("match_state", "state"), Column("culprit_ranks", "culprits", ranks),
+        Column("missing_ranks", "missing", ranks), Column("arrived_ranks", "arrived", ranks),
+        Column("detail", "detail")], bad, id="hang-instances",
+        note="Matched by (process group, seq) across the ranks' dumps; the first in arrival order is the divergence point.")
+    body = "".join(f'<p class="note">{html.escape(l)}.</p>' for l in lines)
+    return [f'<section id="tk-sec-hang"><h2>When the job hangs: divergence point</h2>{body}'
+            + (_table_html(table) if bad else "") + "</section>"]

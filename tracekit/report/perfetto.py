@@ -263,6 +263,11 @@ def _write(con, run_id: str, out: Path, critical_path: bool | None = None) -> Ex
                 common = {"name": inst, "cat": FLOW_CATEGORY, "id": stats.flows, "bp": "e"}
                 emit({"ph": "s", "pid": pa_, "tid": ta, "ts": _us(sa - origin), **common})
                 emit({"ph": "f", "pid": pb, "tid": tb, "ts": _us(sb - origin), **common})
+        from tracekit.analyses.hang import hang_marks  # Flight Recorder: where the ranks diverged, if placed
+
+        for mark in hang_marks(con, run_id):
+            emit({"ph": "i", "s": "g", "pid": 0, "tid": 0, "ts": _us(mark["ts_ns"] - origin), "name": mark["name"],
+                  "cat": "tracekit.hang", "args": mark["args"]})
         other = {
             "run_id": run_id,
             "time_origin_ns": origin,

@@ -10,6 +10,7 @@ Layout (``<store>`` defaults to ``./tracekit-store``; ``--store`` or the
     <store>/runs/<run_id>/collectives.parquet  1 row per collective call per rank
     <store>/runs/<run_id>/overlap_summary.parquet  1 row per rank and window (whole trace, steps)
     <store>/runs/<run_id>/span_overlap.parquet     1 row per comm event: its overlap with compute
+    <store>/runs/<run_id>/fr_entries.parquet   Flight Recorder entries (fr_groups, fr_dumps beside it); only runs with dumps
     <store>/versions/<run_id>@<n>/             the version directories (runs/* holds only the current ones)
     <store>/.staging/                          private to writers
 
@@ -39,8 +40,9 @@ import pyarrow as pa
 
 from tracekit.errors import FileError, StoreError
 
-SCHEMA_VERSION = "1.0"
-"""Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR."""
+SCHEMA_VERSION = "1.1"
+"""Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR. 1.1 added the Flight
+Recorder tables (fr_entries, fr_groups, fr_dumps); a 1.0 run reads them as empty."""
 
 CLIP_TOLERANCE_NS = 100
 """Overlaps of consecutive GPU ops on one stream up to this are clock noise: kept and counted
@@ -206,6 +208,71 @@ GPU_LAUNCHER_SUMMARY_SCHEMA = pa.schema(
 )
 
 
+# Flight Recorder dumps (tracekit.ingest.flight_recorder): one row per entry of each rank's ring
+# buffer, the process groups' global ranks where a dump names them, one row per dump. A run without
+# dumps has none of these files (its views are empty). Times are the dumping rank's wall clock, ns
+# since the epoch (not shifted to the run's common clock).
+FR_ENTRIES_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),  # global rank that dumped it
+        ("record_id", pa.int64()),  # position in the rank's recording (grows by one per entry)
+        ("pg_id", pa.int64()),
+        ("pg_name", pa.string()),  # process group name ("0" = the default group), as in collectives.pg_name
+        ("pg_desc", pa.string()),  # its description ("default_pg", "undefined", a user's group_desc)
+        ("collective_seq_id", pa.int64()),  # per process group, from 1; 0 for p2p
+        ("p2p_seq_id", pa.int64()),  # per process group, p2p calls; 0 for collectives
+        ("op_id", pa.int64()),
+        ("profiling_name", pa.string()),  # as recorded ("gloo:all_reduce")
+        ("op", pa.string()),  # canonical op (tracekit.model.ops), else the name without its backend
+        ("is_p2p", pa.bool_()),
+        ("input_sizes", pa.list_(pa.list_(pa.int64()))),  # one shape per input tensor
+        ("output_sizes", pa.list_(pa.list_(pa.int64()))),
+        ("input_dtypes", pa.list_(pa.string())),
+        ("output_dtypes", pa.list_(pa.string())),
+        ("in_bytes", pa.int64()),  # Σ numel × dtype bytes of the inputs; null when a dtype is unknown
+        ("out_bytes", pa.int64()),
+        ("state", pa.string()),  # scheduled / started / completed
+        ("retired", pa.bool_()),
+        ("time_created_ns", pa.int64()),  # when the rank issued it, wall clock ns
+        ("time_started_ns", pa.int64()),  # when the watchdog saw it start; null when not seen
+        ("time_completed_ns", pa.int64()),  # when the watchdog saw it complete; null when not seen
+        ("duration_ns", pa.int64()),  # recorded duration (timing enabled, completed), else null
+        ("timeout_ms", pa.int64()),
+        ("thread_id", pa.string()),
+        ("thread_name", pa.string()),
+        ("frames", pa.list_(pa.string())),  # stack, innermost first: "function file:line"; null when not dumped
+    ]
+)
+
+FR_GROUPS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),  # the rank whose dump names the group
+        ("pg_name", pa.string()),
+        ("pg_desc", pa.string()),
+        ("ranks", pa.list_(pa.int32())),  # the group's global ranks
+        ("source", pa.string()),  # pg_config (the dump's own) / tracekit (written by tracekit's agent)
+    ]
+)
+
+FR_DUMPS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("source_path", pa.string()),
+        ("source_sha256", pa.string()),
+        ("version", pa.string()),  # the dump's schema version ("2.10")
+        ("comm_lib_version", pa.string()),  # NCCL version; null on gloo
+        ("entries", pa.int64()),
+        ("pg_status", pa.string()),  # JSON: per pg, last enqueued / started / completed seq
+        ("dumped_at_ns", pa.int64()),  # when it was dumped (wall clock ns), when the dumper said so
+        ("world_size", pa.int32()),  # when the dumper said so
+        ("reason", pa.string()),  # why it was dumped (timeout / signal / exception / exit), when known
+    ]
+)
+
+
 def _parquet_problem(path: Path, schema: pa.Schema) -> str | None:
     """Why ``path`` cannot be read as one of this table's files (not Parquet, cut short, a column
     the table does not have), or None. Reads the footer only."""
@@ -228,6 +295,9 @@ TABLES = {
     "span_overlap": ("span_overlap.parquet", SPAN_OVERLAP_SCHEMA),
     "gpu_breakdown_summary": ("gpu_breakdown_summary.parquet", GPU_BREAKDOWN_SUMMARY_SCHEMA),
     "gpu_launcher_summary": ("gpu_launcher_summary.parquet", GPU_LAUNCHER_SUMMARY_SCHEMA),
+    "fr_entries": ("fr_entries.parquet", FR_ENTRIES_SCHEMA),
+    "fr_groups": ("fr_groups.parquet", FR_GROUPS_SCHEMA),
+    "fr_dumps": ("fr_dumps.parquet", FR_DUMPS_SCHEMA),
 }
 
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)

@@ -197,6 +197,13 @@ class Agent:
             else:
                 pg_labels.install()
         self._start(dist.get_rank(), dist.get_world_size(), "init_process_group")
+        if self.cfg.get("fr"):  # tracekit profile --fr: dump this rank's Flight Recorder buffer (collectors.fr_agent)
+            try:
+                from tracekit.collectors.fr_agent import FrDumper
+
+                self.fr = FrDumper(self.out_dir, self.rank, self.world_size)
+            except Exception as exc:  # noqa: BLE001 - ImportError: no tracekit in the job's Python
+                self.notes.append(f"Flight Recorder dumps unavailable: {type(exc).__name__}: {exc}")
 
     def on_foreign_profiler(self) -> None:
         """The job starts a torch.profiler of its own: only one can run, so ours stands down
@@ -234,6 +241,9 @@ class Agent:
 
     def step(self) -> None:
         if os.getpid() != self.pid or self.finished or self.stood_down:
+            return
+        if self.cfg.get("fr_only"):  # no profiler to advance: count the step
+            self.steps += 1
             return
         with self._lock:
             if self._busy:
@@ -306,8 +316,9 @@ class Agent:
         self.rank, self.world_size = int(rank), int(world_size)
         self.torch_version = torch.__version__
         self._claim_rank()
-        self.prof = make_profiler(self.cfg, self._on_trace_ready)
-        self.prof.start()
+        if not self.cfg.get("fr_only"):  # --fr-only: Flight Recorder alone, no profiler
+            self.prof = make_profiler(self.cfg, self._on_trace_ready)
+            self.prof.start()
         self.started_at = time.time()
         self.last_t = time.perf_counter()
         self.notes.append(f"profiler started at {how}")
@@ -354,6 +365,10 @@ class Agent:
         self.finished = True
         self._finishing = True
         self.exit_reason = reason
+        if getattr(self, "fr", None) is not None:  # --fr: the Flight Recorder dump first (the job is ending)
+            self.fr.dump(reason)
+            if self.fr.error:
+                self.notes.append(self.fr.error)
         if self.prof is not None and not self.stopped:
             self.phase_at_stop = self._phase()
             self.stopped = True

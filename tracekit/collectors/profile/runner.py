@@ -94,6 +94,14 @@ class ProfileOptions:
     expect_ranks: int | None = None
     #: multi-node: how long node 0 waits for the other nodes after its own job ended, s
     wait_timeout_s: float = 300.0
+    #: Flight Recorder on in every rank; each rank dumps into the run folder when the job ends or times out
+    fr: bool = False
+    #: Flight Recorder entries kept per rank (TORCH_FR_BUFFER_SIZE)
+    fr_buffer: int = 2000
+    #: Flight Recorder only: no torch.profiler in the ranks (implies fr)
+    fr_only: bool = False
+    #: stop the job after this many seconds (the ranks dump their Flight Recorder first); None: no limit
+    timeout_s: float | None = None
 
     def validated(self) -> "ProfileOptions":
         for name in ("wait", "warmup", "repeat"):
@@ -112,6 +120,12 @@ class ProfileOptions:
             raise BadInputError(f"--expect-ranks must be an integer >= 1, got {self.expect_ranks}")
         if not self.wait_timeout_s >= 0:
             raise BadInputError(f"--wait-timeout must be >= 0 s, got {self.wait_timeout_s}")
+        if not isinstance(self.fr_buffer, int) or self.fr_buffer < 1:
+            raise BadInputError(f"--fr-buffer must be an integer >= 1, got {self.fr_buffer}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise BadInputError(f"--timeout must be > 0 s, got {self.timeout_s}")
+        if (self.fr or self.fr_only) and self.nsys:
+            raise BadInputError("--fr/--fr-only dump through the injected agent, which --nsys replaces: drop one of them")
         return self
 
     def agent_config(self) -> dict[str, Any]:
@@ -122,6 +136,8 @@ class ProfileOptions:
             "repeat": self.repeat,
             "record_shapes": self.record_shapes,
             "with_stack": self.with_stack,
+            "fr": self.fr or self.fr_only,
+            "fr_only": self.fr_only,
         }
 
 
@@ -145,6 +161,10 @@ class JobResult:
     launcher: Any = None
     #: multi-node, node 0: what waiting for the other nodes saw (tracekit.collectors.rundir.WaitResult)
     wait: Any = None
+    #: --timeout: the job ran past it and was stopped
+    timed_out: bool = False
+    #: --fr: rank → its Flight Recorder dump in the run folder
+    fr_dumps: dict[int, Path] = field(default_factory=dict)
 
     @property
     def partial(self) -> bool:
@@ -253,6 +273,8 @@ def job_env(site_dir: Path, run_dir: Path, opts: ProfileOptions, marker: str, ba
     env["TRACEKIT_PROFILE_AGENT"] = str(AGENT_PATH)
     env["TRACEKIT_PROFILE_CONFIG"] = json.dumps(opts.agent_config())
     env[ENV_JOB] = marker
+    if opts.fr or opts.fr_only:  # read by torch when the process group is created (torch/csrc/distributed/c10d/FlightRecorder.hpp)
+        env["TORCH_FR_BUFFER_SIZE"] = str(opts.fr_buffer)
     return env
 
 
@@ -338,6 +360,11 @@ def run_job(
             state["first"] = time.monotonic()
             if on_progress:
                 on_progress("interrupted: stopping the job (Ctrl-C again to force)")
+            if opts.fr or opts.fr_only:  # every rank dumps, even one blocked inside a collective (fr_agent's watcher)
+                try:
+                    (run_dir / "fr-dump-request").write_text("interrupt\n")
+                except OSError:
+                    pass
             _killpg(pgid, signal.SIGINT)
         else:
             state["first"] = -1e9  # escalate now
@@ -346,9 +373,14 @@ def run_job(
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
         old_handler = signal.signal(signal.SIGINT, on_sigint)
+    deadline = None if opts.timeout_s is None else time.monotonic() + opts.timeout_s
     try:
         while proc.poll() is None:
             time.sleep(0.05)
+            if deadline is not None and time.monotonic() > deadline and state["first"] is None:
+                state["timed_out"] = True  # --timeout: every rank dumps, then the job is stopped
+                _request_fr_dumps(run_dir, opts, proc, on_progress)
+                state["first"] = -1e9  # escalate at once: SIGTERM, then SIGKILL 5 s later
             if state["first"] is None:
                 continue
             now = time.monotonic()
@@ -376,14 +408,76 @@ def run_job(
     interrupted = state["interrupts"] > 0
     if interrupted:
         code = 130
+    if state.get("timed_out"):
+        code = 124  # as timeout(1)
     result = JobResult(
         run_id=run_dir.name, run_dir=run_dir, command=list(command), exit_code=code,
         interrupted=interrupted, wall_s=wall, nsys_command=prefix, launcher=launcher,
+        timed_out=bool(state.get("timed_out")),
     )
     if launcher is not None and not _node_done(result, opts, marker, on_progress):
         return result  # not node 0: its ranks' files are written, node 0 ingests
     gather(result, opts, created, leftovers)
+    _gather_fr(result, opts)
     return result
+
+
+def _request_fr_dumps(run_dir: Path, opts: ProfileOptions, proc, on_progress, wait_s: float = 5.0) -> None:
+    """--timeout: ask every rank for its Flight Recorder dump (the request file its
+    tracekit.collectors.fr_agent watcher polls for), then wait until as many dumps as agents that
+    started have appeared, the job ends, or ``wait_s`` passes."""
+    if on_progress:
+        on_progress(f"the job ran past --timeout {opts.timeout_s:g} s: stopping it"
+                    + (" (each rank dumps its Flight Recorder first)" if opts.fr else ""))
+    if not (opts.fr or opts.fr_only):
+        return
+    from tracekit.collectors.fr_agent import REQUEST_FILE
+
+    try:
+        (run_dir / REQUEST_FILE).write_text("timeout\n")
+    except OSError:
+        return
+    want = len(list((run_dir / "logs").glob("rank*.claim")))
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end and proc.poll() is None:
+        if want and len(list(run_dir.glob("fr-rank*.json"))) >= want:
+            break
+        time.sleep(0.1)
+
+
+def _gather_fr(result: JobResult, opts: ProfileOptions) -> None:
+    """--fr: the ranks' Flight Recorder dumps in the run folder, and a note naming the ranks that
+    left none."""
+    import re
+
+    for f in sorted(result.run_dir.glob("fr-rank*.json")):
+        m = re.fullmatch(r"fr-rank(\d+)\.json", f.name)
+        if m:
+            result.fr_dumps[int(m.group(1))] = f
+    (result.run_dir / "fr-dump-request").unlink(missing_ok=True)
+    if opts.fr or opts.fr_only:
+        world = result.world_size or (max(result.fr_dumps) + 1 if result.fr_dumps else 0)
+        none = [r for r in range(world) if r not in result.fr_dumps]
+        if none:
+            result.notes.append(f"Flight Recorder: rank(s) {', '.join(map(str, none))} left no dump "
+                                "(killed before dumping, or never initialised torch.distributed)")
+        if isinstance(result.config, dict) and result.config:
+            result.config["flight_recorder"] = {"buffer_size": opts.fr_buffer, "ranks_without_dump": none,
+                                                "dumps": [f.name for _r, f in sorted(result.fr_dumps.items())],
+                                                "only": opts.fr_only}
+            if opts.fr_only:  # no trace was expected: partial when a rank left no dump
+                result.missing_ranks = none
+                result.config["missing_ranks"] = none
+                result.config["partial"] = bool(result.exit_code or result.interrupted or none)
+    if result.timed_out:
+        result.notes.append(f"the job ran past --timeout {opts.timeout_s:g} s and was stopped")
+        if isinstance(result.config, dict) and result.config:
+            result.config["timed_out_after_s"] = opts.timeout_s
+    if (opts.fr or opts.fr_only or result.timed_out) and isinstance(result.config, dict) and result.config:
+        path = result.run_dir / "run_config.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result.config, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
 
 
 def _node_done(result: JobResult, opts: ProfileOptions, marker: str, on_progress) -> bool:
@@ -456,7 +550,7 @@ def gather(result: JobResult, opts: ProfileOptions, created: _dt.datetime, lefto
                      f"{max(worlds)}: its ranks are counted against {max(worlds)}")
     elif opts.expect_ranks:
         result.world_size = max(result.world_size or 0, opts.expect_ranks)
-    if result.world_size:
+    if result.world_size and not opts.fr_only:  # --fr-only: no trace is expected (_gather_fr names missing dumps)
         result.missing_ranks = [r for r in range(result.world_size) if r not in result.traces]
 
     if result.interrupted:
@@ -698,7 +792,7 @@ def profile_command(
         raise BadInputError(f"run {rid!r} already exists in {st.path} (choose another --run-id"
                             + (", the same on every node)" if launcher is not None else ")"))
     result = run_job(command, opts, on_progress=on_progress)
-    if not result.traces or (result.launcher is not None and result.launcher.index != 0):
+    if not (result.traces or result.fr_dumps) or (result.launcher is not None and result.launcher.index != 0):
         return result, None  # another node than 0: node 0 ingests
     from tracekit.ingest import ingest_paths
 
