@@ -434,7 +434,15 @@ def build_report(
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
         critical_path=critical_path_section(con, run_id, critical_path),
+        remedies=_remedies(con, run, fit, references),
     )
+
+
+def _remedies(con, run: dict, fit: list[dict], references: list[dict]) -> list[dict]:
+    """tracekit.report.remedies.reference_remedies: each weak reference with the command that fixes it."""
+    from tracekit.report.remedies import reference_remedies
+
+    return reference_remedies(con, run, fit, references)
 
 
 def by_dimension(groups: list[dict]) -> list[dict]:
@@ -709,6 +717,9 @@ def print_report(report: dict, console=None) -> None:
                       fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
             _show(con, t)
+    from tracekit.report.remedies import print_remedies
+
+    print_remedies(report, con)  # why each weak reference is weak and the command that fixes it
     if report.get("verdicts"):
         t = _table("Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
         for col in ("op", "class", "verdict", "reference", "count", "efficiency", "vs link"):
