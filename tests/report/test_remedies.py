@@ -108,3 +108,23 @@ def test_sweep_fixture_rejects_by_spread(tmp_path, capsys):
     refs = {r["reference"] for r in tp["references"] if r["op"] == "all_reduce"}
     assert refs == {"sweep run sweep"}
     assert own and own[0]["rule"] == "min_sizes" and own[0]["fix"] == ["none needed: its verdicts use sweep run sweep"]
+
+
+def test_incomplete_group_says_record_every_rank(tmp_path, capsys):
+    """Rank 0 of the 2-rank fixture relabelled as 1 of 8: its collectives are incomplete (1 of 8 ranks),
+    so no verdict, and the remedy is every rank's trace, not a link."""
+    d = json.loads((FIXTURES / "handmade" / "two_rank" / "rank0.json").read_text())
+    d["distributedInfo"]["world_size"] = 8
+    for e in d["traceEvents"]:
+        if "Group size" in e.get("args", {}):
+            e["args"]["Group size"] = 8
+            e["args"]["Process Group Ranks"] = str(list(range(8)))
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "rank0.json").write_text(json.dumps(d))
+    st = Store(tmp_path / "s")
+    ingest_paths([tmp_path / "t"], st, run_id="r0of8")
+    rep = _report(st, "r0of8", capsys)
+    inc = {r["op"]: r for r in rep["remedies"] if r["rule"] == "incomplete"}
+    assert set(inc) == {"all_reduce", "all_gather"}
+    assert inc["all_reduce"]["why"].startswith("incomplete: 1 of 8 ranks recorded")
+    assert inc["all_reduce"]["fix"][0].startswith("tracekit ingest FOLDER_OF_EVERY_RANK_FILE --replace")

@@ -10,7 +10,7 @@ log) of the store judged a collective, and the command that would give a stronge
     weak      what is weak, in words
     rule      the rule that rejected it: min_sizes, alpha_term_unmeasured, beta_term_unmeasured,
               alpha_undetermined, beta_undetermined, spread, outliers, no_model (fits);
-              preset, no_reference, own_fit (references)
+              preset, no_reference, own_fit, incomplete, no_sync_time, size_unknown (references)
     why       the rule's reason with the sizes it saw (bytes; D* the fit's crossover size)
     fix       commands that would fix it, in order of preference
 
@@ -203,6 +203,18 @@ def reference_remedies(con, run: dict, fits: list[dict], references: list[dict])
                         if calibration else _why_no_sweep(calib_runs, run, op, k)),
                      fix=[_sweep_cmd(op, k) + "   on this machine (a quiet one), then tracekit analyze",
                           f"tracekit analyze {LINK_HINT}   (the link you know it has)"])
+        elif (ref.get("no_model_reason") or "").startswith(("incomplete", "no sync time", "size unknown")):
+            reason = ref["no_model_reason"]
+            rule, fix = {
+                "i": ("incomplete", ["tracekit ingest FOLDER_OF_EVERY_RANK_FILE --replace   (the profiler on every "
+                                     "rank of the group: tracekit profile does that)"]),
+                "n": ("no_sync_time", ["tracekit ingest ... --replace --align collectives   (align the ranks' clocks "
+                                       "on the collectives; the default only when hosts differ)"]),
+                "s": ("size_unknown", ["tracekit profile -- CMD   (a trace whose collectives carry their metadata: "
+                                       "op, sizes, group, seq)"]),
+            }[reason[0]]
+            r = dict(topic="reference", op=op, group_size=k, rule=rule, groups=ref.get("groups"),
+                     weak=f"{op} on {k} ranks not judged: no verdict", why=reason, fix=fix)
         else:
             r = dict(topic="reference", op=op, group_size=k, rule="no_reference", groups=ref.get("groups"),
                      weak=f"{op} on {k} ranks has no reference: no verdict",
