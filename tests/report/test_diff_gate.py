@@ -167,3 +167,16 @@ def test_readme_ci_example(tmp_path, traces, new, rc):
     assert gate["passed"] is (rc == 0)
     if rc:
         assert {f["expr"] for f in gate["failures"]} == {"exposed_comm>+5%", "busbw<-10%"}
+
+
+def test_baseline_of_a_replaced_run_warns(tmp_path, traces, capsys):
+    st = Store(tmp_path / "s")
+    ingest_paths([TWO_RANK], st, run_id="r")
+    set_baseline(st, "good", "r")
+    ingest_paths([traces["slow"]], st, run_id="r", replace=True)  # the same id, other data: a new version
+    (rec,) = list_baselines(st)
+    assert rec["present"] and rec["replaced"]
+    rid, warn = resolve_run(st, "baseline:good")
+    assert rid == "r" and "re-ingested after the baseline was set" in warn
+    assert main(["baseline", "list", "--store", str(st.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["replaced"] is True
