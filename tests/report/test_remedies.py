@@ -128,3 +128,11 @@ def test_incomplete_group_says_record_every_rank(tmp_path, capsys):
     assert set(inc) == {"all_reduce", "all_gather"}
     assert inc["all_reduce"]["why"].startswith("incomplete: 1 of 8 ranks recorded")
     assert inc["all_reduce"]["fix"][0].startswith("tracekit ingest FOLDER_OF_EVERY_RANK_FILE --replace")
+
+
+def test_html_lists_the_remedies(store, tmp_path):
+    from tracekit.report.html import write_html_report
+
+    page = write_html_report(store, tmp_path / "r.html", run_id="log").read_text(encoding="utf-8")
+    sec = page.split("Weak references and their remedies", 1)[1]
+    assert "alpha_term_unmeasured" in sec and "all_reduce_perf -b 8 -e 8G -f 2 -n 20 -g 8" in sec
