@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from tests.conftest import FIXTURES, shared_trace
 from tracekit.cli import main

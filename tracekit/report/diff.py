@@ -34,6 +34,7 @@ first, then by the relative change of the median sync time.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from tracekit.store import Store
@@ -284,7 +285,8 @@ GATE_GRAMMAR = (
 )
 """The ``--fail-on`` grammar, as the CLI's help and its errors state it."""
 
-_RULE_RE = None  # compiled on first use
+_RULE_RE = re.compile(r"^\s*([a-z_]+)\s*([<>])\s*([+-]?)\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(\S*)\s*$")
+"""A rule: METRIC, < or >, sign, number, unit (checked against the metric in :func:`parse_fail_on`)."""
 
 
 def parse_fail_on(expr: str) -> dict[str, Any]:
@@ -292,14 +294,9 @@ def parse_fail_on(expr: str) -> dict[str, Any]:
     'unit'}``. ``threshold`` is a fraction for ``%`` (+5% → 0.05), ns for times, GB/s for rates and a
     fraction for ``pp`` (−10pp → −0.10). Raises BadInputError (one line, naming the rule and
     :data:`GATE_GRAMMAR`) for anything else."""
-    import re
-
     from tracekit.errors import BadInputError
     from tracekit.model.units import parse_bandwidth, parse_time
 
-    global _RULE_RE
-    if _RULE_RE is None:
-        _RULE_RE = re.compile(r"^\s*([a-z_]+)\s*([<>])\s*([+-]?)\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(\S*)\s*$")
     m = _RULE_RE.match(expr or "")
 
     def bad(why: str):
