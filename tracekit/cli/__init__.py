@@ -28,7 +28,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-from tracekit.cli import commands, conventions, export_diff, predict, profile  # noqa: E402
+from tracekit.cli import baseline, commands, conventions, export_diff, predict, profile  # noqa: E402
 
 COMMANDS = (
     ("profile", profile.profile, profile.COMMAND_OPTIONS),
@@ -44,6 +44,7 @@ COMMANDS = (
 GROUPS = (
     ("collect", commands.collect_group()),  # the workloads (tracekit/cli/collect.py), loaded on first lookup
     ("predict", predict.app),
+    ("baseline", baseline.baseline_app),
 )
 """Every command group: (name, typer sub-app)."""
 

@@ -75,6 +75,18 @@ def _print_rank_warnings(st, rid: str) -> None:
             typer.echo(literal(f"tracekit: warning: rank {row['rank']}: {w}"), err=True)  # one line, as it is
 
 
+def _print_ingest_summary(st, rid: str, store_opt: Optional[Path]) -> None:
+    """The lines of tracekit.ingest.summary (ranks found / missing, groups, collectives per op,
+    quarantined events, warnings, the command to analyze) under ``run X in STORE``."""
+    import shlex
+
+    from tracekit.ingest.summary import ingest_summary, summary_lines
+
+    cmd = f"tracekit analyze --run {shlex.quote(rid)}" + ("" if store_opt is None else f" --store {shlex.quote(str(store_opt))}")
+    for line in summary_lines(ingest_summary(st, rid), cmd):
+        typer.echo(line)
+
+
 def ingest(
     paths: List[Path] = typer.Argument(
         ..., help="Trace files or folders of rank files: Kineto .json/.json.gz, Nsight Systems .sqlite, nccl-tests logs, Flight Recorder dumps (pickle or JSON, one per rank)."
@@ -118,6 +130,7 @@ def ingest(
     if rid in before and not replace:  # ingest_paths found the same files (sha256) in the store
         typer.echo(f"tracekit: these files are already ingested as {rid} (use --replace to ingest them again)", err=True)
     typer.echo(f"run {rid} in {st.path}")
+    _print_ingest_summary(st, rid, store)
     _print_rank_warnings(st, rid)
     if analyze:
         from tracekit.report.data import build_report, print_report

@@ -3,8 +3,10 @@
 - a boolean option is a ``--flag/--no-flag`` pair (``--replace/--no-replace``);
 - every option that takes a value shows a typed metavar in ``--help``: the one its declaration
   names, else one from its name (``--run`` RUN, ``--store`` DIR, ``--link`` PRESET, ``--bytes``
-  SIZE, ...), else from its type (INT, FLOAT, PATH, TEXT); a flag shows none. typer alone prints
-  ``<bool>``/``<str>``.
+  SIZE, ``--ranks`` INT: numbers some commands read as text show their type), else from its type
+  (INT, FLOAT, PATH, TEXT); a flag shows none. typer alone prints ``<bool>``/``<str>``;
+- a comma-separated default (``--ops``) is shown with spaces, so ``--help`` wraps it instead of
+  cutting it.
 
 :func:`apply` walks the typer app's commands (and its sub-apps') and rewrites their
 ``typer.Option`` declarations before typer builds the click commands, i.e. before the first
@@ -23,6 +25,12 @@ BY_NAME = {
     "--max-bytes": "SIZE", "--comm-pattern": "REGEX", "--html": "FILE", "--perfetto": "FILE",
     "--output": "FILE", "--alpha": "TIME", "--beta": "RATE", "--compute": "TIME", "--comm": "TIME",
     "--alpha-chunk": "TIME", "--workload": "NAME", "--ops": "OPS", "--dtype": "DTYPE",
+    # numbers the commands read as text (to name the option in their errors): their type, not TEXT
+    "--ranks": "INT", "--nodes": "INT", "--gpus-per-node": "INT", "--nics-per-node": "INT", "--nics": "INT",
+    "--layers": "INT", "--stages": "INT", "--microbatches": "INT", "--tokens": "INT", "--max-chunks": "INT",
+    "--chunks": "N|best", "--efficiency": "FLOAT", "--stage-time": "TIME", "--transfer": "TIME",
+    "--layer-compute": "TIME", "--machine": "MACHINE", "--algo": "ALGO", "--backend": "BACKEND",
+    "--align": "MODE", "--op": "OP",
 }
 """Metavars by option name: what the value is, where a type (TEXT) would say less."""
 
@@ -51,6 +59,9 @@ def _fix_option(info, annotation) -> None:
     if info.metavar is None:
         long = next((d.split("/")[0] for d in decls if d.startswith("--")), None)
         info.metavar = BY_NAME.get(long) or BY_TYPE.get(typ) or "TEXT"
+    default = info.default
+    if isinstance(default, str) and "," in default and " " not in default and info.show_default is True:
+        info.show_default = default.replace(",", ", ")  # a list wraps in --help instead of being cut at "…"
 
 
 def _fix_command(callback) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -37,17 +37,37 @@ def export(
 
 
 def diff(
-    run_a: str = typer.Argument(..., help="The run before (A)."),
-    run_b: str = typer.Argument(..., help="The run after (B)."),
+    run_a: str = typer.Argument(..., help="The run before (A): a run id or baseline:NAME (tracekit baseline set)."),
+    run_b: str = typer.Argument(..., help="The run after (B): a run id or baseline:NAME."),
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the diff as JSON (with the gate's verdict under 'gate')."),
+    fail_on: List[str] = typer.Option(
+        [], "--fail-on", metavar="RULE",
+        help="CI gate: exit 1 when B breaks this rule against A, e.g. 'exposed_comm>+5%' or 'busbw<-10%' "
+             "(repeatable; grammar and metrics in the README, 'CI gate')."),
 ) -> None:
-    """Two runs side by side per op and size bucket (count, sync time, busbw, wait, overlap, exposed comm)."""
-    from tracekit.report.diff import diff_runs, print_diff
+    """Two runs side by side per op and size bucket (count, sync time, busbw, wait, overlap, exposed comm);
+    with --fail-on, a CI gate: exit 1 and the offending rows when B regressed against A."""
+    from tracekit.report.diff import diff_runs, evaluate_gate, parse_fail_on, print_diff, print_gate
     from tracekit.store import Store
+    from tracekit.store.baselines import resolve_run
 
-    d = diff_runs(Store(store), run_a, run_b)
+    rules = [parse_fail_on(e) for e in fail_on]  # a bad rule stops here: exit 2 before any work
+    st = Store(store)
+    ids = []
+    for ref in (run_a, run_b):
+        rid, warn = resolve_run(st, ref)
+        if warn:
+            typer.echo(f"tracekit: warning: {warn}", err=True)
+        ids.append(rid)
+    d = diff_runs(st, ids[0], ids[1])
+    gate = evaluate_gate(d, rules) if rules else None
     if json_out:
-        typer.echo(json.dumps(d, indent=2, allow_nan=False, default=str))
+        typer.echo(json.dumps(d if gate is None else {**d, "gate": gate}, indent=2, allow_nan=False, default=str))
     else:
         print_diff(d)
+        if gate is not None:
+            print_gate(gate)
+    if gate is not None and not gate["passed"]:
+        raise typer.Exit(1)
+

@@ -482,7 +482,7 @@ def _make_collective_command(op: str):
             "--algo",
             help="nccl: NCCL 2.20's own model per algorithm/protocol; all: every algorithm (across nodes: ring, "
             "tree, NVLS" + (", hierarchical" if op == "all_reduce" else "") + "); or one of "
-            + "|".join(model.ALGORITHMS[op]) + ("|hierarchical" if op == "all_reduce" else "") + ".",
+            + ", ".join(model.ALGORITHMS[op]) + (", hierarchical" if op == "all_reduce" else "") + ".",
         ),
         nodes: Optional[str] = typer.Option(None, "--nodes", help="Hierarchical: number of nodes N."),
         gpus_per_node: Optional[str] = typer.Option(None, "--gpus-per-node", help="Hierarchical: GPUs per node G."),

@@ -456,7 +456,15 @@ def build_report(
         machine=machine_section(con, run_id),
         fleet=fleet_section(con, run_id),
         hang=hang_section(con, run_id),
+        remedies=_remedies(con, run, fit, references),
     )
+
+
+def _remedies(con, run: dict, fit: list[dict], references: list[dict]) -> list[dict]:
+    """tracekit.report.remedies.reference_remedies: each weak reference with the command that fixes it."""
+    from tracekit.report.remedies import reference_remedies
+
+    return reference_remedies(con, run, fit, references)
 
 
 def by_dimension(groups: list[dict]) -> list[dict]:
@@ -756,6 +764,9 @@ def print_report(report: dict, console=None) -> None:
                       fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
             _show(console, t)
+    from tracekit.report.remedies import print_remedies
+
+    print_remedies(report, console)  # why each weak reference is weak and the command that fixes it
     if report.get("verdicts"):
         t = _table("Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
         for col in ("op", "class", "verdict", "reference", "count", "efficiency", "vs link"):

@@ -34,6 +34,7 @@ first, then by the relative change of the median sync time.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from tracekit.store import Store
@@ -253,3 +254,176 @@ def print_diff(diff: dict, console=None) -> None:
               for side, k in (("A", "a"), ("B", "b")) if r[k] and (r[k].get("groups") or 0) > 1]
     if pooled:
         console.print("Rows whose medians pool several process groups / benchmark runs (count): " + "; ".join(pooled))
+
+
+# ---------------------------------------------------------------------------------------------
+# CI gate: `tracekit diff BASE NEW --fail-on EXPR ...`
+# ---------------------------------------------------------------------------------------------
+
+GATE_METRICS: dict[str, tuple[str, str, str]] = {
+    # name: (where, key in the diff, kind of absolute threshold)
+    "exposed_comm": ("totals", "exposed_comm_ns", "time"),
+    "comm": ("totals", "comm_ns", "time"),
+    "compute": ("totals", "compute_ns", "time"),
+    "overlap": ("totals", "overlap_ns", "time"),
+    "overlap_ratio": ("totals", "overlap_ratio", "ratio"),
+    "busbw": ("rows", "median_busbw_gbps", "rate"),
+    "peak_busbw": ("rows", "peak_busbw_gbps", "rate"),
+    "sync_time": ("rows", "median_sync_time_ns", "time"),
+    "wait": ("rows", "wait_ns", "time"),
+    "row_exposed_comm": ("rows", "exposed_comm_ns", "time"),
+}
+"""The metrics a ``--fail-on`` rule may name, over :func:`diff_runs`'s result.
+
+``totals`` metrics are one number per run (sums over ranks of overlap_by_rank; ns, overlap_ratio a
+fraction); ``rows`` metrics are judged on every (op, size bucket) row present in both runs (medians
+of collective_bandwidth in ns or GB/s with GB = 1e9, sums of collective_waits / the ranks' spans in
+ns), and the rule fails when any row breaks it."""
+
+GATE_GRAMMAR = (
+    "METRIC>CHANGE or METRIC<CHANGE, CHANGE a signed number with a unit: % (relative to the base run: "
+    "'exposed_comm>+5%', 'busbw<-10%'), a time for time metrics ('comm>+2ms': ns, us, ms, s), GB/s for "
+    "busbw and peak_busbw ('busbw<-5GB/s'), pp for overlap_ratio ('overlap_ratio<-10pp'); metrics: "
+    + ", ".join(GATE_METRICS)
+)
+"""The ``--fail-on`` grammar, as the CLI's help and its errors state it."""
+
+_RULE_RE = re.compile(r"^\s*([a-z_]+)\s*([<>])\s*([+-]?)\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(\S*)\s*$")
+"""A rule: METRIC, < or >, sign, number, unit (checked against the metric in :func:`parse_fail_on`)."""
+
+
+def parse_fail_on(expr: str) -> dict[str, Any]:
+    """One ``--fail-on`` rule → ``{'expr', 'metric', 'op' ('>'|'<'), 'relative' (bool), 'threshold',
+    'unit'}``. ``threshold`` is a fraction for ``%`` (+5% → 0.05), ns for times, GB/s for rates and a
+    fraction for ``pp`` (−10pp → −0.10). Raises BadInputError (one line, naming the rule and
+    :data:`GATE_GRAMMAR`) for anything else."""
+    from tracekit.errors import BadInputError
+    from tracekit.model.units import parse_bandwidth, parse_time
+
+    m = _RULE_RE.match(expr or "")
+
+    def bad(why: str):
+        return BadInputError(f"--fail-on {expr!r}: {why} (grammar: {GATE_GRAMMAR})")
+
+    if not m:
+        raise bad("not METRIC>CHANGE or METRIC<CHANGE")
+    metric, op, sign, number, unit = m.groups()
+    if metric not in GATE_METRICS:
+        raise bad(f"unknown metric {metric!r}")
+    kind = GATE_METRICS[metric][2]
+    mag = float(number)
+    neg = sign == "-"
+    if unit == "%":
+        value, relative = mag / 100.0, True
+    elif unit == "pp":
+        if kind != "ratio":
+            raise bad(f"pp (percentage points) applies to overlap_ratio only, not {metric}")
+        value, relative = mag / 100.0, False
+    elif kind == "time" and unit:
+        value, relative = parse_time(f"{number}{unit}") * 1e9, False
+    elif kind == "rate" and unit:
+        value, relative = parse_bandwidth(f"{number}{unit}") / 1e9, False
+    else:
+        want = {"time": "% or a time unit (ns, us, ms, s)", "rate": "% or GB/s", "ratio": "% or pp"}[kind]
+        raise bad(f"{metric} needs a unit: {want}" if not unit else f"unit {unit!r} does not fit {metric}: {want}")
+    return dict(expr=expr.strip(), metric=metric, op=op, relative=relative,
+                threshold=-value if neg else value, unit=unit)
+
+
+def _change(a, b, relative: bool):
+    """(change, from_zero): B − A, or (B − A) / A for a relative rule; a relative change from A = 0
+    is ±inf when B ≠ 0 (from_zero True), 0 when B = 0."""
+    if a is None or b is None:
+        return None, False
+    if not relative:
+        return b - a, False
+    if a == 0:
+        return (0.0, False) if b == 0 else (math.copysign(math.inf, b), True)
+    return (b - a) / a, False
+
+
+def evaluate_gate(diff: dict, rules: list[dict]) -> dict[str, Any]:
+    """Judge :func:`diff_runs`'s result against parsed rules (:func:`parse_fail_on`).
+
+    A rule ``METRIC>X`` fails where the change B − A (relative: (B − A) / A) is greater than X;
+    ``METRIC<X`` where it is less. Totals metrics give one check, rows metrics one per (op, size
+    bucket) row present in both runs. Returns ``{'passed': bool, 'rules': [{'expr', 'metric',
+    'checked' (int), 'failed' (int), 'not_judged' (reason or None)}], 'failures': [{'expr',
+    'metric', 'op', 'bucket' (label; None for totals), 'a', 'b', 'change' (fraction or absolute in
+    the rule's unit; None when relative from 0), 'from_zero', 'threshold'}]}``. A rule with nothing
+    to judge (a benchmark log has no exposed comm; no row in both runs) fails nothing and says why
+    in ``not_judged``."""
+    out_rules, failures = [], []
+    for rule in rules:
+        where, key, _kind = GATE_METRICS[rule["metric"]]
+        if where == "totals":
+            cand = [(None, None, diff["totals"]["a"].get(key), diff["totals"]["b"].get(key))]
+        else:
+            cand = [(r["op"], r["bucket"]["label"], (r["a"] or {}).get(key), (r["b"] or {}).get(key))
+                    for r in diff["rows"] if r["a"] is not None and r["b"] is not None]
+        checked = failed = 0
+        for op, label, a, b in cand:
+            ch, from_zero = _change(a, b, rule["relative"])
+            if ch is None:
+                continue
+            checked += 1
+            broken = ch > rule["threshold"] if rule["op"] == ">" else ch < rule["threshold"]
+            if broken:
+                failed += 1
+                failures.append(dict(expr=rule["expr"], metric=rule["metric"], op=op, bucket=label, a=a, b=b,
+                                     change=None if from_zero else ch, from_zero=from_zero,
+                                     relative=rule["relative"], threshold=rule["threshold"]))
+        why = None
+        if checked == 0:
+            if where == "totals":
+                why = "a run has no timeline (a benchmark log): no comm, compute or overlap to compare"
+            else:
+                why = "no (op, size bucket) row is in both runs with this metric"
+        out_rules.append(dict(expr=rule["expr"], metric=rule["metric"], checked=checked, failed=failed,
+                              not_judged=why))
+    return dict(passed=not failures, rules=out_rules, failures=failures)
+
+
+def _gate_value(metric: str, v) -> str:
+    kind = GATE_METRICS[metric][2]
+    if v is None:
+        return "—"
+    if kind == "time":
+        return fmt_ms(v) + " ms"
+    if kind == "rate":
+        return fmt_num(v) + " GB/s"
+    return fmt_pct(v)
+
+
+def print_gate(gate: dict, console=None) -> None:
+    """Render :func:`evaluate_gate`'s result: one line per rule, then the offending rows."""
+    from rich.table import Table
+
+    from tracekit.report.textfmt import output_console
+
+    con = console or output_console(160)
+    for r in gate["rules"]:
+        if r["not_judged"]:
+            con.print(f"gate {r['expr']}: not judged — {r['not_judged']}")
+        else:
+            state = "FAIL" if r["failed"] else "ok"
+            con.print(f"gate {r['expr']}: {state} ({r['failed']} of {r['checked']} checks broke it)")
+    if gate["failures"]:
+        t = Table(title="Regressions (rules broken: base A → new B)")
+        for col in ("rule", "op", "size", "A", "B", "change"):
+            t.add_column(col, justify="right" if col in ("A", "B", "change") else "left")
+        for f in gate["failures"]:
+            if f["from_zero"]:
+                ch = "from 0"
+            elif f["relative"]:
+                ch = fmt_pct(f["change"], signed=True)
+            elif GATE_METRICS[f["metric"]][2] == "ratio":
+                ch = fmt_pp(f["change"])
+            elif GATE_METRICS[f["metric"]][2] == "time":
+                ch = fmt_ms(f["change"], signed=True) + " ms"
+            else:
+                ch = f"{f['change']:+.2f} GB/s"
+            t.add_row(f["expr"], f["op"] or "(run total)", f["bucket"] or "", _gate_value(f["metric"], f["a"]),
+                      _gate_value(f["metric"], f["b"]), ch)
+        con.print(t)
+    con.print("gate: " + ("passed" if gate["passed"] else f"FAILED ({len(gate['failures'])} regressions)"))

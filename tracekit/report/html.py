@@ -1100,6 +1100,10 @@ def report_tables(report: dict) -> list[Table]:
              Column("ratio", "measured / predicted", fmt_num, True)],
             dims, note="; ".join(f"{d['dimension']}: {d['note']}" for d in dims), id="model-by-dimension",
         ))
+    if report.get("remedies"):
+        from tracekit.report.remedies import remedies_table
+
+        tables.append(remedies_table(report["remedies"]))
     return tables
 
 
