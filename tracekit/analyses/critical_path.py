@@ -538,6 +538,17 @@ def _concat(tables: list, cols: dict[str, str]):
     return pa.table({c: pa.array([], getattr(pa, _ARROW[t])()) for c, t in cols.items()})
 
 
+def _key_order(tables: list):
+    """One run's path rows (the tables of :func:`run_paths`, in step order; in each, rank then
+    pos order) as one Arrow table in critical_path's key order (rank, step, pos): a stable sort
+    by rank, skipped when the rows are in that order already."""
+    t = _concat(tables, _PATH_COLS)
+    rank = t.column("rank").to_numpy()
+    if len(rank) and np.any(rank[1:] < rank[:-1]):
+        t = t.take(np.argsort(rank, kind="stable"))
+    return t
+
+
 def create(con) -> None:
     """Create the tables ``critical_path`` and ``critical_path_summary`` on ``con`` (needs the
     view _instance_calls of instance_rows). A run's events are read from the events view once,
@@ -550,20 +561,26 @@ def create(con) -> None:
         # each rank's own window span (first start to last end, any class)
         spans.append(_arrow(con, "SELECT ? AS run_id, step, rank, max(end_ns) - min(ts_ns) AS window_ns "
                                  "FROM _cp_events WHERE timed GROUP BY ALL", [run_id]))
+        run_rows = []
         for rows, summary in run_paths(con, run_id):
-            paths.append(rows)
+            run_rows.append(rows)
             summaries.append(summary)
+        if run_rows:
+            paths.append(_key_order(run_rows))
     for name in ("_cp_events", "_cp_arrivals"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     for name, tables, cols in (("_cp_rows", paths, _PATH_COLS), ("_cp_summary", summaries, _SUMMARY_COLS),
                                ("_cp_spans", spans, _SPAN_COLS)):
         con.register(name, _concat(tables, cols))
+    keep = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]
     try:
+        # the rows are in key order already (_key_order): kept so, not sorted again
+        con.execute("SET preserve_insertion_order = true")
         con.execute(
             f"""
             CREATE OR REPLACE TABLE critical_path AS
             SELECT {", ".join(f"{c}::{t} AS {c}" for c, t in _PATH_COLS.items())}
-            FROM _cp_rows ORDER BY run_id, rank, step, pos
+            FROM _cp_rows
             """
         )
         con.execute(
@@ -577,6 +594,7 @@ def create(con) -> None:
             """
         )
     finally:
+        con.execute(f"SET preserve_insertion_order = {str(keep).lower() in ('true', '1')}")
         for name in ("_cp_rows", "_cp_summary", "_cp_spans"):
             con.unregister(name)
 
