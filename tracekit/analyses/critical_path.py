@@ -388,10 +388,19 @@ class _Window:
             better = (pred[col] >= 0) & ((pred[best, rows] < 0) | (c_ready > b_ready)
                                          | ((c_ready == b_ready) & (c_prio > b_prio)))
             best[better] = col
-        self.best = (pred[best, rows].tolist(), ready[best, rows].tolist(), kind[best, rows].tolist())
+        self.usual = (pred[best, rows], ready[best, rows], kind[best, rows])
+        self._best = None
         # each rank's start: its node ending last (latest start, then latest row, on ties)
         by_end = np.lexsort((rows, s, e, rank_no))
         self.starts = by_end[np.r_[rank_no[by_end][1:] != rank_no[by_end][:-1], True]] if n else by_end
+
+    @property
+    def best(self) -> tuple[list, list, list]:
+        """The walk's usual choice per node (``usual``: predecessor, ready time, edge kind) as
+        Python lists, for :func:`walk`."""
+        if self._best is None:
+            self._best = tuple(a.tolist() for a in self.usual)
+        return self._best
 
     def _blocking(self, call: np.ndarray, op: np.ndarray) -> np.ndarray:
         """Whether launch call `call` returned only after its GPU op `op` ended (a blocking
@@ -435,6 +444,69 @@ def walk(w: _Window, start: int, end: int) -> tuple[list[int], list[int], list[i
         readies.append(r)
         kinds.append(k)
         cursor, i = r, j
+
+
+def walks(w: _Window) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every rank's critical path of the window (one per node of ``w.starts``, in that order):
+    (nodes, ready times, edge kinds: :func:`walk`'s three lists of each path, concatenated;
+    the paths' lengths), int64 arrays.
+
+    The same paths as :func:`walk` from each start, computed as arrays where the walk only follows
+    each node's usual choice (``w.usual``): that is a chain in the graph where every node points
+    to its usual predecessor, so the chain of every start is listed at once by pointer doubling
+    (round k adds the nodes 2^k to 2^(k+1) − 1 steps back, from the 2^k-th predecessor of every
+    node, itself squared each round). The walk leaves the usual choice only where its ready time
+    is after the cursor (the ready time of the edge the walk came through; checked on the listed
+    chain, in order) or its node is on the path already (then the chain loops: a node whose
+    2^k-th predecessor still exists once 2^k ≥ the nodes is on or leads into a loop); a path
+    with either is walked by :func:`walk`. Memory: the window's nodes and the paths' nodes, a few
+    int64 each."""
+    bp, br, bk = w.usual
+    starts = np.asarray(w.starts, np.int64)
+    n, k = len(bp), len(starts)
+    if not k:
+        e = np.zeros(0, np.int64)
+        return e, e, e, e
+    jump = np.append(np.where(bp >= 0, bp, n), n)  # node → its usual predecessor; n: none (absorbing)
+    # loops: a node whose chain is still going after n steps
+    far, hops = jump, 1
+    while hops < n and np.any(far[starts] != n):
+        far, hops = far[far], hops * 2
+    loops = far[starts] != n
+    # every start's chain, by pointer doubling: (path, position, node) entries
+    path = np.flatnonzero(~loops)
+    pos, node = np.zeros(len(path), np.int64), starts[path]
+    step = jump
+    hops = 1
+    while True:
+        nxt = step[node]
+        more = nxt != n
+        if not more.any():
+            break
+        path, pos, node = np.r_[path, path[more]], np.r_[pos, pos[more] + hops], np.r_[node, nxt[more]]
+        step, hops = step[step], hops * 2
+    order = np.lexsort((pos, path))
+    path, pos, node = path[order], pos[order], node[order]
+    lengths = np.bincount(path, minlength=k).astype(np.int64)
+    first = pos == 0
+    ready = br[node]
+    # the cursor at each node: the path's end at the first, else the ready time walked through
+    cursor = np.where(first, w.e[starts[path]], np.r_[0, ready[:-1]])
+    last = np.r_[first[1:], True] if len(node) else first
+    bad = np.zeros(k, bool)
+    bad[path[(bp[node] >= 0) & (ready > cursor)]] = True
+    bad |= loops
+    readies = np.where(last, cursor, ready)
+    kinds = np.where(last, _END, bk[node]).astype(np.int64)
+    if not bad.any():
+        return node, readies, kinds, lengths
+    # the paths the walk leaves the usual choice on, walked one by one
+    cuts = np.cumsum(lengths)[:-1]
+    pieces = [list(x) for x in zip(np.split(node, cuts), np.split(readies, cuts), np.split(kinds, cuts))]
+    for i in np.flatnonzero(bad):
+        pieces[i] = [np.array(x, np.int64) for x in walk(w, int(starts[i]), int(w.e[starts[i]]))]
+        lengths[i] = len(pieces[i][0])
+    return (*(np.concatenate([p[c] for p in pieces]) for c in range(3)), lengths)
 
 
 def _credit(w: _Window, ranks: np.ndarray, nodes: np.ndarray, readies: np.ndarray, kinds: np.ndarray,
@@ -484,9 +556,7 @@ def run_paths(con, run_id: str):
         "SELECT DISTINCT track_kind FROM _cp_events WHERE node AND track_kind IS NOT NULL ORDER BY 1").fetchall()]
     for step, rows in _windows(con, kinds):
         w, t, at = _window(rows)
-        walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
-        lengths = np.array([len(n) for n, _, _ in walks], np.int64)
-        nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
+        nodes, readies, kinds, lengths = walks(w)
         ranks = w.rank[w.starts]
         c = _credit(w, ranks, nodes, readies, kinds, lengths)
         # rows earliest first: each walk reversed; a node's edge is the kind of its successor's
