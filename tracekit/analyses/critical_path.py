@@ -53,12 +53,15 @@ spills beyond the connection's memory budget), its nodes streamed from there win
 (one statement per CHUNK_NODES nodes); per window, every node's candidate predecessors,
 one per edge rule, are computed for all nodes at once in numpy (sorting and searchsorted per rank,
 kind or track; the launch and last-arrival rows by one (rank, event_id) index), and so is the one
-the walk takes when nothing on the path rules it out. The walk is then a loop over int lists (~1
-µs per path event); it re-chooses among a node's candidates only when the usual one is ready after
-the cursor or already on the path. Memory: one window's nodes of every rank at a time (numpy
-arrays, ~0.3 kB per node with the candidates), plus the paths as Arrow tables until the tables are
-created. Time per run: one read of its events, then per window a statement and work linear in its
-nodes and in its path events (benchmarks/README.md, "Critical path").
+the walk takes when nothing on the path rules it out (the usual choice). Every rank's path is then
+listed at once as arrays by following the usual choices (pointer doubling: :func:`walks`); only a
+path where the usual choice is ready after the cursor or already on the path is walked node by
+node (:func:`walk`), re-choosing among that node's candidates. Memory: one window's nodes of every
+rank at a time (numpy arrays, ~0.3 kB per node with the candidates), plus the paths as Arrow
+tables until the tables are created, which are written in key order as built (no sort). Time per
+run: one read of its events, then per window a statement and work linear in its nodes (times
+log2 of its longest path, for the doubling) and in its path events (benchmarks/README.md,
+"Critical path").
 
 critical_path: one row per event on each path, in path order.
 
