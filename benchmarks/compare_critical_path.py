@@ -13,7 +13,8 @@ the least CPU s kept); and writes ``critical_path`` and ``critical_path_summary`
 column in key order, as Parquet. The two sides' tables must be equal row for row.
 
 Prints one line per store: path rows, CPU / wall seconds old → new, peak RSS old → new, and
-``same`` or ``DIFFERENT`` (then the first differing row). Exits 1 when any store differs.
+``same`` or ``DIFFERENT`` (then the first differing row); an input whose ingest fails is named and
+skipped. Exits 1 when any store differs.
 OLD_CHECKOUT can be an exported tree (``git archive REV | tar -x -C DIR``).
 """
 
@@ -96,7 +97,11 @@ def main(argv=None) -> int:
         else:
             store = args.work / f"store{k}"
             if not (store / "versions").is_dir():
-                _run(args.new, ["-m", "tracekit", "ingest", str(src), "--store", str(store)])
+                try:
+                    _run(args.new, ["-m", "tracekit", "ingest", str(src), "--store", str(store)])
+                except subprocess.CalledProcessError:
+                    print(f"{src}: skipped (the ingest failed: its message is above)", flush=True)
+                    continue
         costs: dict[str, dict] = {}
         for _ in range(args.repeat):
             for side, checkout in (("old", args.old), ("new", args.new)):
