@@ -167,9 +167,10 @@ WHERE e.run_id = ?
 # the nodes of every window of the run in _cp_events, window by window (in step order, the nodes of
 # a window in no order): the profiler steps, or (? true: a run without steps) the whole trace. One
 # statement, streamed, not one per window (each would be bound anew: benchmarks/README.md). kind: the position of track_kind among the run's track kinds in order (NULL last),
-# so that (kind, device, track) sort as DuckDB sorts them (NULLs last)
+# so that (kind, device, track) sort as DuckDB sorts them (NULLs last); rid: the row in _cp_events,
+# to fetch the names of the path's events only (:func:`_named`) rather than sort every node's
 _NODES = """
-SELECT step, rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
+SELECT step, rank, event_id, rowid AS rid, track_kind = 'gpu_stream' AS gpu,
        coalesce(list_position(?::VARCHAR[], track_kind), ?::INTEGER) AS kind, device IS NULL AS no_device,
        coalesce(device, 0) AS device, track IS NULL AS no_track, coalesce(track, 0) AS track, ts_ns, end_ns,
        coalesce(list_position(?::VARCHAR[], class), 0)::TINYINT AS class, coalesce(launch_event_id, -1) AS launch,
@@ -288,8 +289,9 @@ def _chunk_windows(con, params: list, whole: bool):
 
 def _window(t) -> tuple:
     """(_Window of one window's nodes, from their rows of _NODES (an Arrow table, in no order);
-    Arrow columns name and class_name of those rows; the position there of each _Window row)."""
-    c = {k: t.column(k).to_numpy() for k in t.column_names if k not in ("step", "name", "class_name")}
+    the rid column of those rows; the position there of each _Window row)."""
+    c = {k: t.column(k).to_numpy() for k in t.column_names if k != "step"}
+    rid = c["rid"]
     # (rank, track, end, start, event_id) order, the track as (kind, device, track)
     order = np.lexsort(tuple(c[k] for k in ("event_id", "ts_ns", "end_ns", "track", "no_track", "device",
                                             "no_device", "kind", "rank")))
@@ -301,7 +303,7 @@ def _window(t) -> tuple:
             "ts_ns": c["ts_ns"], "end_ns": c["end_ns"], "class": c["class"], "last_ns": c["last_ns"],
             "launch_row": rows.find(c["rank"], c["launch"], c["launched"]),
             "arrival_row": rows.find(c["last_rank"], c["last_eid"], c["arrived"])}
-    return _Window(cols), t.select(["name", "class_name"]), order
+    return _Window(cols), rid, order
 
 
 class _Ends:
@@ -565,7 +567,7 @@ def run_paths(con, run_id: str):
     kinds = [k for (k,) in con.execute(
         "SELECT DISTINCT track_kind FROM _cp_events WHERE node AND track_kind IS NOT NULL ORDER BY 1").fetchall()]
     for step, rows in _windows(con, kinds):
-        w, t, at = _window(rows)
+        w, rid, at = _window(rows)
         nodes, readies, kinds, lengths = walks(w)
         ranks = w.rank[w.starts]
         c = _credit(w, ranks, nodes, readies, kinds, lengths)
@@ -581,7 +583,7 @@ def run_paths(con, run_id: str):
             "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(ranks[path], pa.int32()),
             "step": pa.array([step] * n, pa.int64()), "pos": pa.array(back, pa.int32()),
             "event_rank": pa.array(w.rank[ev], pa.int32()), "event_id": pa.array(w.eid[ev]),
-            "name": t.column("name").take(at[ev]), "class": t.column("class_name").take(at[ev]),
+            "rid": pa.array(rid[at[ev]], pa.int64()),
             "start_ns": pa.array(w.s[ev]), "end_ns": pa.array(w.e[ev]),
             "on_path_ns": pa.array(c["on_path"][rev]), "gap_ns": pa.array(c["gap"][rev]),
             "edge": pa.DictionaryArray.from_arrays(pa.array(edge[rev].astype(np.int8)), pa.array(_KINDS)).cast(pa.string())})
@@ -618,15 +620,36 @@ def _concat(tables: list, cols: dict[str, str]):
     return pa.table({c: pa.array([], getattr(pa, _ARROW[t])()) for c, t in cols.items()})
 
 
-def _key_order(tables: list):
+def _key_order(con, tables: list):
     """One run's path rows (the tables of :func:`run_paths`, in step order; in each, rank then
-    pos order) as one Arrow table in critical_path's key order (rank, step, pos): a stable sort
-    by rank, skipped when the rows are in that order already."""
-    t = _concat(tables, _PATH_COLS)
+    pos order) as one Arrow table in critical_path's key order (rank, step, pos) (a stable sort
+    by rank, skipped when the rows are in that order already), named (:func:`_named`)."""
+    import pyarrow as pa
+
+    t = pa.concat_tables(tables)
     rank = t.column("rank").to_numpy()
     if len(rank) and np.any(rank[1:] < rank[:-1]):
         t = t.take(np.argsort(rank, kind="stable"))
-    return t
+    return _named(con, t)
+
+
+def _named(con, t):
+    """The path rows `t` (a column rid: rows of the run's _cp_events) with the columns name and
+    class of those events in place of rid: one statement over the path's events only."""
+    import pyarrow as pa
+
+    rid = t.column("rid").to_numpy()
+    con.register("_cp_rids", pa.table({"rid": _distinct(rid)}))
+    try:
+        names = _arrow(con, "SELECT rowid AS rid, name, class FROM _cp_events "
+                            "WHERE rowid IN (SELECT rid FROM _cp_rids)", [])
+    finally:
+        con.unregister("_cp_rids")
+    have = names.column("rid").to_numpy()
+    order = np.argsort(have)
+    at = order[np.searchsorted(have, rid, sorter=order)]
+    return t.drop_columns(["rid"]).append_column("name", names.column("name").take(at)).append_column(
+        "class", names.column("class").take(at))
 
 
 def create(con) -> None:
@@ -646,7 +669,7 @@ def create(con) -> None:
             run_rows.append(rows)
             summaries.append(summary)
         if run_rows:
-            paths.append(_key_order(run_rows))
+            paths.append(_key_order(con, run_rows))
     for name in ("_cp_events", "_cp_arrivals"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     for name, tables, cols in (("_cp_rows", paths, _PATH_COLS), ("_cp_summary", summaries, _SUMMARY_COLS),
