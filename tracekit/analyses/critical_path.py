@@ -56,7 +56,8 @@ kind or track; the launch and last-arrival rows by one (rank, event_id) index), 
 the walk takes when nothing on the path rules it out (the usual choice). Every rank's path is then
 listed at once as arrays by following the usual choices (pointer doubling: :func:`walks`); only a
 path where the usual choice is ready after the cursor or already on the path is walked node by
-node (:func:`walk`), re-choosing among that node's candidates. Memory: one window's nodes of every
+node (:func:`walk`), re-choosing among that node's candidates. The nodes are read without their
+names and classes; those are fetched for the path's events only, once per run. Memory: one window's nodes of every
 rank at a time (numpy arrays, ~0.3 kB per node with the candidates), plus the paths as Arrow
 tables until the tables are created, which are written in key order as built (no sort). Time per
 run: one read of its events, then per window a statement and work linear in its nodes (times
