@@ -57,12 +57,13 @@ the walk takes when nothing on the path rules it out (the usual choice). Every r
 listed at once as arrays by following the usual choices (pointer doubling: :func:`walks`); only a
 path where the usual choice is ready after the cursor or already on the path is walked node by
 node (:func:`walk`), re-choosing among that node's candidates. The nodes are read without their
-names and classes; those are fetched for the path's events only, once per run. Memory: one window's nodes of every
-rank at a time (numpy arrays, ~0.3 kB per node with the candidates), plus the paths as Arrow
-tables until the tables are created, which are written in key order as built (no sort). Time per
-run: one read of its events, then per window a statement and work linear in its nodes (times
-log2 of its longest path, for the doubling) and in its path events (benchmarks/README.md,
-"Critical path").
+names and classes; those are fetched for the path's events only, once per run. Memory: one
+window's nodes of every rank at a time (numpy arrays, ~0.3 kB per node with the candidates), plus
+the paths as Arrow tables until the tables are created, which are written in key order as built
+(no sort). Time per run: one read of its events, then a statement per chunk of windows, per
+window work linear in its nodes (times log2 of its longest path, for the doubling) and in its
+path events, and one statement for the path events' names (benchmarks/README.md, "Critical
+path").
 
 critical_path: one row per event on each path, in path order.
 
