@@ -562,7 +562,8 @@ def _arrow(con, query: str, params: list):
 def run_paths(con, run_id: str):
     """Per window (profiler step) of the run in _cp_events (with its _cp_arrivals), in step order:
     (path rows, summary rows) of every rank with nodes in it, as Arrow tables with the columns of
-    _PATH_COLS and _SUMMARY_COLS (module docstring). A generator, so that one window's nodes are
+    _PATH_COLS (but rid, the event's row in _cp_events, in place of name and class: :func:`_named`
+    adds them) and _SUMMARY_COLS (module docstring). A generator, so that one window's nodes are
     held at a time."""
     import pyarrow as pa
 
