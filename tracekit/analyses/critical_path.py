@@ -53,12 +53,17 @@ spills beyond the connection's memory budget), its nodes streamed from there win
 (one statement per CHUNK_NODES nodes); per window, every node's candidate predecessors,
 one per edge rule, are computed for all nodes at once in numpy (sorting and searchsorted per rank,
 kind or track; the launch and last-arrival rows by one (rank, event_id) index), and so is the one
-the walk takes when nothing on the path rules it out. The walk is then a loop over int lists (~1
-µs per path event); it re-chooses among a node's candidates only when the usual one is ready after
-the cursor or already on the path. Memory: one window's nodes of every rank at a time (numpy
-arrays, ~0.3 kB per node with the candidates), plus the paths as Arrow tables until the tables are
-created. Time per run: one read of its events, then per window a statement and work linear in its
-nodes and in its path events (benchmarks/README.md, "Critical path").
+the walk takes when nothing on the path rules it out (the usual choice). Every rank's path is then
+listed at once as arrays by following the usual choices (pointer doubling: :func:`walks`); only a
+path where the usual choice is ready after the cursor or already on the path is walked node by
+node (:func:`walk`), re-choosing among that node's candidates. The nodes are read without their
+names and classes; those are fetched for the path's events only, once per run. Memory: one
+window's nodes of every rank at a time (numpy arrays, ~0.3 kB per node with the candidates), plus
+the paths as Arrow tables until the tables are created, which are written in key order as built
+(no sort). Time per run: one read of its events, then a statement per chunk of windows, per
+window work linear in its nodes (times log2 of its longest path, for the doubling) and in its
+path events, and one statement for the path events' names (benchmarks/README.md, "Critical
+path").
 
 critical_path: one row per event on each path, in path order.
 
@@ -167,9 +172,10 @@ WHERE e.run_id = ?
 # the nodes of every window of the run in _cp_events, window by window (in step order, the nodes of
 # a window in no order): the profiler steps, or (? true: a run without steps) the whole trace. One
 # statement, streamed, not one per window (each would be bound anew: benchmarks/README.md). kind: the position of track_kind among the run's track kinds in order (NULL last),
-# so that (kind, device, track) sort as DuckDB sorts them (NULLs last)
+# so that (kind, device, track) sort as DuckDB sorts them (NULLs last); rid: the row in _cp_events,
+# to fetch the names of the path's events only (:func:`_named`) rather than sort every node's
 _NODES = """
-SELECT step, rank, event_id, name, class AS class_name, track_kind = 'gpu_stream' AS gpu,
+SELECT step, rank, event_id, rowid AS rid, track_kind = 'gpu_stream' AS gpu,
        coalesce(list_position(?::VARCHAR[], track_kind), ?::INTEGER) AS kind, device IS NULL AS no_device,
        coalesce(device, 0) AS device, track IS NULL AS no_track, coalesce(track, 0) AS track, ts_ns, end_ns,
        coalesce(list_position(?::VARCHAR[], class), 0)::TINYINT AS class, coalesce(launch_event_id, -1) AS launch,
@@ -184,12 +190,19 @@ CHUNK_NODES = 1 << 17
 the connection's memory budget (benchmarks/README.md, "Critical path")."""
 
 
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """The distinct values of `a`, sorted (np.unique's result, by one sort: cheaper than its
+    hashing on these int arrays)."""
+    a = np.sort(a)
+    return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
+
+
 class _Rows:
     """The rows of a window by (rank, event_id), to find many pairs at once (the pairs are
     distinct: an event_id is unique within its rank)."""
 
     def __init__(self, rank: np.ndarray, eid: np.ndarray):
-        self._ranks, self._eids = np.unique(rank), np.unique(eid)
+        self._ranks, self._eids = _distinct(rank), _distinct(eid)
         self._keys, self._rows = np.zeros(0, np.int64), np.zeros(0, np.int64)
         if len(rank):
             keys = self._code(rank, eid)[0]
@@ -281,8 +294,9 @@ def _chunk_windows(con, params: list, whole: bool):
 
 def _window(t) -> tuple:
     """(_Window of one window's nodes, from their rows of _NODES (an Arrow table, in no order);
-    Arrow columns name and class_name of those rows; the position there of each _Window row)."""
-    c = {k: t.column(k).to_numpy() for k in t.column_names if k not in ("step", "name", "class_name")}
+    the rid column of those rows; the position there of each _Window row)."""
+    c = {k: t.column(k).to_numpy() for k in t.column_names if k != "step"}
+    rid = c["rid"]
     # (rank, track, end, start, event_id) order, the track as (kind, device, track)
     order = np.lexsort(tuple(c[k] for k in ("event_id", "ts_ns", "end_ns", "track", "no_track", "device",
                                             "no_device", "kind", "rank")))
@@ -294,7 +308,7 @@ def _window(t) -> tuple:
             "ts_ns": c["ts_ns"], "end_ns": c["end_ns"], "class": c["class"], "last_ns": c["last_ns"],
             "launch_row": rows.find(c["rank"], c["launch"], c["launched"]),
             "arrival_row": rows.find(c["last_rank"], c["last_eid"], c["arrived"])}
-    return _Window(cols), t.select(["name", "class_name"]), order
+    return _Window(cols), rid, order
 
 
 class _Ends:
@@ -337,7 +351,7 @@ class _Window:
         new_rank = np.r_[True, self.rank[1:] != self.rank[:-1]] if n else np.zeros(0, bool)
         rank_no = np.cumsum(new_rank) - 1
         track = np.cumsum(new_rank | np.r_[True, t["tid"][1:] != t["tid"][:-1]][:n]) - 1
-        self.ends = np.unique(self.e)
+        self.ends = _distinct(self.e)
         pred = np.full((self.RULES, n), -1, np.int64)
         kind = np.zeros((self.RULES, n), np.int8)
         ready = np.zeros((self.RULES, n), np.int64)
@@ -391,10 +405,19 @@ class _Window:
             better = (pred[col] >= 0) & ((pred[best, rows] < 0) | (c_ready > b_ready)
                                          | ((c_ready == b_ready) & (c_prio > b_prio)))
             best[better] = col
-        self.best = (pred[best, rows].tolist(), ready[best, rows].tolist(), kind[best, rows].tolist())
+        self.usual = (pred[best, rows], ready[best, rows], kind[best, rows])
+        self._best = None
         # each rank's start: its node ending last (latest start, then latest row, on ties)
         by_end = np.lexsort((rows, s, e, rank_no))
         self.starts = by_end[np.r_[rank_no[by_end][1:] != rank_no[by_end][:-1], True]] if n else by_end
+
+    @property
+    def best(self) -> tuple[list, list, list]:
+        """The walk's usual choice per node (``usual``: predecessor, ready time, edge kind) as
+        Python lists, for :func:`walk`."""
+        if self._best is None:
+            self._best = tuple(a.tolist() for a in self.usual)
+        return self._best
 
     def _blocking(self, call: np.ndarray, op: np.ndarray) -> np.ndarray:
         """Whether launch call `call` returned only after its GPU op `op` ended (a blocking
@@ -440,6 +463,69 @@ def walk(w: _Window, start: int, end: int) -> tuple[list[int], list[int], list[i
         cursor, i = r, j
 
 
+def walks(w: _Window) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every rank's critical path of the window (one per node of ``w.starts``, in that order):
+    (nodes, ready times, edge kinds: :func:`walk`'s three lists of each path, concatenated;
+    the paths' lengths), int64 arrays.
+
+    The same paths as :func:`walk` from each start, computed as arrays where the walk only follows
+    each node's usual choice (``w.usual``): that is a chain in the graph where every node points
+    to its usual predecessor, so the chain of every start is listed at once by pointer doubling
+    (round k adds the nodes 2^k to 2^(k+1) − 1 steps back, from the 2^k-th predecessor of every
+    node, itself squared each round). The walk leaves the usual choice only where its ready time
+    is after the cursor (the ready time of the edge the walk came through; checked on the listed
+    chain, in order) or its node is on the path already (then the chain loops: a node whose
+    2^k-th predecessor still exists once 2^k ≥ the nodes is on or leads into a loop); a path
+    with either is walked by :func:`walk`. Memory: the window's nodes and the paths' nodes, a few
+    int64 each."""
+    bp, br, bk = w.usual
+    starts = np.asarray(w.starts, np.int64)
+    n, k = len(bp), len(starts)
+    if not k:
+        e = np.zeros(0, np.int64)
+        return e, e, e, e
+    jump = np.append(np.where(bp >= 0, bp, n), n)  # node → its usual predecessor; n: none (absorbing)
+    # loops: a node whose chain is still going after n steps
+    far, hops = jump, 1
+    while hops < n and np.any(far[starts] != n):
+        far, hops = far[far], hops * 2
+    loops = far[starts] != n
+    # every start's chain, by pointer doubling: (path, position, node) entries
+    path = np.flatnonzero(~loops)
+    pos, node = np.zeros(len(path), np.int64), starts[path]
+    step = jump
+    hops = 1
+    while True:
+        nxt = step[node]
+        more = nxt != n
+        if not more.any():
+            break
+        path, pos, node = np.r_[path, path[more]], np.r_[pos, pos[more] + hops], np.r_[node, nxt[more]]
+        step, hops = step[step], hops * 2
+    order = np.lexsort((pos, path))
+    path, pos, node = path[order], pos[order], node[order]
+    lengths = np.bincount(path, minlength=k).astype(np.int64)
+    first = pos == 0
+    ready = br[node]
+    # the cursor at each node: the path's end at the first, else the ready time walked through
+    cursor = np.where(first, w.e[starts[path]], np.r_[0, ready[:-1]])
+    last = np.r_[first[1:], True] if len(node) else first
+    bad = np.zeros(k, bool)
+    bad[path[(bp[node] >= 0) & (ready > cursor)]] = True
+    bad |= loops
+    readies = np.where(last, cursor, ready)
+    kinds = np.where(last, _END, bk[node]).astype(np.int64)
+    if not bad.any():
+        return node, readies, kinds, lengths
+    # the paths the walk leaves the usual choice on, walked one by one
+    cuts = np.cumsum(lengths)[:-1]
+    pieces = [list(x) for x in zip(np.split(node, cuts), np.split(readies, cuts), np.split(kinds, cuts))]
+    for i in np.flatnonzero(bad):
+        pieces[i] = [np.array(x, np.int64) for x in walk(w, int(starts[i]), int(w.e[starts[i]]))]
+        lengths[i] = len(pieces[i][0])
+    return (*(np.concatenate([p[c] for p in pieces]) for c in range(3)), lengths)
+
+
 def _credit(w: _Window, ranks: np.ndarray, nodes: np.ndarray, readies: np.ndarray, kinds: np.ndarray,
             lengths: np.ndarray) -> dict:
     """The paths of one window (concatenated walks, latest node first; ranks: each path's rank,
@@ -479,17 +565,16 @@ def _arrow(con, query: str, params: list):
 def run_paths(con, run_id: str):
     """Per window (profiler step) of the run in _cp_events (with its _cp_arrivals), in step order:
     (path rows, summary rows) of every rank with nodes in it, as Arrow tables with the columns of
-    _PATH_COLS and _SUMMARY_COLS (module docstring). A generator, so that one window's nodes are
+    _PATH_COLS (but rid, the event's row in _cp_events, in place of name and class: :func:`_named`
+    adds them) and _SUMMARY_COLS (module docstring). A generator, so that one window's nodes are
     held at a time."""
     import pyarrow as pa
 
     kinds = [k for (k,) in con.execute(
         "SELECT DISTINCT track_kind FROM _cp_events WHERE node AND track_kind IS NOT NULL ORDER BY 1").fetchall()]
     for step, rows in _windows(con, kinds):
-        w, t, at = _window(rows)
-        walks = [walk(w, int(i), int(w.e[i])) for i in w.starts]
-        lengths = np.array([len(n) for n, _, _ in walks], np.int64)
-        nodes, readies, kinds = (np.array([x for wk in walks for x in wk[c]], np.int64) for c in range(3))
+        w, rid, at = _window(rows)
+        nodes, readies, kinds, lengths = walks(w)
         ranks = w.rank[w.starts]
         c = _credit(w, ranks, nodes, readies, kinds, lengths)
         # rows earliest first: each walk reversed; a node's edge is the kind of its successor's
@@ -504,13 +589,13 @@ def run_paths(con, run_id: str):
             "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(ranks[path], pa.int32()),
             "step": pa.array([step] * n, pa.int64()), "pos": pa.array(back, pa.int32()),
             "event_rank": pa.array(w.rank[ev], pa.int32()), "event_id": pa.array(w.eid[ev]),
-            "name": t.column("name").take(at[ev]), "class": t.column("class_name").take(at[ev]),
+            "rid": pa.array(rid[at[ev]], pa.int64()),
             "start_ns": pa.array(w.s[ev]), "end_ns": pa.array(w.e[ev]),
             "on_path_ns": pa.array(c["on_path"][rev]), "gap_ns": pa.array(c["gap"][rev]),
             "edge": pa.DictionaryArray.from_arrays(pa.array(edge[rev].astype(np.int8)), pa.array(_KINDS)).cast(pa.string())})
         ev_rank = w.rank[nodes]
-        ranks_seen = np.unique(ev_rank)  # distinct (path, event rank) pairs, as one int
-        pairs = np.unique(path * len(ranks_seen) + np.searchsorted(ranks_seen, ev_rank))
+        ranks_seen = _distinct(ev_rank)  # distinct (path, event rank) pairs, as one int
+        pairs = _distinct(path * len(ranks_seen) + np.searchsorted(ranks_seen, ev_rank))
         p_of = pairs // max(len(ranks_seen), 1)
         others = np.bincount(p_of[ranks_seen[pairs % max(len(ranks_seen), 1)] != ranks[p_of]], minlength=k)
         summary = pa.table({
@@ -541,6 +626,38 @@ def _concat(tables: list, cols: dict[str, str]):
     return pa.table({c: pa.array([], getattr(pa, _ARROW[t])()) for c, t in cols.items()})
 
 
+def _key_order(con, tables: list):
+    """One run's path rows (the tables of :func:`run_paths`, in step order; in each, rank then
+    pos order) as one Arrow table in critical_path's key order (rank, step, pos) (a stable sort
+    by rank, skipped when the rows are in that order already), named (:func:`_named`)."""
+    import pyarrow as pa
+
+    t = pa.concat_tables(tables)
+    rank = t.column("rank").to_numpy()
+    if len(rank) and np.any(rank[1:] < rank[:-1]):
+        t = t.take(np.argsort(rank, kind="stable"))
+    return _named(con, t)
+
+
+def _named(con, t):
+    """The path rows `t` (a column rid: rows of the run's _cp_events) with the columns name and
+    class of those events in place of rid: one statement over the path's events only."""
+    import pyarrow as pa
+
+    rid = t.column("rid").to_numpy()
+    con.register("_cp_rids", pa.table({"rid": _distinct(rid)}))
+    try:
+        names = _arrow(con, "SELECT rowid AS rid, name, class FROM _cp_events "
+                            "WHERE rowid IN (SELECT rid FROM _cp_rids)", [])
+    finally:
+        con.unregister("_cp_rids")
+    have = names.column("rid").to_numpy()
+    order = np.argsort(have)
+    at = order[np.searchsorted(have, rid, sorter=order)]
+    return t.drop_columns(["rid"]).append_column("name", names.column("name").take(at)).append_column(
+        "class", names.column("class").take(at))
+
+
 def create(con) -> None:
     """Create the tables ``critical_path`` and ``critical_path_summary`` on ``con`` (needs the
     view _instance_calls of instance_rows). A run's events are read from the events view once,
@@ -553,20 +670,26 @@ def create(con) -> None:
         # each rank's own window span (first start to last end, any class)
         spans.append(_arrow(con, "SELECT ? AS run_id, step, rank, max(end_ns) - min(ts_ns) AS window_ns "
                                  "FROM _cp_events WHERE timed GROUP BY ALL", [run_id]))
+        run_rows = []
         for rows, summary in run_paths(con, run_id):
-            paths.append(rows)
+            run_rows.append(rows)
             summaries.append(summary)
+        if run_rows:
+            paths.append(_key_order(con, run_rows))
     for name in ("_cp_events", "_cp_arrivals"):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     for name, tables, cols in (("_cp_rows", paths, _PATH_COLS), ("_cp_summary", summaries, _SUMMARY_COLS),
                                ("_cp_spans", spans, _SPAN_COLS)):
         con.register(name, _concat(tables, cols))
+    keep = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]
     try:
+        # the rows are in key order already (_key_order): kept so, not sorted again
+        con.execute("SET preserve_insertion_order = true")
         con.execute(
             f"""
             CREATE OR REPLACE TABLE critical_path AS
             SELECT {", ".join(f"{c}::{t} AS {c}" for c, t in _PATH_COLS.items())}
-            FROM _cp_rows ORDER BY run_id, rank, step, pos
+            FROM _cp_rows
             """
         )
         con.execute(
@@ -580,6 +703,7 @@ def create(con) -> None:
             """
         )
     finally:
+        con.execute(f"SET preserve_insertion_order = {str(keep).lower() in ('true', '1')}")
         for name in ("_cp_rows", "_cp_summary", "_cp_spans"):
             con.unregister(name)
 
