@@ -64,7 +64,7 @@ def test_the_command_list_is_explicit():
     from tracekit.cli import COMMANDS, GROUPS, app
 
     assert [c.name for c in app.registered_commands] == [name for name, _, _ in COMMANDS]
-    assert [g.name for g in app.registered_groups] == [name for name, _ in GROUPS] == ["collect", "predict"]
+    assert [g.name for g in app.registered_groups] == [name for name, _ in GROUPS] == ["collect", "predict", "baseline"]
 
 
 def test_the_graph_sees_every_kind_of_import(tmp_path):

@@ -111,8 +111,7 @@ def test_every_window_of_real_stores_walks_the_same(src, tmp_path, monkeypatch):
     store = Store(tmp_path / "s")
     ingest_paths([src], store, run_id="r")
     con = analyses.connect(store)
-    while analyses.PIPELINE[len(con.loaded)] != "critical_path":
-        con.load_next()
+    con.analyses.ensure([r for r in analyses.BY_NAME["critical_path"].reads if r in analyses.DEFINED_BY])
     con.execute(cp._ARRIVALS, ["r"])
     con.execute(cp._EVENTS, ["r"])
     kinds = [k for (k,) in con.execute("SELECT DISTINCT track_kind FROM _cp_events WHERE node AND "
@@ -123,7 +122,7 @@ def test_every_window_of_real_stores_walks_the_same(src, tmp_path, monkeypatch):
         paths += _both(w, monkeypatch)[0][3].__len__()
     assert paths > 0
     # the stored rows: the array walk's, then walk's alone
-    con.load_next()
+    con.analyses.ensure("critical_path")
     tables = ("critical_path", "critical_path_summary")
     arrays = [con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in tables]
     con.close()

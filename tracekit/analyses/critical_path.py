@@ -681,10 +681,20 @@ def create(con) -> None:
     for name, tables, cols in (("_cp_rows", paths, _PATH_COLS), ("_cp_summary", summaries, _SUMMARY_COLS),
                                ("_cp_spans", spans, _SPAN_COLS)):
         con.register(name, _concat(tables, cols))
-    keep = con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]
+    import duckdb
+
+    keep = str(con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]).lower() in ("true", "1")
+    changed = False
     try:
-        # the rows are in key order already (_key_order): kept so, not sorted again
-        con.execute("SET preserve_insertion_order = true")
+        # the rows are in key order already (_key_order): kept so, not sorted again. A connection whose
+        # configuration is locked (tracekit sql) keeps its setting: the rows are the same, their
+        # order DuckDB's
+        if not keep:
+            try:
+                con.execute("SET preserve_insertion_order = true")
+                changed = True
+            except duckdb.Error:
+                pass
         con.execute(
             f"""
             CREATE OR REPLACE TABLE critical_path AS
@@ -703,7 +713,8 @@ def create(con) -> None:
             """
         )
     finally:
-        con.execute(f"SET preserve_insertion_order = {str(keep).lower() in ('true', '1')}")
+        if changed:
+            con.execute("SET preserve_insertion_order = false")
         for name in ("_cp_rows", "_cp_summary", "_cp_spans"):
             con.unregister(name)
 

@@ -1101,8 +1101,6 @@ def report_tables(report: dict) -> list[Table]:
             dims, note="; ".join(f"{d['dimension']}: {d['note']}" for d in dims), id="model-by-dimension",
         ))
     if report.get("remedies"):
-        from tracekit.report.remedies import remedies_table
-
         tables.append(remedies_table(report["remedies"]))
     return tables
 
@@ -1545,3 +1543,15 @@ def hang_sections(rep: dict) -> list[str]:
     body = "".join(f'<p class="note">{html.escape(l)}.</p>' for l in lines)
     return [f'<section id="tk-sec-hang"><h2>When the job hangs: divergence point</h2>{body}'
             + (_table_html(table) if bad else "") + "</section>"]
+
+
+def remedies_table(remedies: list[dict]):
+    """The remedies (tracekit.report.remedies.reference_remedies) as a :class:`Table`, one row
+    each: what is weak, rule, why, fix."""
+    rows = [dict(r, fix_text="; ".join(r["fix"])) for r in remedies]
+    return Table(
+        "Weak references and their remedies",
+        [Column("weak", "what is weak"), Column("rule", "rule"), Column("why", "why"), Column("fix_text", "fix")],
+        rows, note="Rules: tracekit/model/fit.py (judge_fit) and the reference order of tracekit/analyses/fit.py; "
+                   "each fix is a command that would give a stronger reference.", id="remedies",
+    )

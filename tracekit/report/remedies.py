@@ -276,16 +276,3 @@ def print_remedies(report: dict, console) -> None:
         console.print(f"  rule {r['rule']}: {r['why']}", markup=False, highlight=False)
         for cmd in r["fix"]:
             console.print(f"  fix: {cmd}", markup=False, highlight=False)
-
-
-def remedies_table(remedies: list[dict]):
-    """The remedies as a tracekit.report.html.Table (one row each: what is weak, rule, why, fix)."""
-    from tracekit.report.html import Column, Table
-
-    rows = [dict(r, fix_text="; ".join(r["fix"])) for r in remedies]
-    return Table(
-        "Weak references and their remedies",
-        [Column("weak", "what is weak"), Column("rule", "rule"), Column("why", "why"), Column("fix_text", "fix")],
-        rows, note="Rules: tracekit/model/fit.py (judge_fit) and the reference order of tracekit/analyses/fit.py; "
-                   "each fix is a command that would give a stronger reference.", id="remedies",
-    )
