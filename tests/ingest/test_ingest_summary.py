@@ -89,3 +89,12 @@ def test_shared_b200_rank0_of_8(tmp_path, capsys):
 
     s = ingest_summary(Store(tmp_path / "s"), "b200")
     assert s["ranks_missing"] == [1, 2, 3, 4, 5, 6, 7] and s["world_size"] == 8
+
+
+def test_fleet_log_names_its_hosts(tmp_path, capsys):
+    """A benchmark log names every rank's host in its "Using devices" lines: the summary counts them
+    (the 10-node H100 logs: cnode3-002 … cnode3-011), not "hosts: not recorded"."""
+    logs = shared_trace("nccltests_h100_fleet/multi_node")
+    rc, out, _ = _ingest([logs, "--store", tmp_path / "s", "--run-id", "mn"], capsys)
+    assert rc == 0
+    assert "hosts: 10; process groups: 20; events: 0" in out

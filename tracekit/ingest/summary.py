@@ -35,7 +35,8 @@ def ingest_summary(store, run_id: str) -> dict[str, Any]:
     """The run ``run_id`` of ``store`` (a tracekit.store.Store) as ``{'run_id', 'source',
     'world_size' (int or None), 'expected_from' ('world_size' | 'process groups' | None),
     'ranks_found' [int], 'ranks_missing' [int] (None when the expected count is unknown or the run is
-    a benchmark log, whose one file stands for every rank), 'hosts' (distinct non-null hosts),
+    a benchmark log, whose one file stands for every rank), 'hosts' (distinct non-null hosts of
+    the ranks, and for a benchmark log the hosts its "Using devices" lines name),
     'process_groups' (distinct pg_name of its collectives), 'collectives_per_op' {op: calls, summed
     over the recorded ranks; op None → 'unknown'}, 'events', 'events_quarantined', 'warnings'
     (count, all ranks)}``.
@@ -52,7 +53,7 @@ def ingest_summary(store, run_id: str) -> dict[str, Any]:
     d = store.run_dir(run_id)
     if not (d / "run.parquet").exists():
         raise StoreError(f"run {run_id!r} is not in {store.path}")
-    run = pq.ParquetFile(d / "run.parquet").read(columns=["source", "world_size"]).to_pylist()[0]
+    run = pq.ParquetFile(d / "run.parquet").read(columns=["source", "world_size", "config"]).to_pylist()[0]
     ranks = pq.ParquetFile(d / "ranks.parquet").read(
         columns=["rank", "host", "events", "events_quarantined", "warnings"]).to_pylist()
     per_op: Counter = Counter()
@@ -83,12 +84,27 @@ def ingest_summary(store, run_id: str) -> dict[str, Any]:
     return dict(
         run_id=run_id, source=run.get("source"), world_size=None if ws is None else int(ws),
         expected_from=expected_from, ranks_found=found, ranks_missing=missing,
-        hosts=len({r["host"] for r in ranks if r["host"]}), process_groups=len(groups),
+        hosts=len({r["host"] for r in ranks if r["host"]} | _log_hosts(run.get("config"))), process_groups=len(groups),
         collectives_per_op=dict(sorted(per_op.items(), key=lambda kv: (-kv[1], kv[0]))),
         events=sum(r["events"] or 0 for r in ranks),
         events_quarantined=sum(r["events_quarantined"] or 0 for r in ranks),
         warnings=sum(len(r["warnings"] or []) for r in ranks),
     )
+
+
+def _log_hosts(config) -> set[str]:
+    """The hosts a benchmark log names (runs.config ``groups[i].hosts``: nccl-tests' "Using devices"
+    lines, tracekit.ingest.nccl_tests_run); empty for a trace's config or an unreadable one."""
+    import json
+
+    try:
+        groups = json.loads(config).get("groups") if config else None
+    except (ValueError, AttributeError):
+        return set()
+    if not isinstance(groups, list):
+        return set()
+    return {h for g in groups if isinstance(g, dict) and isinstance(g.get("hosts"), list)
+            for h in g["hosts"] if isinstance(h, str) and h}
 
 
 def _members(pg_ranks) -> set[int]:
