@@ -19,7 +19,7 @@ prints one line per reader with the counts (and the first few failures), and ``-
 them as JSON. Mutations are byte-level (a byte deleted, inserted, replaced; a bracket, brace or
 quote removed; a span duplicated, cut out or moved; the text truncated), line-level for the logs
 (a line deleted, duplicated, cut, garbled), page-level for SQLite files (a page zeroed or
-garbled, the file truncated). ``run_cases`` is also what tests/test_bounded_fuzz.py runs.
+garbled, the file truncated). ``run_cases`` is also what tests/ingest/test_bounded_fuzz.py runs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Each input (a fixture run folder, a folder of ../shared/traces, or one file of a
 unrelated runs) is ingested once into a temporary store; its report (tracekit.report.data.
 build_report, the dict ``analyze --json`` prints, read back through its JSON) and a few rows of the
 same connection are checked by :func:`check`. Prints one line per input (violations, or "ok") and
-exits 1 when any input breaks an invariant. tests/test_invariants.py runs the same checks.
+exits 1 when any input breaks an invariant. tests/analyses/test_invariants.py runs the same checks.
 
 The invariants (a report that breaks one contradicts itself):
 - breakdown: the GPU time parts of each window (compute only, comm exposed/hidden, memory, sync,

@@ -35,7 +35,7 @@ def test_run_sql_is_scoped_to_its_run(tmp_path):
             assert got[op] == pytest.approx(v, rel=1e-12)
         assert run.sql("SELECT DISTINCT run_id FROM collective_instances").fetchall() == [(run.run_id,)]
         assert run.sql("SELECT DISTINCT run_id FROM collectives").fetchall() == [(run.run_id,)]
-    # the handmade run, by hand: all_reduce busbw 119.837 GB/s, all_gather 58.254 GB/s (tests/test_analyses_handmade.py)
+    # the handmade run, by hand: all_reduce busbw 119.837 GB/s, all_gather 58.254 GB/s (tests/analyses/test_analyses_handmade.py)
     got = dict(a.sql("SELECT op, median(busbw_gbps) FROM collective_bandwidth GROUP BY op").fetchall())
     assert got == {"all_reduce": pytest.approx(119.8372571, rel=1e-9), "all_gather": pytest.approx(58.2542222, rel=1e-9)}
     # a second query on the same run, naming another analysis, is scoped too

@@ -1,7 +1,7 @@
 """`tracekit predict ... --algo nccl|all` across nodes, --machine, and the flat ring over every NIC.
 
 Hand values: nvlink4 β_in = 450 × 0.8 = 360 GB/s, α_in 2 µs; ib_ndr β_NIC = 50 × 0.8 = 40 GB/s,
-α 5 µs. NCCL constants: src/graph/tuning.cc, NCCL 2.20.3 (see tests/test_nccl_tuning.py).
+α 5 µs. NCCL constants: src/graph/tuning.cc, NCCL 2.20.3 (see tests/model/test_nccl_tuning.py).
 """
 
 import json

@@ -127,7 +127,7 @@ def test_non_string_dtype_read_or_warned(tmp_path, capsys, dtype, sizes, warned)
 def test_calls_issued_out_of_seq_order_are_one_window(tmp_path):
     """Both ranks issue seq 1 before seq 0 (two streams): the calls are matched by their Seq in
     window 0, not split into two profiler windows (a seq coming back, 0 1 0 1, still starts one:
-    tests/test_duplicates.py)."""
+    tests/analyses/test_duplicates.py)."""
     from tracekit import analyses
     from tracekit.ingest import ingest_paths
     from tracekit.store import Store

@@ -1,6 +1,6 @@
 """Flight Recorder dumps: reading them (pickle and JSON forms, the restricted unpickler), the store
 tables, and the hang triage (analyses/hang.py) on hand-made dumps whose answer is known by
-construction. Real dumps of real jobs: tests/test_flight_recorder_jobs.py (slow)."""
+construction. Real dumps of real jobs: tests/collectors/test_flight_recorder_jobs.py (slow)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ builds a table in parts). Every module starts with a header documenting each out
 
 :data:`MODULES` says, for each module, the relations it defines (views, tables and macros,
 internal ``_`` names included) and the relations it reads (the store's base views and other
-modules' relations); ``tests/test_analysis_pipeline.py`` checks both against what each module
+modules' relations); ``tests/analyses/test_analysis_pipeline.py`` checks both against what each module
 creates and names. :func:`connect` gives a store connection (:class:`tracekit.store.AnalysisConnection`)
 with the base views, the model UDFs and the ``tk_link`` variable, and nothing else yet; its
 ``analyses`` (a :class:`Builder`) builds, before each statement, the modules defining the
@@ -126,7 +126,7 @@ def statement_names(query: str) -> set[str]:
     every string constant (a macro may be passed a table's name as a string, as
     ``merge_intervals('_comm_spans')``), comments skipped. A superset of the relations the
     statement reads: a column or alias named like a relation is in it too (no column of the store
-    or of an analysis is, tests/test_analysis_pipeline.py).
+    or of an analysis is, tests/analyses/test_analysis_pipeline.py).
     """
     import duckdb
 
