@@ -574,6 +574,13 @@ def test_epdp_bad_configs(kw, words):
         ep.EPConfig(**kw).resolved()
 
 
+def test_run_ep_sends_ep_x_dp_to_epdp(tmp_path):
+    # ep.py does not import epdp (no circle): a dp > 1 config is refused there, before any process starts
+    with pytest.raises(BadInputError, match="dp = 2: EP x DP runs through .*epdp.run_epdp"):
+        ep.run_ep(ep.EPConfig(dp=2, ranks=4, experts=4, out=str(tmp_path)))
+    assert list(tmp_path.iterdir()) == []
+
+
 def _a2a_by_range(path) -> tuple[dict, int]:
     """{range name: all-to-alls issued inside it} within the profiled steps, and their total."""
     doc = load_trace(path)

@@ -16,6 +16,7 @@ from tracekit.cli.collect_run import ingest_and_report, run_workload
 def ep(config: EPConfig, store: Optional[str], ingest: bool) -> None:
     """Expert-parallel MoE layers (top-k router, sharded experts, all-to-all on the router's uneven splits), profiled."""
     from tracekit.collectors.workloads.ep import run_ep
+    from tracekit.collectors.workloads.epdp import run_epdp
 
     cfg = config.resolved()  # bad options fail here, before anything starts
     title = (
@@ -26,7 +27,7 @@ def ep(config: EPConfig, store: Optional[str], ingest: bool) -> None:
     )
     if cfg.dp > 1:
         title += f", ep {cfg.ranks // cfg.dp} x dp {cfg.dp} (experts trained, DDP buckets of {cfg.bucket_kb} KiB)"
-    run_dir, config_dict = run_workload(lambda progress: run_ep(cfg, on_progress=progress), f"ep on {cfg.ranks} ranks")
+    run_dir, config_dict = run_workload(lambda progress: (run_epdp if cfg.dp > 1 else run_ep)(cfg, on_progress=progress), f"ep on {cfg.ranks} ranks")
     if cfg.dp > 1:
         print(f"{title}: {run_dir} (gradient check passed, max relative RMS error "
               f"{config_dict['check']['max_grad_rel_rms_err']:.3g}; job {config_dict['timing']['job_wall_s']:.1f} s)",

@@ -573,13 +573,12 @@ def run_ep(config: EPConfig, on_progress: Callable[[str], None] | None = None) -
     Returns the run folder (``<out>/ep-YYYYmmdd-HHMMSS-xxxx``, default out
     ./tracekit-runs) holding ``rank{r}.pt.trace.json.gz`` per rank and
     ``run_config.json``. Raises BadInputError for an impossible configuration,
-    RankFailedError when a rank fails (including an EP mismatch).
+    RankFailedError when a rank fails (including an EP mismatch). A config
+    with ``dp > 1`` is EP x DP: run it with ``epdp.run_epdp`` (BadInputError here).
     """
     cfg = config.resolved()
     if cfg.dp > 1:
-        from tracekit.collectors.workloads.epdp import run_epdp
-
-        return run_epdp(cfg, on_progress)
+        raise BadInputError(f"dp = {cfg.dp}: EP x DP runs through tracekit.collectors.workloads.epdp.run_epdp")
     backend = _launch.resolve_backend(cfg.backend, cfg.ranks)
     info = _launch.host_info()
     run_dir = _launch.new_run_dir(cfg.out, "ep")

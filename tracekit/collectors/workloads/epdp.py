@@ -30,7 +30,7 @@ tokens through the full model (all experts, ``ep.reference_forward``), Σ over r
 ranks e of the loss ÷ D, backward; its DP-reduced expert gradients must match the reference's
 for its experts (tp.GRAD_TOLERANCE), else the job fails.
 
-Public API: :func:`layout`, :func:`expected_counts`, :func:`run_epdp` (``run_ep`` calls it when
+Public API: :func:`layout`, :func:`expected_counts`, :func:`run_epdp` (``tracekit collect ep`` calls it when
 ``dp`` > 1).
 """
 
