@@ -102,3 +102,28 @@ def test_report_names_the_nccl_pair(tmp_path):
     (ref,) = [r for r in rep["references"] if r["op"] == "all_reduce"]
     assert ref["kind"] == "preset" and ref["nccl_algos"] == "tree/LL"
     assert ref["crossover_bytes"] == pytest.approx(95.2e-6 * 10.2e9)
+
+
+def test_the_nics_the_log_names_feed_nccls_model(tmp_path):
+    from tracekit.analyses._nccl_udfs import nccl_reference
+
+    store = Store(tmp_path / "s")
+    dev = "NVIDIA H100 80GB HBM3"
+    rows = [(1 << 30, 30_000.0), (1 << 31, 60_000.0)]  # two sizes: no ok fit, the preset path
+    plain = _log(tmp_path / "plain_allreduce.log", 2, 8, rows)
+    nets = _log(tmp_path / "nets_allreduce.log", 2, 8, rows)
+    # NCCL_DEBUG=INFO: each host's ranks use 2 IB NICs (the preset's default is one NIC per GPU, 8)
+    nets.write_text(nets.read_text() + "".join(
+        f"host{h:03d}:{1000 + 8 * h + g}:{1000 + 8 * h + g} [{g}] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB "
+        f"[1]mlx5_3:1/IB ; OOB ib0:10.0.0.{h + 1}<0>\n" for h in range(2) for g in range(8)))
+    ingest_paths([plain], store, run_id="plain")
+    ingest_paths([nets], store, run_id="nets")
+    con = analyses.connect(store)
+    assert con.execute("SELECT DISTINCT run_id, nics_per_node FROM group_machine ORDER BY 1").fetchall() == [
+        ("nets", 2), ("plain", None)]
+    got = dict(con.execute("SELECT run_id, ref_beta_term_ns FROM collective_verdicts WHERE size_bytes = ? "
+                           "AND verdict_basis = 'preset'", [1 << 30]).fetchall())
+    two, eight = nccl_reference("all_reduce", 1 << 30, 16, 2, dev, 2), nccl_reference("all_reduce", 1 << 30, 16, 2, dev, None)
+    assert got["nets"] == pytest.approx(two.beta_term_s * 1e9)
+    assert got["plain"] == pytest.approx(eight.beta_term_s * 1e9)
+    assert got["nets"] > 2 * got["plain"]  # 2 NICs for 8 GPUs: the network share per GPU is a quarter

@@ -58,7 +58,7 @@ MODULES: tuple[Module, ...] = (
            ("collective_instances", "collective_samples", "collectives", "group_machine", "instance_locality", "ranks",
             "runs")),
     Module("verdicts", ("collective_verdicts",),
-           ("alpha_beta_fit", "collective_instances", "collective_reference", "ranks", "runs")),
+           ("alpha_beta_fit", "collective_instances", "collective_reference", "group_machine", "ranks", "runs")),
     Module("fleet", ("fleet_nodes", "fleet_pairs", "group_plateau"),  # Python: degraded links vs peers and model
            ("collective_bandwidth", "collective_reference", "group_machine", "ranks", "runs")),
     Module("intervals", ("intersect_islands", "island_prefix", "merge_intervals"), ()),
@@ -72,7 +72,7 @@ MODULES: tuple[Module, ...] = (
            ("collectives", "fr_dumps", "fr_entries", "fr_groups", "process_groups", "ranks", "runs")),
     Module("measured_vs_model", ("measured_vs_model", "measured_vs_model_by_dimension"),  # Python
            ("collective_overlap", "collective_reference", "collective_waits", "collectives", "events",
-            "overlap_by_step", "process_groups", "ranks", "runs")),
+            "group_machine", "overlap_by_step", "process_groups", "ranks", "runs")),
     Module("gpu_time_breakdown", ("_gpu_breakdown_summary", "_gpu_breakdown_summary_computed",  # Python
                                   "_gpu_launcher_summary", "_gpu_launcher_summary_computed", "_gpu_summary_missing",
                                   "gpu_time_breakdown"),

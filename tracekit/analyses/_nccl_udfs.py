@@ -5,7 +5,8 @@ link and no fit of this machine), collective_verdicts compares each instance wit
 run there: the fastest algorithm × protocol of :func:`tracekit.model.nccl_tuning.nccl_choice` for
 its op, size, group size k and node count, on the machine its device implies
 (:func:`tracekit.model.machine.machine_for_device`: the device's intra-node link and the typical
-NIC of such systems, ``tk_nics_per_node`` NICs per node when set, else one per GPU; G = the
+NIC of such systems, ``tk_nics_per_node`` NICs per node when set, else the group's own log's
+(group_machine.nics_per_node), else one per GPU; G = the
 group's ranks per node). Its latency is the verdict's α term, D / algbw its β term, and its
 crossover (latency × algbw) the latency/bandwidth boundary — so an 8-byte all-reduce on thousands
 of ranks is judged against tree latency, not ring's.

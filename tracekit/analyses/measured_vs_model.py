@@ -1,7 +1,7 @@
 """measured_vs_model: per run and rank, the measured overlap against what the α–β model predicts.
 
 Reads: overlap_by_step, collectives, events, runs, alpha_beta_fit, collective_reference, collective_waits,
-process_groups, collective_overlap
+process_groups, collective_overlap, group_machine
 
 For every rank of every run, over the profiler steps that hold communication:
 measured compute, communication, overlap and exposed communication (means per
@@ -154,14 +154,17 @@ class _AlphaBeta:
         self.refs: dict[str, dict] = defaultdict(dict)  # run_id → {(op, k): (α, β, source)}
         self.by_group: dict = {}  # (run_id, pg_name, op, k) → (α, β, source)
         # a preset reference carries (device, nodes, NICs per node) for NCCL's model (_call_terms)
-        nics = con.execute("SELECT TRY_CAST(getvariable('tk_nics_per_node') AS INTEGER)").fetchone()[0]
-        for run_id, pg, op, k, a, b, kind, ref, dev, nodes in con.execute(
-            "SELECT c.run_id, pg_name, op, group_size, ref_alpha_s, ref_beta_Bps, ref_kind, coalesce(ref_run_id, reference), "
-            "r.device_name, CASE WHEN coalesce(hosts, '') <> '' THEN len(string_split(hosts, ',')) "
-            "WHEN locality NOT IN ('inter_node', 'mixed') THEN 1 END "
+        # NICs per node: the user's (tk_nics_per_node), else the group's own log's (group_machine)
+        for run_id, pg, op, k, a, b, kind, ref, dev, nodes, nics in con.execute(
+            "SELECT c.run_id, c.pg_name, op, c.group_size, ref_alpha_s, ref_beta_Bps, ref_kind, "
+            "coalesce(ref_run_id, reference), r.device_name, "
+            "CASE WHEN coalesce(c.hosts, '') <> '' THEN len(string_split(c.hosts, ',')) "
+            "WHEN c.locality NOT IN ('inter_node', 'mixed') THEN 1 END, "
+            "coalesce(TRY_CAST(getvariable('tk_nics_per_node') AS INTEGER), gm.nics_per_node) "
             "FROM collective_reference c LEFT JOIN runs r USING (run_id) "
+            "LEFT JOIN group_machine gm ON gm.run_id = c.run_id AND gm.pg_name = c.pg_name "
             "WHERE ref_alpha_s IS NOT NULL AND ref_beta_Bps IS NOT NULL "
-            "ORDER BY c.run_id, op, group_size, pg_name"
+            "ORDER BY c.run_id, op, c.group_size, c.pg_name"
         ).fetchall():
             key = ("send" if op in P2P else op, k)
             v = (a, b, f"{kind}:{ref}") + (((dev, nodes, nics),) if kind == "preset" and dev and nodes else ())

@@ -1,6 +1,6 @@
 -- collective_verdicts: each collective instance against the α–β model — predicted time, α and β
 -- terms, verdict, efficiency, the collective's crossover size and the best algorithm for its size.
--- Reads: collective_instances, collective_samples, alpha_beta_fit, collective_reference, runs
+-- Reads: collective_instances, collective_samples, alpha_beta_fit, collective_reference, group_machine, runs
 --
 -- Every number from tracekit.model through tk_* UDFs: T = A·α + B·D/β with (A, B) =
 -- algorithm_coefficients (../shared/reference/alpha-beta.md). Three α/β sources per instance:
@@ -21,6 +21,8 @@
 -- (tracekit.analyses._nccl_udfs, tracekit.model.nccl_tuning), named in nccl_algo; its latency
 -- is the α term, size / its algbw the β term, latency × algbw the crossover. Node count: the
 -- group's recorded hosts, 1 for a one-host group; unknown hosts across nodes keep the preset line.
+-- NICs per node: --nics-per-node (tk_nics_per_node), else the group's own log (group_machine
+-- nics_per_node, from NCCL INFO NET lines), else one per GPU.
 -- verdict: 'skew-bound' when the longest wait before the instance (skew) exceeds its sync time;
 -- else 'latency-bound' when the reference's α term >= its β term, i.e. size < crossover_bytes D*,
 -- 'bandwidth-bound' otherwise; NULL without a reference (no_model_reason says why). An instance
@@ -101,21 +103,23 @@ j AS MATERIALIZED (
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps, f.fit_algo,
            r.link, r.link_alpha_s, r.link_beta_Bps, i.run_device,
            CASE WHEN coalesce(r.hosts, '') <> '' THEN len(string_split(r.hosts, ','))::INTEGER
-                WHEN r.locality NOT IN ('inter_node', 'mixed') THEN 1 END::INTEGER AS ref_nodes
+                WHEN r.locality NOT IN ('inter_node', 'mixed') THEN 1 END::INTEGER AS ref_nodes,
+           -- NICs per node: the user's (tk_nics_per_node), else the group's own log (NCCL INFO NET lines)
+           coalesce(TRY_CAST(getvariable('tk_nics_per_node') AS INTEGER), gm.nics_per_node) AS ref_nics
     FROM i
     LEFT JOIN f ON f.run_id = i.run_id AND f.pg_name = i.pg_name AND f.op = i.op AND f.group_size = i.group_size
     LEFT JOIN collective_reference r
            ON r.run_id = i.run_id AND r.pg_name = i.pg_name AND r.op = i.op AND r.group_size = i.group_size
+    LEFT JOIN group_machine gm ON gm.run_id = i.run_id AND gm.pg_name = i.pg_name
 ),
 -- NCCL's pick for preset references, once per distinct (op, size, k, nodes, device)
 nm AS MATERIALIZED (
-    SELECT op, size_bytes, group_size, ref_nodes, run_device,
-           tk_nccl_algo(op, size_bytes, group_size, ref_nodes, run_device, nics) AS nccl_algo,
-           tk_nccl_latency(op, size_bytes, group_size, ref_nodes, run_device, nics) AS nccl_latency_s,
-           tk_nccl_beta_term(op, size_bytes, group_size, ref_nodes, run_device, nics) AS nccl_beta_term_s,
-           tk_nccl_crossover(op, size_bytes, group_size, ref_nodes, run_device, nics) AS nccl_crossover_bytes
-    FROM (SELECT DISTINCT op, size_bytes, group_size, ref_nodes, run_device FROM j WHERE ref_kind = 'preset'),
-         (SELECT TRY_CAST(getvariable('tk_nics_per_node') AS INTEGER) AS nics)
+    SELECT op, size_bytes, group_size, ref_nodes, run_device, ref_nics,
+           tk_nccl_algo(op, size_bytes, group_size, ref_nodes, run_device, ref_nics) AS nccl_algo,
+           tk_nccl_latency(op, size_bytes, group_size, ref_nodes, run_device, ref_nics) AS nccl_latency_s,
+           tk_nccl_beta_term(op, size_bytes, group_size, ref_nodes, run_device, ref_nics) AS nccl_beta_term_s,
+           tk_nccl_crossover(op, size_bytes, group_size, ref_nodes, run_device, ref_nics) AS nccl_crossover_bytes
+    FROM (SELECT DISTINCT op, size_bytes, group_size, ref_nodes, run_device, ref_nics FROM j WHERE ref_kind = 'preset')
 ),
 -- (A, B) of T = A·α + B·D/β per distinct (op, algorithm, k): the fit's, the link's (model_algo) and
 -- the reference's algorithm
@@ -137,6 +141,7 @@ t AS (
     LEFT JOIN nm ON j.ref_kind = 'preset' AND nm.op IS NOT DISTINCT FROM j.op
                 AND nm.size_bytes IS NOT DISTINCT FROM j.size_bytes AND nm.group_size IS NOT DISTINCT FROM j.group_size
                 AND nm.ref_nodes IS NOT DISTINCT FROM j.ref_nodes AND nm.run_device IS NOT DISTINCT FROM j.run_device
+                AND nm.ref_nics IS NOT DISTINCT FROM j.ref_nics
     LEFT JOIN co cf ON cf.op IS NOT DISTINCT FROM j.op AND cf.algo IS NOT DISTINCT FROM j.fit_algo
                    AND cf.group_size IS NOT DISTINCT FROM j.group_size
     LEFT JOIN co cl ON cl.op IS NOT DISTINCT FROM j.op AND cl.algo IS NOT DISTINCT FROM j.model_algo
