@@ -107,7 +107,6 @@ def _fit_fix(rule: str, f: dict, run: dict) -> list[str]:
     nccl-tests command, with the sizes the rule asks for."""
     op, k = f.get("op"), f.get("group_size")
     d = f.get("crossover_bytes")
-    lo, hi = f.get("min_size_bytes"), f.get("max_size_bytes")
     new_lo = new_hi = None
     extra, why = "", ""
     if rule == "min_sizes":
