@@ -348,6 +348,18 @@ def test_each_benchmark_run_is_judged_on_its_own_device(tmp_path):
     assert refs["nccl_tests:all_reduce:run1"] == ("nvlink3", pytest.approx(240e9), "gpu-c02")
 
 
+def test_a_benchmark_log_is_not_called_one_rank_ingested(tmp_path, capsys):
+    # a nccl-tests log is one file measuring every rank together: "ranks ingested=1" would read as 1 of 8
+    from tracekit.report.data import print_report
+
+    store = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "nccl_tests" / "two_runs.md"], store, run_id="two")
+    print_report(build_report(store, "two"))
+    head = capsys.readouterr().out.split("\n", 2)
+    assert "ranks: a benchmark log (per-size averages over all ranks" in " ".join(head[:2])
+    assert "ranks ingested" not in head[0]
+
+
 def test_an_insufficient_fit_prints_no_alpha_beta_or_boundary(two_hosts):
     """tp1 (one size: insufficient) shows '—' for α, fixed latency, β, D* and n½ in the terminal;
     tp0's ok fit shows its α = 5 µs per step (the sweep's truth) and β = 20 GB/s."""

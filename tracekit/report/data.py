@@ -643,9 +643,12 @@ def print_report(report: dict, console=None) -> None:
     run = report["run"]
     from rich.text import Text
 
+    # a benchmark log is one file measuring all its ranks together: "ranks ingested=1" would read as 1 of N
+    ranks = ("ranks: a benchmark log (per-size averages over all ranks, no per-rank trace)"
+             if run.get("source") == "nccl_tests" else f"ranks ingested={len(report['ranks'])}")
     console.print(Text.assemble(("run", "bold"), literal(
         f" {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
-        f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  ranks ingested={len(report['ranks'])}"
+        f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  {ranks}"
     )))
     print_machine(report, console)
     print_cpu_side(report, console)

@@ -1111,7 +1111,8 @@ def metadata_tables(report: dict) -> list[Table]:
     keys = ("run_id", "workload", "source", "backend", "world_size", "device_name", "torch_version", "nccl_version",
             "created_at", "schema_version")
     kv = [{"field": k.replace("_", " "), "value": "—" if run.get(k) is None else str(run.get(k))} for k in keys]
-    kv.append({"field": "ranks ingested", "value": str(len(report["ranks"]))})
+    kv.append({"field": "ranks ingested", "value": "a benchmark log (per-size averages over all ranks)"
+               if run.get("source") == "nccl_tests" else str(len(report["ranks"]))})
     t_run = Table("Run", [Column("field", "field"), Column("value", "value")], kv, id="run")
     t_ranks = Table(
         "Ranks", [
