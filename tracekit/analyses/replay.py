@@ -1,0 +1,150 @@
+"""replay: each profiler step's execution graph across ranks, replayed, against the measured step — a Python analysis.
+
+Reads: runs, ranks, events, _instance_calls (instance_rows), collective_instances
+
+The graph is the critical path's (analyses/critical_path.py builds every node's candidate
+predecessors, one per edge rule; nothing here builds edges of its own): per window (profiler
+step; the whole trace of a run without steps) every node of every rank, and as edges the
+recorded candidates (stream order, thread order, launch, sync, blocking call, a collective
+span's last arrival) plus an inferred one (cross_stream, host) only where it is ready strictly
+later than every recorded start edge of its node (as the critical path, which takes an inferred
+edge only when nothing recorded explains a later start). Edge anchors: an edge ready at its
+predecessor's end or later is tied to that end (+ the difference), one ready earlier (a PDL
+stream edge, a launch call that returned after its op started, a last arrival's start) to the
+predecessor's start (+ the difference). Each collective span is tied to the instance
+(collective_instances: op, size_bytes, group_size) it belongs to. tracekit.model.whatif holds the
+replay (list scheduling) and the edits.
+
+replay_steps: one row per (run, rank, step) with nodes: the unchanged graph replayed.
+
+run_id        VARCHAR  run
+rank          INTEGER  rank
+step          BIGINT   profiler step; NULL for the whole trace of a run without steps
+measured_ns   BIGINT   the rank's measured step: last end − first start of its nodes in the step, ns
+replayed_ns   BIGINT   the same span of the replayed graph, ns
+error         DOUBLE   (replayed − measured) / measured; NULL when measured is 0
+nodes         BIGINT   the rank's nodes in the step
+edges         BIGINT   edges into the rank's nodes (every rule, cross-rank ones included)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracekit.analyses import critical_path as cp
+from tracekit.model import whatif as wf
+
+_START_COLS = (0, 1, 2, 3)  # inferred (cross_stream / host), thread, stream, launch
+_END_COLS = (4, 5, 6)  # sync, blocking call, collective
+
+_INSTANCES = """
+SELECT c.rank, c.event_id, i.pg_name, i.win, i.seq, i.op, i.size_bytes, i.group_size
+FROM _instance_calls c JOIN collective_instances i
+  ON i.run_id = c.run_id AND i.pg_name = c.pg_name AND i.win = c.win AND i.seq = c.seq
+WHERE c.run_id = ? AND NOT i.mismatched
+"""
+
+COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "measured_ns": "BIGINT", "replayed_ns": "BIGINT",
+        "error": "DOUBLE", "nodes": "BIGINT", "edges": "BIGINT"}
+
+
+def _graph(w, rid, order, names: dict, inst_of: dict, step) -> wf.Graph:
+    """The wf.Graph of one window (a critical_path _Window, its rows' rid and order)."""
+    n = len(w.s)
+    src, dst, rdy, kind = [], [], [], []
+    rows = np.arange(n)
+    rec_ready = np.full(n, np.iinfo(np.int64).min, np.int64)
+    for col in _START_COLS[1:]:
+        ok = w.pred[col] >= 0
+        rec_ready[ok] = np.maximum(rec_ready[ok], w.ready[col][ok])
+    for col in range(cp._Window.RULES):
+        ok = w.pred[col] >= 0
+        if col == 0:  # inferred: only where nothing recorded is ready as late
+            ok &= w.ready[col] > rec_ready
+        src.append(w.pred[col][ok])
+        dst.append(rows[ok])
+        rdy.append(w.ready[col][ok])
+        kind.append(w.kind[col][ok])
+    src, dst, rdy, kind = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (src, dst, rdy, kind))
+    side = np.where(np.isin(kind, [cp._EDGE_SYNC, cp._COLLECTIVE]), wf.END, wf.START).astype(np.int64)
+    # a blocking call's own op (rule 5) is a sync edge too: both hold the call's end
+    anchor = np.where(rdy >= w.e[src], wf.END, wf.START).astype(np.int64)
+    offset = rdy - np.where(anchor == wf.END, w.e[src], w.s[src])
+    rid_of = rid[order]
+    name = np.array([names.get(int(r)) for r in rid_of], object)
+    instance = np.array([inst_of.get((int(r), int(e)), -1) for r, e in zip(w.rank, w.eid)], np.int64)
+    return wf.Graph(rank=w.rank.astype(np.int64), gpu=w.gpu.astype(bool), cls=w.cls.astype(np.int8), name=name,
+                    start=w.s.astype(np.int64), end=w.e.astype(np.int64), track=np.zeros(n, np.int64),
+                    instance=instance, src=src.astype(np.int64), dst=dst.astype(np.int64), anchor=anchor,
+                    side=side, offset=offset.astype(np.int64),
+                    kind=np.array([cp._KINDS[k] for k in kind], object), origin=int(w.s.min()) if n else 0,
+                    step=step)
+
+
+def graphs(con, run_id: str):
+    """The run's graphs, one per window in step order (a generator of wf.Graph); ``graph.instances``
+    is the run's list of collective instances (dicts: op, size_bytes, group_size, pg, seq), shared
+    by every window's graph. Needs the critical path's inputs on ``con`` (a tracekit.analyses
+    connection builds them)."""
+    con.analyses.ensure(["_instance_calls", "collective_instances"])
+    con.execute(cp._ARRIVALS, [run_id])
+    con.execute(cp._EVENTS, [run_id])
+    try:
+        names = dict(con.execute("SELECT rowid, name FROM _cp_events WHERE node").fetchall())
+        instances, inst_of = [], {}
+        key_of = {}
+        for rank, eid, pg, win, seq, op, size, k in con.execute(_INSTANCES, [run_id]).fetchall():
+            key = (pg, win, seq)
+            if key not in key_of:
+                key_of[key] = len(instances)
+                instances.append({"pg": pg, "seq": seq, "op": op, "size_bytes": size, "group_size": k})
+            inst_of[(rank, eid)] = key_of[key]
+        kinds = [k for (k,) in con.execute("SELECT DISTINCT track_kind FROM _cp_events WHERE node AND "
+                                           "track_kind IS NOT NULL ORDER BY 1").fetchall()]
+        for step, rows in cp._windows(con, kinds):
+            w, rid, order = cp._window(rows)
+            g = _graph(w, rid, order, names, inst_of, step)
+            g.instances = instances
+            yield g
+    finally:
+        for t in ("_cp_events", "_cp_arrivals"):
+            con.execute(f"DROP TABLE IF EXISTS {t}")
+
+
+def measured_ns(g: wf.Graph) -> dict[int, int]:
+    """rank → its measured step: last end − first start of its nodes, ns."""
+    out = {}
+    for r in np.unique(g.rank):
+        m = g.rank == r
+        out[int(r)] = int(g.end[m].max() - g.start[m].min())
+    return out
+
+
+def create(con) -> None:
+    """Create the table ``replay_steps`` (module docstring) on ``con``: every run's windows
+    replayed unchanged (tracekit.model.whatif.replay)."""
+    import pyarrow as pa
+
+    out = {c: [] for c in COLS}
+    for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
+        for g in graphs(con, run_id):
+            rp = wf.replay(g)
+            meas, rep = measured_ns(g), rp.step_ns()
+            into = np.bincount(g.rank[g.dst], minlength=int(g.rank.max()) + 1) if g.n else []
+            for r in sorted(meas):
+                out["run_id"].append(run_id)
+                out["rank"].append(r)
+                out["step"].append(g.step)
+                out["measured_ns"].append(meas[r])
+                out["replayed_ns"].append(rep[r])
+                out["error"].append((rep[r] - meas[r]) / meas[r] if meas[r] else None)
+                out["nodes"].append(int((g.rank == r).sum()))
+                out["edges"].append(int(into[r]))
+    types = {"VARCHAR": pa.string(), "INTEGER": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64()}
+    t = pa.table({c: pa.array(v, types[COLS[c]]) for c, v in out.items()})
+    con.register("_replay_rows", t)
+    try:
+        con.execute("CREATE OR REPLACE TABLE replay_steps AS SELECT * FROM _replay_rows "
+                    "ORDER BY run_id, step, rank")
+    finally:
+        con.unregister("_replay_rows")
