@@ -148,3 +148,93 @@ def create(con) -> None:
                     "ORDER BY run_id, step, rank")
     finally:
         con.unregister("_replay_rows")
+
+
+MAX_REPLAY_ERROR = 0.02
+"""The unchanged graph's replay must give each rank's measured step within this fraction; a step
+beyond it is answered with a range (its graph misses a dependency or its clocks disagree)."""
+
+
+def _limits(con, run_id: str, g: wf.Graph) -> list[str]:
+    """Why the trace cannot support a single edited number for this window (empty: it can)."""
+    out = []
+    world, ranks = con.execute("SELECT max(r.world_size), (SELECT count(DISTINCT rank) FROM ranks WHERE run_id = ?) "
+                               "FROM runs r WHERE r.run_id = ?", [run_id, run_id]).fetchone()
+    if world and ranks and ranks < world:
+        out.append(f"only {ranks} of {world} ranks were traced: the other ranks' arrivals are unknown, so a "
+                   "collective's wait cannot be replayed")
+    gpu = g.gpu
+    if gpu.any() and (~gpu).any() and not np.any(g.kind == "launch"):
+        out.append("no GPU op is linked to its launch call (no launch correlation): GPU work cannot move with "
+                   "the CPU that launched it")
+    return out
+
+
+def _parts_delta(a: dict, b: dict) -> dict:
+    return {p: b[p] - a[p] for p in a}
+
+
+def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list | None = None) -> dict:
+    """The what-if answer for one run (a JSON-ready dict): per step and rank the measured, replayed
+    (unchanged graph) and edited step times (ns), the replayed and edited critical paths'
+    composition (PARTS, ns) and its change, the collective instances whose transfer changed
+    (before/after ns, and whether they were on the critical path), the edits' names and notes and
+    the model used. A step whose unchanged replay misses the measured step of some rank by more
+    than MAX_REPLAY_ERROR, or a run whose trace lacks a dependency the replay needs
+    (:func:`_limits`), gets ``edited_ns`` None and ``edited_range_ns`` [low, high] (the edited and
+    the measured-based replayed value) with ``limits`` giving why. Raises BadInputError when the
+    run has no nodes (nothing to replay)."""
+    from tracekit.errors import BadInputError
+
+    out_steps = []
+    for g in graphs(con, run_id):
+        if steps is not None and g.step not in steps:
+            continue
+        base = wf.replay(g)
+        ge = wf.apply(g, edits)
+        new = wf.replay(ge)
+        meas, rep, edt = measured_ns(g), base.step_ns(), new.step_ns()
+        limits = _limits(con, run_id, g)
+        worst = max((abs(rep[r] - meas[r]) / meas[r] for r in meas if meas[r]), default=0.0)
+        if worst > MAX_REPLAY_ERROR:
+            limits.append(f"the unchanged replay misses the measured step by {worst:.1%} (> "
+                          f"{MAX_REPLAY_ERROR:.0%}): a dependency is missing or the ranks' clocks disagree")
+        ranks = []
+        for r in sorted(meas):
+            pb, pe = wf.critical_path(base, r), wf.critical_path(new, r)
+            row = {"rank": r, "measured_ns": meas[r], "replayed_ns": rep[r],
+                   "edited_ns": None if limits else edt[r],
+                   "edited_range_ns": sorted([edt[r], rep[r]]) if limits else None,
+                   "change_ns": None if limits else edt[r] - rep[r],
+                   "path_replayed": pb["parts"], "path_edited": pe["parts"],
+                   "path_change": _parts_delta(pb["parts"], pe["parts"])}
+            ranks.append(row)
+        slow = max(ranks, key=lambda x: x["replayed_ns"])
+        on_base = {int(g.instance[i]) for i, _ in wf.critical_path(base, slow["rank"])["nodes"] if g.instance[i] >= 0}
+        changed = []
+        for k, inst in enumerate(ge.instances):
+            members = np.flatnonzero(g.instance == k)
+            if not len(members):
+                continue
+            before, after = int(np.median(g.tail[members])), int(np.median(ge.tail[members]))
+            if before == after:
+                continue
+            # the part of the change the step could show: the member on the slowest rank's path
+            changed.append({"pg": inst.get("pg"), "seq": inst.get("seq"), "op": inst.get("op"),
+                            "size_bytes": inst.get("size_bytes"), "group_size": inst.get("group_size"),
+                            "name": str(g.name[members[0]]), "before_ns": before, "after_ns": after,
+                            "change_ns": after - before, "on_critical_path": k in on_base})
+        step_change = None if limits else slow["edited_ns"] - slow["replayed_ns"]
+        total = sum(c["change_ns"] for c in changed)
+        on_path = sum(c["change_ns"] for c in changed if c["on_critical_path"])
+        out_steps.append({
+            "step": g.step, "ranks": ranks, "slowest_rank": slow["rank"], "limits": limits,
+            "replay_error": worst, "collectives_changed": changed,
+            "explain": {"transfer_change_ns": total, "transfer_change_on_path_ns": on_path,
+                        "step_change_ns": step_change,
+                        "hidden_ns": None if step_change is None else total - step_change},
+            "notes": ge.notes})
+    if not out_steps:
+        raise BadInputError(f"run {run_id!r}: no events to replay (no GPU op, runtime call, compute or comm op)")
+    return {"run_id": run_id, "edits": [label for label, _ in edits], "model": model, "steps": out_steps,
+            "max_replay_error": MAX_REPLAY_ERROR}

@@ -470,3 +470,42 @@ def move_off_stream(g: Graph, pattern: str) -> Graph:
         out.kind = np.r_[out.kind, np.array(["stream"] * len(s), object)]
     out.notes.append(f"move {pattern!r} off the compute stream: {len(moved)} spans")
     return out
+
+
+def plan(link=None, algo: str | None = None, scale_spec: str | None = None, stragglers: bool = False,
+         chunk_spec: str | None = None, move_off: str | None = None, alpha_chunk_s: float | None = None,
+         ops: str | None = None) -> list[tuple[str, object]]:
+    """The edits asked for, in the order they apply: (label, function Graph → Graph). `link`: a
+    tracekit.model.Link for :func:`model_transfers` (with `algo`, and `ops` limiting it to matching
+    collectives); `scale_spec`: :func:`parse_scale`'s text; `stragglers`: :func:`no_stragglers`;
+    `chunk_spec`: ``'PATTERN=N'`` for :func:`chunk` (α per piece: `alpha_chunk_s`, else `link`'s
+    α); `move_off`: a pattern for :func:`move_off_stream`. Raises BadInputError for a malformed
+    spec, an algorithm without a link, a chunk without an α."""
+    out: list[tuple[str, object]] = []
+    if algo is not None and link is None:
+        raise BadInputError("--algo needs --link: the model prices the algorithm on a link preset")
+    if stragglers:
+        out.append(("no stragglers", no_stragglers))
+    for key, f in parse_scale(scale_spec) if scale_spec else []:
+        out.append((f"scale {key}={f:g}", lambda g, k=key, f=f: scale(g, k, f)))
+    if link is not None:
+        out.append((f"transfers on {link.name}" + (f" ({algo})" if algo else ""),
+                    lambda g: model_transfers(g, link, algo, ops)))
+    if move_off:
+        out.append((f"move {move_off} off the compute stream", lambda g: move_off_stream(g, move_off)))
+    if chunk_spec:
+        pat, eq, n = chunk_spec.rpartition("=")
+        if not eq or not pat.strip() or not n.strip().isdigit() or int(n) < 1:
+            raise BadInputError(f"--chunk {chunk_spec!r}: expected PATTERN=N with N >= 1 pieces (e.g. 'all_reduce=4')")
+        a = alpha_chunk_s if alpha_chunk_s is not None else (link.alpha_s if link is not None else None)
+        if a is None:
+            raise BadInputError("--chunk needs --link (its α is each piece's extra message cost)")
+        out.append((f"chunk {pat.strip()} in {int(n)}", lambda g: chunk(g, pat.strip(), int(n), a)))
+    return out
+
+
+def apply(g: Graph, edits: list[tuple[str, object]]) -> Graph:
+    """The graph after every edit of :func:`plan`, in order (each on the previous one's result)."""
+    for _, f in edits:
+        g = f(g)
+    return g

@@ -1,0 +1,42 @@
+"""``tracekit whatif``: a run's steps replayed with edits (tracekit.report.whatif)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tracekit.cli.commands import StoreOpt, _store
+
+
+def whatif(
+    run: Optional[str] = typer.Option(None, "--run", help="Run id (default: the newest run)."),
+    store: Optional[Path] = StoreOpt,
+    link: Optional[str] = typer.Option(None, "--link", help="Collectives' transfer times from the α–β model on this link preset (nvlink5, ib_ndr, ...)."),
+    algo: Optional[str] = typer.Option(None, "--algo", help="... with this algorithm (ring, tree, nvls, ...; default: each op's own); needs --link."),
+    ops: Optional[str] = typer.Option(None, "--ops", help="... only for collectives whose op or kernel name matches (substring or glob)."),
+    scale: Optional[str] = typer.Option(None, "--scale", help="Scale work by class or name: 'gemm=0.5,compute=0.9'."),
+    no_stragglers: bool = typer.Option(False, "--no-stragglers", help="Align arrivals: cut each rank's delays and work above the other ranks' median."),
+    chunk: Optional[str] = typer.Option(None, "--chunk", help="Pipeline matching collectives with the compute before them in N pieces: 'all_reduce=4' (needs --link for α)."),
+    move_off: Optional[str] = typer.Option(None, "--move-off", help="Move matching collectives off the compute stream: 'all_reduce'."),
+    step: Optional[list[int]] = typer.Option(None, "--step", help="Only this profiler step (repeatable)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+) -> None:
+    """Predict the step time of a change: replay each step's graph (the critical path's edges across
+    ranks) unchanged and edited; measured vs replayed vs edited per rank, the critical path's new
+    composition and which collectives changed."""
+    import json
+
+    from tracekit import analyses
+    from tracekit.report.whatif import whatif_answer, whatif_text
+
+    st = _store(store, must_exist=True)
+    rid = st.resolve_run(run)
+    con = analyses.connect(st, run_ids=[rid])
+    try:
+        ans = whatif_answer(con, rid, link=link, algo=algo, scale=scale, no_stragglers=no_stragglers, chunk=chunk,
+                            move_off=move_off, ops=ops, steps=step or None)
+    finally:
+        con.close()
+    typer.echo(json.dumps(ans, indent=2) if json_out else whatif_text(ans))
