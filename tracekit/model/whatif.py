@@ -409,8 +409,11 @@ def chunk(g: Graph, pattern: str, chunks: int, alpha_chunk_s: float) -> Graph:
     the compute op before it on its stream (tracekit.model.overlap.chunked_overlap: T(n) = c/n +
     (a/n + α_c) + (n−1)·max(c/n, a/n + α_c), c = that op's tail, a = the span's tail, α_c =
     `alpha_chunk_s`): the span now starts with the compute op (its stream edge anchored at the
-    op's start) and its tail is T(n) − c. Spans without a compute op before them on their stream
-    keep theirs. Raises BadInputError for chunks < 1."""
+    op's start, its delay 0) and its tail is T(n), from that start; every member of an instance
+    takes the largest T(n) of its members (the pieces of a collective finish together, with the
+    slowest rank's pipeline). The other ranks' arrival (the collective edge) is the last member's
+    new start. Spans without a compute op before them on their stream keep theirs. Raises
+    BadInputError for chunks < 1."""
     from tracekit.model.overlap import chunked_overlap
 
     if chunks < 1:
@@ -418,6 +421,7 @@ def chunk(g: Graph, pattern: str, chunks: int, alpha_chunk_s: float) -> Graph:
     test = _matcher(pattern)
     out = g.copy()
     done = 0
+    longest: dict[int, int] = {}
     for i in np.flatnonzero(g.instance >= 0):
         inst = g.instances[int(g.instance[i])]
         if not (test(str(g.name[i])) or test(str(inst.get("op")))):
@@ -432,7 +436,10 @@ def chunk(g: Graph, pattern: str, chunks: int, alpha_chunk_s: float) -> Graph:
         out.anchor[k], out.offset[k] = START, 0
         out.delay[i] = 0
         out.tail[i] = int(round(r.time_s * 1e9))
+        longest[int(g.instance[i])] = max(longest.get(int(g.instance[i]), 0), int(out.tail[i]))
         done += 1
+    for inst, t in longest.items():
+        out.tail[(g.instance == inst) & (out.tail < t)] = t
     out.notes.append(f"chunk {pattern!r} in {chunks} pieces (α per piece {alpha_chunk_s * 1e6:g} µs): {done} spans")
     return out
 
