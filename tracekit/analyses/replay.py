@@ -86,7 +86,8 @@ def graphs(con, run_id: str):
     is the run's list of collective instances (dicts: op, size_bytes, group_size, pg, seq), shared
     by every window's graph. Needs the critical path's inputs on ``con`` (a tracekit.analyses
     connection builds them)."""
-    con.analyses.ensure(["_instance_calls", "collective_instances"])
+    if getattr(con, "analyses", None) is not None:  # else (create): the builder built them first
+        con.analyses.ensure(["_instance_calls", "collective_instances"])
     con.execute(cp._ARRIVALS, [run_id])
     con.execute(cp._EVENTS, [run_id])
     try:

@@ -17,15 +17,18 @@ def whatif(
     algo: Optional[str] = typer.Option(None, "--algo", help="... with this algorithm (ring, tree, nvls, ...; default: each op's own); needs --link."),
     ops: Optional[str] = typer.Option(None, "--ops", help="... only for collectives whose op or kernel name matches (substring or glob)."),
     scale: Optional[str] = typer.Option(None, "--scale", help="Scale work by class or name: 'gemm=0.5,compute=0.9'."),
-    no_stragglers: bool = typer.Option(False, "--no-stragglers", help="Align arrivals: cut each rank's delays and work above the other ranks' median."),
+    stragglers: bool = typer.Option(True, "--stragglers/--no-stragglers", help="--no-stragglers aligns arrivals: cuts each rank's delays and work above the other ranks' median."),
     chunk: Optional[str] = typer.Option(None, "--chunk", help="Pipeline matching collectives with the compute before them in N pieces: 'all_reduce=4' (needs --link for α)."),
     move_off: Optional[str] = typer.Option(None, "--move-off", help="Move matching collectives off the compute stream: 'all_reduce'."),
     step: Optional[list[int]] = typer.Option(None, "--step", help="Only this profiler step (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
 ) -> None:
-    """Predict the step time of a change: replay each step's graph (the critical path's edges across
-    ranks) unchanged and edited; measured vs replayed vs edited per rank, the critical path's new
-    composition and which collectives changed."""
+    """Predict the step time of a change: each step's graph across ranks replayed, as is and edited.
+
+    The graph is the critical path's (stream, thread, launch, sync, collective last arrival); per
+    rank: measured vs replayed vs edited step time, the critical path's composition before and
+    after, which collectives changed and how much of it was hidden.
+    """
     import json
 
     from tracekit import analyses
@@ -35,7 +38,7 @@ def whatif(
     rid = st.resolve_run(run)
     con = analyses.connect(st, run_ids=[rid])
     try:
-        ans = whatif_answer(con, rid, link=link, algo=algo, scale=scale, no_stragglers=no_stragglers, chunk=chunk,
+        ans = whatif_answer(con, rid, link=link, algo=algo, scale=scale, no_stragglers=not stragglers, chunk=chunk,
                             move_off=move_off, ops=ops, steps=step or None)
     finally:
         con.close()
