@@ -152,11 +152,11 @@ def test_api_whatif_is_the_cli_answer(tmp_path, capsys):
     ingest_paths([tmp_path / "tr"], Store(tmp_path / "s"), run_id="tr")
     with tracekit.open(tmp_path / "s").run("tr") as run:
         ans = run.whatif(no_stragglers=True)
-    # no stragglers (points of the program matched by name and occurrence): the gemms differ in name
-    # (sm80_gemm_A / _C) and stay; the all-reduce kernel is one name: rank 0's 18 µs after the last
-    # arrival is cut to rank 1's 16, so it ends 22 + 16 = 38; the sync returns 38.5; the third
-    # launch [39, 39.5) (its 0.5 µs of host code kept); gemm B 3.5 after it: [43, 53). Rank 0's step:
-    # 53 − 1 = 52 µs (measured 54)
+    # no stragglers (points of the program matched by name and occurrence; delays only): rank 0's
+    # second launch's 1.5 µs of host code before it is cut to rank 1's 0.5, off the critical path
+    # (the all-reduce it launches waits for gemm A); nothing else differs at a shared point, so
+    # rank 0's step stays 54 µs and rank 1's 37
     assert ans == _cli_json(["whatif", "--store", str(tmp_path / "s"), "--no-stragglers"], capsys)
     got = {r["rank"]: r["edited_ns"] for r in ans["steps"][0]["ranks"]}
-    assert got[0] == 52_000
+    assert got == {0: 54_000, 1: 37_000}
+    assert "1000 ns of per-rank delay" in ans["steps"][0]["notes"][0]

@@ -80,11 +80,14 @@ def test_scale_by_class_and_by_name():
 
 
 def test_no_stragglers_by_hand():
-    # gemm (occurrence 0 on both ranks): rank 1's delay 2 → 1 and work 20 → 10 (rank 0's); rank 1
-    # gemm [1, 11), all-reduce [11, 29); rank 0's all-reduce: max(12, 11) + 18 = 30; relu [30, 40)
+    # gemm (occurrence 0 on both ranks): rank 1's delay 2 → 1 (rank 0's); its work stays 20: gemm
+    # [1, 21), all-reduce [21, 39); rank 0's all-reduce ends max(12, 21) + 18 = 39; relu [39, 49)
     g = wf.no_stragglers(graph())
-    assert steps(g) == {0: 40, 1: 28}
+    assert steps(g) == {0: 49, 1: 38}
     assert "no stragglers" in g.notes[0]
+    # with the work: rank 1's gemm 20 → 10 too: [1, 11), all-reduce [11, 29); rank 0's ends
+    # max(12, 11) + 18 = 30; relu [30, 40)
+    assert steps(wf.no_stragglers(graph(), work=True)) == {0: 40, 1: 28}
 
 
 def test_model_transfers_by_hand():
@@ -118,11 +121,12 @@ def test_move_off_stream_by_hand():
 
 
 def test_edits_compose():
-    # no stragglers, then gemm ×0.5: rank 1's gemm [1, 6) (delay 1, work 10 × 0.5); rank 0's gemm
-    # [2, 7); rank 0's all-reduce starts 7, rank 1 arrives 6: ends 7 + 18 = 25; relu [25, 35)
+    # no stragglers, then gemm ×0.5: rank 1's gemm [1, 11) (delay 1, work 20 × 0.5); rank 0's gemm
+    # [2, 7); rank 1 arrives at 11: rank 0's all-reduce ends 11 + 18 = 29; relu [29, 39); rank 1's
+    # all-reduce [11, 29)
     edits = wf.plan(stragglers=True, scale_spec="gemm=0.5")
     assert [label for label, _ in edits] == ["no stragglers", "scale gemm=0.5"]
-    assert steps(wf.apply(graph(), edits)) == {0: 35, 1: 23}
+    assert steps(wf.apply(graph(), edits)) == {0: 39, 1: 28}
 
 
 def test_plan_refuses_what_it_cannot_price():

@@ -156,11 +156,10 @@ MAX_REPLAY_ERROR = 0.02
 beyond it is answered with a range (its graph misses a dependency or its clocks disagree)."""
 
 
-def _limits(con, run_id: str, g: wf.Graph) -> list[str]:
-    """Why the trace cannot support a single edited number for this window (empty: it can)."""
+def _limits(world: int | None, ranks: int | None, g: wf.Graph) -> list[str]:
+    """Why the trace cannot support a single edited number for this window (empty: it can), from the
+    run's world size and traced ranks."""
     out = []
-    world, ranks = con.execute("SELECT max(r.world_size), (SELECT count(DISTINCT rank) FROM ranks WHERE run_id = ?) "
-                               "FROM runs r WHERE r.run_id = ?", [run_id, run_id]).fetchone()
     if world and ranks and ranks < world:
         out.append(f"only {ranks} of {world} ranks were traced: the other ranks' arrivals are unknown, so a "
                    "collective's wait cannot be replayed")
@@ -179,7 +178,8 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
     """The what-if answer for one run (a JSON-ready dict): per step and rank the measured, replayed
     (unchanged graph) and edited step times (ns), the replayed and edited critical paths'
     composition (PARTS, ns) and its change, the collective instances whose transfer changed
-    (before/after ns, and whether they were on the critical path), the edits' names and notes and
+    (before/after ns, and whether they were on the critical path; for the edits that set transfer
+    times: --link, --chunk), the edits' names and notes and
     the model used. A step whose unchanged replay misses the measured step of some rank by more
     than MAX_REPLAY_ERROR, or a run whose trace lacks a dependency the replay needs
     (:func:`_limits`), gets ``edited_ns`` None and ``edited_range_ns`` [low, high] (the edited and
@@ -188,6 +188,12 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
     from tracekit.errors import BadInputError
 
     out_steps = []
+    # the collectives' changes are listed for the edits that set transfer times (other edits move
+    # a tail only as a side effect: no stragglers, a name pattern that matches a collective)
+    transfers = any(label.startswith(("transfers", "chunk")) for label, _ in edits)
+    # asked before the windows stream (no other statement while their reader is open)
+    world, n_ranks = con.execute("SELECT max(r.world_size), (SELECT count(DISTINCT rank) FROM ranks WHERE run_id = ?) "
+                                 "FROM runs r WHERE r.run_id = ?", [run_id, run_id]).fetchone()
     for g in graphs(con, run_id):
         if steps is not None and g.step not in steps:
             continue
@@ -195,7 +201,7 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
         ge = wf.apply(g, edits)
         new = wf.replay(ge)
         meas, rep, edt = measured_ns(g), base.step_ns(), new.step_ns()
-        limits = _limits(con, run_id, g)
+        limits = _limits(world, n_ranks, g)
         worst = max((abs(rep[r] - meas[r]) / meas[r] for r in meas if meas[r]), default=0.0)
         if worst > MAX_REPLAY_ERROR:
             limits.append(f"the unchanged replay misses the measured step by {worst:.1%} (> "
@@ -213,7 +219,7 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
         slow = max(ranks, key=lambda x: x["replayed_ns"])
         on_base = {int(g.instance[i]) for i, _ in wf.critical_path(base, slow["rank"])["nodes"] if g.instance[i] >= 0}
         changed = []
-        for k, inst in enumerate(ge.instances):
+        for k, inst in enumerate(ge.instances if transfers else []):
             members = np.flatnonzero(g.instance == k)
             if not len(members):
                 continue

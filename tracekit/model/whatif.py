@@ -338,12 +338,14 @@ def program_points(g: Graph) -> np.ndarray:
     return code.astype(np.int64) * (g.n + 1) + occ
 
 
-def no_stragglers(g: Graph) -> Graph:
+def no_stragglers(g: Graph, work: bool = False) -> Graph:
     """Arrivals aligned: at each point of the program (:func:`program_points`) that several ranks
-    reach, a rank's delay and tail above the median of the other ranks' are cut to it (2 ranks:
-    to the other rank's). A rank's own extra delay (a sleep, a slow launch, a slow kernel) goes;
-    what every rank does stays. The nodes' waits (collective last arrivals, syncs) are edges and
-    follow by themselves."""
+    reach, a rank's delay (the time before a node that no recorded dependency explains: host code,
+    a sleep, launch latency, an unrecorded wait) above the median of the other ranks' is cut to it
+    (2 ranks: to the other rank's). With `work`, the tails too (a rank's slower kernels or CPU
+    ops; every rank's work then becomes the fastest of the ranks' at each point, which lowers the
+    step by the ranks' ordinary spread as well). What every rank does stays. The nodes' waits
+    (collective last arrivals, syncs) are edges and follow by themselves."""
     key = program_points(g)
     out = g.copy()
     order = np.argsort(key, kind="stable")
@@ -352,7 +354,7 @@ def no_stragglers(g: Graph) -> Graph:
     for grp in np.split(order, cuts):
         if len(grp) < 2:
             continue
-        for arr in (out.delay, out.tail):
+        for arr in (out.delay, out.tail) if work else (out.delay,):
             vals = arr[grp].copy()
             for a, i in enumerate(grp):
                 others = np.delete(vals, a)
@@ -360,7 +362,8 @@ def no_stragglers(g: Graph) -> Graph:
                 if vals[a] > cap:
                     cut_ns += int(vals[a] - cap)
                     arr[i] = cap
-    out.notes.append(f"no stragglers: {cut_ns} ns of per-rank delay and work above the other ranks' median removed")
+    out.notes.append(f"no stragglers: {cut_ns} ns of per-rank delay" + (" and work" if work else "")
+                     + " above the other ranks' median removed")
     return out
 
 
