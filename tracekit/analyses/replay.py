@@ -156,18 +156,30 @@ MAX_REPLAY_ERROR = 0.02
 beyond it is answered with a range (its graph misses a dependency or its clocks disagree)."""
 
 
-def _limits(world: int | None, ranks: int | None, g: wf.Graph) -> list[str]:
-    """Why the trace cannot support a single edited number for this window (empty: it can), from the
-    run's world size and traced ranks."""
+UNLAUNCHED_SHARE = 0.10
+"""A step where more than this share of the GPU ops has no launch edge (launched before the
+capture began, or no correlation in the trace) is answered with a range."""
+
+
+def _limits(world: int | None, ranks: int | None, g: wf.Graph) -> tuple[list[str], np.ndarray]:
+    """(why the trace cannot support a single edited number for this window, empty when it can;
+    the GPU ops without a launch edge when they make one of those reasons, else an empty array),
+    from the run's world size and traced ranks."""
     out = []
     if world and ranks and ranks < world:
         out.append(f"only {ranks} of {world} ranks were traced: the other ranks' arrivals are unknown, so a "
-                   "collective's wait cannot be replayed")
-    gpu = g.gpu
-    if gpu.any() and (~gpu).any() and not np.any(g.kind == "launch"):
-        out.append("no GPU op is linked to its launch call (no launch correlation): GPU work cannot move with "
-                   "the CPU that launched it")
-    return out
+                   "collective's wait cannot be replayed (range: the edited replay to the unchanged one)")
+    launched = np.zeros(g.n, bool)
+    launched[g.dst[g.kind == "launch"]] = True
+    loose = np.flatnonzero(g.gpu & ~launched)
+    gpu = int(g.gpu.sum())
+    if gpu and (~g.gpu).any() and len(loose) > UNLAUNCHED_SHARE * gpu:
+        out.append(f"{len(loose):,} of {gpu:,} GPU ops have no launch call in the trace (launched before the "
+                   "capture began, or no correlation): they keep their measured start (range: to where they "
+                   "would start as soon as their stream allows)")
+    else:
+        loose = np.zeros(0, np.int64)
+    return out, loose
 
 
 def _parts_delta(a: dict, b: dict) -> dict:
@@ -182,8 +194,10 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
     times: --link, --chunk), the edits' names and notes and
     the model used. A step whose unchanged replay misses the measured step of some rank by more
     than MAX_REPLAY_ERROR, or a run whose trace lacks a dependency the replay needs
-    (:func:`_limits`), gets ``edited_ns`` None and ``edited_range_ns`` [low, high] (the edited and
-    the measured-based replayed value) with ``limits`` giving why. Raises BadInputError when the
+    (:func:`_limits`), gets ``edited_ns`` None and ``edited_range_ns`` [low, high] with ``limits``
+    giving why: the edited replay and, per reason, the unchanged replay (one rank of many), the
+    edited replay with the unlaunched GPU ops free to start when their stream allows, the measured
+    step (a replay error). Raises BadInputError when the
     run has no nodes (nothing to replay)."""
     from tracekit.errors import BadInputError
 
@@ -201,9 +215,20 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
         ge = wf.apply(g, edits)
         new = wf.replay(ge)
         meas, rep, edt = measured_ns(g), base.step_ns(), new.step_ns()
-        limits = _limits(world, n_ranks, g)
+        limits, loose = _limits(world, n_ranks, g)
+        bounds = {r: [edt[r]] for r in edt}
+        if limits and world and n_ranks and n_ranks < world:
+            for r in bounds:
+                bounds[r].append(rep[r])
+        if len(loose):
+            gl = ge.copy()
+            gl.delay[loose] = 0
+            for r, v in wf.replay(gl).step_ns().items():
+                bounds[r].append(v)
         worst = max((abs(rep[r] - meas[r]) / meas[r] for r in meas if meas[r]), default=0.0)
         if worst > MAX_REPLAY_ERROR:
+            for r in bounds:
+                bounds[r].append(meas[r])
             limits.append(f"the unchanged replay misses the measured step by {worst:.1%} (> "
                           f"{MAX_REPLAY_ERROR:.0%}): a dependency is missing or the ranks' clocks disagree")
         ranks = []
@@ -211,7 +236,7 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
             pb, pe = wf.critical_path(base, r), wf.critical_path(new, r)
             row = {"rank": r, "measured_ns": meas[r], "replayed_ns": rep[r],
                    "edited_ns": None if limits else edt[r],
-                   "edited_range_ns": sorted([edt[r], rep[r]]) if limits else None,
+                   "edited_range_ns": [min(bounds[r]), max(bounds[r])] if limits else None,
                    "change_ns": None if limits else edt[r] - rep[r],
                    "path_replayed": pb["parts"], "path_edited": pe["parts"],
                    "path_change": _parts_delta(pb["parts"], pe["parts"])}
