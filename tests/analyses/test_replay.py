@@ -14,7 +14,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +182,18 @@ def test_gpu_ops_without_their_launch_give_a_range(tmp_path):
         assert r["edited_ns"] is None
         lo, hi = r["edited_range_ns"]
         assert lo < hi and hi == r["replayed_ns"]  # compute halved: never slower than as measured
+
+
+def test_whatif_html_renders_in_chromium(tmp_path, capsys):
+    from tests.report.test_html_report import _run_chromium
+
+    make_two_rank(tmp_path / "tr")
+    ingest_paths([tmp_path / "tr"], Store(tmp_path / "s"), run_id="tr")
+    page = tmp_path / "w.html"
+    assert main(["whatif", "--store", str(tmp_path / "s"), "--scale", "compute=0.5", "--html", str(page)]) == 0
+    capsys.readouterr()
+    text = page.read_text()
+    assert "scale compute=0.5" in text and text.count("<script") >= 2
+    shot = os.environ.get("TRACEKIT_SHOT")  # a path: also a screenshot there, to look at
+    dom, log = _run_chromium(page, tmp_path, Path(shot) if shot else None, height=900)
+    assert 'class="main-svg"' in dom and "Uncaught" not in log

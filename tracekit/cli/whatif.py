@@ -22,6 +22,7 @@ def whatif(
     move_off: Optional[str] = typer.Option(None, "--move-off", help="Move matching collectives off the compute stream: 'all_reduce'."),
     step: Optional[list[int]] = typer.Option(None, "--step", help="Only this profiler step (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="Also write the answer as a self-contained HTML page with plots to this file."),
 ) -> None:
     """Predict the step time of a change: each step's graph across ranks replayed, as is and edited.
 
@@ -32,7 +33,7 @@ def whatif(
     import json
 
     from tracekit import analyses
-    from tracekit.report.whatif import whatif_answer, whatif_text
+    from tracekit.report.whatif import whatif_answer, whatif_html, whatif_text
 
     st = _store(store, must_exist=True)
     rid = st.resolve_run(run)
@@ -42,4 +43,7 @@ def whatif(
                             move_off=move_off, ops=ops, steps=step or None)
     finally:
         con.close()
+    if html_out is not None:
+        html_out.write_text(whatif_html(ans), encoding="utf-8")
+        typer.echo(f"wrote {html_out}", err=True)
     typer.echo(json.dumps(ans, indent=2) if json_out else whatif_text(ans))

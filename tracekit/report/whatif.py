@@ -89,3 +89,55 @@ def whatif_text(ans: dict, top: int = 8) -> str:
         for note in st["notes"]:
             lines.append(f"  edit: {note}")
     return "\n".join(lines)
+
+
+def whatif_html(ans: dict) -> str:
+    """The answer as one self-contained HTML page: the edits and model, per step a plotly figure
+    (per rank: measured, replayed, edited step in ms; the slowest rank's critical path composition
+    replayed and edited, stacked) and the tables of :func:`whatif_text`. plotly's JavaScript is
+    inlined once."""
+    import html
+
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    esc = html.escape
+    parts = [f"<h1>What if — run {esc(str(ans['run_id']))}</h1>",
+             f"<p><b>edits:</b> {esc('; '.join(ans['edits']))}</p>"]
+    if ans.get("model"):
+        parts.append(f"<p><b>model:</b> {esc(ans['model'])}</p>")
+    first = True
+    for st in ans["steps"]:
+        label = st["step"] if st["step"] is not None else "(whole trace)"
+        parts.append(f"<h2>step {esc(str(label))}</h2>")
+        for why in st["limits"]:
+            parts.append(f"<p><b>limit:</b> {esc(why)}; the edited step is a range</p>")
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
+                            subplot_titles=("step per rank (ms)", f"critical path of rank {st['slowest_rank']} (ms)"))
+        ranks = [str(r["rank"]) for r in st["ranks"]]
+        for key, name in (("measured_ns", "measured"), ("replayed_ns", "replayed"), ("edited_ns", "edited")):
+            vals = [None if r[key] is None else r[key] / 1e6 for r in st["ranks"]]
+            if key == "edited_ns" and all(v is None for v in vals):  # a range: its high end, with the low as error bar
+                lo = [r["edited_range_ns"][0] / 1e6 for r in st["ranks"]]
+                hi = [r["edited_range_ns"][1] / 1e6 for r in st["ranks"]]
+                fig.add_trace(go.Bar(x=ranks, y=hi, name="edited (range)", error_y=dict(
+                    type="data", symmetric=False, array=[0] * len(hi), arrayminus=[h - low for h, low in zip(hi, lo)])),
+                    row=1, col=1)
+            else:
+                fig.add_trace(go.Bar(x=ranks, y=vals, name=name), row=1, col=1)
+        slow = next(r for r in st["ranks"] if r["rank"] == st["slowest_rank"])
+        base = [0.0, 0.0]  # the composition stacked by hand (barmode is the page's: group), one offset group
+        for p, plabel in _PART_LABEL.items():
+            a, b = slow["path_replayed"][p] / 1e6, slow["path_edited"][p] / 1e6
+            if a or b:
+                fig.add_trace(go.Bar(x=["replayed", "edited"], y=[a, b], base=list(base), name=plabel,
+                                     offsetgroup="path"), row=1, col=2)
+                base = [base[0] + a, base[1] + b]
+        fig.update_layout(barmode="group", template="plotly_white", height=380, margin=dict(t=40, b=30))
+        fig.update_xaxes(title_text="rank", row=1, col=1)
+        parts.append(fig.to_html(full_html=False, include_plotlyjs="inline" if first else False))
+        first = False
+        parts.append("<pre>" + esc(whatif_text({**ans, "steps": [st]}).split("\n", 3)[-1]) + "</pre>")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>tracekit what if</title>"
+            "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px}</style></head><body>"
+            + "\n".join(parts) + "</body></html>")
