@@ -197,3 +197,16 @@ def test_whatif_html_renders_in_chromium(tmp_path, capsys):
     shot = os.environ.get("TRACEKIT_SHOT")  # a path: also a screenshot there, to look at
     dom, log = _run_chromium(page, tmp_path, Path(shot) if shot else None, height=900)
     assert 'class="main-svg"' in dom and "Uncaught" not in log
+
+
+def test_nesting_by_hand():
+    # one thread: A [0, 10) holds B [1, 4) (which holds C [2, 3)) and D [5, 10); E [10, 12) follows A;
+    # Z [0, 0) is zero-length at A's start (A's thread predecessor, not its child); G [0, 5) is on a
+    # GPU stream (never nested)
+    from types import SimpleNamespace
+
+    s = np.array([0, 1, 2, 5, 10, 0, 0], np.int64)
+    e = np.array([10, 4, 3, 10, 12, 0, 5], np.int64)
+    w = SimpleNamespace(s=s, e=e, gpu=np.array([0, 0, 0, 0, 0, 0, 1], bool))
+    par, chi = rpl._nesting(w, np.array([0, 0, 0, 0, 0, 0, 1], np.int64))
+    assert sorted(zip(par.tolist(), chi.tolist())) == [(0, 1), (0, 3), (1, 2)]

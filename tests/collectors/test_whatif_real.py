@@ -63,13 +63,10 @@ def test_no_stragglers_predicts_the_run_without_the_delay(tmp_path, monkeypatch,
     con.close()
     # the delayed steps: the three longest (each holds 200 ms of rank 1's sleep)
     order = sorted(delayed, key=lambda s: delayed[s][0], reverse=True)
-    slow, rest = order[:len(DELAYED)], order[len(DELAYED):]
+    slow = order[:len(DELAYED)]
     actual = statistics.median(clean)
     assert min(delayed[s][0] for s in slow) > actual + 150e6
     predicted = statistics.median(delayed[s][1] for s in slow)
     print(f"whatif real: delayed {sorted(delayed[s][0] for s in slow)} predicted {predicted} clean median {actual} "
           f"error {(predicted - actual) / actual:+.1%}")
     assert abs(predicted - actual) / actual <= 0.10, (predicted, actual, delayed, clean)
-    # and the delayed run's own steps without a delay (same processes, same load)
-    own = statistics.median(delayed[s][0] for s in rest)
-    assert abs(predicted - own) / own <= 0.10, (predicted, own, delayed)

@@ -8,7 +8,12 @@ step; the whole trace of a run without steps) every node of every rank, and as e
 recorded candidates (stream order, thread order, launch, sync, blocking call, a collective
 span's last arrival) plus an inferred one (cross_stream, host) only where it is ready strictly
 later than every recorded start edge of its node (as the critical path, which takes an inferred
-edge only when nothing recorded explains a later start). Edge anchors: an edge ready at its
+edge only when nothing recorded explains a later start). One edge rule is the replay's own,
+nesting: a CPU node inside another on its thread (a gloo span inside c10d::allreduce_, a
+cudaMemcpy inside aten::to) starts after its parent starts, and the parent ends after it ends
+(kind 'nest'; the critical path's thread order skips nested events, which its backward walk does
+not need, but a replay that delays a parent must delay what runs inside it). Nesting that loops
+with the thread order (events with equal times) is left out of that window, with a note. Edge anchors: an edge ready at its
 predecessor's end or later is tied to that end (+ the difference), one ready earlier (a PDL
 stream edge, a launch call that returned after its op started, a last arrival's start) to the
 predecessor's start (+ the difference). Each collective span is tied to the instance
@@ -48,8 +53,41 @@ COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "measured_ns":
         "error": "DOUBLE", "nodes": "BIGINT", "edges": "BIGINT"}
 
 
-def _graph(w, rid, order, names: dict, inst_of: dict, step) -> wf.Graph:
-    """The wf.Graph of one window (a critical_path _Window, its rows' rid and order)."""
+def _tracks(rows, order) -> np.ndarray:
+    """Per _Window row a track number (rank, track kind, device, track), from the window's rows of
+    _NODES and the _Window's order of them."""
+    cols = [rows.column(k).to_numpy(zero_copy_only=False)[order].astype(np.int64)
+            for k in ("rank", "kind", "no_device", "device", "no_track", "track")]
+    if not len(order):
+        return np.zeros(0, np.int64)
+    return np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def _nesting(w, track: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(parent, child) rows of the CPU nodes directly nested in another node of their thread (the
+    innermost enclosing one: a stack per thread, in (start, longest first) order)."""
+    cpu = np.flatnonzero(~w.gpu.astype(bool))
+    cpu = cpu[np.lexsort((cpu, -w.e[cpu], w.s[cpu], track[cpu]))]
+    par, chi = [], []
+    stack: list[int] = []
+    cur = None
+    s, e, tr = w.s.tolist(), w.e.tolist(), track.tolist()
+    for i in cpu.tolist():
+        if tr[i] != cur:
+            stack, cur = [], tr[i]
+        while stack and e[stack[-1]] <= s[i] and not (s[stack[-1]] == s[i] and e[i] <= e[stack[-1]]):
+            stack.pop()
+        # (a child ending at its parent's start, zero-length, is the parent's thread predecessor)
+        if stack and e[i] <= e[stack[-1]] and e[i] > s[stack[-1]]:
+            par.append(stack[-1])
+            chi.append(i)
+        stack.append(i)
+    return np.array(par, np.int64), np.array(chi, np.int64)
+
+
+def _graph(w, rid, order, names: dict, inst_of: dict, step, rows_table=None) -> wf.Graph:
+    """The wf.Graph of one window (a critical_path _Window, its rows' rid and order; with the rows
+    themselves, the nesting edges of its CPU nodes too)."""
     n = len(w.s)
     src, dst, rdy, kind = [], [], [], []
     rows = np.arange(n)
@@ -70,14 +108,44 @@ def _graph(w, rid, order, names: dict, inst_of: dict, step) -> wf.Graph:
     # a blocking call's own op (rule 5) is a sync edge too: both hold the call's end
     anchor = np.where(rdy >= w.e[src], wf.END, wf.START).astype(np.int64)
     offset = rdy - np.where(anchor == wf.END, w.e[src], w.s[src])
+    names_k = [cp._KINDS[k] for k in kind]
+    track = np.zeros(n, np.int64)
+    if rows_table is not None and n:
+        # nesting (the replay's own: the critical path's thread order skips nested events, and its
+        # backward walk needs no more): a child starts after its parent's start, a parent ends
+        # after its child's end
+        track = _tracks(rows_table, order)
+        par, chi = _nesting(w, track)
+        src = np.r_[src, par, chi]
+        dst = np.r_[dst, chi, par]
+        anchor = np.r_[anchor, np.full(len(par), wf.START), np.full(len(chi), wf.END)]
+        side = np.r_[side, np.full(len(par), wf.START), np.full(len(chi), wf.END)]
+        offset = np.r_[offset, np.zeros(2 * len(par), np.int64)]
+        names_k += ["nest"] * (2 * len(par))
     rid_of = rid[order]
     name = np.array([names.get(int(r)) for r in rid_of], object)
     instance = np.array([inst_of.get((int(r), int(e)), -1) for r, e in zip(w.rank, w.eid)], np.int64)
+    g = _make(w, name, track, instance, src, dst, anchor, side, offset, names_k, step)
+    nest = g.kind == "nest"
+    if nest.any():
+        try:
+            wf._order(g)
+        except ValueError:  # nesting that loops with the thread order (events with equal times): left out
+            keep = ~nest
+            g = _make(w, name, track, instance, src[keep], dst[keep], anchor[keep], side[keep], offset[keep],
+                      [k for k, ok in zip(names_k, keep) if ok], step)
+            g.notes.append("the CPU nesting edges loop with the thread order: left out")
+    return g
+
+
+def _make(w, name, track, instance, src, dst, anchor, side, offset, names_k, step) -> wf.Graph:
+    """The wf.Graph of a window's nodes (w) and the given edges."""
+    n = len(w.s)
     return wf.Graph(rank=w.rank.astype(np.int64), gpu=w.gpu.astype(bool), cls=w.cls.astype(np.int8), name=name,
-                    start=w.s.astype(np.int64), end=w.e.astype(np.int64), track=np.zeros(n, np.int64),
-                    instance=instance, src=src.astype(np.int64), dst=dst.astype(np.int64), anchor=anchor,
-                    side=side, offset=offset.astype(np.int64),
-                    kind=np.array([cp._KINDS[k] for k in kind], object), origin=int(w.s.min()) if n else 0,
+                    start=w.s.astype(np.int64), end=w.e.astype(np.int64), track=track,
+                    instance=instance, src=src.astype(np.int64), dst=dst.astype(np.int64),
+                    anchor=anchor.astype(np.int64), side=side.astype(np.int64), offset=offset.astype(np.int64),
+                    kind=np.array(names_k, object), origin=int(w.s.min()) if n else 0,
                     step=step)
 
 
@@ -104,7 +172,7 @@ def graphs(con, run_id: str):
                                            "track_kind IS NOT NULL ORDER BY 1").fetchall()]
         for step, rows in cp._windows(con, kinds):
             w, rid, order = cp._window(rows)
-            g = _graph(w, rid, order, names, inst_of, step)
+            g = _graph(w, rid, order, names, inst_of, step, rows)
             g.instances = instances
             yield g
     finally:
