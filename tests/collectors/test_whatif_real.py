@@ -2,7 +2,8 @@
 gloo ranks; per step a few matmuls, 40 ms of waiting and an all_reduce) recorded twice by `tracekit profile`,
 once with rank 1 delayed 200 ms before three steps' all_reduce (``delay:1@2:200`` ...) and once
 without. The "no stragglers" edit of the delayed run must predict the undelayed run's step within
-10 % (medians: of the prediction over the delayed steps, of the measured steps of the other run).
+10 % (medians: of the prediction over the delayed steps, of the measured steps of the other run),
+and the other way, the clean runs with ``--delay 1:200@all_reduce`` the delayed steps.
 
 On a loaded 2-core machine a step's time varies by rank and run; the 200 ms delay is four steps
 long, so a prediction that missed it (or the edit that failed to remove it) is off by ~400 %,
@@ -60,6 +61,9 @@ def test_no_stragglers_predicts_the_run_without_the_delay(tmp_path, monkeypatch,
     con = analyses.connect(Store(tmp_path / "store"))
     delayed = _steps(whatif_answer(con, "delayed", no_stragglers=True))
     clean = [m for run in ("clean1", "clean2") for m, _ in _steps(whatif_answer(con, run, no_stragglers=True)).values()]
+    # the other way: the clean runs with rank 1 delayed 200 ms before its all_reduce, every step
+    made_slow = [p for run in ("clean1", "clean2")
+                 for _, p in _steps(whatif_answer(con, run, delay="1:200@all_reduce")).values()]
     con.close()
     # the delayed steps: the three longest (each holds 200 ms of rank 1's sleep)
     order = sorted(delayed, key=lambda s: delayed[s][0], reverse=True)
@@ -70,3 +74,8 @@ def test_no_stragglers_predicts_the_run_without_the_delay(tmp_path, monkeypatch,
     print(f"whatif real: delayed {sorted(delayed[s][0] for s in slow)} predicted {predicted} clean median {actual} "
           f"error {(predicted - actual) / actual:+.1%}")
     assert abs(predicted - actual) / actual <= 0.10, (predicted, actual, delayed, clean)
+    slow_actual = statistics.median(delayed[s][0] for s in slow)
+    slow_predicted = statistics.median(made_slow)
+    print(f"whatif real: delay added to the clean runs {slow_predicted}, delayed steps {slow_actual}, "
+          f"error {(slow_predicted - slow_actual) / slow_actual:+.1%}")
+    assert abs(slow_predicted - slow_actual) / slow_actual <= 0.10, (slow_predicted, slow_actual, made_slow)

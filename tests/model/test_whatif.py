@@ -120,6 +120,20 @@ def test_move_off_stream_by_hand():
     assert steps(g) == {0: 40, 1: 38}
 
 
+def test_add_delay_by_hand():
+    # rank 1's all-reduce starts 5 µs later: [27, 45); rank 0's ends 27 + 18 = 45; relu [45, 55)
+    g = wf.add_delay(graph(), 1, 5 * US, "allreduce")
+    assert steps(g) == {0: 55, 1: 43}
+    assert wf.parse_delay("1:0.005@allreduce") == (1, 5 * US, "allreduce")
+    with pytest.raises(BadInputError, match="RANK:MS@PATTERN"):
+        wf.parse_delay("1@allreduce")
+    with pytest.raises(BadInputError, match="no op matching"):
+        wf.add_delay(graph(), 1, 1, "relu")
+    # and no stragglers takes it out again (rank 1's all-reduce delay capped at rank 0's 0; its gemm's
+    # 2 → 1 as in test_no_stragglers_by_hand)
+    assert steps(wf.no_stragglers(g)) == {0: 49, 1: 38}
+
+
 def test_edits_compose():
     # no stragglers, then gemm ×0.5: rank 1's gemm [1, 11) (delay 1, work 20 × 0.5); rank 0's gemm
     # [2, 7); rank 1 arrives at 11: rank 0's all-reduce ends 11 + 18 = 29; relu [29, 39); rank 1's

@@ -17,9 +17,10 @@ def whatif(
     algo: Optional[str] = typer.Option(None, "--algo", help="... with this algorithm (ring, tree, nvls, ...; default: each op's own); needs --link."),
     ops: Optional[str] = typer.Option(None, "--ops", help="... only for collectives whose op or kernel name matches (substring or glob)."),
     scale: Optional[str] = typer.Option(None, "--scale", help="Scale work by class or name: 'gemm=0.5,compute=0.9'."),
-    stragglers: bool = typer.Option(True, "--stragglers/--no-stragglers", help="--no-stragglers aligns arrivals: cuts each rank's delays and work above the other ranks' median."),
+    stragglers: bool = typer.Option(True, "--stragglers/--no-stragglers", help="--no-stragglers aligns arrivals: cuts each rank's delays above the other ranks' median."),
     chunk: Optional[str] = typer.Option(None, "--chunk", help="Pipeline matching collectives with the compute before them in N pieces: 'all_reduce=4' (needs --link for α)."),
     move_off: Optional[str] = typer.Option(None, "--move-off", help="Move matching collectives off the compute stream: 'all_reduce'."),
+    delay: Optional[str] = typer.Option(None, "--delay", help="Make a straggler: 'RANK:MS@PATTERN' delays the rank's first op matching PATTERN in each step."),
     step: Optional[list[int]] = typer.Option(None, "--step", help="Only this profiler step (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write the answer as a self-contained HTML page with plots to this file."),
@@ -40,7 +41,7 @@ def whatif(
     con = analyses.connect(st, run_ids=[rid])
     try:
         ans = whatif_answer(con, rid, link=link, algo=algo, scale=scale, no_stragglers=not stragglers, chunk=chunk,
-                            move_off=move_off, ops=ops, steps=step or None)
+                            move_off=move_off, ops=ops, delay=delay, steps=step or None)
     finally:
         con.close()
     if html_out is not None:

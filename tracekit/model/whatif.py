@@ -37,7 +37,8 @@ or names, by a factor), :func:`no_stragglers` (every rank's delays and work capp
 ranks' median at the same point of the program), :func:`model_transfers` (collective transfer
 times from the α–β model for a link preset and algorithm), :func:`chunk` (a collective pipelined
 with the compute before it in N pieces, the model's chunking rule) and :func:`move_off_stream`
-(a collective on its own stream: the ops after it stop waiting for it).
+(a collective on its own stream: the ops after it stop waiting for it), and the other way,
+:func:`add_delay` (a rank made a straggler).
 """
 
 from __future__ import annotations
@@ -401,6 +402,31 @@ def model_transfers(g: Graph, link, algo: str | None = None, ops: str | None = N
     return out
 
 
+def parse_delay(spec: str) -> tuple[int, int, str]:
+    """``'1:200@all_reduce'`` → (rank 1, 200 ms in ns, pattern 'all_reduce'). Raises BadInputError
+    for another form."""
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*([0-9.]+)\s*@\s*(\S.*?)\s*", spec or "")
+    if not m:
+        raise BadInputError(f"--delay {spec!r}: expected RANK:MS@PATTERN (e.g. '1:200@all_reduce': rank 1 "
+                            "starts the step's first op matching all_reduce 200 ms later)")
+    return int(m[1]), int(round(float(m[2]) * 1e6)), m[3]
+
+
+def add_delay(g: Graph, rank: int, delay_ns: int, pattern: str) -> Graph:
+    """A straggler: `rank`'s first node of the window (by start) whose name matches `pattern`
+    (:func:`_matcher`) starts `delay_ns` later (its delay grows; what depends on it follows, its
+    collective's other members wait). Raises BadInputError when the rank has no such node."""
+    m = _matcher(pattern)
+    hit = [i for i in np.flatnonzero(g.rank == rank) if m(str(g.name[i]))]
+    if not hit:
+        raise BadInputError(f"--delay: rank {rank} has no op matching {pattern!r} in step {g.step}")
+    i = min(hit, key=lambda k: (g.start[k], k))
+    out = g.copy()
+    out.delay[i] += delay_ns
+    out.notes.append(f"delay rank {rank} by {delay_ns / 1e6:g} ms before {g.name[i]}")
+    return out
+
+
 def _stream_edges(g: Graph, i: int) -> tuple[np.ndarray, np.ndarray]:
     """(edge rows into i of kind stream, edge rows out of i of kind stream)."""
     st = g.kind == "stream"
@@ -484,7 +510,7 @@ def move_off_stream(g: Graph, pattern: str) -> Graph:
 
 def plan(link=None, algo: str | None = None, scale_spec: str | None = None, stragglers: bool = False,
          chunk_spec: str | None = None, move_off: str | None = None, alpha_chunk_s: float | None = None,
-         ops: str | None = None) -> list[tuple[str, object]]:
+         ops: str | None = None, delay_spec: str | None = None) -> list[tuple[str, object]]:
     """The edits asked for, in the order they apply: (label, function Graph → Graph). `link`: a
     tracekit.model.Link for :func:`model_transfers` (with `algo`, and `ops` limiting it to matching
     collectives); `scale_spec`: :func:`parse_scale`'s text; `stragglers`: :func:`no_stragglers`;
@@ -496,6 +522,9 @@ def plan(link=None, algo: str | None = None, scale_spec: str | None = None, stra
         raise BadInputError("--algo needs --link: the model prices the algorithm on a link preset")
     if stragglers:
         out.append(("no stragglers", no_stragglers))
+    if delay_spec:
+        rank, ns, pat = parse_delay(delay_spec)
+        out.append((f"delay rank {rank} by {ns / 1e6:g} ms at {pat}", lambda g: add_delay(g, rank, ns, pat)))
     for key, f in parse_scale(scale_spec) if scale_spec else []:
         out.append((f"scale {key}={f:g}", lambda g, k=key, f=f: scale(g, k, f)))
     if link is not None:

@@ -13,21 +13,21 @@ _PART_LABEL = {"compute_ns": "compute", "exposed_comm_ns": "exposed comm", "memo
 
 def whatif_answer(con, run_id: str, *, link: str | None = None, algo: str | None = None, scale: str | None = None,
                   no_stragglers: bool = False, chunk: str | None = None, move_off: str | None = None,
-                  ops: str | None = None, steps: list | None = None) -> dict:
+                  ops: str | None = None, delay: str | None = None, steps: list | None = None) -> dict:
     """The answer (tracekit.analyses.replay.whatif) for `run_id` on the analyses connection `con`,
     with the edits of tracekit.model.whatif.plan: `link` a preset name (tracekit.model.LINK_PRESETS)
     for the collectives' transfer times (`algo` an algorithm of predict_collective; `ops` limits it
     to matching collectives), `scale` 'NAME=FACTOR,...', `no_stragglers`, `chunk` 'PATTERN=N',
-    `move_off` a pattern. Raises BadInputError for an unknown preset, a malformed edit or no edit
+    `move_off` a pattern, `delay` 'RANK:MS@PATTERN'. Raises BadInputError for an unknown preset, a malformed edit or no edit
     at all."""
     from tracekit.analyses import replay
     from tracekit.model import whatif as wf
     from tracekit.model.links import link_from_preset
 
     the_link = link_from_preset(link) if link else None
-    edits = wf.plan(the_link, algo, scale, no_stragglers, chunk, move_off, ops=ops)
+    edits = wf.plan(the_link, algo, scale, no_stragglers, chunk, move_off, ops=ops, delay_spec=delay)
     if not edits:
-        raise BadInputError("whatif: name an edit: --link, --scale, --no-stragglers, --chunk or --move-off")
+        raise BadInputError("whatif: name an edit: --link, --scale, --no-stragglers, --chunk, --move-off or --delay")
     model = None
     if the_link is not None:
         model = (f"α–β, {the_link.name}: α {the_link.alpha_s * 1e6:g} µs, β {the_link.beta_Bps / 1e9:g} GB/s "
