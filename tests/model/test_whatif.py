@@ -100,6 +100,22 @@ def test_model_transfers_by_hand():
     assert g.instances[0]["before_ns"] == 18 * US and g.instances[0]["after_ns"] == 12 * US
 
 
+def test_machine_transfers_take_nccls_pick():
+    # the all-reduce (10,000 B, 2 ranks: one node of a dgx-h100) costs what NCCL's model picks; rank
+    # 1's all-reduce [22, 22 + t); rank 0's ends 22 + t; relu 10 after
+    from tracekit.model.machine import machine_preset
+    from tracekit.model.nccl_tuning import nccl_choice
+
+    m = machine_preset("dgx-h100")
+    pick = nccl_choice("all_reduce", 10_000, 2, 1, m)
+    t = int(round(pick.time_s * 1e9))
+    g = wf.machine_transfers(graph(), m)
+    assert g.tail[[2, 5]].tolist() == [t, t] and g.instances[0]["model_pick"] == pick.label
+    assert wf.replay(g).step_ns() == {0: 32 * US + t, 1: 20 * US + t}
+    with pytest.raises(BadInputError, match="--machine"):
+        wf.plan(link=custom_link(1e-6, 1e9), machine=m)
+
+
 def test_chunk_by_hand():
     # T(n) = c/n + (a/n + α) + (n−1)·max(c/n, a/n + α), n = 2, α = 1 µs:
     # rank 0: c 10, a 18 → 5 + 10 + 10 = 25; rank 1: c 20, a 18 → 10 + 10 + 10 = 30; both members

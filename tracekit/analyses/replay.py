@@ -323,7 +323,8 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
             changed.append({"pg": inst.get("pg"), "seq": inst.get("seq"), "op": inst.get("op"),
                             "size_bytes": inst.get("size_bytes"), "group_size": inst.get("group_size"),
                             "name": str(g.name[members[0]]), "before_ns": before, "after_ns": after,
-                            "change_ns": after - before, "on_critical_path": k in on_base})
+                            "change_ns": after - before, "on_critical_path": k in on_base,
+                            "model_pick": inst.get("model_pick")})
         step_change = None if limits else slow["edited_ns"] - slow["replayed_ns"]
         total = sum(c["change_ns"] for c in changed)
         on_path = sum(c["change_ns"] for c in changed if c["on_critical_path"])

@@ -15,6 +15,7 @@ def whatif(
     store: Optional[Path] = StoreOpt,
     link: Optional[str] = typer.Option(None, "--link", help="Collectives' transfer times from the α–β model on this link preset (nvlink5, ib_ndr, ...)."),
     algo: Optional[str] = typer.Option(None, "--algo", help="... with this algorithm (ring, tree, nvls, ...; default: each op's own); needs --link."),
+    machine: Optional[str] = typer.Option(None, "--machine", help="Collectives' transfer times from NCCL's own model on this machine (preset, e.g. dgx-h100, or TOML file); not with --link."),
     ops: Optional[str] = typer.Option(None, "--ops", help="... only for collectives whose op or kernel name matches (substring or glob)."),
     scale: Optional[str] = typer.Option(None, "--scale", help="Scale work by class or name: 'gemm=0.5,compute=0.9'."),
     stragglers: bool = typer.Option(True, "--stragglers/--no-stragglers", help="--no-stragglers aligns arrivals: cuts each rank's delays above the other ranks' median."),
@@ -41,7 +42,7 @@ def whatif(
     con = analyses.connect(st, run_ids=[rid])
     try:
         ans = whatif_answer(con, rid, link=link, algo=algo, scale=scale, no_stragglers=not stragglers, chunk=chunk,
-                            move_off=move_off, ops=ops, delay=delay, steps=step or None)
+                            move_off=move_off, ops=ops, delay=delay, machine=machine, steps=step or None)
     finally:
         con.close()
     if html_out is not None:

@@ -35,7 +35,8 @@ trace (the validation error of ``tracekit.analyses.replay``).
 Edits (each returns a new Graph; they compose by chaining): :func:`scale` (compute or any class,
 or names, by a factor), :func:`no_stragglers` (every rank's delays and work capped at the other
 ranks' median at the same point of the program), :func:`model_transfers` (collective transfer
-times from the α–β model for a link preset and algorithm), :func:`chunk` (a collective pipelined
+times from the α–β model for a link preset and algorithm; :func:`machine_transfers`, NCCL's own
+model on a machine description), :func:`chunk` (a collective pipelined
 with the compute before it in N pieces, the model's chunking rule) and :func:`move_off_stream`
 (a collective on its own stream: the ops after it stop waiting for it), and the other way,
 :func:`add_delay` (a rank made a straggler).
@@ -427,6 +428,40 @@ def add_delay(g: Graph, rank: int, delay_ns: int, pattern: str) -> Graph:
     return out
 
 
+def machine_transfers(g: Graph, machine, ops: str | None = None) -> Graph:
+    """As :func:`model_transfers`, with the time of what NCCL would pick on `machine` (a
+    tracekit.model.machine.Machine; tracekit.model.nccl_tuning.nccl_choice, NCCL's own cost model)
+    for each instance: its group of k ranks over ceil(k / the machine's GPUs per node) nodes, the
+    ranks packed node by node."""
+    from tracekit.model.nccl_tuning import nccl_choice
+
+    out = g.copy()
+    out.instances = [dict(x) for x in g.instances]
+    test = _matcher(ops) if ops else None
+    kept = 0
+    for k, inst in enumerate(out.instances):
+        members = np.flatnonzero(g.instance == k)
+        if not len(members):
+            continue
+        if test and not (test(str(inst.get("op"))) or any(test(str(g.name[i])) for i in members)):
+            continue
+        try:
+            ranks = int(inst["group_size"])
+            nodes = -(-ranks // int(machine.gpus_per_node))
+            p = nccl_choice(inst["op"], float(inst["size_bytes"]), ranks, nodes, machine)
+            new = int(round(p.time_s * 1e9))
+        except (BadInputError, TypeError, ValueError, KeyError):
+            kept += 1
+            continue
+        inst["before_ns"] = int(np.median(g.tail[members]))
+        inst["after_ns"] = new
+        inst["model_pick"] = p.label
+        out.tail[members] = new
+    out.notes.append(f"transfers from NCCL's model on {machine.name}"
+                     + (f", {kept} instances kept measured (the model cannot price them)" if kept else ""))
+    return out
+
+
 def _stream_edges(g: Graph, i: int) -> tuple[np.ndarray, np.ndarray]:
     """(edge rows into i of kind stream, edge rows out of i of kind stream)."""
     st = g.kind == "stream"
@@ -510,7 +545,7 @@ def move_off_stream(g: Graph, pattern: str) -> Graph:
 
 def plan(link=None, algo: str | None = None, scale_spec: str | None = None, stragglers: bool = False,
          chunk_spec: str | None = None, move_off: str | None = None, alpha_chunk_s: float | None = None,
-         ops: str | None = None, delay_spec: str | None = None) -> list[tuple[str, object]]:
+         ops: str | None = None, delay_spec: str | None = None, machine=None) -> list[tuple[str, object]]:
     """The edits asked for, in the order they apply: (label, function Graph → Graph). `link`: a
     tracekit.model.Link for :func:`model_transfers` (with `algo`, and `ops` limiting it to matching
     collectives); `scale_spec`: :func:`parse_scale`'s text; `stragglers`: :func:`no_stragglers`;
@@ -527,6 +562,10 @@ def plan(link=None, algo: str | None = None, scale_spec: str | None = None, stra
         out.append((f"delay rank {rank} by {ns / 1e6:g} ms at {pat}", lambda g: add_delay(g, rank, ns, pat)))
     for key, f in parse_scale(scale_spec) if scale_spec else []:
         out.append((f"scale {key}={f:g}", lambda g, k=key, f=f: scale(g, k, f)))
+    if machine is not None:
+        if link is not None or algo is not None:
+            raise BadInputError("--machine prices collectives with NCCL's own model (its pick): not with --link/--algo")
+        out.append((f"transfers on {machine.name} (NCCL's pick)", lambda g: machine_transfers(g, machine, ops)))
     if link is not None:
         out.append((f"transfers on {link.name}" + (f" ({algo})" if algo else ""),
                     lambda g: model_transfers(g, link, algo, ops)))

@@ -13,19 +13,25 @@ _PART_LABEL = {"compute_ns": "compute", "exposed_comm_ns": "exposed comm", "memo
 
 def whatif_answer(con, run_id: str, *, link: str | None = None, algo: str | None = None, scale: str | None = None,
                   no_stragglers: bool = False, chunk: str | None = None, move_off: str | None = None,
-                  ops: str | None = None, delay: str | None = None, steps: list | None = None) -> dict:
+                  ops: str | None = None, delay: str | None = None, machine: str | None = None,
+                  steps: list | None = None) -> dict:
     """The answer (tracekit.analyses.replay.whatif) for `run_id` on the analyses connection `con`,
     with the edits of tracekit.model.whatif.plan: `link` a preset name (tracekit.model.LINK_PRESETS)
     for the collectives' transfer times (`algo` an algorithm of predict_collective; `ops` limits it
     to matching collectives), `scale` 'NAME=FACTOR,...', `no_stragglers`, `chunk` 'PATTERN=N',
-    `move_off` a pattern, `delay` 'RANK:MS@PATTERN'. Raises BadInputError for an unknown preset, a malformed edit or no edit
+    `move_off` a pattern, `delay` 'RANK:MS@PATTERN', `machine` a preset or TOML file
+    (tracekit.model.machine.resolve_machine: NCCL's model on it, not with `link`). Raises BadInputError for an unknown preset, a malformed edit or no edit
     at all."""
     from tracekit.analyses import replay
     from tracekit.model import whatif as wf
     from tracekit.model.links import link_from_preset
 
+    from tracekit.model.machine import resolve_machine
+
     the_link = link_from_preset(link) if link else None
-    edits = wf.plan(the_link, algo, scale, no_stragglers, chunk, move_off, ops=ops, delay_spec=delay)
+    the_machine = resolve_machine(machine) if machine else None
+    edits = wf.plan(the_link, algo, scale, no_stragglers, chunk, move_off, ops=ops, delay_spec=delay,
+                    machine=the_machine)
     if not edits:
         raise BadInputError("whatif: name an edit: --link, --scale, --no-stragglers, --chunk, --move-off or --delay")
     model = None
@@ -33,6 +39,8 @@ def whatif_answer(con, run_id: str, *, link: str | None = None, algo: str | None
         model = (f"α–β, {the_link.name}: α {the_link.alpha_s * 1e6:g} µs, β {the_link.beta_Bps / 1e9:g} GB/s "
                  f"({the_link.efficiency:.0%} of {the_link.nominal_Bps / 1e9:g} GB/s nominal)"
                  + (f", algorithm {algo}" if algo else ", each op's default algorithm"))
+    if the_machine is not None:
+        model = f"NCCL's tuning model (what NCCL would pick), {the_machine.describe()}"
     return replay.whatif(con, run_id, edits, model=model, steps=steps)
 
 
@@ -73,16 +81,21 @@ def whatif_text(ans: dict, top: int = 8) -> str:
         ch = st["collectives_changed"]
         if ch:
             ex = st["explain"]
-            lines.append(f"  {len(ch)} collectives' transfer changed by {_signed_ms(ex['transfer_change_ns'])} in all "
-                         f"(one span each; {_signed_ms(ex['transfer_change_on_path_ns'])} of it on the critical path); "
-                         f"the step changed by {_signed_ms(ex['step_change_ns'])}"
-                         + ("" if ex["hidden_ns"] is None else
-                            f", so {_ms(abs(ex['hidden_ns']))} of the change was hidden (overlapped with compute or "
-                            "waiting on other work)"))
+            faster = sum(c["change_ns"] for c in ch if c["change_ns"] < 0)
+            slower = sum(c["change_ns"] for c in ch if c["change_ns"] > 0)
+            lines.append(f"  {len(ch)} collectives' transfer changed (one span each): {_signed_ms(faster)} where faster, "
+                         f"{_signed_ms(slower)} where slower, {_signed_ms(ex['transfer_change_ns'])} in all; "
+                         f"{_signed_ms(ex['transfer_change_on_path_ns'])} of it on rank {slow['rank']}'s replayed "
+                         "critical path")
+            if ex["step_change_ns"] is not None:
+                lines.append(f"  the step changed by {_signed_ms(ex['step_change_ns'])}: the other "
+                             f"{_signed_ms(ex['hidden_ns'])} of the transfer change was hidden (overlapped with "
+                             "compute, or absorbed waiting on other work)")
             for c in sorted(ch, key=lambda c: c["change_ns"])[:top]:
                 size = "—" if c["size_bytes"] is None else f"{c['size_bytes']:,} B"
+                pick = f" ({c['model_pick']})" if c.get("model_pick") else ""
                 lines.append(f"    {c['op'] or c['name']:<14} pg {c['pg']} seq {c['seq']} {size:>16} ×{c['group_size']}: "
-                             f"{_ms(c['before_ns'])} → {_ms(c['after_ns'])}"
+                             f"{_ms(c['before_ns'])} → {_ms(c['after_ns'])}{pick}"
                              + ("  (on the critical path)" if c["on_critical_path"] else ""))
             if len(ch) > top:
                 lines.append(f"    ... and {len(ch) - top} more (--json lists every one)")
