@@ -210,3 +210,19 @@ def test_nesting_by_hand():
     w = SimpleNamespace(s=s, e=e, gpu=np.array([0, 0, 0, 0, 0, 0, 1], bool))
     par, chi = rpl._nesting(w, np.array([0, 0, 0, 0, 0, 0, 1], np.int64))
     assert sorted(zip(par.tolist(), chi.tolist())) == [(0, 1), (0, 3), (1, 2)]
+
+
+def test_device_sync_waits_for_every_stream_by_hand():
+    # rank 0: cudaDeviceSynchronize [10, 50); stream 1: ops ending 20 and 40, stream 2: ending 45 and
+    # 60 (after the call: not waited for) and 5 (before it started); rank 1's op ending 30 is another
+    # rank's. The call waits for the op ending 40 (stream 1) and the one ending 45 (stream 2)
+    from types import SimpleNamespace
+
+    s = np.array([10, 15, 30, 0, 40, 55, 20], np.int64)
+    e = np.array([50, 20, 40, 5, 45, 60, 30], np.int64)
+    w = SimpleNamespace(s=s, e=e, gpu=np.array([0, 1, 1, 1, 1, 1, 1], bool),
+                        rank=np.array([0, 0, 0, 0, 0, 0, 1], np.int64))
+    track = np.array([0, 1, 1, 2, 2, 2, 3], np.int64)
+    name = np.array(["cudaDeviceSynchronize", "k", "k", "k", "k", "k", "k"], object)
+    calls, ops = rpl._device_syncs(w, track, name)
+    assert calls.tolist() == [0, 0] and sorted(ops.tolist()) == [2, 4]

@@ -13,7 +13,10 @@ nesting: a CPU node inside another on its thread (a gloo span inside c10d::allre
 cudaMemcpy inside aten::to) starts after its parent starts, and the parent ends after it ends
 (kind 'nest'; the critical path's thread order skips nested events, which its backward walk does
 not need, but a replay that delays a parent must delay what runs inside it). Nesting that loops
-with the thread order (events with equal times) is left out of that window, with a note. Edge anchors: an edge ready at its
+with the thread order (events with equal times) is left out of that window, with a note. And a
+call named *DeviceSynchronize waits for the last op of each of its rank's streams that ended
+during it (the critical path keeps only the op that ended last: enough for its walk, not for a
+replay where another stream's work grows). Edge anchors: an edge ready at its
 predecessor's end or later is tied to that end (+ the difference), one ready earlier (a PDL
 stream edge, a launch call that returned after its op started, a last arrival's start) to the
 predecessor's start (+ the difference). Each collective span is tied to the instance
@@ -85,6 +88,23 @@ def _nesting(w, track: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(par, np.int64), np.array(chi, np.int64)
 
 
+def _device_syncs(w, track: np.ndarray, name: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sync call, GPU op) rows: for each CPU node named *DeviceSynchronize, the last op of each
+    GPU stream of its rank that ended after the call started and by its end."""
+    calls = [i for i in np.flatnonzero(~w.gpu.astype(bool)) if "DeviceSynchronize" in str(name[i])]
+    out_s, out_o = [], []
+    gpu = np.flatnonzero(w.gpu.astype(bool))
+    for i in calls:
+        ops = gpu[(w.rank[gpu] == w.rank[i]) & (w.e[gpu] > w.s[i]) & (w.e[gpu] <= w.e[i])]
+        if not len(ops):
+            continue
+        ops = ops[np.lexsort((ops, w.e[ops], track[ops]))]
+        last = ops[np.r_[track[ops][1:] != track[ops][:-1], True]]
+        out_s += [i] * len(last)
+        out_o += last.tolist()
+    return np.array(out_s, np.int64), np.array(out_o, np.int64)
+
+
 def _graph(w, rid, order, names: dict, inst_of: dict, step, rows_table=None) -> wf.Graph:
     """The wf.Graph of one window (a critical_path _Window, its rows' rid and order; with the rows
     themselves, the nesting edges of its CPU nodes too)."""
@@ -109,6 +129,7 @@ def _graph(w, rid, order, names: dict, inst_of: dict, step, rows_table=None) -> 
     anchor = np.where(rdy >= w.e[src], wf.END, wf.START).astype(np.int64)
     offset = rdy - np.where(anchor == wf.END, w.e[src], w.s[src])
     names_k = [cp._KINDS[k] for k in kind]
+    name = np.array([names.get(int(r)) for r in rid[order]], object)
     track = np.zeros(n, np.int64)
     if rows_table is not None and n:
         # nesting (the replay's own: the critical path's thread order skips nested events, and its
@@ -122,11 +143,17 @@ def _graph(w, rid, order, names: dict, inst_of: dict, step, rows_table=None) -> 
         side = np.r_[side, np.full(len(par), wf.START), np.full(len(chi), wf.END)]
         offset = np.r_[offset, np.zeros(2 * len(par), np.int64)]
         names_k += ["nest"] * (2 * len(par))
-    rid_of = rid[order]
-    name = np.array([names.get(int(r)) for r in rid_of], object)
+        # a device-wide sync waits for every stream of its rank (the critical path keeps the op that
+        # ended last, which is all its walk needs): the last op of each of the rank's streams that
+        # ended inside the call
+        ds, do = _device_syncs(w, track, name)
+        src, dst = np.r_[src, do], np.r_[dst, ds]
+        anchor, side = np.r_[anchor, np.full(len(ds), wf.END)], np.r_[side, np.full(len(ds), wf.END)]
+        offset = np.r_[offset, np.zeros(len(ds), np.int64)]
+        names_k += ["sync"] * len(ds)
     instance = np.array([inst_of.get((int(r), int(e)), -1) for r, e in zip(w.rank, w.eid)], np.int64)
     g = _make(w, name, track, instance, src, dst, anchor, side, offset, names_k, step)
-    nest = g.kind == "nest"
+    nest = g.kind == "nest"  # (the device syncs' edges follow time: they cannot loop)
     if nest.any():
         try:
             wf._order(g)
