@@ -226,3 +226,12 @@ def test_device_sync_waits_for_every_stream_by_hand():
     name = np.array(["cudaDeviceSynchronize", "k", "k", "k", "k", "k", "k"], object)
     calls, ops = rpl._device_syncs(w, track, name)
     assert calls.tolist() == [0, 0] and sorted(ops.tolist()) == [2, 4]
+
+
+def test_an_edit_that_matches_nothing_is_refused(tmp_path, capsys):
+    make_two_rank(tmp_path / "tr")
+    ingest_paths([tmp_path / "tr"], Store(tmp_path / "s"), run_id="tr")
+    assert main(["whatif", "--store", str(tmp_path / "s"), "--scale", "gemn=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "matched nothing" in err and "gemn" in err and len(err.strip().splitlines()) == 1
+    assert main(["whatif", "--store", str(tmp_path / "s"), "--move-off", "broadcast"]) == 2

@@ -37,6 +37,8 @@ edges         BIGINT   edges into the rank's nodes (every rule, cross-rank ones 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from tracekit.analyses import critical_path as cp
@@ -364,5 +366,16 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
             "notes": ge.notes})
     if not out_steps:
         raise BadInputError(f"run {run_id!r}: no events to replay (no GPU op, runtime call, compute or comm op)")
+    # an edit that matched nothing in any step (a misspelt pattern) is refused, not answered unchanged
+    counts: dict[str, int] = {}
+    for st in out_steps:
+        for note in st["notes"]:
+            m = re.match(r"(.*?): (\d+) (?:ops|spans)\b", note)
+            if m:
+                counts[m[1]] = counts.get(m[1], 0) + int(m[2])
+    for edit, n in counts.items():
+        if not n:
+            raise BadInputError(f"run {run_id!r}: the edit matched nothing in any step ({edit}): "
+                                "check its pattern against the run's op names (tracekit sql)")
     return {"run_id": run_id, "edits": [label for label, _ in edits], "model": model, "steps": out_steps,
             "max_replay_error": MAX_REPLAY_ERROR}

@@ -312,7 +312,8 @@ def parse_scale(spec: str) -> list[tuple[str, float]]:
 def scale(g: Graph, key: str, factor: float) -> Graph:
     """Every node of class `key` (one of CLASSES), else every node whose name matches `key`
     (:func:`_matcher`), has its tail (its own work after its last wait; for a kernel, its whole
-    duration) multiplied by `factor`. Raises BadInputError when no node matches."""
+    duration) multiplied by `factor`; the note counts the ops (tracekit.analyses.replay.whatif
+    refuses an edit that matched nothing in any step)."""
     if key in CLASSES:
         hit = g.cls == CLASSES.index(key) + 1
     else:
