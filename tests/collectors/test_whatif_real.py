@@ -7,9 +7,10 @@ and the other way, the clean runs with ``--delay 1:200@all_reduce`` the delayed 
 
 On a loaded 2-core machine a step's time varies by rank and run; the 200 ms delay is four steps
 long, so a prediction that missed it (or the edit that failed to remove it) is off by ~400 %,
-while a step of matmuls alone varied by ±50 % between runs with the machine's load (CI's 2 cores
-are shared): the step's bulk is a wait (``--sleep-ms``), which load does not stretch, and the
-reference is the median over the steps of two clean runs, one before and one after.
+while a step of matmuls alone varied between runs with the machine's load far beyond the bound
+(CI's 2 cores are shared; benchmarks/README.md, "Replay (what-if)"): the step's bulk is a wait
+(``--sleep-ms``), which load does not stretch, and the reference is the median over the steps of
+two clean runs, one before and one after.
 """
 
 from __future__ import annotations
