@@ -331,6 +331,25 @@ class Run:
         """
         return self._view("measured_vs_model", "rank")
 
+    def whatif(self, *, link: str | None = None, algo: str | None = None, scale: str | None = None,
+               no_stragglers: bool = False, chunk: str | None = None, move_off: str | None = None,
+               ops: str | None = None, delay: str | None = None, machine: str | None = None,
+               steps: list | None = None) -> dict:
+        """The step time of a change, predicted by replaying each step's graph across ranks: the dict
+        ``tracekit whatif --json`` prints (:func:`tracekit.report.whatif.whatif_answer`). Edits:
+        ``link`` (a preset: collective transfer times from the α–β model; ``algo``, ``ops``),
+        ``scale`` ('gemm=0.5,compute=0.9'), ``no_stragglers``, ``chunk`` ('all_reduce=4', needs
+        ``link``), ``move_off`` (a collective pattern), ``delay`` ('1:200@all_reduce': a straggler),
+        ``machine`` (a preset or TOML file: NCCL's own model there, not with ``link``).
+        Per step and rank: ``measured_ns``, ``replayed_ns``, ``edited_ns`` (None with ``edited_range_ns`` and the step's ``limits`` where
+        the trace cannot support one number), the critical path's parts before and after (ns).
+        Raises BadInputError for no edit, an unknown preset or a malformed edit."""
+        from tracekit.report.whatif import whatif_answer
+
+        return whatif_answer(self.con, self.run_id, link=link, algo=algo, scale=scale, no_stragglers=no_stragglers,
+                             chunk=chunk, move_off=move_off, ops=ops, delay=delay, machine=machine,
+                             steps=steps)
+
     def report(self) -> dict:
         """The report as data: the dict ``tracekit analyze --json`` prints (:func:`tracekit.report.data.build_report`)."""
         from tracekit.report.data import build_report

@@ -84,6 +84,8 @@ MODULES: tuple[Module, ...] = (
     Module("pipeline_bubbles", ("_pp_runs", "pipeline_bubbles"), ("_overlap_summary", "collectives", "runs")),
     Module("critical_path", ("critical_path", "critical_path_summary"),  # Python: a walk over the events
            ("_instance_calls", "collective_instances", "events", "ranks", "runs")),
+    Module("replay", ("replay_steps",),  # Python: the critical path's graph replayed (tracekit.model.whatif)
+           ("_instance_calls", "collective_instances", "events", "ranks", "runs")),
     Module("overlap_islands", ("_comm_spans", "_compute_spans", "comm_islands", "compute_islands", "overlap_islands"),
            ("events", "intersect_islands", "merge_intervals")),
     Module("gpu_launchers", ("gpu_idle_gaps", "gpu_launchers"), ("events", "ranks")),  # Python; no report reads them

@@ -28,7 +28,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-from tracekit.cli import baseline, commands, conventions, export_diff, predict, profile  # noqa: E402
+from tracekit.cli import baseline, commands, conventions, export_diff, predict, profile, whatif  # noqa: E402
 
 COMMANDS = (
     ("profile", profile.profile, profile.COMMAND_OPTIONS),
@@ -38,6 +38,7 @@ COMMANDS = (
     ("sql", commands.sql, {}),
     ("export", export_diff.export, {}),
     ("diff", export_diff.diff, {}),
+    ("whatif", whatif.whatif, {}),
 )
 """Every top-level command: (name, function, typer's ``app.command`` options), in ``--help`` order."""
 
