@@ -52,6 +52,14 @@ def test_table_output(capsys):
         assert text in out
 
 
+def test_machine_table_notes_print_no_markup(capsys):
+    # the notes under `--machine ... --algo all` are styled, not "[dim]...[/dim]" text
+    rc, out, _ = run(capsys, "all_reduce", "--bytes", "1GB", "--nodes", "4", "--gpus-per-node", "8", "--link-in",
+                     "nvlink4", "--link-out", "ib_ndr", "--nics-per-node", "8", "--algo", "all")
+    assert rc == 0 and "collnet_direct (NCCL): no CollNet (IB SHARP) on this machine" in out
+    assert "[dim]" not in out and "[/dim]" not in out
+
+
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_to_all", "broadcast", "send"])
 def test_other_ops(capsys, op):
     data = run_json(capsys, op, "--bytes", "1MB", "--ranks", "8", "--link", "ib_ndr")

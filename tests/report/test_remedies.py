@@ -73,7 +73,7 @@ def test_rejected_fits_print_rule_and_remedy(store, capsys):
     # the terminal says the same
     assert main(["analyze", "--store", str(store.path), "--run", "log"]) == 0
     out = capsys.readouterr().out
-    assert "Weak references and their remedies" in out
+    assert "Weak references and their remedies" in out and "[bold]" not in out
     assert "  rule min_sizes: 2 distinct sizes: need >= 3" in out
     assert "  rule alpha_term_unmeasured: every size >= the fit's crossover D*" in out
     assert f"--min-bytes {_size_arg(lo)}" in out

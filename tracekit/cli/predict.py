@@ -463,8 +463,10 @@ def _run_all_multi_node(op: str, size_bytes: float, ranks: int, nodes: int, mach
             table.add_row(name, mdl, _ft(t), _ft(a), _ft(b), "—" if dstar is None else _fb(dstar), v)
     console = _console()
     _print(table, console)
-    for name, mdl, *_, words in rows:
-        console.print(f"[dim]{name.removeprefix('* ')} ({mdl}): {words}[/dim]")
+    from rich.text import Text
+
+    for name, mdl, *_, words in rows:  # the console prints markup as text: style with Text
+        console.print(Text(f"{name.removeprefix('* ')} ({mdl}): {words}", style="dim"))
 
 
 def _make_collective_command(op: str):
