@@ -92,6 +92,13 @@ def test_no_rank_lines_is_unknown_with_reason(tmp_path):
     m = machine_facts(g, nic_facts(f))
     assert (m["locality"], m["nodes"], m["source"]) == ("unknown", 0, None)
     assert m["locality_reason"] == "the log has no 'Using devices' rank lines naming hosts"
+    # in the store and the report's JSON: no host known is no node count (NULL), not "0 nodes"
+    store = Store(tmp_path / "s")
+    ingest_paths([f], store, run_id="nohosts")
+    con = analyses.connect(store)
+    assert con.execute("SELECT nodes, hosts_unknown, locality FROM group_machine").fetchall() == [(None, 8, "unknown")]
+    assert [m["nodes"] for m in build_report(store, "nohosts", con=con)["machine"]] == [None]
+    con.close()
 
 
 def test_classify_rules():

@@ -28,7 +28,7 @@ run_id             VARCHAR  run
 pg_name            VARCHAR  process group (nccl-tests: one benchmark run)
 group_size         INTEGER  k, ranks in the group
 hosts              VARCHAR  distinct known hosts of the group's ranks, sorted, comma-separated ('' none)
-nodes              INTEGER  number of distinct known hosts
+nodes              INTEGER  number of distinct known hosts (NULL when no host is known: not 0 nodes)
 hosts_unknown      INTEGER  group ranks whose host is unknown
 ranks_per_host     INTEGER  ranks on each host when every known host holds the same number, else NULL
 max_ranks_per_host INTEGER  most ranks on one known host (NULL: no host known)
@@ -84,12 +84,12 @@ def _bench_rows(con) -> list[dict]:
             m = g.get("machine")
             if not isinstance(m, dict):  # a store written before the ingest recorded the machine
                 hosts = sorted(set(g.get("hosts") or []))
-                m = dict(hosts=hosts, nodes=len(hosts), locality="unknown",
+                m = dict(hosts=hosts, locality="unknown",
                          locality_reason="the store holds no per-rank hosts for this run (re-ingest it)")
             hosts = m.get("hosts") or []
             rows.append(dict(
                 run_id=rid, pg_name=g["pg_name"], group_size=g.get("group_size"), hosts=",".join(hosts),
-                nodes=len(hosts), hosts_unknown=0 if hosts else g.get("group_size"),
+                nodes=len(hosts) or None, hosts_unknown=0 if hosts else g.get("group_size"),
                 ranks_per_host=m.get("ranks_per_host"), max_ranks_per_host=m.get("max_ranks_per_host"),
                 gpu=m.get("gpu") or device, nics_per_node=m.get("nics_per_node"), nic=m.get("nic"),
                 locality=m.get("locality") or "unknown", locality_reason=m.get("locality_reason"),
@@ -132,7 +132,7 @@ def _trace_rows(con) -> list[dict]:
             locality, reason = classify(per_host, unknown)
         counts = set(per_host.values())
         rows.append(dict(
-            run_id=rid, pg_name=pg, group_size=k, hosts=",".join(sorted(per_host)), nodes=len(per_host),
+            run_id=rid, pg_name=pg, group_size=k, hosts=",".join(sorted(per_host)), nodes=len(per_host) or None,
             hosts_unknown=unknown, ranks_per_host=counts.pop() if len(counts) == 1 else None,
             max_ranks_per_host=max(per_host.values(), default=None), gpu=device, locality=locality,
             locality_reason=reason, source=TRACE_SOURCE if per_host else None,
