@@ -207,3 +207,15 @@ def test_nsys_export_without_string_ids_is_refused(tmp_path, store, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "no_strings.sqlite: Nsight Systems export without its StringIds table" in lines[0]
     assert store_snapshot(store) == before
+
+
+def test_a_folder_of_run_folders_names_them(tmp_path, capsys):
+    # hta_cpu_only_gloo-style: the traces sit one level down, one folder per run
+    top = tmp_path / "runs"
+    for name in ("v_head", "v_b8cce2c"):
+        (top / name).mkdir(parents=True)
+        (top / name / "rank0.json").write_text("{}")
+    assert main(["ingest", str(top), "--store", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.endswith("it has subfolders (v_b8cce2c/, v_head/): ingest each as its own run")
+    assert not (tmp_path / "s").exists()

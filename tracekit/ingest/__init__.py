@@ -57,9 +57,17 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
             found += [q for q in entries if q not in found and is_fr_dump(q)]
             if not found:
+                try:  # one level down only: a folder of runs is named run by run, never read as one run
+                    subs = sorted(q.name for q in p.iterdir() if q.is_dir() and not q.name.startswith("."))
+                except OSError:
+                    subs = []
+                hint = ""
+                if subs:
+                    shown = ", ".join(f"{n}/" for n in subs[:5]) + (f" and {len(subs) - 5} more" if len(subs) > 5 else "")
+                    hint = f"; it has subfolders ({shown}): ingest each as its own run"
                 raise FileError(
                     p, "directory holds no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep, nccl-tests logs, "
-                       "Flight Recorder dumps)"
+                       "Flight Recorder dumps)" + hint
                 )
             out.extend(sorted(found))
         elif not p.is_file():
