@@ -416,7 +416,7 @@ def build_report(
             "window": f"seq of group {pg} restarts {n} time(s) (profiler windows in one file): matched per window",
             "conflict": f"{n} seq(s) of group {pg} recorded as different spans: flagged disagree, no sync time",
         }[kind])
-    return dict(
+    report = dict(
         run=run,
         ranks=ranks,
         collectives=by_op,
@@ -458,6 +458,9 @@ def build_report(
         hang=hang_section(con, run_id),
         remedies=_remedies(con, run, fit, references),
     )
+    from tracekit.report.glance import glance_summary
+
+    return {"summary": glance_summary(con, report), **report}  # "At a glance" first (tracekit/report/glance.py)
 
 
 def _remedies(con, run: dict, fit: list[dict], references: list[dict]) -> list[dict]:
