@@ -269,7 +269,10 @@ def print_remedies(report: dict, console) -> None:
     rem = report.get("remedies") or []
     if not rem:
         return
-    console.print("[bold]Weak references and their remedies[/bold]")
+    from rich.text import Text
+
+    console.print()
+    console.print(Text("Weak references and their remedies", style="bold"))
     for r in rem:  # markup off: rules and commands hold brackets
         n = f" ({r['groups']} groups)" if (r.get("groups") or 1) > 1 else ""
         console.print(f"• {r['weak']}{n}", markup=False, highlight=False)
