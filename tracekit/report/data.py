@@ -719,7 +719,7 @@ def print_report(report: dict, console=None, detail: bool = False, sections=None
 
         print_glance(report, console)
     if only is None and not detail:
-        hidden = [f"sizes ({len(report.get('by_size') or [])} rows)" if n == "sizes" else n for n in DETAIL_ONLY
+        hidden = [f"sizes ({len(report.get('by_size') or [])} row(s))" if n == "sizes" else n for n in DETAIL_ONLY
                   if n != "sizes" or report.get("by_size")]
         console.print(Text("not shown: " + ", ".join(hidden) + " — tracekit analyze --detail (all) or --section NAME "
                            "(--section help lists them); --json and --html hold everything", style="dim"))

@@ -74,7 +74,8 @@ def exposed_summary(report: dict) -> tuple[dict | None, str | None]:
         return None, "no profiled step holds communication"
     exposed = _mean(rows, "exposed_ns")
     out = dict(exposed_ns=exposed, comm_ns=_mean(rows, "comm_ns"), ranks=len(rows),
-               predicted_exposed_ns=_mean(rows, "predicted_exposed_ns"), model=rows[0].get("model"))
+               predicted_exposed_ns=_mean(rows, "predicted_exposed_ns"), model=rows[0].get("model"),
+               reference=rows[0].get("ab_source"))
     skew, transfer, exposure = (_mean(rows, k) for k in ("gap_skew_ns", "gap_transfer_ns", "gap_exposure_ns"))
     out["straggler_wait_ns"] = skew
     pred = out["predicted_exposed_ns"]
@@ -157,9 +158,11 @@ def _recommendation(report: dict, exposed: dict | None) -> dict | None:
                 return dict(kind="straggler", saving_ns=v, text=(
                     f"balance the work before the collectives: {who} (see Stragglers by rank)"))
             if k == "transfer":
+                weak = (f" (the reference, {exposed.get('reference')}, is weak: see the remedies)"
+                        if report.get("remedies") and exposed.get("reference") else "")
                 return dict(kind="transfer", saving_ns=v, text=(
-                    "the collectives take longer than the α–β reference predicts: check the link (tracekit analyze "
-                    "--link PRESET), the algorithm (tracekit predict), and calibrate (tracekit collect sweep)"))
+                    f"the collectives take longer than the α–β reference predicts{weak}: check the link (tracekit "
+                    "analyze --link PRESET), the algorithm (tracekit predict), and calibrate (tracekit collect sweep)"))
             return dict(kind="exposure", saving_ns=v, text=(
                 f"overlap communication with compute: the run's overlap model ({exposed.get('model')}) would hide "
                 "this much more (e.g. DDP bucketing, async_op=True with the wait after independent compute)"))
