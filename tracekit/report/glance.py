@@ -30,7 +30,7 @@ def step_summary(report: dict) -> tuple[dict | None, str | None]:
 
     From ``gpu_time_breakdown.by_step`` (analyses/gpu_time_breakdown.py; its parts sum to the
     step's GPU window): ``step_ns`` (the window), ``compute_ns`` (compute only), ``comm_exposed_ns``,
-    ``comm_hidden_ns``, ``memory_ns``, ``sync_other_ns`` (sync + other), ``idle_ns``, and ``steps``,
+    ``comm_hidden_ns`` (communication under compute), ``memory_ns``, ``sync_other_ns`` (sync + other), ``idle_ns``, and ``steps``,
     ``ranks``. Without GPU steps but with ``measured_vs_model`` rows (CPU-only ranks), the step's
     wall time is unknown: ``step_ns`` None and ``compute_ns``/``comm_exposed_ns`` from those rows."""
     if report["run"].get("source") == "nccl_tests":
@@ -236,9 +236,9 @@ def glance_lines(summary: dict) -> list[str]:
     s = summary.get("step")
     if s and s.get("step_ns") is not None:
         out.append(f"step: {fmt_ms(s['step_ns'])} ms (mean of {s['ranks']} rank(s) × {s['steps']} step(s)) = "
-                   f"compute {fmt_ms(s['compute_ns'])} + exposed comm {fmt_ms(s['comm_exposed_ns'])} + memcpy "
-                   f"{fmt_ms(s['memory_ns'])} + sync/other {fmt_ms(s['sync_other_ns'])} + idle {fmt_ms(s['idle_ns'])} ms"
-                   f" (hidden comm {fmt_ms(s['comm_hidden_ns'])} ms)")
+                   f"compute only {fmt_ms(s['compute_ns'])} + comm hidden under compute {fmt_ms(s['comm_hidden_ns'])} "
+                   f"+ exposed comm {fmt_ms(s['comm_exposed_ns'])} + memcpy {fmt_ms(s['memory_ns'])} + sync/other "
+                   f"{fmt_ms(s['sync_other_ns'])} + idle {fmt_ms(s['idle_ns'])} ms")
     elif s:
         out.append(f"step: — (wall time not measured); per step compute {fmt_ms(s['compute_ns'])} ms, exposed comm "
                    f"{fmt_ms(s['comm_exposed_ns'])} ms, hidden comm {fmt_ms(s['comm_hidden_ns'])} ms")
