@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tracekit.report.textfmt import fmt_ms, fmt_pct, fmt_us
+from tracekit.report.textfmt import fmt_ms, fmt_pct, fmt_size, fmt_us
 
 WORST = 3
 """Collectives listed at a glance."""
@@ -206,12 +206,6 @@ def glance_summary(con, report: dict) -> dict[str, Any]:
                 recommendation=_recommendation(report, exposed), not_judged=not_judged)
 
 
-def _size(b) -> str:
-    from tracekit.report.data import size_label
-
-    return size_label(b)
-
-
 def worst_line(r: dict) -> str:
     """One row of ``summary['worst']`` as a sentence fragment."""
     ref = r.get("reference") or "no reference"
@@ -223,7 +217,7 @@ def worst_line(r: dict) -> str:
     else:
         cost = (f"{fmt_us(r['cost_ns'])} µs {per} = wait {fmt_us(r.get('wait_ns'))} + sync {fmt_us(r['sync_ns'])} "
                 f"({model or 'no model'})")
-    return (f"{r['op']} k={r['group_size'] if r['group_size'] is not None else '—'} size ≥ {_size(r['bucket_bytes'])}: "
+    return (f"{r['op']} k={r['group_size'] if r['group_size'] is not None else '—'} size ≥ {fmt_size(r['bucket_bytes'])}: "
             f"{cost}, efficiency {eff}, {r.get('verdict') or 'no verdict'} "
             f"against {ref}" + (f" [{r['basis']}]" if r.get("basis") else ""))
 
