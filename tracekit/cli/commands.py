@@ -162,7 +162,7 @@ def analyze(
         None, "--section", metavar="NAME",
         help="Print only this section of the report (repeatable; --section help lists the names)."),
 ) -> None:
-    """The report for a run: at a glance, then collectives, overlap, stragglers, α–β fit and verdicts."""
+    """The report for a run: at a glance, then collectives, overlap, stragglers, verdicts."""
     from tracekit.model import parse_bandwidth, parse_time
     from tracekit.report.data import SECTIONS, build_report, check_sections, print_report, report_connection, report_json
 

@@ -603,7 +603,8 @@ def print_by_size(report: dict, console) -> None:
     rows = report.get("by_size") or []
     if not rows:
         return
-    runs = any(r["bench_run"] for r in rows)
+    # a benchmark run column only when some run's name says more than its op (one log per op: it would repeat it)
+    runs = any(r["bench_run"] and bench_label(r["bench_run"]) != r["op"] for r in rows)
     classes = True  # locality is a column of the one table (bandwidth_by_locality's rows are in --json)
     links = sorted({r["link"] for r in rows if r.get("link")})
 
