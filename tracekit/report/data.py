@@ -642,7 +642,7 @@ def print_by_size(report: dict, console) -> None:
 def print_peak_busbw(report: dict, console) -> None:
     """For a sweep or nccl-tests log, the peak busbw per op (and benchmark run) and the exact size it
     was reached at, in binary units as the size buckets are."""
-    runs = any(r["bench_run"] for r in report.get("by_size") or [])
+    runs = any(r["bench_run"] and bench_label(r["bench_run"]) != r["op"] for r in report.get("peak_busbw") or [])
     workload, source = report["run"].get("workload"), report["run"].get("source")
     if (workload == "sweep" or source == "nccl_tests") and report.get("peak_busbw"):
         t = _table("Peak busbw per op" + (" and benchmark run" if runs else ""))
