@@ -66,7 +66,8 @@ def exposed_summary(report: dict) -> tuple[dict | None, str | None]:
     as the α–β model predicts it plus what the measurement takes beyond it); ``not_hidden_ns`` = the
     gap's exposure part (what the run's overlap model would hide but was not; negative when more was
     hidden than it assumes). ``*_share`` = part / exposed. The skew part is None when waits cannot be
-    measured (one rank of a group recorded)."""
+    measured (one rank of a group recorded). Also ``comm_ns``, ``predicted_exposed_ns``, ``ranks``,
+    ``model`` (the overlap model) and ``reference`` (where the first rank's α/β came from, ab_source)."""
     rows = [r for r in report.get("measured_vs_model") or [] if r.get("steps")]
     if not rows:
         if report["run"].get("source") == "nccl_tests":
