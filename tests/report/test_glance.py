@@ -179,3 +179,20 @@ def test_html_of_the_sweep_under_6000_px(a100, tmp_path):
     m = re.search(r'<div id="tk-status"[^>]*data-scroll-height="(\d+)"', out.stdout)
     assert m, out.stderr[-2000:]
     assert int(m.group(1)) < 6000
+
+
+def test_html_folds_the_long_tables(a100):
+    from tracekit.report.html import FOLD_ROWS, html_data, render_html
+
+    rep = build_report(a100, "a100")
+    page = render_html(html_data(a100, "a100", report=rep))
+    # the per-size table (one row per op and size bucket, far more than FOLD_ROWS) sits in a closed <details>,
+    # with the efficiency against the link as a column of it; no separate efficiency-by-size table
+    assert len(rep["by_size"]) > FOLD_ROWS
+    folded = re.search(r'<details class="tk-long"><summary>(\d+) rows: show the table</summary>'
+                       r'<div class="table-wrap"><table id="tk-table-per-size">', page)
+    assert folded and int(folded.group(1)) == len(rep["by_size"])
+    assert "vs link" in page.split('id="tk-table-per-size"')[1].split("</thead>")[0]
+    assert "tk-table-efficiency-by-size" not in page
+    # the verdicts stay open: they are the answer, not a detail
+    assert '<details class="tk-long"><summary>' not in page.split('id="tk-table-verdicts"')[0].rsplit("<h3>", 1)[1]
