@@ -110,9 +110,9 @@ def test_report_terminal_and_api_by_size(two_sizes, capsys):
     import tracekit
     from tracekit.report.data import print_report
 
-    print_report(build_report(two_sizes, "two"))
+    print_report(build_report(two_sizes, "two"), detail=True)
     out = capsys.readouterr().out
-    assert "Collectives per op and size" in out and "median size" not in out
+    assert "Collectives per op, class and size" in out and "median size" not in out
     df = tracekit.open(two_sizes.path).run("two").bandwidth(by="size")
     assert list(df["bucket_bytes"]) == [4096, 1 << 20] and list(df["instances"]) == [4, 2]
     assert "peak_busbw_GBps" in df.columns
@@ -288,7 +288,7 @@ def test_report_names_group_and_class(two_hosts, capsys):
     assert mib["inter_node"]["median_efficiency_link"] == pytest.approx((10 + (1 << 20) / 40e3) / 200)
     assert (mib["intra_node"]["count"], mib["intra_node"]["link"]) == (4, "nvlink4")
     assert mib["intra_node"]["median_efficiency_link"] == pytest.approx((4 + (1 << 20) / 360e3) / 200)
-    print_report(rep)
+    print_report(rep, detail=True)
     out = capsys.readouterr().out
     assert "α–β fit per op and process group" in out and "all inter (2)" in out and "tp0" in out
     from tracekit.report.html import html_data, render_html
@@ -370,7 +370,7 @@ def test_an_insufficient_fit_prints_no_alpha_beta_or_boundary(two_hosts):
     from tracekit.report.data import print_report
 
     buf = io.StringIO()
-    print_report(build_report(two_hosts, "job"), Console(file=buf, width=160, no_color=True))
+    print_report(build_report(two_hosts, "job"), Console(file=buf, width=160, no_color=True), detail=True)
     text = buf.getvalue()
     fit = text[text.index("α–β fit per op and process group"):text.index("α–β fit quality")].splitlines()
     row = {line.split()[2]: line.split() for line in fit if line.startswith("all_reduce")}

@@ -121,10 +121,10 @@ def test_report_flags_world_k_and_over_cap(subgroup, tmp_path):
     assert by_op["reduce_scatter"]["over_cap"] == 1
     assert by_op["all_reduce"]["k_world"] == 1
     assert any("exceed" in w and "reduce_scatter" in w for w in rep["warnings"])
-    text = subprocess.run([sys.executable, "-m", "tracekit", "analyze", "--store", str(store.path)],
+    text = subprocess.run([sys.executable, "-m", "tracekit", "analyze", "--store", str(store.path), "--detail"],
                           capture_output=True, text=True, check=True).stdout
     assert "!" in text.split("Collectives per op (")[1].split("\n\n")[0]  # the peak is marked, not bare
-    by_size = text.split("Collectives per op and size")[1].split("\n\n")[0]
+    by_size = text.split("Collectives per op, class and size")[1].split("\n\n")[0]
     rs = [line for line in by_size.splitlines() if line.startswith("reduce_scatter")]
     assert rs and all("!" in line for line in rs)
 

@@ -36,7 +36,7 @@ def reports(tmp_path_factory):
 
 def _render(rep, width: int) -> str:
     buf = io.StringIO()
-    print_report(rep, Console(file=buf, width=width, no_color=True, force_terminal=False))
+    print_report(rep, Console(file=buf, width=width, no_color=True, force_terminal=False), detail=True)  # every table
     return buf.getvalue()
 
 

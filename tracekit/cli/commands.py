@@ -157,11 +157,20 @@ def analyze(
     critical_path: Optional[bool] = typer.Option(
         None, "--critical-path/--no-critical-path",
         help="Build the cross-rank critical path (default: only for runs of at most 1,000,000 events; slow on big traces)."),
+    detail: bool = typer.Option(False, "--detail", help="Also print the long tables: per size, the fits, the references."),
+    section: Optional[list[str]] = typer.Option(
+        None, "--section", metavar="NAME",
+        help="Print only this section of the report (repeatable; --section help lists the names)."),
 ) -> None:
-    """The report for a run: collectives, overlap, stragglers, α–β fit and verdicts."""
+    """The report for a run: at a glance, then collectives, overlap, stragglers, verdicts."""
     from tracekit.model import parse_bandwidth, parse_time
-    from tracekit.report.data import build_report, print_report, report_connection, report_json
+    from tracekit.report.data import SECTIONS, build_report, check_sections, print_report, report_connection, report_json
 
+    if section and "help" in section:
+        for name, what in SECTIONS.items():
+            typer.echo(f"{name:14} {what}")
+        return
+    check_sections(section or [])  # an unknown name fails before any work
     st = _store(store)
     rid, con = report_connection(st, run, link)  # one connection: every analysis built once
     try:
@@ -178,7 +187,7 @@ def analyze(
     if json_out:
         typer.echo(report_json(rep))
     else:
-        print_report(rep)
+        print_report(rep, detail=detail, sections=section)
 
 
 def runs(

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from tracekit.store import Store
-from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us, short_kernel_name
+from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_size, fmt_us, short_kernel_name
 
 TOP_STRAGGLERS = 10
 
@@ -416,7 +416,7 @@ def build_report(
             "window": f"seq of group {pg} restarts {n} time(s) (profiler windows in one file): matched per window",
             "conflict": f"{n} seq(s) of group {pg} recorded as different spans: flagged disagree, no sync time",
         }[kind])
-    return dict(
+    report = dict(
         run=run,
         ranks=ranks,
         collectives=by_op,
@@ -458,6 +458,9 @@ def build_report(
         hang=hang_section(con, run_id),
         remedies=_remedies(con, run, fit, references),
     )
+    from tracekit.report.glance import glance_summary
+
+    return {"summary": glance_summary(con, report), **report}  # "At a glance" first (tracekit/report/glance.py)
 
 
 def _remedies(con, run: dict, fit: list[dict], references: list[dict]) -> list[dict]:
@@ -593,20 +596,26 @@ def bench_label(pg_name) -> str:
 
 
 def print_by_size(report: dict, console) -> None:
-    """``report['by_size']`` as the nccl-tests-style table (size, count, time, algbw, busbw, model
-    time, efficiency, verdict) and, for a sweep or nccl-tests log, the peak busbw per op."""
+    """``report['by_size']`` as ONE nccl-tests-style table per op, group size, locality class (and
+    benchmark run of a log) and size bucket: count, time, algbw, busbw, peak, the reference's model
+    time and efficiency, the efficiency against the link (``vs link``) and the verdict. Sizes are
+    the buckets' lower bounds in binary units (:func:`size_label`)."""
     rows = report.get("by_size") or []
     if not rows:
         return
-    runs = any(r["bench_run"] for r in rows)
-    classes = len({r["locality"] for r in rows}) > 1
+    # a benchmark run column only when some run's name says more than its op (one log per op: it would repeat it)
+    runs = any(r["bench_run"] and bench_label(r["bench_run"]) != r["op"] for r in rows)
+    classes = True  # locality is a column of the one table (bandwidth_by_locality's rows are in --json)
+    links = sorted({r["link"] for r in rows if r.get("link")})
 
     def mixed(r):
         return "†" if (r.get("references") or 0) > 1 else ""
 
-    t = _table("Collectives per op and size (power-of-two buckets as nccl-tests steps sizes; medians within a bucket)")
+    t = _table("Collectives per op, class and size (power-of-two buckets as nccl-tests steps sizes; medians within "
+               "a bucket)")
     for col in ("op", "k") + (("class",) if classes else ()) + (("run",) if runs else ()) + (
-            "size ≥", "count", "sync µs", "algbw", "busbw", "peak", "model µs", "eff", "bound"):
+            "size ≥", "count", "sync µs", "algbw", "busbw", "peak", "model µs", "eff") + (
+            ("vs link",) if links else ()) + ("bound",):
         t.add_column(col, justify="left" if col in ("op", "class", "run", "bound") else "right", no_wrap=(col == "op"))
     for r in rows:
         bound = (r["verdict"] or "—").replace("-bound", "") + ("*" if (r["verdicts"] or 0) > 1 else "")
@@ -615,15 +624,25 @@ def print_by_size(report: dict, console) -> None:
                   size_label(r["bucket_bytes"]), str(r["count"]), fmt_us(r["median_sync_time_ns"]),
                   fmt_num(r["median_algbw_gbps"]), fmt_num(r["median_busbw_gbps"]),
                   ("!" if _over_cap(r) else "") + fmt_num(r["peak_busbw_gbps"]),
-                  fmt_us(r["median_predicted_ns"]) + mixed(r), fmt_num(r["median_efficiency"]) + mixed(r), bound)
+                  fmt_us(r["median_predicted_ns"]) + mixed(r), fmt_num(r["median_efficiency"]) + mixed(r),
+                  *((fmt_num(r["median_efficiency_link"]),) if links else ()), bound)
     t.caption = ("algbw, busbw GB/s (nccl-tests rules); model, eff: the verdicts' reference (predicted / measured; "
                  "† = medians over groups judged against different references: see the references below); "
-                 "bound: the most frequent verdict (* = the bucket holds several)"
+                 + (f"vs link: predicted / measured against {', '.join(links)}; " if links else "")
+                 + "bound: the most frequent verdict (* = the bucket holds several), by the reference's D* at that "
+                 "size; under NCCL's model the protocol it picks per size sets α, so a switch (LL → LL128) raises "
+                 "the fixed latency and D* and a larger size can read latency after a smaller read bandwidth"
                  + ("; eff > 1: faster than the reference predicts (a pessimistic reference for that op and size, "
                     "e.g. a preset's α)" if any((r["median_efficiency"] or 0) > 1 for r in rows) else "")
                  + ("; ! = above the device's physical cap (see the warnings)" if any(_over_cap(r) for r in rows)
                     else ""))
     _show(console, t)
+
+
+def print_peak_busbw(report: dict, console) -> None:
+    """For a sweep or nccl-tests log, the peak busbw per op (and benchmark run) and the exact size it
+    was reached at, in binary units as the size buckets are."""
+    runs = any(r["bench_run"] and bench_label(r["bench_run"]) != r["op"] for r in report.get("peak_busbw") or [])
     workload, source = report["run"].get("workload"), report["run"].get("source")
     if (workload == "sweep" or source == "nccl_tests") and report.get("peak_busbw"):
         t = _table("Peak busbw per op" + (" and benchmark run" if runs else ""))
@@ -631,12 +650,55 @@ def print_by_size(report: dict, console) -> None:
             t.add_column(col, justify="left" if col in ("op", "run") else "right")
         for r in report["peak_busbw"]:
             t.add_row(r["op"], _k(r["group_size"]), *((bench_label(r["bench_run"]),) if runs else ()),
-                      fmt_num(r["peak_busbw_gbps"]), fmt_bytes(r["at_size_bytes"]), str(r["size_buckets"]))
+                      fmt_num(r["peak_busbw_gbps"]), fmt_size(r["at_size_bytes"]), str(r["size_buckets"]))
         _show(console, t)
 
 
-def print_report(report: dict, console=None) -> None:
-    """Render a :func:`build_report` dict as rich tables (to stdout by default)."""
+SECTIONS: dict[str, str] = {
+    # the terminal report's sections, in print order (`tracekit analyze --section NAME`)
+    "glance": "At a glance: step, exposed communication, worst collectives, what to do, what was not judged",
+    "collectives": "collectives per op (count, bytes, peak busbw, wait)",
+    "sizes": "ONE table per op, group size, class and size bucket: time, algbw, busbw, model, efficiency, "
+             "efficiency against the link, verdict (only with --detail)",
+    "peak": "peak busbw per op (sweeps and nccl-tests logs)",
+    "overlap": "overlap per rank",
+    "stragglers": "worst stragglers and stragglers by rank",
+    "fit": "the α–β fits per op and group and their quality (only with --detail)",
+    "references": "what each op was judged against, and the references' α, β, D* (only with --detail)",
+    "remedies": "weak references and the command that fixes each",
+    "verdicts": "verdicts per op and class",
+    "furthest": "the instances furthest from the model",
+    "model": "measured vs model per step, the gap decomposed, per dimension",
+    "groups": "process groups by dimension",
+    "gpu": "GPU time breakdown and idle time",
+    "kernels": "top GPU ops and their launchers",
+    "alltoall": "all-to-all imbalance",
+    "fleet": "fleet view of node pairs",
+    "bubbles": "pipeline bubbles",
+    "critical-path": "critical path per step and rank",
+    "hang": "Flight Recorder triage",
+    "warnings": "warnings",
+}
+DETAIL_ONLY = ("sizes", "fit", "references")
+"""Sections the terminal shows only with --detail or --section (the JSON keeps everything)."""
+
+
+def check_sections(names) -> list[str]:
+    """The ``--section`` names, checked against :data:`SECTIONS`. Raises BadInputError naming the
+    unknown one and listing the names."""
+    from tracekit.errors import BadInputError
+
+    for n in names:
+        if n not in SECTIONS:
+            raise BadInputError(f"unknown --section {n!r}: expected one of {', '.join(SECTIONS)} "
+                                "(--section help describes them)")
+    return list(names)
+
+
+def print_report(report: dict, console=None, detail: bool = False, sections=None) -> None:
+    """Render a :func:`build_report` dict as rich tables (to stdout by default): the run's line,
+    then "At a glance", then the sections of :data:`SECTIONS`. The :data:`DETAIL_ONLY` ones only
+    with ``detail`` (else one line says how to see them); ``sections`` (names) prints only those."""
     from tracekit.report.textfmt import literal, output_console
 
     console = console or output_console(120)
@@ -646,26 +708,40 @@ def print_report(report: dict, console=None) -> None:
     # a benchmark log is one file measuring all its ranks together: "ranks ingested=1" would read as 1 of N
     ranks = ("ranks: a benchmark log (per-size averages over all ranks, no per-rank trace)"
              if run.get("source") == "nccl_tests" else f"ranks ingested={len(report['ranks'])}")
+    only = set(check_sections(sections)) if sections else None
+
+    def want(name: str) -> bool:
+        return name in only if only is not None else (detail or name not in DETAIL_ONLY)
+
     console.print(Text.assemble(("run", "bold"), literal(
         f" {run['run_id']}  workload={run.get('workload')}  backend={run.get('backend')}  "
         f"world_size={run.get('world_size')}  device={run.get('device_name') or '—'}  {ranks}"
     )))
     print_machine(report, console)
+    if want("glance"):
+        from tracekit.report.glance import print_glance
+
+        print_glance(report, console)
+    if only is None and not detail:
+        hidden = [f"sizes ({len(report.get('by_size') or [])} row(s))" if n == "sizes" else n for n in DETAIL_ONLY
+                  if n != "sizes" or report.get("by_size")]
+        console.print(Text("not shown: " + ", ".join(hidden) + " — tracekit analyze --detail (all) or --section NAME "
+                           "(--section help lists them); --json and --html hold everything", style="dim"))
     print_cpu_side(report, console)
     offs = [r for r in report["ranks"] if r.get("clock_offset_ns")]
-    if offs:
+    if offs and want("collectives"):
         console.print("clock offsets applied: " + ", ".join(
             f"rank {r['rank']} {r['clock_offset_ns'] / 1e3:+,.1f} µs (± {r['clock_offset_err_ns'] / 1e3:,.1f})" for r in offs))
-    t = _table("Collectives per op (matched instances; per size: the table by size below)")
+    t = _table("Collectives per op (matched instances; per size: --section sizes)")
     for col in ("op", "count", "total bytes", "size buckets", "peak busbw GB/s", "at size", "total wait ms",
                 "incomplete"):
         t.add_column(col, justify="right" if col != "op" else "left", no_wrap=(col == "op"))
     notes = []
     for r in report["collectives"]:
         t.add_row(
-            r["op"], str(r["count"]), fmt_bytes(r["total_bytes"]), str(r["size_buckets"]),
+            r["op"], str(r["count"]), fmt_size(r["total_bytes"]), str(r["size_buckets"]),
             ("!" if _over_cap(r) else "") + ("≥" if r.get("peak_lower_bound") else "") + fmt_num(r["peak_busbw_gbps"]),
-            fmt_bytes(r["peak_busbw_size_bytes"]),
+            fmt_size(r["peak_busbw_size_bytes"]),
             fmt_ms(r["total_wait_ns"]), str(r["incomplete"]),
         )
     if any(r.get("peak_lower_bound") for r in report["collectives"]):
@@ -682,9 +758,13 @@ def print_report(report: dict, console=None) -> None:
         notes.append(f"{n} unattributed comm span(s) (no collective metadata) are counted in overlap but not here")
     if notes:
         t.caption = "; ".join(notes)
-    _show(console, t)
-    print_by_size(report, console)
-    if run.get("source") == "nccl_tests":
+    if want("collectives"):
+        _show(console, t)
+    if want("sizes"):
+        print_by_size(report, console)
+    if want("peak"):
+        print_peak_busbw(report, console)
+    if run.get("source") == "nccl_tests" and want("collectives"):
         console.print(Text("nccl-tests log: one row per message size (the log's average time); no timeline to overlap",
                        style="dim"))
     t = _table("Overlap per rank (whole trace)")
@@ -693,24 +773,24 @@ def print_report(report: dict, console=None) -> None:
     for r in report["overlap_by_rank"]:  # empty for nccl-tests runs
         t.add_row(str(r["rank"]), fmt_ms(r["comm_ns"]), fmt_ms(r["compute_ns"]), fmt_ms(r["overlap_ns"]),
                   fmt_ms(r["exposed_comm_ns"]), fmt_pct(r["overlap_ratio"]))
-    if report["overlap_by_rank"]:
+    if report["overlap_by_rank"] and want("overlap"):
         _show(console, t)
-    if report["stragglers"]:
+    if report["stragglers"] and want("stragglers"):
         t = _table(f"Worst stragglers (top {TOP_STRAGGLERS} instances by skew)")
         for col in ("op", "pg", "seq", "size", "straggler rank", "skew µs", "sync µs"):
             t.add_column(col, justify="right" if col not in ("op", "pg") else "left")
         for r in report["stragglers"]:
-            t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), fmt_bytes(r["size_bytes"]), str(r["straggler"]),
+            t.add_row(r["op"], str(r["pg_name"]), str(r["seq"]), fmt_size(r["size_bytes"]), str(r["straggler"]),
                       fmt_us(r["skew_ns"]), fmt_us(r["sync_time_ns"]))
         _show(console, t)
-    if report.get("straggler_ranks"):
+    if report.get("straggler_ranks") and want("stragglers"):
         t = _table("Stragglers by rank (the waiting each imposed on the others)")
         for col in ("rank", "times last", "waiting imposed ms", "largest waits summed ms"):
             t.add_column(col, justify="right")
         for r in report["straggler_ranks"]:
             t.add_row(str(r["rank"]), str(r["times_last"]), fmt_ms(r["wait_caused_ns"]), fmt_ms(r["skew_sum_ns"]))
         _show(console, t)
-    if report.get("fit"):
+    if report.get("fit") and want("fit"):
         t = _table("α–β fit per op and process group (this run's sync times; weighted by relative error; "
                    "only a group's 'ok' fit judges anything)")
         for col in ("op", "k", "group", "used", "sizes", "α/step µs (95 %)", "fixed latency µs", "β GB/s (95 %)"):
@@ -745,7 +825,7 @@ def print_report(report: dict, console=None) -> None:
                      "'all <class>': that class's groups pooled; β from "
                      "the plateau sizes >= 4·D*, α from the sizes below (--json: alpha_range_*, beta_range_*)")
         _show(console, t)
-    if report.get("references"):
+    if report.get("references") and want("references"):
         t = _table("Reference of the verdicts (what each op was judged against)")
         for col in ("op", "k", "class", "instances", "reference", "note"):
             t.add_column(col, justify="left" if col in ("op", "class", "reference", "note") else "right")
@@ -769,8 +849,9 @@ def print_report(report: dict, console=None) -> None:
             _show(console, t)
     from tracekit.report.remedies import print_remedies
 
-    print_remedies(report, console)  # why each weak reference is weak and the command that fixes it
-    if report.get("verdicts"):
+    if want("remedies"):
+        print_remedies(report, console)  # why each weak reference is weak and the command that fixes it
+    if report.get("verdicts") and want("verdicts"):
         t = _table("Verdicts (skew-bound: waiting > transfer; else latency-bound below D*, bandwidth-bound above)")
         for col in ("op", "class", "verdict", "reference", "count", "efficiency", "vs link"):
             t.add_column(col, justify="right" if col in ("count", "efficiency", "vs link") else "left")
@@ -784,28 +865,15 @@ def print_report(report: dict, console=None) -> None:
                      "the link (" + (", ".join(links) or "none") + "); class: the group's ranks on one host (intra), "
                      "one on each of several (inter), several on each of several (mixed), unknown")
         _show(console, t)
-    eff = [r for r in report.get("by_size") or [] if r.get("link")]
-    if eff:
-        t = _table("Efficiency against the link per op and size (predicted / measured sync time)")
-        classes = len({r["locality"] for r in eff}) > 1
-        for col in ("op", "k") + (("class",) if classes else ()) + ("size ≥", "link", "link µs", "efficiency", "regime"):
-            t.add_column(col, justify="left" if col in ("op", "class", "link", "regime") else "right")
-        for r in eff:
-            t.add_row(r["op"], _k(r["group_size"]), *((LOCALITY_SHORT.get(r["locality"], "?"),) if classes else ()),
-                      size_label(r["bucket_bytes"]), r["link"],
-                      fmt_us(r["median_link_predicted_ns"]), fmt_num(r["median_efficiency_link"]), r["link_regime"] or "—")
-        t.caption = ("regime by the link's D*; degraded links are judged on each group's busbw plateau against "
-                     "its peers and the model (tracekit/analyses/fleet.py)")
-        _show(console, t)
-    if report.get("furthest_from_model"):
+    if report.get("furthest_from_model") and want("furthest"):
         t = _table("Furthest from the model (lowest predicted/measured under each verdict's reference, see above)")
         for col in ("op", "seq", "size", "sync µs", "predicted µs", "efficiency", "verdict", "best algo"):
             t.add_column(col, justify="left" if col in ("op", "verdict", "best algo") else "right")
         for r in report["furthest_from_model"]:
-            t.add_row(r["op"], str(r["seq"]), fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]), fmt_us(r["predicted_ns"]),
+            t.add_row(r["op"], str(r["seq"]), fmt_size(r["size_bytes"]), fmt_us(r["sync_time_ns"]), fmt_us(r["predicted_ns"]),
                       fmt_num(r["efficiency"]), r["verdict"] or "—", r["best_algo"] or "—")
         _show(console, t)
-    if report.get("measured_vs_model"):
+    if report.get("measured_vs_model") and want("model"):
         rows = report["measured_vs_model"]
         t = _table("Measured per step (means over the profiled steps that hold communication)")
         for col in ("rank", "steps", compute_header(report), "comm ms", "overlap ms", "exposed ms"):
@@ -834,7 +902,7 @@ def print_report(report: dict, console=None) -> None:
                      "below the model shows 0 (nothing to fix there; --json keeps its signed value); — : not "
                      "measurable (waits need two ranks of a group)")
         _show(console, t)
-    if report.get("model_by_dimension"):
+    if report.get("model_by_dimension") and want("model"):
         t = _table("Measured vs model per dimension (means over ranks, per step; each dimension's overlap model)")
         for col in ("dim", "model", "ranks", "calls", "comm ms", "exposed ms", "max rank ms", "pred. exposed ms",
                     "meas/pred"):
@@ -846,7 +914,8 @@ def print_report(report: dict, console=None) -> None:
         t.caption = ("exposed = Σ over the dimension's calls of their time not covered by compute; predicted: α–β "
                      "per call, then " + "; ".join(f"{d['dimension']}: {d['note']}" for d in report["model_by_dimension"]))
         _show(console, t)
-    if len(report.get("by_dimension") or []) > 1 or any(d["dimension"] != "other" for d in report.get("by_dimension") or []):
+    if want("groups") and (len(report.get("by_dimension") or []) > 1
+                           or any(d["dimension"] != "other" for d in report.get("by_dimension") or [])):
         t = _table("Process groups by dimension (tp/pp/dp/ep from the groups' descriptions, else the run's layout)")
         for col in ("dimension", "groups", "calls", "instances", "incomplete", "bytes", "sync ms", "comm ms", "overlap"):
             t.add_column(col, justify="left" if col == "dimension" else "right")
@@ -854,15 +923,12 @@ def print_report(report: dict, console=None) -> None:
             t.add_row(d["dimension"], str(d["groups"]), str(d["calls"]), str(d["instances"]), str(d["incomplete"]),
                       fmt_bytes(d["bytes"]), fmt_ms(d["sync_time_ns"]), fmt_ms(d["comm_ns"]), fmt_pct(d["overlap_fraction"]))
         _show(console, t)
-    print_gpu_breakdown(report, console)
-    print_kernel_sections(report, console)
-    print_alltoall(report, console)
-    print_locality(report, console)
-    print_fleet(report, console)
-    print_bubbles(report, console)
-    print_critical_path(report, console)
-    print_hang(report, console)
-    for w in report["warnings"]:
+    for name, show in (("gpu", print_gpu_breakdown), ("kernels", print_kernel_sections), ("alltoall", print_alltoall),
+                       ("fleet", print_fleet), ("bubbles", print_bubbles), ("critical-path", print_critical_path),
+                       ("hang", print_hang)):  # bandwidth by locality: a column of --section sizes (all in --json)
+        if want(name):
+            show(report, console)
+    for w in report["warnings"] if want("warnings") else ():
         console.print(Text.assemble(("warning:", "yellow"), " " + literal(str(w))))
 
 

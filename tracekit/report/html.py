@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from tracekit.errors import BadInputError
 from tracekit.model import size_bucket_label
 from tracekit.store import Store
-from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_us  # noqa: F401  (also this module's API)
+from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_size, fmt_us  # noqa: F401  (also this module's API)
 
 VERDICT_COLORS = {
     "bandwidth-bound": "#2b8a3e",
@@ -1014,23 +1014,7 @@ def report_tables(report: dict) -> list[Table]:
             note="efficiency = predicted / measured sync time (1 = as the model says, < 1 slower).",
             id="verdicts",
         ))
-    eff = [r for r in report.get("by_size") or [] if r.get("link")]
-    if eff:
-        tables.append(Table(
-            "Efficiency against the link per op and size", [
-                Column("op", "op"), Column("group_size", "k", fmt_num, True), Column("locality", "class"),
-                Column("bucket_bytes", "size", size_bucket_label, True), Column("count", "instances", fmt_num, True),
-                Column("median_sync_time_ns", "median sync (µs)", fmt_us, True),
-                Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
-                Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True), Column("link", "link"),
-                Column("median_link_predicted_ns", "link model (µs)", fmt_us, True),
-                Column("median_efficiency_link", "efficiency", fmt_num, True),
-                Column("link_regime", "regime", lambda v: v or "—"),
-            ], eff,
-            note=("Power-of-two size buckets, as nccl-tests steps sizes; regime by the link's D*. Degraded links are "
-                  "judged on each group's busbw plateau against its peers and the model (fleet section)."),
-            id="efficiency-by-size",
-        ))
+    # efficiency against the link per size: a column of the per-size table (render_html)
     if report.get("fit"):
         from tracekit.report.data import fit_group_label
 
@@ -1066,7 +1050,7 @@ def report_tables(report: dict) -> list[Table]:
         tables.append(Table(
             "Instances furthest from the model (lowest efficiency)", [
                 Column("op", "op"), Column("pg_name", "group"), Column("seq", "seq", fmt_num, True),
-                Column("size_bytes", "size", fmt_bytes, True), Column("sync_time_ns", "sync (µs)", fmt_us, True),
+                Column("size_bytes", "size", fmt_size, True), Column("sync_time_ns", "sync (µs)", fmt_us, True),
                 Column("predicted_ns", "predicted (µs)", fmt_us, True),
                 Column("efficiency", "efficiency", fmt_num, True), Column("skew_ns", "skew (µs)", fmt_us, True),
                 Column("verdict", "verdict"), Column("best_algo", "best algorithm"),
@@ -1185,6 +1169,7 @@ _DONE_HOOK = """
     if (!s) { return; }
     s.setAttribute('data-scroll-width', String(document.documentElement.scrollWidth));
     s.setAttribute('data-inner-width', String(window.innerWidth));
+    s.setAttribute('data-scroll-height', String(document.body.scrollHeight));  // the page's height, px
     var over = 0, where = '';  // the most any table or section is wider than its box (its own scroll bar)
     document.querySelectorAll('.table-wrap, section').forEach(function (b) {
       var d = b.scrollWidth - b.clientWidth;
@@ -1213,8 +1198,22 @@ def _table_html(t: Table) -> str:
         body.append("<tr>" + "".join(cells) + "</tr>")
     note = f'<p class="note">{html.escape(t.note)}</p>' if t.note else ""
     ident = f' id="tk-table-{t.id}"' if t.id else ""
-    return (f'<h3>{html.escape(t.title)}</h3>{note}<div class="table-wrap"><table{ident}><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table></div>")
+    table = (f'<div class="table-wrap"><table{ident}><thead><tr>{head}</tr></thead>'
+             f"<tbody>{''.join(body)}</tbody></table></div>")
+    chars = sum(len(str(r.get(c.key) or "")) for r in t.rows for c in t.columns)
+    if len(t.rows) > FOLD_ROWS or chars > FOLD_CHARS or t.id in FOLDED:  # a long table folds: the page stays short, a click opens it
+        return (f'<h3>{html.escape(t.title)}</h3>{note}<details class="tk-long"><summary>{len(t.rows)} rows: '
+                f"show the table</summary>{table}</details>")
+    return f'<h3>{html.escape(t.title)}</h3>{note}{table}'
+
+
+FOLD_ROWS = 12
+"""Tables with more rows than this are folded in <details> on the page (the JSON has every row)."""
+FOLD_CHARS = 1500
+FOLDED = ("references", "fit", "fit-quality", "furthest", "remedies")
+"""Tables folded whatever their length: the reference details behind the verdicts (the terminal's
+--detail sections) and the lists the page's "At a glance" sums up."""
+"""... or with more text than this in their cells (long notes wrap into tall rows)."""
 
 
 def _figure_html(fig, name: str) -> str:
@@ -1339,8 +1338,12 @@ def render_html(data: dict) -> str:
     from tracekit.report.data import machine_lines
 
     notes += "".join(f'<p class="note">{html.escape(n)}</p>' for n in machine_lines(rep))
+    from tracekit.report.glance import glance_lines
+
+    answer = "".join(f"<li>{html.escape(x)}</li>" for x in glance_lines(rep["summary"])) if rep.get("summary") else ""
     glance = (
-        f'<section id="tk-summary"><h2>At a glance</h2><div class="badges">{badges or "no collectives"}</div>'
+        f'<section id="tk-summary"><h2>At a glance</h2><ul class="tk-glance">{answer}</ul>'
+        f'<div class="badges">{badges or "no collectives"}</div>'
         f'<p class="note">{html.escape(line)}.</p>{notes}</section>'
     )
     sections.append(glance)
@@ -1359,7 +1362,9 @@ def render_html(data: dict) -> str:
     sizes = per_size_rows(rep.get("by_size") or [])
     if sizes:
         runs = [Column("bench_run", "benchmark run")] if any(r["bench_run"] for r in sizes) else []
-        runs = ([Column("locality", "class")] if len({r["locality"] for r in sizes}) > 1 else []) + runs
+        runs = [Column("locality", "class")] + runs  # one table: locality and efficiency vs the link are columns
+        vs_link = ([Column("median_efficiency_link", "vs link", fmt_num, True)]
+                   if any(r.get("link") for r in sizes) else [])
         # a peak busbw above the device's physical cap is never shown bare: a column says so
         over = [r.get("peak_busbw_gbps") is not None and r.get("cap_gbps") is not None
                 and r["peak_busbw_gbps"] > r["cap_gbps"] for r in sizes]
@@ -1377,7 +1382,7 @@ def render_html(data: dict) -> str:
                 Column("median_busbw_gbps", "median busbw (GB/s)", fmt_num, True),
                 Column("peak_busbw_gbps", "peak busbw (GB/s)", fmt_num, True), *flag,
                 Column("median_predicted_ns", "model (µs)", fmt_us, True),
-                Column("median_efficiency", "efficiency", fmt_num, True),
+                Column("median_efficiency", "efficiency", fmt_num, True), *vs_link,
                 Column("verdict", "verdict (most frequent)", lambda v: v or "—"),
             ], sizes, note="Power-of-two size buckets, as nccl-tests steps sizes; medians within a bucket, never "
                            "across sizes; model = the verdicts' reference; efficiency = model / measured.",

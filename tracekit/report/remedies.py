@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.report.textfmt import fmt_bytes
+from tracekit.report.textfmt import fmt_size
 
 SWEEP_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
              "all_to_all": "all_to_all", "send": "send_recv", "recv": "send_recv"}
@@ -138,7 +138,7 @@ def _fit_fix(rule: str, f: dict, run: dict) -> list[str]:
 
 def _fit_why(rule: str, f: dict) -> str:
     sizes = "no usable sample" if not f.get("n_sizes") else (
-        f"{f['n_sizes']} distinct size(s), {fmt_bytes(f.get('min_size_bytes'))}–{fmt_bytes(f.get('max_size_bytes'))}")
+        f"{f['n_sizes']} distinct size(s), {fmt_size(f.get('min_size_bytes'))}–{fmt_size(f.get('max_size_bytes'))}")
     used = f"{f.get('n_used')}/{f.get('n_samples')} samples kept"
     extra = ""
     if rule == "outliers" and f.get("size_spread") is not None:
@@ -270,6 +270,7 @@ def print_remedies(report: dict, console) -> None:
         return
     from rich.text import Text
 
+    console.print()
     console.print(Text("Weak references and their remedies", style="bold"))  # the console prints markup as text
     for r in rem:  # markup off: rules and commands hold brackets
         n = f" ({r['groups']} groups)" if (r.get("groups") or 1) > 1 else ""

@@ -86,6 +86,19 @@ def fmt_bytes(b) -> str:
     return f"{b:,.0f} B"
 
 
+def fmt_size(b) -> str:
+    """A message size in binary prefixes, as the report's power-of-two size buckets are written
+    (one size style per table): 8589934592 → '8 GiB', 1576964 → '1.504 MiB', 448 → '448 B'; at most
+    4 significant digits; None → '—'."""
+    if b is None:
+        return NONE
+    b = float(b)
+    for unit, f in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(b) >= f:
+            return f"{b / f:,.4g} {unit}"
+    return f"{b:,.0f} B"
+
+
 def fmt_us(ns) -> str:
     """ns → µs with one decimal: 12345 → '12.3'."""
     return NONE if ns is None else f"{ns / 1e3:,.1f}"
