@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from tracekit.errors import BadInputError, StoreError
+from tracekit.errors import BadInputError
 from tracekit.store import Store
 
 __all__ = ["open", "Session", "Run"]
@@ -109,8 +109,7 @@ class Session:
         if run_id is None:
             run_id = self.store.latest_run_id()
         elif not self.store.has_run(run_id):
-            known = ", ".join(self.store.run_ids()[:8]) or "none"
-            raise StoreError(f"run {run_id!r} is not in {self.store.path} (runs: {known})")
+            raise self.store.missing_run(run_id)
         if link is not None:
             from tracekit.model import link_from_preset
 

@@ -219,3 +219,14 @@ def test_a_folder_of_run_folders_names_them(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.endswith("it has subfolders (v_b8cce2c/, v_head/): ingest each as its own run")
     assert not (tmp_path / "s").exists()
+
+
+def test_an_unknown_run_says_how_many_runs_are_not_named(tmp_path, store, capsys):
+    # 10 runs: the error names the first 8 and says 2 more (it read as the whole list before)
+    for i in range(9):
+        assert main(["ingest", str(FIXTURES / "handmade" / "two_rank"), "--store", str(store), "--run-id", f"r{i}"]) == 0
+    capsys.readouterr()
+    assert main(["analyze", "--store", str(store), "--run", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"tracekit: run 'nope' is not in {store} (runs: good, r0, r1, r2, r3, r4, r5, r6, and 2 more: "
+                   f"tracekit runs --store {store} lists them)")

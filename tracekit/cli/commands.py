@@ -249,7 +249,7 @@ def sql(
     """Run one read-only SQL statement (SELECT or EXPLAIN of one) against the store's tables and analysis
     views; nothing else is readable (tracekit/sqlshell.py)."""
     from tracekit.cli import sqlout
-    from tracekit.errors import BadInputError, StoreError
+    from tracekit.errors import BadInputError
     from tracekit.sqlshell import run_query
 
     if json_out:
@@ -258,7 +258,7 @@ def sql(
     st = _store(store, must_exist=True)
     for rid in run:
         if not st.has_run(rid):
-            raise StoreError(f"run {rid!r} is not in {st.path} (runs: {', '.join(st.run_ids()[:8]) or 'none'})")
+            raise st.missing_run(rid)
     if timeout < 0 or max_rows < 0:
         raise BadInputError("--timeout and --max-rows take a number >= 0 (0: no limit)")
     if output is not None and fmt in sqlout.STREAMED:  # batch by batch to the file, none held in memory

@@ -147,13 +147,10 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
     metric) and ``sync_time_change`` (relative change of the median sync time).
     Raises StoreError when a run is not in the store.
     """
-    from tracekit.errors import StoreError
-
     st = store if isinstance(store, Store) else Store(store)
     for rid in (run_a, run_b):
         if not st.has_run(rid):
-            known = ", ".join(st.run_ids()[:8]) or "none"
-            raise StoreError(f"run {rid!r} is not in {st.path} (runs: {known})")
+            raise st.missing_run(rid)
     from tracekit import analyses
 
     con = analyses.connect(st, run_ids=sorted({run_a, run_b}))

@@ -532,6 +532,15 @@ class Store:
     def has_run(self, run_id: str) -> bool:
         return (self.run_dir(run_id) / "run.parquet").exists()
 
+    def missing_run(self, run_id: str, shown: int = 8) -> "StoreError":
+        """The StoreError for a run id not in this store: it names up to ``shown`` of the runs
+        present and how many more there are (``tracekit runs`` lists them all)."""
+        ids = self.run_ids()
+        known = ", ".join(ids[:shown]) or "none"
+        if len(ids) > shown:
+            known += f", and {len(ids) - shown} more: tracekit runs --store {self.path} lists them"
+        return StoreError(f"run {run_id!r} is not in {self.path} (runs: {known})")
+
     # -- writing -----------------------------------------------------------------
 
     def staging(self) -> "Staging":
@@ -662,8 +671,7 @@ class Store:
         if run_id is None:
             return self.latest_run_id()
         if not self.has_run(run_id):
-            known = ", ".join(self.run_ids()[:8]) or "none"
-            raise StoreError(f"run {run_id!r} is not in {self.path} (runs: {known})")
+            raise self.missing_run(run_id)
         return run_id
 
     def latest_run_id(self, workload: str | None = None, required: bool = True) -> str | None:

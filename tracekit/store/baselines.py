@@ -46,7 +46,7 @@ def set_baseline(store: Store, name: str, run_id: str) -> dict[str, Any]:
     Raises StoreError when the name is malformed or the run is not in the store."""
     _check_name(name)
     if not store.has_run(run_id):
-        raise StoreError(f"run {run_id!r} is not in {store.path} (runs: {', '.join(store.run_ids()[:8]) or 'none'})")
+        raise store.missing_run(run_id)
     rec = dict(name=name, run_id=run_id, version=_version(store, run_id),
                set_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     _dir(store).mkdir(parents=True, exist_ok=True)
