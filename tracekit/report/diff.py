@@ -209,7 +209,7 @@ def print_diff(diff: dict, console=None) -> None:
 
     from rich.text import Text
 
-    from tracekit.report.textfmt import literal, output_console
+    from tracekit.report.textfmt import fit_table, literal, output_console
 
     console = console or output_console(160)
     a_id, b_id = diff["run_a"]["run_id"], diff["run_b"]["run_id"]
@@ -229,6 +229,7 @@ def print_diff(diff: dict, console=None) -> None:
         t.add_row(label, fmt_ms(ta[key]), fmt_ms(tb[key]), fmt_ms(td[key], signed=True))
     t.add_row("overlap ratio", fmt_pct(ta["overlap_ratio"]), fmt_pct(tb["overlap_ratio"]),
               fmt_pp(td["overlap_ratio"]))
+    fit_table(t, console.width)
     console.print(t)
     t = Table(title="Per op and size bucket (largest change in time spent first)")
     for col in ("op", "size", "count A→B", "median sync µs A→B", "Δ sync", "busbw GB/s A→B", "wait ms A→B",
@@ -247,6 +248,7 @@ def print_diff(diff: dict, console=None) -> None:
             f"{fmt_ms(a.get('exposed_comm_ns'))} → {fmt_ms(b.get('exposed_comm_ns'))}",
             fmt_ms(r["delta"]["comm_ns"], signed=True),
         )
+    fit_table(t, console.width)
     console.print(t)
     console.print("comm and exposed per row sum each call's span: calls that run at once (two streams, two groups) "
                   "count once each, so rows can add up to more than the run totals, which are unions")
@@ -399,7 +401,7 @@ def print_gate(gate: dict, console=None) -> None:
     """Render :func:`evaluate_gate`'s result: one line per rule, then the offending rows."""
     from rich.table import Table
 
-    from tracekit.report.textfmt import output_console
+    from tracekit.report.textfmt import fit_table, output_console
 
     con = console or output_console(160)
     for r in gate["rules"]:
@@ -425,5 +427,6 @@ def print_gate(gate: dict, console=None) -> None:
                 ch = f"{f['change']:+.2f} GB/s"
             t.add_row(f["expr"], f["op"] or "(run total)", f["bucket"] or "", _gate_value(f["metric"], f["a"]),
                       _gate_value(f["metric"], f["b"]), ch)
+        fit_table(t, con.width)
         con.print(t)
     con.print("gate: " + ("passed" if gate["passed"] else f"FAILED ({len(gate['failures'])} regressions)"))
