@@ -437,6 +437,20 @@ def _layout(fig, title: str, height: int, **kw) -> None:
     )
 
 
+LEGEND_TOP_PX = 50
+"""Where a legend under the figure's title starts, in px from the figure's top (:func:`_legend_under_title`)."""
+
+
+def _legend_under_title(fig, height: int, top: int) -> None:
+    """A horizontal legend on its own band under the figure's (left-aligned) title, left-aligned, and
+    a top margin of ``top`` px holding title, legend and panel titles. A legend at the top right was
+    drawn over a long title at 1,000 px (tests/report/test_html_overlaps.py). :func:`_wrap_figure_title`
+    moves the band down when the title wraps."""
+    fig.update_layout(legend=dict(orientation="h", yref="container", y=1 - LEGEND_TOP_PX / height, yanchor="top",
+                                  x=0, xanchor="left"), margin=dict(t=top),
+                      title=dict(yref="container", y=1 - 12 / height, yanchor="top"))  # not mid-margin
+
+
 def bandwidth_figure(data: dict):
     """Bus bandwidth vs message size per op (log–log): instances by verdict, fit and preset curves, n½."""
     import plotly.graph_objects as go
@@ -518,15 +532,24 @@ def bandwidth_figure(data: dict):
                 yref = "y domain" if n == 0 else f"y{n + 1} domain"
                 fig.add_shape(type="line", x0=c["crossover_bytes"], x1=c["crossover_bytes"], y0=0, y1=1, xref=xref,
                               yref=yref, line=dict(color=FIT_COLOR, dash="dot", width=1.5))
+                # on the side of the dotted line with more room, in two short lines: never over the
+                # neighbouring panel's axis title (tests/report/test_html_overlaps.py)
+                sizes = [r["size_bytes"] for r in pts if r["size_bytes"]] + list(c["sizes_bytes"])
+                mid = (math.log10(min(sizes)) + math.log10(max(sizes))) / 2 if sizes else 0
+                right = math.log10(c["crossover_bytes"]) > mid
                 fig.add_annotation(x=math.log10(c["crossover_bytes"]), y=0.02, xref=xref, yref=yref, yanchor="bottom",
-                                   xanchor="left", xshift=4,
-                                   text=(f"fit D* = {fmt_bytes(c['crossover_bytes'])} (link n½ "
+                                   xanchor="right" if right else "left", xshift=-4 if right else 4, align="left",
+                                   text=(f"fit D* = {fmt_bytes(c['crossover_bytes'])}<br>(link n½ "
                                          f"{fmt_bytes(c['n_half_bytes'])})"), showarrow=False,
                                    font=dict(size=13), bgcolor="rgba(255,255,255,0.85)")
+        # the tick labels stand off the axes (the lowest y label and the first x label met at the
+        # corner); the y title on the left column only: in the right column it was drawn over the
+        # left panel (the same quantity, one title per row)
         fig.update_xaxes(type="log", exponentformat="SI", dtick=1, title_text="message size S (bytes; k = 10³, M = 10⁶)",
-                         row=row, col=col, showline=True, linecolor="#adb5bd")
-        fig.update_yaxes(type="log", exponentformat="power", dtick=1, title_text="bus bandwidth (GB/s, GB = 10⁹ B)",
-                         row=row, col=col, showline=True, linecolor="#adb5bd")
+                         row=row, col=col, showline=True, linecolor="#adb5bd", ticklabelstandoff=6)
+        fig.update_yaxes(type="log", exponentformat="power", dtick=1,
+                         title_text="bus bandwidth (GB/s, GB = 10⁹ B)" if col == 1 else None,
+                         row=row, col=col, showline=True, linecolor="#adb5bd", ticklabelstandoff=6)
     _layout(
         fig, "Bus bandwidth vs message size (measured instances by verdict; α–β fit and preset links from the model)",
         height=430 * nrows + 190,
@@ -664,10 +687,9 @@ def overlap_figure(data: dict):
         add(rows, [str(r["step"]) for r in rows], 2, False)
         fig.layout.annotations[1].text = "per profiler step (sum over ranks)"
         fig.update_xaxes(title_text="profiler step", type="category", row=1, col=2)
-    _layout(fig, "Communication hidden by compute: comm, overlap and exposed comm", height=490, barmode="group",
-            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    _layout(fig, "Communication hidden by compute: comm, overlap and exposed comm", height=500, barmode="group")
+    _legend_under_title(fig, 500, 150)
     fig.update_yaxes(title_text=f"time ({unit})", row=1, col=1)
-    fig.update_layout(margin=dict(t=140))
     return fig
 
 
@@ -783,10 +805,9 @@ def gpu_breakdown_figure(data: dict):
     add(by_rank, [f"rank {r['rank']}" for r in by_rank], 1, True)
     if by_step:
         add(by_step, [[f"step {r['step']}" for r in by_step], [f"r{r['rank']}" for r in by_step]], 2, False)
-    _layout(fig, "GPU time: compute, communication, memory, sync and idle", height=490, barmode="stack",
-            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    _layout(fig, "GPU time: compute, communication, memory, sync and idle", height=500, barmode="stack")
+    _legend_under_title(fig, 500, 150)
     fig.update_yaxes(title_text=f"time ({unit})", row=1, col=1)
-    fig.update_layout(margin=dict(t=140))
     return fig
 
 
@@ -806,7 +827,8 @@ def kernel_figure(data: dict):
     unit, f = _time_unit(max(r["total_ns"] for r in kernels))
     colors = {"compute": COMPUTE_COLOR, "comm": COMM_COLOR, "memory": MEMORY_COLOR, "sync": "#495057"}
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.3,
-                        subplot_titles=["largest GPU ops per class (total time)", "GPU time per record_function range"])
+                        subplot_titles=["largest GPU ops per class<br>(total time)",
+                                        "GPU time per<br>record_function range"])  # two lines: never meet at 1,000 px
     short = lambda n: n if len(n) <= 48 else n[:47] + "…"  # noqa: E731
     fig.add_trace(go.Bar(
         y=[f"{short(r['name'])} [{r['class']}]" for r in kernels], x=[r["total_ns"] / f for r in kernels],
@@ -822,7 +844,8 @@ def kernel_figure(data: dict):
             hovertemplate="%{y}: %{x:,.3f} " + unit + " (%{customdata[0]}) in %{customdata[1]} GPU ops<extra></extra>"),
             row=1, col=2)
     _layout(fig, "Where GPU time goes: ops and the ranges that launched them",
-            height=max(420, 26 * max(len(kernels), len(launch)) + 160))
+            height=max(420, 26 * max(len(kernels), len(launch)) + 190))
+    fig.update_layout(margin=dict(t=115))  # room for the two-line panel titles under the figure's title
     fig.update_xaxes(title_text=f"time ({unit})")
     return fig
 
@@ -843,12 +866,13 @@ def alltoall_heatmap(data: dict):
     z = [[at.get((s, d)) for d in ranks] for s in ranks]
     calls = sorted(sec.get("calls") or [], key=lambda r: (str(r["pg_name"]), r["seq"]))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15, column_widths=[0.45, 0.55],
-                        subplot_titles=["bytes sent, summed over the run (row: sender, column: receiver)",
-                                        f"imbalance of the top {len(calls)} calls by cost (max/mean)"])
+                        subplot_titles=["bytes sent, summed over the run<br>(row: sender, column: receiver)",
+                                        f"imbalance of the top {len(calls)} calls<br>by cost (max/mean)"])
     fig.add_trace(go.Heatmap(
         z=z, x=[f"to {d}" for d in ranks], y=[f"rank {s}" for s in ranks], colorscale="Blues",
         text=[[fmt_bytes(v) for v in row] for row in z], texttemplate="%{text}",
-        hovertemplate="%{y} → %{x}: %{text}<extra></extra>", colorbar=dict(title="bytes", x=0.42)), row=1, col=1)
+        # each cell prints its bytes: no colour bar (it was drawn over the right panel's axis title)
+        hovertemplate="%{y} → %{x}: %{text}<extra></extra>", showscale=False), row=1, col=1)
     x = [f"{r['pg_name']}:{r['seq']}" for r in calls]
     for key, name, color in (("send_imbalance", "send", COMPUTE_COLOR), ("recv_imbalance", "receive", COMM_COLOR)):
         fig.add_trace(go.Bar(x=x, y=[r[key] for r in calls], name=name, marker_color=color,
@@ -856,9 +880,11 @@ def alltoall_heatmap(data: dict):
     fig.update_yaxes(autorange="reversed", row=1, col=1)
     fig.update_yaxes(title_text="max / mean", row=1, col=2)
     fig.update_xaxes(title_text="group:seq", type="category", row=1, col=2)
-    _layout(fig, "All-to-all: who sends how much to whom", height=max(420, 40 * len(ranks) + 220), barmode="group",
-            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
-    fig.update_layout(margin=dict(t=140))
+    height = max(450, 40 * len(ranks) + 250)
+    # the legend 50 px above the plot area (paper coordinates are the plot area), over the two-line panel titles
+    _layout(fig, "All-to-all: who sends how much to whom", height=height, barmode="group",
+            legend=dict(orientation="h", yanchor="bottom", y=1 + 50 / (height - 170 - 70), x=1, xanchor="right"))
+    fig.update_layout(margin=dict(t=170))
     return fig
 
 
@@ -1216,9 +1242,49 @@ def _table_html(t: Table) -> str:
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
+TITLE_CHARS, NOTE_CHARS = 72, 110
+"""Characters per line of a figure's title (18 px) and of its ``<sup>`` note: plotly does not wrap
+titles, and a longer line ran past the figure's right edge at 1,000 px (tests/report/test_html_overlaps.py)."""
+
+
+def wrap_title(text: str) -> tuple[str, int]:
+    """A plotly title ``text`` (``main<br><sup>note</sup>...``) with each part wrapped between words,
+    the main text at :data:`TITLE_CHARS` per line, a ``<sup>`` part at :data:`NOTE_CHARS` (each of its
+    lines in its own ``<sup>``). Returns the text and how many lines were added."""
+    import textwrap
+
+    out, added = [], 0
+    for part in text.split("<br>"):
+        note = part.startswith("<sup>") and part.endswith("</sup>")
+        inner = part[5:-6] if note else part
+        lines = textwrap.wrap(inner, NOTE_CHARS if note else TITLE_CHARS, break_long_words=False,
+                              break_on_hyphens=False) or [inner]
+        added += len(lines) - 1
+        out += [f"<sup>{ln}</sup>" if note else ln for ln in lines]
+    return "<br>".join(out), added
+
+
+def _wrap_figure_title(fig) -> None:
+    """Wrap a go.Figure's title (:func:`wrap_title`) and give each added line 24 px more top margin."""
+    title = fig.layout.title.text if fig.layout.title else None
+    if not title:
+        return
+    text, added = wrap_title(title)
+    if added:
+        top = fig.layout.margin.t if fig.layout.margin.t is not None else 80
+        fig.update_layout(title_text=text, margin=dict(t=top + 24 * added))
+        if fig.layout.legend.yref == "container" and fig.layout.legend.y is not None and fig.layout.height:
+            fig.update_layout(height=fig.layout.height + 24 * added,
+                              legend_y=fig.layout.legend.y - 24 * added / (fig.layout.height + 24 * added))
+
+
 def _figure_html(fig, name: str) -> str:
-    """A figure (or a figure's dict from :func:`figure_dict`, written unvalidated) as an HTML div."""
+    """A figure (or a figure's dict from :func:`figure_dict`, written unvalidated) as an HTML div;
+    a go.Figure's title is wrapped to the page (:func:`_wrap_figure_title`)."""
     import plotly.io as pio
+
+    if not isinstance(fig, dict):
+        _wrap_figure_title(fig)
 
     return pio.to_html(
         fig, validate=not isinstance(fig, dict), full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
@@ -1503,12 +1569,12 @@ def critical_path_figure(data: dict):
             customdata=[[s[3], s[4], s[5], fmt_us(s[1] - s[0])] for _, s in segs],
             hovertemplate=(name + ": %{customdata[3]} µs<br>%{customdata[0]} (%{customdata[1]} piece(s), "
                            "rank %{customdata[2]})<extra></extra>")))
-    _layout(fig, "Critical path per step and rank, coloured by what it is made of", barmode="overlay",
-            height=max(300, 120 + 34 * len(paths)),
-            legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+    height = max(330, 150 + 34 * len(paths))
+    _layout(fig, "Critical path per step and rank, coloured by what it is made of", barmode="overlay", height=height)
+    _legend_under_title(fig, height, 130)
     fig.update_xaxes(title_text=f"time ({unit}) from the earliest path start")
     fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_layout(margin=dict(t=120, l=140))
+    fig.update_layout(margin=dict(l=140))
     return fig
 
 
