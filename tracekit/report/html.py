@@ -891,16 +891,30 @@ def alltoall_heatmap(data: dict):
 LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "mixed": "#7048e8", "unknown": "#adb5bd"}
 
 
+class NotDrawn(str):
+    """What a figure builder returns instead of a figure when the data cannot carry the plot: the
+    reason, in words; the page prints it as one line in place of the figure (:func:`render_html`)."""
+
+
 def locality_figure(data: dict):
     """Median busbw per op and size bucket, one line per (op, locality class)
     (report['bandwidth_by_locality']; the hover gives instances and the bucket's best busbw). None
-    without collectives."""
+    without collectives; :class:`NotDrawn` when every instance's locality is unknown (nothing to
+    compare) or there is a single point."""
     import plotly.graph_objects as go
 
     rows = data["report"].get("bandwidth_by_locality") or []
     rows = [r for r in rows if r["median_busbw_gbps"] is not None and r["bucket_bytes"]]
     if not rows:
         return None
+    if all(r["locality"] == "unknown" for r in rows):
+        return NotDrawn("the locality of every collective is unknown (the traces name no host for "
+                        "some rank of each group), so intra- and inter-node cannot be told apart")
+    if len(rows) == 1:
+        r = rows[0]
+        return NotDrawn(f"a single point ({r['op']}, {r['locality'].replace('_', '-')}, "
+                        f"{size_bucket_label(r['bucket_bytes'])}: median busbw {fmt_num(r['median_busbw_gbps'])} GB/s "
+                        f"over {r['instances']} instances)")
     fig = go.Figure()
     for loc in ("intra_node", "inter_node", "mixed", "unknown"):
         for op in sorted({r["op"] for r in rows if r["locality"] == loc}):
@@ -1411,10 +1425,14 @@ def render_html(data: dict) -> str:
     sections.append(glance)
     sections += hang_sections(rep)
     empty = []  # sections with nothing to show: one line at the end, not one empty box each
+    not_drawn = []  # figures the data cannot carry: one line each, saying why
     for name, title, build, note in FIGURES + RUN_FIGURES:
         fig = build(data)
         if fig is None:
             empty.append(title)
+            continue
+        if isinstance(fig, NotDrawn):
+            not_drawn.append(f'<p class="note" id="tk-not-drawn-{name}">{html.escape(title)} — not drawn: {html.escape(fig)}.</p>')
             continue
         sections.append(
             f'<section id="tk-sec-{name}"><h2>{html.escape(title)}</h2><p class="note">{html.escape(note)}</p>'
@@ -1464,9 +1482,10 @@ def render_html(data: dict) -> str:
                           "layout, else other; overlap: the part of its calls covered by compute.", id="process-groups")
         sections.append('<section id="tk-sec-groups"><h2>Process groups</h2>'
                         + _table_html(groups) + _table_html(per_group) + "</section>")
-    if empty:
-        sections.append(f'<section id="tk-sec-empty"><p class="note">Nothing to show in this run for: '
-                        f'{html.escape(", ".join(empty))}.</p></section>')
+    if empty or not_drawn:
+        line = (f'<p class="note">Nothing to show in this run for: {html.escape(", ".join(empty))}.</p>'
+                if empty else "")
+        sections.append(f'<section id="tk-sec-empty">{line}{"".join(not_drawn)}</section>')
     meta = "".join(_table_html(t) for t in metadata_tables(rep))
     warns = rep.get("warnings") or []
     warn_html = (
