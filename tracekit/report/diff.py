@@ -161,9 +161,12 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
         meta = {}
         for rid in (run_a, run_b):
             rec = con.execute(
-                "SELECT run_id, workload, backend, world_size, device_name, config FROM runs WHERE run_id = ?", [rid]
+                "SELECT run_id, workload, backend, world_size, device_name, config, source FROM runs WHERE run_id = ?", [rid]
             ).fetchone()
             meta[rid] = dict(zip(("run_id", "workload", "backend", "world_size", "device_name"), rec[:5]))
+            meta[rid]["source"] = rec[6]
+            meta[rid]["ranks_ingested"] = [r for (r,) in con.execute(
+                "SELECT DISTINCT rank FROM ranks WHERE run_id = ? AND rank IS NOT NULL ORDER BY rank", [rid]).fetchall()]
             meta[rid]["timeline"] = bool(con.execute(
                 "SELECT coalesce(sum(events), 0) > 0 FROM ranks WHERE run_id = ?", [rid]).fetchone()[0])
         ra, rb = _rows(con, run_a, meta[run_a]["timeline"]), _rows(con, run_b, meta[run_b]["timeline"])
@@ -196,11 +199,59 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
 
     rows.sort(key=rank_key)
     return dict(
+        warnings=comparability_warnings(meta[run_a], meta[run_b]),
         run_a=meta[run_a],
         run_b=meta[run_b],
         totals=dict(a=ta, b=tb, delta={k: _delta(ta[k], tb[k]) for k in _TOTALS}),
         rows=rows,
     )
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """``[1, 2, 3, 5]`` → ``'1–3, 5'``: runs of consecutive ranks as ranges."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}–{ranks[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def completeness(meta: dict) -> tuple[int, int | None, list[int]]:
+    """A run's (ranks ingested, world size, ranks missing) from :func:`diff_runs`' run meta. A
+    benchmark log (source ``nccl_tests``) is one file for every rank: never incomplete."""
+    got, ws = meta.get("ranks_ingested") or [], meta.get("world_size")
+    if meta.get("source") == "nccl_tests" or not ws:
+        return len(got), ws, []
+    return len(got), ws, sorted(set(range(int(ws))) - set(got))
+
+
+def comparability_warnings(a: dict, b: dict) -> list[str]:
+    """One line per way runs A and B (:func:`diff_runs`' run meta) are not alike, so that a
+    difference in their numbers may not be the change under test: the hardware (device name), the
+    rank count (world size), the completeness (ranks ingested out of the world size; a missing rank
+    takes its time out of the totals and hides the waits it caused). An unknown value on one side
+    only is a warning too (it cannot be compared). Empty when the runs are alike."""
+    out = []
+    da, db = a.get("device_name"), b.get("device_name")
+    if da != db:
+        out.append(f"hardware differs: A ({a['run_id']}) ran on {da or 'an unrecorded device'}, "
+                   f"B ({b['run_id']}) on {db or 'an unrecorded device'}: a change may be the hardware's")
+    wa, wb = a.get("world_size"), b.get("world_size")
+    if wa != wb:
+        out.append(f"rank count differs: A has {wa if wa else 'an unrecorded number of'} ranks, "
+                   f"B {wb if wb else 'an unrecorded number of'}: collectives over more ranks cost more")
+    (na, _, ma), (nb, _, mb) = completeness(a), completeness(b)
+    if bool(ma) != bool(mb) or (ma and mb and (na, ma) != (nb, mb)):
+        def says(side, meta, n, missing):
+            if not missing:
+                return f"{side} has all its {n} ranks"
+            return (f"{side} has {n} of {meta['world_size']} ranks (missing {_rank_list(missing)})")
+        out.append(f"completeness differs: {says('A', a, na, ma)}, {says('B', b, nb, mb)}: totals sum different "
+                   "ranks, and the waits a missing rank caused are not seen")
+    return out
 
 
 def print_diff(diff: dict, console=None) -> None:
@@ -216,6 +267,8 @@ def print_diff(diff: dict, console=None) -> None:
     console.print(Text.assemble(("diff", "bold"), literal(
         f" A = {a_id} ({diff['run_a'].get('workload')}, {diff['run_a'].get('world_size')} ranks)"
         f"  →  B = {b_id} ({diff['run_b'].get('workload')}, {diff['run_b'].get('world_size')} ranks)")))
+    for w in diff.get("warnings") or []:
+        console.print(Text("warning: " + w))
     for side, meta in (("A", diff["run_a"]), ("B", diff["run_b"])):
         if meta.get("timeline") is False:
             console.print(f"{side} ({meta['run_id']}) has no timeline (a benchmark log: each size's measured time only): "
