@@ -183,3 +183,29 @@ def test_fit_table_folds_a_long_name_and_keeps_numbers_whole():
 ])
 def test_terminal_kernel_name(name, want):
     assert terminal_kernel_name(name) == want
+
+
+@pytest.mark.parametrize("columns, width", [(None, 120), ("80", 80)])
+def test_cli_analyze_piped(reports, columns, width, monkeypatch, capsys):
+    """`tracekit analyze ... | cat`: stdout is no terminal, so the width is $COLUMNS, else 120; each
+    table printed is checked as above. The DLRM run when ../shared has it (the widest kernel names),
+    else the EP fixture."""
+    from tracekit.cli import main
+
+    st, reps = reports
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    seen, real = [], data.fit_table
+    monkeypatch.setattr(data, "fit_table", lambda t, w: (seen.append(t), real(t, w))[1])
+    run = "dlrm" if "dlrm" in reps else "ep_2rank"
+    assert main(["analyze", "--run", run, "--store", str(st.path)]) == 0
+    out = capsys.readouterr().out
+    assert max(cell_len(ln) for ln in out.splitlines()) <= width
+    assert out.count("…") == out.count(PARAMS_DROPPED)  # every ellipsis is the legend's
+    assert len(seen) >= 5 and sum(1 for ln in out.splitlines() if ln.startswith("───")) == len(seen)
+    for t in seen:
+        one = _render(t, width)
+        assert one in out
+        check_rendered(t, one, width, f"cli {run}: {getattr(t, 'tk_title', '')}")
