@@ -6,7 +6,8 @@ and plot areas, and of the page's section headings; it writes every overlapping 
 different owners, and every figure text drawn outside its figure (cut off), into a DOM node read
 back with ``--dump-dom``. A tick label, axis title, legend or title over another panel's plot area
 counts as an overlap. Reports: the EP fixture (all-to-all), the nccl-tests sweep fixture, and, when
-../shared/traces has them, the 8-rank DLRM set and the nccl-tests logs of 8 A100s.
+../shared/traces has them, the 8-rank DLRM set, the nccl-tests logs of 8 A100s and the pairwise
+nccl-tests logs of a 10-node H100 fleet.
 """
 
 from __future__ import annotations
@@ -50,10 +51,9 @@ OVERLAP_JS = r"""
       });
       fig.querySelectorAll('.cartesianlayer .subplot').forEach(function (sp) {
         var id = (sp.getAttribute('class') || '').replace('subplot', '').trim();  // xy, x2y2, ...
-        ['x', 'y'].forEach(function (ax) {
-          sp.querySelectorAll('.' + ax + 'tick text, .' + ax + 'tick2 text').forEach(function (t) {
-            add(t, 'tick', f + ':' + id + ':' + ax, 'tick ' + id + ' ' + t.textContent.slice(0, 30)); });
-        });
+        sp.querySelectorAll('g[class$="tick"] > text, g[class$="tick2"] > text').forEach(function (t) {
+          var ax = (t.parentNode.getAttribute('class') || '').charAt(0);  // xtick, x2tick, ytick, y3tick ...
+          add(t, 'tick', f + ':' + id + ':' + ax, 'tick ' + id + ' ' + t.textContent.slice(0, 30)); });
       });
       fig.querySelectorAll('.draglayer > g').forEach(function (g) {  // each subplot's drag rectangle = its plot area
         var r = g.querySelector('rect.nsewdrag');
@@ -131,6 +131,9 @@ def _pages(tmp_path):
     logs = sorted((TRACES / "superbench_nccl_tests_a100x8").glob("*.log"))
     if logs:
         yield write_html_report(st, tmp_path / "nccl.html", run_id=ingest_paths(logs, st, run_id="nccl"))
+    fleet = TRACES / "nccltests_h100_fleet" / "pairwise"  # 10 nodes, every pair: the fleet's panels
+    if fleet.exists():
+        yield write_html_report(st, tmp_path / "fleet.html", run_id=ingest_paths([fleet], st, run_id="fleet"))
 
 
 def test_no_overlapping_text_in_figures(tmp_path):

@@ -437,8 +437,8 @@ def _layout(fig, title: str, height: int, **kw) -> None:
     )
 
 
-LEGEND_TOP_PX = 50
-"""Where a legend under the figure's title starts, in px from the figure's top (:func:`_legend_under_title`)."""
+TITLE_TOP_PX, LEGEND_TOP_PX = 20, 56
+"""Where the title and a legend under it start, in px from the figure's top (:func:`_legend_under_title`)."""
 
 
 def _legend_under_title(fig, height: int, top: int) -> None:
@@ -448,7 +448,7 @@ def _legend_under_title(fig, height: int, top: int) -> None:
     moves the band down when the title wraps."""
     fig.update_layout(legend=dict(orientation="h", yref="container", y=1 - LEGEND_TOP_PX / height, yanchor="top",
                                   x=0, xanchor="left"), margin=dict(t=top),
-                      title=dict(yref="container", y=1 - 12 / height, yanchor="top"))  # not mid-margin
+                      title=dict(yref="container", y=1 - TITLE_TOP_PX / height, yanchor="top"))  # not mid-margin
 
 
 def bandwidth_figure(data: dict):
@@ -621,9 +621,10 @@ def timeline_figure(data: dict):
     title = f"Timeline per rank ({what}; hover a collective for op, size and wait)"
     if tl["note"]:
         title += f"<br><sup>{html.escape(tl['note'])}</sup>"
-    _layout(fig, title, height=max(360, 26 * len(lanes) + 190), barmode="overlay",
-            legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.99, xanchor="right", font=dict(size=13)),
-            uniformtext=dict(minsize=10, mode="hide"))
+    height = max(360, 26 * len(lanes) + 190)
+    _layout(fig, title, height=height, barmode="overlay", uniformtext=dict(minsize=10, mode="hide"))
+    _legend_under_title(fig, height, 105)  # at the top right it met a long title (tests/report/test_html_overlaps.py)
+    fig.update_layout(legend_font_size=13)
     order = list(reversed(lanes))
     fig.update_yaxes(categoryorder="array", categoryarray=order, title_text="", tickfont=dict(size=13),
                      range=[-0.5, len(order) - 0.5])
@@ -634,7 +635,6 @@ def timeline_figure(data: dict):
                           fillcolor="#f1f3f5", line=dict(width=0), layer="below")
     fig.update_xaxes(title_text=f"time since the window start ({unit}; t = 0 at {t0 / 1e9:.6f} s on the run clock)",
                      range=[0, (tl["t1_ns"] - t0) / f], showgrid=True, zeroline=False)
-    fig.update_layout(margin=dict(t=110))
     return fig
 
 
@@ -826,9 +826,13 @@ def kernel_figure(data: dict):
                     key=lambda r: r["gpu_total_ns"])
     unit, f = _time_unit(max(r["total_ns"] for r in kernels))
     colors = {"compute": COMPUTE_COLOR, "comm": COMM_COLOR, "memory": MEMORY_COLOR, "sync": "#495057"}
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.3,
-                        subplot_titles=["largest GPU ops per class<br>(total time)",
-                                        "GPU time per<br>record_function range"])  # two lines: never meet at 1,000 px
+    # one panel above the other: side by side, the right panel's long range names were drawn over the
+    # left panel's bars (tests/report/test_html_overlaps.py); stacked, both share the left margin
+    rows_px = [26 * len(kernels) + 40, 26 * len(launch) + 40] if launch else [26 * len(kernels) + 40]
+    height = sum(rows_px) + 90 * len(rows_px) + 80
+    fig = make_subplots(rows=len(rows_px), cols=1, row_heights=rows_px, vertical_spacing=100 / (height - 150),
+                        subplot_titles=["largest GPU ops per class (total time)"]
+                        + (["GPU time per record_function range"] if launch else []))
     short = lambda n: n if len(n) <= 48 else n[:47] + "…"  # noqa: E731
     fig.add_trace(go.Bar(
         y=[f"{short(r['name'])} [{r['class']}]" for r in kernels], x=[r["total_ns"] / f for r in kernels],
@@ -842,10 +846,9 @@ def kernel_figure(data: dict):
             orientation="h", marker_color="#868e96", showlegend=False,
             customdata=[[fmt_pct(r["share"]), r["gpu_ops"]] for r in launch],
             hovertemplate="%{y}: %{x:,.3f} " + unit + " (%{customdata[0]}) in %{customdata[1]} GPU ops<extra></extra>"),
-            row=1, col=2)
-    _layout(fig, "Where GPU time goes: ops and the ranges that launched them",
-            height=max(420, 26 * max(len(kernels), len(launch)) + 190))
-    fig.update_layout(margin=dict(t=115))  # room for the two-line panel titles under the figure's title
+            row=2, col=1)
+    _layout(fig, "Where GPU time goes: ops and the ranges that launched them", height=height)
+    fig.update_yaxes(automargin=True)  # the left margin grows to the longest name
     fig.update_xaxes(title_text=f"time ({unit})")
     return fig
 
@@ -1279,17 +1282,24 @@ def wrap_title(text: str) -> tuple[str, int]:
 
 
 def _wrap_figure_title(fig) -> None:
-    """Wrap a go.Figure's title (:func:`wrap_title`) and give each added line 24 px more top margin."""
+    """Wrap a go.Figure's title (:func:`wrap_title`) and give each added line 24 px more top margin
+    (and the figure 24 px more height when its legend is a band under the title)."""
     title = fig.layout.title.text if fig.layout.title else None
     if not title:
         return
     text, added = wrap_title(title)
-    if added:
-        top = fig.layout.margin.t if fig.layout.margin.t is not None else 80
-        fig.update_layout(title_text=text, margin=dict(t=top + 24 * added))
-        if fig.layout.legend.yref == "container" and fig.layout.legend.y is not None and fig.layout.height:
-            fig.update_layout(height=fig.layout.height + 24 * added,
-                              legend_y=fig.layout.legend.y - 24 * added / (fig.layout.height + 24 * added))
+    band = fig.layout.legend.yref == "container" and fig.layout.legend.y is not None and fig.layout.height
+    # a legend band under the title (:func:`_legend_under_title`) moves down by every line past the
+    # first (wrapped, or a <br><sup> note); elsewhere the figure's margin already holds its notes
+    shift = text.count("<br>") if band else added
+    if not shift:
+        return
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 80
+    fig.update_layout(title_text=text, margin=dict(t=top + 24 * shift))
+    if band:
+        height = fig.layout.height + 24 * shift
+        fig.update_layout(height=height, legend_y=1 - (LEGEND_TOP_PX + 24 * shift) / height,
+                          title_y=1 - TITLE_TOP_PX / height)
 
 
 def _figure_html(fig, name: str) -> str:
@@ -1336,14 +1346,27 @@ def fleet_heatmap(data: dict):
         return None
     ops = sorted({p["op"] for p in pairs})
     rphs = sorted({p["ranks_per_host"] for p in pairs})
-    fig = make_subplots(rows=len(ops), cols=len(rphs), horizontal_spacing=0.06, vertical_spacing=0.12,
+    height = max(420, 360 * len(ops))
+    # 120 px between rows (the spacing is a fraction of the plot area, margins 80 + 70 px): room for
+    # a row's slanted host names above the next row's panel titles (tests/report/test_html_overlaps.py)
+    hosts_of = {}
+    for p in pairs:
+        hosts_of.setdefault((p["op"], p["ranks_per_host"]), set()).update((p["host_a"], p["host_b"]))
+    same = all(len({tuple(sorted(h)) for (o, _), h in hosts_of.items() if o == op}) == 1 for op in ops)
+    # host names only on each row's first panel when every panel of the row has the same hosts; else
+    # room for them between the panels (each panel's names were drawn over its left neighbour)
+    fig = make_subplots(rows=len(ops), cols=len(rphs), horizontal_spacing=0.04 if same else 0.16,
+                        vertical_spacing=120 / (height - 150) if len(ops) > 1 else 0.12,
                         subplot_titles=[f"{op}, {r}/node" for op in ops for r in rphs])
+    first = {}  # per row, the hosts of its first panel: a panel with the same hosts prints no host names again
     for i, op in enumerate(ops, start=1):
         for j, rph in enumerate(rphs, start=1):
             sel = [p for p in pairs if p["op"] == op and p["ranks_per_host"] == rph]
             if not sel:
                 continue
             hosts = sorted({p["host_a"] for p in sel} | {p["host_b"] for p in sel})
+            if first.setdefault(i, hosts) == hosts and j > 1:
+                fig.update_yaxes(showticklabels=False, row=i, col=j)
             at = {h: n for n, h in enumerate(hosts)}
             z = [[None] * len(hosts) for _ in hosts]
             text = [[""] * len(hosts) for _ in hosts]
@@ -1356,7 +1379,7 @@ def fleet_heatmap(data: dict):
                 colorscale="RdYlGn", showscale=(i == 1 and j == 1), colorbar=dict(title="÷ fleet median"),
                 hovertemplate=f"{op}, {rph}/node: %{{y}} – %{{x}}<br>%{{text}} GB/s, %{{z:.2f}} of the fleet median"
                               "<extra></extra>"), row=i, col=j)
-    _layout(fig, "Fleet: plateau busbw per node pair", height=max(420, 360 * len(ops)))
+    _layout(fig, "Fleet: plateau busbw per node pair", height=height)
     return fig
 
 
@@ -1368,8 +1391,8 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "and idle (no GPU op on any stream) by HTA's classes: host wait (the next op was launched after the GPU went "
      "idle), kernel wait (a gap under 30 ns), other (analyses/gpu_time_breakdown.py)."),
     ("kernels", "GPU ops and their launchers", kernel_figure,
-     "Left: the largest GPU ops of each class by total time over all ranks (sums of durations, so ops on "
-     "concurrent streams each count). Right: GPU time by the innermost record_function range around each op's "
+     "Top: the largest GPU ops of each class by total time over all ranks (sums of durations, so ops on "
+     "concurrent streams each count). Below: GPU time by the innermost record_function range around each op's "
      "launch call (analyses/gpu_time_breakdown.py)."),
     ("alltoall", "All-to-all imbalance", alltoall_heatmap,
      "Bytes each rank sent each peer in all-to-all(v) calls (collectives.in_splits × the element size; own "
