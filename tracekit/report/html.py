@@ -813,7 +813,7 @@ def gpu_breakdown_figure(data: dict):
 
 def kernel_figure(data: dict):
     """Horizontal bars: the largest GPU ops by total time (report['kernel_summary'], coloured by
-    class) beside GPU time per record_function range (report['gpu_time_by_launcher'], kind
+    class) above GPU time per record_function range (report['gpu_time_by_launcher'], kind
     annotation). None without GPU ops."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -830,7 +830,8 @@ def kernel_figure(data: dict):
     # left panel's bars (tests/report/test_html_overlaps.py); stacked, both share the left margin
     rows_px = [26 * len(kernels) + 40, 26 * len(launch) + 40] if launch else [26 * len(kernels) + 40]
     height = sum(rows_px) + 90 * len(rows_px) + 80
-    fig = make_subplots(rows=len(rows_px), cols=1, row_heights=rows_px, vertical_spacing=100 / (height - 150),
+    fig = make_subplots(rows=len(rows_px), cols=1, row_heights=rows_px,
+                        vertical_spacing=100 / (height - 150) if launch else 0.1,
                         subplot_titles=["largest GPU ops per class (total time)"]
                         + (["GPU time per record_function range"] if launch else []))
     short = lambda n: n if len(n) <= 48 else n[:47] + "…"  # noqa: E731
