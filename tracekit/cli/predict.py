@@ -51,12 +51,13 @@ def _console():
 
 
 def _print(table, console=None) -> None:
-    """Print ``table`` with each column at least as wide as its longest word (header included),
-    so that cells wrap between words and no number or name is cut."""
-    for col in table.columns:
-        words = [w for c in [str(col.header)] + [str(c) for c in col._cells] for w in c.split()]
-        col.min_width = max([len(w) for w in words] + [1])
-    (console or _console()).print(table)
+    """Print ``table`` fitted to the console (tracekit.report.textfmt.fit_table): cells wrap
+    between words, and no number or name is cut."""
+    from tracekit.report.textfmt import fit_table
+
+    console = console or _console()
+    fit_table(table, console.width)
+    console.print(table)
 
 
 def _table(title: str, columns: list[str], caption: Optional[str] = None):

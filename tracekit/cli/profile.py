@@ -37,7 +37,7 @@ HELP = (
     'Profile a live job with no change to its code, then ingest it and print the report.\n\n'
     "Runs COMMAND (e.g. `torchrun --nproc-per-node 2 train.py`, `python -m torch.distributed.run ...`, `python train.py`) with torch.profiler injected into every Python process it starts: a `sitecustomize` first on PYTHONPATH starts the profiler when torch.distributed is initialised, advances its schedule on every optimizer step (or on every `tracekit.step()` in loops without an optimizer), and writes each rank's trace after the active steps or at exit. The traces are then ingested as one run (workload `external`, the command recorded in its config) and the report is printed.\n\n"
     "A job that exits non-zero still has what it wrote ingested; the run is marked partial and tracekit exits with the job's code. Ctrl-C stops the whole job (a second Ctrl-C forces it) and keeps what was written (exit 130).\n\n"
-    "Multi-node: run the same `tracekit profile --out DIR -- torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT ... train.py` on every node, or `srun tracekit profile --out DIR -- python train.py` (one per task: rank and world size from SLURM_PROCID and SLURM_NTASKS, set as RANK, WORLD_SIZE and LOCAL_RANK when the job's environment has none), with DIR on a filesystem every node sees. All nodes write into one run folder, DIR/<run id> (--run-id, else one derived from torchrun's --rdzv-id, else from the rendezvous and the command, or the SLURM job and step), each rank's trace under its own name; node 0 (--node-rank 0, SLURM_PROCID 0) waits until every node's job has ended or every expected rank (--expect-ranks, else the world size the ranks report) has finished, at most --wait-timeout seconds, names the ranks still missing, and ingests; the other nodes only write (or ingest the folder later with `tracekit ingest DIR/<run id>`).\n\n"
+    "Multi-node: run the same `tracekit profile --out DIR -- torchrun --nnodes N --node-rank R --rdzv-endpoint HOST:PORT ... train.py` on every node, or `srun tracekit profile --out DIR -- python train.py` (one per task: rank and world size from SLURM_PROCID and SLURM_NTASKS, set as RANK, WORLD_SIZE and LOCAL_RANK when the job's environment has none), with DIR on a filesystem every node sees. All nodes write into one run folder, DIR/<run id> (--run-id, else one derived from torchrun's --rdzv-id, else from the rendezvous and the command, or the SLURM job and step), each rank's trace under its own name; node 0 (--node-rank 0, SLURM_PROCID 0) waits until every node's job has ended or every expected rank (--expect-ranks, else the world size the ranks report) has finished, at most --nodes-timeout seconds, names the ranks still missing, and ingests; the other nodes only write (or ingest the folder later with `tracekit ingest DIR/<run id>`).\n\n"
     "With --nsys the job runs under `nsys profile` (Nsight Systems, which must be on PATH) instead: no torch.profiler is injected, the schedule options do not apply, and nsys' one SQLite export of the whole job (job.sqlite, every process of the job in that one file) is ingested as one rank.\n\n"
     'Overhead: the profiler slows the steps it records (the run config gets `profiler_overhead_pct`: recorded vs idle steps of the same run, when the job runs at least 2 steps of each). To keep it low: a short --active window (2-3 steps are enough for a steady loop), no --with-stack (Python stacks are costly), --no-record-shapes when collective sizes are not needed (they are on gloo/CPU), and --wait to skip the start-up steps.'
 )
@@ -54,7 +54,7 @@ COMMAND_OPTIONS = dict(
 
 def profile(
     ctx: typer.Context,
-    wait: int = typer.Option(1, "--wait", help="Profiler schedule: steps skipped first."),
+    wait: int = typer.Option(1, "--wait", help="Profiler schedule (torch.profiler.schedule's wait): steps skipped first."),
     warmup: int = typer.Option(1, "--warmup", help="Profiler schedule: warm-up steps (traced, discarded)."),
     active: int = typer.Option(3, "--active", help="Profiler schedule: recorded steps per cycle (fewer = less overhead)."),
     repeat: int = typer.Option(1, "--repeat", help="Profiler cycles (0 = until the job ends); cycles after the first are kept, not ingested."),
@@ -72,7 +72,10 @@ def profile(
         None, "--expect-ranks", help="Multi-node: the ranks node 0 waits for until a rank reports torch.distributed's world size, which wins."
     ),
     wait_timeout: float = typer.Option(
-        300.0, "--wait-timeout", help="Multi-node: seconds node 0 waits for the other nodes after its own job ended."
+        300.0, "--nodes-timeout", help="Multi-node: seconds node 0 waits for the other nodes after its own job ended."
+    ),
+    wait_timeout_old: Optional[float] = typer.Option(
+        None, "--wait-timeout", hidden=True, help="Deprecated name of --nodes-timeout (read, with a warning)."
     ),
     fr: bool = typer.Option(
         False, "--fr", help="Flight Recorder on in every rank; each rank dumps it into the run folder when the job ends, "
@@ -103,6 +106,9 @@ def profile(
         from tracekit.collectors.nsys import find_nsys
 
         find_nsys()  # no nsys on PATH: one clear line, exit 2, nothing started
+    if wait_timeout_old is not None:  # the old name, easily read as the profiler schedule's --wait
+        print("tracekit profile: --wait-timeout is deprecated, use --nodes-timeout", file=sys.stderr, flush=True)
+        wait_timeout = wait_timeout_old
     from tracekit.store import Store
 
     st = Store(store)

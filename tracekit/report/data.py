@@ -13,7 +13,8 @@ import math
 from typing import Any
 
 from tracekit.store import Store
-from tracekit.report.textfmt import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_size, fmt_us, short_kernel_name
+from tracekit.report.textfmt import (PARAMS_DROPPED, fit_table, fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_size, fmt_us,
+                                     terminal_kernel_name)
 
 TOP_STRAGGLERS = 10
 
@@ -531,33 +532,14 @@ def _table(title: str):
 
 def _show(console, t) -> None:
     """Print a :func:`_table`: title and caption as text wrapping at spaces at any width, and the
-    table with no cell cut (each column at least as wide as its longest word, so cells wrap only
-    between words); at 100 columns every table of the report fits (tests/report/test_report_width.py)."""
+    table fitted to the console (:func:`tracekit.report.textfmt.fit_table`): cells wrap between
+    words, a long kernel name folds, nothing is cut (tests/report/test_report_layout_piped.py)."""
     from rich.text import Text
 
     if getattr(t, "tk_title", None):
         console.print()
         console.print(Text(t.tk_title, style="bold"))
-    widths = []
-    for col in t.columns:
-        cells = [str(col.header)] + [str(c) for c in col._cells]
-        widths.append(max([len(w) for c in cells for w in c.split()] + [1]))
-    fits = sum(widths) + 2 * len(widths) <= console.width
-    # too wide: the widest column (a kernel or op name) folds inside its words, every other column
-    # keeps its longest word whole, so no number or label is cut
-    fold = None if fits else max(range(len(widths)), key=widths.__getitem__)
-    if fold is not None and sum(widths) - widths[fold] + 2 * len(widths) + 12 > console.width:
-        fold = -1  # even so too wide: rich folds the longest words rather than crop the table
-    for i, (col, w) in enumerate(zip(t.columns, widths)):
-        if fold == -1:
-            break
-        if i == fold:
-            col.no_wrap, col.overflow, col.min_width = False, "fold", 12
-            continue
-        col.min_width = w
-        cells = [str(c) for c in col._cells]
-        if cells and not any(" " in c.strip() for c in cells) and max(map(len, cells)) >= len(str(col.header)):
-            col.no_wrap = True  # single words at least as wide as the header: never squeezed
+    fit_table(t, console.width)
     caption, t.caption = t.caption, None
     console.print(t)
     if caption:
@@ -1061,20 +1043,19 @@ def print_kernel_sections(report: dict, console) -> None:
     if report.get("kernel_summary"):
         t = _table(f"Top GPU ops per class (by total time; top {TOP_KERNELS_PER_CLASS})")
         for col in ("class", "name", "count", "total ms", "mean µs", "p50 µs", "p95 µs", "share of steps"):
-            if col == "name":
-                t.add_column(col, overflow="fold", max_width=56)  # a long name wraps, never cut
-            else:
-                t.add_column(col, justify="left" if col == "class" else "right")
+            t.add_column(col, justify="left" if col in ("class", "name") else "right")
         for r in report["kernel_summary"]:
-            t.add_row(r["class"], short_kernel_name(r["name"], 90), str(r["count"]), fmt_ms(r["total_ns"]), fmt_us(r["mean_ns"]),
+            t.add_row(r["class"], terminal_kernel_name(r["name"]), str(r["count"]), fmt_ms(r["total_ns"]), fmt_us(r["mean_ns"]),
                       fmt_us(r["p50_ns"]), fmt_us(r["p95_ns"]), fmt_pct(r["step_share"]))
+        if any(terminal_kernel_name(r["name"]).endswith(PARAMS_DROPPED) for r in report["kernel_summary"]):
+            t.caption = f"{PARAMS_DROPPED} = a templated kernel's parameter list, left out (full names in --json and --html)"
         _show(console, t)
     if report.get("gpu_time_by_launcher"):
         t = _table("GPU time by the CPU op / record_function range that launched it")
         for col in ("kind", "launcher", "GPU ops", "GPU ms", "compute ms", "comm ms", "share"):
             t.add_column(col, justify="left" if col in ("kind", "launcher") else "right")
         for r in report["gpu_time_by_launcher"]:
-            t.add_row(r["launcher_kind"], short_kernel_name(r["launcher"], 90) if r["launcher"] else "(none)",
+            t.add_row(r["launcher_kind"], terminal_kernel_name(r["launcher"]) if r["launcher"] else "(none)",
                       str(r["gpu_ops"]), fmt_ms(r["gpu_total_ns"]),
                       fmt_ms(r["compute_ns"]), fmt_ms(r["comm_ns"]), fmt_pct(r["share"]))
         _show(console, t)

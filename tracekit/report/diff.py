@@ -158,9 +158,12 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
         meta = {}
         for rid in (run_a, run_b):
             rec = con.execute(
-                "SELECT run_id, workload, backend, world_size, device_name, config FROM runs WHERE run_id = ?", [rid]
+                "SELECT run_id, workload, backend, world_size, device_name, config, source FROM runs WHERE run_id = ?", [rid]
             ).fetchone()
             meta[rid] = dict(zip(("run_id", "workload", "backend", "world_size", "device_name"), rec[:5]))
+            meta[rid]["source"] = rec[6]
+            meta[rid]["ranks_ingested"] = [r for (r,) in con.execute(
+                "SELECT DISTINCT rank FROM ranks WHERE run_id = ? AND rank IS NOT NULL ORDER BY rank", [rid]).fetchall()]
             meta[rid]["timeline"] = bool(con.execute(
                 "SELECT coalesce(sum(events), 0) > 0 FROM ranks WHERE run_id = ?", [rid]).fetchone()[0])
         ra, rb = _rows(con, run_a, meta[run_a]["timeline"]), _rows(con, run_b, meta[run_b]["timeline"])
@@ -193,11 +196,59 @@ def diff_runs(store: Store | str | None, run_a: str, run_b: str) -> dict[str, An
 
     rows.sort(key=rank_key)
     return dict(
+        warnings=comparability_warnings(meta[run_a], meta[run_b]),
         run_a=meta[run_a],
         run_b=meta[run_b],
         totals=dict(a=ta, b=tb, delta={k: _delta(ta[k], tb[k]) for k in _TOTALS}),
         rows=rows,
     )
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """``[1, 2, 3, 5]`` → ``'1–3, 5'``: runs of consecutive ranks as ranges."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}–{ranks[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def completeness(meta: dict) -> tuple[int, int | None, list[int]]:
+    """A run's (ranks ingested, world size, ranks missing) from :func:`diff_runs`' run meta. A
+    benchmark log (source ``nccl_tests``) is one file for every rank: never incomplete."""
+    got, ws = meta.get("ranks_ingested") or [], meta.get("world_size")
+    if meta.get("source") == "nccl_tests" or not ws:
+        return len(got), ws, []
+    return len(got), ws, sorted(set(range(int(ws))) - set(got))
+
+
+def comparability_warnings(a: dict, b: dict) -> list[str]:
+    """One line per way runs A and B (:func:`diff_runs`' run meta) are not alike, so that a
+    difference in their numbers may not be the change under test: the hardware (device name), the
+    rank count (world size), the completeness (ranks ingested out of the world size; a missing rank
+    takes its time out of the totals and hides the waits it caused). An unknown value on one side
+    only is a warning too (it cannot be compared). Empty when the runs are alike."""
+    out = []
+    da, db = a.get("device_name"), b.get("device_name")
+    if da != db:
+        out.append(f"hardware differs: A ({a['run_id']}) ran on {da or 'an unrecorded device'}, "
+                   f"B ({b['run_id']}) on {db or 'an unrecorded device'}: a change may be the hardware's")
+    wa, wb = a.get("world_size"), b.get("world_size")
+    if wa != wb:
+        out.append(f"rank count differs: A has {wa if wa else 'an unrecorded number of'} ranks, "
+                   f"B {wb if wb else 'an unrecorded number of'}: collectives over more ranks cost more")
+    (na, _, ma), (nb, _, mb) = completeness(a), completeness(b)
+    if bool(ma) != bool(mb) or (ma and mb and (na, ma) != (nb, mb)):
+        def says(side, meta, n, missing):
+            if not missing:
+                return f"{side} has all its {n} ranks"
+            return (f"{side} has {n} of {meta['world_size']} ranks (missing {_rank_list(missing)})")
+        out.append(f"completeness differs: {says('A', a, na, ma)}, {says('B', b, nb, mb)}: totals sum different "
+                   "ranks, and the waits a missing rank caused are not seen")
+    return out
 
 
 def print_diff(diff: dict, console=None) -> None:
@@ -206,13 +257,15 @@ def print_diff(diff: dict, console=None) -> None:
 
     from rich.text import Text
 
-    from tracekit.report.textfmt import literal, output_console
+    from tracekit.report.textfmt import fit_table, literal, output_console
 
     console = console or output_console(160)
     a_id, b_id = diff["run_a"]["run_id"], diff["run_b"]["run_id"]
     console.print(Text.assemble(("diff", "bold"), literal(
         f" A = {a_id} ({diff['run_a'].get('workload')}, {diff['run_a'].get('world_size')} ranks)"
         f"  →  B = {b_id} ({diff['run_b'].get('workload')}, {diff['run_b'].get('world_size')} ranks)")))
+    for w in diff.get("warnings") or []:
+        console.print(Text("warning: " + w))
     for side, meta in (("A", diff["run_a"]), ("B", diff["run_b"])):
         if meta.get("timeline") is False:
             console.print(f"{side} ({meta['run_id']}) has no timeline (a benchmark log: each size's measured time only): "
@@ -226,6 +279,7 @@ def print_diff(diff: dict, console=None) -> None:
         t.add_row(label, fmt_ms(ta[key]), fmt_ms(tb[key]), fmt_ms(td[key], signed=True))
     t.add_row("overlap ratio", fmt_pct(ta["overlap_ratio"]), fmt_pct(tb["overlap_ratio"]),
               fmt_pp(td["overlap_ratio"]))
+    fit_table(t, console.width)
     console.print(t)
     t = Table(title="Per op and size bucket (largest change in time spent first)")
     for col in ("op", "size", "count A→B", "median sync µs A→B", "Δ sync", "busbw GB/s A→B", "wait ms A→B",
@@ -244,6 +298,7 @@ def print_diff(diff: dict, console=None) -> None:
             f"{fmt_ms(a.get('exposed_comm_ns'))} → {fmt_ms(b.get('exposed_comm_ns'))}",
             fmt_ms(r["delta"]["comm_ns"], signed=True),
         )
+    fit_table(t, console.width)
     console.print(t)
     console.print("comm and exposed per row sum each call's span: calls that run at once (two streams, two groups) "
                   "count once each, so rows can add up to more than the run totals, which are unions")
@@ -396,7 +451,7 @@ def print_gate(gate: dict, console=None) -> None:
     """Render :func:`evaluate_gate`'s result: one line per rule, then the offending rows."""
     from rich.table import Table
 
-    from tracekit.report.textfmt import output_console
+    from tracekit.report.textfmt import fit_table, output_console
 
     con = console or output_console(160)
     for r in gate["rules"]:
@@ -422,5 +477,6 @@ def print_gate(gate: dict, console=None) -> None:
                 ch = f"{f['change']:+.2f} GB/s"
             t.add_row(f["expr"], f["op"] or "(run total)", f["bucket"] or "", _gate_value(f["metric"], f["a"]),
                       _gate_value(f["metric"], f["b"]), ch)
+        fit_table(t, con.width)
         con.print(t)
     con.print("gate: " + ("passed" if gate["passed"] else f"FAILED ({len(gate['failures'])} regressions)"))

@@ -437,6 +437,20 @@ def _layout(fig, title: str, height: int, **kw) -> None:
     )
 
 
+TITLE_TOP_PX, LEGEND_TOP_PX = 20, 56
+"""Where the title and a legend under it start, in px from the figure's top (:func:`_legend_under_title`)."""
+
+
+def _legend_under_title(fig, height: int, top: int) -> None:
+    """A horizontal legend on its own band under the figure's (left-aligned) title, left-aligned, and
+    a top margin of ``top`` px holding title, legend and panel titles. A legend at the top right was
+    drawn over a long title at 1,000 px (tests/report/test_html_overlaps.py). :func:`_wrap_figure_title`
+    moves the band down when the title wraps."""
+    fig.update_layout(legend=dict(orientation="h", yref="container", y=1 - LEGEND_TOP_PX / height, yanchor="top",
+                                  x=0, xanchor="left"), margin=dict(t=top),
+                      title=dict(yref="container", y=1 - TITLE_TOP_PX / height, yanchor="top"))  # not mid-margin
+
+
 def bandwidth_figure(data: dict):
     """Bus bandwidth vs message size per op (log–log): instances by verdict, fit and preset curves, n½."""
     import plotly.graph_objects as go
@@ -518,15 +532,24 @@ def bandwidth_figure(data: dict):
                 yref = "y domain" if n == 0 else f"y{n + 1} domain"
                 fig.add_shape(type="line", x0=c["crossover_bytes"], x1=c["crossover_bytes"], y0=0, y1=1, xref=xref,
                               yref=yref, line=dict(color=FIT_COLOR, dash="dot", width=1.5))
+                # on the side of the dotted line with more room, in two short lines: never over the
+                # neighbouring panel's axis title (tests/report/test_html_overlaps.py)
+                sizes = [r["size_bytes"] for r in pts if r["size_bytes"]] + list(c["sizes_bytes"])
+                mid = (math.log10(min(sizes)) + math.log10(max(sizes))) / 2 if sizes else 0
+                right = math.log10(c["crossover_bytes"]) > mid
                 fig.add_annotation(x=math.log10(c["crossover_bytes"]), y=0.02, xref=xref, yref=yref, yanchor="bottom",
-                                   xanchor="left", xshift=4,
-                                   text=(f"fit D* = {fmt_bytes(c['crossover_bytes'])} (link n½ "
+                                   xanchor="right" if right else "left", xshift=-4 if right else 4, align="left",
+                                   text=(f"fit D* = {fmt_bytes(c['crossover_bytes'])}<br>(link n½ "
                                          f"{fmt_bytes(c['n_half_bytes'])})"), showarrow=False,
                                    font=dict(size=13), bgcolor="rgba(255,255,255,0.85)")
+        # the tick labels stand off the axes (the lowest y label and the first x label met at the
+        # corner); the y title on the left column only: in the right column it was drawn over the
+        # left panel (the same quantity, one title per row)
         fig.update_xaxes(type="log", exponentformat="SI", dtick=1, title_text="message size S (bytes; k = 10³, M = 10⁶)",
-                         row=row, col=col, showline=True, linecolor="#adb5bd")
-        fig.update_yaxes(type="log", exponentformat="power", dtick=1, title_text="bus bandwidth (GB/s, GB = 10⁹ B)",
-                         row=row, col=col, showline=True, linecolor="#adb5bd")
+                         row=row, col=col, showline=True, linecolor="#adb5bd", ticklabelstandoff=6)
+        fig.update_yaxes(type="log", exponentformat="power", dtick=1,
+                         title_text="bus bandwidth (GB/s, GB = 10⁹ B)" if col == 1 else None,
+                         row=row, col=col, showline=True, linecolor="#adb5bd", ticklabelstandoff=6)
     _layout(
         fig, "Bus bandwidth vs message size (measured instances by verdict; α–β fit and preset links from the model)",
         height=430 * nrows + 190,
@@ -598,9 +621,10 @@ def timeline_figure(data: dict):
     title = f"Timeline per rank ({what}; hover a collective for op, size and wait)"
     if tl["note"]:
         title += f"<br><sup>{html.escape(tl['note'])}</sup>"
-    _layout(fig, title, height=max(360, 26 * len(lanes) + 190), barmode="overlay",
-            legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.99, xanchor="right", font=dict(size=13)),
-            uniformtext=dict(minsize=10, mode="hide"))
+    height = max(360, 26 * len(lanes) + 190)
+    _layout(fig, title, height=height, barmode="overlay", uniformtext=dict(minsize=10, mode="hide"))
+    _legend_under_title(fig, height, 105)  # at the top right it met a long title (tests/report/test_html_overlaps.py)
+    fig.update_layout(legend_font_size=13)
     order = list(reversed(lanes))
     fig.update_yaxes(categoryorder="array", categoryarray=order, title_text="", tickfont=dict(size=13),
                      range=[-0.5, len(order) - 0.5])
@@ -611,7 +635,6 @@ def timeline_figure(data: dict):
                           fillcolor="#f1f3f5", line=dict(width=0), layer="below")
     fig.update_xaxes(title_text=f"time since the window start ({unit}; t = 0 at {t0 / 1e9:.6f} s on the run clock)",
                      range=[0, (tl["t1_ns"] - t0) / f], showgrid=True, zeroline=False)
-    fig.update_layout(margin=dict(t=110))
     return fig
 
 
@@ -664,10 +687,9 @@ def overlap_figure(data: dict):
         add(rows, [str(r["step"]) for r in rows], 2, False)
         fig.layout.annotations[1].text = "per profiler step (sum over ranks)"
         fig.update_xaxes(title_text="profiler step", type="category", row=1, col=2)
-    _layout(fig, "Communication hidden by compute: comm, overlap and exposed comm", height=490, barmode="group",
-            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    _layout(fig, "Communication hidden by compute: comm, overlap and exposed comm", height=500, barmode="group")
+    _legend_under_title(fig, 500, 150)
     fig.update_yaxes(title_text=f"time ({unit})", row=1, col=1)
-    fig.update_layout(margin=dict(t=140))
     return fig
 
 
@@ -783,16 +805,15 @@ def gpu_breakdown_figure(data: dict):
     add(by_rank, [f"rank {r['rank']}" for r in by_rank], 1, True)
     if by_step:
         add(by_step, [[f"step {r['step']}" for r in by_step], [f"r{r['rank']}" for r in by_step]], 2, False)
-    _layout(fig, "GPU time: compute, communication, memory, sync and idle", height=490, barmode="stack",
-            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
+    _layout(fig, "GPU time: compute, communication, memory, sync and idle", height=500, barmode="stack")
+    _legend_under_title(fig, 500, 150)
     fig.update_yaxes(title_text=f"time ({unit})", row=1, col=1)
-    fig.update_layout(margin=dict(t=140))
     return fig
 
 
 def kernel_figure(data: dict):
     """Horizontal bars: the largest GPU ops by total time (report['kernel_summary'], coloured by
-    class) beside GPU time per record_function range (report['gpu_time_by_launcher'], kind
+    class) above GPU time per record_function range (report['gpu_time_by_launcher'], kind
     annotation). None without GPU ops."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -805,8 +826,14 @@ def kernel_figure(data: dict):
                     key=lambda r: r["gpu_total_ns"])
     unit, f = _time_unit(max(r["total_ns"] for r in kernels))
     colors = {"compute": COMPUTE_COLOR, "comm": COMM_COLOR, "memory": MEMORY_COLOR, "sync": "#495057"}
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.3,
-                        subplot_titles=["largest GPU ops per class (total time)", "GPU time per record_function range"])
+    # one panel above the other: side by side, the right panel's long range names were drawn over the
+    # left panel's bars (tests/report/test_html_overlaps.py); stacked, both share the left margin
+    rows_px = [26 * len(kernels) + 40, 26 * len(launch) + 40] if launch else [26 * len(kernels) + 40]
+    height = sum(rows_px) + 90 * len(rows_px) + 80
+    fig = make_subplots(rows=len(rows_px), cols=1, row_heights=rows_px,
+                        vertical_spacing=100 / (height - 150) if launch else 0.1,
+                        subplot_titles=["largest GPU ops per class (total time)"]
+                        + (["GPU time per record_function range"] if launch else []))
     short = lambda n: n if len(n) <= 48 else n[:47] + "…"  # noqa: E731
     fig.add_trace(go.Bar(
         y=[f"{short(r['name'])} [{r['class']}]" for r in kernels], x=[r["total_ns"] / f for r in kernels],
@@ -820,9 +847,9 @@ def kernel_figure(data: dict):
             orientation="h", marker_color="#868e96", showlegend=False,
             customdata=[[fmt_pct(r["share"]), r["gpu_ops"]] for r in launch],
             hovertemplate="%{y}: %{x:,.3f} " + unit + " (%{customdata[0]}) in %{customdata[1]} GPU ops<extra></extra>"),
-            row=1, col=2)
-    _layout(fig, "Where GPU time goes: ops and the ranges that launched them",
-            height=max(420, 26 * max(len(kernels), len(launch)) + 160))
+            row=2, col=1)
+    _layout(fig, "Where GPU time goes: ops and the ranges that launched them", height=height)
+    fig.update_yaxes(automargin=True)  # the left margin grows to the longest name
     fig.update_xaxes(title_text=f"time ({unit})")
     return fig
 
@@ -843,12 +870,13 @@ def alltoall_heatmap(data: dict):
     z = [[at.get((s, d)) for d in ranks] for s in ranks]
     calls = sorted(sec.get("calls") or [], key=lambda r: (str(r["pg_name"]), r["seq"]))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.15, column_widths=[0.45, 0.55],
-                        subplot_titles=["bytes sent, summed over the run (row: sender, column: receiver)",
-                                        f"imbalance of the top {len(calls)} calls by cost (max/mean)"])
+                        subplot_titles=["bytes sent, summed over the run<br>(row: sender, column: receiver)",
+                                        f"imbalance of the top {len(calls)} calls<br>by cost (max/mean)"])
     fig.add_trace(go.Heatmap(
         z=z, x=[f"to {d}" for d in ranks], y=[f"rank {s}" for s in ranks], colorscale="Blues",
         text=[[fmt_bytes(v) for v in row] for row in z], texttemplate="%{text}",
-        hovertemplate="%{y} → %{x}: %{text}<extra></extra>", colorbar=dict(title="bytes", x=0.42)), row=1, col=1)
+        # each cell prints its bytes: no colour bar (it was drawn over the right panel's axis title)
+        hovertemplate="%{y} → %{x}: %{text}<extra></extra>", showscale=False), row=1, col=1)
     x = [f"{r['pg_name']}:{r['seq']}" for r in calls]
     for key, name, color in (("send_imbalance", "send", COMPUTE_COLOR), ("recv_imbalance", "receive", COMM_COLOR)):
         fig.add_trace(go.Bar(x=x, y=[r[key] for r in calls], name=name, marker_color=color,
@@ -856,25 +884,41 @@ def alltoall_heatmap(data: dict):
     fig.update_yaxes(autorange="reversed", row=1, col=1)
     fig.update_yaxes(title_text="max / mean", row=1, col=2)
     fig.update_xaxes(title_text="group:seq", type="category", row=1, col=2)
-    _layout(fig, "All-to-all: who sends how much to whom", height=max(420, 40 * len(ranks) + 220), barmode="group",
-            legend=dict(orientation="h", yanchor="bottom", y=1.12, x=1, xanchor="right"))
-    fig.update_layout(margin=dict(t=140))
+    height = max(450, 40 * len(ranks) + 250)
+    # the legend 50 px above the plot area (paper coordinates are the plot area), over the two-line panel titles
+    _layout(fig, "All-to-all: who sends how much to whom", height=height, barmode="group",
+            legend=dict(orientation="h", yanchor="bottom", y=1 + 50 / (height - 170 - 70), x=1, xanchor="right"))
+    fig.update_layout(margin=dict(t=170))
     return fig
 
 
 LOCALITY_COLORS = {"intra_node": "#2f9e44", "inter_node": "#1c7ed6", "mixed": "#7048e8", "unknown": "#adb5bd"}
 
 
+class NotDrawn(str):
+    """What a figure builder returns instead of a figure when the data cannot carry the plot: the
+    reason, in words; the page prints it as one line in place of the figure (:func:`render_html`)."""
+
+
 def locality_figure(data: dict):
     """Median busbw per op and size bucket, one line per (op, locality class)
     (report['bandwidth_by_locality']; the hover gives instances and the bucket's best busbw). None
-    without collectives."""
+    without collectives; :class:`NotDrawn` when every instance's locality is unknown (nothing to
+    compare) or there is a single point."""
     import plotly.graph_objects as go
 
     rows = data["report"].get("bandwidth_by_locality") or []
     rows = [r for r in rows if r["median_busbw_gbps"] is not None and r["bucket_bytes"]]
     if not rows:
         return None
+    if all(r["locality"] == "unknown" for r in rows):
+        return NotDrawn("the locality of every collective is unknown (the traces name no host for "
+                        "some rank of each group), so intra- and inter-node cannot be told apart")
+    if len(rows) == 1:
+        r = rows[0]
+        return NotDrawn(f"a single point ({r['op']}, {r['locality'].replace('_', '-')}, "
+                        f"{size_bucket_label(r['bucket_bytes'])}: median busbw {fmt_num(r['median_busbw_gbps'])} GB/s "
+                        f"over {r['instances']} instances)")
     fig = go.Figure()
     for loc in ("intra_node", "inter_node", "mixed", "unknown"):
         for op in sorted({r["op"] for r in rows if r["locality"] == loc}):
@@ -1216,9 +1260,56 @@ FOLDED = ("references", "fit", "fit-quality", "furthest", "remedies")
 """... or with more text than this in their cells (long notes wrap into tall rows)."""
 
 
+TITLE_CHARS, NOTE_CHARS = 72, 110
+"""Characters per line of a figure's title (18 px) and of its ``<sup>`` note: plotly does not wrap
+titles, and a longer line ran past the figure's right edge at 1,000 px (tests/report/test_html_overlaps.py)."""
+
+
+def wrap_title(text: str) -> tuple[str, int]:
+    """A plotly title ``text`` (``main<br><sup>note</sup>...``) with each part wrapped between words,
+    the main text at :data:`TITLE_CHARS` per line, a ``<sup>`` part at :data:`NOTE_CHARS` (each of its
+    lines in its own ``<sup>``). Returns the text and how many lines were added."""
+    import textwrap
+
+    out, added = [], 0
+    for part in text.split("<br>"):
+        note = part.startswith("<sup>") and part.endswith("</sup>")
+        inner = part[5:-6] if note else part
+        lines = textwrap.wrap(inner, NOTE_CHARS if note else TITLE_CHARS, break_long_words=False,
+                              break_on_hyphens=False) or [inner]
+        added += len(lines) - 1
+        out += [f"<sup>{ln}</sup>" if note else ln for ln in lines]
+    return "<br>".join(out), added
+
+
+def _wrap_figure_title(fig) -> None:
+    """Wrap a go.Figure's title (:func:`wrap_title`) and give each added line 24 px more top margin
+    (and the figure 24 px more height when its legend is a band under the title)."""
+    title = fig.layout.title.text if fig.layout.title else None
+    if not title:
+        return
+    text, added = wrap_title(title)
+    band = fig.layout.legend.yref == "container" and fig.layout.legend.y is not None and fig.layout.height
+    # a legend band under the title (:func:`_legend_under_title`) moves down by every line past the
+    # first (wrapped, or a <br><sup> note); elsewhere the figure's margin already holds its notes
+    shift = text.count("<br>") if band else added
+    if not shift:
+        return
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 80
+    fig.update_layout(title_text=text, margin=dict(t=top + 24 * shift))
+    if band:
+        height = fig.layout.height + 24 * shift
+        fig.update_layout(height=height, legend_y=1 - (LEGEND_TOP_PX + 24 * shift) / height,
+                          title_y=1 - TITLE_TOP_PX / height)
+
+
 def _figure_html(fig, name: str) -> str:
-    """A figure (or a figure's dict from :func:`figure_dict`, written unvalidated) as an HTML div."""
+    """A figure (or a figure's dict from :func:`figure_dict`, written unvalidated) as an HTML div;
+    a go.Figure's title is wrapped to the page (:func:`_wrap_figure_title`)."""
     import plotly.io as pio
+
+    if not isinstance(fig, dict):
+        _wrap_figure_title(fig)
 
     return pio.to_html(
         fig, validate=not isinstance(fig, dict), full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
@@ -1256,14 +1347,27 @@ def fleet_heatmap(data: dict):
         return None
     ops = sorted({p["op"] for p in pairs})
     rphs = sorted({p["ranks_per_host"] for p in pairs})
-    fig = make_subplots(rows=len(ops), cols=len(rphs), horizontal_spacing=0.06, vertical_spacing=0.12,
+    height = max(420, 360 * len(ops))
+    # 120 px between rows (the spacing is a fraction of the plot area, margins 80 + 70 px): room for
+    # a row's slanted host names above the next row's panel titles (tests/report/test_html_overlaps.py)
+    hosts_of = {}
+    for p in pairs:
+        hosts_of.setdefault((p["op"], p["ranks_per_host"]), set()).update((p["host_a"], p["host_b"]))
+    same = all(len({tuple(sorted(h)) for (o, _), h in hosts_of.items() if o == op}) == 1 for op in ops)
+    # host names only on each row's first panel when every panel of the row has the same hosts; else
+    # room for them between the panels (each panel's names were drawn over its left neighbour)
+    fig = make_subplots(rows=len(ops), cols=len(rphs), horizontal_spacing=0.04 if same else 0.16,
+                        vertical_spacing=120 / (height - 150) if len(ops) > 1 else 0.12,
                         subplot_titles=[f"{op}, {r}/node" for op in ops for r in rphs])
+    first = {}  # per row, the hosts of its first panel: a panel with the same hosts prints no host names again
     for i, op in enumerate(ops, start=1):
         for j, rph in enumerate(rphs, start=1):
             sel = [p for p in pairs if p["op"] == op and p["ranks_per_host"] == rph]
             if not sel:
                 continue
             hosts = sorted({p["host_a"] for p in sel} | {p["host_b"] for p in sel})
+            if first.setdefault(i, hosts) == hosts and j > 1:
+                fig.update_yaxes(showticklabels=False, row=i, col=j)
             at = {h: n for n, h in enumerate(hosts)}
             z = [[None] * len(hosts) for _ in hosts]
             text = [[""] * len(hosts) for _ in hosts]
@@ -1276,7 +1380,7 @@ def fleet_heatmap(data: dict):
                 colorscale="RdYlGn", showscale=(i == 1 and j == 1), colorbar=dict(title="÷ fleet median"),
                 hovertemplate=f"{op}, {rph}/node: %{{y}} – %{{x}}<br>%{{text}} GB/s, %{{z:.2f}} of the fleet median"
                               "<extra></extra>"), row=i, col=j)
-    _layout(fig, "Fleet: plateau busbw per node pair", height=max(420, 360 * len(ops)))
+    _layout(fig, "Fleet: plateau busbw per node pair", height=height)
     return fig
 
 
@@ -1288,8 +1392,8 @@ RUN_FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
      "and idle (no GPU op on any stream) by HTA's classes: host wait (the next op was launched after the GPU went "
      "idle), kernel wait (a gap under 30 ns), other (analyses/gpu_time_breakdown.py)."),
     ("kernels", "GPU ops and their launchers", kernel_figure,
-     "Left: the largest GPU ops of each class by total time over all ranks (sums of durations, so ops on "
-     "concurrent streams each count). Right: GPU time by the innermost record_function range around each op's "
+     "Top: the largest GPU ops of each class by total time over all ranks (sums of durations, so ops on "
+     "concurrent streams each count). Below: GPU time by the innermost record_function range around each op's "
      "launch call (analyses/gpu_time_breakdown.py)."),
     ("alltoall", "All-to-all imbalance", alltoall_heatmap,
      "Bytes each rank sent each peer in all-to-all(v) calls (collectives.in_splits × the element size; own "
@@ -1349,10 +1453,14 @@ def render_html(data: dict) -> str:
     sections.append(glance)
     sections += hang_sections(rep)
     empty = []  # sections with nothing to show: one line at the end, not one empty box each
+    not_drawn = []  # figures the data cannot carry: one line each, saying why
     for name, title, build, note in FIGURES + RUN_FIGURES:
         fig = build(data)
         if fig is None:
             empty.append(title)
+            continue
+        if isinstance(fig, NotDrawn):
+            not_drawn.append(f'<p class="note" id="tk-not-drawn-{name}">{html.escape(title)} — not drawn: {html.escape(fig)}.</p>')
             continue
         sections.append(
             f'<section id="tk-sec-{name}"><h2>{html.escape(title)}</h2><p class="note">{html.escape(note)}</p>'
@@ -1404,9 +1512,10 @@ def render_html(data: dict) -> str:
                           "layout, else other; overlap: the part of its calls covered by compute.", id="process-groups")
         sections.append('<section id="tk-sec-groups"><h2>Process groups</h2>'
                         + _table_html(groups) + _table_html(per_group) + "</section>")
-    if empty:
-        sections.append(f'<section id="tk-sec-empty"><p class="note">Nothing to show in this run for: '
-                        f'{html.escape(", ".join(empty))}.</p></section>')
+    if empty or not_drawn:
+        line = (f'<p class="note">Nothing to show in this run for: {html.escape(", ".join(empty))}.</p>'
+                if empty else "")
+        sections.append(f'<section id="tk-sec-empty">{line}{"".join(not_drawn)}</section>')
     meta = "".join(_table_html(t) for t in metadata_tables(rep))
     warns = rep.get("warnings") or []
     warn_html = (
@@ -1509,12 +1618,12 @@ def critical_path_figure(data: dict):
             customdata=[[s[3], s[4], s[5], fmt_us(s[1] - s[0])] for _, s in segs],
             hovertemplate=(name + ": %{customdata[3]} µs<br>%{customdata[0]} (%{customdata[1]} piece(s), "
                            "rank %{customdata[2]})<extra></extra>")))
-    _layout(fig, "Critical path per step and rank, coloured by what it is made of", barmode="overlay",
-            height=max(300, 120 + 34 * len(paths)),
-            legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+    height = max(330, 150 + 34 * len(paths))
+    _layout(fig, "Critical path per step and rank, coloured by what it is made of", barmode="overlay", height=height)
+    _legend_under_title(fig, height, 130)
     fig.update_xaxes(title_text=f"time ({unit}) from the earliest path start")
     fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_layout(margin=dict(t=120, l=140))
+    fig.update_layout(margin=dict(l=140))
     return fig
 
 

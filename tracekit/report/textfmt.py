@@ -148,3 +148,73 @@ def short_kernel_name(name: str | None, limit: int = 120) -> str:
     s = _CALL_CONST.sub("", _LAMBDA.sub("λ", _NAMESPACES.sub("", s)))
     s = re.sub(r"\s+", " ", s).strip()
     return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+FOLD_FLOOR = 12
+"""The narrowest a column of long names (kernels, launchers) is folded to when its words cannot
+all fit whole (:func:`fit_table`)."""
+
+
+def fit_table(table, width: int) -> list[int]:
+    """Give every column of a rich ``table`` a fixed width so that the table, padding and rules
+    included, is at most ``width`` cells wide and no cell is cut: a console crops a wider table's
+    lines, and rich's own collapse ignores the columns' minimum widths (rich 15), which together cut
+    a header to ``share of s`` and a cell to ``3`` at 120 columns.
+
+    Each column starts at its longest line (header and cells) and the widest column gives up one
+    cell at a time, never below its longest word, so cells wrap between words. When even the
+    longest words do not fit, a column whose longest word is over :data:`FOLD_FLOOR` cells (a
+    kernel name) may go down to that floor, folding inside its words; as a last resort every
+    column folds down to one cell. Every column folds (``overflow='fold'``) rather than ending in
+    an ellipsis, so each character of each cell is printed. Returns the widths (cells, without
+    padding); ``table.tk_widths`` keeps them for tests.
+    """
+    from rich.cells import cell_len
+
+    cols = table.columns
+    n = len(cols)
+    if not n:
+        return []
+    lines = [[ln for c in [str(col.header)] + [str(c) for c in col._cells] for ln in (c.splitlines() or [""])]
+             for col in cols]
+    longest = [max([cell_len(ln) for ln in ls] + [1]) for ls in lines]
+    word = [max([cell_len(w) for ln in ls for w in ln.split()] + [1]) for ls in lines]
+    avail = width - table._extra_width - sum(table._get_padding_width(i) for i in range(n))
+    widths = list(longest)
+    for floors in (word, [min(w, FOLD_FLOOR) for w in word], [1] * n):
+        while sum(widths) > avail:
+            free = [i for i in range(n) if widths[i] > floors[i]]
+            if not free:
+                break
+            i = max(free, key=lambda j: (widths[j], -j))
+            widths[i] -= 1
+        if sum(widths) <= avail:
+            break
+    for col, w in zip(cols, widths):
+        col.width, col.min_width, col.max_width = w, None, None
+        col.no_wrap, col.overflow = False, "fold"
+    table.tk_widths = widths
+    return widths
+
+
+PARAMS_DROPPED = "(…)"
+"""What :func:`terminal_kernel_name` writes in place of a templated kernel's parameter list."""
+
+
+def terminal_kernel_name(name: str | None) -> str:
+    """A kernel (or CPU op) name as the terminal's tables print it: :func:`short_kernel_name`
+    without a length limit, and, for a templated kernel (``...>(...)``), the parameter list
+    written as :data:`PARAMS_DROPPED` (its types repeat the template arguments). A table printing
+    such names says so in its caption; the JSON and HTML keep the full name. Nothing else is cut:
+    a long name folds over lines in its column (:func:`fit_table`)."""
+    s = short_kernel_name(name, limit=1 << 30)
+    if not name or not s.endswith(")"):
+        return s
+    depth = 0
+    for i in range(len(s) - 1, -1, -1):  # the '(' that opens the trailing parameter list
+        depth += {")": 1, "(": -1}.get(s[i], 0)
+        if depth == 0:
+            break
+    if depth == 0 and i > 0 and s[i - 1] == ">" and i + 1 < len(s) - 1:
+        return s[:i] + PARAMS_DROPPED
+    return s

@@ -119,7 +119,7 @@ class ProfileOptions:
         if self.expect_ranks is not None and (not isinstance(self.expect_ranks, int) or self.expect_ranks < 1):
             raise BadInputError(f"--expect-ranks must be an integer >= 1, got {self.expect_ranks}")
         if not self.wait_timeout_s >= 0:
-            raise BadInputError(f"--wait-timeout must be >= 0 s, got {self.wait_timeout_s}")
+            raise BadInputError(f"--nodes-timeout must be >= 0 s, got {self.wait_timeout_s}")
         if not isinstance(self.fr_buffer, int) or self.fr_buffer < 1:
             raise BadInputError(f"--fr-buffer must be an integer >= 1, got {self.fr_buffer}")
         if self.timeout_s is not None and not self.timeout_s > 0:
