@@ -136,3 +136,24 @@ def test_html_lists_the_remedies(store, tmp_path):
     page = write_html_report(store, tmp_path / "r.html", run_id="log").read_text(encoding="utf-8")
     sec = page.split("Weak references and their remedies", 1)[1]
     assert "alpha_term_unmeasured" in sec and "all_reduce_perf -b 8 -e 8G -f 2 -n 20 -g 8" in sec
+
+
+def test_remedies_never_offer_a_command_that_cannot_help():
+    # unit: the fit rows as the report holds them (min/max sizes measured, the rule that rejected it)
+    from tracekit.report.remedies import _fit_fix
+
+    log, wide = dict(source="nccl_tests"), dict(min_size_bytes=4, max_size_bytes=8 << 30, crossover_bytes=1e6)
+    # a log that already spans 4 B–8 GiB: its own command again is no remedy for outliers; --link is
+    fix = _fit_fix("outliers", dict(wide, op="all_reduce", group_size=8), log)
+    assert fix[0].startswith("tracekit analyze --link PRESET") and "already measured 4 B–8 GiB" in fix[0]
+    assert not any(c.startswith("all_reduce_perf") for c in fix)
+    assert fix[1].startswith("tracekit collect sweep --ops all_reduce --ranks 8 --iters 20")
+    # a log of a narrow range still gets the nccl-tests command
+    fix = _fit_fix("outliers", dict(wide, min_size_bytes=1 << 20, op="all_reduce", group_size=8), log)
+    assert fix[0].startswith("all_reduce_perf -b 8 -e 8G -f 2 -n 20 -g 8")
+    # broadcast: collect sweep does not measure it, so no sweep command is offered
+    fix = _fit_fix("outliers", dict(wide, op="broadcast", group_size=8), log)
+    assert not any("collect sweep" in c for c in fix)
+    fix = _fit_fix("min_sizes", dict(op="broadcast", group_size=8), dict(source="kineto"))
+    assert fix == ["tracekit analyze --link PRESET (tracekit predict links lists them) or --alpha TIME --beta RATE"
+                   "   (tracekit collect sweep does not measure broadcast)"]

@@ -122,18 +122,25 @@ def _fit_fix(rule: str, f: dict, run: dict) -> list[str]:
     elif rule == "outliers":
         extra, why = "--iters 20", "   on a quiet machine (no other jobs on its CPUs, GPUs, links)"
     elif rule == "spread":
-        return [f"tracekit analyze {LINK_HINT}   (judge against the link: one α–β line does not fit these sizes)",
-                _sweep_cmd(op, k) + "   on a quiet machine (a protocol or algorithm switch is real; noise is not)"]
+        return [f"tracekit analyze {LINK_HINT}   (judge against the link: one α–β line does not fit these sizes)"] + (
+            [_sweep_cmd(op, k) + "   on a quiet machine (a protocol or algorithm switch is real; noise is not)"]
+            if op in SWEEP_OPS else [])
     else:
         return [f"tracekit analyze {LINK_HINT}"]
-    sweep = _sweep_cmd(op, k, extra) + why
+    sweep = _sweep_cmd(op, k, extra) + why if op in SWEEP_OPS else None  # collect sweep measures SWEEP_OPS only
     if run.get("source") == "nccl_tests":
         nt = _nccl_tests_cmd(op, k, new_lo if rule == "alpha_term_unmeasured" else None,
                              new_hi if rule == "beta_term_unmeasured" else None)
+        lo, hi = f.get("min_size_bytes"), f.get("max_size_bytes")
+        if rule == "outliers" and nt and lo is not None and hi is not None and lo <= 1 << 10 and hi >= 1 << 30:
+            # the log already spans the latency and the bandwidth ends (<= 1 KiB, >= 1 GiB): the same
+            # command again helps only if its machine was busy
+            return [f"tracekit analyze {LINK_HINT}   (the log already measured {fmt_size(lo)}–{fmt_size(hi)}; "
+                    "run it again only if its machine was busy)"] + ([sweep] if sweep else [])
         if rule == "outliers" and nt:
             nt += " on a quiet machine"
         return [c for c in (nt, sweep) if c]
-    return [sweep]
+    return [sweep] if sweep else [f"tracekit analyze {LINK_HINT}   (tracekit collect sweep does not measure {op})"]
 
 
 def _fit_why(rule: str, f: dict) -> str:
@@ -142,8 +149,11 @@ def _fit_why(rule: str, f: dict) -> str:
     used = f"{f.get('n_used')}/{f.get('n_samples')} samples kept"
     extra = ""
     if rule == "outliers" and f.get("size_spread") is not None:
+        # a small spread of the kept samples with many dropped is as often the curve's shape (a protocol or
+        # algorithm switch, a small-size floor) as noise: the data alone does not say which
         extra = (f"; the per-size spread of the kept samples is {f['size_spread']:.1%}: rejected by the outlier rule, "
-                 "not the spread (noisy timings)")
+                 "not the spread (the dropped sizes are noisy timings, or a shape one α–β line does not follow: "
+                 "a protocol or algorithm switch, a small-size floor)")
     return f"{f.get('status_reason') or f.get('status')} — on {sizes}; {used}{extra}"
 
 
@@ -192,16 +202,17 @@ def reference_remedies(con, run: dict, fits: list[dict], references: list[dict])
                      weak=f"{op} on {k} ranks judged against its own group's fit",
                      why="its efficiency measures the calls' scatter about their own line, not the hardware; "
                          + _why_no_sweep(calib_runs, run, op, k),
-                     fix=[_sweep_cmd(op, k) + "   on this machine, then tracekit analyze",
-                          f"tracekit analyze {LINK_HINT}"])
+                     fix=([_sweep_cmd(op, k) + "   on this machine, then tracekit analyze"] if op in SWEEP_OPS else [])
+                     + [f"tracekit analyze {LINK_HINT}"])
         elif kind == "preset":
             r = dict(topic="reference", op=op, group_size=k, rule="preset", groups=ref.get("groups"),
                      weak=f"{op} on {k} ranks judged against an assumed preset, {ref.get('reference')}",
                      why=(f"{ref.get('note')}; " if ref.get("note") else "")
                      + (f"this calibration run's own {op} fit on {k} ranks was rejected (see its rule above)"
                         if calibration else _why_no_sweep(calib_runs, run, op, k)),
-                     fix=[_sweep_cmd(op, k) + "   on this machine (a quiet one), then tracekit analyze",
-                          f"tracekit analyze {LINK_HINT}   (the link you know it has)"])
+                     fix=([_sweep_cmd(op, k) + "   on this machine (a quiet one), then tracekit analyze"]
+                          if op in SWEEP_OPS else [])
+                     + [f"tracekit analyze {LINK_HINT}   (the link you know it has)"])
         elif (ref.get("no_model_reason") or "").startswith(("incomplete", "no sync time", "size unknown")):
             reason = ref["no_model_reason"]
             rule, fix = {
@@ -218,7 +229,8 @@ def reference_remedies(con, run: dict, fits: list[dict], references: list[dict])
             r = dict(topic="reference", op=op, group_size=k, rule="no_reference", groups=ref.get("groups"),
                      weak=f"{op} on {k} ranks has no reference: no verdict",
                      why=(ref.get("no_model_reason") or "no reference") + "; " + _why_no_sweep(calib_runs, run, op, k),
-                     fix=[f"tracekit analyze {LINK_HINT}", _sweep_cmd(op, k) + "   on this machine, then tracekit analyze"])
+                     fix=[f"tracekit analyze {LINK_HINT}"]
+                     + ([_sweep_cmd(op, k) + "   on this machine, then tracekit analyze"] if op in SWEEP_OPS else []))
         out.append(r)
     return out
 
