@@ -128,6 +128,17 @@ def test_overlap(capsys):
     assert rc == 0 and "1.205 ms" in out
 
 
+def test_best_chunks_needs_a_chunk_cost(capsys):
+    # α_c = 0: T(n) = c/n + a/n + (n−1)·max(c, a)/n falls with every n, so 'best' would be the search limit
+    rc, out, err = run(capsys, "overlap", "--compute", "1ms", "--comm", "800us", "--chunks", "best")
+    assert rc == 2 and out == "" and "--chunks best needs --alpha-chunk > 0" in err and err.count("\n") == 1
+    # the optimum at the limit is said: 1 ms / 1 ns per chunk puts √(c/α_c) ≈ 1,000 far past 64
+    rc, out, err = run(capsys, "overlap", "--compute", "1ms", "--comm", "800us", "--chunks", "best",
+                       "--alpha-chunk", "1ns", "--max-chunks", "64")
+    assert rc == 0 and "best n = 64" in out
+    assert "the best n is the search limit (--max-chunks 64)" in err
+
+
 def test_transfer(capsys):
     data = run_json(capsys, "transfer", "--bytes", "1.342GB", "--link", "ib_ndr", "--nics", "8", "--layers", "80")
     assert data["bulk_s"] == pytest.approx(4.19875e-3)  # 5 µs + 1.342e9 / 3.2e11

@@ -19,6 +19,7 @@ Forms:
 
 import dataclasses
 import json
+import sys
 from typing import Callable, Optional
 
 import typer
@@ -565,6 +566,10 @@ def overlap(
     ac = model.parse_time(alpha_chunk)
     searched = chunks.strip().lower() == "best"
     if searched:
+        if ac == 0:  # T(n) then falls with every n: "best" would be whatever limit the search stops at
+            raise BadInputError("--chunks best needs --alpha-chunk > 0: with no per-chunk cost more chunks always "
+                                "win and 'best' is only the search limit; give each chunk's message cost, e.g. "
+                                "--alpha-chunk 10us (a link's α: tracekit predict links)")
         result = model.best_chunks(c, a, ac, max_chunks=_int(max_chunks, "--max-chunks"))
     else:
         try:
@@ -585,6 +590,9 @@ def overlap(
     table.add_row("exposed beyond compute", _ft(result.exposed_comm_s))
     table.add_row("hidden", _ft(result.hidden_comm_s))
     _print(table)
+    if searched and result.chunks == payload["max_chunks"]:
+        print(f"note: the best n is the search limit (--max-chunks {result.chunks}): a larger n may be faster still",
+              file=sys.stderr)
 
 
 @app.command("transfer")
