@@ -85,6 +85,9 @@ def test_nccl_table_at_scale(capsys):
     rc, out, _ = run(capsys, "all_reduce", "--bytes", "8", "--ranks", "2048", "--nodes", "256",
                      "--machine", "dgx-h100", "--algo", "nccl")
     assert rc == 0 and "NCCL would pick tree/LL: 95.2 µs" in out
+    # the table's algbw is nccl-tests' size / time (8 B / 95.2 µs = 84.03 KB/s), beside NCCL's β rate
+    row = next(line for line in out.splitlines() if line.startswith("* tree/LL"))
+    assert row.split()[8:12] == ["84.03", "KB/s", "10.2", "GB/s"]
 
 
 def test_nccl_single_node_from_link(capsys):

@@ -395,8 +395,10 @@ def _run_nccl(op: str, size_bytes: float, ranks: int, nodes: int, machine, as_js
         return
     table = _table(
         f"{op} of {_fb(size_bytes)} per rank on {ranks} ranks over {nodes} node(s): NCCL's model",
-        ["algorithm/protocol", "time", "latency", "β term", "algbw", "busbw (NCCL)", "D*", "verdict"],
-        f"{_machine_caption(machine)}; {NCCL_SOURCE}; latency = NCCL's α term; D* = its latency/bandwidth boundary; "
+        ["algorithm/protocol", "time", "latency", "β term", "algbw", "NCCL β rate", "D*", "verdict"],
+        f"{_machine_caption(machine)}; {NCCL_SOURCE}; latency = NCCL's α term; algbw = size / time (nccl-tests' "
+        "definition); NCCL β rate = size / β term, the algorithm's bandwidth without its latency (JSON algbw_Bps); "
+        "D* = its latency/bandwidth boundary; "
         "* = what NCCL would pick; — = NCCL would not run it here"
         + ("; p2p: tracekit's composition from the table's ring latencies (NCCL's tuning table has no "
            "point-to-point row)" if any(r.algo == "p2p" for r in rows) else ""),
@@ -406,7 +408,8 @@ def _run_nccl(op: str, size_bytes: float, ranks: int, nodes: int, machine, as_js
             table.add_row(r.label, "—", "—", "—", "—", "—", "—", r.reason)
             continue
         table.add_row(("* " if r is best or r == best else "") + r.label, _ft(r.time_s), _ft(r.latency_s),
-                      _ft(r.beta_term_s), _fbw(r.algbw_Bps), _fbw(r.bus_bw_Bps), _fb(r.crossover_bytes), r.verdict)
+                      _ft(r.beta_term_s), _fbw(size_bytes / r.time_s) if r.time_s else "—", _fbw(r.algbw_Bps),
+                      _fb(r.crossover_bytes), r.verdict)
     console = _console()
     _print(table, console)
     console.print(f"NCCL would pick {best.label}: {_ft(best.time_s)} (path: {best.assumption})")
