@@ -344,8 +344,10 @@ def rows_for(con, link: str | None) -> list[dict]:
         row["wait_ns"] = None if None in got else min(sum(got) / n, row["comm_ns"])  # None: not measurable
         a_alpha, a_beta, n_calls, used, modelled = sums.get((run_id, rank)) or (0.0, 0.0, 0, None, True)
         if used is None or not modelled:
-            row.update(note="no α/β for this run's collectives (run a sweep, or pass --link)" if used is None
-                       else "some collectives have no size or no model: not predicted")
+            # a call with no size (a trace without Input Dims) or no model stops the prediction whatever
+            # the reference: say that first, not "no α/β" (which --link would not fix)
+            row.update(note="some collectives have no size or no model: not predicted" if not modelled
+                       else "no α/β for this run's collectives (run a sweep, or pass --link)")
             out.append(row)
             continue
         a_alpha /= n
