@@ -127,3 +127,34 @@ def test_the_nics_the_log_names_feed_nccls_model(tmp_path):
     assert got["nets"] == pytest.approx(two.beta_term_s * 1e9)
     assert got["plain"] == pytest.approx(eight.beta_term_s * 1e9)
     assert got["nets"] > 2 * got["plain"]  # 2 NICs for 8 GPUs: the network share per GPU is a quarter
+
+
+def test_a_busbw_no_algorithm_reaches_is_not_judged(tmp_path):
+    # 8 H100 (NVLink4: 450 GB/s per direction): 1 GiB all-reduce in 1,000 µs is algbw 1,073.7 GB/s,
+    # busbw × 2·7/8 = 1,879 GB/s > 2 × 450 (an in-switch reduction stays under 2 × the link): impossible;
+    # 2,400 µs (busbw 783 GB/s: above the link, under 2 ×, algorithm unknown: NVLS could) is judged
+    store = Store(tmp_path / "s")
+    ingest_paths([_log(tmp_path / "fast_allreduce.log", 1, 8, [(1 << 30, 1000.0), (1 << 31, 4700.0)])], store,
+                 run_id="fast")
+    con = analyses.connect(store)
+    rows = con.execute("SELECT size_bytes, verdict, efficiency, efficiency_link, verdict_basis, no_model_reason "
+                       "FROM collective_verdicts ORDER BY size_bytes, seq").fetchall()
+    busbw = (1 << 30) / 1000e-6 / 1e9 * 2 * 7 / 8
+    assert busbw == pytest.approx(1879.05, abs=0.01)
+    for size, verdict, eff, eff_link, basis, why in rows:
+        if size == 1 << 30:
+            assert (verdict, eff, eff_link, basis) == (None, None, None, None)
+            assert why.startswith("busbw 1879.0 GB/s is above the device's fastest link (450.0 GB/s)")
+        else:
+            assert verdict == "bandwidth-bound" and eff is not None and why is None
+
+
+def test_an_impossible_span_in_an_nsys_job_is_not_judged(tmp_path):
+    from tests.conftest import FIXTURES
+
+    # fixtures/nsys_job/job_2proc.sqlite: a 1 MiB all-reduce whose kernels span 100 ns (10,486 GB/s busbw)
+    store = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "nsys_job" / "job_2proc.sqlite"], store, run_id="nsys")
+    con = analyses.connect(store)
+    got = dict(con.execute("SELECT op, efficiency FROM collective_verdicts").fetchall())
+    assert got["all_reduce"] is None and got["all_to_all"] == pytest.approx(23.6228, rel=1e-4)

@@ -58,7 +58,8 @@ MODULES: tuple[Module, ...] = (
            ("collective_instances", "collective_samples", "collectives", "group_machine", "instance_locality", "ranks",
             "runs")),
     Module("verdicts", ("collective_verdicts",),
-           ("alpha_beta_fit", "collective_instances", "collective_reference", "group_machine", "ranks", "runs")),
+           ("alpha_beta_fit", "collective_bandwidth", "collective_instances", "collective_reference", "group_machine",
+            "ranks", "runs")),
     Module("fleet", ("fleet_nodes", "fleet_pairs", "group_plateau"),  # Python: degraded links vs peers and model
            ("collective_bandwidth", "collective_reference", "group_machine", "ranks", "runs")),
     Module("intervals", ("intersect_islands", "island_prefix", "merge_intervals"), ()),

@@ -1,6 +1,7 @@
 -- collective_verdicts: each collective instance against the α–β model — predicted time, α and β
 -- terms, verdict, efficiency, the collective's crossover size and the best algorithm for its size.
--- Reads: collective_instances, collective_samples, alpha_beta_fit, collective_reference, group_machine, runs
+-- Reads: collective_instances, collective_samples, alpha_beta_fit, collective_reference, group_machine, runs,
+--        collective_bandwidth
 --
 -- Every number from tracekit.model through tk_* UDFs: T = A·α + B·D/β with (A, B) =
 -- algorithm_coefficients (../shared/reference/alpha-beta.md). Three α/β sources per instance:
@@ -84,8 +85,20 @@ WITH ma AS MATERIALIZED (
     FROM (SELECT DISTINCT op, algo, group_size FROM collective_instances)
 ),
 i AS (
-    SELECT i.*, m.model_algo, (i.complete OR r.source = 'nccl_tests') AS judged, r.device_name AS run_device
+    SELECT i.*, m.model_algo, (i.complete OR r.source = 'nccl_tests') AS judged, r.device_name AS run_device,
+           -- a busbw above the device's fastest link (collective_bandwidth.over_cap) that no algorithm can
+           -- reach: the span cannot be the transfer, so nothing is judged on it. An in-switch reduction (NVLS,
+           -- CollNet/SHARP) sends each byte over a rank's link once each way, so its algbw stays under the
+           -- link rate and its busbw (algbw × 2(k−1)/k, nccl-tests' PERFORMANCE.md) under 2 × the link: over
+           -- 2 × cap is impossible whatever the algorithm; over the cap, impossible when the kernel names an
+           -- algorithm that is not in-switch (RING, TREE...). Unknown algorithm under 2 × cap: judged.
+           coalesce(b.over_cap AND (b.busbw_gbps > 2 * b.cap_gbps
+                                    OR (i.algo IS NOT NULL AND NOT (upper(i.algo) LIKE 'NVLS%'
+                                                                    OR upper(i.algo) LIKE 'COLLNET%'))), false)
+               AS impossible,
+           b.busbw_gbps AS over_busbw_gbps, b.cap_gbps AS over_cap_gbps
     FROM collective_instances i LEFT JOIN runs r USING (run_id)
+    LEFT JOIN collective_bandwidth b ON b.run_id = i.run_id AND b.pg_name = i.pg_name AND b.seq = i.seq
     -- mismatched instances (ranks' calls disagree) are listed by the view `mismatched_instances`, never judged
     LEFT JOIN ma m ON m.op IS NOT DISTINCT FROM i.op AND m.algo IS NOT DISTINCT FROM i.algo
                   AND m.group_size IS NOT DISTINCT FROM i.group_size
@@ -98,6 +111,7 @@ f AS (
 j AS MATERIALIZED (
     SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo,
            i.sync_time_ns, i.skew_ns, i.judged, i.ranks_seen, i.async_cpu,
+           i.impossible, i.over_busbw_gbps, i.over_cap_gbps,
            r.locality, r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
            coalesce(r.ref_algo, i.model_algo) AS ref_algo,
            f.alpha_s AS fit_alpha_s, f.beta_Bps AS fit_beta_Bps, f.fit_algo,
@@ -163,7 +177,8 @@ p AS (
 ),
 q AS MATERIALIZED (
     SELECT *, ref_alpha_term_ns + ref_beta_term_ns AS predicted_ns,
-           CASE WHEN judged AND ref_alpha_term_ns IS NOT NULL AND ref_beta_term_ns IS NOT NULL THEN ref_kind END
+           CASE WHEN judged AND NOT impossible AND ref_alpha_term_ns IS NOT NULL AND ref_beta_term_ns IS NOT NULL
+                THEN ref_kind END
                AS verdict_basis
     FROM p
 ),
@@ -189,6 +204,9 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, s
             WHEN group_size IS NULL THEN 'group size unknown (no metadata, tensor shapes or world size in the trace)'
             WHEN judged AND sync_time_ns IS NULL THEN
                  'no sync time: the ranks'' clocks disagree by more than the transfer, or conflicting spans'
+            WHEN impossible THEN 'busbw ' || round(over_busbw_gbps, 1) || ' GB/s is above the device''s fastest link ('
+                 || round(over_cap_gbps, 1) || ' GB/s): the span cannot be the transfer (a wrong size or group size, '
+                 || 'or clocks); not judged'
             WHEN verdict_basis IS NOT NULL THEN NULL
             WHEN NOT judged THEN 'incomplete: ' || ranks_seen || ' of ' || group_size
                  || ' ranks recorded, its sync time still holds the wait for the others'
@@ -202,12 +220,14 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, s
        CASE
          WHEN NOT judged THEN NULL
          WHEN sync_time_ns IS NULL THEN NULL  -- no measured transfer time (a conflict): no verdict
+         WHEN impossible THEN NULL            -- above the physical cap: the span is not the transfer
          WHEN skew_ns > sync_time_ns THEN 'skew-bound'
          WHEN verdict_basis IS NOT NULL THEN tk_verdict(ref_alpha_term_ns, ref_beta_term_ns)
        END AS verdict,
        verdict_basis,
-       CASE WHEN judged AND sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
-       CASE WHEN judged AND sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END AS efficiency_link,
+       CASE WHEN judged AND NOT impossible AND sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
+       CASE WHEN judged AND NOT impossible AND sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END
+           AS efficiency_link,
        best.best_algo, best.best_time_s * 1e9 AS best_predicted_ns, nccl_algo
 FROM bq
 LEFT JOIN best USING (op, size_bytes, group_size, a_key, b_key, in_switch);
