@@ -774,3 +774,102 @@ def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str
         return True, None
     return False, (f"left out: the run has {n:,} events (> {CRITICAL_PATH_AUTO_EVENTS:,}); "
                    "--critical-path builds it (slow on big traces)")
+
+
+def path_strips(con, run_id: str, first: int) -> list[dict]:
+    """The first ``first`` paths of ``run_id`` (ordered by step, NULL first, then rank) as time
+    strips: one dict per (rank, step) with ``rank``, ``step``, ``start_ns``, ``end_ns`` and
+    ``segments``, a list of [start_ns, end_ns, part, name, pieces, event_rank]: the pieces of
+    :func:`path_segments` (ns on the run clock; part: one of PARTS without ``_ns``) with consecutive
+    touching pieces of one part and one event_rank merged into one; ``name`` is that of the merged
+    pieces' longest (the first of equal ones), ``pieces`` how many were merged.
+
+    The same value as merging :func:`path_segments`' pieces path by path, computed as arrays from
+    the rows of the selected paths only (a gap's part reads the edge of the row before it in
+    (rank, step, pos) order over all of the run's paths, as :func:`path_segments` does). Needs the
+    critical_path tables on ``con``."""
+    keys = con.execute(
+        "SELECT rank, step, start_ns, end_ns FROM critical_path_summary s WHERE run_id = ? AND EXISTS ("
+        "SELECT 1 FROM critical_path p WHERE p.run_id = s.run_id AND p.rank = s.rank "
+        "AND p.step IS NOT DISTINCT FROM s.step) ORDER BY step NULLS FIRST, rank LIMIT ?",
+        [run_id, int(first)]).fetchall()
+    if not keys:
+        return []
+    con.execute("CREATE OR REPLACE TEMP TABLE _cp_strip_keys (rank INTEGER, step BIGINT, start_ns BIGINT, "
+                "k INTEGER)")
+    con.executemany("INSERT INTO _cp_strip_keys VALUES (?, ?, ?, ?)",
+                    [[r, s, a, i] for i, (r, s, a, _b) in enumerate(keys)])
+    # one row per piece source (a critical_path row of a selected path), in path order; prev_edge:
+    # the edge of the row before it over every path of the run
+    t = con.execute("""
+        SELECT k.k, p.rank, p.event_rank, p.name, p.class, coalesce(p.on_path_ns, 0) AS on_path,
+               coalesce(p.gap_ns, 0) AS gap, p.prev_edge, k.start_ns
+        FROM (SELECT rank, step, pos, event_rank, name, class, on_path_ns, gap_ns,
+                     lag(edge) OVER (ORDER BY rank, step NULLS FIRST, pos) AS prev_edge
+              FROM critical_path WHERE run_id = ?) p
+        JOIN _cp_strip_keys k ON k.rank = p.rank AND k.step IS NOT DISTINCT FROM p.step
+        ORDER BY k.k, p.pos""", [run_id]).fetchnumpy()
+    con.execute("DROP TABLE IF EXISTS _cp_strip_keys")
+    n = len(t["k"])
+    kk = np.asarray(t["k"], np.int64)
+    own = _filled(t["event_rank"], -(2**31)) == np.asarray(t["rank"], np.int64)
+    gap = np.asarray(t["gap"], np.int64)
+    onp = np.asarray(t["on_path"], np.int64)
+    prev = np.array([e if isinstance(e, str) else None for e in _objects(t["prev_edge"])], dtype=object)
+    host = np.isin(prev, ["thread", "host"])
+    # pieces: row i gives a gap piece (2i) then an event piece (2i + 1); zero-length ones dropped
+    length = np.empty(2 * n, np.int64)
+    length[0::2], length[1::2] = gap, onp
+    start0 = np.asarray(t["start_ns"], np.int64)
+    cls = _objects(t["class"])
+    comp = np.array([_COMPOSITION.get(c, "sync_other_ns")[:-3] for c in cls], dtype=object)
+    part = np.empty(2 * n, dtype=object)
+    part[0::2] = np.where(own, np.where(host, "launch_cpu", "idle"), "straggler")
+    part[1::2] = np.where(own, comp, "straggler")
+    name = np.empty(2 * n, dtype=object)
+    name[0::2] = np.where(host, "host code", "idle")
+    name[1::2] = _objects(t["name"])
+    evr = np.repeat(_objects(t["event_rank"]), 2)
+    pk = np.repeat(kk, 2)
+    keep = length != 0
+    # start of each piece: the path's start + the lengths of the pieces before it on the path
+    csum = np.cumsum(length)
+    before = csum - length
+    first_of = np.searchsorted(pk, pk, side="left")
+    s = np.repeat(start0, 2) + before - (before[first_of] if len(first_of) else 0)
+    e = s + length
+    s, e, part, name, evr, pk, length = (a[keep] for a in (s, e, part, name, evr, pk, length))
+    # merged runs: a piece starts a new one unless it continues the previous one of its path
+    m = len(s)
+    new = np.ones(m, bool)
+    if m > 1:
+        same_ev = np.array([a == b for a, b in zip(evr[1:], evr[:-1])], bool)
+        new[1:] = (pk[1:] != pk[:-1]) | (part[1:] != part[:-1]) | ~same_ev | (s[1:] != e[:-1])
+    run = np.cumsum(new) - 1
+    starts_at = np.flatnonzero(new)
+    ends_at = np.append(starts_at[1:], m) - 1
+    # the longest piece of each merged run, the first of equal ones
+    order = np.lexsort((np.arange(m), -length, run))
+    longest = order[np.searchsorted(run[order], np.arange(len(starts_at)))]
+    out = [{"rank": r, "step": st, "start_ns": a, "end_ns": b, "segments": []} for r, st, a, b in keys]
+    for j, (a, z, lo) in enumerate(zip(starts_at.tolist(), ends_at.tolist(), longest.tolist())):
+        ev = evr[a]
+        out[int(pk[a])]["segments"].append([int(s[a]), int(e[z]), part[a], name[lo], z - a + 1,
+                                            None if ev is None else int(ev)])
+    return out
+
+
+def _objects(col) -> np.ndarray:
+    """A fetchnumpy column as an object array, NULLs (masked) as None."""
+    if isinstance(col, np.ma.MaskedArray):
+        vals = col.data.astype(object)
+        vals[np.ma.getmaskarray(col)] = None
+        return vals
+    return np.asarray(col).astype(object)
+
+
+def _filled(col, fill: int) -> np.ndarray:
+    """A fetchnumpy integer column as int64, NULLs as ``fill``."""
+    if isinstance(col, np.ma.MaskedArray):
+        return col.filled(fill).astype(np.int64)
+    return np.asarray(col, np.int64)

@@ -1156,24 +1156,9 @@ def path_strips(con, run_id: str) -> list[dict]:
     ``start_ns``, ``end_ns`` and ``segments``, consecutive pieces of one part and rank merged:
     [start_ns, end_ns, part, name of the longest piece, pieces, event_rank] (ns on the run clock;
     part as critical_path_summary's columns without ``_ns``)."""
-    from tracekit.analyses.critical_path import path_segments
+    from tracekit.analyses.critical_path import path_strips as strips
 
-    paths = sorted(path_segments(con, run_id), key=lambda p: (p["step"] is not None, p["step"] or 0, p["rank"]))
-    out = []
-    for p in paths[:MAX_PATH_STRIPS]:
-        merged: list[list] = []
-        longest = 0
-        for s, e, part, name, ev_rank in p["segments"]:
-            if merged and merged[-1][2] == part and merged[-1][5] == ev_rank and merged[-1][1] == s:
-                m = merged[-1]
-                m[1], m[4] = e, m[4] + 1
-                if e - s > longest:
-                    m[3], longest = name, e - s
-            else:
-                merged.append([s, e, part, name, 1, ev_rank])
-                longest = e - s
-        out.append({**{k: p[k] for k in ("rank", "step", "start_ns", "end_ns")}, "segments": merged})
-    return out
+    return strips(con, run_id, MAX_PATH_STRIPS)
 
 
 def print_critical_path(report: dict, console) -> None:
