@@ -98,3 +98,25 @@ def test_real_stores_give_the_merged_pieces(src, tmp_path):
         assert got == _by_definition(con, "r", first)
         assert len(got) == min(first, n)
     con.close()
+
+
+@pytest.mark.parametrize("src", [FIXTURES / "3d_2x2x2", SHARED / "param_dlrm_8rank_v100"], ids=lambda p: p.name)
+def test_top_events_per_path_are_the_window_definition(src, tmp_path):
+    """The report's top_by_path (an aggregate per path) against its definition: row_number() per
+    (rank, step) by on_path_ns DESC, then path position, first 3."""
+    from tracekit.report.data import critical_path_section
+
+    if not src.exists():
+        pytest.skip(f"{src} absent (../shared/traces is not checked out here)")
+    store = Store(tmp_path / "s")
+    ingest_paths([src], store, run_id="r")
+    con = analyses.connect(store)
+    con.analyses.ensure("critical_path")
+    want = con.execute("""
+        SELECT rank, step, event_rank, event_id, name, class, start_ns, end_ns, on_path_ns FROM (
+            SELECT *, row_number() OVER (PARTITION BY rank, step ORDER BY on_path_ns DESC, pos) AS n
+            FROM critical_path WHERE run_id = 'r' AND on_path_ns > 0)
+        WHERE n <= 3 ORDER BY step, rank, n""").fetchall()
+    got = [tuple(r.values()) for r in critical_path_section(con, "r", True)["top_by_path"]]
+    assert len(want) > 3 and got == want
+    con.close()

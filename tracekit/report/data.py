@@ -1139,11 +1139,15 @@ def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[st
         GROUP BY name, class ORDER BY on_path_ns DESC, name LIMIT ?""", [run_id, TOP_PATH_EVENTS])
     for r in top:
         r["share"] = r["on_path_ns"] / total if total else None
+    # per path its 3 rows of most on_path_ns DESC, ties by path position (an aggregate: no sort of
+    # every row as a window would)
     by_path = _rows(con, """
-        SELECT rank, step, event_rank, event_id, name, class, start_ns, end_ns, on_path_ns FROM (
-            SELECT *, row_number() OVER (PARTITION BY rank, step ORDER BY on_path_ns DESC, pos) AS n
-            FROM critical_path WHERE run_id = ? AND on_path_ns > 0)
-        WHERE n <= 3 ORDER BY step, rank, n""", [run_id])  # n: on_path_ns DESC, ties by path position
+        SELECT r.rank, r.step, r.event_rank, r.event_id, r.name, r.class, r.start_ns, r.end_ns, r.on_path_ns FROM (
+            SELECT unnest(max_by({'rank': rank, 'step': step, 'event_rank': event_rank, 'event_id': event_id,
+                                  'name': name, 'class': class, 'start_ns': start_ns, 'end_ns': end_ns,
+                                  'on_path_ns': on_path_ns, 'pos': pos}, {'o': on_path_ns, 'p': -pos}, 3)) AS r
+            FROM critical_path WHERE run_id = ? AND on_path_ns > 0 GROUP BY rank, step)
+        ORDER BY r.step, r.rank, r.on_path_ns DESC, r.pos""", [run_id])
     return {"summary": summary, "top_events": top, "top_by_path": by_path, "paths": path_strips(con, run_id)}
 
 
