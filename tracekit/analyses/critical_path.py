@@ -774,3 +774,111 @@ def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str
         return True, None
     return False, (f"left out: the run has {n:,} events (> {CRITICAL_PATH_AUTO_EVENTS:,}); "
                    "--critical-path builds it (slow on big traces)")
+
+
+def path_strips(con, run_id: str, first: int) -> list[dict]:
+    """The first ``first`` paths of ``run_id`` (ordered by step, NULL first, then rank) as time
+    strips: one dict per (rank, step) with ``rank``, ``step``, ``start_ns``, ``end_ns`` and
+    ``segments``, a list of [start_ns, end_ns, part, name, pieces, event_rank]: the pieces of
+    :func:`path_segments` (ns on the run clock; part: one of PARTS without ``_ns``) with consecutive
+    touching pieces of one part and one event_rank merged into one; ``name`` is that of the merged
+    pieces' longest (the first of equal ones), ``pieces`` how many were merged.
+
+    The same value as merging :func:`path_segments`' pieces path by path, computed as arrays from
+    the rows of the selected paths only (a gap's part reads the edge of the row before it in
+    (rank, step, pos) order over all of the run's paths, as :func:`path_segments` does). Needs the
+    critical_path tables on ``con``."""
+    keys = con.execute(
+        "SELECT rank, step, start_ns, end_ns FROM critical_path_summary s WHERE run_id = ? AND EXISTS ("
+        "SELECT 1 FROM critical_path p WHERE p.run_id = s.run_id AND p.rank = s.rank "
+        "AND p.step IS NOT DISTINCT FROM s.step) ORDER BY step NULLS FIRST, rank LIMIT ?",
+        [run_id, int(first)]).fetchall()
+    if not keys:
+        return []
+    con.execute("CREATE OR REPLACE TEMP TABLE _cp_strip_keys (rank INTEGER, step BIGINT, start_ns BIGINT, "
+                "k INTEGER)")
+    con.executemany("INSERT INTO _cp_strip_keys VALUES (?, ?, ?, ?)",
+                    [[r, s, a, i] for i, (r, s, a, _b) in enumerate(keys)])
+    # one row per piece source (a critical_path row of a selected path), in path order; host: the
+    # edge of the row before it over every path of the run is 'thread' or 'host' (before a path's
+    # first row: the last row of the path before it in (rank, step) order); part: of an own event
+    comp = " ".join(f"WHEN '{c}' THEN {_STRIP_PARTS.index(p[:-3])}" for c, p in _COMPOSITION.items())
+    t = con.execute(f"""
+        WITH keys AS (SELECT DISTINCT rank, step FROM critical_path WHERE run_id = ?),
+        prev AS (SELECT rank, step, lag(rank) OVER w AS prank, lag(step) OVER w AS pstep,
+                        row_number() OVER w AS i
+                 FROM keys WINDOW w AS (ORDER BY rank, step NULLS FIRST)),
+        sel AS (SELECT k.*, p.prank, p.pstep, p.i FROM _cp_strip_keys k
+                JOIN prev p ON p.rank = k.rank AND p.step IS NOT DISTINCT FROM k.step),
+        before AS (SELECT s.k, arg_max(c.edge, c.pos) AS edge FROM sel s JOIN critical_path c
+                   ON c.run_id = ? AND c.rank = s.prank AND c.step IS NOT DISTINCT FROM s.pstep
+                   WHERE s.i > 1 GROUP BY s.k),
+        r AS (
+            SELECT k.k, p.pos, p.event_rank, coalesce(p.event_rank = p.rank, false) AS own, p.name,
+                   CASE p.class {comp} ELSE {_STRIP_PARTS.index("sync_other")} END AS part,
+                   coalesce(p.on_path_ns, 0) AS on_path, coalesce(p.gap_ns, 0) AS gap,
+                   CASE WHEN p.pos = min(p.pos) OVER (PARTITION BY k.k) THEN b.edge
+                        ELSE lag(p.edge) OVER (PARTITION BY k.k ORDER BY p.pos) END AS prev_edge,
+                   k.start_ns
+            FROM critical_path p
+            JOIN _cp_strip_keys k ON p.run_id = ? AND k.rank = p.rank AND k.step IS NOT DISTINCT FROM p.step
+            LEFT JOIN before b ON b.k = k.k)
+        SELECT k, event_rank IS NULL AS no_ev, coalesce(event_rank, 0) AS ev, own, name, part, on_path, gap,
+               coalesce(prev_edge IN ('thread', 'host'), false) AS host, start_ns
+        FROM r ORDER BY k, pos""", [run_id, run_id, run_id]).fetchnumpy()
+    con.execute("DROP TABLE IF EXISTS _cp_strip_keys")
+    n = len(t["k"])
+    own, host = (np.asarray(t[c], bool) for c in ("own", "host"))
+    # pieces: row i gives a gap piece (2i) then an event piece (2i + 1); zero-length ones dropped
+    length = np.empty(2 * n, np.int64)
+    length[0::2], length[1::2] = t["gap"], t["on_path"]
+    straggler, idle, cpu = (_STRIP_PARTS.index(x) for x in ("straggler", "idle", "launch_cpu"))
+    part = np.empty(2 * n, np.int64)
+    part[0::2] = np.where(own, np.where(host, cpu, idle), straggler)
+    part[1::2] = np.where(own, np.asarray(t["part"], np.int64), straggler)
+    # name: the row's (its index) for an event piece; -1 'idle', -2 'host code' for a gap
+    name = np.empty(2 * n, np.int64)
+    name[0::2] = np.where(host, -2, -1)
+    name[1::2] = np.arange(n)
+    ev = np.repeat(np.asarray(t["ev"], np.int64), 2)
+    no_ev = np.repeat(np.asarray(t["no_ev"], bool), 2)
+    pk = np.repeat(np.asarray(t["k"], np.int64), 2)
+    # start of each piece: the path's start + the lengths of the pieces before it on the path
+    before = np.cumsum(length) - length
+    first_of = np.searchsorted(pk, pk, side="left")
+    s = np.repeat(np.asarray(t["start_ns"], np.int64), 2) + before - before[first_of]
+    e = s + length
+    keep = length != 0
+    s, e, part, name, ev, no_ev, pk, length = (x[keep] for x in (s, e, part, name, ev, no_ev, pk, length))
+    # merged runs: a piece starts a new one unless it continues the previous one of its path
+    m = len(s)
+    new = np.ones(m, bool)
+    new[1:] = ((pk[1:] != pk[:-1]) | (part[1:] != part[:-1]) | (no_ev[1:] != no_ev[:-1])
+               | (~no_ev[1:] & (ev[1:] != ev[:-1])) | (s[1:] != e[:-1]))
+    run = np.cumsum(new) - 1
+    starts_at = np.flatnonzero(new)
+    ends_at = np.append(starts_at[1:], m) - 1
+    # the longest piece of each merged run, the first of equal ones
+    order = np.lexsort((np.arange(m), -length, run))
+    longest = order[np.searchsorted(run[order], np.arange(len(starts_at)))]
+    names = _objects(t["name"])
+    out = [{"rank": r, "step": st, "start_ns": a, "end_ns": b, "segments": []} for r, st, a, b in keys]
+    for a, z, lo in zip(starts_at.tolist(), ends_at.tolist(), longest.tolist()):
+        nm = name[lo]
+        out[int(pk[a])]["segments"].append([int(s[a]), int(e[z]), _STRIP_PARTS[part[a]],
+                                            names[nm] if nm >= 0 else ("idle", "host code")[-1 - nm], z - a + 1,
+                                            None if no_ev[a] else int(ev[a])])
+    return out
+
+
+_STRIP_PARTS = tuple(p[:-3] for p in PARTS)
+"""The parts of a strip's pieces: PARTS without ``_ns``."""
+
+
+def _objects(col) -> np.ndarray:
+    """A fetchnumpy column as an object array, NULLs (masked) as None."""
+    if isinstance(col, np.ma.MaskedArray):
+        vals = col.data.astype(object)
+        vals[np.ma.getmaskarray(col)] = None
+        return vals
+    return np.asarray(col).astype(object)

@@ -1195,11 +1195,15 @@ def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[st
         GROUP BY name, class ORDER BY on_path_ns DESC, name LIMIT ?""", [run_id, TOP_PATH_EVENTS])
     for r in top:
         r["share"] = r["on_path_ns"] / total if total else None
+    # per path its 3 rows of most on_path_ns DESC, ties by path position (an aggregate: no sort of
+    # every row as a window would)
     by_path = _rows(con, """
-        SELECT rank, step, event_rank, event_id, name, class, start_ns, end_ns, on_path_ns FROM (
-            SELECT *, row_number() OVER (PARTITION BY rank, step ORDER BY on_path_ns DESC, pos) AS n
-            FROM critical_path WHERE run_id = ? AND on_path_ns > 0)
-        WHERE n <= 3 ORDER BY step, rank, n""", [run_id])  # n: on_path_ns DESC, ties by path position
+        SELECT r.rank, r.step, r.event_rank, r.event_id, r.name, r.class, r.start_ns, r.end_ns, r.on_path_ns FROM (
+            SELECT unnest(max_by({'rank': rank, 'step': step, 'event_rank': event_rank, 'event_id': event_id,
+                                  'name': name, 'class': class, 'start_ns': start_ns, 'end_ns': end_ns,
+                                  'on_path_ns': on_path_ns, 'pos': pos}, {'o': on_path_ns, 'p': -pos}, 3)) AS r
+            FROM critical_path WHERE run_id = ? AND on_path_ns > 0 GROUP BY rank, step)
+        ORDER BY r.step, r.rank, r.on_path_ns DESC, r.pos""", [run_id])
     return {"summary": summary, "top_events": top, "top_by_path": by_path, "paths": path_strips(con, run_id)}
 
 
@@ -1212,24 +1216,9 @@ def path_strips(con, run_id: str) -> list[dict]:
     ``start_ns``, ``end_ns`` and ``segments``, consecutive pieces of one part and rank merged:
     [start_ns, end_ns, part, name of the longest piece, pieces, event_rank] (ns on the run clock;
     part as critical_path_summary's columns without ``_ns``)."""
-    from tracekit.analyses.critical_path import path_segments
+    from tracekit.analyses.critical_path import path_strips as strips
 
-    paths = sorted(path_segments(con, run_id), key=lambda p: (p["step"] is not None, p["step"] or 0, p["rank"]))
-    out = []
-    for p in paths[:MAX_PATH_STRIPS]:
-        merged: list[list] = []
-        longest = 0
-        for s, e, part, name, ev_rank in p["segments"]:
-            if merged and merged[-1][2] == part and merged[-1][5] == ev_rank and merged[-1][1] == s:
-                m = merged[-1]
-                m[1], m[4] = e, m[4] + 1
-                if e - s > longest:
-                    m[3], longest = name, e - s
-            else:
-                merged.append([s, e, part, name, 1, ev_rank])
-                longest = e - s
-        out.append({**{k: p[k] for k in ("rank", "step", "start_ns", "end_ns")}, "segments": merged})
-    return out
+    return strips(con, run_id, MAX_PATH_STRIPS)
 
 
 def print_critical_path(report: dict, console) -> None:
