@@ -40,3 +40,30 @@ def test_one_rank_of_two_bounds_the_ratio(tmp_path, capsys):
     text = _model_table(capsys, store, "r0")
     assert "0 no_overlap 0.519 0.519 ≤ 25.41× (measured larger) preset:nvlink3" in text
     assert "includes waiting for ranks that were not recorded" in text
+
+
+def test_references_show_nccls_per_size_values_as_a_range(tmp_path):
+    # param_dlrm_8rank_v100: the preset reference is NCCL's model, which picks a protocol per size, so
+    # an all-reduce's fixed latency and D* differ between instances: the report shows their range (it
+    # showed one instance's value, which one depending on DuckDB's threads), and hosts unknown are said
+    from tracekit import analyses
+    from tracekit.ingest import ingest_paths
+    from tracekit.report.data import build_report
+    from tracekit.store import Store
+
+    store = Store(tmp_path / "s")
+    ingest_paths([TRACES / "param_dlrm_8rank_v100"], store, run_id="dlrm")
+    con = analyses.connect(store)
+    want = {op: (lo, hi, llo, lhi) for op, lo, hi, llo, lhi in con.execute(
+        "SELECT op, min(crossover_bytes), max(crossover_bytes), min(ref_alpha_term_ns), max(ref_alpha_term_ns) "
+        "FROM collective_verdicts WHERE verdict_basis = 'preset' GROUP BY op").fetchall()}
+    refs = {r["op"]: r for r in build_report(store, "dlrm", con=con)["references"]}
+    con.close()
+    ar = refs["all_reduce"]
+    assert want["all_reduce"][0] < want["all_reduce"][1]  # two protocols among its sizes
+    assert ar["crossover_bytes"] is None and ar["fixed_latency_ns"] is None
+    assert (ar["crossover_min_bytes"], ar["crossover_max_bytes"], ar["fixed_latency_min_ns"],
+            ar["fixed_latency_max_ns"]) == want["all_reduce"]
+    a2a = refs["all_to_all"]
+    assert a2a["crossover_bytes"] == want["all_to_all"][0] == want["all_to_all"][1]
+    assert "(unknown, ranks per host unknown)" in ar["note"] and "uneven" not in ar["note"]

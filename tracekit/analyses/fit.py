@@ -437,7 +437,10 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
                           ref_beta_Bps=link.beta_Bps,
                           ref_note="; ".join(x for x in (
                               f"no ok {op} fit of the same class on this machine ({locality}, "
-                              f"{shape['ranks_per_host'] or 'uneven'} rank(s) per host): preset of the machine model" if shape else None, link_note) if x))
+                              + (f"{shape['ranks_per_host']} rank(s) per host" if shape['ranks_per_host']
+                                 else "ranks per host unknown" if not shape["hosts"]
+                                 else "uneven ranks per host")
+                              + "): preset of the machine model" if shape else None, link_note) if x))
         if chosen is None:
             reasons = ["no --link", "no ok sweep/nccl-tests fit from this machine"]
             if link_note:

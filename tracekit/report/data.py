@@ -274,7 +274,7 @@ def build_report(
         con,
         "SELECT op, locality, verdict, verdict_basis, coalesce(reference, 'no model') AS reference, count(*) AS count, "
         "median(efficiency) AS median_efficiency, median(efficiency_link) AS median_efficiency_link, "
-        "any_value(link) AS link, _most_common(list(no_model_reason)) AS no_model_reason "
+        "min(link) AS link, _most_common(list(no_model_reason)) AS no_model_reason "
         "FROM __report_verdicts GROUP BY ALL ORDER BY op, locality, verdict, reference",
     )
     references = _rows(
@@ -283,10 +283,16 @@ def build_report(
         SELECT op, group_size, locality, verdict_basis AS kind, coalesce(reference, 'no model') AS reference,
                ref_note AS note, _most_common(list(no_model_reason)) AS no_model_reason, count(*) AS instances,
                count(DISTINCT pg_name) AS groups,
-               any_value(ref_alpha_s) AS alpha_s, any_value(ref_beta_Bps) / 1e9 AS beta_gbps,
-               any_value(ref_alpha_s * ref_beta_Bps) AS n_half_bytes, any_value(crossover_bytes) AS crossover_bytes,
-               any_value(ref_alpha_term_ns) AS fixed_latency_ns, any_value(link) AS link,
-               any_value(link_crossover_bytes) AS link_crossover_bytes,
+               min(ref_alpha_s) AS alpha_s, min(ref_beta_Bps) / 1e9 AS beta_gbps,
+               min(ref_alpha_s * ref_beta_Bps) AS n_half_bytes,
+               -- NCCL's model as reference picks a protocol per size, each with its own latency and D*:
+               -- one value when every instance agrees, else NULL and the range (never an arbitrary one)
+               CASE WHEN min(crossover_bytes) = max(crossover_bytes) THEN min(crossover_bytes) END AS crossover_bytes,
+               min(crossover_bytes) AS crossover_min_bytes, max(crossover_bytes) AS crossover_max_bytes,
+               CASE WHEN min(ref_alpha_term_ns) = max(ref_alpha_term_ns) THEN min(ref_alpha_term_ns) END
+                   AS fixed_latency_ns,
+               min(ref_alpha_term_ns) AS fixed_latency_min_ns, max(ref_alpha_term_ns) AS fixed_latency_max_ns,
+               min(link) AS link, min(link_crossover_bytes) AS link_crossover_bytes,
                -- NCCL's algorithm/protocol a preset reference assumed, per size (nccl_reference)
                string_agg(DISTINCT nccl_algo, ', ' ORDER BY nccl_algo) AS nccl_algos
         FROM __report_verdicts
@@ -309,12 +315,12 @@ def build_report(
                median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
                median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps, max(cap_gbps) AS cap_gbps,
                median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
-               mode(verdict) AS verdict, count(DISTINCT verdict) AS verdicts,
+               _most_common(list(verdict)) AS verdict, count(DISTINCT verdict) AS verdicts,  -- ties: first by name
                count(DISTINCT coalesce(reference, 'no model')) AS references,
-               any_value(link) AS link, median(link_predicted_ns) AS median_link_predicted_ns,
-               median(efficiency_link) AS median_efficiency_link, any_value(link_crossover_bytes) AS link_crossover_bytes,
-               CASE WHEN any_value(link_crossover_bytes) IS NULL THEN NULL
-                    WHEN bucket_bytes >= any_value(link_crossover_bytes) THEN 'bandwidth' ELSE 'latency' END AS link_regime
+               min(link) AS link, median(link_predicted_ns) AS median_link_predicted_ns,
+               median(efficiency_link) AS median_efficiency_link, min(link_crossover_bytes) AS link_crossover_bytes,
+               CASE WHEN min(link_crossover_bytes) IS NULL THEN NULL
+                    WHEN bucket_bytes >= min(link_crossover_bytes) THEN 'bandwidth' ELSE 'latency' END AS link_regime
         FROM __report_buckets GROUP BY op, group_size, locality, bench_run, bucket_bytes
         ORDER BY op, group_size, locality, bench_run, bucket_bytes
         """,
@@ -824,9 +830,13 @@ def print_report(report: dict, console=None, detail: bool = False, sections=None
             if r["kind"] is None:
                 continue
             short = r["kind"] if r["kind"] in ("sweep", "nccl_tests") else r["reference"]  # run ids are long
+            lat, dstar = fmt_us(r["fixed_latency_ns"]), fmt_bytes(r["crossover_bytes"])
+            if r["fixed_latency_ns"] is None and r.get("fixed_latency_min_ns") is not None:  # per size (NCCL's model)
+                lat = f"{fmt_us(r['fixed_latency_min_ns'])}–{fmt_us(r['fixed_latency_max_ns'])}"
+            if r["crossover_bytes"] is None and r.get("crossover_min_bytes") is not None:
+                dstar = f"{fmt_bytes(r['crossover_min_bytes'])}–{fmt_bytes(r['crossover_max_bytes'])}"
             t.add_row(r["op"], _k(r["group_size"]), short, fmt_num(None if r["alpha_s"] is None else r["alpha_s"] * 1e6),
-                      fmt_us(r["fixed_latency_ns"]), fmt_num(r["beta_gbps"]), fmt_bytes(r["crossover_bytes"]),
-                      fmt_bytes(r["n_half_bytes"]))
+                      lat, fmt_num(r["beta_gbps"]), dstar, fmt_bytes(r["n_half_bytes"]))
         if t.row_count:
             _show(console, t)
     from tracekit.report.remedies import print_remedies

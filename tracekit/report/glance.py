@@ -101,14 +101,14 @@ def _worst_rows(con, report: dict, steps: int | None) -> tuple[list[dict], str]:
     than it, the worst bucket of each op. Each row: op, group_size, bucket_bytes, count, sync_ns and
     wait_ns (Σ per step, per trace or, for a log, the per-call time; ``per`` says which; wait None
     when not measurable), predicted_ns (likewise; None when no reference), median efficiency,
-    verdict (most frequent), reference, basis (verdict_basis)."""
+    verdict (most frequent; ties: the first by name), reference, basis (verdict_basis)."""
     is_log = report["run"].get("source") == "nccl_tests"
     rows = [dict(zip(("op", "group_size", "bucket_bytes", "count", "sync_ns", "wait_ns", "predicted_ns", "efficiency",
                       "verdict", "reference", "basis"), r)) for r in con.execute(
         """WITH w AS (SELECT pg_name, seq, avg(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL)
            SELECT v.op, v.group_size, v.bucket_bytes, count(*), sum(v.sync_time_ns), sum(w.wait_ns),
                   CASE WHEN count(v.predicted_ns) = count(*) THEN sum(v.predicted_ns) END, median(v.efficiency),
-                  mode(v.verdict), mode(v.reference), mode(v.verdict_basis)
+                  _most_common(list(v.verdict)), _most_common(list(v.reference)), _most_common(list(v.verdict_basis))
            FROM __report_verdicts v LEFT JOIN w USING (pg_name, seq)
            WHERE v.op IS NOT NULL AND v.sync_time_ns IS NOT NULL GROUP BY ALL""",
         [report["run"]["run_id"]]).fetchall()]
