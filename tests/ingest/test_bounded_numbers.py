@@ -206,7 +206,7 @@ def test_ranks_disagreeing_on_the_group_size_are_flagged(tmp_path, capsys):
         (d / f"rank{r}.json").write_text(json.dumps(doc))
     assert main(["ingest", str(d), "--store", str(tmp_path / "s"), "--run-id", "x"]) == 0
     err = capsys.readouterr().err
-    note = "process group 0: its ranks disagree on its size (rank 0: 2; rank 1: 1)"
+    note = "process group 0: its ranks' calls name different group sizes (rank 0: 2; rank 1: 1)"
     assert f"rank 0: {note}" in err and f"rank 1: {note}" in err
 
 
@@ -219,6 +219,10 @@ def test_group_size_disagreements_unit():
         return pa.table({"pg_name": [p for p, _ in rows], "group_size": [k for _, k in rows]})
 
     got = group_size_disagreements([(0, t([("a", 4), ("b", 2)])), (1, t([("a", 8), ("b", 2)])), (2, t([("a", 4)]))])
-    note = "process group a: its ranks disagree on its size (rank 0: 4; rank 1: 8; rank 2: 4)"
+    note = "process group a: its ranks' calls name different group sizes (rank 0: 4; rank 1: 8; rank 2: 4)"
     assert {r: [n.split(";  ")[0][: len(note)] for n in ns] for r, ns in got.items()} == {0: [note], 1: [note], 2: [note]}
     assert group_size_disagreements([(0, t([("a", 4)])), (1, t([("a", 4)]))]) == {}
+    # one rank recorded (hta_pyper_a100_r0of16): its own calls differ, no other rank "disagrees"
+    (one,) = group_size_disagreements([(0, t([("a", 8), ("a", 16)]))])[0]
+    assert one == ("process group a: its calls name different group sizes (rank 0: 8, 16); each instance takes the "
+                   "largest size its ranks' calls name, check the trace's Group size")

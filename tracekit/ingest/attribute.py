@@ -923,8 +923,9 @@ def group_size_disagreements(tables) -> dict[int, list[str]]:
         if len(set().union(*by_rank.values())) < 2:
             continue
         said = "; ".join(f"rank {r}: {', '.join(map(str, sorted(ks)))}" for r, ks in sorted(by_rank.items()))
-        note = (f"process group {pg}: its ranks disagree on its size ({said}); its instances take the largest, "
-                "check the trace's Group size")
+        who = "its calls name" if len(by_rank) == 1 else "its ranks' calls name"
+        note = (f"process group {pg}: {who} different group sizes ({said}); each instance takes the largest size "
+                "its ranks' calls name, check the trace's Group size")
         for r in by_rank:
             out.setdefault(r, []).append(note)
     return out
