@@ -128,3 +128,23 @@ def test_machine_compatible_rules():
     assert not machine_compatible(eight, dict(ranks_per_host=8, gpu="A100"), "mixed", "mixed")
     assert machine_compatible(eight, dict(ranks_per_host=None, gpu=None), "mixed", "mixed")  # unknown: not refused
     assert machine_compatible(None, None, "unknown", "unknown")
+
+
+def test_a_mixed_groups_ring_op_uses_the_nodes_nics_as_rings_do(tmp_path):
+    # 2 nodes × 8 H100 all_reduce (mixed): NCCL runs 8 rings over the nodes, one per NIC, so the link is
+    # 8 × ib_ndr (8 × 50 × 0.8 = 320 GB/s, under nvlink4's 360), not one GPU's 40 GB/s share; a group of
+    # one rank per node (inter_node) keeps the share: its node's other GPUs load the other NICs
+    rows = [(2**p, 2 * 15 / 16 * 2**p / 300e9 * 1e6) for p in (28, 29, 30)]
+    store = Store(tmp_path / "s")
+    ingest_paths([_allreduce_log(tmp_path / "mixed_all_reduce.log", ["n1", "n2"], 8, rows)], store, run_id="mixed")
+    ingest_paths([_allreduce_log(tmp_path / "inter_all_reduce.log", ["n1", "n2"], 1, rows)], store, run_id="inter")
+    con = analyses.connect(store)
+    got = {r[0]: r[1:] for r in con.execute(
+        "SELECT run_id, locality, link, link_beta_Bps, link_note FROM collective_reference").fetchall()}
+    assert got["mixed"][:3] == ("mixed", "ib_ndr", pytest.approx(320e9))
+    assert "all_reduce as rings over the nodes: NCCL's rings use all 8 NICs" in got["mixed"][3]
+    assert got["inter"][:3] == ("inter_node", "ib_ndr", pytest.approx(40e9))
+    # the measured 300 GB/s busbw against the link: efficiency_link = predicted / measured, near 1 (it was ~0.13)
+    eff = con.execute("SELECT median(efficiency_link) FROM collective_verdicts WHERE run_id = 'mixed'").fetchone()[0]
+    d = 2**29  # the median size: ring 2(k−1)·α + 2(k−1)/k·D/β with α 5 µs, β 320 GB/s, over 2(k−1)/k·D/300 GB/s
+    assert eff == pytest.approx((30 * 5e-6 + 30 / 16 * d / 320e9) / (30 / 16 * d / 300e9), rel=1e-6)

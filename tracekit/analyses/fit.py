@@ -244,6 +244,7 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
     """The rows of ``collective_reference`` (columns and the order of choice in the module docstring);
     ``localities``: :func:`group_localities` when the caller has it already."""
     from tracekit.model import custom_link, device_presets, link_from_preset, network_link
+    from tracekit.model.multinode import RING_OPS, ring_bandwidth_across_nodes
 
     user_link = _var(con, "tk_link")
     user_alpha, user_beta = _var(con, "tk_alpha"), _var(con, "tk_beta")
@@ -381,6 +382,17 @@ def reference_rows(con, localities: dict | None = None) -> list[dict]:
                              f"systems; --link to set)" + ("" if use_nics is None else
                                                           f", {int(use_nics)} NICs per node" +
                                                           (" (NCCL INFO NET lines)" if nics is None else "")))
+                g_grp = (shape or {}).get("ranks_per_host") or 0  # the group's own ranks on each host
+                if op in RING_OPS and locality == "mixed" and g_grp > 1:
+                    # a group with several ranks on each node runs a ring op as rings over the nodes, one per
+                    # NIC local to its GPUs, each through the intra-node link (tracekit.model.multinode,
+                    # NCCL's rings): β = its NICs × β_NIC capped by the intra-node link, not one GPU's share
+                    # of the node's NICs (which an all-to-all, a send, or a one-rank-per-node group gets)
+                    grp_nics = None if use_nics is None else max(1, round(int(use_nics) * g_grp / max(gpn, g_grp)))
+                    beta, words = ring_bandwidth_across_nodes(g_grp, link_from_preset(dev[1]), grp_nics,
+                                                              link_from_preset(dev[0]))
+                    link = custom_link(link.alpha_s, beta, name=dev[1])
+                    link_note += f"; {op} as rings over the nodes: {words}"
             else:
                 why = []
                 if dev is None:
