@@ -157,3 +157,20 @@ def test_remedies_never_offer_a_command_that_cannot_help():
     fix = _fit_fix("min_sizes", dict(op="broadcast", group_size=8), dict(source="kineto"))
     assert fix == ["tracekit analyze --link PRESET (tracekit predict links lists them) or --alpha TIME --beta RATE"
                    "   (tracekit collect sweep does not measure broadcast)"]
+
+
+def test_after_a_rejected_sweep_the_remedy_does_not_loop():
+    # the README's path: collect tp, then the suggested collect sweep, whose fit was rejected (a loaded
+    # machine): the remedy must not print the command just run, but more repeats and why
+    from tracekit.report.remedies import _sweep_fixes
+
+    run = dict(backend="gloo", device_name=None)
+    sweep = dict(run_id="sweep-1", source="kineto", backend="gloo", device=None,
+                 fits=[("all_reduce", 2, "poor", "per-size residual spread 16% > 15%")])
+    got = _sweep_fixes([sweep], run, "all_reduce", 2, " TAIL")
+    assert got == ["tracekit collect sweep --ops all_reduce --ranks 2 --iters 50   on a quiet machine: sweep run "
+                   "sweep-1 (spread) was rejected, and a sweep on a busy one fails the same way"]
+    # another machine's rejected sweep, or none: the plain command; an op the sweep does not measure: nothing
+    other = dict(sweep, backend="nccl", device="NVIDIA H100 80GB HBM3")
+    assert _sweep_fixes([other], run, "all_reduce", 2, " TAIL") == ["tracekit collect sweep --ops all_reduce --ranks 2 TAIL"]
+    assert _sweep_fixes([], run, "broadcast", 2, " TAIL") == []

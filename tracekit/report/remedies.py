@@ -202,7 +202,7 @@ def reference_remedies(con, run: dict, fits: list[dict], references: list[dict])
                      weak=f"{op} on {k} ranks judged against its own group's fit",
                      why="its efficiency measures the calls' scatter about their own line, not the hardware; "
                          + _why_no_sweep(calib_runs, run, op, k),
-                     fix=([_sweep_cmd(op, k) + "   on this machine, then tracekit analyze"] if op in SWEEP_OPS else [])
+                     fix=_sweep_fixes(calib_runs, run, op, k, "   on this machine, then tracekit analyze")
                      + [f"tracekit analyze {LINK_HINT}"])
         elif kind == "preset":
             r = dict(topic="reference", op=op, group_size=k, rule="preset", groups=ref.get("groups"),
@@ -210,8 +210,7 @@ def reference_remedies(con, run: dict, fits: list[dict], references: list[dict])
                      why=(f"{ref.get('note')}; " if ref.get("note") else "")
                      + (f"this calibration run's own {op} fit on {k} ranks was rejected (see its rule above)"
                         if calibration else _why_no_sweep(calib_runs, run, op, k)),
-                     fix=([_sweep_cmd(op, k) + "   on this machine (a quiet one), then tracekit analyze"]
-                          if op in SWEEP_OPS else [])
+                     fix=_sweep_fixes(calib_runs, run, op, k, "   on this machine (a quiet one), then tracekit analyze")
                      + [f"tracekit analyze {LINK_HINT}   (the link you know it has)"])
         elif (ref.get("no_model_reason") or "").startswith(("incomplete", "no sync time", "size unknown")):
             reason = ref["no_model_reason"]
@@ -230,7 +229,7 @@ def reference_remedies(con, run: dict, fits: list[dict], references: list[dict])
                      weak=f"{op} on {k} ranks has no reference: no verdict",
                      why=(ref.get("no_model_reason") or "no reference") + "; " + _why_no_sweep(calib_runs, run, op, k),
                      fix=[f"tracekit analyze {LINK_HINT}"]
-                     + ([_sweep_cmd(op, k) + "   on this machine, then tracekit analyze"] if op in SWEEP_OPS else []))
+                     + _sweep_fixes(calib_runs, run, op, k, "   on this machine, then tracekit analyze"))
         out.append(r)
     return out
 
@@ -248,6 +247,33 @@ def _calibration(con, run_id: str | None) -> list[dict]:
             [rid]).fetchall()
         out.append(dict(run_id=rid, source=source, backend=backend, device=device, fits=fits))
     return out
+
+
+def _rejected_here(calib: list[dict], run: dict, op: str) -> str | None:
+    """The newest calibration run of this machine (backend and device) that measured ``op`` and had
+    every fit of it rejected, as "sweep run ID (rules)"; None when there is none."""
+    mop = "send" if op == "recv" else op
+    for c in calib:
+        if c["backend"] != run.get("backend") or c["device"] != run.get("device_name"):
+            continue
+        mine = [f for f in c["fits"] if f[0] == mop]
+        if mine and not any(f[2] == "ok" for f in mine):
+            name = ("nccl-tests log " if c["source"] == "nccl_tests" else "sweep run ") + c["run_id"]
+            return f"{name} ({', '.join(sorted({fit_rule(f[2], f[3]) for f in mine}))})"
+    return None
+
+
+def _sweep_fixes(calib: list[dict], run: dict, op: str, k: int | None, tail: str) -> list[str]:
+    """The ``collect sweep`` fix for a reference remedy: none for an op the sweep does not measure;
+    after a sweep of this machine whose fits of ``op`` were all rejected, the same sweep with more
+    repeats on a quiet machine, saying which run failed (the plain command again would loop)."""
+    if op not in SWEEP_OPS:
+        return []
+    failed = _rejected_here(calib, run, op)
+    if failed:
+        return [_sweep_cmd(op, k, "--iters 50") + f"   on a quiet machine: {failed} was rejected, and a sweep "
+                "on a busy one fails the same way"]
+    return [_sweep_cmd(op, k) + tail]
 
 
 def _why_no_sweep(calib: list[dict], run: dict, op: str, k: int | None) -> str:
