@@ -116,7 +116,11 @@ def test_one_rank_of_two_gives_a_range(tmp_path, capsys):
     (r,) = st["ranks"]
     assert r["edited_ns"] is None and r["change_ns"] is None
     lo, hi = r["edited_range_ns"]
-    assert lo < hi == r["replayed_ns"]
+    # by hand (µs after the window's start at 1): gemm A halves to [2, 7), the all-reduce keeps its 28 µs
+    # tail (no last arrival recorded), B ends at 45: edited 44. The untraced rank may hold all of that
+    # tail: freed, the all-reduce ends at 7, the sync at 7.5 (+0.5 its own), B's launch [8, 8.5) after
+    # 0.5 of host code, B after its 3.5 µs idle [12, 17): 16. High end: the unchanged replay, 54.
+    assert (lo, hi) == (16_000, 54_000) and hi == r["replayed_ns"]
     assert main(["whatif", "--store", str(tmp_path / "s"), "--scale", "compute=0.5"]) == 0
     assert "limit: only 1 of 2 ranks" in capsys.readouterr().out
 

@@ -265,7 +265,9 @@ def _limits(world: int | None, ranks: int | None, g: wf.Graph) -> tuple[list[str
     out = []
     if world and ranks and ranks < world:
         out.append(f"only {ranks} of {world} ranks were traced: the other ranks' arrivals are unknown, so a "
-                   "collective's wait cannot be replayed (range: the edited replay to the unchanged one)")
+                   "collective's span may be all waiting for them (range: from the edited replay with every "
+                   "collective taking no time after its own rank's arrival, to the larger of the edited and "
+                   "the unchanged replay)")
     launched = np.zeros(g.n, bool)
     launched[g.dst[g.kind == "launch"]] = True
     loose = np.flatnonzero(g.gpu & ~launched)
@@ -315,6 +317,12 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
         limits, loose = _limits(world, n_ranks, g)
         bounds = {r: [edt[r]] for r in edt}
         if limits and world and n_ranks and n_ranks < world:
+            # an untraced rank may hold every collective: the low end frees each collective span's time
+            # after its own rank's arrival (its tail: wait and transfer both, neither known here)
+            free = ge.copy()
+            free.tail[free.instance >= 0] = 0
+            for r, v in wf.replay(free).step_ns().items():
+                bounds[r].append(v)
             for r in bounds:
                 bounds[r].append(rep[r])
         if len(loose):
