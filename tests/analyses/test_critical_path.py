@@ -296,7 +296,7 @@ def test_html_strip_renders_in_chromium(two_rank, tmp_path):
     rep = build_report(run_id="tr", con=two_rank)
     fig = critical_path_figure({"report": rep})
     assert {t.name for t in fig.data} == {
-        "compute", "exposed communication", "launch/CPU", "sync/other", "on a straggler's work", "idle"}
+        "compute", "exposed communication", "launch/CPU", "sync/other", "other ranks (last to arrive)", "idle"}
     comm = next(t for t in fig.data if t.name == "exposed communication")
     # µs from the earliest path start (1 µs): rank 0's all-reduce [22, 40), rank 1's [22, 38)
     assert list(comm.y) == ["step 1 · rank 0", "step 1 · rank 1"]

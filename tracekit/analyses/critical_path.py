@@ -105,7 +105,8 @@ launch_cpu_ns    BIGINT   this rank's CPU on the path: runtime calls, CPU ops, h
                           calls and launch latency, ns
 sync_other_ns    BIGINT   this rank's sync and other-class events on the path, ns
 straggler_ns     BIGINT   path time on other ranks (entered through a collective whose last
-                          arrival was theirs): this rank's step waiting on a straggler's work, ns
+                          arrival was theirs, late by that collective's skew however small): this
+                          rank's step waiting on the last arriver's work, ns (the report's "other ranks")
 idle_ns          BIGINT   gaps on this rank before a GPU op whose stream and launch were ready
                           (launch latency, unrecorded waits), ns
 path_events      BIGINT   events on the path

@@ -1245,7 +1245,7 @@ def print_critical_path(report: dict, console) -> None:
         return
     shown = rows[:MAX_PATH_ROWS]
     t = _table("Critical path per step and rank (parts in % of the path; they sum to it)")
-    for col in ("step", "rank", "path ms", "step ms", "compute", "comm", "memory", "CPU", "sync", "straggler", "idle"):
+    for col in ("step", "rank", "path ms", "step ms", "compute", "comm", "memory", "CPU", "sync", "other ranks", "idle"):
         t.add_column(col, justify="right")
     for r in shown:
         n = r["length_ns"] or None
@@ -1258,7 +1258,9 @@ def print_critical_path(report: dict, console) -> None:
         more += "; * path longer than the step: " + "; ".join(why)
     t.caption = ("the chain of stream order, launches, host thread order, syncs and collective last arrivals that "
                  "ends at the rank's last event of the step; comm = communication after the last arrival; "
-                 "straggler = the path on other ranks' work; CPU = runtime calls and host code; idle = a launched "
+                 "other ranks = the path on the work of a rank that arrived last at a collective (late by that "
+                 "collective's skew, however small: see the stragglers for how late; JSON straggler_ns); CPU = "
+                 "runtime calls and host code; idle = a launched "
                  "op on a free stream held back by nothing recorded (cross-stream and host waits are inferred)" + more)
     _show(console, t)
     top = sec.get("top_events") or []

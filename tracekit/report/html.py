@@ -1589,7 +1589,7 @@ CRITICAL_PATH_SERIES = (
     ("memory", "memcpy/memset", MEMORY_COLOR),
     ("launch_cpu", "launch/CPU", "#fab005"),
     ("sync_other", "sync/other", "#868e96"),
-    ("straggler", "on a straggler's work", "#f783ac"),
+    ("straggler", "other ranks (last to arrive)", "#f783ac"),
     ("idle", "idle", IDLE_COLOR),
 )
 

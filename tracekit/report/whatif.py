@@ -7,7 +7,7 @@ from __future__ import annotations
 from tracekit.errors import BadInputError
 
 _PART_LABEL = {"compute_ns": "compute", "exposed_comm_ns": "exposed comm", "memory_ns": "memcpy/memset",
-               "launch_cpu_ns": "launch/CPU", "sync_other_ns": "sync/other", "straggler_ns": "straggler",
+               "launch_cpu_ns": "launch/CPU", "sync_other_ns": "sync/other", "straggler_ns": "other ranks",
                "idle_ns": "idle"}
 
 
