@@ -239,3 +239,22 @@ def test_an_edit_that_matches_nothing_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "matched nothing" in err and "gemn" in err and len(err.strip().splitlines()) == 1
     assert main(["whatif", "--store", str(tmp_path / "s"), "--move-off", "broadcast"]) == 2
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--scale", "compute=1e12"], "FACTOR a number from 0 to 1e+06"),  # int64 overflow in the replay before
+    (["--scale", "compute=inf"], "FACTOR a number from 0 to 1e+06"),  # 'infinitely slower' replayed faster
+    (["--link", "nvlink5", "--algo", "bogus"], "--algo 'bogus': not an algorithm of the model"),
+    (["--link", "nvlink5", "--ops", "zzz"], "the edit matched nothing in any step (transfers from the model on "
+                                            "nvlink5 for zzz)"),
+    (["--delay", "5:10@all_reduce"], "--delay: rank 5 is not in the run (its ranks: 0, 1)"),
+    (["--delay", "0:99999999999999@send"], "more than the largest delay, 1e+09 ms"),
+    (["--step", "999", "--no-stragglers"], "no step 999 (its steps: 2, 3)"),
+    (["--no-stragglers", "--html", "/nonexistent-tk/dir/x.html"], "cannot write the HTML page"),
+])
+def test_whatif_bad_edits_are_one_line_errors(tmp_path, capsys, argv, words):
+    _store(FIXTURES / "tp_2rank", tmp_path, run_id="tp")
+    capsys.readouterr()
+    assert main(["whatif", "--store", str(tmp_path / "s"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err and "internal error" not in err

@@ -307,7 +307,9 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
     # asked before the windows stream (no other statement while their reader is open)
     world, n_ranks = con.execute("SELECT max(r.world_size), (SELECT count(DISTINCT rank) FROM ranks WHERE run_id = ?) "
                                  "FROM runs r WHERE r.run_id = ?", [run_id, run_id]).fetchone()
+    seen_steps: list = []
     for g in graphs(con, run_id):
+        seen_steps.append(g.step)
         if steps is not None and g.step not in steps:
             continue
         base = wf.replay(g)
@@ -372,6 +374,9 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
                         "step_change_ns": step_change,
                         "hidden_ns": None if step_change is None else total - step_change},
             "notes": ge.notes})
+    if not out_steps and steps is not None and seen_steps:
+        raise BadInputError(f"run {run_id!r}: no step {', '.join(map(str, steps))} (its steps: "
+                            f"{', '.join(map(str, sorted(seen_steps, key=lambda x: (x is None, x))))})")
     if not out_steps:
         raise BadInputError(f"run {run_id!r}: no events to replay (no GPU op, runtime call, compute or comm op)")
     # an edit that matched nothing in any step (a misspelt pattern) is refused, not answered unchanged

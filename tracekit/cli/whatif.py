@@ -46,6 +46,11 @@ def whatif(
     finally:
         con.close()
     if html_out is not None:
-        html_out.write_text(whatif_html(ans), encoding="utf-8")
+        try:
+            html_out.write_text(whatif_html(ans), encoding="utf-8")
+        except OSError as exc:
+            from tracekit.errors import FileError
+
+            raise FileError(html_out, f"cannot write the HTML page ({exc.strerror or exc})") from None
         typer.echo(f"wrote {html_out}", err=True)
     typer.echo(json.dumps(ans, indent=2) if json_out else whatif_text(ans))

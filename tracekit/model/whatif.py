@@ -292,9 +292,17 @@ def _matcher(pattern: str):
     return lambda s: low in (s or "").lower()
 
 
+MAX_SCALE = 1e6
+"""The largest --scale factor: a million times slower is past any question a step answers, and a
+step's ns times it stays far inside int64."""
+
+MAX_DELAY_MS = 1e9
+"""The largest --delay, ms (11.6 days): its ns stay far inside int64."""
+
+
 def parse_scale(spec: str) -> list[tuple[str, float]]:
     """``'gemm=0.5,comm=2'`` → [('gemm', 0.5), ('comm', 2.0)]. Raises BadInputError for a part
-    without '=' or a factor that is not a number ≥ 0."""
+    without '=' or a factor that is not a number from 0 to :data:`MAX_SCALE`."""
     out = []
     for part in filter(None, (x.strip() for x in spec.split(","))):
         key, eq, val = part.partition("=")
@@ -302,9 +310,9 @@ def parse_scale(spec: str) -> list[tuple[str, float]]:
             f = float(val)
         except ValueError:
             f = -1.0
-        if not eq or not key.strip() or not f >= 0:
-            raise BadInputError(f"--scale {spec!r}: each part is NAME=FACTOR with FACTOR a number >= 0 "
-                                f"(e.g. 'gemm=0.5' or 'compute=0.8'), got {part!r}")
+        if not eq or not key.strip() or not 0 <= f <= MAX_SCALE:  # NaN and inf fail here too
+            raise BadInputError(f"--scale {spec!r}: each part is NAME=FACTOR with FACTOR a number from 0 to "
+                                f"{MAX_SCALE:g} (e.g. 'gemm=0.5' or 'compute=0.8'), got {part!r}")
         out.append((key.strip(), f))
     return out
 
@@ -383,13 +391,14 @@ def model_transfers(g: Graph, link, algo: str | None = None, ops: str | None = N
     out = g.copy()
     out.instances = [dict(x) for x in g.instances]
     test = _matcher(ops) if ops else None
-    kept = 0
+    kept = matched = 0
     for k, inst in enumerate(out.instances):
         members = np.flatnonzero(g.instance == k)
         if not len(members):
             continue
         if test and not (test(str(inst.get("op"))) or any(test(str(g.name[i])) for i in members)):
             continue
+        matched += len(members)
         try:
             p = predict_collective(inst["op"], float(inst["size_bytes"]), int(inst["group_size"]), link, algo)
             new = int(round(p.time_s * 1e9))
@@ -399,19 +408,24 @@ def model_transfers(g: Graph, link, algo: str | None = None, ops: str | None = N
         inst["before_ns"] = int(np.median(g.tail[members]))
         inst["after_ns"] = new
         out.tail[members] = new
+    # with --ops the note counts the spans it matched (a filter that matches nothing is refused)
     out.notes.append(f"transfers from the model on {link.name}" + (f" ({algo})" if algo else "")
+                     + (f" for {ops}: {matched} spans" if ops else "")
                      + (f", {kept} instances kept measured (the model cannot price them)" if kept else ""))
     return out
 
 
 def parse_delay(spec: str) -> tuple[int, int, str]:
     """``'1:200@all_reduce'`` → (rank 1, 200 ms in ns, pattern 'all_reduce'). Raises BadInputError
-    for another form."""
+    for another form or a delay above :data:`MAX_DELAY_MS`."""
     m = re.fullmatch(r"\s*(\d+)\s*:\s*([0-9.]+)\s*@\s*(\S.*?)\s*", spec or "")
     if not m:
         raise BadInputError(f"--delay {spec!r}: expected RANK:MS@PATTERN (e.g. '1:200@all_reduce': rank 1 "
                             "starts the step's first op matching all_reduce 200 ms later)")
-    return int(m[1]), int(round(float(m[2]) * 1e6)), m[3]
+    ms = float(m[2])
+    if ms > MAX_DELAY_MS:
+        raise BadInputError(f"--delay {spec!r}: {m[2]} ms is more than the largest delay, {MAX_DELAY_MS:g} ms")
+    return int(m[1]), int(round(ms * 1e6)), m[3]
 
 
 def add_delay(g: Graph, rank: int, delay_ns: int, pattern: str) -> Graph:
@@ -419,6 +433,9 @@ def add_delay(g: Graph, rank: int, delay_ns: int, pattern: str) -> Graph:
     (:func:`_matcher`) starts `delay_ns` later (its delay grows; what depends on it follows, its
     collective's other members wait). Raises BadInputError when the rank has no such node."""
     m = _matcher(pattern)
+    ranks = sorted({int(r) for r in g.rank})
+    if rank not in ranks:
+        raise BadInputError(f"--delay: rank {rank} is not in the run (its ranks: {', '.join(map(str, ranks))})")
     hit = [i for i in np.flatnonzero(g.rank == rank) if m(str(g.name[i]))]
     if not hit:
         raise BadInputError(f"--delay: rank {rank} has no op matching {pattern!r} in step {g.step}")
@@ -556,6 +573,12 @@ def plan(link=None, algo: str | None = None, scale_spec: str | None = None, stra
     out: list[tuple[str, object]] = []
     if algo is not None and link is None:
         raise BadInputError("--algo needs --link: the model prices the algorithm on a link preset")
+    if algo is not None:
+        from tracekit.model import ALGORITHMS
+
+        known = sorted({a for algos in ALGORITHMS.values() for a in algos})  # op → its algorithms
+        if algo not in known:
+            raise BadInputError(f"--algo {algo!r}: not an algorithm of the model (one of {', '.join(known)})")
     if stragglers:
         out.append(("no stragglers", no_stragglers))
     if delay_spec:
@@ -568,7 +591,7 @@ def plan(link=None, algo: str | None = None, scale_spec: str | None = None, stra
             raise BadInputError("--machine prices collectives with NCCL's own model (its pick): not with --link/--algo")
         out.append((f"transfers on {machine.name} (NCCL's pick)", lambda g: machine_transfers(g, machine, ops)))
     if link is not None:
-        out.append((f"transfers on {link.name}" + (f" ({algo})" if algo else ""),
+        out.append((f"transfers on {link.name}" + (f" ({algo})" if algo else "") + (f" for {ops}" if ops else ""),
                     lambda g: model_transfers(g, link, algo, ops)))
     if move_off:
         out.append((f"move {move_off} off the compute stream", lambda g: move_off_stream(g, move_off)))
