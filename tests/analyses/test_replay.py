@@ -251,6 +251,11 @@ def test_an_edit_that_matches_nothing_is_refused(tmp_path, capsys):
     (["--delay", "0:99999999999999@send"], "more than the largest delay, 1e+09 ms"),
     (["--step", "999", "--no-stragglers"], "no step 999 (its steps: 2, 3)"),
     (["--no-stragglers", "--html", "/nonexistent-tk/dir/x.html"], "cannot write the HTML page"),
+    # a gloo run's collectives are CPU spans: the edits of GPU streams find them and say so
+    (["--move-off", "all_reduce"], "the edit changed nothing in any step (move 'all_reduce' off the compute "
+                                   "stream): its matching collective spans are CPU spans, on no GPU stream"),
+    (["--chunk", "all_reduce=4", "--link", "nvlink4"], "its matching collective spans are CPU spans, on no "
+                                                       "GPU stream: nothing to pipeline"),
 ])
 def test_whatif_bad_edits_are_one_line_errors(tmp_path, capsys, argv, words):
     _store(FIXTURES / "tp_2rank", tmp_path, run_id="tp")

@@ -381,12 +381,17 @@ def whatif(con, run_id: str, edits: list, model: str | None = None, steps: list 
         raise BadInputError(f"run {run_id!r}: no events to replay (no GPU op, runtime call, compute or comm op)")
     # an edit that matched nothing in any step (a misspelt pattern) is refused, not answered unchanged
     counts: dict[str, int] = {}
+    why: dict[str, str] = {}
     for st in out_steps:
         for note in st["notes"]:
-            m = re.match(r"(.*?): (\d+) (?:ops|spans)\b", note)
+            m = re.match(r"(.*?): (\d+) (?:ops|spans)\b(?: \((.*)\))?", note)
             if m:
                 counts[m[1]] = counts.get(m[1], 0) + int(m[2])
+                if m[3]:
+                    why.setdefault(m[1], m[3])
     for edit, n in counts.items():
+        if not n and edit in why:  # it matched, but nothing it matched can be edited
+            raise BadInputError(f"run {run_id!r}: the edit changed nothing in any step ({edit}): {why[edit]}")
         if not n:
             raise BadInputError(f"run {run_id!r}: the edit matched nothing in any step ({edit}): "
                                 "check its pattern against the run's op names (tracekit sql)")

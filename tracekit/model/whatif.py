@@ -502,12 +502,14 @@ def chunk(g: Graph, pattern: str, chunks: int, alpha_chunk_s: float) -> Graph:
         raise BadInputError(f"--chunk: the number of pieces must be >= 1, got {chunks}")
     test = _matcher(pattern)
     out = g.copy()
-    done = 0
+    done = named = on_gpu = 0
     longest: dict[int, int] = {}
     for i in np.flatnonzero(g.instance >= 0):
         inst = g.instances[int(g.instance[i])]
         if not (test(str(g.name[i])) or test(str(inst.get("op")))):
             continue
+        named += 1
+        on_gpu += bool(g.gpu[i])
         into, _ = _stream_edges(g, i)
         into = [k for k in into if g.cls[g.src[k]] == CLASSES.index("compute") + 1]
         if not into:
@@ -522,7 +524,11 @@ def chunk(g: Graph, pattern: str, chunks: int, alpha_chunk_s: float) -> Graph:
         done += 1
     for inst, t in longest.items():
         out.tail[(g.instance == inst) & (out.tail < t)] = t
-    out.notes.append(f"chunk {pattern!r} in {chunks} pieces (α per piece {alpha_chunk_s * 1e6:g} µs): {done} spans")
+    why = ""
+    if named and not done:
+        why = (" (its matching collective spans are CPU spans, on no GPU stream: nothing to pipeline)"
+               if not on_gpu else " (none of its matching collective spans follows a compute op on its stream)")
+    out.notes.append(f"chunk {pattern!r} in {chunks} pieces (α per piece {alpha_chunk_s * 1e6:g} µs): {done} spans{why}")
     return out
 
 
@@ -534,8 +540,9 @@ def move_off_stream(g: Graph, pattern: str) -> Graph:
     stream)."""
     test = _matcher(pattern)
     out = g.copy()
-    moved = [int(i) for i in np.flatnonzero((g.instance >= 0) & g.gpu)
+    named = [int(i) for i in np.flatnonzero(g.instance >= 0)
              if test(str(g.name[i])) or test(str(g.instances[int(g.instance[i])].get("op")))]
+    moved = [i for i in named if g.gpu[i]]
     by_rank: dict[int, int] = {}
     add = []
     for i in sorted(moved, key=lambda x: (g.start[x], x)):
@@ -557,7 +564,9 @@ def move_off_stream(g: Graph, pattern: str) -> Graph:
         out.anchor, out.side = np.r_[out.anchor, np.full(len(s), END)], np.r_[out.side, np.full(len(s), START)]
         out.offset = np.r_[out.offset, np.zeros(len(s), np.int64)]
         out.kind = np.r_[out.kind, np.array(["stream"] * len(s), object)]
-    out.notes.append(f"move {pattern!r} off the compute stream: {len(moved)} spans")
+    why = (" (its matching collective spans are CPU spans, on no GPU stream: nothing to move)"
+           if named and not moved else "")
+    out.notes.append(f"move {pattern!r} off the compute stream: {len(moved)} spans{why}")
     return out
 
 
