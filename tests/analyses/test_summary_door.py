@@ -132,11 +132,13 @@ def test_a_run_without_a_summary_file_is_refused_in_one_line(gone, tp_store, tmp
     assert main(["sql", "SELECT count(*) AS n FROM events WHERE run_id = 'a'", "--store", str(st.path),
                  "--format", "csv"]) == 0
     assert int(capsys.readouterr().out.split()[-1]) > 0
+    view = "overlap_by_rank" if gone in ("overlap_summary", "span_overlap") else "gpu_time_breakdown"
+    assert main(["sql", f"SELECT * FROM {view}", "--store", str(st.path), "--run", "a"]) == 2
+    assert capsys.readouterr().err.splitlines() == err
     # a connection over every run: the analyses refuse it, naming the run
     con = analyses.connect(st)
     with pytest.raises(StoreError, match=f"^run 'a' was stored without {gone} "):
-        con.execute("SELECT * FROM overlap_by_rank" if "overlap" in gone or "span" in gone
-                    else "SELECT * FROM gpu_time_breakdown").fetchall()
+        con.execute(f"SELECT * FROM {view}").fetchall()
     con.close()
     assert main(["ingest", str(FIXTURES / "tp_2rank"), "--store", str(st.path), "--run-id", "a", "--replace"]) == 0
     after = _report(st, capsys, "a")

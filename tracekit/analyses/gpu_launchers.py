@@ -123,15 +123,14 @@ def _chunks(con, run_ids: list[str]):
 
     if not run_ids:
         return
-    # chunks by the ranks' event counts as stored (ranks.events; a scan counting them cost 0.4 s at
-    # 1,024 ranks)
+    # chunks by the ranks' event counts as stored (ranks.events), not counted by a scan of the events
     keys = con.execute("SELECT run_id, rank, coalesce(events, 0) FROM ranks WHERE list_contains(?, run_id) "
                        "ORDER BY run_id, rank", [run_ids]).fetchall()
     chunks = _rank_chunks(keys)
     for j, (run_id, lo, hi) in enumerate(chunks):
         lo = chunks[j - 1][2] + 1 if j and chunks[j - 1][0] == run_id else -2**31
         hi = hi if j + 1 < len(chunks) and chunks[j + 1][0] == run_id else 2**31 - 1
-        # a chunk's ranks in one scan (a statement per rank cost ~0.1 s apiece at 1,024 ranks)
+        # a chunk's ranks in one scan, not a statement per rank
         t = _read_chunk(con, [run_id, lo, hi])
         kind = t.column("kind").to_numpy()
         rg = t.select(["rank", "kind", "event_id", "track", "s", "dur_ns", "name"]).filter(pa.array(kind < 2))

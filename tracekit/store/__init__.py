@@ -10,6 +10,8 @@ Layout (``<store>`` defaults to ``./tracekit-store``; ``--store`` or the
     <store>/runs/<run_id>/collectives.parquet  1 row per collective call per rank
     <store>/runs/<run_id>/overlap_summary.parquet  1 row per rank and window (whole trace, steps)
     <store>/runs/<run_id>/span_overlap.parquet     1 row per comm event: its overlap with compute
+    <store>/runs/<run_id>/gpu_breakdown_summary.parquet, gpu_launcher_summary.parquet   GPU time per rank
+                                               (these four in every run, SUMMARY_TABLES; maybe empty)
     <store>/runs/<run_id>/fr_entries.parquet   Flight Recorder entries (fr_groups, fr_dumps beside it); only runs with dumps
     <store>/versions/<run_id>@<n>/             the version directories (runs/* holds only the current ones)
     <store>/.staging/                          private to writers
