@@ -125,31 +125,24 @@ def test_real_trace_parts_sum_and_match_an_independent_sweep(tmp_path):
     c.close()
 
 
-def _drop_gpu_summaries(store, run_id):
-    """Remove a run's stored GPU summaries (a run ingested before them): computed from the events."""
-    for f in ("gpu_breakdown_summary.parquet", "gpu_launcher_summary.parquet"):
-        (store.run_dir(run_id).resolve() / f).unlink()
-
-
 def test_the_sweep_in_small_chunks_gives_the_same_tables(tmp_path, monkeypatch):
     """Windows swept a few spans at a time (CHUNK_SPANS = 5: many chunks, a window larger than a
-    chunk alone), from the events, give the same rows as one chunk per rank at ingest."""
+    chunk alone), at ingest (in this process, jobs=1, so the patched size applies) and by
+    gpu_launchers from the events, give the same rows as the default chunks."""
     import tracekit.timeline.gpu as gtb
 
-    store = Store(tmp_path / "s")
-    ingest_paths([shared_trace("param_dlrm_8rank_v100")], store, run_id="dlrm")
-
-    def tables():
+    def tables(name):
+        store = Store(tmp_path / name)
+        ingest_paths([shared_trace("param_dlrm_8rank_v100")], store, run_id="dlrm", jobs=1)
         c = analyses.connect(store)
         out = {t: c.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
                for t in ("gpu_time_breakdown", "gpu_idle_gaps", "gpu_launchers")}
         c.close()
         return out
 
-    whole = tables()
-    _drop_gpu_summaries(store, "dlrm")
+    whole = tables("whole")
     monkeypatch.setattr(gtb, "CHUNK_SPANS", 5)
-    assert tables() == whole
+    assert tables("small") == whole
     assert len(whole["gpu_time_breakdown"]) > 4 and len(whole["gpu_idle_gaps"]) > 10
 
 
@@ -303,8 +296,8 @@ def test_ranks_swept_together_keep_to_their_own_rank(tmp_path, monkeypatch):
     """All ranks of a chunk are swept and searched at once: a rank shifted in time on other streams
     gets the hand-worked rows of rank 0 shifted (the gap [96, 150) µs straddling the step boundary
     included), its launchers only among its own CPU ranges, and a rank without GPU ops no rows; the
-    same tables as with every rank read from the events and swept alone (CHUNK_EVENTS = 1)."""
-    import tracekit.analyses.gpu_time_breakdown as gtb
+    same per-op tables as with every rank read from the events and swept alone (CHUNK_EVENTS = 1)."""
+    import tracekit.analyses.gpu_launchers as gl
 
     store = Store(tmp_path / "s")
     ingest_paths([_three_ranks(tmp_path)], store, run_id="r3")
@@ -342,7 +335,6 @@ def test_ranks_swept_together_keep_to_their_own_rank(tmp_path, monkeypatch):
             (None, None), ("aten::linear", "fwd"), (None, "bwd"), ("aten::mul", "bwd")]
     assert got["names"] == [(0, *w) for w in want] + [
         (1, *(None if x is None else x + "@1" for x in w)) for w in want]
-    _drop_gpu_summaries(store, "r3")  # computed from the events, a rank at a time
-    monkeypatch.setattr(gtb, "CHUNK_EVENTS", 1)
+    monkeypatch.setattr(gl, "CHUNK_EVENTS", 1)  # gpu_launchers and gpu_idle_gaps read a rank at a time
     alone = tables()
     assert alone == got

@@ -1,15 +1,13 @@
 """The per-rank overlap summaries made at ingest (tracekit.timeline.intervals.rank_overlap_summary; the store's
-overlap_summary and span_overlap tables) against independent computations from the events: the
-islands views (gaps-and-islands SQL, analyses/intervals.sql) and the ASOF prefix join the
-collective_overlap view used before; the same numbers for a run stored without the tables (computed
-at analyze time); and their timestamps on the run's clock after the clock offsets."""
+overlap_summary and span_overlap tables, the only source the analyses read) against independent
+computations from the events: the islands views (gaps-and-islands SQL, analyses/intervals.sql) and
+the ASOF prefix join the collective_overlap view used before; their timestamps on the run's clock
+after the clock offsets. A run stored without them, or with one damaged, is refused:
+tests/analyses/test_summary_door.py."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 
 import pytest
 
@@ -137,35 +135,6 @@ def test_clock_offsets_shift_the_summaries_timestamps_only(tmp_path):
                       "WHERE o.ts_ns IS DISTINCT FROM e.ts_ns") == [(0,)]
 
 
-REPORTED = ["SELECT * FROM overlap_windows ORDER BY ALL", "SELECT * FROM collective_overlap ORDER BY ALL",
-            "SELECT * FROM pipeline_bubbles ORDER BY ALL",
-            "SELECT * EXCLUDE (ranks) FROM process_groups ORDER BY ALL"]
-
-
-@pytest.mark.parametrize("source", ["fixture:pp_2rank", "fixture:3d_2x2x2", "synth:8"])
-def test_run_without_the_summaries_analyzes_to_the_same_numbers(source, tmp_path, monkeypatch):
-    st = _ingest(tmp_path, source)
-    con = analyses.connect(st)
-    stored = [_rows(con, q) for q in REPORTED]
-    assert stored[0] and stored[1] and stored[3]
-    assert bool(stored[2]) == (source != "synth:8")  # the synthetic job has no send/recv: no PP run
-    con.close()
-    rep = subprocess.run([sys.executable, "-m", "tracekit", "analyze", "--store", str(st.path), "--json"],
-                         capture_output=True, text=True, check=True).stdout
-    d = st.run_dir("r").resolve()
-    for f in ("overlap_summary.parquet", "span_overlap.parquet"):
-        (d / f).unlink()  # a run ingested before the summaries
-    import tracekit.analyses.gpu_time_breakdown as gtb
-
-    monkeypatch.setattr(gtb, "CHUNK_EVENTS", 50)  # many chunks of ranks
-    con = analyses.connect(st)
-    assert _rows(con, "SELECT count(*) FROM overlap_summary") == [(0,)]
-    assert [_rows(con, q) for q in REPORTED] == stored
-    old = subprocess.run([sys.executable, "-m", "tracekit", "analyze", "--store", str(st.path), "--json"],
-                         capture_output=True, text=True, check=True).stdout
-    assert json.loads(old) == json.loads(rep)
-
-
 def test_summaries_fed_in_small_chunks_are_the_same(tmp_path, monkeypatch):
     """intervals.SUMMARY_CHUNK rows at a time: 3 instead of 65,536 (every fixture fits one chunk)
     gives the same stored rows; in this process (jobs=1), so the patched size applies."""
@@ -182,34 +151,12 @@ def test_summaries_fed_in_small_chunks_are_the_same(tmp_path, monkeypatch):
     assert got == [_rows(whole.connect(), f"SELECT * FROM {t} ORDER BY ALL") for t in tables] and all(got)
 
 
-@pytest.mark.parametrize("gone", ["span_overlap.parquet", "overlap_summary.parquet"])
-def test_a_run_with_one_summary_file_is_computed_whole(gone, tmp_path):
-    """A run folder holding one of the two files (partly copied): both computed from the events, the
-    stored one not used twice — the same rows as with both files."""
-    st = _ingest(tmp_path, "fixture:pp_2rank")
-    con = analyses.connect(st)
-    stored = [_rows(con, q) for q in REPORTED]
-    con.close()
-    (st.run_dir("r").resolve() / gone).unlink()
-    con = analyses.connect(st)
-    assert [_rows(con, q) for q in REPORTED] == stored and stored[1]
-
-
-@pytest.mark.parametrize("damage", ["truncated", "not parquet", "another table's file"])
-def test_a_damaged_summary_file_is_computed_from_the_events(damage, tmp_path, capsys):
-    """A summary file cut short, overwritten, or holding another table: not read, the run's summaries
-    computed from the events — the same rows; a damaged collectives file: one line naming it."""
+def test_a_damaged_collectives_file_names_it(tmp_path, capsys):
+    """A damaged collectives file (not a summary): one line naming it and --replace, exit 2."""
     from tracekit.cli import main
 
     st = _ingest(tmp_path, "fixture:pp_2rank")
-    con = analyses.connect(st)
-    stored = [_rows(con, q) for q in REPORTED]
-    con.close()
     d = st.run_dir("r").resolve()
-    damage_file(d / "span_overlap.parquet", damage)
-    con = analyses.connect(st)
-    assert [_rows(con, q) for q in REPORTED] == stored and stored[1]
-    con.close()
     (d / "collectives.parquet").write_bytes(b"PAR1")
     capsys.readouterr()
     assert main(["analyze", "--store", str(st.path)]) == 2

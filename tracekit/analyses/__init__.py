@@ -63,9 +63,8 @@ MODULES: tuple[Module, ...] = (
     Module("fleet", ("fleet_nodes", "fleet_pairs", "group_plateau"),  # Python: degraded links vs peers and model
            ("collective_bandwidth", "collective_reference", "group_machine", "ranks", "runs")),
     Module("intervals", ("intersect_islands", "island_prefix", "merge_intervals"), ()),
-    Module("overlap_windows", ("_overlap_summary", "_overlap_summary_computed", "_span_overlap",  # Python: the sweep
-                               "_span_overlap_computed", "_summary_missing", "overlap_windows"),
-           ("collectives", "events", "overlap_summary", "ranks", "runs", "span_overlap")),
+    Module("overlap_windows", ("_overlap_summary", "_span_overlap", "overlap_windows"),  # Python: the stored summaries
+           ("overlap_summary", "ranks", "span_overlap")),
     Module("overlap", ("collective_overlap", "overlap_by_rank", "overlap_by_step"), ("_span_overlap", "overlap_windows")),
     Module("process_groups", ("_pg_desc", "_pg_layout", "process_group_sizes", "process_groups"),
            ("collective_instances", "collective_overlap", "collectives", "ranks", "runs")),
@@ -74,10 +73,8 @@ MODULES: tuple[Module, ...] = (
     Module("measured_vs_model", ("measured_vs_model", "measured_vs_model_by_dimension"),  # Python
            ("collective_overlap", "collective_reference", "collective_waits", "collectives", "events",
             "group_machine", "overlap_by_step", "process_groups", "ranks", "runs")),
-    Module("gpu_time_breakdown", ("_gpu_breakdown_summary", "_gpu_breakdown_summary_computed",  # Python
-                                  "_gpu_launcher_summary", "_gpu_launcher_summary_computed", "_gpu_summary_missing",
-                                  "gpu_time_breakdown"),
-           ("events", "gpu_breakdown_summary", "gpu_launcher_summary", "ranks", "runs")),
+    Module("gpu_time_breakdown", ("_gpu_breakdown_summary", "_gpu_launcher_summary", "gpu_time_breakdown"),  # Python
+           ("gpu_breakdown_summary", "gpu_launcher_summary")),
     Module("kernel_summary", ("_gpu_ops", "gpu_time_by_launcher", "kernel_summary"),
            ("_gpu_launcher_summary", "events", "gpu_time_breakdown", "ranks")),
     Module("alltoall_imbalance", ("_a2a_cells", "_a2a_rows", "alltoall_imbalance", "alltoall_matrix",

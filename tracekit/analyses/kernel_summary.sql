@@ -49,7 +49,7 @@ FROM k LEFT JOIN steps s USING (run_id);
 -- Each GPU op counts once per kind, so each kind's gpu_total_ns sums to the run's total GPU op time.
 -- The launchers are those of gpu_launchers (the innermost cpu_op / record_function range around
 -- the op's launch call: tracekit/timeline/gpu.py); the per-rank sums come from the ingest
--- (_gpu_launcher_summary: the stored gpu_launcher_summary, or computed from the events for a run
+-- (_gpu_launcher_summary: the stored gpu_launcher_summary; gpu_time_breakdown refuses a run stored
 -- without it), so this view reads no GPU op and builds no gpu_launchers.
 --
 -- run_id        VARCHAR  run

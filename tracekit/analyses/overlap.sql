@@ -44,7 +44,7 @@ FROM overlap_windows WHERE grp >= 0;
 -- collective_overlap: per communication span, the part of it covered by compute: the store's per-span
 -- summary (span_overlap, computed per rank at ingest by tracekit.timeline.intervals.rank_overlap_summary: the
 -- covered-length prefix C(t) of the whole trace's compute islands, as island_prefix gives it, overlap =
--- C(end) − C(start)), or for a run stored without it the same rows computed by overlap_windows.
+-- C(end) − C(start)), read through overlap_windows' _span_overlap (which refuses a run stored without it).
 --
 -- run_id           VARCHAR  run
 -- rank             INTEGER  global rank

@@ -39,7 +39,7 @@ from tracekit.ingest.seq import number_seq
 from tracekit.ingest.staging import _BatchWriter
 from tracekit.timeline.intervals import rank_overlap_summary
 from tracekit.store import (COLLECTIVES_SCHEMA, GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA,
-                            OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, SPAN_OVERLAP_SCHEMA,
+                            GPU_NOT_SUMMARISED, OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, SPAN_OVERLAP_SCHEMA,
                             glob_escape)
 
 
@@ -345,7 +345,7 @@ def assemble_rank(task: RankTask) -> RankResult:
             gpu_note = None
         except ValueError as exc:  # GPU work too long to sweep (a stray timestamp): no stored summaries
             gpu_windows = gpu_launchers = None
-            gpu_note = f"GPU time breakdown not stored at ingest ({exc})"
+            gpu_note = f"{GPU_NOT_SUMMARISED} ({exc}): the run's GPU time breakdown is none"
         meta = rf.meta_rows(lk.spans)
         rows = build_collectives(
             run_id, rank, meta, lk.launches, world_size=task.world_size if task.world_known else None,
@@ -420,8 +420,9 @@ def finish_run(
     stage: Path, run_id, results, ranks, raw_files, *, workload, config, source, align: str | None = None,
     engine=None, user_kernels=(), progress=None,
 ) -> None:
-    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet, overlap_summary.parquet
-    and span_overlap.parquet into ``stage``.
+    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet and the four
+    summary tables (tracekit.store.SUMMARY_TABLES: overlap_summary, span_overlap, gpu_breakdown_summary,
+    gpu_launcher_summary; every run holds all four) into ``stage``.
 
     ``align``: ``none`` | ``host`` | ``collectives`` (default: collectives when the
     ranks' hosts differ, else none); see :func:`tracekit.ingest.clocks.estimate_offsets`.
@@ -481,8 +482,8 @@ def finish_run(
     # moves comm and compute alike)
     by_rank = {r: rest for r, *rest in summaries}
     summaries = [(rank, t, *by_rank[rank]) for rank, t in tables]
-    # a rank whose GPU summaries could not be made (gpu_windows None): the run stores neither GPU file,
-    # and the analyses compute the breakdown from its events (as for a run stored before them)
+    # a rank whose GPU summaries could not be made (gpu_windows None; GPU_NOT_SUMMARISED in its
+    # warnings): the run stores both GPU files empty, no rank's rows (sums over ranks would be partial)
     no_gpu = any(sm[4] is None for sm in summaries)
     for name, schema, j, cols in (("collectives", COLLECTIVES_SCHEMA, 1, ("ts_ns", "issue_ts_ns")),
                                   ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, 2, ("first_ns", "last_ns")),
@@ -491,6 +492,7 @@ def finish_run(
                                    ("window_start_ns", "window_end_ns")),
                                   ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, 5, ())):
         if no_gpu and j >= 4:
+            pq.write_table(schema.empty_table(), stage / f"{name}.parquet", **PARQUET_OPTS)
             continue
         # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows (a row group per rank makes a
         # footer that grows with the ranks, read by every scan: benchmarks/README.md); at most one

@@ -388,6 +388,9 @@ def build_fr_run(stage: Path, run_id: str, files: list[Path], digests: list[str]
                torch_version=None, nccl_version=next(iter(libs)) if len(libs) == 1 else None, device_name=None,
                config=json.dumps(config or {}, sort_keys=True, default=str), schema_version=SCHEMA_VERSION)
     pq.write_table(pa.Table.from_pylist([run], schema=RUNS_SCHEMA), Path(stage) / "run.parquet", **PARQUET_OPTS)
+    from tracekit.store import write_empty_summaries
+
+    write_empty_summaries(stage)  # no events: nothing to summarise, but the analyses read the files
 
 
 __all__ = ["SafeUnpickler", "is_fr_dump", "load_dump", "read_dumps", "build_fr_run", "write_tables", "fr_op"]

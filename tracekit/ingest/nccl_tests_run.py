@@ -284,3 +284,6 @@ def _write(stage: Path, run_id: str, files: list[Path], digests: list[str], conf
         device_name=dev, config=json.dumps(cfg, sort_keys=True, default=str), schema_version=SCHEMA_VERSION,
     )
     pq.write_table(pa.Table.from_pylist([run], schema=RUNS_SCHEMA), stage / "run.parquet", **PARQUET_OPTS)
+    from tracekit.store import write_empty_summaries
+
+    write_empty_summaries(stage)  # no events: nothing to summarise, but the analyses read the files

@@ -1004,11 +1004,19 @@ def gpu_breakdown_section(con, run_id: str) -> dict[str, list[dict]]:
 
 
 def print_gpu_breakdown(report: dict, console) -> None:
-    """The GPU time breakdown per rank (whole trace) as a rich table; nothing without GPU tracks."""
+    """The GPU time breakdown per rank (whole trace) as a rich table; nothing without GPU tracks; for a
+    run whose GPU work the ingest could not sweep, one line saying so and why (its rank warning,
+    tracekit.store.GPU_NOT_SUMMARISED)."""
     from rich.table import Table
+    from rich.text import Text
+
+    from tracekit.store import GPU_NOT_SUMMARISED
 
     rows = (report.get("gpu_time_breakdown") or {}).get("by_rank") or []
     if not rows:
+        why = next((w for w in report.get("warnings") or [] if GPU_NOT_SUMMARISED in w), None)
+        if why is not None:
+            console.print(Text(f"GPU time per rank: — ({why})"))
         return
     t = _table("GPU time per rank (whole trace; parts sum to the window; idle = no GPU activity)")
     for col in ("rank", "window ms", "compute only", "comm exposed", "comm hidden", "memcpy/set", "sync", "other",

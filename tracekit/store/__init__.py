@@ -10,6 +10,8 @@ Layout (``<store>`` defaults to ``./tracekit-store``; ``--store`` or the
     <store>/runs/<run_id>/collectives.parquet  1 row per collective call per rank
     <store>/runs/<run_id>/overlap_summary.parquet  1 row per rank and window (whole trace, steps)
     <store>/runs/<run_id>/span_overlap.parquet     1 row per comm event: its overlap with compute
+    <store>/runs/<run_id>/gpu_breakdown_summary.parquet, gpu_launcher_summary.parquet   GPU time per rank
+                                               (these four in every run, SUMMARY_TABLES; maybe empty)
     <store>/runs/<run_id>/fr_entries.parquet   Flight Recorder entries (fr_groups, fr_dumps beside it); only runs with dumps
     <store>/versions/<run_id>@<n>/             the version directories (runs/* holds only the current ones)
     <store>/.staging/                          private to writers
@@ -140,14 +142,16 @@ COLLECTIVES_SCHEMA = pa.schema(
     ]
 )
 
-SUMMARY_TABLES = {"overlap_summary", "span_overlap", "gpu_breakdown_summary", "gpu_launcher_summary"}
-"""Tables a run may lack, or hold damaged (then not read: Store.connect): the analyses compute them
-from the events (analyses/overlap_windows.py, analyses/gpu_time_breakdown.py)."""
+SUMMARY_TABLES = ("overlap_summary", "span_overlap", "gpu_breakdown_summary", "gpu_launcher_summary")
+"""Tables every ingest path writes for every run (empty where there is nothing to summarise:
+nccl-tests logs, Flight Recorder dumps alone, CPU-only ranks' GPU tables, and the GPU tables of a run
+whose GPU work could not be swept, with the reason in its ranks' warnings). They are computed at
+ingest only: the analyses read them and nothing else (:meth:`AnalysisConnection.require_stored`
+refuses a run lacking one, or holding it damaged, with "ingest it again with --replace")."""
 
 # Per-rank overlap summaries, computed at ingest (tracekit.timeline.intervals.rank_overlap_summary, called by
 # tracekit.ingest.assemble.assemble_rank) so that analyze need not scan the events for overlap.
-# Runs ingested before them, and nccl-tests runs (no events), have neither file; for a run without
-# both, the analyses compute the same rows from the events (analyses/overlap_windows.py). These base
+# Runs without events (nccl-tests logs, Flight Recorder dumps alone) hold the files empty. These base
 # views hold the stored rows only: query overlap_by_rank / overlap_by_step / collective_overlap. Timestamps are on the run's common clock (shifted by the rank's
 # clock offset like the events); lengths are ns.
 OVERLAP_SUMMARY_SCHEMA = pa.schema(
@@ -180,8 +184,8 @@ SPAN_OVERLAP_SCHEMA = pa.schema(
 
 # Per-rank GPU time summaries, computed at ingest (tracekit.timeline.gpu, called by
 # tracekit.ingest.assemble.assemble_rank from the rows the link pass writes), so that analyze need
-# not read the GPU ops and CPU ranges of every rank. A run without both files (ingested before them,
-# or one of them damaged) gets the same rows from the events (analyses/gpu_time_breakdown.py); the
+# not read the GPU ops and CPU ranges of every rank. Empty for runs without GPU work, and for a run
+# one of whose ranks' GPU work could not be swept (GPU_NOT_SUMMARISED in that rank's warnings); the
 # public views are gpu_time_breakdown and gpu_time_by_launcher. Window ends are on the run's common
 # clock (shifted by the rank's clock offset like the events); lengths are ns.
 GPU_BREAKDOWN_SUMMARY_SCHEMA = pa.schema(
@@ -193,6 +197,10 @@ GPU_BREAKDOWN_SUMMARY_SCHEMA = pa.schema(
         "idle_ns",  # the seven parts, summing to window_end_ns − window_start_ns
         "idle_host_wait_ns", "idle_kernel_wait_ns", "idle_other_ns")]  # idle by class, summing to idle_ns
 )
+
+GPU_NOT_SUMMARISED = "GPU time breakdown not computed at ingest"
+"""The start of the rank warning that says why a run's GPU summary tables are empty although it has
+GPU work (tracekit.ingest.assemble: a stray timestamp makes the work too long to sweep)."""
 
 GPU_LAUNCHER_SUMMARY_SCHEMA = pa.schema(
     [
@@ -273,6 +281,17 @@ FR_DUMPS_SCHEMA = pa.schema(
 )
 
 
+def write_empty_summaries(stage: Path) -> None:
+    """Write an empty file of each SUMMARY_TABLES table that the staged run ``stage`` lacks (a run
+    without events: nccl-tests logs, Flight Recorder dumps alone). Errors of the writes propagate."""
+    import pyarrow.parquet as pq
+
+    for t in SUMMARY_TABLES:
+        f = Path(stage) / TABLES[t][0]
+        if not f.exists():
+            pq.write_table(TABLES[t][1].empty_table(), f, **PARQUET_OPTS)
+
+
 def _parquet_problem(path: Path, schema: pa.Schema) -> str | None:
     """Why ``path`` cannot be read as one of this table's files (not Parquet, cut short, a column
     the table does not have), or None. Reads the footer only."""
@@ -333,8 +352,23 @@ class AnalysisConnection:
         self.bound_files: list[str] = []  # every Parquet file the store's views read (tracekit.sqlshell)
         self.run_tables: dict[str, set[str]] = {}  # run id → the TABLES it has files of
         self.damaged_runs: dict[str, str] = {}  # run id → why it was left out (Store.connect of every run)
+        self.damaged_summaries: dict[tuple[str, str], str] = {}  # (run id, SUMMARY_TABLES name) → the refusal
         self.memory_limit = limit
         con.execute(f"SET memory_limit = '{limit}B'")
+
+    def require_stored(self, tables) -> None:
+        """Check that every run of this connection holds a readable file of each of ``tables`` (names
+        of SUMMARY_TABLES, which the analyses read and never compute). Raises StoreError (exit 2, one
+        line) for the first run, by id, that was stored without one ("run R was stored without T
+        (T.parquet): ingest it again with --replace") or holds it damaged (the file and what is
+        wrong with it, the same advice)."""
+        for rid in sorted(set(self.run_tables) - set(self.damaged_runs)):
+            for t in tables:
+                if (rid, t) in self.damaged_summaries:
+                    raise StoreError(self.damaged_summaries[rid, t])
+                if t not in self.run_tables[rid]:
+                    raise StoreError(f"run {rid!r} was stored without {t} ({TABLES[t][0]}): "
+                                     "ingest it again with --replace")
 
     def raise_budget(self) -> bool:
         """Raise the budget ×4 (up to ANALYSIS_MEMORY_MAX); False when it is already there."""
@@ -554,7 +588,8 @@ class Store:
 
         Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``,
         ``gpu_breakdown_summary``, ``gpu_launcher_summary`` (the last four: the stored per-rank
-        summaries; empty for a run stored without them) read the Parquet
+        summaries; a file of theirs that is damaged is not read, and ``con.damaged_summaries`` says
+        why: :meth:`AnalysisConnection.require_stored`) read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
         when there is no run they are empty with the right columns. The files are a literal
         list (:func:`sql_file_list`; also in ``con.bound_files``) of the version each run had
@@ -588,11 +623,12 @@ class Store:
         for rid in ids:
             d = dirs.get(rid) or self.run_dir(rid).resolve()
             con.run_tables[rid] = {t for t, (pattern, _s) in TABLES.items() if next(d.glob(pattern), None)}
-            for t in sorted(con.run_tables[rid] & SUMMARY_TABLES):
+            for t in sorted(con.run_tables[rid] & set(SUMMARY_TABLES)):
                 f = d / TABLES[t][0]
-                if _parquet_problem(f, TABLES[t][1]) is not None:  # damaged: computed from the events instead
+                if (why := _parquet_problem(f, TABLES[t][1])) is not None:  # not read; the analyses refuse the run
                     damaged.add(str(f))
                     con.run_tables[rid].discard(t)
+                    con.damaged_summaries[rid, t] = f"{f}: {why}; the run {rid!r} cannot be analyzed: ingest it again with --replace"
             for t in ("run.parquet", "ranks.parquet", "collectives.parquet"):
                 schema = next(s for pattern, s in TABLES.values() if pattern == t)
                 if (d / t).exists() and (why := _parquet_problem(d / t, schema)) is not None:

@@ -172,8 +172,8 @@ def rank_overlap_summary(run_id: str, rank: int, ev, is_comm: np.ndarray, comm_n
     """One rank's overlap summaries from its comm and compute events: the per-window lengths that
     ``overlap_windows`` and ``pipeline_bubbles`` report and the per-span overlap that
     ``collective_overlap`` reports (analyses/overlap.sql), computed once per rank — at ingest by
-    :func:`tracekit.ingest.assemble.assemble_rank` from the rows the link pass writes, or at
-    analyze time from the ``events`` view for a run stored without them (the same function).
+    :func:`tracekit.ingest.assemble.assemble_rank` from the rows the link pass writes (the analyses
+    read the stored rows only).
 
     ``ev``: a pyarrow table of the rank's events of class comm or compute, columns ``event_id``,
     ``ts_ns``, ``dur_ns``, ``step`` (events' types, any row order); ``is_comm``: bool per row (comm,
