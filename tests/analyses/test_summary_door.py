@@ -126,7 +126,8 @@ def test_a_run_without_a_summary_file_is_refused_in_one_line(gone, tp_store, tmp
     (st.run_dir("a").resolve() / f"{gone}.parquet").unlink()
     rc, out, err = _analyze(st.path, capsys, "--run", "a")
     assert (rc, out) == (2, "")
-    assert err == [f"tracekit: run 'a' was stored without {gone} ({gone}.parquet): ingest it again with --replace"]
+    assert err == [f"tracekit: run 'a' was stored without {gone} ({gone}.parquet): ingest it again with --replace "
+                   f"(its traces: {FIXTURES / 'tp_2rank'}, --run-id a)"]
     assert _report(st, capsys, "b") == before
     capsys.readouterr()
     assert main(["sql", "SELECT count(*) AS n FROM events WHERE run_id = 'a'", "--store", str(st.path),
@@ -156,5 +157,6 @@ def test_a_damaged_summary_file_is_refused_naming_it(table, damage, tp_store, tm
     assert (rc, out, len(err)) == (2, "", 1)
     why = "columns this table does not have" if damage == "another table's file" else "not a readable Parquet file"
     assert err[0].startswith(f"tracekit: {f}: {why}")
-    assert err[0].endswith("; the run 'a' cannot be analyzed: ingest it again with --replace")
+    assert err[0].endswith(f"; the run 'a' cannot be analyzed: ingest it again with --replace (its traces: "
+                           f"{FIXTURES / 'tp_2rank'}, --run-id a)")
     assert _analyze(st.path, capsys, "--run", "b")[0] == 0

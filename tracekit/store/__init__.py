@@ -361,14 +361,29 @@ class AnalysisConnection:
         of SUMMARY_TABLES, which the analyses read and never compute). Raises StoreError (exit 2, one
         line) for the first run, by id, that was stored without one ("run R was stored without T
         (T.parquet): ingest it again with --replace") or holds it damaged (the file and what is
-        wrong with it, the same advice)."""
+        wrong with it, the same advice), naming the run's traces (:meth:`_sources`)."""
         for rid in sorted(set(self.run_tables) - set(self.damaged_runs)):
             for t in tables:
                 if (rid, t) in self.damaged_summaries:
-                    raise StoreError(self.damaged_summaries[rid, t])
+                    raise StoreError(self.damaged_summaries[rid, t] + self._sources(rid))
                 if t not in self.run_tables[rid]:
                     raise StoreError(f"run {rid!r} was stored without {t} ({TABLES[t][0]}): "
-                                     "ingest it again with --replace")
+                                     "ingest it again with --replace" + self._sources(rid))
+
+    def _sources(self, run_id: str) -> str:
+        """`` (its traces: PATH, --run-id RUN)`` for a refusal's advice: the folder holding the run's
+        rank files (ranks.source_path; the one file of a one-rank run); empty when none is recorded."""
+        import os
+
+        try:
+            paths = [p for (p,) in self.duckdb.execute("SELECT DISTINCT source_path FROM ranks WHERE run_id = ? "
+                                                     "AND source_path IS NOT NULL", [run_id]).fetchall()]
+        except Exception:  # no ranks view (a store without ranks files): the advice without the path
+            return ""
+        if not paths:
+            return ""
+        where = paths[0] if len(paths) == 1 else os.path.commonpath(paths)
+        return f" (its traces: {where}, --run-id {run_id})"
 
     def raise_budget(self) -> bool:
         """Raise the budget ×4 (up to ANALYSIS_MEMORY_MAX); False when it is already there."""
