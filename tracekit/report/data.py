@@ -258,18 +258,10 @@ def build_report(
         "WHERE f.run_id = ? ORDER BY f.op, f.group_size, f.scope, f.locality, f.pg_name",
         p,
     )
-    # collective_verdicts calls the model (Python UDFs) for every instance: evaluate it once for both queries
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE __report_verdicts AS "
-        "SELECT op, verdict, verdict_basis, reference, ref_note, no_model_reason, efficiency, efficiency_link, "
-        "pg_name, seq, locality, size_bytes, group_size, sync_time_ns, skew_ns, predicted_ns, fit_predicted_ns, "
-        "link_predicted_ns, best_algo, best_predicted_ns, ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, "
-        "crossover_bytes, link, link_crossover_bytes, tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps, "
-        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes, nccl_algo, "
-        "(SELECT tk_device_peak_gbps(device_name) FROM runs WHERE run_id = ?) AS cap_gbps "
-        "FROM collective_verdicts WHERE run_id = ?",
-        [run_id, run_id],
-    )
+    # collective_verdicts calls the model (Python UDFs) for every instance: its rows (verdict_rows,
+    # analyses/collective_sizes.sql) evaluated once, then passed by name to the analyses' macros
+    con.execute("CREATE OR REPLACE TEMP TABLE __report_verdicts AS SELECT * FROM verdict_rows "
+                "WHERE run_id = ?", p)
     verdicts = _rows(
         con,
         "SELECT op, locality, verdict, verdict_basis, coalesce(reference, 'no model') AS reference, count(*) AS count, "
@@ -301,40 +293,13 @@ def build_report(
         """,
     )
     own_fit = sum(r["instances"] for r in references if r["kind"] == "own_fit")
-    con.execute("CREATE OR REPLACE TEMP TABLE __report_buckets AS SELECT * FROM __report_verdicts WHERE size_bytes > 0")
-    # per op, k, locality class (each judged against its own link) and size bucket (and benchmark
-    # run, for a nccl-tests log: each run its own rows), the nccl-tests-style table: medians within
-    # the bucket only
+    # per op, k, locality class, benchmark run of a nccl-tests log and size bucket: the
+    # nccl-tests-style table, and the peak busbw per op and k (analyses/collective_sizes.sql)
     is_log = run.get("source") == "nccl_tests"
-    bench = "pg_name" if is_log else "NULL::VARCHAR"
-    by_size = _rows(
-        con,
-        f"""
-        SELECT op, group_size, locality, {bench} AS bench_run, bucket_bytes, count(*) AS count,
-               count(DISTINCT size_bytes) AS sizes,
-               median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
-               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps, max(cap_gbps) AS cap_gbps,
-               median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
-               _most_common(list(verdict)) AS verdict, count(DISTINCT verdict) AS verdicts,  -- ties: first by name
-               count(DISTINCT coalesce(reference, 'no model')) AS references,
-               min(link) AS link, median(link_predicted_ns) AS median_link_predicted_ns,
-               median(efficiency_link) AS median_efficiency_link, min(link_crossover_bytes) AS link_crossover_bytes,
-               CASE WHEN min(link_crossover_bytes) IS NULL THEN NULL
-                    WHEN bucket_bytes >= min(link_crossover_bytes) THEN 'bandwidth' ELSE 'latency' END AS link_regime
-        FROM __report_buckets GROUP BY op, group_size, locality, bench_run, bucket_bytes
-        ORDER BY op, group_size, locality, bench_run, bucket_bytes
-        """,
-    )
+    by_size = _rows(con, "SELECT * EXCLUDE (run_id) FROM size_statistics('__report_verdicts') "
+                         "ORDER BY op, group_size, locality, bench_run, bucket_bytes")
     _no_peak_for_one_rank(by_op, by_size)
-    # peak busbw per op and k (per benchmark run of a log): the headline of a sweep, not a median
-    peak_busbw = _rows(
-        con,
-        f"""
-        SELECT op, group_size, {bench} AS bench_run, max(busbw_gbps) AS peak_busbw_gbps,
-               arg_max(size_bytes, busbw_gbps) AS at_size_bytes, count(DISTINCT bucket_bytes) AS size_buckets
-        FROM __report_buckets WHERE busbw_gbps IS NOT NULL AND group_size > 1 GROUP BY ALL ORDER BY ALL
-        """,
-    )
+    peak_busbw = _rows(con, "SELECT * EXCLUDE (run_id) FROM peak_statistics('__report_verdicts') ORDER BY ALL")
     # degraded links: each group's large-message plateau against its peers and the machine model
     # (analyses/fleet.py, group_plateau)
     degraded = _rows(con, "SELECT * EXCLUDE (run_id) FROM group_plateau WHERE run_id = ? AND degraded "

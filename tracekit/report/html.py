@@ -184,7 +184,7 @@ def html_data(
             JOIN collective_instances i USING (run_id, pg_name, seq)
             LEFT JOIN collective_verdicts v USING (run_id, pg_name, seq)
             WHERE b.run_id = ? AND b.busbw_gbps IS NOT NULL AND b.size_bytes > 0
-            ORDER BY b.op, b.size_bytes
+            ORDER BY b.op, b.size_bytes, b.pg_name, b.seq
             """,
             [rid],
         )
