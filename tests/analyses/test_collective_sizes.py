@@ -160,3 +160,43 @@ def test_html_instances_in_a_total_order(store):
 
     got = [(r["size_bytes"], r["pg_name"], r["seq"]) for r in html_data(store, "hand", steps=1)["bandwidth"]]
     assert got == [(4096, "0", 0), (4096, "0", 1), (4096, "1", 0), (6000, "0", 2), (MIB, "0", 3), (MIB, "0", 4)]
+
+
+# -- a seq that restarts: fixtures/handmade/two_rank twice, 1 s apart (two profiler windows in one file) ----
+
+
+@pytest.fixture(scope="module")
+def windows(tmp_path_factory):
+    import copy
+
+    from tests.conftest import FIXTURES
+
+    tmp = tmp_path_factory.mktemp("windows")
+    d = tmp / "t"
+    d.mkdir()
+    for r in (0, 1):
+        doc = json.loads((FIXTURES / "handmade" / "two_rank" / f"rank{r}.json").read_text())
+        later = copy.deepcopy(doc["traceEvents"])
+        for e in later:
+            if "ts" in e:
+                e["ts"] += 1_000_000.0
+        doc["traceEvents"] += later
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    st = Store(tmp / "s")
+    ingest_paths([d], st, run_id="windows")
+    return st
+
+
+def test_sizes_by_op_counts_each_window_once(windows):
+    """fixtures/handmade/NOTE.md, per window: the all_reduce (4 MiB) waits 20 µs on rank 0, spans
+    50 + 40 µs, 20 µs of rank 0's under its GEMM; the all_gather (1 MiB) waits 4 µs, spans 10 + 12 µs,
+    none covered. Two windows: each instance's waits and spans once (joined by (group, window, seq),
+    not (group, seq), which counted each window's instance with both windows' waits and spans)."""
+    rows = {r["op"]: r for r in _view(windows, "SELECT * FROM collective_sizes_by_op", ["windows"])}
+    ar, ag = rows["all_reduce"], rows["all_gather"]
+    assert (ar["bucket_bytes"], ar["count"], ar["median_sync_time_ns"]) == (4 << 20, 2, 35_000.0)
+    assert (ar["wait_ns"], ar["comm_ns"], ar["overlap_ns"], ar["exposed_comm_ns"]) == (40_000, 180_000, 40_000, 140_000)
+    assert (ag["bucket_bytes"], ag["count"], ag["median_sync_time_ns"]) == (1 << 20, 2, 9_000.0)
+    assert (ag["wait_ns"], ag["comm_ns"], ag["overlap_ns"]) == (8_000, 44_000, 0)
+    d = diff_runs(windows, "windows", "windows")
+    assert {r["op"]: r["a"]["wait_ns"] for r in d["rows"]} == {"all_reduce": 40_000, "all_gather": 8_000}

@@ -69,8 +69,8 @@ MODULES: tuple[Module, ...] = (
     Module("overlap", ("collective_overlap", "overlap_by_rank", "overlap_by_step"), ("_span_overlap", "overlap_windows")),
     Module("collective_sizes", ("collective_peaks", "collective_sizes", "collective_sizes_by_op", "peak_statistics",
                                 "size_statistics", "verdict_rows"),
-           ("_most_common", "collective_bandwidth", "collective_overlap", "collective_verdicts", "collective_waits",
-            "collectives", "runs")),
+           ("__instance_calls", "_most_common", "collective_instances", "collective_overlap", "collective_verdicts",
+            "collective_waits", "runs")),
     Module("process_groups", ("_pg_desc", "_pg_layout", "process_group_sizes", "process_groups"),
            ("collective_instances", "collective_overlap", "collectives", "ranks", "runs")),
     Module("hang", ("hang_divergence", "hang_instances"),  # Python: Flight Recorder triage
