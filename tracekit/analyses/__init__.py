@@ -71,6 +71,8 @@ MODULES: tuple[Module, ...] = (
                                 "size_statistics", "verdict_rows"),
            ("__instance_calls", "_most_common", "collective_instances", "collective_overlap", "collective_verdicts",
             "collective_waits", "runs")),
+    Module("collective_ops", ("calls_by_rank", "collective_ops", "instance_health", "unattributed_comm"),
+           ("collective_bandwidth", "collective_instances", "collective_waits", "collectives", "runs")),
     Module("process_groups", ("_pg_desc", "_pg_layout", "process_group_sizes", "process_groups"),
            ("collective_instances", "collective_overlap", "collectives", "ranks", "runs")),
     Module("hang", ("hang_divergence", "hang_instances"),  # Python: Flight Recorder triage

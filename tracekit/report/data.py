@@ -84,20 +84,6 @@ def report_connection(store: Store | str | None = None, run_id: str | None = Non
     return run_id, analyses.connect(st, run_ids=[run_id] + calib, link=link)
 
 
-def _no_peak_for_one_rank(by_op: list[dict], by_size: list[dict]) -> None:
-    """A 1-rank group moves nothing between ranks: its busbw is 0 by definition (nccl-tests' factor
-    at n = 1), not a measurement, so its buckets and an op seen only in such groups show no peak busbw
-    (None; "—" in the terminal). Edits the rows in place."""
-    multi = {r["op"] for r in by_size if r["group_size"] != 1}
-    for r in by_size:
-        if r["group_size"] == 1:
-            r["peak_busbw_gbps"] = None
-    one = {r["op"] for r in by_size} - multi
-    for r in by_op:
-        if r["op"] in one:
-            r["peak_busbw_gbps"] = r["peak_busbw_size_bytes"] = None
-
-
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
     alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None, con=None,
@@ -172,55 +158,12 @@ def build_report(
         "gpu_events, same_stream_overlaps FROM ranks WHERE run_id = ? ORDER BY rank",
         p,
     )
-    # per op over the run's instances: no statistic across sizes (a median of different sizes
-    # describes no call); bandwidth, completeness and waits as three aggregates by op, no join (at
-    # ×128 the joined statement outgrew the analysis budget). Per size: by_size below
-    by_op = _rows(
-        con,
-        """
-        SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
-               count(DISTINCT tk_size_bucket(size_bytes)) AS size_buckets,
-               min(size_bytes) AS min_size_bytes, max(size_bytes) AS max_size_bytes,
-               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes,
-               count(*) FILTER (WHERE over_cap) AS over_cap, max(cap_gbps) AS cap_gbps,
-               NOT arg_max(complete, busbw_gbps) AS peak_lower_bound,
-               count(*) FILTER (WHERE k_source = 'world') AS k_world
-        FROM collective_bandwidth
-        WHERE run_id = ?
-        GROUP BY op ORDER BY count(*) DESC, op
-        """,
-        p,
-    )
-    waits = dict(con.execute("SELECT op, sum(wait_ns) FROM collective_waits WHERE run_id = ? GROUP BY op", p).fetchall())
-    flags = {op: (inc, dis) for op, inc, dis in con.execute(
-        "SELECT op, count(*) FILTER (WHERE NOT complete), count(*) FILTER (WHERE disagree) "
-        "FROM collective_instances WHERE run_id = ? AND NOT mismatched GROUP BY op", p).fetchall()}
-    for r in by_op:
-        r["total_wait_ns"] = waits.get(r["op"])
-        r["incomplete"], r["disagreeing"] = flags.get(r["op"], (0, 0))
-
-    per_rank_calls = _rows(
-        con,
-        """
-        SELECT rank, op, count(*) AS calls, sum(size_bytes) AS bytes, sum(wire_bytes) AS wire_bytes
-        FROM collectives WHERE run_id = ? GROUP BY ALL ORDER BY rank, op
-        """,
-        p,
-    )
-    unattributed = _rows(
-        con,
-        "SELECT rank, count(*) AS spans, sum(dur_ns) AS dur_ns FROM collectives WHERE run_id = ? AND op IS NULL GROUP BY rank ORDER BY rank",
-        p,
-    )
-    inst = _rows(
-        con,
-        """
-        SELECT count(*) AS instances, count(*) FILTER (WHERE complete) AS complete,
-               count(*) FILTER (WHERE NOT complete) AS incomplete, count(*) FILTER (WHERE disagree) AS disagreeing
-        FROM collective_instances WHERE run_id = ? AND NOT mismatched
-        """,
-        p,
-    )[0]
+    # per op over the run's instances (no statistic across sizes), per rank, and the matching's
+    # health: analyses/collective_ops.sql
+    by_op = _rows(con, "SELECT * EXCLUDE (run_id) FROM collective_ops WHERE run_id = ? ORDER BY count DESC, op", p)
+    per_rank_calls = _rows(con, "SELECT * EXCLUDE (run_id) FROM calls_by_rank WHERE run_id = ? ORDER BY rank, op", p)
+    unattributed = _rows(con, "SELECT * EXCLUDE (run_id) FROM unattributed_comm WHERE run_id = ? ORDER BY rank", p)
+    inst = _rows(con, "SELECT * EXCLUDE (run_id) FROM instance_health WHERE run_id = ?", p)[0]
     overlap_rank = _rows(con, "SELECT * EXCLUDE (run_id) FROM overlap_by_rank WHERE run_id = ? ORDER BY rank", p)
     overlap_step = _rows(con, "SELECT * EXCLUDE (run_id) FROM overlap_by_step WHERE run_id = ? ORDER BY step, rank", p)
     stragglers = _rows(
@@ -298,7 +241,6 @@ def build_report(
     is_log = run.get("source") == "nccl_tests"
     by_size = _rows(con, "SELECT * EXCLUDE (run_id) FROM size_statistics('__report_verdicts') "
                          "ORDER BY op, group_size, locality, bench_run, bucket_bytes")
-    _no_peak_for_one_rank(by_op, by_size)
     peak_busbw = _rows(con, "SELECT * EXCLUDE (run_id) FROM peak_statistics('__report_verdicts') ORDER BY ALL")
     # degraded links: each group's large-message plateau against its peers and the machine model
     # (analyses/fleet.py, group_plateau)
@@ -333,9 +275,6 @@ def build_report(
     if is_log:
         # one row per message size from rank 0's log: nothing to match, no timeline to overlap
         overlap_rank, overlap_step, stragglers, straggler_ranks = [], [], [], []
-        inst = dict(inst, incomplete=0, complete=inst["instances"])
-        for r in by_op:
-            r["incomplete"] = 0
     for r in ranks:
         for w in r.get("warnings") or []:
             warnings.append(f"rank {r['rank']}: {w}")
