@@ -73,6 +73,7 @@ MODULES: tuple[Module, ...] = (
             "collective_waits", "runs")),
     Module("collective_ops", ("calls_by_rank", "collective_ops", "instance_health", "unattributed_comm"),
            ("collective_bandwidth", "collective_instances", "collective_waits", "collectives", "runs")),
+    Module("stragglers", ("straggler_instances", "straggler_ranks"), ("collective_instances", "collective_waits", "runs")),
     Module("process_groups", ("_pg_desc", "_pg_layout", "process_group_sizes", "process_groups"),
            ("collective_instances", "collective_overlap", "collectives", "ranks", "runs")),
     Module("hang", ("hang_divergence", "hang_instances"),  # Python: Flight Recorder triage

@@ -166,29 +166,11 @@ def build_report(
     inst = _rows(con, "SELECT * EXCLUDE (run_id) FROM instance_health WHERE run_id = ?", p)[0]
     overlap_rank = _rows(con, "SELECT * EXCLUDE (run_id) FROM overlap_by_rank WHERE run_id = ? ORDER BY rank", p)
     overlap_step = _rows(con, "SELECT * EXCLUDE (run_id) FROM overlap_by_step WHERE run_id = ? ORDER BY step, rank", p)
-    stragglers = _rows(
-        con,
-        f"""
-        SELECT pg_name, seq, op, size_bytes, group_size, straggler, skew_ns, sync_time_ns
-        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1 AND NOT mismatched AND skew_ns IS NOT NULL
-        ORDER BY skew_ns DESC, pg_name, seq LIMIT {TOP_STRAGGLERS}
-        """,
-        p,
-    )
-    straggler_ranks = _rows(
-        con,
-        """
-        WITH w AS (
-            SELECT pg_name, seq, sum(wait_ns) AS imposed_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL
-        )
-        SELECT i.straggler AS rank, count(*) AS times_last, sum(w.imposed_ns) AS wait_caused_ns,
-               sum(i.skew_ns) AS skew_sum_ns
-        FROM collective_instances i JOIN w USING (pg_name, seq)
-        WHERE i.run_id = ? AND i.ranks_seen > 1 AND NOT i.mismatched
-        GROUP BY i.straggler ORDER BY wait_caused_ns DESC, rank
-        """,
-        [run_id, run_id],
-    )
+    # the worst instances by skew and who arrived last (analyses/stragglers.sql)
+    stragglers = _rows(con, "SELECT * EXCLUDE (run_id, win) FROM straggler_instances WHERE run_id = ? "
+                            f"ORDER BY skew_ns DESC, pg_name, seq, win LIMIT {TOP_STRAGGLERS}", p)
+    straggler_ranks = _rows(con, "SELECT * EXCLUDE (run_id) FROM straggler_ranks WHERE run_id = ? "
+                                 "ORDER BY wait_caused_ns DESC, rank", p)
     fit = _rows(
         con,
         "SELECT f.scope, f.pg_name, f.locality, f.groups, f.op, f.group_size, f.algo, "
@@ -274,7 +256,7 @@ def build_report(
     warnings = []
     if is_log:
         # one row per message size from rank 0's log: nothing to match, no timeline to overlap
-        overlap_rank, overlap_step, stragglers, straggler_ranks = [], [], [], []
+        overlap_rank, overlap_step = [], []
     for r in ranks:
         for w in r.get("warnings") or []:
             warnings.append(f"rank {r['rank']}: {w}")
