@@ -71,6 +71,8 @@ MODULES: tuple[Module, ...] = (
                                 "size_statistics", "verdict_rows"),
            ("__instance_calls", "_most_common", "collective_instances", "collective_overlap", "collective_verdicts",
             "collective_waits", "runs")),
+    Module("verdict_summary", ("reference_statistics", "verdict_counts", "verdict_references", "verdict_statistics"),
+           ("_most_common", "verdict_rows")),
     Module("collective_ops", ("calls_by_rank", "collective_ops", "instance_health", "unattributed_comm"),
            ("collective_bandwidth", "collective_instances", "collective_waits", "collectives", "runs")),
     Module("stragglers", ("straggler_instances", "straggler_ranks"), ("collective_instances", "collective_waits", "runs")),

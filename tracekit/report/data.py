@@ -187,36 +187,11 @@ def build_report(
     # analyses/collective_sizes.sql) evaluated once, then passed by name to the analyses' macros
     con.execute("CREATE OR REPLACE TEMP TABLE __report_verdicts AS SELECT * FROM verdict_rows "
                 "WHERE run_id = ?", p)
-    verdicts = _rows(
-        con,
-        "SELECT op, locality, verdict, verdict_basis, coalesce(reference, 'no model') AS reference, count(*) AS count, "
-        "median(efficiency) AS median_efficiency, median(efficiency_link) AS median_efficiency_link, "
-        "min(link) AS link, _most_common(list(no_model_reason)) AS no_model_reason "
-        "FROM __report_verdicts GROUP BY ALL ORDER BY op, locality, verdict, reference",
-    )
-    references = _rows(
-        con,
-        """
-        SELECT op, group_size, locality, verdict_basis AS kind, coalesce(reference, 'no model') AS reference,
-               ref_note AS note, _most_common(list(no_model_reason)) AS no_model_reason, count(*) AS instances,
-               count(DISTINCT pg_name) AS groups,
-               min(ref_alpha_s) AS alpha_s, min(ref_beta_Bps) / 1e9 AS beta_gbps,
-               min(ref_alpha_s * ref_beta_Bps) AS n_half_bytes,
-               -- NCCL's model as reference picks a protocol per size, each with its own latency and D*:
-               -- one value when every instance agrees, else NULL and the range (never an arbitrary one)
-               CASE WHEN min(crossover_bytes) = max(crossover_bytes) THEN min(crossover_bytes) END AS crossover_bytes,
-               min(crossover_bytes) AS crossover_min_bytes, max(crossover_bytes) AS crossover_max_bytes,
-               CASE WHEN min(ref_alpha_term_ns) = max(ref_alpha_term_ns) THEN min(ref_alpha_term_ns) END
-                   AS fixed_latency_ns,
-               min(ref_alpha_term_ns) AS fixed_latency_min_ns, max(ref_alpha_term_ns) AS fixed_latency_max_ns,
-               min(link) AS link, min(link_crossover_bytes) AS link_crossover_bytes,
-               -- NCCL's algorithm/protocol a preset reference assumed, per size (nccl_reference)
-               string_agg(DISTINCT nccl_algo, ', ' ORDER BY nccl_algo) AS nccl_algos
-        FROM __report_verdicts
-        GROUP BY op, group_size, locality, verdict_basis, reference, ref_note, ref_alpha_s, ref_beta_Bps
-        ORDER BY op, group_size, locality, reference, note, kind, alpha_s, beta_gbps
-        """,
-    )
+    # verdicts per op and class, and the references judged against (analyses/verdict_summary.sql)
+    verdicts = _rows(con, "SELECT * EXCLUDE (run_id) FROM verdict_statistics('__report_verdicts') "
+                          "ORDER BY op, locality, verdict, reference, verdict_basis")
+    references = _rows(con, "SELECT * EXCLUDE (run_id) FROM reference_statistics('__report_verdicts') "
+                            "ORDER BY op, group_size, locality, reference, note, kind, alpha_s, beta_gbps")
     own_fit = sum(r["instances"] for r in references if r["kind"] == "own_fit")
     # per op, k, locality class, benchmark run of a nccl-tests log and size bucket: the
     # nccl-tests-style table, and the peak busbw per op and k (analyses/collective_sizes.sql)
