@@ -1057,24 +1057,13 @@ def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[st
         return {"summary": [], "top_events": [], "top_by_path": [], "paths": [], "skipped": why}
     summary = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_summary WHERE run_id = ? "
                          "ORDER BY step, rank", [run_id])
-    total = sum(r["length_ns"] for r in summary)
     for r in summary:
         r["longer_than_step"] = longer_than_step(r)
-    top = _rows(con, """
-        SELECT name, class, count(*) AS events, count(DISTINCT event_rank) AS ranks, sum(on_path_ns) AS on_path_ns
-        FROM critical_path WHERE run_id = ? AND on_path_ns > 0
-        GROUP BY name, class ORDER BY on_path_ns DESC, name LIMIT ?""", [run_id, TOP_PATH_EVENTS])
-    for r in top:
-        r["share"] = r["on_path_ns"] / total if total else None
-    # per path its 3 rows of most on_path_ns DESC, ties by path position (an aggregate: no sort of
-    # every row as a window would)
-    by_path = _rows(con, """
-        SELECT r.rank, r.step, r.event_rank, r.event_id, r.name, r.class, r.start_ns, r.end_ns, r.on_path_ns FROM (
-            SELECT unnest(max_by({'rank': rank, 'step': step, 'event_rank': event_rank, 'event_id': event_id,
-                                  'name': name, 'class': class, 'start_ns': start_ns, 'end_ns': end_ns,
-                                  'on_path_ns': on_path_ns, 'pos': pos}, {'o': on_path_ns, 'p': -pos}, 3)) AS r
-            FROM critical_path WHERE run_id = ? AND on_path_ns > 0 GROUP BY rank, step)
-        ORDER BY r.step, r.rank, r.on_path_ns DESC, r.pos""", [run_id])
+    # the events with most time on the paths, and each path's 3 largest (analyses/critical_path_events.sql)
+    top = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_events WHERE run_id = ? "
+                     "ORDER BY on_path_ns DESC, name LIMIT ?", [run_id, TOP_PATH_EVENTS])
+    by_path = _rows(con, "SELECT * EXCLUDE (run_id, pos) FROM critical_path_top WHERE run_id = ? "
+                         "ORDER BY step, rank, on_path_ns DESC, pos", [run_id])
     return {"summary": summary, "top_events": top, "top_by_path": by_path, "paths": path_strips(con, run_id)}
 
 
@@ -1198,12 +1187,8 @@ def machine_section(con, run_id: str) -> list[dict]:
     """The machines the run's groups ran on: one dict per distinct (gpu, nodes, ranks_per_host,
     nics_per_node, nic, locality, locality_reason, source) of group_machine, with ``groups`` (how many
     groups) and ``hosts`` (distinct hosts over those groups, sorted)."""
-    rows = _rows(con, "SELECT gpu, nodes, ranks_per_host, nics_per_node, nic, locality, locality_reason, source, "
-                      "count(*) AS groups, list(hosts) AS host_lists FROM group_machine WHERE run_id = ? "
-                      "GROUP BY ALL ORDER BY nodes, ranks_per_host NULLS LAST, locality", [run_id])
-    for r in rows:
-        r["hosts"] = sorted({h for hs in r.pop("host_lists") or [] for h in (hs or "").split(",") if h})
-    return rows
+    return _rows(con, "SELECT * EXCLUDE (run_id) FROM machine_summary WHERE run_id = ? "
+                      "ORDER BY nodes, ranks_per_host NULLS LAST, locality", [run_id])  # analyses/machine_summary.sql
 
 
 def machine_lines(report: dict) -> list[str]:
@@ -1355,13 +1340,8 @@ def fr_collectives(con, run_id: str) -> list[dict]:
     calls, timed = calls with a recorded duration, median_duration_ns over them (NULL when none:
     gloo records none; NCCL only with TORCH_NCCL_ENABLE_TIMING). The dumps hold the last
     TORCH_FR_BUFFER_SIZE entries of each rank, so the counts cover that window, not the whole job."""
-    return _rows(con, """
-        SELECT pg_name, op, in_bytes, count(*) AS calls, count(DISTINCT rank) AS ranks,
-               count(DISTINCT collective_seq_id) AS instances, sum(in_bytes) AS bytes,
-               count(duration_ns) AS timed, median(duration_ns) AS median_duration_ns,
-               min(collective_seq_id) AS first_seq, max(collective_seq_id) AS last_seq
-        FROM fr_entries WHERE run_id = ? AND collective_seq_id > 0 AND NOT coalesce(is_p2p, false)
-        GROUP BY ALL ORDER BY pg_name, op, in_bytes NULLS LAST""", [run_id])
+    return _rows(con, "SELECT * EXCLUDE (run_id) FROM fr_collectives WHERE run_id = ? "
+                      "ORDER BY pg_name, op, in_bytes NULLS LAST", [run_id])  # analyses/fr_collectives.sql
 
 
 def hang_lines(report: dict) -> list[str]:
