@@ -4,6 +4,14 @@
 otherwise, bandwidths in GB/s with GB = 1e9); ``print_report`` renders it with
 rich tables; ``tracekit analyze --json`` prints the dict itself. No torch import
 on this path.
+
+The aggregates are documented views of :mod:`tracekit.analyses` (per op: ``collective_ops``; per
+size bucket: ``collective_sizes``, ``collective_peaks``; stragglers: ``straggler_instances``,
+``straggler_ranks``; verdicts and references: ``verdict_counts``, ``verdict_references``; degraded
+links: ``group_plateau``; machines, the critical path, the Flight Recorder: ``machine_summary``,
+``critical_path_events``, ``fr_collectives``...): this module selects from them and renders. The
+verdicts call the model for every instance, so a run's ``verdict_rows`` are copied once into a
+temporary table and passed by name to the same macros the views use.
 """
 
 from __future__ import annotations
