@@ -200,3 +200,13 @@ def test_sizes_by_op_counts_each_window_once(windows):
     assert (ag["wait_ns"], ag["comm_ns"], ag["overlap_ns"]) == (8_000, 44_000, 0)
     d = diff_runs(windows, "windows", "windows")
     assert {r["op"]: r["a"]["wait_ns"] for r in d["rows"]} == {"all_reduce": 40_000, "all_gather": 8_000}
+
+
+def test_the_diff_builds_no_verdict(store, monkeypatch):
+    """The diff's per-size rows need instances, waits and overlap only: no fit, reference or verdict."""
+    built = []
+    real = analyses.create_module
+    monkeypatch.setattr(analyses, "create_module", lambda con, name: (built.append(name), real(con, name))[1])
+    diff_runs(store, "one", "hand")
+    assert "collective_sizes_by_op" in built
+    assert not {"fit", "verdicts", "collective_sizes"} & set(built)
