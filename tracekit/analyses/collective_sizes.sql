@@ -17,6 +17,7 @@
 --
 -- run_id               VARCHAR  run
 -- pg_name              VARCHAR  process group name (nccl-tests: one benchmark run)
+-- win                  INTEGER  profiler window: (run_id, pg_name, win, seq) is the key
 -- seq                  BIGINT   per-group sequence number
 -- op                   VARCHAR  canonical op
 -- size_bytes           BIGINT   nccl-tests S, bytes
@@ -49,7 +50,7 @@
 -- best_predicted_ns    DOUBLE   its predicted time, ns
 -- nccl_algo            VARCHAR  NCCL's algorithm/protocol a preset reference assumed
 CREATE OR REPLACE VIEW verdict_rows AS
-SELECT v.run_id, v.pg_name, v.seq, v.op, v.size_bytes, v.group_size, v.locality,
+SELECT v.run_id, v.pg_name, v.win, v.seq, v.op, v.size_bytes, v.group_size, v.locality,
        CASE WHEN r.source = 'nccl_tests' THEN v.pg_name END AS bench_run,
        tk_size_bucket(v.size_bytes) AS bucket_bytes, v.sync_time_ns, v.skew_ns,
        tk_algbw(v.size_bytes, v.sync_time_ns) AS algbw_gbps,
