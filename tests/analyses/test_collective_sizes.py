@@ -210,3 +210,12 @@ def test_the_diff_builds_no_verdict(store, monkeypatch):
     diff_runs(store, "one", "hand")
     assert "collective_sizes_by_op" in built
     assert not {"fit", "verdicts", "collective_sizes"} & set(built)
+
+
+def test_run_comm_totals_by_hand(store):
+    """Σ over ranks of each rank's unions: rank 0's spans 12 + 30 + 20 + 100 + 140 + 8 µs, rank 1's
+    10 + 30 + 20 + 100 + 140 µs (1 ms apart: disjoint); the 5 µs compute kernel lies under rank 0's span."""
+    (t,) = _view(store, "SELECT * EXCLUDE (run_id) FROM run_comm_totals")
+    assert t == dict(ranks=2, comm_ns=610_000, compute_ns=5_000, overlap_ns=5_000, exposed_comm_ns=605_000,
+                     overlap_ratio=pytest.approx(5 / 610))
+    assert diff_runs(store, "one", "hand")["totals"]["b"] == t

@@ -70,8 +70,9 @@ MODULES: tuple[Module, ...] = (
     Module("overlap", ("collective_overlap", "overlap_by_rank", "overlap_by_step"), ("_span_overlap", "overlap_windows")),
     Module("collective_sizes", ("collective_peaks", "collective_sizes", "peak_statistics", "size_statistics",
                                 "verdict_rows"), ("_most_common", "collective_verdicts", "runs")),
-    Module("collective_sizes_by_op", ("collective_sizes_by_op",),
-           ("__instance_calls", "collective_instances", "collective_overlap", "collective_waits")),
+    Module("collective_sizes_by_op", ("collective_sizes_by_op", "run_comm_totals"),
+           ("__instance_calls", "collective_instances", "collective_overlap", "collective_waits", "overlap_by_rank",
+            "ranks", "runs")),  # "ranks": a column's name
     Module("verdict_summary", ("reference_statistics", "verdict_counts", "verdict_references", "verdict_statistics"),
            ("_most_common", "verdict_rows")),
     Module("collective_ops", ("calls_by_rank", "collective_ops", "instance_health", "unattributed_comm"),

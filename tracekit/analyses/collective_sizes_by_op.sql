@@ -1,6 +1,7 @@
--- collective_sizes_by_op: the per-size statistics `tracekit diff` compares, computed here; the diff
--- selects and renders.
--- Reads: collective_instances, __instance_calls, collective_waits, collective_overlap
+-- collective_sizes_by_op: the per-size statistics and run totals `tracekit diff` compares, computed
+-- here; the diff selects and renders.
+-- Reads: collective_instances, __instance_calls, collective_waits, collective_overlap, overlap_by_rank, runs
+--        (and names "ranks", a column named as the base view)
 --
 -- A size bucket is the power-of-two range [bucket_bytes, 2·bucket_bytes) holding the instance's
 -- nccl-tests size S (tk_size_bucket = tracekit.model.size_bucket); every median is within one bucket,
@@ -60,3 +61,26 @@ s AS (
 SELECT *, comm_ns - overlap_ns AS exposed_comm_ns,
        CASE WHEN comm_ns > 0 THEN overlap_ns / comm_ns END AS overlap_ratio
 FROM s;
+
+-- run_comm_totals: per run, the whole-trace communication totals `tracekit diff` sets beside its rows:
+-- sums over ranks of overlap_by_rank (each rank's unions over its whole trace). A run without
+-- overlap rows (a nccl-tests log: no timeline) has zeros here; the diff shows none for it.
+--
+-- run_id           VARCHAR  run
+-- ranks            BIGINT   ranks with an overlap_by_rank row
+-- comm_ns          BIGINT   Σ over ranks of |∪ comm|, ns
+-- compute_ns       BIGINT   Σ over ranks of |∪ compute|, ns
+-- overlap_ns       BIGINT   Σ over ranks of |comm ∩ compute|, ns
+-- exposed_comm_ns  BIGINT   Σ over ranks of comm − overlap, ns
+-- overlap_ratio    DOUBLE   overlap_ns / comm_ns; NULL when comm_ns = 0
+CREATE OR REPLACE VIEW run_comm_totals AS
+WITH o AS (
+    SELECT run_id, count(*) AS ranks, sum(comm_ns)::BIGINT AS comm_ns, sum(compute_ns)::BIGINT AS compute_ns,
+           sum(overlap_ns)::BIGINT AS overlap_ns, sum(exposed_comm_ns)::BIGINT AS exposed_comm_ns
+    FROM overlap_by_rank GROUP BY run_id
+)
+SELECT r.run_id, coalesce(o.ranks, 0) AS ranks, coalesce(o.comm_ns, 0) AS comm_ns,
+       coalesce(o.compute_ns, 0) AS compute_ns, coalesce(o.overlap_ns, 0) AS overlap_ns,
+       coalesce(o.exposed_comm_ns, 0) AS exposed_comm_ns,
+       CASE WHEN coalesce(o.comm_ns, 0) <> 0 THEN o.overlap_ns / o.comm_ns END AS overlap_ratio
+FROM runs r LEFT JOIN o USING (run_id);

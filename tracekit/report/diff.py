@@ -86,15 +86,8 @@ def _totals(con, run_id: str, timeline: bool) -> dict[str, Any]:
     if not timeline:
         ranks = con.execute("SELECT count(*) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
         return dict(ranks=int(ranks), **dict.fromkeys(_TOTALS[1:]))
-    ranks, comm, compute, overlap, exposed = con.execute(
-        "SELECT count(*), coalesce(sum(comm_ns), 0), coalesce(sum(compute_ns), 0), coalesce(sum(overlap_ns), 0), "
-        "coalesce(sum(exposed_comm_ns), 0) FROM overlap_by_rank WHERE run_id = ?",
-        [run_id],
-    ).fetchone()
-    return dict(
-        ranks=int(ranks), comm_ns=int(comm), compute_ns=int(compute), overlap_ns=int(overlap),
-        exposed_comm_ns=int(exposed), overlap_ratio=(overlap / comm if comm else None),
-    )
+    cur = con.execute("SELECT * EXCLUDE (run_id) FROM run_comm_totals WHERE run_id = ?", [run_id])
+    return dict(zip([d[0] for d in cur.description], cur.fetchone()))  # analyses/collective_sizes_by_op.sql
 
 
 def _delta(a, b):
