@@ -144,9 +144,11 @@ def test_analyze_with_json_and_html_builds_each_module_once(tp_store, monkeypatc
     assert json.loads(capsys.readouterr().out)["run"]["run_id"] == "tp"
     assert html.stat().st_size > 10_000
     # every module but the per-GPU-op tables, which no report reads, and the all-to-all imbalance,
-    # which the report asks for only when the run has all-to-alls (TP: none), and the replay, which
-    # `tracekit whatif` reads; none twice
-    assert sorted(made) == sorted({m.name for m in analyses.MODULES} - {"gpu_launchers", "alltoall_imbalance", "replay"})
+    # which the report asks for only when the run has all-to-alls (TP: none), the Flight Recorder's
+    # collectives, only when it has dumps (TP: none), the replay, which `tracekit whatif` reads, and the
+    # diff's per-size rows; none twice
+    assert sorted(made) == sorted({m.name for m in analyses.MODULES} - {
+        "gpu_launchers", "alltoall_imbalance", "fr_collectives", "replay", "collective_sizes_by_op"})
 
 
 def test_the_terminal_report_builds_no_island_or_gpu_op_table(tp_store, monkeypatch, capsys):

@@ -52,6 +52,7 @@ MODULES: tuple[Module, ...] = (
            ("__instance_calls", "collective_instances", "collectives", "ranks")),
     Module("collective_samples", ("collective_samples",), ("collective_instances", "collectives", "runs")),
     Module("machine", ("group_machine",), ("collectives", "ranks", "runs")),  # Python: hosts, GPU, NICs, class per group
+    Module("machine_summary", ("machine_summary",), ("group_machine",)),
     Module("node_locality", ("bandwidth_by_locality", "instance_locality"),
            ("collective_bandwidth", "collective_instances", "collectives", "group_machine", "ranks")),
     Module("fit", ("alpha_beta_fit", "collective_reference"),  # Python
@@ -66,10 +67,21 @@ MODULES: tuple[Module, ...] = (
     Module("overlap_windows", ("_overlap_summary", "_span_overlap", "overlap_windows"),  # Python: the stored summaries
            ("overlap_summary", "ranks", "span_overlap")),
     Module("overlap", ("collective_overlap", "overlap_by_rank", "overlap_by_step"), ("_span_overlap", "overlap_windows")),
+    Module("collective_sizes", ("collective_peaks", "collective_sizes", "peak_statistics", "size_statistics",
+                                "verdict_rows"), ("_most_common", "collective_verdicts", "runs")),
+    Module("collective_sizes_by_op", ("collective_sizes_by_op", "run_comm_totals"),
+           ("__instance_calls", "collective_instances", "collective_overlap", "collective_waits", "overlap_by_rank",
+            "ranks", "runs")),  # "ranks": a column's name
+    Module("verdict_summary", ("reference_statistics", "verdict_counts", "verdict_references", "verdict_statistics"),
+           ("_most_common", "verdict_rows")),
+    Module("collective_ops", ("calls_by_rank", "collective_ops", "instance_health", "unattributed_comm"),
+           ("collective_bandwidth", "collective_instances", "collective_waits", "collectives", "runs")),
+    Module("stragglers", ("straggler_instances", "straggler_ranks"), ("collective_instances", "collective_waits", "runs")),
     Module("process_groups", ("_pg_desc", "_pg_layout", "process_group_sizes", "process_groups"),
            ("collective_instances", "collective_overlap", "collectives", "ranks", "runs")),
     Module("hang", ("hang_divergence", "hang_instances"),  # Python: Flight Recorder triage
            ("collectives", "fr_dumps", "fr_entries", "fr_groups", "process_groups", "ranks", "runs")),
+    Module("fr_collectives", ("fr_collectives",), ("fr_entries", "ranks")),  # "ranks": a column's name
     Module("measured_vs_model", ("measured_vs_model", "measured_vs_model_by_dimension"),  # Python
            ("collective_overlap", "collective_reference", "collective_waits", "collectives", "events",
             "group_machine", "overlap_by_step", "process_groups", "ranks", "runs")),
@@ -82,6 +94,8 @@ MODULES: tuple[Module, ...] = (
     Module("pipeline_bubbles", ("_pp_runs", "pipeline_bubbles"), ("_overlap_summary", "collectives", "runs")),
     Module("critical_path", ("critical_path", "critical_path_summary"),  # Python: a walk over the events
            ("_instance_calls", "collective_instances", "events", "ranks", "runs")),
+    Module("critical_path_events", ("critical_path_events", "critical_path_top"),
+           ("critical_path", "critical_path_summary", "events", "ranks")),  # "events", "ranks": columns' names
     Module("replay", ("replay_steps",),  # Python: the critical path's graph replayed (tracekit.model.whatif)
            ("_instance_calls", "collective_instances", "events", "ranks", "runs")),
     Module("overlap_islands", ("_comm_spans", "_compute_spans", "comm_islands", "compute_islands", "overlap_islands"),

@@ -25,6 +25,7 @@
 --                        the fastest link a rank has, so the cap of any locality; NULL: unknown device
 -- complete      BOOLEAN  collective_instances.complete: when false, the sync time still holds the wait for
 --                        ranks not recorded, so algbw and busbw are lower bounds
+-- win           INTEGER  profiler window (collective_instances.win): (run_id, pg_name, win, seq) is the key
 -- over_cap      BOOLEAN  busbw_gbps > cap_gbps: not a rate the hardware can carry — a wrong group size
 --                        or size, clocks, or an in-switch reduction (NVLS/SHARP all-reduce); the report
 --                        flags it, never shows it bare. NULL when either is NULL
@@ -36,7 +37,7 @@ SELECT *, busbw_gbps > cap_gbps AS over_cap FROM (
            tk_algbw(i.size_bytes, i.sync_time_ns) AS algbw_gbps,
            tk_busbw_factor(i.op, i.group_size) AS bus_factor,
            tk_busbw(i.op, i.size_bytes, i.sync_time_ns, i.group_size) AS busbw_gbps,
-           i.k_source, tk_device_peak_gbps(r.device_name) AS cap_gbps, i.complete
+           i.k_source, tk_device_peak_gbps(r.device_name) AS cap_gbps, i.complete, i.win
     FROM collective_instances i LEFT JOIN runs r USING (run_id)
     WHERE NOT i.mismatched
 );

@@ -22,7 +22,8 @@ peers and its plateau is below ``PEER_FRACTION`` × the median of their plateaus
 model uses, busbw at large sizes → β; basis ``model``; ``peers,model`` when both; not against
 ``NO_MODEL_CHECK_LINKS``).
 
-group_plateau: one row per (run, process group) with busbw.
+group_plateau: one row per (run, process group, op, k) with busbw (a group that runs several ops has
+one curve per op: busbw factors and models differ by op).
 
 run_id              VARCHAR  run
 pg_name             VARCHAR  process group (nccl-tests: one benchmark run)
@@ -169,20 +170,22 @@ def _crossover(op: str, k, alpha, beta) -> float | None:
 def group_rows(con) -> list[dict]:
     """The rows of group_plateau (module docstring)."""
     curves: dict = defaultdict(list)
+    # one curve per group, op (send for send/recv) and k: a group that runs several ops (all_reduce and
+    # broadcast on one communicator) has one busbw curve per op, each with its own model
     for rid, pg, op, k, size, bw in con.execute(
-        """SELECT run_id, pg_name, any_value(op), any_value(group_size), size_bytes, median(busbw_gbps)
+        """SELECT run_id, pg_name, CASE WHEN op = 'recv' THEN 'send' ELSE op END AS op1, group_size, size_bytes,
+                  median(busbw_gbps)
            FROM collective_bandwidth WHERE busbw_gbps IS NOT NULL AND size_bytes > 0
-           GROUP BY run_id, pg_name, size_bytes"""
+           GROUP BY run_id, pg_name, op1, group_size, size_bytes"""
     ).fetchall():
-        curves[(rid, pg)].append((op, k, size, bw))
+        curves[(rid, pg, op, k)].append((op, k, size, bw))
     shape = {(r[0], r[1]): r[2:] for r in con.execute(
         "SELECT run_id, pg_name, locality, nodes, ranks_per_host, hosts, gpu FROM group_machine").fetchall()}
     model = {(r[0], r[1]): r[2:] for r in con.execute(
         "SELECT run_id, pg_name, any_value(link), any_value(link_beta_Bps), any_value(link_alpha_s) "
         "FROM collective_reference GROUP BY ALL").fetchall()}
     rows = []
-    for (rid, pg), pts in sorted(curves.items()):
-        op = "send" if pts[0][0] == "recv" else pts[0][0]
+    for (rid, pg, op, _), pts in sorted(curves.items(), key=lambda kv: (*kv[0][:3], -1 if kv[0][3] is None else kv[0][3])):
         p = plateau([(s, b) for _, _, s, b in pts])
         loc, nodes, rph, hosts, gpu = shape.get((rid, pg), ("unknown", 0, None, "", None))
         link, beta, alpha = model.get((rid, pg), (None, None, None))

@@ -19,11 +19,12 @@
 -- hosts        BIGINT   distinct known hosts among the group's ranks
 -- hosts_unknown BIGINT  group ranks whose host is unknown
 -- locality     VARCHAR  intra_node / inter_node / mixed / unknown (header above)
+-- win          INTEGER  profiler window (collective_instances.win): (run_id, pg_name, win, seq) is the key
 CREATE OR REPLACE TABLE instance_locality AS
 -- a table: the fit, the reference and bandwidth_by_locality read it
 SELECT i.run_id, i.pg_name, i.seq, i.op, i.group_size, coalesce(m.nodes, 0)::BIGINT AS hosts,
        coalesce(m.hosts_unknown, i.group_size)::BIGINT AS hosts_unknown,
-       coalesce(m.locality, 'unknown') AS locality
+       coalesce(m.locality, 'unknown') AS locality, i.win
 FROM collective_instances i LEFT JOIN group_machine m USING (run_id, pg_name);
 
 -- bandwidth_by_locality: per run, locality, op and power-of-two size bucket (tk_size_bucket,
@@ -46,6 +47,6 @@ SELECT l.run_id, l.locality, l.op, tk_size_bucket(b.size_bytes) AS bucket_bytes,
        sum(b.size_bytes)::BIGINT AS total_bytes, median(b.sync_time_ns)::DOUBLE AS median_sync_time_ns,
        median(b.algbw_gbps)::DOUBLE AS median_algbw_gbps, median(b.busbw_gbps)::DOUBLE AS median_busbw_gbps,
        max(b.busbw_gbps)::DOUBLE AS max_busbw_gbps
-FROM instance_locality l JOIN collective_bandwidth b USING (run_id, pg_name, seq)
+FROM instance_locality l JOIN collective_bandwidth b USING (run_id, pg_name, win, seq)
 WHERE l.op IS NOT NULL
 GROUP BY l.run_id, l.locality, l.op, tk_size_bucket(b.size_bytes);

@@ -76,6 +76,7 @@
 -- best_predicted_ns   DOUBLE   its predicted time, ns
 -- nccl_algo           VARCHAR  NCCL's algorithm/protocol the reference assumed (e.g. 'tree/LL'), NULL
 --                               unless the reference is NCCL's model (a preset reference)
+-- win                 INTEGER  profiler window (collective_instances.win): (run_id, pg_name, win, seq) is the key
 CREATE OR REPLACE VIEW collective_verdicts AS
 -- The model UDFs whose arguments are the instance's (op, algorithm, k) run once per distinct tuple
 -- (a few per run) and are joined back on it (IS NOT DISTINCT FROM: a NULL argument is a key too),
@@ -98,7 +99,8 @@ i AS (
                AS impossible,
            b.busbw_gbps AS over_busbw_gbps, b.cap_gbps AS over_cap_gbps
     FROM collective_instances i LEFT JOIN runs r USING (run_id)
-    LEFT JOIN collective_bandwidth b ON b.run_id = i.run_id AND b.pg_name = i.pg_name AND b.seq = i.seq
+    LEFT JOIN collective_bandwidth b ON b.run_id = i.run_id AND b.pg_name = i.pg_name AND b.win = i.win
+                                     AND b.seq = i.seq
     -- mismatched instances (ranks' calls disagree) are listed by the view `mismatched_instances`, never judged
     LEFT JOIN ma m ON m.op IS NOT DISTINCT FROM i.op AND m.algo IS NOT DISTINCT FROM i.algo
                   AND m.group_size IS NOT DISTINCT FROM i.group_size
@@ -109,7 +111,7 @@ f AS (
     WHERE status = 'ok' AND scope = 'group'
 ),
 j AS MATERIALIZED (
-    SELECT i.run_id, i.pg_name, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo,
+    SELECT i.run_id, i.pg_name, i.win, i.seq, i.op, i.size_bytes, i.group_size, i.model_algo,
            i.sync_time_ns, i.skew_ns, i.judged, i.ranks_seen, i.async_cpu,
            i.impossible, i.over_busbw_gbps, i.over_cap_gbps,
            r.locality, r.reference, r.ref_note, r.no_model_reason, r.ref_kind, r.ref_alpha_s, r.ref_beta_Bps,
@@ -228,6 +230,6 @@ SELECT run_id, pg_name, seq, op, size_bytes, group_size, locality, model_algo, s
        CASE WHEN judged AND NOT impossible AND sync_time_ns > 0 THEN predicted_ns / sync_time_ns END AS efficiency,
        CASE WHEN judged AND NOT impossible AND sync_time_ns > 0 THEN link_predicted_ns / sync_time_ns END
            AS efficiency_link,
-       best.best_algo, best.best_time_s * 1e9 AS best_predicted_ns, nccl_algo
+       best.best_algo, best.best_time_s * 1e9 AS best_predicted_ns, nccl_algo, win
 FROM bq
 LEFT JOIN best USING (op, size_bytes, group_size, a_key, b_key, in_switch);

@@ -4,6 +4,14 @@
 otherwise, bandwidths in GB/s with GB = 1e9); ``print_report`` renders it with
 rich tables; ``tracekit analyze --json`` prints the dict itself. No torch import
 on this path.
+
+The aggregates are documented views of :mod:`tracekit.analyses` (per op: ``collective_ops``; per
+size bucket: ``collective_sizes``, ``collective_peaks``; stragglers: ``straggler_instances``,
+``straggler_ranks``; verdicts and references: ``verdict_counts``, ``verdict_references``; degraded
+links: ``group_plateau``; machines, the critical path, the Flight Recorder: ``machine_summary``,
+``critical_path_events``, ``fr_collectives``...): this module selects from them and renders. The
+verdicts call the model for every instance, so a run's ``verdict_rows`` are copied once into a
+temporary table and passed by name to the same macros the views use.
 """
 
 from __future__ import annotations
@@ -84,20 +92,6 @@ def report_connection(store: Store | str | None = None, run_id: str | None = Non
     return run_id, analyses.connect(st, run_ids=[run_id] + calib, link=link)
 
 
-def _no_peak_for_one_rank(by_op: list[dict], by_size: list[dict]) -> None:
-    """A 1-rank group moves nothing between ranks: its busbw is 0 by definition (nccl-tests' factor
-    at n = 1), not a measurement, so its buckets and an op seen only in such groups show no peak busbw
-    (None; "—" in the terminal). Edits the rows in place."""
-    multi = {r["op"] for r in by_size if r["group_size"] != 1}
-    for r in by_size:
-        if r["group_size"] == 1:
-            r["peak_busbw_gbps"] = None
-    one = {r["op"] for r in by_size} - multi
-    for r in by_op:
-        if r["op"] in one:
-            r["peak_busbw_gbps"] = r["peak_busbw_size_bytes"] = None
-
-
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
     alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None, con=None,
@@ -172,80 +166,19 @@ def build_report(
         "gpu_events, same_stream_overlaps FROM ranks WHERE run_id = ? ORDER BY rank",
         p,
     )
-    # per op over the run's instances: no statistic across sizes (a median of different sizes
-    # describes no call); bandwidth, completeness and waits as three aggregates by op, no join (at
-    # ×128 the joined statement outgrew the analysis budget). Per size: by_size below
-    by_op = _rows(
-        con,
-        """
-        SELECT op, count(*) AS count, sum(size_bytes) AS total_bytes,
-               count(DISTINCT tk_size_bucket(size_bytes)) AS size_buckets,
-               min(size_bytes) AS min_size_bytes, max(size_bytes) AS max_size_bytes,
-               max(busbw_gbps) AS peak_busbw_gbps, arg_max(size_bytes, busbw_gbps) AS peak_busbw_size_bytes,
-               count(*) FILTER (WHERE over_cap) AS over_cap, max(cap_gbps) AS cap_gbps,
-               NOT arg_max(complete, busbw_gbps) AS peak_lower_bound,
-               count(*) FILTER (WHERE k_source = 'world') AS k_world
-        FROM collective_bandwidth
-        WHERE run_id = ?
-        GROUP BY op ORDER BY count(*) DESC, op
-        """,
-        p,
-    )
-    waits = dict(con.execute("SELECT op, sum(wait_ns) FROM collective_waits WHERE run_id = ? GROUP BY op", p).fetchall())
-    flags = {op: (inc, dis) for op, inc, dis in con.execute(
-        "SELECT op, count(*) FILTER (WHERE NOT complete), count(*) FILTER (WHERE disagree) "
-        "FROM collective_instances WHERE run_id = ? AND NOT mismatched GROUP BY op", p).fetchall()}
-    for r in by_op:
-        r["total_wait_ns"] = waits.get(r["op"])
-        r["incomplete"], r["disagreeing"] = flags.get(r["op"], (0, 0))
-
-    per_rank_calls = _rows(
-        con,
-        """
-        SELECT rank, op, count(*) AS calls, sum(size_bytes) AS bytes, sum(wire_bytes) AS wire_bytes
-        FROM collectives WHERE run_id = ? GROUP BY ALL ORDER BY rank, op
-        """,
-        p,
-    )
-    unattributed = _rows(
-        con,
-        "SELECT rank, count(*) AS spans, sum(dur_ns) AS dur_ns FROM collectives WHERE run_id = ? AND op IS NULL GROUP BY rank ORDER BY rank",
-        p,
-    )
-    inst = _rows(
-        con,
-        """
-        SELECT count(*) AS instances, count(*) FILTER (WHERE complete) AS complete,
-               count(*) FILTER (WHERE NOT complete) AS incomplete, count(*) FILTER (WHERE disagree) AS disagreeing
-        FROM collective_instances WHERE run_id = ? AND NOT mismatched
-        """,
-        p,
-    )[0]
+    # per op over the run's instances (no statistic across sizes), per rank, and the matching's
+    # health: analyses/collective_ops.sql
+    by_op = _rows(con, "SELECT * EXCLUDE (run_id) FROM collective_ops WHERE run_id = ? ORDER BY count DESC, op", p)
+    per_rank_calls = _rows(con, "SELECT * EXCLUDE (run_id) FROM calls_by_rank WHERE run_id = ? ORDER BY rank, op", p)
+    unattributed = _rows(con, "SELECT * EXCLUDE (run_id) FROM unattributed_comm WHERE run_id = ? ORDER BY rank", p)
+    inst = _rows(con, "SELECT * EXCLUDE (run_id) FROM instance_health WHERE run_id = ?", p)[0]
     overlap_rank = _rows(con, "SELECT * EXCLUDE (run_id) FROM overlap_by_rank WHERE run_id = ? ORDER BY rank", p)
     overlap_step = _rows(con, "SELECT * EXCLUDE (run_id) FROM overlap_by_step WHERE run_id = ? ORDER BY step, rank", p)
-    stragglers = _rows(
-        con,
-        f"""
-        SELECT pg_name, seq, op, size_bytes, group_size, straggler, skew_ns, sync_time_ns
-        FROM collective_instances WHERE run_id = ? AND ranks_seen > 1 AND NOT mismatched AND skew_ns IS NOT NULL
-        ORDER BY skew_ns DESC, pg_name, seq LIMIT {TOP_STRAGGLERS}
-        """,
-        p,
-    )
-    straggler_ranks = _rows(
-        con,
-        """
-        WITH w AS (
-            SELECT pg_name, seq, sum(wait_ns) AS imposed_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL
-        )
-        SELECT i.straggler AS rank, count(*) AS times_last, sum(w.imposed_ns) AS wait_caused_ns,
-               sum(i.skew_ns) AS skew_sum_ns
-        FROM collective_instances i JOIN w USING (pg_name, seq)
-        WHERE i.run_id = ? AND i.ranks_seen > 1 AND NOT i.mismatched
-        GROUP BY i.straggler ORDER BY wait_caused_ns DESC, rank
-        """,
-        [run_id, run_id],
-    )
+    # the worst instances by skew and who arrived last (analyses/stragglers.sql)
+    stragglers = _rows(con, "SELECT * EXCLUDE (run_id, win) FROM straggler_instances WHERE run_id = ? "
+                            f"ORDER BY skew_ns DESC, pg_name, seq, win LIMIT {TOP_STRAGGLERS}", p)
+    straggler_ranks = _rows(con, "SELECT * EXCLUDE (run_id) FROM straggler_ranks WHERE run_id = ? "
+                                 "ORDER BY wait_caused_ns DESC, rank", p)
     fit = _rows(
         con,
         "SELECT f.scope, f.pg_name, f.locality, f.groups, f.op, f.group_size, f.algo, "
@@ -258,83 +191,22 @@ def build_report(
         "WHERE f.run_id = ? ORDER BY f.op, f.group_size, f.scope, f.locality, f.pg_name",
         p,
     )
-    # collective_verdicts calls the model (Python UDFs) for every instance: evaluate it once for both queries
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE __report_verdicts AS "
-        "SELECT op, verdict, verdict_basis, reference, ref_note, no_model_reason, efficiency, efficiency_link, "
-        "pg_name, seq, locality, size_bytes, group_size, sync_time_ns, skew_ns, predicted_ns, fit_predicted_ns, "
-        "link_predicted_ns, best_algo, best_predicted_ns, ref_alpha_s, ref_beta_Bps, ref_alpha_term_ns, "
-        "crossover_bytes, link, link_crossover_bytes, tk_busbw(op, size_bytes, sync_time_ns, group_size) AS busbw_gbps, "
-        "tk_algbw(size_bytes, sync_time_ns) AS algbw_gbps, tk_size_bucket(size_bytes) AS bucket_bytes, nccl_algo, "
-        "(SELECT tk_device_peak_gbps(device_name) FROM runs WHERE run_id = ?) AS cap_gbps "
-        "FROM collective_verdicts WHERE run_id = ?",
-        [run_id, run_id],
-    )
-    verdicts = _rows(
-        con,
-        "SELECT op, locality, verdict, verdict_basis, coalesce(reference, 'no model') AS reference, count(*) AS count, "
-        "median(efficiency) AS median_efficiency, median(efficiency_link) AS median_efficiency_link, "
-        "min(link) AS link, _most_common(list(no_model_reason)) AS no_model_reason "
-        "FROM __report_verdicts GROUP BY ALL ORDER BY op, locality, verdict, reference",
-    )
-    references = _rows(
-        con,
-        """
-        SELECT op, group_size, locality, verdict_basis AS kind, coalesce(reference, 'no model') AS reference,
-               ref_note AS note, _most_common(list(no_model_reason)) AS no_model_reason, count(*) AS instances,
-               count(DISTINCT pg_name) AS groups,
-               min(ref_alpha_s) AS alpha_s, min(ref_beta_Bps) / 1e9 AS beta_gbps,
-               min(ref_alpha_s * ref_beta_Bps) AS n_half_bytes,
-               -- NCCL's model as reference picks a protocol per size, each with its own latency and D*:
-               -- one value when every instance agrees, else NULL and the range (never an arbitrary one)
-               CASE WHEN min(crossover_bytes) = max(crossover_bytes) THEN min(crossover_bytes) END AS crossover_bytes,
-               min(crossover_bytes) AS crossover_min_bytes, max(crossover_bytes) AS crossover_max_bytes,
-               CASE WHEN min(ref_alpha_term_ns) = max(ref_alpha_term_ns) THEN min(ref_alpha_term_ns) END
-                   AS fixed_latency_ns,
-               min(ref_alpha_term_ns) AS fixed_latency_min_ns, max(ref_alpha_term_ns) AS fixed_latency_max_ns,
-               min(link) AS link, min(link_crossover_bytes) AS link_crossover_bytes,
-               -- NCCL's algorithm/protocol a preset reference assumed, per size (nccl_reference)
-               string_agg(DISTINCT nccl_algo, ', ' ORDER BY nccl_algo) AS nccl_algos
-        FROM __report_verdicts
-        GROUP BY op, group_size, locality, verdict_basis, reference, ref_note, ref_alpha_s, ref_beta_Bps
-        ORDER BY op, group_size, locality, reference, note, kind, alpha_s, beta_gbps
-        """,
-    )
+    # collective_verdicts calls the model (Python UDFs) for every instance: its rows (verdict_rows,
+    # analyses/collective_sizes.sql) evaluated once, then passed by name to the analyses' macros
+    con.execute("CREATE OR REPLACE TEMP TABLE __report_verdicts AS SELECT * FROM verdict_rows "
+                "WHERE run_id = ?", p)
+    # verdicts per op and class, and the references judged against (analyses/verdict_summary.sql)
+    verdicts = _rows(con, "SELECT * EXCLUDE (run_id) FROM verdict_statistics('__report_verdicts') "
+                          "ORDER BY op, locality, verdict, reference, verdict_basis")
+    references = _rows(con, "SELECT * EXCLUDE (run_id) FROM reference_statistics('__report_verdicts') "
+                            "ORDER BY op, group_size, locality, reference, note, kind, alpha_s, beta_gbps")
     own_fit = sum(r["instances"] for r in references if r["kind"] == "own_fit")
-    con.execute("CREATE OR REPLACE TEMP TABLE __report_buckets AS SELECT * FROM __report_verdicts WHERE size_bytes > 0")
-    # per op, k, locality class (each judged against its own link) and size bucket (and benchmark
-    # run, for a nccl-tests log: each run its own rows), the nccl-tests-style table: medians within
-    # the bucket only
+    # per op, k, locality class, benchmark run of a nccl-tests log and size bucket: the
+    # nccl-tests-style table, and the peak busbw per op and k (analyses/collective_sizes.sql)
     is_log = run.get("source") == "nccl_tests"
-    bench = "pg_name" if is_log else "NULL::VARCHAR"
-    by_size = _rows(
-        con,
-        f"""
-        SELECT op, group_size, locality, {bench} AS bench_run, bucket_bytes, count(*) AS count,
-               count(DISTINCT size_bytes) AS sizes,
-               median(sync_time_ns) AS median_sync_time_ns, median(algbw_gbps) AS median_algbw_gbps,
-               median(busbw_gbps) AS median_busbw_gbps, max(busbw_gbps) AS peak_busbw_gbps, max(cap_gbps) AS cap_gbps,
-               median(predicted_ns) AS median_predicted_ns, median(efficiency) AS median_efficiency,
-               _most_common(list(verdict)) AS verdict, count(DISTINCT verdict) AS verdicts,  -- ties: first by name
-               count(DISTINCT coalesce(reference, 'no model')) AS references,
-               min(link) AS link, median(link_predicted_ns) AS median_link_predicted_ns,
-               median(efficiency_link) AS median_efficiency_link, min(link_crossover_bytes) AS link_crossover_bytes,
-               CASE WHEN min(link_crossover_bytes) IS NULL THEN NULL
-                    WHEN bucket_bytes >= min(link_crossover_bytes) THEN 'bandwidth' ELSE 'latency' END AS link_regime
-        FROM __report_buckets GROUP BY op, group_size, locality, bench_run, bucket_bytes
-        ORDER BY op, group_size, locality, bench_run, bucket_bytes
-        """,
-    )
-    _no_peak_for_one_rank(by_op, by_size)
-    # peak busbw per op and k (per benchmark run of a log): the headline of a sweep, not a median
-    peak_busbw = _rows(
-        con,
-        f"""
-        SELECT op, group_size, {bench} AS bench_run, max(busbw_gbps) AS peak_busbw_gbps,
-               arg_max(size_bytes, busbw_gbps) AS at_size_bytes, count(DISTINCT bucket_bytes) AS size_buckets
-        FROM __report_buckets WHERE busbw_gbps IS NOT NULL AND group_size > 1 GROUP BY ALL ORDER BY ALL
-        """,
-    )
+    by_size = _rows(con, "SELECT * EXCLUDE (run_id) FROM size_statistics('__report_verdicts') "
+                         "ORDER BY op, group_size, locality, bench_run, bucket_bytes")
+    peak_busbw = _rows(con, "SELECT * EXCLUDE (run_id) FROM peak_statistics('__report_verdicts') ORDER BY ALL")
     # degraded links: each group's large-message plateau against its peers and the machine model
     # (analyses/fleet.py, group_plateau)
     degraded = _rows(con, "SELECT * EXCLUDE (run_id) FROM group_plateau WHERE run_id = ? AND degraded "
@@ -367,10 +239,7 @@ def build_report(
     warnings = []
     if is_log:
         # one row per message size from rank 0's log: nothing to match, no timeline to overlap
-        overlap_rank, overlap_step, stragglers, straggler_ranks = [], [], [], []
-        inst = dict(inst, incomplete=0, complete=inst["instances"])
-        for r in by_op:
-            r["incomplete"] = 0
+        overlap_rank, overlap_step = [], []
     for r in ranks:
         for w in r.get("warnings") or []:
             warnings.append(f"rank {r['rank']}: {w}")
@@ -1204,24 +1073,13 @@ def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[st
         return {"summary": [], "top_events": [], "top_by_path": [], "paths": [], "skipped": why}
     summary = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_summary WHERE run_id = ? "
                          "ORDER BY step, rank", [run_id])
-    total = sum(r["length_ns"] for r in summary)
     for r in summary:
         r["longer_than_step"] = longer_than_step(r)
-    top = _rows(con, """
-        SELECT name, class, count(*) AS events, count(DISTINCT event_rank) AS ranks, sum(on_path_ns) AS on_path_ns
-        FROM critical_path WHERE run_id = ? AND on_path_ns > 0
-        GROUP BY name, class ORDER BY on_path_ns DESC, name LIMIT ?""", [run_id, TOP_PATH_EVENTS])
-    for r in top:
-        r["share"] = r["on_path_ns"] / total if total else None
-    # per path its 3 rows of most on_path_ns DESC, ties by path position (an aggregate: no sort of
-    # every row as a window would)
-    by_path = _rows(con, """
-        SELECT r.rank, r.step, r.event_rank, r.event_id, r.name, r.class, r.start_ns, r.end_ns, r.on_path_ns FROM (
-            SELECT unnest(max_by({'rank': rank, 'step': step, 'event_rank': event_rank, 'event_id': event_id,
-                                  'name': name, 'class': class, 'start_ns': start_ns, 'end_ns': end_ns,
-                                  'on_path_ns': on_path_ns, 'pos': pos}, {'o': on_path_ns, 'p': -pos}, 3)) AS r
-            FROM critical_path WHERE run_id = ? AND on_path_ns > 0 GROUP BY rank, step)
-        ORDER BY r.step, r.rank, r.on_path_ns DESC, r.pos""", [run_id])
+    # the events with most time on the paths, and each path's 3 largest (analyses/critical_path_events.sql)
+    top = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_events WHERE run_id = ? "
+                     "ORDER BY on_path_ns DESC, name LIMIT ?", [run_id, TOP_PATH_EVENTS])
+    by_path = _rows(con, "SELECT * EXCLUDE (run_id, pos) FROM critical_path_top WHERE run_id = ? "
+                         "ORDER BY step, rank, on_path_ns DESC, pos", [run_id])
     return {"summary": summary, "top_events": top, "top_by_path": by_path, "paths": path_strips(con, run_id)}
 
 
@@ -1345,12 +1203,8 @@ def machine_section(con, run_id: str) -> list[dict]:
     """The machines the run's groups ran on: one dict per distinct (gpu, nodes, ranks_per_host,
     nics_per_node, nic, locality, locality_reason, source) of group_machine, with ``groups`` (how many
     groups) and ``hosts`` (distinct hosts over those groups, sorted)."""
-    rows = _rows(con, "SELECT gpu, nodes, ranks_per_host, nics_per_node, nic, locality, locality_reason, source, "
-                      "count(*) AS groups, list(hosts) AS host_lists FROM group_machine WHERE run_id = ? "
-                      "GROUP BY ALL ORDER BY nodes, ranks_per_host NULLS LAST, locality", [run_id])
-    for r in rows:
-        r["hosts"] = sorted({h for hs in r.pop("host_lists") or [] for h in (hs or "").split(",") if h})
-    return rows
+    return _rows(con, "SELECT * EXCLUDE (run_id) FROM machine_summary WHERE run_id = ? "
+                      "ORDER BY nodes, ranks_per_host NULLS LAST, locality", [run_id])  # analyses/machine_summary.sql
 
 
 def machine_lines(report: dict) -> list[str]:
@@ -1502,13 +1356,8 @@ def fr_collectives(con, run_id: str) -> list[dict]:
     calls, timed = calls with a recorded duration, median_duration_ns over them (NULL when none:
     gloo records none; NCCL only with TORCH_NCCL_ENABLE_TIMING). The dumps hold the last
     TORCH_FR_BUFFER_SIZE entries of each rank, so the counts cover that window, not the whole job."""
-    return _rows(con, """
-        SELECT pg_name, op, in_bytes, count(*) AS calls, count(DISTINCT rank) AS ranks,
-               count(DISTINCT collective_seq_id) AS instances, sum(in_bytes) AS bytes,
-               count(duration_ns) AS timed, median(duration_ns) AS median_duration_ns,
-               min(collective_seq_id) AS first_seq, max(collective_seq_id) AS last_seq
-        FROM fr_entries WHERE run_id = ? AND collective_seq_id > 0 AND NOT coalesce(is_p2p, false)
-        GROUP BY ALL ORDER BY pg_name, op, in_bytes NULLS LAST""", [run_id])
+    return _rows(con, "SELECT * EXCLUDE (run_id) FROM fr_collectives WHERE run_id = ? "
+                      "ORDER BY pg_name, op, in_bytes NULLS LAST", [run_id])  # analyses/fr_collectives.sql
 
 
 def hang_lines(report: dict) -> list[str]:

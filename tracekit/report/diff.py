@@ -6,7 +6,8 @@ GB = 1e9); ``tracekit diff RUN_A RUN_B`` renders it (``--json`` prints it as is)
 Rows: one per (op, size bucket) present in either run. A bucket is the power-of-two range
 ``[2^k, 2^(k+1))`` bytes holding the instance's nccl-tests size (``tracekit.model.size_bucket``, the
 one definition the report and HTML use too; size 0 is its own bucket, unknown sizes are ``unknown``).
-Nothing is a median across sizes. Per run and row:
+Nothing is a median across sizes. Per run and row (the view ``collective_sizes_by_op``,
+analyses/collective_sizes.sql, computes them; this module selects and renders):
 
 - ``count``: matched collective instances (collective_bandwidth);
 - ``median_sync_time_ns``, ``median_busbw_gbps``: medians over those instances; ``peak_busbw_gbps``:
@@ -40,36 +41,6 @@ from typing import Any
 from tracekit.store import Store
 from tracekit.report.textfmt import fmt_ms, fmt_num, fmt_pct, fmt_pp, fmt_us
 
-_ROW_SQL = """
-WITH calls AS (
-    SELECT c.run_id, c.rank, c.pg_name, c.seq, c.event_id, c.dur_ns,
-           coalesce(o.overlap_ns, 0) AS overlap_ns
-    FROM collectives c
-    LEFT JOIN collective_overlap o ON o.run_id = c.run_id AND o.rank = c.rank AND o.event_id = c.event_id
-    WHERE c.run_id = ? AND c.op IS NOT NULL AND c.seq IS NOT NULL
-),
-inst AS (  -- the power-of-two size bucket of tracekit.model.size_bucket
-    SELECT b.pg_name, b.seq, b.op, b.size_bytes, b.sync_time_ns, b.busbw_gbps, tk_size_bucket(b.size_bytes) AS bucket
-    FROM collective_bandwidth b WHERE b.run_id = ?
-),
-w AS (
-    SELECT pg_name, seq, sum(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL
-),
-sp AS (
-    SELECT pg_name, seq, sum(dur_ns) AS comm_ns, sum(overlap_ns) AS overlap_ns FROM calls GROUP BY ALL
-)
-SELECT i.op, i.bucket, count(*) AS count, count(DISTINCT i.pg_name) AS groups,
-       median(i.sync_time_ns) AS median_sync_time_ns,
-       median(i.busbw_gbps) AS median_busbw_gbps, max(i.busbw_gbps) AS peak_busbw_gbps,
-       coalesce(sum(w.wait_ns), 0)::BIGINT AS wait_ns,
-       coalesce(sum(sp.comm_ns), 0)::BIGINT AS comm_ns,
-       coalesce(sum(sp.overlap_ns), 0)::BIGINT AS overlap_ns
-FROM inst i
-LEFT JOIN w USING (pg_name, seq)
-LEFT JOIN sp USING (pg_name, seq)
-GROUP BY i.op, i.bucket
-"""
-
 _TIMELINE = ("wait_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "overlap_ratio")
 """Metrics only a run with a timeline has (None for a benchmark log)."""
 _METRICS = ("count", "groups", "median_sync_time_ns", "median_busbw_gbps", "peak_busbw_gbps", "wait_ns", "comm_ns", "overlap_ns",
@@ -98,16 +69,16 @@ def _finite(x):
 
 
 def _rows(con, run_id: str, timeline: bool) -> dict[tuple, dict]:
-    cur = con.execute(_ROW_SQL, [run_id, run_id, run_id])
+    """(op, bucket) → the row of collective_sizes_by_op (analyses/collective_sizes.sql) for
+    ``run_id``, the timeline's metrics None when the run has no timeline."""
+    cur = con.execute("SELECT * EXCLUDE (run_id) FROM collective_sizes_by_op WHERE run_id = ?", [run_id])
     cols = [d[0] for d in cur.description]
     out = {}
     for rec in cur.fetchall():
         r = {c: _finite(v) for c, v in zip(cols, rec)}
-        r["exposed_comm_ns"] = r["comm_ns"] - r["overlap_ns"]
-        r["overlap_ratio"] = r["overlap_ns"] / r["comm_ns"] if r["comm_ns"] > 0 else None
         if not timeline:
             r.update(dict.fromkeys(_TIMELINE))
-        out[(r["op"], r["bucket"])] = r
+        out[(r["op"], r["bucket_bytes"])] = r
     return out
 
 
@@ -115,15 +86,8 @@ def _totals(con, run_id: str, timeline: bool) -> dict[str, Any]:
     if not timeline:
         ranks = con.execute("SELECT count(*) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
         return dict(ranks=int(ranks), **dict.fromkeys(_TOTALS[1:]))
-    ranks, comm, compute, overlap, exposed = con.execute(
-        "SELECT count(*), coalesce(sum(comm_ns), 0), coalesce(sum(compute_ns), 0), coalesce(sum(overlap_ns), 0), "
-        "coalesce(sum(exposed_comm_ns), 0) FROM overlap_by_rank WHERE run_id = ?",
-        [run_id],
-    ).fetchone()
-    return dict(
-        ranks=int(ranks), comm_ns=int(comm), compute_ns=int(compute), overlap_ns=int(overlap),
-        exposed_comm_ns=int(exposed), overlap_ratio=(overlap / comm if comm else None),
-    )
+    cur = con.execute("SELECT * EXCLUDE (run_id) FROM run_comm_totals WHERE run_id = ?", [run_id])
+    return dict(zip([d[0] for d in cur.description], cur.fetchone()))  # analyses/collective_sizes_by_op.sql
 
 
 def _delta(a, b):

@@ -105,11 +105,15 @@ def _worst_rows(con, report: dict, steps: int | None) -> tuple[list[dict], str]:
     is_log = report["run"].get("source") == "nccl_tests"
     rows = [dict(zip(("op", "group_size", "bucket_bytes", "count", "sync_ns", "wait_ns", "predicted_ns", "efficiency",
                       "verdict", "reference", "basis"), r)) for r in con.execute(
-        """WITH w AS (SELECT pg_name, seq, avg(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ? GROUP BY ALL)
-           SELECT v.op, v.group_size, v.bucket_bytes, count(*), sum(v.sync_time_ns), sum(w.wait_ns),
-                  CASE WHEN count(v.predicted_ns) = count(*) THEN sum(v.predicted_ns) END, median(v.efficiency),
+        # float sums in one fixed order (an instance's key): in scan order their last digit changed from run to run
+        """WITH w AS (SELECT pg_name, win, seq, avg(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ?
+                     GROUP BY ALL)
+           SELECT v.op, v.group_size, v.bucket_bytes, count(*), sum(v.sync_time_ns ORDER BY v.pg_name, v.win, v.seq),
+                  sum(w.wait_ns ORDER BY v.pg_name, v.win, v.seq),
+                  CASE WHEN count(v.predicted_ns) = count(*) THEN sum(v.predicted_ns ORDER BY v.pg_name, v.win, v.seq)
+                  END, median(v.efficiency),
                   _most_common(list(v.verdict)), _most_common(list(v.reference)), _most_common(list(v.verdict_basis))
-           FROM __report_verdicts v LEFT JOIN w USING (pg_name, seq)
+           FROM __report_verdicts v LEFT JOIN w USING (pg_name, win, seq)
            WHERE v.op IS NOT NULL AND v.sync_time_ns IS NOT NULL GROUP BY ALL""",
         [report["run"]["run_id"]]).fetchall()]
     if is_log:

@@ -181,10 +181,10 @@ def html_data(
                    v.verdict, v.verdict_basis, v.reference, v.efficiency, v.efficiency_link, v.crossover_bytes,
                    v.predicted_ns, i.skew_ns, i.straggler
             FROM collective_bandwidth b
-            JOIN collective_instances i USING (run_id, pg_name, seq)
-            LEFT JOIN collective_verdicts v USING (run_id, pg_name, seq)
+            JOIN collective_instances i USING (run_id, pg_name, win, seq)
+            LEFT JOIN collective_verdicts v USING (run_id, pg_name, win, seq)
             WHERE b.run_id = ? AND b.busbw_gbps IS NOT NULL AND b.size_bytes > 0
-            ORDER BY b.op, b.size_bytes
+            ORDER BY b.op, b.size_bytes, b.pg_name, b.win, b.seq
             """,
             [rid],
         )
@@ -348,9 +348,13 @@ def _timeline(con, run_id: str, steps: int) -> dict[str, Any]:
                    i.straggler, v.verdict
             FROM events e
             LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
-            LEFT JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name AND i.seq = c.seq
+            -- the call's profiler window (instance key (pg, win, seq)); a copy of a span matching dropped: 0
+            LEFT JOIN __instance_calls ic ON ic.run_id = c.run_id AND ic.rank = c.rank AND ic.event_id = c.event_id
+            LEFT JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name
+                                            AND i.win = coalesce(ic.win, 0) AND i.seq = c.seq
             LEFT JOIN collective_waits w ON w.run_id = c.run_id AND w.rank = c.rank AND w.event_id = c.event_id
-            LEFT JOIN collective_verdicts v ON v.run_id = c.run_id AND v.pg_name = c.pg_name AND v.seq = c.seq
+            LEFT JOIN collective_verdicts v ON v.run_id = c.run_id AND v.pg_name = c.pg_name
+                                           AND v.win = coalesce(ic.win, 0) AND v.seq = c.seq
             WHERE e.run_id = ? AND e.class = 'comm' AND e.rank IN ({rl}) {step_filter}
             ORDER BY e.rank, e.ts_ns
             """,
@@ -386,30 +390,31 @@ def _wait_matrix(con, run_id: str) -> dict[str, Any]:
     inst = _rows(
         con,
         """
-        SELECT pg_name, seq, op, size_bytes, group_size, last_arrival_ns, skew_ns, sync_time_ns, straggler
+        SELECT pg_name, win, seq, op, size_bytes, group_size, last_arrival_ns, skew_ns, sync_time_ns, straggler
         FROM collective_instances WHERE run_id = ? AND ranks_seen > 1
-        ORDER BY last_arrival_ns, pg_name, seq
+        ORDER BY last_arrival_ns, pg_name, win, seq
         """,
         [run_id],
     )
     note = ""
     if len(inst) > MAX_HEATMAP_INSTANCES:
         keep = sorted(inst, key=lambda r: -(r["skew_ns"] or 0))[:MAX_HEATMAP_INSTANCES]
-        keys = {(r["pg_name"], r["seq"]) for r in keep}
+        keys = {(r["pg_name"], r["win"], r["seq"]) for r in keep}
         note = f"the {MAX_HEATMAP_INSTANCES} instances with the largest skew of {len(inst)}"
-        inst = [r for r in inst if (r["pg_name"], r["seq"]) in keys]
-    index = {(r["pg_name"], r["seq"]): j for j, r in enumerate(inst)}
+        inst = [r for r in inst if (r["pg_name"], r["win"], r["seq"]) in keys]
+    index = {(r["pg_name"], r["win"], r["seq"]): j for j, r in enumerate(inst)}
     ranks = [r[0] for r in con.execute("SELECT rank FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
     row_of = {r: i for i, r in enumerate(ranks)}
     wait: list[list[float | None]] = [[None] * len(inst) for _ in ranks]
-    for pg, seq, rank, w in con.execute(
-        "SELECT pg_name, seq, rank, wait_ns FROM collective_waits WHERE run_id = ?", [run_id]
+    for pg, win, seq, rank, w in con.execute(
+        "SELECT pg_name, win, seq, rank, wait_ns FROM collective_waits WHERE run_id = ?", [run_id]
     ).fetchall():
-        j = index.get((pg, seq))
+        j = index.get((pg, win, seq))
         i = row_of.get(rank)
         if j is not None and i is not None:
             wait[i][j] = w
     for r in inst:
+        del r["win"]  # the key's window: not shown
         r["instance"] = f"{r['pg_name']}:{r['seq']}"
     return dict(instances=inst, ranks=ranks, wait_ns=wait, note=note)
 
