@@ -90,7 +90,7 @@ MODULES: tuple[Module, ...] = (
     Module("kernel_summary", ("_gpu_ops", "gpu_time_by_launcher", "kernel_summary"),
            ("_gpu_launcher_summary", "events", "gpu_time_breakdown", "ranks")),
     Module("alltoall_imbalance", ("_a2a_cells", "_a2a_rows", "alltoall_imbalance", "alltoall_matrix",
-                                  "alltoall_matrix_total"), ("collective_instances", "collectives")),
+                                  "alltoall_matrix_total"), ("__instance_calls", "collective_instances", "collectives")),
     Module("pipeline_bubbles", ("_pp_runs", "pipeline_bubbles"), ("_overlap_summary", "collectives", "runs")),
     Module("critical_path", ("critical_path", "critical_path_summary"),  # Python: a walk over the events
            ("_instance_calls", "collective_instances", "events", "ranks", "runs")),

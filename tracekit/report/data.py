@@ -967,12 +967,12 @@ def alltoall_section(con, run_id: str) -> dict[str, Any]:
     if not con.execute("SELECT count(*) FROM collectives WHERE run_id = ? AND op = 'all_to_all'", [run_id]).fetchone()[0]:
         return {"calls": [], "matrix_total": [], "instances": 0, "imbalance_cost_ns": 0.0}  # the views' rows are its rows
     calls = _rows(con, f"SELECT * EXCLUDE (run_id) FROM alltoall_imbalance WHERE run_id = ? "
-                       f"ORDER BY imbalance_cost_ns DESC NULLS LAST, pg_name, seq LIMIT {TOP_ALLTOALL}", [run_id])
+                       f"ORDER BY imbalance_cost_ns DESC NULLS LAST, pg_name, win, seq LIMIT {TOP_ALLTOALL}", [run_id])
     matrix = _rows(con, "SELECT src, dst, calls, bytes FROM alltoall_matrix_total WHERE run_id = ? ORDER BY src, dst",
                    [run_id])
     # a float sum in one fixed order (pg_name, seq): the view's rows come in no fixed order, and a sum
     # in scan order changed its last digit from run to run
-    n, cost = con.execute("SELECT count(*), coalesce(sum(imbalance_cost_ns ORDER BY pg_name, seq), 0) FROM alltoall_imbalance "
+    n, cost = con.execute("SELECT count(*), coalesce(sum(imbalance_cost_ns ORDER BY pg_name, win, seq), 0) FROM alltoall_imbalance "
                           "WHERE run_id = ?", [run_id]).fetchone()
     return {"calls": calls, "matrix_total": matrix, "instances": n, "imbalance_cost_ns": float(cost)}
 

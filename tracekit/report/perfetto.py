@@ -8,9 +8,9 @@
   microseconds with exactly the nanosecond precision of the store (at most 3 decimals):
   times are shifted by the run's origin (``otherData.time_origin_ns``, a whole microsecond) so
   that a double holds them exactly;
-- every collective carries its instance id (``pg:seq``), op, bytes, wait, sync time and verdict in
-  ``args``; flow arrows (``ph: "s"`` → ``ph: "f"``, binding to the enclosing slice) chain the
-  instance's ranks in the order their slices start (the order of arrival when a call starts with
+- every collective carries its instance id (``pg:seq``; ``pg:seq@wN`` in profiler window N > 0),
+  op, bytes, wait, sync time and verdict in ``args``; flow arrows (``ph: "s"`` → ``ph: "f"``,
+  binding to the enclosing slice) chain the instance's ranks in the order their slices start (the order of arrival when a call starts with
   its span, so the last arrow then ends at the straggler).
 
 The run's critical paths (analyses/critical_path.py) come as one more process, ``critical path``
@@ -106,15 +106,17 @@ def _collective_args(con, run_id: str) -> dict[tuple[int, int], dict]:
     """(rank, event_id) → the args of that rank's collective call."""
     cur = con.execute(
         """
-        SELECT c.rank, c.event_id, c.pg_name, c.seq, c.op, c.dtype, c.size_bytes, c.wire_bytes, c.group_size,
+        SELECT c.rank, c.event_id, c.pg_name, w.win, c.seq, c.op, c.dtype, c.size_bytes, c.wire_bytes, c.group_size,
                c.peer, c.algo, c.approx, w.wait_ns, i.sync_time_ns, i.straggler, i.ranks_seen, i.complete,
                v.verdict, coalesce(v.efficiency, v.efficiency_link) AS efficiency
         FROM collectives c
         LEFT JOIN collective_waits w
                ON w.run_id = c.run_id AND w.rank = c.rank AND w.event_id = c.event_id
               AND w.pg_name = c.pg_name AND w.seq = c.seq
-        LEFT JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name AND i.seq = c.seq
-        LEFT JOIN collective_verdicts v ON v.run_id = c.run_id AND v.pg_name = c.pg_name AND v.seq = c.seq
+        LEFT JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name AND i.win = w.win
+              AND i.seq = c.seq
+        LEFT JOIN collective_verdicts v ON v.run_id = c.run_id AND v.pg_name = c.pg_name AND v.win = w.win
+              AND v.seq = c.seq
         WHERE c.run_id = ?
         """,
         [run_id],
@@ -127,7 +129,7 @@ def _collective_args(con, run_id: str) -> dict[tuple[int, int], dict]:
             args = {"collective": "unattributed (no collective metadata)"}
         else:
             args = {
-                "instance": f"{r['pg_name']}:{r['seq']}",
+                "instance": _instance_label(r["pg_name"], r["win"], r["seq"]),
                 "op": r["op"],
                 "size_bytes": r["size_bytes"],
                 "wire_bytes": r["wire_bytes"],
@@ -152,20 +154,27 @@ def _collective_args(con, run_id: str) -> dict[tuple[int, int], dict]:
 
 
 def _instances(con, run_id: str) -> list[tuple[str, list[tuple[int, int, int]]]]:
-    """Matched instances seen by >= 2 ranks: (pg:seq, [(ts_ns, rank, event_id) in arrival order])."""
+    """Matched instances seen by >= 2 ranks: (:func:`_instance_label`, [(ts_ns, rank, event_id) in arrival
+    order])."""
     rows = con.execute(
         """
-        SELECT w.pg_name, w.seq, w.ts_ns, w.rank, w.event_id
-        FROM collective_waits w JOIN collective_instances i USING (run_id, pg_name, seq)
+        SELECT w.pg_name, w.win, w.seq, w.ts_ns, w.rank, w.event_id
+        FROM collective_waits w JOIN collective_instances i USING (run_id, pg_name, win, seq)
         WHERE w.run_id = ? AND i.ranks_seen > 1
-        ORDER BY w.pg_name, w.seq, w.ts_ns, w.rank
+        ORDER BY w.pg_name, w.win, w.seq, w.ts_ns, w.rank
         """,
         [run_id],
     ).fetchall()
     out: dict[tuple, list] = {}
-    for pg, seq, ts, rank, eid in rows:
-        out.setdefault((pg, seq), []).append((int(ts), int(rank), int(eid)))
-    return [(f"{pg}:{seq}", calls) for (pg, seq), calls in out.items()]
+    for pg, win, seq, ts, rank, eid in rows:
+        out.setdefault((pg, win, seq), []).append((int(ts), int(rank), int(eid)))
+    return [(_instance_label(pg, win, seq), calls) for (pg, win, seq), calls in out.items()]
+
+
+def _instance_label(pg, win, seq) -> str:
+    """An instance's name in the trace: ``pg:seq``, or ``pg:seq@wN`` in profiler window N > 0 (windows
+    concatenated in one file restart seq: instance_rows.sql)."""
+    return f"{pg}:{seq}" + (f"@w{win}" if win else "")
 
 
 def export_perfetto(
