@@ -96,10 +96,13 @@ print(json.dumps(dict(wall_s=wall, driver_cpu_s=time.process_time() - c0,
 """
 
 
-def ingest_once(src: Path, store: Path, engine: str, workers: int, address: str | None) -> dict:
-    """One ingest in a fresh driver process: its wall_s, driver_cpu_s, driver_peak_mib."""
+def ingest_once(src: Path, store: Path, engine: str, workers: int, address: str | None,
+                checkout: Path | None = None) -> dict:
+    """One ingest in a fresh driver process: its wall_s, driver_cpu_s, driver_peak_mib. ``checkout``:
+    the tracekit checkout the driver imports (PYTHONPATH; default: the one on sys.path)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout)) if checkout else None
     p = subprocess.run([sys.executable, "-c", _DRIVER, str(src), str(store), engine, str(workers), address or ""],
-                       capture_output=True, text=True, timeout=3600)
+                       capture_output=True, text=True, timeout=3600, env=env)
     if p.returncode:
         raise SystemExit(f"ingest failed ({engine}, {workers} workers, {src}): {p.stderr.strip()[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -173,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=DEFAULT_BASE)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--jobs-dirs", type=Path, nargs="+", default=None, metavar="DIR",
+                    help="ingest these job folders (e.g. synth_job.py's DIR/traces) instead of replica jobs; "
+                         "--ranks is then each folder's file count")
+    ap.add_argument("--checkouts", type=Path, nargs="+", default=None, metavar="DIR",
+                    help="run the driver with each of these tracekit checkouts in turn (before/after), "
+                         "interleaved per job; default: the tracekit on sys.path")
+    ap.add_argument("--no-analyze", action="store_true", help="ingest only")
     ap.add_argument("--per-rank", type=Path, default=None, metavar="FILE",
                     help="only: ingest this one (large) rank file in a Ray worker; its time, rate and peak RSS")
     a = ap.parse_args(argv)
@@ -182,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results: dict = dict(load_before=os.getloadavg()[0], runs=[], analyze=[])
     jobs = {}
-    for n in a.ranks:
+    if a.jobs_dirs:
+        jobs = {len([f for f in d.iterdir() if f.name != "run_config.json"]): d for d in a.jobs_dirs}
+        a.ranks = list(jobs)
+    for n in a.ranks if not a.jobs_dirs else ():
         d = work / f"job{n}"
         if not (d.is_dir() and len(list(d.iterdir())) == n):
             t0 = time.perf_counter()
@@ -201,17 +214,20 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault("ray_start_s", {})[w] = time.perf_counter() - t0
             try:
                 for n in a.ranks:
-                    store = work / f"store-{engine}-{w}-{n}"
-                    shutil.rmtree(store, ignore_errors=True)
-                    m = ingest_once(jobs[n], store, engine, w, address)
-                    row = dict(engine=engine, workers=w, ranks=n, load=os.getloadavg()[0], **m)
-                    results["runs"].append(row)
-                    print(json.dumps(row), file=sys.stderr)
-                    if w == max(a.workers) and engine == a.engines[0]:  # analyze time vs ranks
-                        an = dict(ranks=n, **analyze_once(store))
-                        results["analyze"].append(an)
-                        print(json.dumps(an), file=sys.stderr)
-                    shutil.rmtree(store, ignore_errors=True)
+                    for co in a.checkouts or [None]:  # before/after interleaved
+                        store = work / f"store-{engine}-{w}-{n}"
+                        shutil.rmtree(store, ignore_errors=True)
+                        m = ingest_once(jobs[n], store, engine, w, address, co)
+                        row = dict(engine=engine, workers=w, ranks=n, load=os.getloadavg()[0], **m)
+                        if co:
+                            row["checkout"] = str(co)
+                        results["runs"].append(row)
+                        print(json.dumps(row), file=sys.stderr)
+                        if w == max(a.workers) and engine == a.engines[0] and not a.no_analyze and co is None:
+                            an = dict(ranks=n, **analyze_once(store))
+                            results["analyze"].append(an)
+                            print(json.dumps(an), file=sys.stderr)
+                        shutil.rmtree(store, ignore_errors=True)
             finally:
                 if cluster is not None:
                     cluster.shutdown()

@@ -151,6 +151,17 @@ def test_bad_staged_collectives_is_one_line_and_leaves_the_store(tmp_path, monke
     assert not (st.path / ".staging").exists()
 
 
+def test_bad_staged_collectives_before_the_clock_alignment(job, tmp_path, monkeypatch):
+    """On 4 hosts the alignment reads the staged collectives first: the damaged one is named there."""
+    where = _damage(monkeypatch, 5, "damaged")
+    st = Store(tmp_path / "store")
+    with pytest.raises(FileError) as e:
+        ingest_paths([Path(job["traces_dir"])], st, run_id="r", jobs=1)
+    assert str(e.value).startswith(f"{where[0]}: rank 5's staged collectives table cannot be read (")
+    assert "\n" not in str(e.value)
+    assert not st.path.exists() or not any(st.path.iterdir())  # nothing committed, no staging left
+
+
 def test_read_part_refuses_another_tables_file(tmp_path):
     """A staged file holding some other table (the wrong columns) is refused, naming it."""
     import pyarrow as pa

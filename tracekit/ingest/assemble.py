@@ -116,6 +116,22 @@ def _write_part(parts, name: str, schema: pa.Schema, rank: int, table: pa.Table)
     pq.write_table(table.cast(schema), part_path(parts, name, rank), **PART_OPTS)
 
 
+def check_part(parts, name: str, rank: int) -> Path:
+    """The path of rank ``rank``'s staged table ``name`` after reading its footer: FileError naming
+    it when it is missing, is no Parquet file, or its columns are not the table's."""
+    f = part_path(parts, name, rank)
+    schema = dict((n, s) for n, s, _ in PART_TABLES)[name]
+    try:
+        if not pq.read_schema(f).equals(schema):
+            raise ValueError(f"its columns are not {name}'s")
+        return f
+    except FileNotFoundError:
+        raise FileError(f, f"rank {rank}'s staged {name} table is missing (removed while the ingest ran?)") from None
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        what = " ".join(str(exc).split())[:200]
+        raise FileError(f, f"rank {rank}'s staged {name} table cannot be read ({what})") from None
+
+
 def read_part(parts, name: str, rank: int, columns=None) -> pa.Table:
     """Rank ``rank``'s staged table ``name`` (``columns``: only those, read column by column from
     the file); FileError naming the file when it is missing or cannot be read as that table."""
@@ -464,11 +480,12 @@ def finish_run(
     to ``stage/parts`` (:func:`part_path`) and returns a small :class:`RankResult`. The driver then
     reads back only what it needs across ranks: the full collectives of ranks with gloo calls
     lacking a process group (:func:`tracekit.ingest.pg_attribution.attribute`; rewritten when it
-    changes them), the six columns the clock alignment reads (column-projected, one rank at a
-    time), and finally streams every staged table into the run's file, one rank at a time, its
+    changes them), the six columns the clock alignment reads (DuckDB over the staged files), and
+    finally streams every staged table into the run's file, one rank at a time, its
     timestamps shifted by the rank's clock offset, gathered into row groups of
-    COLLECTIVES_ROW_GROUP rows. The driver's memory: one rank's staged table and one row group,
-    plus the alignment's samples (:func:`tracekit.ingest.clocks.estimate_offsets`) when it runs.
+    COLLECTIVES_ROW_GROUP rows. The driver's memory: one rank's staged table and one row group;
+    the alignment (:func:`tracekit.ingest.clocks.estimate_offsets_from_files`) runs in DuckDB
+    within SHIFT_MEMORY_LIMIT, spilling to the staging directory.
     ``stage/parts`` is removed at the end; on an error the caller's staging directory (and it) is.
 
     ``align``: ``none`` | ``host`` | ``collectives`` (default: collectives when the
@@ -477,7 +494,7 @@ def finish_run(
     process); ``user_kernels``: the ``--comm-pattern`` kernels; ``progress``: advanced per rank.
     Raises FileError naming a staged file that is missing or unreadable.
     """
-    from tracekit.ingest.clocks import choose_alignment, estimate_offsets
+    from tracekit.ingest.clocks import choose_alignment, estimate_offsets, estimate_offsets_from_files
     from tracekit.ingest.engine import LocalEngine
 
     world_size = _world_size(results, ranks)
@@ -521,8 +538,17 @@ def finish_run(
     k_notes = group_size_disagreements([(r, _pairs_table(pg_sizes[r])) for r in rank_order])
     for rr in rank_rows:
         rr["warnings"].extend(pg_notes.get(rr["rank"], []) + k_notes.get(rr["rank"], []))
-    offsets = estimate_offsets(_light_rows(parts, rank_order) if mode != "none" else [], sorted(hosts), hosts, mode)
     con = None
+    if mode != "none":  # from the staged files, in DuckDB (bounded, spilling): not the rows in Python
+        con = _shift_connection(stage)
+        files = {r: check_part(parts, "collectives", r) for r in rank_order}  # each one's footer and columns
+        try:
+            offsets = estimate_offsets_from_files(files, sorted(hosts), hosts, mode, con)
+        except duckdb_error() as exc:
+            raise FileError(parts / "collectives", f"staged collectives cannot be read for the clock alignment "
+                                                   f"({' '.join(str(exc).split())[:200]})") from None
+    else:
+        offsets = estimate_offsets([], sorted(hosts), hosts, mode)
     for rr in rank_rows:
         off, err, note = offsets.get(rr["rank"], (0, 0, None))
         rr["clock_offset_ns"], rr["clock_offset_err_ns"] = off, err
@@ -621,12 +647,11 @@ def _pairs_table(pairs: set) -> pa.Table:
                          group_size=pa.array([k for _, k in pairs], pa.int64())))
 
 
-def _light_rows(parts, ranks):
-    """(rank, pg_name, seq, op, ts_ns, dur_ns) dicts of every collectives row, for the clock alignment:
-    read rank by rank from the staged collectives (these six columns only), one rank's at a time."""
-    cols = ["rank", "pg_name", "seq", "op", "ts_ns", "dur_ns"]
-    for r in ranks:
-        yield from read_part(parts, "collectives", r, cols).to_pylist()
+def duckdb_error():
+    """DuckDB's base exception class (imported when needed)."""
+    import duckdb
+
+    return duckdb.Error
 
 
 def _shift_connection(stage: Path):

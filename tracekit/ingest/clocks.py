@@ -86,6 +86,12 @@ def estimate_offsets(
             if b not in got:
                 got[b] = (got[a][0] + off, got[a][1] + err)
                 q.append(b)
+    return _finish(out, got, ranks, hosts, mode, ref)
+
+
+def _finish(out: dict, got: dict, ranks, hosts, mode: str, ref: int) -> dict:
+    """``out`` from the walk's offsets ``got`` (rank → (offset, uncertainty)): the ranks it did not
+    reach warned, and in ``host`` mode each host's median offset."""
     for r in ranks:
         if r in got:
             out[r] = (got[r][0], got[r][1], None)
@@ -104,3 +110,89 @@ def estimate_offsets(
             for r in members:
                 out[r] = (off, err, out[r][2] if r not in got else None)
     return out
+
+
+def estimate_offsets_from_files(
+    files: dict[int, str], ranks: list[int], hosts: dict[int, str | None], mode: str, con
+) -> dict[int, tuple[int, int, str | None]]:
+    """:func:`estimate_offsets` (the same result, to the ns) from collectives Parquet files instead of
+    rows in memory, so its memory does not grow with the collectives.
+
+    ``files``: rank → a Parquet file holding that rank's collectives rows and no other rank's (at
+    least the columns rank, pg_name, seq, op, ts_ns, dur_ns; a later row of one (pg_name, seq)
+    wins, as in :func:`estimate_offsets`); ``con``: a DuckDB connection (give it a memory limit and a temp
+    directory: it sorts and joins there, spilling beyond the limit). How: the ends of every
+    (pg_name, seq, rank) go to a DuckDB table; the distinct member sets of the instances (a few per
+    process group) give each rank's neighbours, and the breadth-first walk from the lowest rank
+    (neighbours in rank order, as :func:`estimate_offsets` visits them) picks the one pair per
+    rank whose estimate it uses; only those pairs' differences are computed, and streamed, one
+    pair at a time, into :func:`_robust`. Python memory: the member sets, the walk (per rank) and
+    one pair's differences (at most the smaller rank's collectives).
+    """
+    import pyarrow as pa
+
+    out = {r: (0, 0, None) for r in ranks}
+    if mode == "none" or len(ranks) < 2:
+        return out
+    from tracekit.store import sql_file_list
+
+    paths = [str(f) for _, f in sorted(files.items())]
+    # a rank's rows are in its one file: the last of a (pg_name, seq) wins, as in estimate_offsets
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _tk_ends AS
+        SELECT pg_name, seq, rank, e FROM (
+            SELECT pg_name, seq, rank, ts_ns + dur_ns AS e,
+                   row_number() OVER (PARTITION BY pg_name, seq, rank ORDER BY file_row_number DESC) AS k
+            FROM read_parquet({sql_file_list(paths)}, file_row_number = true)
+            WHERE op IS NOT NULL AND seq IS NOT NULL AND ts_ns IS NOT NULL)
+        WHERE k = 1""")
+    # each instance's ranks; two ranks are neighbours when some instance holds both
+    member_sets = [tuple(m) for (m,) in con.execute("""
+        SELECT DISTINCT list(rank ORDER BY rank) FROM _tk_ends GROUP BY pg_name, seq HAVING count(*) >= 2
+        """).fetchall()]
+    sets_of: dict = defaultdict(list)
+    for i, m in enumerate(member_sets):
+        for r in m:
+            sets_of[r].append(i)
+    ref = min(ranks)
+    parent = {ref: None}
+    order = [ref]
+    q = deque([ref])
+    while q:
+        a = q.popleft()
+        for b in sorted({r for i in sets_of.get(a, ()) for r in member_sets[i]} - {a}):
+            if b not in parent:
+                parent[b] = a
+                order.append(b)
+                q.append(b)
+    del member_sets, sets_of
+    est: dict = {}
+    edges = sorted({(min(a, b), max(a, b)) for b, a in parent.items() if a is not None})
+    if edges:
+        con.register("_tk_edges", pa.table(dict(a=pa.array([a for a, _ in edges], pa.int64()),
+                                                b=pa.array([b for _, b in edges], pa.int64()))))
+        res = con.sql("""
+            SELECT g.a, g.b, x.e - y.e AS d
+            FROM _tk_edges g
+            JOIN _tk_ends x ON x.rank = g.a
+            JOIN _tk_ends y ON y.rank = g.b AND y.pg_name IS NOT DISTINCT FROM x.pg_name AND y.seq = x.seq
+            ORDER BY g.a, g.b""")
+        cur, diffs = None, []
+        for batch in res.to_arrow_reader(65_536):  # streamed
+            cols = batch.to_pydict()
+            for a, b, d in zip(cols["a"], cols["b"], cols["d"]):
+                if (a, b) != cur:
+                    if diffs:
+                        est[cur] = _robust(diffs)
+                    cur, diffs = (a, b), []
+                diffs.append(d)
+        if diffs:
+            est[cur] = _robust(diffs)
+        con.unregister("_tk_edges")
+    con.execute("DROP TABLE _tk_ends")
+    got = {ref: (0, 0)}
+    for b in order[1:]:
+        a = parent[b]
+        off, err = est[(a, b)] if a < b else est[(b, a)]
+        got[b] = (got[a][0] + (off if a < b else -off), got[a][1] + err)
+    return _finish(out, got, ranks, hosts, mode, ref)
