@@ -112,6 +112,10 @@ def _finish(out: dict, got: dict, ranks, hosts, mode: str, ref: int) -> dict:
     return out
 
 
+ALIGN_READ_RANKS = 64
+"""Ranks whose collectives' ends :func:`estimate_offsets_from_files` reads into DuckDB at a time."""
+
+
 def estimate_offsets_from_files(
     files: dict[int, str], ranks: list[int], hosts: dict[int, str | None], mode: str, con
 ) -> dict[int, tuple[int, int, str | None]]:
@@ -122,30 +126,46 @@ def estimate_offsets_from_files(
     least the columns rank, pg_name, seq, op, ts_ns, dur_ns; a later row of one (pg_name, seq)
     wins, as in :func:`estimate_offsets`); ``con``: a DuckDB connection (give it a memory limit and a temp
     directory: it sorts and joins there, spilling beyond the limit). How: the ends of every
-    (pg_name, seq, rank) go to a DuckDB table; the distinct member sets of the instances (a few per
+    (pg_name, seq, rank) go to a DuckDB table (read with pyarrow, ALIGN_READ_RANKS ranks at a time:
+    DuckDB's own reader over thousands of files holds state per file); the distinct member sets of the instances (a few per
     process group) give each rank's neighbours, and the breadth-first walk from the lowest rank
     (neighbours in rank order, as :func:`estimate_offsets` visits them) picks the one pair per
     rank whose estimate it uses; only those pairs' differences are computed, and streamed, one
     pair at a time, into :func:`_robust`. Python memory: the member sets, the walk (per rank) and
     one pair's differences (at most the smaller rank's collectives).
     """
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
     out = {r: (0, 0, None) for r in ranks}
     if mode == "none" or len(ranks) < 2:
         return out
-    from tracekit.store import sql_file_list
 
-    paths = [str(f) for _, f in sorted(files.items())]
+    # the ends, read with pyarrow a few ranks at a time (their six columns only) into a DuckDB table;
     # a rank's rows are in its one file: the last of a (pg_name, seq) wins, as in estimate_offsets
-    con.execute(f"""
+    con.execute("CREATE OR REPLACE TEMP TABLE _tk_rows (pg_name VARCHAR, seq BIGINT, rank BIGINT, e BIGINT, o BIGINT)")
+    cols = ["rank", "pg_name", "seq", "op", "ts_ns", "dur_ns"]
+    order = sorted(files.items())
+    for i in range(0, len(order), ALIGN_READ_RANKS):
+        parts = []
+        for _, f in order[i:i + ALIGN_READ_RANKS]:
+            t = pq.read_table(f, columns=cols)
+            t = t.append_column("o", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+            keep = pc.and_(pc.and_(t["op"].is_valid(), t["seq"].is_valid()), t["ts_ns"].is_valid())
+            t = t.filter(keep)
+            parts.append(pa.table(dict(pg_name=t["pg_name"], seq=t["seq"], rank=t["rank"],
+                                       e=pc.add(t["ts_ns"], t["dur_ns"]), o=t["o"])))
+        chunk = pa.concat_tables(parts)  # noqa: F841  (read by the statement below)
+        con.execute("INSERT INTO _tk_rows SELECT pg_name, seq, rank, e, o FROM chunk")
+        del parts, chunk
+    con.execute("""
         CREATE OR REPLACE TEMP TABLE _tk_ends AS
         SELECT pg_name, seq, rank, e FROM (
-            SELECT pg_name, seq, rank, ts_ns + dur_ns AS e,
-                   row_number() OVER (PARTITION BY pg_name, seq, rank ORDER BY file_row_number DESC) AS k
-            FROM read_parquet({sql_file_list(paths)}, file_row_number = true)
-            WHERE op IS NOT NULL AND seq IS NOT NULL AND ts_ns IS NOT NULL)
+            SELECT *, row_number() OVER (PARTITION BY pg_name, seq, rank ORDER BY o DESC) AS k FROM _tk_rows)
         WHERE k = 1""")
+    con.execute("DROP TABLE _tk_rows")
     # each instance's ranks; two ranks are neighbours when some instance holds both
     member_sets = [tuple(m) for (m,) in con.execute("""
         SELECT DISTINCT list(rank ORDER BY rank) FROM _tk_ends GROUP BY pg_name, seq HAVING count(*) >= 2
