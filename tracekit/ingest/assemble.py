@@ -138,7 +138,7 @@ def read_part(parts, name: str, rank: int, columns=None) -> pa.Table:
     f = part_path(parts, name, rank)
     schema = dict((n, s) for n, s, _ in PART_TABLES)[name]
     try:
-        t = pq.read_table(f, columns=columns)
+        t = pq.read_table(f, columns=columns, use_threads=False)
         want = schema if columns is None else pa.schema([schema.field(c) for c in columns])
         if not t.schema.equals(want):
             raise ValueError(f"its columns are not {name}'s")
@@ -581,6 +581,8 @@ def finish_run(
             for k, r in enumerate(rank_order):
                 buf.append(_shifted(read_part(parts, name, r), offsets.get(r, (0, 0, None))[0], cols))
                 n += buf[-1].num_rows
+                if len(buf) >= STREAM_COMBINE_RANKS:  # many ranks' small tables: one contiguous table
+                    buf = [pa.concat_tables(buf).combine_chunks()]
                 if n >= COLLECTIVES_ROW_GROUP or k == len(rank_order) - 1:
                     w.write_table(pa.concat_tables(buf), row_group_size=COLLECTIVES_ROW_GROUP)
                     buf, n = [], 0
@@ -603,6 +605,10 @@ COLLECTIVES_CHUNK = 4096
 
 COLLECTIVES_ROW_GROUP = 65_536
 """Rows per row group of collectives.parquet."""
+
+STREAM_COMBINE_RANKS = 64
+"""While a run's table is streamed from the staged files: ranks' tables held apart before they are
+combined into one (each small table read from a file holds its own buffers)."""
 
 
 def rank_collectives(rows) -> pa.Table:
