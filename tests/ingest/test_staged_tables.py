@@ -12,7 +12,9 @@ with the local engine in the driver's own process (the same functions the Ray en
 * what a task returns holds no table and does not grow with the rank's collectives;
 * a staged collectives file that is damaged or missing when the driver reads it: a one-line
   error naming it, the store as it was, no staging directory left;
-* after a success the run's directory holds no staged part and ``.staging`` is gone.
+* after a success the run's directory holds no staged part and ``.staging`` is gone;
+* the read task's RankFile holds no comm-metadata row, and unpickled RankFiles share their
+  pg_config rank lists.
 """
 
 from __future__ import annotations
@@ -171,3 +173,21 @@ def test_read_part_refuses_another_tables_file(tmp_path):
     pq.write_table(pa.table(dict(x=[1, 2])), f)
     with pytest.raises(FileError, match=r"rank 3's staged collectives table cannot be read \(its columns are not"):
         assemble.read_part(tmp_path, "collectives", 3)
+
+
+def test_what_the_read_task_returns_holds_no_metadata_rows_and_shares_rank_lists(tmp_path):
+    """The Kineto reader writes every comm-metadata row to the staging area (none travels in the
+    RankFile), and unpickled RankFiles share their equal pg_config rank lists (one list of a
+    group's ranks, not one per rank file)."""
+    from tracekit.ingest import _read_one
+
+    got = []
+    for r in (0, 1):
+        ((rf, _stage),) = _read_one((str(FIXTURES / "3d_2x2x2" / f"rank{r}.pt.trace.json.gz"),
+                                     str(tmp_path / f"r{r}.arrow"), (), None))
+        assert rf.meta_pending == 0 and not rf._meta_parts and rf.meta_path is not None
+        assert rf.meta_table().num_rows > 0  # the rows are in the table on disk
+        got.append(pickle.loads(pickle.dumps(rf)))
+    world = [[pg["ranks"] for pg in g.meta["distributedInfo"]["pg_config"] if len(pg["ranks"]) == 8] for g in got]
+    assert world[0] and world[0][0] == list(range(8))
+    assert world[0][0] is world[1][0]
