@@ -179,17 +179,18 @@ class RayEngine:
     def map(self, fn: Callable, tasks: Sequence, names: Sequence[str], progress=None) -> list:
         import ray
 
-        refs = [self._remote.remote(fn, t) for t in tasks]
-        index = {r: i for i, r in enumerate(refs)}
+        index = {self._remote.remote(fn, t): i for i, t in enumerate(tasks)}
         out = [None] * len(tasks)
-        pending = list(refs)
+        pending = list(index)
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
-                    out[index[ref]] = _ray_result(ray, ref, names[index[ref]])
+                    i = index.pop(ref)  # the last reference to a finished task: Ray frees its copy of
+                    out[i] = _ray_result(ray, ref, names[i])  # the result and the task's lineage
                     if progress:
                         progress(advance=1)
+                done = ref = None
         except BaseException:
             _cancel(ray, pending)
             raise
