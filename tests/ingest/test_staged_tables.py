@@ -170,7 +170,9 @@ def test_read_part_refuses_another_tables_file(tmp_path):
 
     (tmp_path / "collectives").mkdir()
     f = assemble.part_path(tmp_path, "collectives", 3)
-    pq.write_table(pa.table(dict(x=[1, 2])), f)
+    import pyarrow.feather as feather
+
+    feather.write_feather(pa.table(dict(x=[1, 2])), f)
     with pytest.raises(FileError, match=r"rank 3's staged collectives table cannot be read \(its columns are not"):
         assemble.read_part(tmp_path, "collectives", 3)
 

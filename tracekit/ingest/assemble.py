@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from tracekit.store import SCHEMA_VERSION
@@ -104,25 +105,29 @@ GPU summaries are the last two (a run without them stores neither)."""
 
 def part_path(parts, name: str, rank: int) -> Path:
     """Where a rank's staged table ``name`` (one of PART_TABLES) lies under ``parts``:
-    ``parts/<name>/rank=<rank>.parquet`` (the table's schema; timestamps not yet shifted)."""
-    return Path(parts) / name / f"rank={rank}.parquet"
+    ``parts/<name>/rank=<rank>.arrow`` (an Arrow IPC file of the table's schema, LZ4-compressed;
+    timestamps not yet shifted)."""
+    return Path(parts) / name / f"rank={rank}.arrow"
 
 
-PART_OPTS = dict(compression="zstd", compression_level=1)
-"""Parquet options of the staged per-rank tables (written once, read back once by the driver)."""
+PART_COMPRESSION = "lz4"
+"""Compression of the staged per-rank tables (Arrow IPC files, feather v2: written once, read back by
+the driver column by column; Parquet cost ~3 ms a read of a small rank's table against ~0.3 here)."""
 
 
 def _write_part(parts, name: str, schema: pa.Schema, rank: int, table: pa.Table) -> None:
-    pq.write_table(table.cast(schema), part_path(parts, name, rank), **PART_OPTS)
+    feather.write_feather(table.cast(schema), part_path(parts, name, rank), compression=PART_COMPRESSION)
 
 
 def check_part(parts, name: str, rank: int) -> Path:
     """The path of rank ``rank``'s staged table ``name`` after reading its footer: FileError naming
-    it when it is missing, is no Parquet file, or its columns are not the table's."""
+    it when it is missing, is no Arrow IPC file, or its columns are not the table's."""
     f = part_path(parts, name, rank)
     schema = dict((n, s) for n, s, _ in PART_TABLES)[name]
     try:
-        if not pq.read_schema(f).equals(schema):
+        with pa.OSFile(str(f)) as fh:
+            got = pa.ipc.open_file(fh).schema
+        if not got.equals(schema):
             raise ValueError(f"its columns are not {name}'s")
         return f
     except FileNotFoundError:
@@ -138,7 +143,7 @@ def read_part(parts, name: str, rank: int, columns=None) -> pa.Table:
     f = part_path(parts, name, rank)
     schema = dict((n, s) for n, s, _ in PART_TABLES)[name]
     try:
-        t = pq.read_table(f, columns=columns, use_threads=False)
+        t = feather.read_table(f, columns=columns, use_threads=False, memory_map=False)
         want = schema if columns is None else pa.schema([schema.field(c) for c in columns])
         if not t.schema.equals(want):
             raise ValueError(f"its columns are not {name}'s")

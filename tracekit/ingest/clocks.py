@@ -112,6 +112,17 @@ def _finish(out: dict, got: dict, ranks, hosts, mode: str, ref: int) -> dict:
     return out
 
 
+def _read_columns(f, cols):
+    """Columns ``cols`` of the table in file ``f``: Parquet (``.parquet``) or an Arrow IPC file."""
+    if str(f).endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(f, columns=cols, use_threads=False)
+    import pyarrow.feather as feather
+
+    return feather.read_table(f, columns=cols, use_threads=False, memory_map=False)
+
+
 ALIGN_READ_RANKS = 64
 """Ranks whose collectives' ends :func:`estimate_offsets_from_files` reads into DuckDB at a time."""
 
@@ -122,7 +133,7 @@ def estimate_offsets_from_files(
     """:func:`estimate_offsets` (the same result, to the ns) from collectives Parquet files instead of
     rows in memory, so its memory does not grow with the collectives.
 
-    ``files``: rank → a Parquet file holding that rank's collectives rows and no other rank's (at
+    ``files``: rank → a Parquet or Arrow IPC file holding that rank's collectives rows and no other rank's (at
     least the columns rank, pg_name, seq, op, ts_ns, dur_ns; a later row of one (pg_name, seq)
     wins, as in :func:`estimate_offsets`); ``con``: a DuckDB connection (give it a memory limit and a temp
     directory: it sorts and joins there, spilling beyond the limit). How: the ends of every
@@ -137,7 +148,6 @@ def estimate_offsets_from_files(
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     out = {r: (0, 0, None) for r in ranks}
     if mode == "none" or len(ranks) < 2:
@@ -151,7 +161,7 @@ def estimate_offsets_from_files(
     for i in range(0, len(order), ALIGN_READ_RANKS):
         parts = []
         for _, f in order[i:i + ALIGN_READ_RANKS]:
-            t = pq.read_table(f, columns=cols)
+            t = _read_columns(f, cols)
             t = t.append_column("o", pa.array(np.arange(t.num_rows, dtype=np.int64)))
             keep = pc.and_(pc.and_(t["op"].is_valid(), t["seq"].is_valid()), t["ts_ns"].is_valid())
             t = t.filter(keep)
