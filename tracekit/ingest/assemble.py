@@ -119,6 +119,13 @@ def _write_part(parts, name: str, schema: pa.Schema, rank: int, table: pa.Table)
     feather.write_feather(table.cast(schema), part_path(parts, name, rank), compression=PART_COMPRESSION)
 
 
+def _part_error(f: Path, name: str, rank: int, exc: Exception) -> FileError:
+    """The one-line error for a staged table that is missing or cannot be read."""
+    if isinstance(exc, FileNotFoundError):
+        return FileError(f, f"rank {rank}'s staged {name} table is missing (removed while the ingest ran?)")
+    return FileError(f, f"rank {rank}'s staged {name} table cannot be read ({' '.join(str(exc).split())[:200]})")
+
+
 def check_part(parts, name: str, rank: int) -> Path:
     """The path of rank ``rank``'s staged table ``name`` after reading its footer: FileError naming
     it when it is missing, is no Arrow IPC file, or its columns are not the table's."""
@@ -130,11 +137,8 @@ def check_part(parts, name: str, rank: int) -> Path:
         if not got.equals(schema):
             raise ValueError(f"its columns are not {name}'s")
         return f
-    except FileNotFoundError:
-        raise FileError(f, f"rank {rank}'s staged {name} table is missing (removed while the ingest ran?)") from None
     except (OSError, ValueError, pa.ArrowException) as exc:
-        what = " ".join(str(exc).split())[:200]
-        raise FileError(f, f"rank {rank}'s staged {name} table cannot be read ({what})") from None
+        raise _part_error(f, name, rank, exc) from None
 
 
 def read_part(parts, name: str, rank: int, columns=None) -> pa.Table:
@@ -148,11 +152,8 @@ def read_part(parts, name: str, rank: int, columns=None) -> pa.Table:
         if not t.schema.equals(want):
             raise ValueError(f"its columns are not {name}'s")
         return t
-    except FileNotFoundError:
-        raise FileError(f, f"rank {rank}'s staged {name} table is missing (removed while the ingest ran?)") from None
     except (OSError, ValueError, pa.ArrowException) as exc:
-        what = " ".join(str(exc).split())[:200]
-        raise FileError(f, f"rank {rank}'s staged {name} table cannot be read ({what})") from None
+        raise _part_error(f, name, rank, exc) from None
 
 
 _COMM_CODE, _COMPUTE_CODE = CLASSES.index("comm"), CLASSES.index("compute")
