@@ -6,11 +6,14 @@ per task by an engine (both engines run the same functions):
 1. read: :func:`tracekit.ingest._read_one` — one trace file → its staging file(s) and a
    :class:`~tracekit.ingest.staging.RankFile` (metadata, steps, warnings);
 2. assemble: :func:`tracekit.ingest.assemble.assemble_rank` — one rank's staging file → its
-   events file (link pass, classes, steps) and its collectives table (attribution, seq).
+   events file (link pass, classes, steps), its collectives (attribution, seq) and summary tables,
+   all written to the staging area, and a small :class:`~tracekit.ingest.assemble.RankResult`.
 
 Between the phases the driver numbers the ranks and takes the world size and process groups from
-every file's metadata (they need all ranks); after the second it estimates clock offsets and
-writes the run's small tables, then commits the run (``tracekit.store.Staging``). The tasks read
+every file's metadata (they need all ranks); after the second it estimates clock offsets from the
+staged collectives and streams the staged tables into the run's, then commits the run
+(``tracekit.store.Staging``). A task's result is dropped by the engine as soon as it is taken
+(Ray: the last reference to the task's object, so Ray frees its copy and the task's lineage). The tasks read
 and write files only under the paths they are given: with Ray, the rank files and the store must be
 on a filesystem every worker mounts at the same path (docs/scale.md).
 
