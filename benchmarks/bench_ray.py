@@ -3,6 +3,7 @@
     python benchmarks/bench_ray.py [--ranks 64 256 1024] [--workers 1 2] [--engines local ray]
                                    [--base DIR] [--workdir DIR] [--out results.json]
     python benchmarks/bench_ray.py --per-rank FILE     # one large rank file in one Ray worker
+    python benchmarks/bench_ray.py --jobs-dirs DIR... [--checkouts OLD NEW] [--held]
 
 For every rank count N it writes a replica job (:func:`write_replica_job`) and, for every engine
 and worker count W, ingests it into a fresh store in its own driver process, which reports its
@@ -29,6 +30,12 @@ written gzip level 1 as ``rank{r}.pt.trace.json.gz`` (about 18 kB a rank).
 ``--per-rank FILE``: one rank file ingested inside one Ray worker (a fresh local Ray of one CPU):
 the task's wall time, its rate (JSON bytes, gunzipped, / 1e6 / s) and the worker's peak RSS (``ru_maxrss``),
 with the idle worker's beside it — the per-rank figures docs/scale.md extrapolates from.
+
+``--jobs-dirs DIR...``: ingest these job folders (e.g. synth_job.py's ``DIR/traces``) instead of
+replicas; ``--checkouts OLD NEW``: the driver imports each checkout in turn, interleaved per job (the
+local engine; for Ray run the script once per checkout, so that the cluster's workers import it
+too). ``--held``: only the bytes the driver receives from the read and assemble tasks (pickled
+results summed over ranks), per job and checkout.
 
 Writes nothing into the repository (replicas and stores live in a temporary directory, or
 --workdir). Numbers: benchmarks/README.md, "Ray engine".
@@ -96,10 +103,14 @@ print(json.dumps(dict(wall_s=wall, driver_cpu_s=time.process_time() - c0,
 """
 
 
-def ingest_once(src: Path, store: Path, engine: str, workers: int, address: str | None) -> dict:
-    """One ingest in a fresh driver process: its wall_s, driver_cpu_s, driver_peak_mib."""
+def ingest_once(src: Path, store: Path, engine: str, workers: int, address: str | None,
+                checkout: Path | None = None) -> dict:
+    """One ingest in a fresh driver process: its wall_s, driver_cpu_s, driver_peak_mib. ``checkout``:
+    the tracekit checkout the driver imports (PYTHONPATH; default: the one on sys.path)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout)) if checkout else None
+    # cwd: the checkout (``python -c`` puts the working directory first on sys.path)
     p = subprocess.run([sys.executable, "-c", _DRIVER, str(src), str(store), engine, str(workers), address or ""],
-                       capture_output=True, text=True, timeout=3600)
+                       capture_output=True, text=True, timeout=3600, env=env, cwd=checkout or REPO)
     if p.returncode:
         raise SystemExit(f"ingest failed ({engine}, {workers} workers, {src}): {p.stderr.strip()[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -154,6 +165,34 @@ def per_rank(path: Path, work: Path) -> dict:
     return out
 
 
+_HELD = r"""
+import json, pickle, sys, tempfile
+import tracekit.ingest as I
+import tracekit.ingest.assemble as A
+got = dict(read=0, assemble=0, ranks=0)
+real_read, real_asm = I._read_one, A.assemble_rank
+def read(a):
+    r = real_read(a); got["read"] += len(pickle.dumps(r)); return r
+def asm(t):
+    r = real_asm(t); got["assemble"] += len(pickle.dumps(r)); got["ranks"] += 1; return r
+I._read_one, A.assemble_rank = read, asm
+I.ingest_paths([sys.argv[1]], tempfile.mkdtemp() + "/store", run_id="held", jobs=1)
+print(json.dumps(got))
+"""
+
+
+def held_bytes(src: Path, checkout: Path | None = None) -> dict:
+    """What the driver receives from the tasks of an ingest of ``src``: the pickled results of the
+    read tasks and of the assemble tasks, bytes summed over ranks (an in-process ingest with both
+    functions wrapped; ``checkout``: the tracekit checkout to run)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout)) if checkout else None
+    p = subprocess.run([sys.executable, "-c", _HELD, str(src)], capture_output=True, text=True, timeout=3600, env=env,
+                       cwd=checkout or REPO)
+    if p.returncode:
+        raise SystemExit(f"ingest failed ({src}): {p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def _json_bytes(path: Path) -> int:
     """The JSON's size: the file's, or what it gunzips to."""
     if not path.name.endswith(".gz"):
@@ -173,6 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=DEFAULT_BASE)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--jobs-dirs", type=Path, nargs="+", default=None, metavar="DIR",
+                    help="ingest these job folders (e.g. synth_job.py's DIR/traces) instead of replica jobs; "
+                         "--ranks is then each folder's file count")
+    ap.add_argument("--checkouts", type=Path, nargs="+", default=None, metavar="DIR",
+                    help="run the driver with each of these tracekit checkouts in turn (before/after), "
+                         "interleaved per job; default: the tracekit on sys.path")
+    ap.add_argument("--no-analyze", action="store_true", help="ingest only")
+    ap.add_argument("--held", action="store_true",
+                    help="only: per job folder and checkout, the bytes the driver receives from the tasks")
     ap.add_argument("--per-rank", type=Path, default=None, metavar="FILE",
                     help="only: ingest this one (large) rank file in a Ray worker; its time, rate and peak RSS")
     a = ap.parse_args(argv)
@@ -180,9 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.per_rank:
         print(json.dumps(per_rank(a.per_rank, work)))
         return 0
+    if a.held:
+        for d in a.jobs_dirs or []:
+            for co in a.checkouts or [None]:
+                print(json.dumps(dict(job=str(d), checkout=str(co) if co else None, **held_bytes(d, co))))
+        return 0
     results: dict = dict(load_before=os.getloadavg()[0], runs=[], analyze=[])
     jobs = {}
-    for n in a.ranks:
+    if a.jobs_dirs:
+        jobs = {len([f for f in d.iterdir() if f.name != "run_config.json"]): d for d in a.jobs_dirs}
+        a.ranks = list(jobs)
+    for n in a.ranks if not a.jobs_dirs else ():
         d = work / f"job{n}"
         if not (d.is_dir() and len(list(d.iterdir())) == n):
             t0 = time.perf_counter()
@@ -201,17 +257,20 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault("ray_start_s", {})[w] = time.perf_counter() - t0
             try:
                 for n in a.ranks:
-                    store = work / f"store-{engine}-{w}-{n}"
-                    shutil.rmtree(store, ignore_errors=True)
-                    m = ingest_once(jobs[n], store, engine, w, address)
-                    row = dict(engine=engine, workers=w, ranks=n, load=os.getloadavg()[0], **m)
-                    results["runs"].append(row)
-                    print(json.dumps(row), file=sys.stderr)
-                    if w == max(a.workers) and engine == a.engines[0]:  # analyze time vs ranks
-                        an = dict(ranks=n, **analyze_once(store))
-                        results["analyze"].append(an)
-                        print(json.dumps(an), file=sys.stderr)
-                    shutil.rmtree(store, ignore_errors=True)
+                    for co in a.checkouts or [None]:  # before/after interleaved
+                        store = work / f"store-{engine}-{w}-{n}"
+                        shutil.rmtree(store, ignore_errors=True)
+                        m = ingest_once(jobs[n], store, engine, w, address, co)
+                        row = dict(engine=engine, workers=w, ranks=n, load=os.getloadavg()[0], **m)
+                        if co:
+                            row["checkout"] = str(co)
+                        results["runs"].append(row)
+                        print(json.dumps(row), file=sys.stderr)
+                        if w == max(a.workers) and engine == a.engines[0] and not a.no_analyze and co is None:
+                            an = dict(ranks=n, **analyze_once(store))
+                            results["analyze"].append(an)
+                            print(json.dumps(an), file=sys.stderr)
+                        shutil.rmtree(store, ignore_errors=True)
             finally:
                 if cluster is not None:
                     cluster.shutdown()

@@ -34,7 +34,8 @@ def store_snapshot(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-SERIAL_FILES = frozenset({"tests/ingest/test_ray_engine.py", "tests/ingest/test_bounded_procs.py"})
+SERIAL_FILES = frozenset({"tests/ingest/test_ray_engine.py", "tests/ingest/test_ray_staged_tables.py",
+                          "tests/ingest/test_bounded_procs.py"})
 """Test files that start Ray clusters or count a command's processes: run one at a time, like the
 ``slow`` tests (real multi-process jobs whose assertions read their timing)."""
 

@@ -71,6 +71,7 @@ def test_every_ingest_path_writes_the_four_summary_files(source, tmp_path, capsy
     assert rc == 0 and json.loads(out)["run"]["run_id"] == "r"
 
 
+@pytest.mark.slow  # a local Ray instance: run one at a time with the other multi-process tests (tests/conftest.py)
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'tracekit[ray]')")
 def test_the_ray_engine_writes_the_four_summary_files(tmp_path):
     import ray

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from tracekit.store import SCHEMA_VERSION
@@ -65,34 +66,94 @@ class RankTask:
     user_kernels: tuple = ()
     declared_world: int | None = None  # the largest distributedInfo.world_size, None when no file gives one
     world_known: bool = True  # False: no trace declares world_size and one file was given (k unknown, not 1)
+    parts: str | None = None
+    """The directory receiving the rank's staged tables (:func:`part_path`): its collectives and
+    summaries, written by :func:`assemble_rank` and read back by :func:`finish_run`."""
 
 
 @dataclass
 class RankResult:
-    """What :func:`assemble_rank` sends back to the driver (small: no events).
+    """What :func:`assemble_rank` sends back to the driver: small, not growing with the rank's
+    collectives or events (its tables are staged files, :func:`part_path`).
 
-    ``collectives``: the rank's COLLECTIVES_SCHEMA table (~150 B per collective), not yet shifted
-    by a clock offset; ``extent``: (first start, last end) ns of its events, (None, None) when it
-    has none; ``host``: its host name or None; ``row``: its ranks.parquet row (offsets 0)."""
+    ``extent``: (first start, last end) ns of its events, (None, None) when it has none; ``host``: its
+    host name or None; ``row``: its ranks.parquet row (offsets 0); ``facts``: per collectives row,
+    what :func:`tracekit.ingest.pg_attribution.attribute` needs (or None), empty when every row's is
+    None (a rank with no gloo call that lacks a process group: all but CPU-only gloo traces);
+    ``pg_sizes``: the distinct (pg_name, group_size) pairs of its collectives; ``algo_proto``: the
+    distinct (algo, proto) pairs; ``gpu_ok``: whether its GPU summaries were made (False: the run
+    stores both GPU summary files empty)."""
 
     rank: int
-    collectives: pa.Table
     extent: tuple
     host: str | None
     row: dict
     facts: list
-    """Per collectives row, what :func:`tracekit.ingest.pg_attribution.attribute` needs (or None)."""
-    windows: pa.Table = None
-    """The rank's OVERLAP_SUMMARY_SCHEMA rows (:func:`tracekit.timeline.intervals.rank_overlap_summary`; string
-    columns dictionary-encoded, :func:`_compact`), not yet shifted by a clock offset (~80 B per window)."""
-    spans: pa.Table = None
-    """The rank's SPAN_OVERLAP_SCHEMA rows, one per comm event, compacted and not yet shifted (~44 B per
-    comm event)."""
-    gpu_windows: pa.Table = None
-    """The rank's GPU_BREAKDOWN_SUMMARY_SCHEMA rows (:func:`tracekit.timeline.gpu.summaries`), not yet
-    shifted (~130 B per window); None when they could not be made (the run then stores neither GPU file)."""
-    gpu_launchers: pa.Table = None
-    """The rank's GPU_LAUNCHER_SUMMARY_SCHEMA rows, compacted (~50 B per launcher name)."""
+    pg_sizes: set
+    algo_proto: set
+    gpu_ok: bool = True
+
+
+PART_TABLES = (("collectives", COLLECTIVES_SCHEMA, ("ts_ns", "issue_ts_ns")),
+               ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, ("first_ns", "last_ns")),
+               ("span_overlap", SPAN_OVERLAP_SCHEMA, ("ts_ns",)),
+               ("gpu_breakdown_summary", GPU_BREAKDOWN_SUMMARY_SCHEMA, ("window_start_ns", "window_end_ns")),
+               ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, ()))
+"""The run tables staged per rank: (name, schema, the timestamp columns a clock offset shifts). The
+GPU summaries are the last two (a run whose GPU work could not be swept stores both empty)."""
+
+
+def part_path(parts, name: str, rank: int) -> Path:
+    """Where a rank's staged table ``name`` (one of PART_TABLES) lies under ``parts``:
+    ``parts/<name>/rank=<rank>.arrow`` (an Arrow IPC file of the table's schema, LZ4-compressed;
+    timestamps not yet shifted)."""
+    return Path(parts) / name / f"rank={rank}.arrow"
+
+
+PART_COMPRESSION = "lz4"
+"""Compression of the staged per-rank tables (Arrow IPC files, feather v2: written once, read back by
+the driver column by column; Parquet cost ~3 ms a read of a small rank's table against ~0.3 here)."""
+
+
+def _write_part(parts, name: str, schema: pa.Schema, rank: int, table: pa.Table) -> None:
+    feather.write_feather(table.cast(schema), part_path(parts, name, rank), compression=PART_COMPRESSION)
+
+
+def _part_error(f: Path, name: str, rank: int, exc: Exception) -> FileError:
+    """The one-line error for a staged table that is missing or cannot be read."""
+    if isinstance(exc, FileNotFoundError):
+        return FileError(f, f"rank {rank}'s staged {name} table is missing (removed while the ingest ran?)")
+    return FileError(f, f"rank {rank}'s staged {name} table cannot be read ({' '.join(str(exc).split())[:200]})")
+
+
+def check_part(parts, name: str, rank: int) -> Path:
+    """The path of rank ``rank``'s staged table ``name`` after reading its footer: FileError naming
+    it when it is missing, is no Arrow IPC file, or its columns are not the table's."""
+    f = part_path(parts, name, rank)
+    schema = dict((n, s) for n, s, _ in PART_TABLES)[name]
+    try:
+        with pa.OSFile(str(f)) as fh:
+            got = pa.ipc.open_file(fh).schema
+        if not got.equals(schema):
+            raise ValueError(f"its columns are not {name}'s")
+        return f
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise _part_error(f, name, rank, exc) from None
+
+
+def read_part(parts, name: str, rank: int, columns=None) -> pa.Table:
+    """Rank ``rank``'s staged table ``name`` (``columns``: only those, read column by column from
+    the file); FileError naming the file when it is missing or cannot be read as that table."""
+    f = part_path(parts, name, rank)
+    schema = dict((n, s) for n, s, _ in PART_TABLES)[name]
+    try:
+        t = feather.read_table(f, columns=columns, use_threads=False, memory_map=False)
+        want = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+        if not t.schema.equals(want):
+            raise ValueError(f"its columns are not {name}'s")
+        return t
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise _part_error(f, name, rank, exc) from None
 
 
 _COMM_CODE, _COMPUTE_CODE = CLASSES.index("comm"), CLASSES.index("compute")
@@ -158,7 +219,7 @@ class _SummaryTap:
         is_comm = np.concatenate(self.comm) if self.comm else np.zeros(0, dtype=bool)
         names = pa.chunked_array(self.names, pa.string())
         self.parts, self.comm, self.names = [], [], []
-        return tuple(_compact(t) for t in rank_overlap_summary(run_id, rank, ev, is_comm, names, recv_ids))
+        return tuple(rank_overlap_summary(run_id, rank, ev, is_comm, names, recv_ids))
 
 
 # linkpass CLASSES code → tracekit.timeline.gpu's class code (compute 0, comm 1, memory 2, sync 3, other 4)
@@ -239,7 +300,7 @@ class _GpuTap:
                                *_picked(ts, call), _picked(batch.column("dur_ns"), call)[0]])
 
     def summaries(self, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
-        """(GPU_BREAKDOWN_SUMMARY_SCHEMA, compacted GPU_LAUNCHER_SUMMARY_SCHEMA) tables of the rows kept;
+        """(GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA) tables of the rows kept;
         empty without GPU ops."""
         from tracekit.timeline.gpu import NONE, summaries
 
@@ -295,7 +356,7 @@ class _GpuTap:
                 out.append(schema.empty_table())
                 continue
             t = t.add_column(0, "run_id", pa.array([run_id] * len(t), pa.string()))
-            out.append(_compact(t.cast(schema)))
+            out.append(t.cast(schema))
         return tuple(out)
 
 
@@ -310,15 +371,6 @@ def _columns(parts: list, ncols: int) -> list:
             p[j] = None
     parts.clear()
     return out
-
-
-def _compact(table: pa.Table) -> pa.Table:
-    """``table`` with its string columns dictionary-encoded, for the trip to the driver (a comm span's
-    row: ~44 B instead of ~100 B with its kernel name); finish_run casts back to the store's schema."""
-    for i, f in enumerate(table.schema):
-        if pa.types.is_string(f.type):
-            table = table.set_column(i, f.name, pc.dictionary_encode(table.column(i)))
-    return table
 
 
 def assemble_rank(task: RankTask) -> RankResult:
@@ -411,9 +463,16 @@ def assemble_rank(task: RankTask) -> RankResult:
         gpu_events=gpu_events,
         same_stream_overlaps=same_stream,
     )
+    algo_proto = set(zip(table.column("algo").to_pylist(), table.column("proto").to_pylist()))
+    pg_sizes = set(zip(table.column("pg_name").to_pylist(), table.column("group_size").to_pylist()))
+    # the tables go to the staging area, not to the driver (its memory stays flat with the run's size)
+    for (name, schema, _), t in zip(PART_TABLES, (table, windows, spans, gpu_windows, gpu_launchers)):
+        if t is not None:
+            _write_part(task.parts, name, schema, rank, t)
     Path(raw).unlink(missing_ok=True)
     rf.remove_meta()
-    return RankResult(rank, table, extent, host, row, facts, windows, spans, gpu_windows, gpu_launchers)
+    return RankResult(rank, extent, host, row, facts if any(f is not None for f in facts) else [], pg_sizes,
+                      algo_proto, gpu_windows is not None)
 
 
 def finish_run(
@@ -424,43 +483,79 @@ def finish_run(
     summary tables (tracekit.store.SUMMARY_TABLES: overlap_summary, span_overlap, gpu_breakdown_summary,
     gpu_launcher_summary; every run holds all four) into ``stage``.
 
+    Each rank's task (:func:`assemble_rank`, run by ``engine``) writes its collectives and summaries
+    to ``stage/parts`` (:func:`part_path`) and returns a small :class:`RankResult`. The driver then
+    reads back only what it needs across ranks: the full collectives of ranks with gloo calls
+    lacking a process group (:func:`tracekit.ingest.pg_attribution.attribute`; rewritten when it
+    changes them), the six columns the clock alignment reads (DuckDB over the staged files), and
+    finally streams every staged table into the run's file, one rank at a time, its
+    timestamps shifted by the rank's clock offset, gathered into row groups of
+    COLLECTIVES_ROW_GROUP rows. The driver's memory: one rank's staged table and one row group;
+    the alignment (:func:`tracekit.ingest.clocks.estimate_offsets_from_files`) runs in DuckDB
+    within SHIFT_MEMORY_LIMIT, spilling to the staging directory.
+    ``stage/parts`` is removed at the end; on an error the caller's staging directory (and it) is.
+
     ``align``: ``none`` | ``host`` | ``collectives`` (default: collectives when the
     ranks' hosts differ, else none); see :func:`tracekit.ingest.clocks.estimate_offsets`.
     ``engine``: runs :func:`assemble_rank` per rank (tracekit.ingest.engine; default: in this
     process); ``user_kernels``: the ``--comm-pattern`` kernels; ``progress``: advanced per rank.
+    Raises FileError naming a staged file that is missing or unreadable.
     """
-    from tracekit.ingest.clocks import choose_alignment, estimate_offsets
+    from tracekit.ingest.clocks import choose_alignment, estimate_offsets, estimate_offsets_from_files
     from tracekit.ingest.engine import LocalEngine
 
     world_size = _world_size(results, ranks)
     pg_config = _pg_config(results)
     (stage / "events").mkdir()
+    parts = stage / "parts"
+    for name, _, _ in PART_TABLES:
+        (parts / name).mkdir(parents=True)
     order = sorted(zip(results, ranks, raw_files), key=lambda t: t[1])
     tasks = [RankTask(rf, rank, str(Path(raw).resolve()), str((stage / "events" / f"rank={rank}.parquet").resolve()),
                       run_id, world_size, pg_config, tuple(user_kernels), _declared_world(results),
-                      _world_known(results))
+                      _world_known(results), str(parts.resolve()))
              for rf, rank, raw in order]
     names = [str(rf.path) for rf, _, _ in order]
     done = (engine or LocalEngine(1, False)).map(assemble_rank, tasks, names, progress)
-    # per rank: (rank, its collectives table); memory linear in the run's collectives
-    tables = [(d.rank, d.collectives) for d in done]
+    del tasks
+    rank_order = [d.rank for d in done]
     rank_rows = [d.row for d in done]
     hosts = {d.rank: d.host for d in done}
     extent = {d.rank: d.extent for d in done}
-    facts = {d.rank: d.facts for d in done}  # rank → per collectives row, what pg_attribution needs
-    summaries = [(d.rank, d.windows, d.spans, d.gpu_windows, d.gpu_launchers) for d in done]
+    facts = {d.rank: d.facts for d in done if d.facts}  # rank → per collectives row, what pg_attribution needs
+    pg_sizes = {d.rank: d.pg_sizes for d in done}
+    algo_proto = set().union(*(d.algo_proto for d in done))
+    no_gpu = not all(d.gpu_ok for d in done)
     del done
     mode = choose_alignment(align, hosts)
     if mode == "none" and align is None:  # an explicit --align none says the clocks are trusted
         _check_one_timeline(extent, results, ranks)
-    tables, pg_notes = pg_attribution.attribute(tables, facts, pg_config, same_clock=mode == "none")
+    # only the ranks with unnamed gloo calls are read whole (attribute leaves the others' tables alone)
+    unnamed = {r for r, fs in facts.items() if any(f and f["unnamed"] for f in fs)}
+    tables = [(r, read_part(parts, "collectives", r) if r in unnamed else None) for r in rank_order]
+    attributed, pg_notes = pg_attribution.attribute(tables, facts, pg_config, same_clock=mode == "none")
+    for (r, before), (_, after) in zip(tables, attributed):
+        if after is not before:  # rewritten: its staged file and its (pg_name, group_size) pairs
+            _write_part(parts, "collectives", COLLECTIVES_SCHEMA, r, after)
+            pg_sizes[r] = set(zip(after.column("pg_name").to_pylist(), after.column("group_size").to_pylist()))
+    del tables, attributed, facts
     from tracekit.ingest.attribute import group_size_disagreements
 
-    k_notes = group_size_disagreements(tables)  # ranks that give one process group different sizes
+    # ranks that give one process group different sizes (it reads only these two columns)
+    k_notes = group_size_disagreements([(r, _pairs_table(pg_sizes[r])) for r in rank_order])
     for rr in rank_rows:
         rr["warnings"].extend(pg_notes.get(rr["rank"], []) + k_notes.get(rr["rank"], []))
-    offsets = estimate_offsets(_light_rows(tables) if mode != "none" else [], sorted(hosts), hosts, mode)
     con = None
+    if mode != "none":  # from the staged files, in DuckDB (bounded, spilling): not the rows in Python
+        con = _shift_connection(stage)
+        files = {r: check_part(parts, "collectives", r) for r in rank_order}  # each one's footer and columns
+        try:
+            offsets = estimate_offsets_from_files(files, sorted(hosts), hosts, mode, con)
+        except duckdb_error() as exc:
+            raise FileError(parts / "collectives", f"staged collectives cannot be read for the clock alignment "
+                                                   f"({' '.join(str(exc).split())[:200]})") from None
+    else:
+        offsets = estimate_offsets([], sorted(hosts), hosts, mode)
     for rr in rank_rows:
         off, err, note = offsets.get(rr["rank"], (0, 0, None))
         rr["clock_offset_ns"], rr["clock_offset_err_ns"] = off, err
@@ -479,35 +574,29 @@ def finish_run(
     if con is not None:
         con.close()
     # the summaries' timestamps move with the rank's events; their lengths do not (a per-rank shift
-    # moves comm and compute alike)
-    by_rank = {r: rest for r, *rest in summaries}
-    summaries = [(rank, t, *by_rank[rank]) for rank, t in tables]
-    # a rank whose GPU summaries could not be made (gpu_windows None; GPU_NOT_SUMMARISED in its
-    # warnings): the run stores both GPU files empty, no rank's rows (sums over ranks would be partial)
-    no_gpu = any(sm[4] is None for sm in summaries)
-    for name, schema, j, cols in (("collectives", COLLECTIVES_SCHEMA, 1, ("ts_ns", "issue_ts_ns")),
-                                  ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, 2, ("first_ns", "last_ns")),
-                                  ("span_overlap", SPAN_OVERLAP_SCHEMA, 3, ("ts_ns",)),
-                                  ("gpu_breakdown_summary", GPU_BREAKDOWN_SUMMARY_SCHEMA, 4,
-                                   ("window_start_ns", "window_end_ns")),
-                                  ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, 5, ())):
-        if no_gpu and j >= 4:
+    # moves comm and compute alike). A rank whose GPU summaries could not be made (GPU_NOT_SUMMARISED
+    # in its warnings): the run stores both GPU files empty, no rank's rows (sums over ranks would be
+    # partial)
+    for j, (name, schema, cols) in enumerate(PART_TABLES):
+        if no_gpu and j >= 3:
             pq.write_table(schema.empty_table(), stage / f"{name}.parquet", **PARQUET_OPTS)
             continue
         # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows (a row group per rank makes a
         # footer that grows with the ranks, read by every scan: benchmarks/README.md); at most one
-        # row group's worth of shifted copies held at a time
+        # rank's staged table and one row group's worth of shifted copies held at a time
         with pq.ParquetWriter(stage / f"{name}.parquet", schema, **PARQUET_OPTS) as w:
             buf, n = [], 0
-            for k, sm in enumerate(summaries):
-                buf.append(_shifted(sm[j], offsets.get(sm[0], (0, 0, None))[0], cols).cast(schema))
+            for k, r in enumerate(rank_order):
+                buf.append(_shifted(read_part(parts, name, r), offsets.get(r, (0, 0, None))[0], cols))
                 n += buf[-1].num_rows
-                if n >= COLLECTIVES_ROW_GROUP or k == len(summaries) - 1:
+                if len(buf) >= STREAM_COMBINE_RANKS:  # many ranks' small tables: one contiguous table
+                    buf = [pa.concat_tables(buf).combine_chunks()]
+                if n >= COLLECTIVES_ROW_GROUP or k == len(rank_order) - 1:
                     w.write_table(pa.concat_tables(buf), row_group_size=COLLECTIVES_ROW_GROUP)
                     buf, n = [], 0
+    shutil.rmtree(parts)
     pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
-    algo_proto = sorted({ap for _, t in tables for ap in zip(t.column("algo").to_pylist(),
-                                                             t.column("proto").to_pylist())}, key=str)
+    algo_proto = sorted(algo_proto, key=str)
     run_row = _run_row(run_id, results, [dict(algo=a, proto=p) for a, p in algo_proto], world_size, workload,
                        config, source, lambda: _backend_from_names(stage / "events"))
     run_row["config"] = json.dumps(dict(config, clock_alignment=mode), sort_keys=True, default=str)
@@ -524,6 +613,10 @@ COLLECTIVES_CHUNK = 4096
 
 COLLECTIVES_ROW_GROUP = 65_536
 """Rows per row group of collectives.parquet."""
+
+STREAM_COMBINE_RANKS = 64
+"""While a run's table is streamed from the staged files: ranks' tables held apart before they are
+combined into one (each small table read from a file holds its own buffers)."""
 
 
 def rank_collectives(rows) -> pa.Table:
@@ -560,11 +653,19 @@ def _shifted(table: pa.Table, offset_ns: int, cols=("ts_ns", "issue_ts_ns")) -> 
     return table
 
 
-def _light_rows(tables):
-    """(rank, pg_name, seq, op, ts_ns, dur_ns) dicts of every collectives row, for the clock alignment."""
-    cols = ["rank", "pg_name", "seq", "op", "ts_ns", "dur_ns"]
-    for _, t in tables:
-        yield from t.select(cols).to_pylist()
+def _pairs_table(pairs: set) -> pa.Table:
+    """The (pg_name, group_size) pairs of one rank as a two-column table (pg_name string, group_size
+    int64), in a fixed order."""
+    pairs = sorted(pairs, key=str)
+    return pa.table(dict(pg_name=pa.array([p for p, _ in pairs], pa.string()),
+                         group_size=pa.array([k for _, k in pairs], pa.int64())))
+
+
+def duckdb_error():
+    """DuckDB's base exception class (imported when needed)."""
+    import duckdb
+
+    return duckdb.Error
 
 
 def _shift_connection(stage: Path):

@@ -6,11 +6,14 @@ per task by an engine (both engines run the same functions):
 1. read: :func:`tracekit.ingest._read_one` — one trace file → its staging file(s) and a
    :class:`~tracekit.ingest.staging.RankFile` (metadata, steps, warnings);
 2. assemble: :func:`tracekit.ingest.assemble.assemble_rank` — one rank's staging file → its
-   events file (link pass, classes, steps) and its collectives table (attribution, seq).
+   events file (link pass, classes, steps), its collectives (attribution, seq) and summary tables,
+   all written to the staging area, and a small :class:`~tracekit.ingest.assemble.RankResult`.
 
 Between the phases the driver numbers the ranks and takes the world size and process groups from
-every file's metadata (they need all ranks); after the second it estimates clock offsets and
-writes the run's small tables, then commits the run (``tracekit.store.Staging``). The tasks read
+every file's metadata (they need all ranks); after the second it estimates clock offsets from the
+staged collectives and streams the staged tables into the run's, then commits the run
+(``tracekit.store.Staging``). The Ray engine drops its reference to each task as soon as its result is
+taken, so Ray frees its copy of the result and the task's lineage. The tasks read
 and write files only under the paths they are given: with Ray, the rank files and the store must be
 on a filesystem every worker mounts at the same path (docs/scale.md).
 
@@ -179,17 +182,18 @@ class RayEngine:
     def map(self, fn: Callable, tasks: Sequence, names: Sequence[str], progress=None) -> list:
         import ray
 
-        refs = [self._remote.remote(fn, t) for t in tasks]
-        index = {r: i for i, r in enumerate(refs)}
+        index = {self._remote.remote(fn, t): i for i, t in enumerate(tasks)}
         out = [None] * len(tasks)
-        pending = list(refs)
+        pending = list(index)
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
-                    out[index[ref]] = _ray_result(ray, ref, names[index[ref]])
+                    i = index.pop(ref)  # the last reference to a finished task: Ray frees its copy of
+                    out[i] = _ray_result(ray, ref, names[i])  # the result and the task's lineage
                     if progress:
                         progress(advance=1)
+                done = ref = None
         except BaseException:
             _cancel(ray, pending)
             raise

@@ -280,7 +280,7 @@ def read_rank_file(
                     progress(batch.num_rows)
             if rf.meta_pending >= META_BATCH_ROWS:
                 rf.flush_meta(out_stage.with_suffix(".meta"))
-    rf.close_meta()
+    rf.close_meta(out_stage.with_suffix(".meta"))  # no row held in the RankFile the driver receives
     if stream.bare_array and state.phased == 0:  # Chrome's array form, but no item is a trace event
         raise FileError(path, 'not a trace: a JSON list in which no item is a trace event (an object with a "ph")')
     state.finish(rf)

@@ -172,6 +172,14 @@ class RankFile:
     _meta_parts: list = field(default_factory=list, repr=False, compare=False)  # META_SCHEMA batches held
     _meta_held: int = field(default=0, repr=False, compare=False)  # rows in _meta_parts
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a worker's result in the driver, a task in a worker): the rank lists of
+        ``meta['distributedInfo']['pg_config']`` shared with every RankFile holding the same list
+        (:func:`_shared_ranks`): every rank's trace lists the world group's N ranks, N² integers
+        at N ranks otherwise."""
+        self.__dict__.update(state)
+        _shared_ranks(self.meta)
+
     def add_meta(self, batch: pa.RecordBatch) -> None:
         """Hold a :data:`META_SCHEMA` batch of metadata rows (after the ``comm_meta`` dicts so far)."""
         self._held_batches()
@@ -206,8 +214,12 @@ class RankFile:
         self._meta_parts = []
         self._meta_held = 0
 
-    def close_meta(self) -> None:
-        """Write the rows still in memory (if the table was started) and close the table."""
+    def close_meta(self, path: Path | None = None) -> None:
+        """Write the rows still in memory and close the table. ``path``: where to start the table
+        when no row was written yet (so that no row travels with the RankFile to the driver and
+        back); without it, rows are written only to a table already started."""
+        if self._meta_writer is None and path is not None and self.meta_pending:
+            self.flush_meta(Path(path))
         if self._meta_writer is not None:
             self.flush_meta(Path(self.meta_path))
             self._meta_writer.close()
@@ -233,6 +245,30 @@ class RankFile:
         """The comm_meta rows as :class:`MetaRows`. ``times``: replaced (ts_ns, dur_ns) by event_id
         (``lookup`` as :class:`tracekit.ingest.linkpass.ById` has it)."""
         return MetaRows(self.meta_table(), times)
+
+
+_RANK_LISTS: dict = {}
+"""tuple(ranks) → the one list of a process group's ranks that unpickled RankFiles share."""
+_RANK_LISTS_MAX = 100_000
+"""Distinct rank lists kept (the table is emptied beyond it: a long-lived process ingesting many runs)."""
+
+
+def _shared_ranks(meta) -> None:
+    """Replace, in place, each ``ranks`` list of ``meta['distributedInfo']['pg_config']`` by the equal
+    list seen before (:data:`_RANK_LISTS`), so equal lists of many ranks' metadata are stored once.
+    Lists holding unhashable items are left as they are."""
+    di = meta.get("distributedInfo") if isinstance(meta, dict) else None
+    pgs = di.get("pg_config") if isinstance(di, dict) else None
+    if not isinstance(pgs, list):
+        return
+    if len(_RANK_LISTS) > _RANK_LISTS_MAX:
+        _RANK_LISTS.clear()
+    for pg in pgs:
+        if isinstance(pg, dict) and isinstance(pg.get("ranks"), list):
+            try:
+                pg["ranks"] = _RANK_LISTS.setdefault(tuple(pg["ranks"]), pg["ranks"])
+            except TypeError:  # an unhashable item: not shared
+                pass
 
 
 class MetaRows:
