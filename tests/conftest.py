@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,12 @@ import pytest
 # The reports size their tables to $COLUMNS when piped (tracekit.report.textfmt.output_console), and
 # pytest-xdist's workers set COLUMNS=80: the tests assert the output of an unset $COLUMNS (a test
 # about the width sets its own with monkeypatch).
-os.environ.pop("COLUMNS", None)
-os.environ.pop("LINES", None)
+for _name in ("COLUMNS", "LINES"):  # a plugin may have set them with putenv, which os.environ does not see
+    os.environ.pop(_name, None)
+    os.unsetenv(_name)
+# A suite started in the background by a non-interactive shell has SIGINT ignored, and the processes
+# the tests start inherit that: the Ctrl-C tests (a job, a Ray driver) need the terminal's default.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
@@ -39,20 +44,26 @@ SERIAL_FILES = frozenset({"tests/ingest/test_ray_engine.py", "tests/ingest/test_
 """Test files that start Ray clusters or count a command's processes: run one at a time, like the
 ``slow`` tests (real multi-process jobs whose assertions read their timing)."""
 
+NOT_SERIAL_FILES = frozenset({"tests/cli/test_core_install.py"})
+"""``slow`` test files whose assertions read no timing (a pip install into a fresh venv): grouped by
+file like the fast tests, so they run beside the serial group."""
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Group the tests for pytest-xdist (``--dist loadgroup``, pyproject's addopts): the ``slow``
-    tests and :data:`SERIAL_FILES` form one group, run first and one at a time on one worker, so
+    """Group the tests for pytest-xdist (``--dist loadgroup``, pyproject's addopts): the ``slow`` and
+    ``serial`` tests and :data:`SERIAL_FILES` form one group, run first and one at a time on one worker, so
     that two multi-process jobs never share the cores; every other test is grouped by its file, so a
     module-scoped store is built once."""
     serial, rest = [], []
     for item in items:
         path = item.nodeid.split("::")[0]
-        if item.get_closest_marker("slow") or path in SERIAL_FILES:
+        slow = item.get_closest_marker("slow") and path not in NOT_SERIAL_FILES
+        if slow or item.get_closest_marker("serial") or path in SERIAL_FILES:
             item.add_marker(pytest.mark.xdist_group("serial"))
             serial.append(item)
         else:
             item.add_marker(pytest.mark.xdist_group(path))
             rest.append(item)
     items[:] = serial + rest
+

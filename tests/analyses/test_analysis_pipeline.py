@@ -83,6 +83,7 @@ def test_a_view_builds_what_it_reads_and_nothing_else(tp_store, monkeypatch):
     assert made[3:] == ["intervals", "overlap_islands"]
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_a_misspelt_view_in_sql_fails_at_once_building_nothing(tp_store, monkeypatch, capsys):
     """Replaces test_a_misspelt_name_still_fails_once_everything_is_built (the whole pipeline,
     critical path included, was built before DuckDB refused the name)."""

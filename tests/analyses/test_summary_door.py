@@ -161,3 +161,21 @@ def test_a_damaged_summary_file_is_refused_naming_it(table, damage, tp_store, tm
     assert err[0].endswith(f"; the run 'a' cannot be analyzed: ingest it again with --replace (its traces: "
                            f"{FIXTURES / 'tp_2rank'}, --run-id a)")
     assert _analyze(st.path, capsys, "--run", "b")[0] == 0
+
+
+def test_an_old_nccl_tests_run_without_summary_files_blocks_no_report(tp_store, tmp_path, capsys):
+    """A store's nccl-tests log stored before every run held the four files (none of them: it has no
+    events) is a calibration run of every report: run a still reports as before, and the log's own
+    report works (its summaries are empty by definition)."""
+    st = _copy(tp_store, tmp_path)
+    before = _report(st, capsys, "a")
+    assert main(["ingest", str(FIXTURES / "nccl_tests" / "slurm-4242.out"), "--store", str(st.path),
+                 "--run-id", "oldlog"]) == 0
+    capsys.readouterr()
+    d = st.run_dir("oldlog").resolve()
+    for t in SUMMARY_TABLES:
+        (d / f"{t}.parquet").unlink()  # the layout of a log stored before
+    after = _report(st, capsys, "a")
+    assert after["overlap_by_rank"] == before["overlap_by_rank"]
+    assert after["gpu_time_breakdown"] == before["gpu_time_breakdown"]
+    assert _analyze(st.path, capsys, "--run", "oldlog")[0] == 0

@@ -29,6 +29,7 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_endless_query_stops_at_the_timeout_exit_2(store, capsys):
     capsys.readouterr()
     t0 = time.perf_counter()
@@ -39,6 +40,7 @@ def test_endless_query_stops_at_the_timeout_exit_2(store, capsys):
     assert 1 <= took < 8, took
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_default_timeout_is_documented_and_used(store, monkeypatch):
     assert sqlshell.DEFAULT_TIMEOUT_S > 0
     monkeypatch.setattr(sqlshell, "DEFAULT_TIMEOUT_S", 0.5)
@@ -54,6 +56,7 @@ def _store(path):
     return Store(path)
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_50m_rows_refused_past_max_rows_fast(store, capsys):
     capsys.readouterr()
     t0 = time.perf_counter()

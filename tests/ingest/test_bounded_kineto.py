@@ -43,6 +43,7 @@ def _byte_named(msg: str) -> int:
     return int(m.group(1).replace(",", ""))
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_4000_events_one_unclosed_exit_2_fast_naming_the_byte(tmp_path, capsys):
     text, start, end = _damaged(4000, "unclosed")
     p = tmp_path / "rank0.json"
@@ -61,6 +62,7 @@ def test_4000_events_one_unclosed_exit_2_fast_naming_the_byte(tmp_path, capsys):
     assert not (tmp_path / "store").exists()
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("block", [1 << 14, 1 << 18, 8 << 20])
 def test_unclosed_event_same_byte_whatever_the_block(tmp_path, fast, block):
@@ -76,6 +78,7 @@ def test_unclosed_event_same_byte_whatever_the_block(tmp_path, fast, block):
     assert _byte_named(str(ei.value)) == end + 1
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_time_is_linear_in_the_events(tmp_path):
     """10x the events costs well under 100x the time (the old recovery was quadratic: 4,000
     events took ~50x as long as 500). The ratio is taken, not a wall-clock figure."""

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(comm_families.re2 is None, reason="google-re2 is
 TWO = FIXTURES / "handmade" / "two_rank"
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 @pytest.mark.parametrize("pattern, why", [
     ("(?=nccl)x", "invalid perl operator: (?="),  # lookahead: Python re ran it polynomially
     ("(?!a)(a+)+$", "invalid perl operator: (?!"),
@@ -47,6 +48,7 @@ def test_match_everything_patterns_refused(pattern, why):
         comm_families.check_user_patterns([pattern])
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_narrow_patterns_pass_and_match_case_insensitively():
     m = comm_families.check_user_patterns(["my_allreduce", "^x+y", "(a+)+$"])
     assert m.search("foo_MY_AllReduce") and m.search("xxxy_kernel") and m.search("kernel_aaa")

@@ -241,6 +241,7 @@ def test_headerless_rows_without_a_command_are_warned_about(tmp_path):
 # 4. bounded lines, linear time
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_five_million_character_line_is_refused_at_once(tmp_path, capsys):
     f = tmp_path / "all_reduce.log"
     f.write_text(_plain_log() + "7" * 5_000_000 + "\n")
@@ -253,6 +254,7 @@ def test_five_million_character_line_is_refused_at_once(tmp_path, capsys):
                    "nccl-tests log line (not a log, or damaged)\n")
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 @pytest.mark.parametrize("unit", ["a", "a:", "h:1:1 ", "1 ", "/a_perf", "[1,0]<std"])
 def test_longest_accepted_lines_read_in_linear_time(tmp_path, unit):
     """20 lines just under the limit, shaped to make a backtracking pattern quadratic: read in well
@@ -272,6 +274,7 @@ LINE_STARTS = ["", "#  Rank  9 Group  0 Pid   7085 on   mi300-07 device  0 [0000
 LINE_FILLS = [" ", "a", "1 ", "a:", "/a_", "x:1:1 ", "\t"]
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_every_line_shape_reads_in_linear_time(tmp_path):
     """Each kind of line nccl-tests prints, continued by 40,000 characters of a run that makes a
     backtracking pattern quadratic (a lazy name before trailing spaces took 25 s a line): the whole
@@ -288,6 +291,7 @@ def test_every_line_shape_reads_in_linear_time(tmp_path):
     assert time.perf_counter() - t0 < 6.0
 
 
+@pytest.mark.serial  # asserts a wall-time bound: not beside the multi-process tests
 def test_row_cut_by_chatter_never_grows_without_bound(tmp_path):
     """A row cut by NCCL chatter, then 50,000 lines of numbers glued to chatter: each would continue the
     cut row; the pieces are dropped once longer than any row (linear time, not a 2.5 MB row)."""

@@ -215,7 +215,7 @@ def test_engine_ray_without_ray_says_how_to_install(tmp_path):
 
 
 _BLOCKING_DRIVER = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
 from tracekit.ingest.engine import RayEngine
 
@@ -224,6 +224,9 @@ def block(folder):
     time.sleep(600)
     Path(folder, "finished").write_text("")
 
+# a user's terminal delivers Ctrl-C to a process whose SIGINT raises KeyboardInterrupt; a test
+# harness may start this one with SIGINT ignored (inherited), which Python then keeps ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 try:
     with RayEngine(sys.argv[1]) as eng:  # joins the cluster: leaving the block keeps the connection
         eng.map(block, [sys.argv[2]] * 2, ["a.json", "b.json"])

@@ -85,15 +85,42 @@ def test_the_perfetto_export_links_each_window_once(store, tmp_path):
                      ("0:1", 9.0, 0.0), ("0:1", 9.0, 4.0), ("0:1@w1", 9.0, 0.0), ("0:1@w1", 9.0, 4.0)]
 
 
+def _a2a_rank(rank: int) -> list:
+    """Two ranks, two all_to_alls (Seq 0, 1) per profiler window, the second window 1 s later (its Seq
+    restarts). Splits in float elements: window 0 rank 0 sends [256, 768], rank 1 [512, 512];
+    window 1 both send [512, 512]."""
+    splits = {0: ["[256, 768]", "[512, 512]"], 1: ["[512, 512]", "[512, 512]"]}
+    ev = []
+    for win in (0, 1):
+        for seq in (0, 1):  # two calls a window: the second window's seq 0 after seq 1 is the restart
+            ev.append(dict(ph="X", cat="kernel", name="ncclDevKernel_SendRecv(x)", pid=0, tid=7,
+                           ts=1000 + 1_000_000 * win + 100 * seq + 10 * rank, dur=50 - 10 * rank,
+                           args={"device": 0, "stream": 7, "correlation": 0, "Seq": seq, "Collective name": "all_to_all",
+                             "In msg nelems": 1024, "Out msg nelems": 1024, "dtype": "Float", "Group size": 2,
+                             "Process Group Name": "0", "Process Group Ranks": "[0, 1]",
+                             "In split size": splits[win][rank], "Out split size": "[]"}))
+    return ev
+
+
 def test_the_alltoall_views_key_instances_by_window(tmp_path):
-    """alltoall_imbalance and alltoall_matrix carry the instance's profiler window in their key (no
-    fixture holds an all-to-all whose seq restarts: the Kineto gloo fixtures number their calls in
-    order, so a doubled ep_2rank stays one window); on ep_2rank every row is window 0."""
+    """alltoall_imbalance: one row per window (keyed by (pg, seq) both windows' cells summed into
+    one). Window 0 by hand: rank 0 receives 256 (its own) + 512 elements, rank 1 768 + 512 = 1280
+    elements = 5,120 B, the most; total 2 × 1024 × 4 B = 8,192 B. Window 1: even, 4,096 B each."""
+    d = tmp_path / "t"
+    d.mkdir()
+    for r in (0, 1):
+        (d / f"rank{r}.json").write_text(json.dumps({
+            "schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "Handmade GPU", "computeMajor": 8}],
+            "distributedInfo": {"backend": "nccl", "rank": r, "world_size": 2}, "traceEvents": _a2a_rank(r)}))
     st = Store(tmp_path / "s")
-    ingest_paths([FIXTURES / "ep_2rank"], st, run_id="ep")
+    ingest_paths([d], st, run_id="a2a")
     con = analyses.connect(st)
-    for view in ("alltoall_imbalance", "alltoall_matrix"):
-        cols = [r[0] for r in con.execute(f"DESCRIBE {view}").fetchall()]
-        assert cols[:4] == ["run_id", "pg_name", "win", "seq"]
-    assert con.execute("SELECT count(*), count(DISTINCT seq), max(win) FROM alltoall_imbalance").fetchone() == (12, 12, 0)
+    rows = con.execute("SELECT win, seq, total_bytes, send_max_bytes, recv_max_bytes, heaviest_receiver "
+                       "FROM alltoall_imbalance ORDER BY win, seq").fetchall()
+    assert rows == [(0, 0, 8192, 4096, 5120, 1), (0, 1, 8192, 4096, 5120, 1),
+                    (1, 0, 8192, 4096, 4096, 0), (1, 1, 8192, 4096, 4096, 0)]
+    cells = con.execute("SELECT win, src, dst, bytes FROM alltoall_matrix WHERE seq = 0 "
+                        "ORDER BY win, src, dst").fetchall()
+    assert cells == [(0, 0, 0, 1024), (0, 0, 1, 3072), (0, 1, 0, 2048), (0, 1, 1, 2048),
+                     (1, 0, 0, 2048), (1, 0, 1, 2048), (1, 1, 0, 2048), (1, 1, 1, 2048)]
     con.close()

@@ -68,7 +68,7 @@ chunk's GPU ops, rank, launch_event_id), read only when some GPU op has a launch
 
 def _read_chunk(con, params) -> "pa.Table":
     """_READ's rows, streamed, each batch's names dictionary-encoded as it comes: a chunk holds a
-    rank's CPU ranges with their names, which as plain strings were most of the module's peak."""
+    rank's CPU ranges with their names, which as plain strings would dominate the module's memory."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

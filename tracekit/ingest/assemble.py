@@ -112,7 +112,8 @@ def part_path(parts, name: str, rank: int) -> Path:
 
 PART_COMPRESSION = "lz4"
 """Compression of the staged per-rank tables (Arrow IPC files, feather v2: written once, read back by
-the driver column by column; Parquet cost ~3 ms a read of a small rank's table against ~0.3 here)."""
+the driver column by column; a small rank's table reads faster than from Parquet, whose footer and
+page decoding dominate at that size: benchmarks/README.md)."""
 
 
 def _write_part(parts, name: str, schema: pa.Schema, rank: int, table: pa.Table) -> None:
@@ -552,6 +553,7 @@ def finish_run(
         try:
             offsets = estimate_offsets_from_files(files, sorted(hosts), hosts, mode, con)
         except duckdb_error() as exc:
+            con.close()
             raise FileError(parts / "collectives", f"staged collectives cannot be read for the clock alignment "
                                                    f"({' '.join(str(exc).split())[:200]})") from None
     else:

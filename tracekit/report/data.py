@@ -970,8 +970,8 @@ def alltoall_section(con, run_id: str) -> dict[str, Any]:
                        f"ORDER BY imbalance_cost_ns DESC NULLS LAST, pg_name, win, seq LIMIT {TOP_ALLTOALL}", [run_id])
     matrix = _rows(con, "SELECT src, dst, calls, bytes FROM alltoall_matrix_total WHERE run_id = ? ORDER BY src, dst",
                    [run_id])
-    # a float sum in one fixed order (pg_name, seq): the view's rows come in no fixed order, and a sum
-    # in scan order changed its last digit from run to run
+    # a float sum in one fixed order (pg_name, win, seq): the view's rows come in no fixed order, and a
+    # sum in scan order could differ in its last digit from one run to the next
     n, cost = con.execute("SELECT count(*), coalesce(sum(imbalance_cost_ns ORDER BY pg_name, win, seq), 0) FROM alltoall_imbalance "
                           "WHERE run_id = ?", [run_id]).fetchone()
     return {"calls": calls, "matrix_total": matrix, "instances": n, "imbalance_cost_ns": float(cost)}

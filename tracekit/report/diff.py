@@ -7,7 +7,7 @@ Rows: one per (op, size bucket) present in either run. A bucket is the power-of-
 ``[2^k, 2^(k+1))`` bytes holding the instance's nccl-tests size (``tracekit.model.size_bucket``, the
 one definition the report and HTML use too; size 0 is its own bucket, unknown sizes are ``unknown``).
 Nothing is a median across sizes. Per run and row (the view ``collective_sizes_by_op``,
-analyses/collective_sizes.sql, computes them; this module selects and renders):
+analyses/collective_sizes_by_op.sql, computes them; this module selects and renders):
 
 - ``count``: matched collective instances (collective_bandwidth);
 - ``median_sync_time_ns``, ``median_busbw_gbps``: medians over those instances; ``peak_busbw_gbps``:
@@ -69,7 +69,7 @@ def _finite(x):
 
 
 def _rows(con, run_id: str, timeline: bool) -> dict[tuple, dict]:
-    """(op, bucket) → the row of collective_sizes_by_op (analyses/collective_sizes.sql) for
+    """(op, bucket) → the row of collective_sizes_by_op (analyses/collective_sizes_by_op.sql) for
     ``run_id``, the timeline's metrics None when the run has no timeline."""
     cur = con.execute("SELECT * EXCLUDE (run_id) FROM collective_sizes_by_op WHERE run_id = ?", [run_id])
     cols = [d[0] for d in cur.description]

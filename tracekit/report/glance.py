@@ -105,7 +105,7 @@ def _worst_rows(con, report: dict, steps: int | None) -> tuple[list[dict], str]:
     is_log = report["run"].get("source") == "nccl_tests"
     rows = [dict(zip(("op", "group_size", "bucket_bytes", "count", "sync_ns", "wait_ns", "predicted_ns", "efficiency",
                       "verdict", "reference", "basis"), r)) for r in con.execute(
-        # float sums in one fixed order (an instance's key): in scan order their last digit changed from run to run
+        # float sums in one fixed order (an instance's key), so that the last digit is the same in every run
         """WITH w AS (SELECT pg_name, win, seq, avg(wait_ns) AS wait_ns FROM collective_waits WHERE run_id = ?
                      GROUP BY ALL)
            SELECT v.op, v.group_size, v.bucket_bytes, count(*), sum(v.sync_time_ns ORDER BY v.pg_name, v.win, v.seq),

@@ -348,13 +348,14 @@ def _timeline(con, run_id: str, steps: int) -> dict[str, Any]:
                    i.straggler, v.verdict
             FROM events e
             LEFT JOIN collectives c ON c.run_id = e.run_id AND c.rank = e.rank AND c.event_id = e.event_id
-            -- the call's profiler window (instance key (pg, win, seq)); a copy of a span matching dropped: 0
+            -- the call's profiler window (instance key (pg, win, seq)); a copy of a span the matching
+            -- dropped has none: drawn without an instance's values
             LEFT JOIN __instance_calls ic ON ic.run_id = c.run_id AND ic.rank = c.rank AND ic.event_id = c.event_id
             LEFT JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name
-                                            AND i.win = coalesce(ic.win, 0) AND i.seq = c.seq
+                                            AND i.win = ic.win AND i.seq = c.seq
             LEFT JOIN collective_waits w ON w.run_id = c.run_id AND w.rank = c.rank AND w.event_id = c.event_id
             LEFT JOIN collective_verdicts v ON v.run_id = c.run_id AND v.pg_name = c.pg_name
-                                           AND v.win = coalesce(ic.win, 0) AND v.seq = c.seq
+                                           AND v.win = ic.win AND v.seq = c.seq
             WHERE e.run_id = ? AND e.class = 'comm' AND e.rank IN ({rl}) {step_filter}
             ORDER BY e.rank, e.ts_ns
             """,

@@ -106,16 +106,18 @@ def _collective_args(con, run_id: str) -> dict[tuple[int, int], dict]:
     """(rank, event_id) → the args of that rank's collective call."""
     cur = con.execute(
         """
-        SELECT c.rank, c.event_id, c.pg_name, w.win, c.seq, c.op, c.dtype, c.size_bytes, c.wire_bytes, c.group_size,
+        SELECT c.rank, c.event_id, c.pg_name, ic.win, c.seq, c.op, c.dtype, c.size_bytes, c.wire_bytes, c.group_size,
                c.peer, c.algo, c.approx, w.wait_ns, i.sync_time_ns, i.straggler, i.ranks_seen, i.complete,
                v.verdict, coalesce(v.efficiency, v.efficiency_link) AS efficiency
         FROM collectives c
         LEFT JOIN collective_waits w
                ON w.run_id = c.run_id AND w.rank = c.rank AND w.event_id = c.event_id
               AND w.pg_name = c.pg_name AND w.seq = c.seq
-        LEFT JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name AND i.win = w.win
+        -- the call's profiler window (an instance is (pg, win, seq)); none for a copy the matching dropped
+        LEFT JOIN __instance_calls ic ON ic.run_id = c.run_id AND ic.rank = c.rank AND ic.event_id = c.event_id
+        LEFT JOIN collective_instances i ON i.run_id = c.run_id AND i.pg_name = c.pg_name AND i.win = ic.win
               AND i.seq = c.seq
-        LEFT JOIN collective_verdicts v ON v.run_id = c.run_id AND v.pg_name = c.pg_name AND v.win = w.win
+        LEFT JOIN collective_verdicts v ON v.run_id = c.run_id AND v.pg_name = c.pg_name AND v.win = ic.win
               AND v.seq = c.seq
         WHERE c.run_id = ?
         """,

@@ -361,14 +361,29 @@ class AnalysisConnection:
         of SUMMARY_TABLES, which the analyses read and never compute). Raises StoreError (exit 2, one
         line) for the first run, by id, that was stored without one ("run R was stored without T
         (T.parquet): ingest it again with --replace") or holds it damaged (the file and what is
-        wrong with it, the same advice), naming the run's traces (:meth:`_sources`)."""
+        wrong with it, the same advice), naming the run's traces (:meth:`_sources`). A run without
+        events (ranks.events = 0: an nccl-tests log, Flight Recorder dumps alone, also as stored before
+        every run held the four files) is not checked: its summaries are empty whatever its files, so a store's old
+        calibration logs never block another run's report."""
+        with_events = self._runs_with_events()
         for rid in sorted(set(self.run_tables) - set(self.damaged_runs)):
+            if rid not in with_events:
+                continue
             for t in tables:
                 if (rid, t) in self.damaged_summaries:
                     raise StoreError(self.damaged_summaries[rid, t] + self._sources(rid))
                 if t not in self.run_tables[rid]:
                     raise StoreError(f"run {rid!r} was stored without {t} ({TABLES[t][0]}): "
                                      "ingest it again with --replace" + self._sources(rid))
+
+    def _runs_with_events(self) -> set[str]:
+        """The runs whose ranks recorded events (ranks.events > 0); every run when the ranks view
+        cannot be read (then each is checked)."""
+        try:
+            return {r for (r,) in self.duckdb.execute("SELECT run_id FROM ranks GROUP BY run_id "
+                                                      "HAVING coalesce(sum(events), 0) > 0").fetchall()}
+        except Exception:  # no ranks view: check every run
+            return set(self.run_tables)
 
     def _sources(self, run_id: str) -> str:
         """`` (its traces: PATH, --run-id RUN)`` for a refusal's advice: the folder holding the run's
