@@ -51,10 +51,12 @@ file like the fast tests, so they run beside the serial group."""
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Group the tests for pytest-xdist (``--dist loadgroup``, pyproject's addopts): the ``slow`` and
+    """Group the tests for pytest-xdist (``-n N``; ``--dist loadgroup`` in pyproject's addopts): the ``slow`` and
     ``serial`` tests and :data:`SERIAL_FILES` form one group, run first and one at a time on one worker, so
     that two multi-process jobs never share the cores; every other test is grouped by its file, so a
-    module-scoped store is built once."""
+    module-scoped store is built once. Without ``-n`` (one process) the tests keep their order."""
+    if not getattr(config.option, "numprocesses", None):
+        return
     serial, rest = [], []
     for item in items:
         path = item.nodeid.split("::")[0]
