@@ -69,3 +69,37 @@ def pytest_collection_modifyitems(config, items):
             rest.append(item)
     items[:] = serial + rest
 
+
+
+def view_rows(store, sql: str, run_ids, setup=None) -> list[dict]:
+    """The rows of ``sql`` as dicts (column → value), on an analyses connection over ``run_ids``
+    of ``store``; ``setup(con)`` runs first (e.g. reference options). The connection is closed."""
+    from tracekit import analyses
+
+    con = analyses.connect(store, run_ids=list(run_ids))
+    try:
+        if setup is not None:
+            setup(con)
+        cur = con.execute(sql)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
+def write_two_windows(dst: Path) -> Path:
+    """fixtures/handmade/two_rank with every event again 1 s later, one file per rank in ``dst``:
+    two profiler windows in one file, the second one's seq restarting at 0. Returns ``dst``."""
+    import copy
+    import json
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for r in (0, 1):
+        doc = json.loads((FIXTURES / "handmade" / "two_rank" / f"rank{r}.json").read_text())
+        later = copy.deepcopy(doc["traceEvents"])
+        for e in later:
+            if "ts" in e:
+                e["ts"] += 1_000_000.0
+        doc["traceEvents"] += later
+        (dst / f"rank{r}.json").write_text(json.dumps(doc))
+    return dst

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tracekit import analyses
+from tests.conftest import view_rows
 from tracekit.ingest import ingest_paths
 from tracekit.report.data import build_report
 from tracekit.store import Store
@@ -51,13 +51,7 @@ def store(tmp_path_factory):
 
 
 def _view(st, sql):
-    con = analyses.connect(st, run_ids=["ops"])
-    try:
-        cur = con.execute(sql)
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in cur.fetchall()]
-    finally:
-        con.close()
+    return view_rows(st, sql, ["ops"])
 
 
 def test_collective_ops_by_hand(store):

@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from tests.conftest import view_rows, write_two_windows
 from tracekit import analyses
 from tracekit.ingest import ingest_paths
 from tracekit.report.data import build_report
@@ -68,13 +69,7 @@ def store(tmp_path_factory):
 
 
 def _view(st, sql, run_ids=("hand",)):
-    con = analyses.connect(st, run_ids=list(run_ids))
-    try:
-        cur = con.execute(sql)
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in cur.fetchall()]
-    finally:
-        con.close()
+    return view_rows(st, sql, run_ids)
 
 
 def _sync_ns(per_rank):
@@ -167,23 +162,9 @@ def test_html_instances_in_a_total_order(store):
 
 @pytest.fixture(scope="module")
 def windows(tmp_path_factory):
-    import copy
-
-    from tests.conftest import FIXTURES
-
     tmp = tmp_path_factory.mktemp("windows")
-    d = tmp / "t"
-    d.mkdir()
-    for r in (0, 1):
-        doc = json.loads((FIXTURES / "handmade" / "two_rank" / f"rank{r}.json").read_text())
-        later = copy.deepcopy(doc["traceEvents"])
-        for e in later:
-            if "ts" in e:
-                e["ts"] += 1_000_000.0
-        doc["traceEvents"] += later
-        (d / f"rank{r}.json").write_text(json.dumps(doc))
     st = Store(tmp / "s")
-    ingest_paths([d], st, run_id="windows")
+    ingest_paths([write_two_windows(tmp / "t")], st, run_id="windows")
     return st
 
 

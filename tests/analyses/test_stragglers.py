@@ -5,13 +5,10 @@ file, and the report reading them."""
 
 from __future__ import annotations
 
-import copy
-import json
 
 import pytest
 
-from tests.conftest import FIXTURES
-from tracekit import analyses
+from tests.conftest import FIXTURES, view_rows, write_two_windows
 from tracekit.ingest import ingest_paths
 from tracekit.report.data import build_report
 from tracekit.store import Store
@@ -22,16 +19,7 @@ TWO = FIXTURES / "handmade" / "two_rank"
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stragglers")
-    d = tmp / "windows"
-    d.mkdir()
-    for r in (0, 1):  # the same calls again 1 s later, seq restarting at 0: a second profiler window
-        doc = json.loads((TWO / f"rank{r}.json").read_text())
-        later = copy.deepcopy(doc["traceEvents"])
-        for e in later:
-            if "ts" in e:
-                e["ts"] += 1_000_000.0
-        doc["traceEvents"] += later
-        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    d = write_two_windows(tmp / "windows")  # the same calls 1 s later, seq restarting: a second window
     st = Store(tmp / "s")
     ingest_paths([TWO], st, run_id="once")
     ingest_paths([d], st, run_id="windows")
@@ -40,13 +28,7 @@ def store(tmp_path_factory):
 
 
 def _view(st, run_id, sql):
-    con = analyses.connect(st, run_ids=[run_id])
-    try:
-        cur = con.execute(sql)
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in cur.fetchall()]
-    finally:
-        con.close()
+    return view_rows(st, sql, [run_id])
 
 
 def test_straggler_instances_by_hand(store):

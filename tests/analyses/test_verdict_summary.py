@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from tests.analyses.test_collective_sizes import CALLS, _sync_ns, _write
-from tracekit import analyses
+from tests.conftest import view_rows
 from tracekit.ingest import ingest_paths
 from tracekit.report.data import apply_reference_options, build_report
 from tracekit.store import Store
@@ -32,14 +32,7 @@ def store(tmp_path_factory):
 
 
 def _view(st, sql):
-    con = analyses.connect(st, run_ids=["ring"])
-    try:
-        apply_reference_options(con, alpha_s=ALPHA, beta_Bps=BETA)
-        cur = con.execute(sql)
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in cur.fetchall()]
-    finally:
-        con.close()
+    return view_rows(st, sql, ["ring"], setup=lambda con: apply_reference_options(con, alpha_s=ALPHA, beta_Bps=BETA))
 
 
 def _efficiencies(bandwidth_bound: bool):

@@ -5,12 +5,11 @@ waits 20 µs, sync 35 µs) and one all_gather (rank 0 waits 4 µs, sync 9 µs), 
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import write_two_windows
 from tracekit import analyses
 from tracekit.ingest import ingest_paths
 from tracekit.report.data import build_report
@@ -21,18 +20,8 @@ from tracekit.store import Store
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("windows")
-    d = tmp / "t"
-    d.mkdir()
-    for r in (0, 1):
-        doc = json.loads((FIXTURES / "handmade" / "two_rank" / f"rank{r}.json").read_text())
-        later = copy.deepcopy(doc["traceEvents"])
-        for e in later:
-            if "ts" in e:
-                e["ts"] += 1_000_000.0
-        doc["traceEvents"] += later
-        (d / f"rank{r}.json").write_text(json.dumps(doc))
     st = Store(tmp / "s")
-    ingest_paths([d], st, run_id="w")
+    ingest_paths([write_two_windows(tmp / "t")], st, run_id="w")
     return st
 
 
