@@ -378,16 +378,12 @@ def no_stragglers(g: Graph, work: bool = False) -> Graph:
     return out
 
 
-def model_transfers(g: Graph, link, algo: str | None = None, ops: str | None = None) -> Graph:
-    """Every collective span's tail (its transfer after the last arrival) replaced by the α–β
-    model's time for its instance's op, size and group size on `link` (a tracekit.model.Link)
-    with `algo` (None: the op's default; tracekit.model.collectives.predict_collective), where
-    `ops` (a name test) is None or matches the span's name or op. Instances the model cannot
-    price (op unknown to it, size unknown, a group of 1) keep their measured tail, counted in the
-    notes. Per instance, the old (median over its spans) and new tails are in
-    ``out.instances[k]['before_ns'/'after_ns']``."""
-    from tracekit.model.collectives import predict_collective
-
+def _reprice(g: Graph, ops: str | None, price) -> tuple[Graph, int, int]:
+    """A copy of `g` whose collective instances (those whose op or a span's name matches `ops`, all
+    when None) take the tail ``price(instance)`` gives: (new tail ns, more keys for the instance
+    dict). An instance it cannot price (BadInputError, TypeError, ValueError, KeyError) keeps its
+    measured tail. Each priced instance records ``before_ns`` (median of its spans' tails) and
+    ``after_ns``. Returns (the copy, instances kept measured, spans matched)."""
     out = g.copy()
     out.instances = [dict(x) for x in g.instances]
     test = _matcher(ops) if ops else None
@@ -400,14 +396,32 @@ def model_transfers(g: Graph, link, algo: str | None = None, ops: str | None = N
             continue
         matched += len(members)
         try:
-            p = predict_collective(inst["op"], float(inst["size_bytes"]), int(inst["group_size"]), link, algo)
-            new = int(round(p.time_s * 1e9))
+            new, extra = price(inst)
         except (BadInputError, TypeError, ValueError, KeyError):
             kept += 1
             continue
         inst["before_ns"] = int(np.median(g.tail[members]))
         inst["after_ns"] = new
+        inst.update(extra)
         out.tail[members] = new
+    return out, kept, matched
+
+
+def model_transfers(g: Graph, link, algo: str | None = None, ops: str | None = None) -> Graph:
+    """Every collective span's tail (its transfer after the last arrival) replaced by the α–β
+    model's time for its instance's op, size and group size on `link` (a tracekit.model.Link)
+    with `algo` (None: the op's default; tracekit.model.collectives.predict_collective), where
+    `ops` (a name test) is None or matches the span's name or op. Instances the model cannot
+    price (op unknown to it, size unknown, a group of 1) keep their measured tail, counted in the
+    notes. Per instance, the old (median over its spans) and new tails are in
+    ``out.instances[k]['before_ns'/'after_ns']``."""
+    from tracekit.model.collectives import predict_collective
+
+    def price(inst):
+        p = predict_collective(inst["op"], float(inst["size_bytes"]), int(inst["group_size"]), link, algo)
+        return int(round(p.time_s * 1e9)), {}
+
+    out, kept, matched = _reprice(g, ops, price)
     # with --ops the note counts the spans it matched (a filter that matches nothing is refused)
     out.notes.append(f"transfers from the model on {link.name}" + (f" ({algo})" if algo else "")
                      + (f" for {ops}: {matched} spans" if ops else "")
@@ -453,28 +467,13 @@ def machine_transfers(g: Graph, machine, ops: str | None = None) -> Graph:
     ranks packed node by node."""
     from tracekit.model.nccl_tuning import nccl_choice
 
-    out = g.copy()
-    out.instances = [dict(x) for x in g.instances]
-    test = _matcher(ops) if ops else None
-    kept = 0
-    for k, inst in enumerate(out.instances):
-        members = np.flatnonzero(g.instance == k)
-        if not len(members):
-            continue
-        if test and not (test(str(inst.get("op"))) or any(test(str(g.name[i])) for i in members)):
-            continue
-        try:
-            ranks = int(inst["group_size"])
-            nodes = -(-ranks // int(machine.gpus_per_node))
-            p = nccl_choice(inst["op"], float(inst["size_bytes"]), ranks, nodes, machine)
-            new = int(round(p.time_s * 1e9))
-        except (BadInputError, TypeError, ValueError, KeyError):
-            kept += 1
-            continue
-        inst["before_ns"] = int(np.median(g.tail[members]))
-        inst["after_ns"] = new
-        inst["model_pick"] = p.label
-        out.tail[members] = new
+    def price(inst):
+        ranks = int(inst["group_size"])
+        nodes = -(-ranks // int(machine.gpus_per_node))
+        p = nccl_choice(inst["op"], float(inst["size_bytes"]), ranks, nodes, machine)
+        return int(round(p.time_s * 1e9)), {"model_pick": p.label}
+
+    out, kept, _ = _reprice(g, ops, price)
     out.notes.append(f"transfers from NCCL's model on {machine.name}"
                      + (f", {kept} instances kept measured (the model cannot price them)" if kept else ""))
     return out
@@ -548,7 +547,6 @@ def move_off_stream(g: Graph, pattern: str) -> Graph:
     for i in sorted(moved, key=lambda x: (g.start[x], x)):
         into, outof = _stream_edges(out, i)
         for k in outof:
-            nxt = out.dst[k]
             if len(into):
                 p = into[0]
                 out.src[k], out.anchor[k], out.offset[k] = out.src[p], out.anchor[p], out.offset[p]
