@@ -103,3 +103,28 @@ def write_two_windows(dst: Path) -> Path:
         doc["traceEvents"] += later
         (dst / f"rank{r}.json").write_text(json.dumps(doc))
     return dst
+
+
+def two_node_ray_cluster(module_name: str):
+    """A generator for a module-scoped fixture: a local Ray cluster of two nodes of one CPU each
+    (100 MiB object stores) that this process joins; the test module ``module_name`` is pickled
+    by value so that its functions run in the workers. Skips without Ray. Shuts both down after."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install 'tracekit[ray]')")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    mb = 100 * 2**20
+    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, object_store_memory=mb))
+    try:
+        c.add_node(num_cpus=1, object_store_memory=mb)
+        c.wait_for_nodes()
+        ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
+        ray.cloudpickle.register_pickle_by_value(sys.modules[module_name])
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()

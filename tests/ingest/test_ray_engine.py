@@ -13,10 +13,8 @@ whose worker dies is rerun, one that raises BadInputError is not. Skips when Ray
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,14 +23,13 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import FIXTURES, REPO, shared_trace, store_snapshot
+from tests.conftest import two_node_ray_cluster, FIXTURES, REPO, shared_trace, store_snapshot
 from tracekit.errors import FileError
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install 'tracekit[ray]')")
-MB = 100 * 2**20
 
 
 def _load(name: str):
@@ -49,21 +46,7 @@ synth = _load("synth_job")
 
 @pytest.fixture(scope="module")
 def cluster():
-    if not HAVE_RAY:
-        pytest.skip("Ray is not installed (pip install 'tracekit[ray]')")
-    import ray
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, object_store_memory=MB))
-    try:
-        c.add_node(num_cpus=1, object_store_memory=MB)
-        c.wait_for_nodes()
-        ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the tasks below, in the workers
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
+    yield from two_node_ray_cluster(__name__)  # the tasks below, in the workers
 
 
 def _same_stores(tmp_path, src) -> Store:

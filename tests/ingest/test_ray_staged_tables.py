@@ -7,37 +7,21 @@ either. Skips when Ray is not installed."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 
 import pytest
 
 import tracekit.ingest.assemble as assemble
-from tests.conftest import FIXTURES, store_snapshot
+from tests.conftest import two_node_ray_cluster, FIXTURES, store_snapshot
 from tracekit.errors import FileError
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
-MB = 100 * 2**20
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    if not HAVE_RAY:
-        pytest.skip("Ray is not installed (pip install 'tracekit[ray]')")
-    import ray
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, object_store_memory=MB))
-    try:
-        c.add_node(num_cpus=1, object_store_memory=MB)
-        c.wait_for_nodes()
-        ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _truncating, in the workers
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
+    yield from two_node_ray_cluster(__name__)  # _truncating, in the workers
 
 
 _REAL = assemble.assemble_rank
