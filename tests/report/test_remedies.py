@@ -174,3 +174,19 @@ def test_after_a_rejected_sweep_the_remedy_does_not_loop():
     other = dict(sweep, backend="nccl", device="NVIDIA H100 80GB HBM3")
     assert _sweep_fixes([other], run, "all_reduce", 2, " TAIL") == ["tracekit collect sweep --ops all_reduce --ranks 2 TAIL"]
     assert _sweep_fixes([], run, "broadcast", 2, " TAIL") == []
+
+
+def test_a_multi_node_log_gets_an_mpi_command_with_one_gpu_per_process(tmp_path, capsys):
+    """The H100 fleet's 10 nodes × 1 GPU log: its all_gather fit on 10 ranks is rejected and the
+    remedy is nccl-tests again. Ten GPUs on ten nodes are ten MPI processes of one GPU each, not
+    one process driving 10 GPUs (``-g 10`` asks for ten GPUs on one node)."""
+    from tests.conftest import shared_trace
+
+    log = shared_trace("nccltests_h100_fleet/multi_node/nccl_N10_G1.log")
+    st = Store(tmp_path / "s")
+    rid = ingest_paths([log], st, run_id="g1")
+    rep = _report(st, rid, capsys)
+    fixes = [x for r in rep["remedies"] if r.get("op") == "all_gather" and r.get("group_size") == 10
+             for x in r["fix"] if "all_gather_perf" in x]
+    assert fixes and all(x.startswith("mpirun -np 10 all_gather_perf ") and " -g 1 " in x for x in fixes)
+    assert not any(" -g 10" in x for r in rep["remedies"] for x in r["fix"])

@@ -82,11 +82,20 @@ NCCL_TESTS_BINARY = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_
 """nccl-tests' benchmark per op (github.com/NVIDIA/nccl-tests, src/*.cu)."""
 
 
-def _nccl_tests_cmd(op: str | None, k: int | None, lo: float | None = None, hi: float | None = None) -> str | None:
+def _nccl_tests_cmd(op: str | None, k: int | None, lo: float | None = None, hi: float | None = None,
+                    multi_node: bool = False) -> str | None:
+    """The nccl-tests command that measures ``op`` on a group of ``k`` GPUs from ``lo`` to ``hi``
+    bytes (default 8 B to 8 GiB), sizes ×2, 20 iterations: one process driving the k GPUs of one
+    node (``-g k``), or for a group over several nodes (``multi_node``) k MPI processes of one GPU
+    each (``mpirun -np k … -g 1``: nccl-tests built with MPI=1). None for an op nccl-tests lacks."""
     if op not in NCCL_TESTS_BINARY:
         return None
     b = _size_arg(lo) if lo else "8"
     e = _size_arg(hi) if hi else "8G"
+    if multi_node:
+        return (f"mpirun -np {k or 1} {NCCL_TESTS_BINARY[op]} -b {b} -e {e} -f 2 -n 20 -g 1"
+                f"   (nccl-tests built with MPI=1, one GPU per process on the group's nodes, sizes ×2; "
+                f"then tracekit ingest the log)")
     return (f"{NCCL_TESTS_BINARY[op]} -b {b} -e {e} -f 2 -n 20 -g {k or 1}"
             f"   (nccl-tests, sizes ×2; then tracekit ingest the log)")
 
@@ -130,7 +139,8 @@ def _fit_fix(rule: str, f: dict, run: dict) -> list[str]:
     sweep = _sweep_cmd(op, k, extra) + why if op in SWEEP_OPS else None  # collect sweep measures SWEEP_OPS only
     if run.get("source") == "nccl_tests":
         nt = _nccl_tests_cmd(op, k, new_lo if rule == "alpha_term_unmeasured" else None,
-                             new_hi if rule == "beta_term_unmeasured" else None)
+                             new_hi if rule == "beta_term_unmeasured" else None,
+                             multi_node=f.get("locality") in ("inter_node", "mixed"))
         lo, hi = f.get("min_size_bytes"), f.get("max_size_bytes")
         if rule == "outliers" and nt and lo is not None and hi is not None and lo <= 1 << 10 and hi >= 1 << 30:
             # the log already spans the latency and the bandwidth ends (<= 1 KiB, >= 1 GiB): the same
