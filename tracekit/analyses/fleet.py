@@ -19,8 +19,15 @@ A group is judged only where its plateau lies in the model's bandwidth regime (e
 measures latency and launch jitter, not the link. It is degraded when (a) it has >= ``MIN_PEERS``
 peers and its plateau is below ``PEER_FRACTION`` × the median of their plateaus (basis ``peers``), or (b) its plateau is below
 ``MODEL_FRACTION`` × the model's busbw (the link's effective β: for the ring-type algorithms the
-model uses, busbw at large sizes → β; basis ``model``; ``peers,model`` when both; not against
-``NO_MODEL_CHECK_LINKS``).
+model uses, busbw at large sizes → β; basis ``model``; not against ``NO_MODEL_CHECK_LINKS``), or
+(c) it is a point-to-point group over more than two hosts and its plateau is below
+``PEER_FRACTION`` × the median plateau of its node pairs (basis ``pairs``): the two-host send groups
+of the same ranks per host, locality and GPU on two of its own hosts. In nccl-tests' sendrecv (rank
+r sends to r + 1 and receives from r − 1, ranks placed host by host) every host carries one send to
+the next host and one receive from the previous one at any host count >= 2, so on a non-blocking
+fabric the busbw of all hosts at once equals that of each pair alone: a shortfall is the fabric
+under the whole group's traffic (routing, oversubscription), not one link. Bases join with commas
+(``peers,model``) when several hold.
 
 group_plateau: one row per (run, process group, op, k) with busbw (a group that runs several ops has
 one curve per op: busbw factors and models differ by op).
@@ -44,12 +51,15 @@ peers               INTEGER  peer groups (same op, k, locality, ranks per host, 
                              sharing a host; itself excluded)
 peer_busbw_gbps     DOUBLE   median plateau busbw of the peers, GB/s (NULL: no peers)
 peer_ratio          DOUBLE   plateau / peer median (NULL: fewer than MIN_PEERS peers)
+pair_peers          INTEGER  its node pairs (send groups over > 2 hosts only, rule (c); else NULL)
+pair_busbw_gbps     DOUBLE   median plateau busbw of those pairs, GB/s (NULL: none)
+pair_ratio          DOUBLE   plateau / pair median (NULL: no pairs)
 model               VARCHAR  the machine model's link (collective_reference.link), NULL when none
 model_busbw_gbps    DOUBLE   its effective β, GB/s
 model_ratio         DOUBLE   plateau / model busbw
 model_crossover_bytes DOUBLE the model's D* = A·α·β/B for the op on k ranks (default algorithm), bytes
 degraded            BOOLEAN  true when flagged (rules above)
-degraded_basis      VARCHAR  peers / model / peers,model (NULL when not degraded)
+degraded_basis      VARCHAR  peers / model / pairs, comma-joined when several (NULL when not degraded)
 
 fleet_pairs: one row per node pair (groups on exactly two hosts), op and ranks per host.
 
@@ -115,7 +125,8 @@ SCHEMA = pa.schema(
         ("gpu", pa.string()), ("sizes", pa.int32()), ("peak_busbw_gbps", pa.float64()),
         ("plateau_min_bytes", pa.int64()), ("plateau_max_bytes", pa.int64()), ("plateau_sizes", pa.int32()),
         ("plateau_busbw_gbps", pa.float64()), ("peers", pa.int32()), ("peer_busbw_gbps", pa.float64()),
-        ("peer_ratio", pa.float64()), ("model", pa.string()), ("model_busbw_gbps", pa.float64()),
+        ("peer_ratio", pa.float64()), ("pair_peers", pa.int32()), ("pair_busbw_gbps", pa.float64()),
+        ("pair_ratio", pa.float64()), ("model", pa.string()), ("model_busbw_gbps", pa.float64()),
         ("model_ratio", pa.float64()), ("model_crossover_bytes", pa.float64()), ("degraded", pa.bool_()),
         ("degraded_basis", pa.string()),
     ]
@@ -224,9 +235,30 @@ def group_rows(con) -> list[dict]:
         if (r.get("model_ratio") is not None and r["model"] not in NO_MODEL_CHECK_LINKS
                 and r["model_crossover_bytes"] is not None and bandwidth and r["model_ratio"] < MODEL_FRACTION):
             basis.append("model")
+        pairs = _node_pairs(r, rows)
+        if pairs:
+            r["pair_peers"] = len(pairs)
+            r["pair_busbw_gbps"] = float(median(pairs))
+            if r["pair_busbw_gbps"] > 0:
+                r["pair_ratio"] = r["plateau_busbw_gbps"] / r["pair_busbw_gbps"]
+                if r["pair_ratio"] < PEER_FRACTION and bandwidth:
+                    basis.append("pairs")
         r["degraded"] = bool(basis)
         r["degraded_basis"] = ",".join(basis) or None
     return rows
+
+
+def _node_pairs(r: dict, rows: list[dict]) -> list[float]:
+    """Plateau busbw (GB/s) of the node pairs of group ``r`` (rule (c) of the module docstring): for a
+    send group over more than two known hosts, the two-host send groups of the same locality, ranks
+    per host and GPU whose two hosts are both among ``r``'s; [] for any other group."""
+    if r["op"] != "send" or not r["nodes"] or r["nodes"] <= 2 or not r["ranks_per_host"] or not r["hosts"]:
+        return []
+    hosts = set(r["hosts"].split(","))
+    return [o["plateau_busbw_gbps"] for o in rows
+            if o["op"] == "send" and o["nodes"] == 2 and o["locality"] == r["locality"]
+            and o["ranks_per_host"] == r["ranks_per_host"] and o["gpu"] == r["gpu"]
+            and o["hosts"] and set(o["hosts"].split(",")) <= hosts]
 
 
 def pair_rows(groups: list[dict]) -> tuple[list[dict], list[dict]]:

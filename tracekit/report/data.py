@@ -1253,13 +1253,20 @@ def degraded_warnings(rows: list[dict]) -> list[str]:
         if "model" in (basis or ""):
             why.append(f"{rng([d['model_ratio'] for d in ds], pct)} of {model} "
                        f"({fmt_num(ds[0]['model_busbw_gbps'])} GB/s, < {MODEL_FRACTION:.0%})")
+        if "pairs" in (basis or ""):
+            why.append(f"{rng([d['pair_ratio'] for d in ds], pct)} of the median of its "
+                       f"{rng([d['pair_peers'] for d in ds], str)} node pairs' "
+                       f"{rng([d['pair_busbw_gbps'] for d in ds], fmt_num)} GB/s (< {PEER_FRACTION:.0%})")
+        ask = ("link degraded or misconfigured?" if set((basis or "").split(",")) - {"pairs"} else
+               "every pair alone is faster: the fabric under the whole group's traffic "
+               "(routing, oversubscription)?")
         names = [f"{d['pg_name']} ({d['hosts'] or 'hosts not recorded'})" for d in ds]
         who = names[0] if len(ds) == 1 else (f"{len(ds)} groups: " + "; ".join(names[:3])
                                              + (f" and {len(ds) - 3} more" if len(ds) > 3 else ""))
         out.append(f"{op} on {k} ranks ({loc.replace('_', '-')}): large-message busbw "
                    f"{rng([d['plateau_busbw_gbps'] for d in ds], fmt_num)} GB/s (the sizes where its curve is flat, "
                    f"{fmt_bytes(min(d['plateau_min_bytes'] for d in ds))}–{fmt_bytes(max(d['plateau_max_bytes'] for d in ds))}) "
-                   f"reaches {' and '.join(why)}: link degraded or misconfigured? [{who}]")
+                   f"reaches {' and '.join(why)}: {ask} [{who}]")
     return out
 
 

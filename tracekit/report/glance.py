@@ -146,8 +146,8 @@ def _worst_rows(con, report: dict, steps: int | None) -> tuple[list[dict], str]:
 def _recommendation(report: dict, exposed: dict | None) -> dict | None:
     """The top recommendation the data supports: the largest positive part of the exposed
     communication's gap to the model (measured_vs_model's decomposition), with that part as the
-    saving the model predicts (ns per step); else the first remedy of a weak reference
-    (tracekit.report.remedies), without a saving."""
+    saving the model predicts (ns per step); else the most degraded group (group_plateau), without a
+    saving; else the first remedy of a weak reference (tracekit.report.remedies), without a saving."""
     if exposed:
         parts = [(exposed.get("straggler_wait_ns"), "straggler"), (None if exposed.get("transfer_ns") is None else
                  exposed["transfer_ns"] - (exposed.get("predicted_exposed_ns") or 0), "transfer"),
@@ -171,10 +171,34 @@ def _recommendation(report: dict, exposed: dict | None) -> dict | None:
             return dict(kind="exposure", saving_ns=v, text=(
                 f"overlap communication with compute: the run's overlap model ({exposed.get('model')}) would hide "
                 "this much more (e.g. DDP bucketing, async_op=True with the wait after independent compute)"))
+    degraded = _worst_degraded(report.get("degraded_links") or [])
+    if degraded:
+        return degraded
     for r in report.get("remedies") or []:
         fix = (r.get("fix") or [None])[0]
         return dict(kind="reference", saving_ns=None, text=f"{r['weak']}: {fix}" if fix else r["weak"])
     return None
+
+
+def _worst_degraded(rows: list[dict]) -> dict | None:
+    """The recommendation for the most degraded group of group_plateau's flagged rows (the lowest of
+    its ratios on its bases: peers, node pairs, model), without a saving; None when none is flagged."""
+    best = None
+    for d in rows:
+        basis = (d.get("degraded_basis") or "").split(",")
+        for b, ratio, what in (("peers", d.get("peer_ratio"), f"its peers' {d.get('peer_busbw_gbps') or 0:.1f} GB/s"),
+                               ("pairs", d.get("pair_ratio"), f"its node pairs' {d.get('pair_busbw_gbps') or 0:.1f} GB/s"),
+                               ("model", d.get("model_ratio"), f"{d.get('model')} ({d.get('model_busbw_gbps') or 0:.1f} GB/s)")):
+            if b in basis and ratio is not None and (best is None or ratio < best[0]):
+                best = (ratio, what, b, d)
+    if best is None:
+        return None
+    ratio, what, b, d = best
+    ask = ("the fabric under the whole group's traffic: compare its routing and oversubscription with the pairs'"
+           if b == "pairs" else "a link degraded or misconfigured: check the group's NICs and NVLink")
+    return dict(kind="degraded", saving_ns=None, text=(
+        f"{d['op']} on {d['group_size']} ranks over {d['nodes'] or '?'} host(s) reaches {ratio:.0%} of {what} "
+        f"at large messages: {ask} (see the warnings)"))
 
 
 def glance_summary(con, report: dict) -> dict[str, Any]:
