@@ -7,6 +7,9 @@ are per process, start-up included):
 
   floor        gunzip + orjson.loads of every file (what any whole-document
                parser pays at least); also the same with gc.disable() ("floor, no GC")
+  limit        the one-core limit: ISA-L gunzip (isal.igzip) + simdjson's DOM parse
+               (pysimdjson) of every file, one thread; skipped with a note when either
+               module is missing (pip install isal pysimdjson, or tracekit[bench])
   tracekit     `tracekit ingest FILES --store TMP`, then
                `tracekit analyze --store TMP --json > FILE` (kept only for its
                per-rank overlap, set beside HTA's in --out); and, as one
@@ -81,6 +84,28 @@ for p in sys.argv[2:]:
     del doc, data
 print(json.dumps({"events": events, "json_bytes": nbytes}))
 """
+
+
+LIMIT_CODE = r"""
+import json, sys
+from isal import igzip
+import simdjson
+parser = simdjson.Parser()
+events = 0
+for p in sys.argv[1:]:
+    with (igzip.open if p.endswith(".gz") else open)(p, "rb") as fh:
+        data = fh.read()
+    doc = parser.parse(data)
+    events += len(doc["traceEvents"])
+    del doc, data
+print(json.dumps({"limit_events": events}))
+"""
+
+
+def _have_limit_modules() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("isal", "simdjson"))
 
 
 # -- measuring a process ---------------------------------------------------------
@@ -262,6 +287,8 @@ def run_set(name: str, files: list[Path], trace_dir: Path, work: Path, args) -> 
             runs["floor_nogc"].append(
                 measure([sys.executable, "-c", FLOOR_CODE, "nogc", *sfiles], timeout=args.timeout)
             )
+        if _have_limit_modules():
+            runs["limit"].append(measure([sys.executable, "-c", LIMIT_CODE, *sfiles], timeout=args.timeout))
         shutil.rmtree(store, ignore_errors=True)
         runs["tk_ingest"].append(measure([*tk, "ingest", *sfiles, "--store", str(store)], timeout=args.timeout))
         tk_out = work / f"{slug}.analyze.json"
@@ -286,7 +313,9 @@ def run_set(name: str, files: list[Path], trace_dir: Path, work: Path, args) -> 
             if m["rc"] == 0:
                 res["hta_overlap"] = json.loads(hta_out.read_text().strip().splitlines()[-1])
             runs["hta"].append(m)
-    for key in ("floor", "floor_nogc", "tk_ingest", "tk_analyze", "tk_one", "hta"):
+    if not _have_limit_modules():
+        print("  one-core limit skipped: isal or simdjson missing (pip install isal pysimdjson)", file=sys.stderr)
+    for key in ("floor", "floor_nogc", "limit", "tk_ingest", "tk_analyze", "tk_one", "hta"):
         ms = runs.get(key)
         if not ms:
             res[key] = None
@@ -319,6 +348,8 @@ def _derive(r: dict) -> None:
             r["tk_over_floor"] = round(r["tk_total_s"] / r["floor"]["wall_s"], 2)
         if _ok(r["floor_nogc"]):
             r["tk_over_floor_nogc"] = round(r["tk_total_s"] / r["floor_nogc"]["wall_s"], 2)
+        if _ok(r.get("limit")):
+            r["tk_over_limit"] = round(r["tk_total_s"] / r["limit"]["wall_s"], 2)
     if _ok(r.get("tk_one")) and _ok(r.get("hta")):
         r["hta_over_tk_one_time"] = round(r["hta"]["wall_s"] / r["tk_one"]["wall_s"], 2)
 
@@ -328,7 +359,8 @@ def _derive(r: dict) -> None:
 HEADER = (
     "| input | JSON MB | events | floor s / MiB | floor no-GC s / MiB | tracekit ingest s / MiB | analyze s / MiB "
     "| tracekit total s (CPU s) / peak MiB | HTA s (CPU s) / peak MiB | HTA÷tk time (CPU) | HTA÷tk mem "
-    "| tk÷floor | tk÷floor no-GC | one process: `ingest --analyze` s / MiB (HTA÷it) | load |"
+    "| tk÷floor | tk÷floor no-GC | one-core limit s / MiB | tk÷limit "
+    "| one process: `ingest --analyze` s / MiB (HTA÷it) | load |"
 )
 
 
@@ -358,12 +390,13 @@ def _row(r: dict) -> str:
     ratio = "—"
     if "hta_over_tk_time" in r:
         ratio = f"{r['hta_over_tk_time']:.1f}× ({r['hta_over_tk_cpu']:.1f}×)"
-    loads = [r[k]["loadavg_1m"] for k in ("floor", "floor_nogc", "tk_ingest", "tk_analyze", "tk_one", "hta") if r.get(k)]
+    loads = [r[k]["loadavg_1m"] for k in ("floor", "floor_nogc", "limit", "tk_ingest", "tk_analyze", "tk_one", "hta") if r.get(k)]
     load = f"{max(loads):.1f}" if loads else "—"
     return (
         f"| {r['name']} | {mb} | {ev} | {_sm(r['floor'])} | {_sm(r['floor_nogc'])} | {ing} | {ana} | {tk_tot} "
         f"| {hta} | {ratio} | {g('hta_over_tk_mem', '{:.1f}×')} | {g('tk_over_floor', '{:.2f}×')} "
-        f"| {g('tk_over_floor_nogc', '{:.2f}×')} | {_sm(r.get('tk_one'))} ({g('hta_over_tk_one_time', '{:.1f}×')}) "
+        f"| {g('tk_over_floor_nogc', '{:.2f}×')} | {_sm(r.get('limit'))} | {g('tk_over_limit', '{:.2f}×')} "
+        f"| {_sm(r.get('tk_one'))} ({g('hta_over_tk_one_time', '{:.1f}×')}) "
         f"| {load} |"
     )
 
@@ -382,6 +415,8 @@ def _verdicts(results: list[dict]) -> list[str]:
             bits.append(f"one process {r['hta_over_tk_one_time']:.1f}×")
         if "tk_over_floor" in r:
             bits.append(f"tracekit÷floor {r['tk_over_floor']:.2f}× (target ≤ 2×)")
+        if "tk_over_limit" in r:
+            bits.append(f"tracekit÷one-core limit {r['tk_over_limit']:.2f}× (target ≤ 1.5×)")
         out.append(f"  ×{r['k']}: " + "; ".join(bits))
     lo, hi = min(reps, key=lambda r: r["k"]), max(reps, key=lambda r: r["k"])
     if hi["k"] > lo["k"]:
