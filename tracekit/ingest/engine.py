@@ -12,7 +12,8 @@ per task by an engine (both engines run the same functions):
 Between the phases the driver numbers the ranks and takes the world size and process groups from
 every file's metadata (they need all ranks); after the second it estimates clock offsets from the
 staged collectives and streams the staged tables into the run's, then commits the run
-(``tracekit.store.Staging``). The Ray engine drops its reference to each task as soon as its result is
+(``tracekit.store.Staging``). The Ray engine keeps a bounded window of tasks submitted
+(:meth:`RayEngine.in_flight`) and drops its reference to each task as soon as its result is
 taken, so Ray frees its copy of the result and the task's lineage. The tasks read
 and write files only under the paths they are given: with Ray, the rank files and the store must be
 on a filesystem every worker mounts at the same path (docs/scale.md).
