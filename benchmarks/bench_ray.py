@@ -31,6 +31,11 @@ written gzip level 1 as ``rank{r}.pt.trace.json.gz`` (about 18 kB a rank).
 the task's wall time, its rate (JSON bytes, gunzipped, / 1e6 / s) and the worker's peak RSS (``ru_maxrss``),
 with the idle worker's beside it — the per-rank figures docs/scale.md extrapolates from.
 
+``--phases``: each ingest is followed by a second one whose driver samples its own RSS every 20 ms
+and marks where each phase begins (the read and assemble tasks, the group attribution, the clock
+alignment, each run table's streaming): per phase the RSS at its start and its most
+(:func:`phases_once`; what grows with the ranks, phase by phase).
+
 ``--jobs-dirs DIR...``: ingest these job folders (e.g. synth_job.py's ``DIR/traces``) instead of
 replicas; ``--checkouts OLD NEW``: the driver imports each checkout in turn, interleaved per job (the
 local engine; for Ray run the script once per checkout, so that the cluster's workers import it
@@ -193,6 +198,68 @@ def held_bytes(src: Path, checkout: Path | None = None) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+_PHASES = r"""
+import json, sys, threading, time
+import tracekit.ingest.assemble as A
+import tracekit.ingest.clocks as C
+import tracekit.ingest.engine as E
+from tracekit.ingest import ingest_paths
+src, store, engine, workers, address = sys.argv[1:6]
+marks, samples, stop = [], [], []
+def rss():
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) / 1024 for l in fh if l.startswith("VmRSS"))
+def sample():
+    while not stop:
+        samples.append((time.perf_counter(), rss())); time.sleep(0.02)
+def mark(name):
+    marks.append((time.perf_counter(), name, rss()))
+def wrap(owner, attr, before, after):
+    real = getattr(owner, attr)
+    def f(*a, **k):
+        mark(before() if callable(before) else before)
+        try:
+            return real(*a, **k)
+        finally:
+            mark(after() if callable(after) else after)
+    setattr(owner, attr, f)
+maps = iter(["read tasks", "read done", "assemble tasks", "assemble done"] * 2)
+for cls in (E.RayEngine, E.LocalEngine):
+    wrap(cls, "map", lambda: next(maps), lambda: next(maps))
+wrap(A.pg_attribution, "attribute", "group attribution", "DuckDB import, group sizes")
+wrap(C, "estimate_offsets_from_files", "clock alignment", "events shifted")
+real_read, last = A.read_part, [None]
+def read_part(parts, name, rank, columns=None):
+    if name != last[0]:
+        last[0] = name; mark(f"streaming {name}")
+    return real_read(parts, name, rank, columns)
+A.read_part = read_part
+threading.Thread(target=sample, daemon=True).start()
+mark("start")
+ingest_paths([src], store, run_id="bench", engine=engine, jobs=int(workers), address=address or None)
+mark("end")
+stop.append(1)
+out = []
+for i, (t, name, r) in enumerate(marks):
+    t1 = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
+    seg = [m for tt, m in samples if t <= tt < t1] + [r]
+    out.append(dict(phase=name, t_s=round(t - marks[0][0], 2), start_mib=round(r, 1), peak_mib=round(max(seg), 1)))
+print(json.dumps(out))
+"""
+
+
+def phases_once(src: Path, store: Path, engine: str, workers: int, address: str | None) -> list[dict]:
+    """One ingest in a fresh driver process with its RSS sampled every 20 ms (``/proc/self/status``)
+    and marked where each phase begins (the engine's two maps, the group attribution, the clock
+    alignment, each run table's streaming): per phase, its start time, the RSS at its start and the
+    most until the next (MiB)."""
+    p = subprocess.run([sys.executable, "-c", _PHASES, str(src), str(store), engine, str(workers), address or ""],
+                       capture_output=True, text=True, timeout=3600, cwd=REPO)
+    if p.returncode:
+        raise SystemExit(f"ingest failed ({engine}, {workers} workers, {src}): {p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def _json_bytes(path: Path) -> int:
     """The JSON's size: the file's, or what it gunzips to."""
     if not path.name.endswith(".gz"):
@@ -221,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-analyze", action="store_true", help="ingest only")
     ap.add_argument("--held", action="store_true",
                     help="only: per job folder and checkout, the bytes the driver receives from the tasks")
+    ap.add_argument("--phases", action="store_true",
+                    help="with each ingest, the driver's RSS by phase (sampled every 20 ms; Linux)")
     ap.add_argument("--per-rank", type=Path, default=None, metavar="FILE",
                     help="only: ingest this one (large) rank file in a Ray worker; its time, rate and peak RSS")
     a = ap.parse_args(argv)
@@ -262,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                         shutil.rmtree(store, ignore_errors=True)
                         m = ingest_once(jobs[n], store, engine, w, address, co)
                         row = dict(engine=engine, workers=w, ranks=n, load=os.getloadavg()[0], **m)
+                        if a.phases and co is None:  # a second ingest, sampled (the first is the timed one)
+                            shutil.rmtree(store, ignore_errors=True)
+                            row["phases"] = phases_once(jobs[n], store, engine, w, address)
                         if co:
                             row["checkout"] = str(co)
                         results["runs"].append(row)

@@ -476,6 +476,27 @@ def assemble_rank(task: RankTask) -> RankResult:
                       algo_proto, gpu_windows is not None)
 
 
+def _on_system_pool(fn):
+    """``fn`` run with Arrow's default memory pool set to the system allocator (malloc), then the
+    pool as it was. The driver reads and frees thousands of small staged tables while it streams a
+    run's tables; the bundled allocators (mimalloc, jemalloc) keep much of what is freed, so the
+    process grows with the ranks; malloc gives it back (the `tracekit` command sets this pool for the
+    whole process through ARROW_DEFAULT_MEMORY_POOL; a library caller gets it here)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        prev = pa.default_memory_pool()
+        pa.set_memory_pool(pa.system_memory_pool())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            pa.set_memory_pool(prev)
+
+    return run
+
+
+@_on_system_pool
 def finish_run(
     stage: Path, run_id, results, ranks, raw_files, *, workload, config, source, align: str | None = None,
     engine=None, user_kernels=(), progress=None,
@@ -494,6 +515,7 @@ def finish_run(
     COLLECTIVES_ROW_GROUP rows. The driver's memory: one rank's staged table and one row group;
     the alignment (:func:`tracekit.ingest.clocks.estimate_offsets_from_files`) runs in DuckDB
     within SHIFT_MEMORY_LIMIT, spilling to the staging directory.
+    Arrow allocates from the system allocator meanwhile (:func:`_on_system_pool`).
     ``stage/parts`` is removed at the end; on an error the caller's staging directory (and it) is.
 
     ``align``: ``none`` | ``host`` | ``collectives`` (default: collectives when the
@@ -583,19 +605,20 @@ def finish_run(
         if no_gpu and j >= 3:
             pq.write_table(schema.empty_table(), stage / f"{name}.parquet", **PARQUET_OPTS)
             continue
-        # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows (a row group per rank makes a
-        # footer that grows with the ranks, read by every scan: benchmarks/README.md); at most one
-        # rank's staged table and one row group's worth of shifted copies held at a time
+        # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows or ROW_GROUP_BYTES (a row group
+        # per rank makes a footer that grows with the ranks, read by every scan: benchmarks/README.md);
+        # at most one rank's staged table and one row group's worth of shifted copies held at a time
         with pq.ParquetWriter(stage / f"{name}.parquet", schema, **PARQUET_OPTS) as w:
-            buf, n = [], 0
+            buf, n, nbytes = [], 0, 0
             for k, r in enumerate(rank_order):
                 buf.append(_shifted(read_part(parts, name, r), offsets.get(r, (0, 0, None))[0], cols))
                 n += buf[-1].num_rows
+                nbytes += buf[-1].nbytes
                 if len(buf) >= STREAM_COMBINE_RANKS:  # many ranks' small tables: one contiguous table
                     buf = [pa.concat_tables(buf).combine_chunks()]
-                if n >= COLLECTIVES_ROW_GROUP or k == len(rank_order) - 1:
+                if n >= COLLECTIVES_ROW_GROUP or nbytes >= ROW_GROUP_BYTES or k == len(rank_order) - 1:
                     w.write_table(pa.concat_tables(buf), row_group_size=COLLECTIVES_ROW_GROUP)
-                    buf, n = [], 0
+                    buf, n, nbytes = [], 0, 0
     shutil.rmtree(parts)
     pq.write_table(pa.Table.from_pylist(rank_rows, schema=RANKS_SCHEMA), stage / "ranks.parquet", **PARQUET_OPTS)
     algo_proto = sorted(algo_proto, key=str)
@@ -614,7 +637,13 @@ COLLECTIVES_CHUNK = 4096
 """Collectives rows built as dicts before they become an Arrow table."""
 
 COLLECTIVES_ROW_GROUP = 65_536
-"""Rows per row group of collectives.parquet."""
+"""Rows per row group of collectives.parquet (at most; see ROW_GROUP_BYTES)."""
+
+ROW_GROUP_BYTES = 2 << 20
+"""While a run's table is streamed from the staged files: a row group is written once the ranks'
+tables gathered for it hold this many bytes in memory (Arrow's ``nbytes``), even below
+COLLECTIVES_ROW_GROUP rows. Rows whose ``pg_ranks`` lists name hundreds of ranks are kB each: a
+row-count bound alone would let the driver hold tens of MB growing with the ranks."""
 
 STREAM_COMBINE_RANKS = 64
 """While a run's table is streamed from the staged files: ranks' tables held apart before they are

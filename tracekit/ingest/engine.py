@@ -12,7 +12,8 @@ per task by an engine (both engines run the same functions):
 Between the phases the driver numbers the ranks and takes the world size and process groups from
 every file's metadata (they need all ranks); after the second it estimates clock offsets from the
 staged collectives and streams the staged tables into the run's, then commits the run
-(``tracekit.store.Staging``). The Ray engine drops its reference to each task as soon as its result is
+(``tracekit.store.Staging``). The Ray engine keeps a bounded window of tasks submitted
+(:meth:`RayEngine.in_flight`) and drops its reference to each task as soon as its result is
 taken, so Ray frees its copy of the result and the task's lineage. The tasks read
 and write files only under the paths they are given: with Ray, the rank files and the store must be
 on a filesystem every worker mounts at the same path (docs/scale.md).
@@ -38,6 +39,13 @@ ENGINES = ("local", "ray")
 RAY_MAX_RETRIES = 3
 """Times Ray reruns a task whose worker process or node died (``max_retries``). Exceptions a task
 raises are not retried (``retry_exceptions=False``): a bad file is as bad the second time."""
+
+RAY_IN_FLIGHT_PER_CPU = 4
+"""Ray tasks the driver keeps submitted per CPU of the cluster (:meth:`RayEngine.in_flight`): enough
+that a worker finishing a task finds the next one queued while the driver takes results."""
+
+RAY_IN_FLIGHT_MIN = 16
+"""The fewest Ray tasks kept submitted, whatever the cluster's CPUs (:meth:`RayEngine.in_flight`)."""
 
 RAY_CANCEL_WAIT_S = 10.0
 """After a failure or Ctrl-C: how long the driver waits for cancelled tasks to stop."""
@@ -180,13 +188,24 @@ class RayEngine:
             self._reaper = None
 
     def map(self, fn: Callable, tasks: Sequence, names: Sequence[str], progress=None) -> list:
+        """``fn`` over ``tasks`` as Ray tasks, at most :meth:`in_flight` submitted and not yet taken
+        at a time (the driver's Ray state — task specs, their arguments, references — stays bounded
+        by the cluster's size, not the task count); results in task order."""
         import ray
 
-        index = {self._remote.remote(fn, t): i for i, t in enumerate(tasks)}
+        window = self.in_flight(ray)
         out = [None] * len(tasks)
-        pending = list(index)
+        index: dict = {}
+        pending: list = []
+        nxt = 0
         try:
-            while pending:
+            while nxt < len(tasks) or pending:
+                while nxt < len(tasks) and len(pending) < window:
+                    ref = self._remote.remote(fn, tasks[nxt])
+                    index[ref] = nxt
+                    pending.append(ref)
+                    nxt += 1
+                ref = None
                 done, pending = ray.wait(pending, num_returns=1)
                 for ref in done:
                     i = index.pop(ref)  # the last reference to a finished task: Ray frees its copy of
@@ -198,6 +217,15 @@ class RayEngine:
             _cancel(ray, pending)
             raise
         return out
+
+    def in_flight(self, ray) -> int:
+        """Tasks submitted and not yet taken, at most: RAY_IN_FLIGHT_PER_CPU per CPU of the cluster
+        (``ray.cluster_resources``), at least RAY_IN_FLIGHT_MIN."""
+        try:
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+        except Exception:  # a cluster that cannot say: the floor
+            cpus = 0
+        return max(RAY_IN_FLIGHT_MIN, RAY_IN_FLIGHT_PER_CPU * cpus)
 
 
 RAY_CONNECT_TIMEOUT_S = 10.0

@@ -179,6 +179,7 @@ class RankFile:
         at N ranks otherwise."""
         self.__dict__.update(state)
         _shared_ranks(self.meta)
+        _shared_meta(self.meta)
 
     def add_meta(self, batch: pa.RecordBatch) -> None:
         """Hold a :data:`META_SCHEMA` batch of metadata rows (after the ``comm_meta`` dicts so far)."""
@@ -269,6 +270,40 @@ def _shared_ranks(meta) -> None:
                 pg["ranks"] = _RANK_LISTS.setdefault(tuple(pg["ranks"]), pg["ranks"])
             except TypeError:  # an unhashable item: not shared
                 pass
+
+
+_SHARED_META: dict = {}
+"""Pickled value → the one object that unpickled RankFiles' equal metadata values share
+(:func:`_shared_meta`); emptied beyond _RANK_LISTS_MAX entries."""
+
+SHARED_META_KEYS = ("deviceProperties", "INFO")
+"""Top-level trace metadata shared between RankFiles when equal (every rank of a job on one GPU
+model writes the same), besides the process groups of ``distributedInfo.pg_config``."""
+
+
+def _shared_meta(meta) -> None:
+    """Replace, in place, ``meta``'s SHARED_META_KEYS values and each process group of its
+    ``distributedInfo.pg_config`` by an equal one seen before (:data:`_SHARED_META`, keyed by their
+    pickle), so that a driver holding N ranks' metadata holds each distinct value once, not N copies
+    (every rank's trace repeats its groups, e.g. the world group, and the job's GPUs). Values that
+    cannot be pickled are left as they are. The shared values are read, never changed, after a
+    RankFile is unpickled."""
+    if not isinstance(meta, dict):
+        return
+    import pickle
+
+    if len(_SHARED_META) > _RANK_LISTS_MAX:
+        _SHARED_META.clear()
+    di = meta.get("distributedInfo")
+    where = [(meta, k) for k in SHARED_META_KEYS if isinstance(meta.get(k), (dict, list))]
+    if isinstance(di, dict) and isinstance(di.get("pg_config"), list):
+        where.extend((di["pg_config"], i) for i, pg in enumerate(di["pg_config"]) if isinstance(pg, dict))
+    for holder, k in where:
+        try:
+            key = pickle.dumps(holder[k], protocol=pickle.HIGHEST_PROTOCOL)  # equal pickles: equal values
+        except Exception:  # an unpicklable value: kept as it is
+            continue
+        holder[k] = _SHARED_META.setdefault(key, holder[k])
 
 
 class MetaRows:
