@@ -327,14 +327,20 @@ def _timeline(con, run_id: str, steps: int) -> dict[str, Any]:
         grps = step_list or [-1]
         gl = ", ".join(str(int(g)) for g in grps)
         rl = ", ".join(str(int(r)) for r in ranks) or "NULL"
+        # the islands of the shown ranks and windows only: merge_intervals and intersect_islands work
+        # per (run, rank, window), so filtering their spans first gives the same islands, while a
+        # filter on the islands views is applied after computing every rank's (DuckDB does not push
+        # it through their windows)
+        where = f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}' AND grp IN ({gl}) AND rank IN ({rl})"
+        for kind in ("comm", "compute"):
+            con.execute(f"CREATE OR REPLACE TEMP VIEW __tl_{kind}_spans AS SELECT * FROM _{kind}_spans WHERE {where}")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE __tl_{kind}_islands AS "
+                        f"SELECT * FROM merge_intervals('__tl_{kind}_spans')")
         isl = {}
-        for name in ("compute_islands", "overlap_islands"):
+        for name, rel in (("compute_islands", "__tl_compute_islands"),
+                          ("overlap_islands", "intersect_islands('__tl_comm_islands', '__tl_compute_islands')")):
             isl[name] = _rows(
-                con,
-                f"SELECT rank, min(s) AS s, max(e) AS e FROM (SELECT rank, s, e FROM {name} "
-                f"WHERE run_id = ? AND grp IN ({gl}) AND rank IN ({rl})) GROUP BY rank, s ORDER BY rank, s",
-                [run_id],
-            )
+                con, f"SELECT rank, min(s) AS s, max(e) AS e FROM (SELECT rank, s, e FROM {rel}) GROUP BY rank, s ORDER BY rank, s")
         step_filter = "" if not step_list else f"AND e.step IN ({gl})"
         comm = _rows(
             con,
