@@ -28,7 +28,7 @@ TOP_STRAGGLERS = 10
 
 def _calibration_runs(st: Store) -> list[str]:
     """Runs that calibrate a machine (``collect sweep`` runs and nccl-tests logs), newest first."""
-    con = st.connect()
+    con = st.connect(tables=("runs",))
     try:
         return [r[0] for r in con.execute(
             "SELECT run_id FROM runs WHERE workload = 'sweep' OR source = 'nccl_tests' ORDER BY created_at DESC"

@@ -628,7 +628,8 @@ class Store:
 
     # -- reading -----------------------------------------------------------------
 
-    def connect(self, *, run_ids: list[str] | None = None, read_only_check: bool = True):
+    def connect(self, *, run_ids: list[str] | None = None, read_only_check: bool = True,
+                tables: Iterable[str] | None = None):
         """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views.
 
         Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``,
@@ -644,7 +645,8 @@ class Store:
         A run whose run, ranks or collectives file is damaged (not readable Parquet, foreign
         columns) raises StoreError when it is named in ``run_ids``; with every run (``run_ids``
         None) it is left out, the others read, and ``con.damaged_runs`` says why (run id → message).
-        Raises StoreError if a run was written by a newer major schema version.
+        Raises StoreError if a run was written by a newer major schema version. ``tables``: only
+        these views (names of :data:`TABLES`; ``runs`` always), the runs checked as above.
         """
         import duckdb
 
@@ -684,6 +686,8 @@ class Store:
                     break
         ids = [rid for rid in ids if rid not in con.damaged_runs]
         for table, files in self.table_files(ids, dirs).items():
+            if tables is not None and table != "runs" and table not in tables:
+                continue
             files = [f for f in files if f not in damaged]
             schema = TABLES[table][1]
             con.bound_files.extend(files)
