@@ -93,3 +93,11 @@ def test_show_prints_title_table_and_caption_as_rich_does():
         outs.append(out.getvalue())
     assert outs[0] == outs[1]
     assert "all_reduce" in outs[0] and "a caption" in outs[0]
+
+
+def test_a_console_with_markup_is_left_to_rich():
+    from rich.console import Console
+
+    t = _make([("[sweep]", "1", "2", "3")])
+    fit_table(t, 80)
+    assert plain_table(t, Console(file=io.StringIO(), width=80, no_color=True)) is None

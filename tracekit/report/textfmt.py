@@ -59,6 +59,12 @@ def literal_console(**kwargs):
     return _LiteralConsole(**kwargs)
 
 
+def _is_literal(console) -> bool:
+    """Whether ``console`` prints strings as they are (:func:`literal_console`'s): no markup, no
+    emoji codes, control characters escaped."""
+    return type(console).__name__ == "_LiteralConsole" and type(console).__module__ == __name__
+
+
 def _literal_text(t):
     """A rich Text with control characters escaped (:func:`literal`); the same object if it has none."""
     from rich.text import Text
@@ -240,7 +246,8 @@ def plain_table(table, console):
     """The lines of a report table (``tracekit.report.data._table``: box SIMPLE_HEAD, no edge, no
     edge padding, padding (0, 1, 0, 0), header shown, no row styles) as rich writes them on a console
     without colour, once :func:`fit_table` has fixed every column's width — or None where this
-    shortcut does not apply and rich must lay the table out: a colour console, a table of another
+    shortcut does not apply and rich must lay the table out: a console other than
+    :func:`literal_console`'s (markup, emoji codes), a colour console, a table of another
     shape, a cell that is not a plain ``str``, holds a line break, or is wider than its column (rich
     would wrap or fold it), a column that is not left/right justified, or a table wider than the
     console. Cells are written through :func:`literal` as the console writes them.
@@ -252,7 +259,7 @@ def plain_table(table, console):
     from rich import box
     from rich.cells import cell_len
 
-    if console.color_system is not None or console.record or table.box is not box.SIMPLE_HEAD:
+    if not _is_literal(console) or console.color_system is not None or console.record or table.box is not box.SIMPLE_HEAD:
         return None
     if table.show_edge or table.pad_edge or table.padding != (0, 1, 0, 0) or not table.show_header:
         return None
