@@ -464,7 +464,8 @@ def _legend_under_title(fig, height: int, top: int) -> None:
 
 
 def bandwidth_figure(data: dict):
-    """Bus bandwidth vs message size per op (log–log): instances by verdict, fit and preset curves, n½."""
+    """Bus bandwidth vs message size per op (log–log): instances by verdict, fit and preset curves, n½.
+    Returns the figure as a dict (:func:`figure_dict`, its title wrapped), or None without instances."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -479,6 +480,10 @@ def bandwidth_figure(data: dict):
     )
     shown = set()
     preset_style = {name: i for i, name in enumerate(data["presets"])}
+    # one dot per instance (thousands at 1,024 ranks): plotly's validation and copies of them cost more
+    # than the rest of the page, so each measured trace is built on its first dot and gets all of
+    # them in the figure's plain dict (figure_dict), written unvalidated: the same page
+    cells: dict[int, dict] = {}
     for n, op in enumerate(ops):
         row, col = n // cols + 1, n % cols + 1
         pts = [r for r in data["bandwidth"] if r["op"] == op]
@@ -486,15 +491,17 @@ def bandwidth_figure(data: dict):
             sel = [r for r in pts if (r["verdict"] or "no model") == verdict]
             if not sel:
                 continue
+            dots = dict(x=[r["size_bytes"] for r in sel], y=[r["busbw_gbps"] for r in sel], customdata=[[
+                f"{r['pg_name']}:{r['seq']}", fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]),
+                fmt_us(r["predicted_ns"]), fmt_num(r["efficiency"]), fmt_us(r["skew_ns"]), r["group_size"],
+            ] for r in sel])
+            cells[len(fig.data)] = dots
             fig.add_trace(
                 go.Scatter(
-                    x=[r["size_bytes"] for r in sel], y=[r["busbw_gbps"] for r in sel], mode="markers",
+                    x=dots["x"][:1], y=dots["y"][:1], mode="markers",
                     name=f"measured: {verdict}", legendgroup=f"v-{verdict}", showlegend=verdict not in shown,
                     marker=dict(color=VERDICT_COLORS[verdict], size=10, line=dict(color="white", width=1)),
-                    customdata=[[
-                        f"{r['pg_name']}:{r['seq']}", fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]),
-                        fmt_us(r["predicted_ns"]), fmt_num(r["efficiency"]), fmt_us(r["skew_ns"]), r["group_size"],
-                    ] for r in sel],
+                    customdata=dots["customdata"][:1],
                     hovertemplate=(
                         "<b>%{customdata[0]}</b> " + op + " (k=%{customdata[6]})<br>size %{customdata[1]}"
                         "<br>busbw %{y:.3g} GB/s<br>sync %{customdata[2]} µs, model %{customdata[3]} µs"
@@ -569,11 +576,13 @@ def bandwidth_figure(data: dict):
         legend=dict(orientation="h", yanchor="top", y=-80 / (430 * nrows + 190 - 170 - 110), x=0, font=dict(size=13)),
     )
     fig.update_layout(margin=dict(b=170, t=110))
-    return fig
+    _wrap_figure_title(fig)  # as _figure_html does for a go.Figure
+    return figure_dict(fig, cells)
 
 
 def timeline_figure(data: dict):
-    """Per-rank timeline: compute, communication (waiting, then transfer) and their overlap."""
+    """Per-rank timeline: compute, communication (waiting, then transfer) and their overlap. Returns
+    the figure as a dict (:func:`figure_dict`, its title wrapped), or None without bars."""
     import plotly.graph_objects as go
 
     tl = data["timeline"]
@@ -585,17 +594,27 @@ def timeline_figure(data: dict):
     for r in tl["ranks"]:
         lanes += [f"rank {r} · compute", f"rank {r} · comm", f"rank {r} · overlap"]
     fig = go.Figure()
+    # thousands of bars: each trace is built on its first bar and gets all of them in the figure's
+    # plain dict (figure_dict), written unvalidated, as bandwidth_figure does: the same page
+    cells: dict[int, dict] = {}
 
     def bars(items, lane_of, color, name, width, hover, custom=None, text=None, **kw):
         if not items:
             return
+        full = dict(base=[(x["s"] - t0) / f for x in items], x=[max(x["e"] - x["s"], 0) / f for x in items],
+                    y=[lane_of(x) for x in items])
+        if custom is not None:
+            full["customdata"] = custom
+        if text is not None:
+            full["text"] = text
+        cells[len(fig.data)] = full
         fig.add_trace(
             go.Bar(**kw,
-                base=[(x["s"] - t0) / f for x in items], x=[max(x["e"] - x["s"], 0) / f for x in items],
-                y=[lane_of(x) for x in items], orientation="h", name=name, marker=dict(color=color, line=dict(width=0)),
-                width=width, customdata=custom, hovertemplate=hover,
-                text=text, textposition="inside" if text else None, insidetextanchor="start",
-                textfont=dict(size=12, color="#212529"), cliponaxis=True,
+                base=full["base"][:1], x=full["x"][:1],
+                y=full["y"][:1], orientation="h", name=name, marker=dict(color=color, line=dict(width=0)),
+                width=width, customdata=None if custom is None else custom[:1], hovertemplate=hover,
+                text=None if text is None else text[:1], textposition="inside" if text else None,
+                insidetextanchor="start", textfont=dict(size=12, color="#212529"), cliponaxis=True,
             )
         )
 
@@ -647,7 +666,8 @@ def timeline_figure(data: dict):
                           fillcolor="#f1f3f5", line=dict(width=0), layer="below")
     fig.update_xaxes(title_text=f"time since the window start ({unit}; t = 0 at {t0 / 1e9:.6f} s on the run clock)",
                      range=[0, (tl["t1_ns"] - t0) / f], showgrid=True, zeroline=False)
-    return fig
+    _wrap_figure_title(fig)  # as _figure_html does for a go.Figure
+    return figure_dict(fig, cells)
 
 
 def overlap_figure(data: dict):
