@@ -167,6 +167,36 @@ def _crossover(op: str, k, alpha, beta) -> float | None:
     return c.alpha_coeff * alpha * beta / c.beta_coeff if c.beta_coeff else None
 
 
+def _peer_median(r: dict, peers: list[dict], run_hosts: dict, pool: dict, k) -> tuple[int, float | None]:
+    """(how many peers, the median of their plateau busbw, GB/s; None without peers) of group row
+    ``r`` among ``peers`` (the rows of its key ``k``): every other row of r's run, and of each run
+    sharing a host with it. The median is ``statistics.median`` of that list, taken from the sorted
+    plateaus of the runs r sees (cached in ``pool`` per key and run) with r's own plateau left out
+    once: a sort per (key, run) instead of one per row. A NaN plateau (no order): the list itself."""
+    import bisect
+
+    rid = r["run_id"]
+    got = pool.get((k, rid))
+    if got is None:
+        vals = [o["plateau_busbw_gbps"] for o in peers if o["run_id"] == rid or run_hosts[o["run_id"]] & run_hosts[rid]]
+        got = pool[(k, rid)] = (any(v != v for v in vals), sorted(vals))
+    nan, vals = got
+    x = r["plateau_busbw_gbps"]
+    mine = r["locality"] != "unknown"  # peers holds every row of its key but those of unknown locality
+    if nan:
+        others = [o["plateau_busbw_gbps"] for o in peers if o is not r and (
+            o["run_id"] == rid or run_hosts[o["run_id"]] & run_hosts[rid])]
+        return len(others), float(median(others)) if others else None
+    skip = bisect.bisect_left(vals, x) if mine else len(vals)  # r's own entry, left out once
+    n = len(vals) - (1 if mine else 0)
+    if not n:
+        return 0, None
+    at = lambda i: vals[i] if i < skip else vals[i + 1]  # noqa: E731 - the i-th of the others, sorted
+    if n % 2:
+        return n, float(at(n // 2))
+    return n, float((at(n // 2 - 1) + at(n // 2)) / 2)
+
+
 def group_rows(con) -> list[dict]:
     """The rows of group_plateau (module docstring)."""
     curves: dict = defaultdict(list)
@@ -227,36 +257,6 @@ def group_rows(con) -> list[dict]:
         r["degraded"] = bool(basis)
         r["degraded_basis"] = ",".join(basis) or None
     return rows
-
-
-def _peer_median(r: dict, peers: list[dict], run_hosts: dict, pool: dict, k) -> tuple[int, float | None]:
-    """(how many peers, the median of their plateau busbw, GB/s; None without peers) of group row
-    ``r`` among ``peers`` (the rows of its key ``k``): every other row of r's run, and of each run
-    sharing a host with it. The median is ``statistics.median`` of that list, taken from the sorted
-    plateaus of the runs r sees (cached in ``pool`` per key and run) with r's own plateau left out
-    once: a sort per (key, run) instead of one per row. A NaN plateau (no order): the list itself."""
-    import bisect
-
-    rid = r["run_id"]
-    got = pool.get((k, rid))
-    if got is None:
-        vals = [o["plateau_busbw_gbps"] for o in peers if o["run_id"] == rid or run_hosts[o["run_id"]] & run_hosts[rid]]
-        got = pool[(k, rid)] = (any(v != v for v in vals), sorted(vals))
-    nan, vals = got
-    x = r["plateau_busbw_gbps"]
-    mine = r["locality"] != "unknown"  # peers holds every row of its key but those of unknown locality
-    if nan:
-        others = [o["plateau_busbw_gbps"] for o in peers if o is not r and (
-            o["run_id"] == rid or run_hosts[o["run_id"]] & run_hosts[rid])]
-        return len(others), float(median(others)) if others else None
-    skip = bisect.bisect_left(vals, x) if mine else len(vals)  # r's own entry, left out once
-    n = len(vals) - (1 if mine else 0)
-    if not n:
-        return 0, None
-    at = lambda i: vals[i] if i < skip else vals[i + 1]  # noqa: E731 - the i-th of the others, sorted
-    if n % 2:
-        return n, float(at(n // 2))
-    return n, float((at(n // 2 - 1) + at(n // 2)) / 2)
 
 
 def pair_rows(groups: list[dict]) -> tuple[list[dict], list[dict]]:
