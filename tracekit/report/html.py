@@ -480,9 +480,9 @@ def bandwidth_figure(data: dict):
     )
     shown = set()
     preset_style = {name: i for i, name in enumerate(data["presets"])}
-    # one dot per instance (thousands at 1,024 ranks): plotly's validation and copies of them cost more
-    # than the rest of the page, so each measured trace is built on its first dot and gets all of
-    # them in the figure's plain dict (figure_dict), written unvalidated: the same page
+    # one dot per instance: plotly would validate and copy every one, so each measured trace is built
+    # on its first dot and gets all of them in the figure's plain dict (figure_dict), written
+    # unvalidated: the same page
     cells: dict[int, dict] = {}
     for n, op in enumerate(ops):
         row, col = n // cols + 1, n % cols + 1
@@ -594,8 +594,8 @@ def timeline_figure(data: dict):
     for r in tl["ranks"]:
         lanes += [f"rank {r} · compute", f"rank {r} · comm", f"rank {r} · overlap"]
     fig = go.Figure()
-    # thousands of bars: each trace is built on its first bar and gets all of them in the figure's
-    # plain dict (figure_dict), written unvalidated, as bandwidth_figure does: the same page
+    # one bar per island and call: each trace is built on its first bar and gets all of them in the
+    # figure's plain dict (figure_dict), written unvalidated, as bandwidth_figure does: the same page
     cells: dict[int, dict] = {}
 
     def bars(items, lane_of, color, name, width, hover, custom=None, text=None, **kw):

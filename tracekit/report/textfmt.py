@@ -228,7 +228,7 @@ def terminal_kernel_name(name: str | None) -> str:
 
 class _PlainLines:
     """A rich renderable of ready-made lines (one Segment and a line break each): what
-    :func:`plain_table` hands to ``console.print``, so a captured or recording console gets it too."""
+    :func:`plain_table` hands to ``console.print``, so a captured console gets it too."""
 
     def __init__(self, lines: list[str]):
         self.lines = lines

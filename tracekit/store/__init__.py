@@ -536,8 +536,7 @@ def _read_by_name(files: list[str]) -> str:
     ``read_parquet(..., union_by_name = true)`` over them all, except that the files of one folder
     (one run's ``events/rank=R.parquet``: written by one ingest, one schema) are read by one
     ``read_parquet`` without ``union_by_name`` and the folders joined by ``UNION ALL BY NAME``.
-    ``union_by_name`` reads every file's footer each time a statement binds the view: for a run of
-    1,024 ranks that was most of a small query's cost."""
+    ``union_by_name`` reads every file's footer each time a statement binds the view (benchmarks/README.md)."""
     folders: dict[str, list[str]] = {}
     for f in files:
         folders.setdefault(os.path.dirname(f), []).append(f)
