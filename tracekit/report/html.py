@@ -773,7 +773,10 @@ def wait_heatmap(data: dict):
                      title_text="collective instance (process group:seq" + (")" if many else ", op)"),
                      tickfont=dict(size=12))
     fig.update_yaxes(autorange="reversed", showgrid=False)
-    return figure_dict(fig, {0: dict(z=z, customdata=custom)})
+    # the cells' JSON is written row by row by _figure_html (a rank's hover row, the same for every
+    # rank, once): the page is the same, without plotly encoding every cell as one document
+    return spliced_figure(figure_dict(fig, {0: dict(z=_SPLICE.format(0), customdata=_SPLICE.format(1))}),
+                          {_SPLICE.format(0): z, _SPLICE.format(1): custom})
 
 
 def figure_dict(fig, cells: dict[int, dict]) -> dict:
@@ -785,6 +788,45 @@ def figure_dict(fig, cells: dict[int, dict]) -> dict:
         assert keys.keys() <= d["data"][i].keys(), "a replaced key must exist in the validated trace"
         d["data"][i].update(keys)
     return d
+
+
+_SPLICE = "__tracekit_rows_{}__"
+"""The placeholder a :func:`spliced_figure` dict holds in place of an array."""
+
+
+class SplicedFigure(dict):
+    """A figure dict (:func:`figure_dict`) with placeholders (``splices``: placeholder → list of rows)
+    that :func:`_figure_html` replaces by the rows' JSON in the written page."""
+
+    splices: dict[str, list]
+
+
+def spliced_figure(d: dict, splices: dict[str, list]) -> SplicedFigure:
+    """``d`` (holding each key of ``splices`` as a string value) as a :class:`SplicedFigure`."""
+    out = SplicedFigure(d)
+    out.splices = splices
+    return out
+
+
+def _splice_rows(page: str, splices: dict[str, list]) -> str:
+    """``page`` with each placeholder's JSON string replaced by its rows' JSON array, each row
+    encoded by plotly's own encoder (``plotly.io.json.to_json_plotly``, the one ``to_html`` uses: a
+    JSON array is its rows' JSON joined by commas, the same text), a row object repeated in the list
+    encoded once. Raises AssertionError unless each placeholder occurs once."""
+    from plotly.io.json import to_json_plotly
+
+    for token, rows in splices.items():
+        quoted = to_json_plotly(token)
+        assert page.count(quoted) == 1, f"placeholder {token} not once in the page"
+        done: dict[int, str] = {}
+        parts = []
+        for row in rows:
+            text = done.get(id(row))
+            if text is None:
+                text = done[id(row)] = to_json_plotly(row)
+            parts.append(text)
+        page = page.replace(quoted, "[" + ",".join(parts) + "]")
+    return page
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -1343,10 +1385,11 @@ def _figure_html(fig, name: str) -> str:
     if not isinstance(fig, dict):
         _wrap_figure_title(fig)
 
-    return pio.to_html(
+    page = pio.to_html(
         fig, validate=not isinstance(fig, dict), full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
         config={"displaylogo": False, "responsive": True, "toImageButtonOptions": {"filename": f"tracekit-{name}"}},
     )
+    return _splice_rows(page, fig.splices) if isinstance(fig, SplicedFigure) else page
 
 
 FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (
