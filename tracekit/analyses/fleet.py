@@ -178,6 +178,36 @@ def _crossover(op: str, k, alpha, beta) -> float | None:
     return c.alpha_coeff * alpha * beta / c.beta_coeff if c.beta_coeff else None
 
 
+def _peer_median(r: dict, peers: list[dict], run_hosts: dict, pool: dict, k) -> tuple[int, float | None]:
+    """(how many peers, the median of their plateau busbw, GB/s; None without peers) of group row
+    ``r`` among ``peers`` (the rows of its key ``k``): every other row of r's run, and of each run
+    sharing a host with it. The median is ``statistics.median`` of that list, taken from the sorted
+    plateaus of the runs r sees (cached in ``pool`` per key and run) with r's own plateau left out
+    once: a sort per (key, run) instead of one per row. A NaN plateau (no order): the list itself."""
+    import bisect
+
+    rid = r["run_id"]
+    got = pool.get((k, rid))
+    if got is None:
+        vals = [o["plateau_busbw_gbps"] for o in peers if o["run_id"] == rid or run_hosts[o["run_id"]] & run_hosts[rid]]
+        got = pool[(k, rid)] = (any(v != v for v in vals), sorted(vals))
+    nan, vals = got
+    x = r["plateau_busbw_gbps"]
+    mine = r["locality"] != "unknown"  # peers holds every row of its key but those of unknown locality
+    if nan:
+        others = [o["plateau_busbw_gbps"] for o in peers if o is not r and (
+            o["run_id"] == rid or run_hosts[o["run_id"]] & run_hosts[rid])]
+        return len(others), float(median(others)) if others else None
+    skip = bisect.bisect_left(vals, x) if mine else len(vals)  # r's own entry, left out once
+    n = len(vals) - (1 if mine else 0)
+    if not n:
+        return 0, None
+    at = lambda i: vals[i] if i < skip else vals[i + 1]  # noqa: E731 - the i-th of the others, sorted
+    if n % 2:
+        return n, float(at(n // 2))
+    return n, float((at(n // 2 - 1) + at(n // 2)) / 2)
+
+
 def group_rows(con) -> list[dict]:
     """The rows of group_plateau (module docstring)."""
     curves: dict = defaultdict(list)
@@ -216,19 +246,19 @@ def group_rows(con) -> list[dict]:
     run_hosts: dict = defaultdict(set)
     for r in rows:
         run_hosts[r["run_id"]].update(h for h in (r["hosts"] or "").split(",") if h)
+    pool: dict = {}  # (key, run) → the sorted plateaus of the groups of that key in the runs it sees
     for r in rows:
         # peers: this run's groups, and another run's only where the two runs share a host (one fleet)
-        others = [o["plateau_busbw_gbps"] for o in peers.get(key(r), []) if o is not r and (
-            o["run_id"] == r["run_id"] or run_hosts[o["run_id"]] & run_hosts[r["run_id"]])]
-        r["peers"] = len(others)
+        n_others, peer_median = _peer_median(r, peers.get(key(r), []), run_hosts, pool, key(r))
+        r["peers"] = n_others
         basis = []
         # judged only on a plateau in the model's bandwidth regime (all its sizes >= MODEL_CROSSOVERS·D*;
         # any plateau when the model has no D*): below, busbw measures latency and launch jitter
         bandwidth = (r["model_crossover_bytes"] is None
                      or r["plateau_min_bytes"] >= MODEL_CROSSOVERS * r["model_crossover_bytes"])
-        if others:
-            r["peer_busbw_gbps"] = float(median(others))
-            if len(others) >= MIN_PEERS and r["peer_busbw_gbps"] > 0:
+        if n_others:
+            r["peer_busbw_gbps"] = peer_median
+            if n_others >= MIN_PEERS and r["peer_busbw_gbps"] > 0:
                 r["peer_ratio"] = r["plateau_busbw_gbps"] / r["peer_busbw_gbps"]
                 if r["peer_ratio"] < PEER_FRACTION and bandwidth:
                     basis.append("peers")

@@ -22,13 +22,13 @@ from typing import Any
 
 from tracekit.store import Store
 from tracekit.report.textfmt import (PARAMS_DROPPED, fit_table, fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_size, fmt_us,
-                                     terminal_kernel_name)
+                                     plain_table, terminal_kernel_name)
 
 TOP_STRAGGLERS = 10
 
 def _calibration_runs(st: Store) -> list[str]:
     """Runs that calibrate a machine (``collect sweep`` runs and nccl-tests logs), newest first."""
-    con = st.connect()
+    con = st.connect(tables=("runs",))
     try:
         return [r[0] for r in con.execute(
             "SELECT run_id FROM runs WHERE workload = 'sweep' OR source = 'nccl_tests' ORDER BY created_at DESC"
@@ -416,7 +416,7 @@ def _show(console, t) -> None:
         console.print(Text(t.tk_title, style="bold"))
     fit_table(t, console.width)
     caption, t.caption = t.caption, None
-    console.print(t)
+    console.print(plain_table(t, console) or t)  # rich lays out only what the shortcut cannot
     if caption:
         console.print(Text(caption, style="dim"))
 

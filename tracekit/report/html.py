@@ -327,14 +327,20 @@ def _timeline(con, run_id: str, steps: int) -> dict[str, Any]:
         grps = step_list or [-1]
         gl = ", ".join(str(int(g)) for g in grps)
         rl = ", ".join(str(int(r)) for r in ranks) or "NULL"
+        # the islands of the shown ranks and windows only: merge_intervals and intersect_islands work
+        # per (run, rank, window), so filtering their spans first gives the same islands, while a
+        # filter on the islands views is applied after computing every rank's (DuckDB does not push
+        # it through their windows)
+        where = f"run_id = '{run_id.replace(chr(39), chr(39) * 2)}' AND grp IN ({gl}) AND rank IN ({rl})"
+        for kind in ("comm", "compute"):
+            con.execute(f"CREATE OR REPLACE TEMP VIEW __tl_{kind}_spans AS SELECT * FROM _{kind}_spans WHERE {where}")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE __tl_{kind}_islands AS "
+                        f"SELECT * FROM merge_intervals('__tl_{kind}_spans')")
         isl = {}
-        for name in ("compute_islands", "overlap_islands"):
+        for name, rel in (("compute_islands", "__tl_compute_islands"),
+                          ("overlap_islands", "intersect_islands('__tl_comm_islands', '__tl_compute_islands')")):
             isl[name] = _rows(
-                con,
-                f"SELECT rank, min(s) AS s, max(e) AS e FROM (SELECT rank, s, e FROM {name} "
-                f"WHERE run_id = ? AND grp IN ({gl}) AND rank IN ({rl})) GROUP BY rank, s ORDER BY rank, s",
-                [run_id],
-            )
+                con, f"SELECT rank, min(s) AS s, max(e) AS e FROM (SELECT rank, s, e FROM {rel}) GROUP BY rank, s ORDER BY rank, s")
         step_filter = "" if not step_list else f"AND e.step IN ({gl})"
         comm = _rows(
             con,
@@ -458,7 +464,8 @@ def _legend_under_title(fig, height: int, top: int) -> None:
 
 
 def bandwidth_figure(data: dict):
-    """Bus bandwidth vs message size per op (log–log): instances by verdict, fit and preset curves, n½."""
+    """Bus bandwidth vs message size per op (log–log): instances by verdict, fit and preset curves, n½.
+    Returns the figure as a dict (:func:`figure_dict`, its title wrapped), or None without instances."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -473,6 +480,10 @@ def bandwidth_figure(data: dict):
     )
     shown = set()
     preset_style = {name: i for i, name in enumerate(data["presets"])}
+    # one dot per instance: plotly would validate and copy every one, so each measured trace is built
+    # on its first dot and gets all of them in the figure's plain dict (figure_dict), written
+    # unvalidated: the same page
+    cells: dict[int, dict] = {}
     for n, op in enumerate(ops):
         row, col = n // cols + 1, n % cols + 1
         pts = [r for r in data["bandwidth"] if r["op"] == op]
@@ -480,15 +491,17 @@ def bandwidth_figure(data: dict):
             sel = [r for r in pts if (r["verdict"] or "no model") == verdict]
             if not sel:
                 continue
+            dots = dict(x=[r["size_bytes"] for r in sel], y=[r["busbw_gbps"] for r in sel], customdata=[[
+                f"{r['pg_name']}:{r['seq']}", fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]),
+                fmt_us(r["predicted_ns"]), fmt_num(r["efficiency"]), fmt_us(r["skew_ns"]), r["group_size"],
+            ] for r in sel])
+            cells[len(fig.data)] = dots
             fig.add_trace(
                 go.Scatter(
-                    x=[r["size_bytes"] for r in sel], y=[r["busbw_gbps"] for r in sel], mode="markers",
+                    x=dots["x"][:1], y=dots["y"][:1], mode="markers",
                     name=f"measured: {verdict}", legendgroup=f"v-{verdict}", showlegend=verdict not in shown,
                     marker=dict(color=VERDICT_COLORS[verdict], size=10, line=dict(color="white", width=1)),
-                    customdata=[[
-                        f"{r['pg_name']}:{r['seq']}", fmt_bytes(r["size_bytes"]), fmt_us(r["sync_time_ns"]),
-                        fmt_us(r["predicted_ns"]), fmt_num(r["efficiency"]), fmt_us(r["skew_ns"]), r["group_size"],
-                    ] for r in sel],
+                    customdata=dots["customdata"][:1],
                     hovertemplate=(
                         "<b>%{customdata[0]}</b> " + op + " (k=%{customdata[6]})<br>size %{customdata[1]}"
                         "<br>busbw %{y:.3g} GB/s<br>sync %{customdata[2]} µs, model %{customdata[3]} µs"
@@ -563,11 +576,13 @@ def bandwidth_figure(data: dict):
         legend=dict(orientation="h", yanchor="top", y=-80 / (430 * nrows + 190 - 170 - 110), x=0, font=dict(size=13)),
     )
     fig.update_layout(margin=dict(b=170, t=110))
-    return fig
+    _wrap_figure_title(fig)  # as _figure_html does for a go.Figure
+    return figure_dict(fig, cells)
 
 
 def timeline_figure(data: dict):
-    """Per-rank timeline: compute, communication (waiting, then transfer) and their overlap."""
+    """Per-rank timeline: compute, communication (waiting, then transfer) and their overlap. Returns
+    the figure as a dict (:func:`figure_dict`, its title wrapped), or None without bars."""
     import plotly.graph_objects as go
 
     tl = data["timeline"]
@@ -579,17 +594,27 @@ def timeline_figure(data: dict):
     for r in tl["ranks"]:
         lanes += [f"rank {r} · compute", f"rank {r} · comm", f"rank {r} · overlap"]
     fig = go.Figure()
+    # one bar per island and call: each trace is built on its first bar and gets all of them in the
+    # figure's plain dict (figure_dict), written unvalidated, as bandwidth_figure does: the same page
+    cells: dict[int, dict] = {}
 
     def bars(items, lane_of, color, name, width, hover, custom=None, text=None, **kw):
         if not items:
             return
+        full = dict(base=[(x["s"] - t0) / f for x in items], x=[max(x["e"] - x["s"], 0) / f for x in items],
+                    y=[lane_of(x) for x in items])
+        if custom is not None:
+            full["customdata"] = custom
+        if text is not None:
+            full["text"] = text
+        cells[len(fig.data)] = full
         fig.add_trace(
             go.Bar(**kw,
-                base=[(x["s"] - t0) / f for x in items], x=[max(x["e"] - x["s"], 0) / f for x in items],
-                y=[lane_of(x) for x in items], orientation="h", name=name, marker=dict(color=color, line=dict(width=0)),
-                width=width, customdata=custom, hovertemplate=hover,
-                text=text, textposition="inside" if text else None, insidetextanchor="start",
-                textfont=dict(size=12, color="#212529"), cliponaxis=True,
+                base=full["base"][:1], x=full["x"][:1],
+                y=full["y"][:1], orientation="h", name=name, marker=dict(color=color, line=dict(width=0)),
+                width=width, customdata=None if custom is None else custom[:1], hovertemplate=hover,
+                text=None if text is None else text[:1], textposition="inside" if text else None,
+                insidetextanchor="start", textfont=dict(size=12, color="#212529"), cliponaxis=True,
             )
         )
 
@@ -641,7 +666,8 @@ def timeline_figure(data: dict):
                           fillcolor="#f1f3f5", line=dict(width=0), layer="below")
     fig.update_xaxes(title_text=f"time since the window start ({unit}; t = 0 at {t0 / 1e9:.6f} s on the run clock)",
                      range=[0, (tl["t1_ns"] - t0) / f], showgrid=True, zeroline=False)
-    return fig
+    _wrap_figure_title(fig)  # as _figure_html does for a go.Figure
+    return figure_dict(fig, cells)
 
 
 def overlap_figure(data: dict):
@@ -747,7 +773,10 @@ def wait_heatmap(data: dict):
                      title_text="collective instance (process group:seq" + (")" if many else ", op)"),
                      tickfont=dict(size=12))
     fig.update_yaxes(autorange="reversed", showgrid=False)
-    return figure_dict(fig, {0: dict(z=z, customdata=custom)})
+    # the cells' JSON is written row by row by _figure_html (a rank's hover row, the same for every
+    # rank, once): the page is the same, without plotly encoding every cell as one document
+    return spliced_figure(figure_dict(fig, {0: dict(z=_SPLICE.format(0), customdata=_SPLICE.format(1))}),
+                          {_SPLICE.format(0): z, _SPLICE.format(1): custom})
 
 
 def figure_dict(fig, cells: dict[int, dict]) -> dict:
@@ -759,6 +788,45 @@ def figure_dict(fig, cells: dict[int, dict]) -> dict:
         assert keys.keys() <= d["data"][i].keys(), "a replaced key must exist in the validated trace"
         d["data"][i].update(keys)
     return d
+
+
+_SPLICE = "__tracekit_rows_{}__"
+"""The placeholder a :func:`spliced_figure` dict holds in place of an array."""
+
+
+class SplicedFigure(dict):
+    """A figure dict (:func:`figure_dict`) with placeholders (``splices``: placeholder → list of rows)
+    that :func:`_figure_html` replaces by the rows' JSON in the written page."""
+
+    splices: dict[str, list]
+
+
+def spliced_figure(d: dict, splices: dict[str, list]) -> SplicedFigure:
+    """``d`` (holding each key of ``splices`` as a string value) as a :class:`SplicedFigure`."""
+    out = SplicedFigure(d)
+    out.splices = splices
+    return out
+
+
+def _splice_rows(page: str, splices: dict[str, list]) -> str:
+    """``page`` with each placeholder's JSON string replaced by its rows' JSON array, each row
+    encoded by plotly's own encoder (``plotly.io.json.to_json_plotly``, the one ``to_html`` uses: a
+    JSON array is its rows' JSON joined by commas, the same text), a row object repeated in the list
+    encoded once. Raises AssertionError unless each placeholder occurs once."""
+    from plotly.io.json import to_json_plotly
+
+    for token, rows in splices.items():
+        quoted = to_json_plotly(token)
+        assert page.count(quoted) == 1, f"placeholder {token} not once in the page"
+        done: dict[int, str] = {}
+        parts = []
+        for row in rows:
+            text = done.get(id(row))
+            if text is None:
+                text = done[id(row)] = to_json_plotly(row)
+            parts.append(text)
+        page = page.replace(quoted, "[" + ",".join(parts) + "]")
+    return page
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -1317,10 +1385,11 @@ def _figure_html(fig, name: str) -> str:
     if not isinstance(fig, dict):
         _wrap_figure_title(fig)
 
-    return pio.to_html(
+    page = pio.to_html(
         fig, validate=not isinstance(fig, dict), full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
         config={"displaylogo": False, "responsive": True, "toImageButtonOptions": {"filename": f"tracekit-{name}"}},
     )
+    return _splice_rows(page, fig.splices) if isinstance(fig, SplicedFigure) else page
 
 
 FIGURES: tuple[tuple[str, str, Callable[[dict], Any], str], ...] = (

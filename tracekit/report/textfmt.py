@@ -59,6 +59,12 @@ def literal_console(**kwargs):
     return _LiteralConsole(**kwargs)
 
 
+def _is_literal(console) -> bool:
+    """Whether ``console`` prints strings as they are (:func:`literal_console`'s): no markup, no
+    emoji codes, control characters escaped."""
+    return type(console).__name__ == "_LiteralConsole" and type(console).__module__ == __name__
+
+
 def _literal_text(t):
     """A rich Text with control characters escaped (:func:`literal`); the same object if it has none."""
     from rich.text import Text
@@ -218,3 +224,72 @@ def terminal_kernel_name(name: str | None) -> str:
     if depth == 0 and i > 0 and s[i - 1] == ">" and i + 1 < len(s) - 1:
         return s[:i] + PARAMS_DROPPED
     return s
+
+
+class _PlainLines:
+    """A rich renderable of ready-made lines (one Segment and a line break each): what
+    :func:`plain_table` hands to ``console.print``, so a captured console gets it too."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+
+    def __rich_console__(self, console, options):
+        from rich.segment import Segment
+
+        brk = Segment.line()
+        for ln in self.lines:
+            yield Segment(ln)
+            yield brk
+
+
+def plain_table(table, console):
+    """The lines of a report table (``tracekit.report.data._table``: box SIMPLE_HEAD, no edge, no
+    edge padding, padding (0, 1, 0, 0), header shown, no row styles) as rich writes them on a console
+    without colour, once :func:`fit_table` has fixed every column's width — or None where this
+    shortcut does not apply and rich must lay the table out: a console other than
+    :func:`literal_console`'s (markup, emoji codes), a colour console, a table of another
+    shape, a cell that is not a plain ``str``, holds a line break, or is wider than its column (rich
+    would wrap or fold it), a column that is not left/right justified, or a table wider than the
+    console. Cells are written through :func:`literal` as the console writes them.
+
+    A line is each column's text justified to its width, followed by one space of padding (none
+    after the last column) and joined by the box's one-space column separator; the rule under the
+    header is ``─`` across the same width. Returns a renderable for ``console.print``. Checked
+    against rich's own rendering in tests/report/test_plain_table.py."""
+    from rich import box
+    from rich.cells import cell_len
+
+    if not _is_literal(console) or console.color_system is not None or console.record or table.box is not box.SIMPLE_HEAD:
+        return None
+    if table.show_edge or table.pad_edge or table.padding != (0, 1, 0, 0) or not table.show_header:
+        return None
+    if table.title or table.caption or table.show_footer or table.show_lines or table.row_styles or table.expand:
+        return None
+    if table.leading or table.min_width is not None or table.width is not None:
+        return None
+    cols = table.columns
+    n = len(cols)
+    if not n or any(r.style or r.end_section for r in table.rows):
+        return None
+    widths = getattr(table, "tk_widths", None)
+    if widths is None or len(widths) != n:
+        return None
+    columns = []
+    for col, w in zip(cols, widths):
+        if col.justify not in ("left", "right") or col.width != w or col.style or col.header_style:
+            return None
+        cells = [col.header, *col._cells]
+        if not all(type(c) is str for c in cells):
+            return None
+        texts = [literal(c) for c in cells]
+        if any("\n" in s or cell_len(s) > w for s in texts):
+            return None
+        if col.justify == "right":
+            columns.append([" " * (w - cell_len(s)) + s for s in texts])
+        else:
+            columns.append([s + " " * (w - cell_len(s)) for s in texts])
+    total = sum(widths) + 2 * (n - 1)
+    if total > console.width:
+        return None
+    rows = ["  ".join(parts) for parts in zip(*columns)]
+    return _PlainLines([rows[0], "─" * total, *rows[1:]])

@@ -531,6 +531,20 @@ def sql_string(s: str | os.PathLike) -> str:
     return "'" + str(s).replace("'", "''") + "'"
 
 
+def _read_by_name(files: list[str]) -> str:
+    """The SQL reading these Parquet files of a table, columns matched by name: one
+    ``read_parquet(..., union_by_name = true)`` over them all, except that the files of one folder
+    (one run's ``events/rank=R.parquet``: written by one ingest, one schema) are read by one
+    ``read_parquet`` without ``union_by_name`` and the folders joined by ``UNION ALL BY NAME``.
+    ``union_by_name`` reads every file's footer each time a statement binds the view (benchmarks/README.md)."""
+    folders: dict[str, list[str]] = {}
+    for f in files:
+        folders.setdefault(os.path.dirname(f), []).append(f)
+    if len(folders) == len(files):  # one file a folder: nothing to save
+        return f"SELECT * FROM read_parquet({sql_file_list(files)}, union_by_name = true)"
+    return " UNION ALL BY NAME ".join(f"SELECT * FROM read_parquet({sql_file_list(fs)})" for fs in folders.values())
+
+
 def sql_file_list(paths: Iterable[str | os.PathLike]) -> str:
     """A DuckDB list literal naming exactly these files, never a pattern: ``['<escaped>', ...]``."""
     return "[" + ", ".join(sql_string(glob_escape(p)) for p in paths) + "]"
@@ -613,7 +627,8 @@ class Store:
 
     # -- reading -----------------------------------------------------------------
 
-    def connect(self, *, run_ids: list[str] | None = None, read_only_check: bool = True):
+    def connect(self, *, run_ids: list[str] | None = None, read_only_check: bool = True,
+                tables: Iterable[str] | None = None):
         """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views.
 
         Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``,
@@ -629,7 +644,8 @@ class Store:
         A run whose run, ranks or collectives file is damaged (not readable Parquet, foreign
         columns) raises StoreError when it is named in ``run_ids``; with every run (``run_ids``
         None) it is left out, the others read, and ``con.damaged_runs`` says why (run id → message).
-        Raises StoreError if a run was written by a newer major schema version.
+        Raises StoreError if a run was written by a newer major schema version. ``tables``: only
+        these views (names of :data:`TABLES`; ``runs`` always), the runs checked as above.
         """
         import duckdb
 
@@ -669,6 +685,8 @@ class Store:
                     break
         ids = [rid for rid in ids if rid not in con.damaged_runs]
         for table, files in self.table_files(ids, dirs).items():
+            if tables is not None and table != "runs" and table not in tables:
+                continue
             files = [f for f in files if f not in damaged]
             schema = TABLES[table][1]
             con.bound_files.extend(files)
@@ -679,7 +697,7 @@ class Store:
                 # column was added reads it as NULL (same major schema version, same meaning)
                 con.execute(
                     f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM __empty_{table} UNION ALL BY NAME "
-                    f"SELECT * FROM read_parquet({sql_file_list(files)}, union_by_name = true)"
+                    + _read_by_name(files)
                 )
             else:
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM __empty_{table}")
