@@ -39,36 +39,108 @@ def store_snapshot(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-SERIAL_FILES = frozenset({"tests/ingest/test_ray_engine.py", "tests/ingest/test_ray_staged_tables.py",
-                          "tests/ingest/test_bounded_procs.py"})
-"""Test files that start Ray clusters or count a command's processes: run one at a time, like the
-``slow`` tests (real multi-process jobs whose assertions read their timing)."""
+RAY_FILES = frozenset({"tests/ingest/test_ray_engine.py", "tests/ingest/test_ray_staged_tables.py",
+                       "tests/ingest/test_bounded_procs.py"})
+"""Test files that start or join Ray clusters (``--address auto`` finds the latest one started on
+this machine) or count a command's processes: in the ``jobs`` group, one test at a time."""
 
-NOT_SERIAL_FILES = frozenset({"tests/cli/test_core_install.py"})
-"""``slow`` test files whose assertions read no timing (a pip install into a fresh venv): grouped by
-file like the fast tests, so they run beside the serial group."""
+NOT_JOBS_FILES = frozenset({"tests/cli/test_core_install.py"})
+"""``slow`` test files that start no job (a pip install into a fresh venv): grouped by file like the
+fast tests, so they run beside the ``jobs`` group."""
+
+
+def _alone(item) -> bool:
+    """Whether ``item`` runs alone (marked ``serial``: it asserts a wall-time bound or a timing result)."""
+    return item.get_closest_marker("serial") is not None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Group the tests for pytest-xdist (``-n N``; ``--dist loadgroup`` in pyproject's addopts): the ``slow`` and
-    ``serial`` tests and :data:`SERIAL_FILES` form one group, run first and one at a time on one worker, so
-    that two multi-process jobs never share the cores; every other test is grouped by its file, so a
-    module-scoped store is built once. Without ``-n`` (one process) the tests keep their order."""
-    if not getattr(config.option, "numprocesses", None):
+    """Group and order the tests for pytest-xdist's workers (``--dist loadgroup``, pyproject's addopts;
+    each group runs on one worker, the groups in this order):
+
+    1. ``jobs``: the ``slow`` tests (real multi-process jobs) and :data:`RAY_FILES`, one at a time, so
+       that two jobs never share the cores and two Ray clusters never meet; first, as the longest group;
+    2. every other test grouped by its file, so a module-scoped store is built once;
+    3. ``serial``: the tests marked ``serial``, last; each runs alone (:class:`_Alone`).
+
+    In one process (``-n 0``, or ``-p no:xdist``) the tests keep their order. A worker's options say
+    ``loadgroup`` (the controller's ``-n`` and ``--dist`` are not passed on to it)."""
+    if not config.getoption("loadgroup", False):
         return
-    serial, rest = [], []
+    jobs, rest, alone = [], [], []
     for item in items:
         path = item.nodeid.split("::")[0]
-        slow = item.get_closest_marker("slow") and path not in NOT_SERIAL_FILES
-        if slow or item.get_closest_marker("serial") or path in SERIAL_FILES:
+        if _alone(item):
             item.add_marker(pytest.mark.xdist_group("serial"))
-            serial.append(item)
+            alone.append(item)
+        elif (item.get_closest_marker("slow") and path not in NOT_JOBS_FILES) or path in RAY_FILES:
+            item.add_marker(pytest.mark.xdist_group("jobs"))
+            jobs.append(item)
         else:
             item.add_marker(pytest.mark.xdist_group(path))
             rest.append(item)
-    items[:] = serial + rest
+    items[:] = jobs + rest + alone
 
+
+class _Alone:
+    """A readers-writer lock shared by the workers of one run (two files locked with ``flock``): every test
+    holds the room shared while it runs, a ``serial`` test holds it alone, so that no other test runs on
+    any worker meanwhile. A test waiting to run alone first takes the gate, which keeps new tests out
+    while the running ones finish (no waiting for a gap that may never come). Consecutive ``serial``
+    tests keep the room; a worker that ends lets go of it with its process."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self._gate = open(folder / "alone.gate", "a")
+        self._room = open(folder / "alone.room", "a")
+        self.held: str | None = None  # "shared" or "alone"
+
+    def enter(self, alone: bool) -> None:
+        import fcntl
+
+        want = "alone" if alone else "shared"
+        if self.held == want == "alone":
+            return
+        self.leave()
+        mode = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
+        fcntl.flock(self._gate, mode)
+        try:
+            fcntl.flock(self._room, mode)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        self.held = want
+
+    def leave(self) -> None:
+        import fcntl
+
+        if self.held is not None:
+            fcntl.flock(self._room, fcntl.LOCK_UN)
+            self.held = None
+
+
+_ALONE = pytest.StashKey[_Alone]()
+
+
+def pytest_configure(config):
+    # a worker of a pytest-xdist run: its basetemp (pytest-N/popen-gwK) lies in the run's own folder
+    if getattr(config, "workerinput", None) is not None and config.option.basetemp:
+        config.stash[_ALONE] = _Alone(Path(config.option.basetemp).parent)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Every test inside :class:`_Alone` (pytest-xdist workers only): a ``serial`` one alone."""
+    turn = item.config.stash.get(_ALONE, None)
+    if turn is None:
+        return (yield)
+    alone = _alone(item)
+    turn.enter(alone)
+    try:
+        return (yield)
+    finally:
+        if not (alone and nextitem is not None and _alone(nextitem)):
+            turn.leave()
 
 
 def view_rows(store, sql: str, run_ids, setup=None) -> list[dict]:

@@ -29,7 +29,7 @@ from tracekit.cli import main  # noqa: E402
 from tracekit.report.whatif import whatif_answer  # noqa: E402
 from tracekit.store import Store  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # its assertions read the steps' timing (sleeps stretch under load)
 
 REPO = Path(__file__).resolve().parents[2]
 
