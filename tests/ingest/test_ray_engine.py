@@ -286,10 +286,14 @@ def test_unreachable_address_is_one_line(tmp_path):
 @needs_ray
 def test_address_of_another_service_fails_in_seconds(tmp_path):
     """A port that accepts TCP but is not a Ray head (here a socket that accepts and says nothing):
-    one line naming the address, the store untouched — within the timeout below, where Ray's own
-    defaults retry for ~2 minutes (engine.RAY_JOIN_TIMEOUTS)."""
+    one line naming the address, the store untouched. Ray's join timeouts are shortened in the
+    environment, where a value the user set is kept (engine.RAY_JOIN_TIMEOUTS); that tracekit's own
+    values bound the wait, where Ray's defaults retry for ~2 minutes, is
+    tests/ingest/test_bounded_procs.py's test_address_auto_that_finds_a_dead_cluster_fails_in_seconds."""
     import socket
     import threading
+
+    from tracekit.ingest.engine import RAY_JOIN_TIMEOUTS
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -297,9 +301,10 @@ def test_address_of_another_service_fails_in_seconds(tmp_path):
     held = []
     threading.Thread(target=lambda: [held.append(srv.accept()) for _ in iter(int, 1)], daemon=True).start()
     addr = f"127.0.0.1:{srv.getsockname()[1]}"
+    env = dict(os.environ, **dict.fromkeys(RAY_JOIN_TIMEOUTS, "1"))
     p = subprocess.run([sys.executable, "-m", "tracekit", "ingest", str(FIXTURES / "tp_2rank"), "--store",
                         str(tmp_path / "s"), "--engine", "ray", "--address", addr],
-                       capture_output=True, text=True, timeout=90)
+                       capture_output=True, text=True, timeout=90, env=env)
     srv.close()
     assert p.returncode == 2
     (line,) = p.stderr.strip().splitlines()
