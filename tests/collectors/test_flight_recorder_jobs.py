@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,7 +55,17 @@ def _job(tmp_path, monkeypatch, nproc, *demo_args, timeout=None, active=1):
 
 
 def _torchfrtrace(run_dir: Path, tmp_path: Path, with_groups: bool) -> str:
-    """torchfrtrace's output on the run's dumps, as pickles named torch's way (prefix + rank)."""
+    """torchfrtrace's output on the run's dumps, as pickles named torch's way (prefix + rank): what
+    its ``main`` (the ``torchfrtrace`` command's entry point) prints and logs, then the traceback of
+    what it raised. Run in this process, which has imported torch already (a ``torchfrtrace``
+    process would spend seconds importing it again)."""
+    import contextlib
+    import io
+    import logging
+    import traceback
+
+    from torch.distributed.flight_recorder import fr_trace
+
     d = tmp_path / ("tf-groups" if with_groups else "tf-raw")
     d.mkdir()
     for f in sorted(run_dir.glob("fr-rank*.json")):
@@ -67,10 +75,18 @@ def _torchfrtrace(run_dir: Path, tmp_path: Path, with_groups: bool) -> str:
             dump["pg_config"] = {n: {"name": n, "desc": g["desc"], "ranks": json.dumps(g["ranks"])}
                                  for n, g in tk["groups"].items()}
         (d / f"fr_trace_rank_{tk['rank']}").write_bytes(pickle.dumps(dump))
-    exe = shutil.which("torchfrtrace")
-    cmd = [exe] if exe else [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]
-    p = subprocess.run([*cmd, str(d)], capture_output=True, text=True, timeout=120)
-    return p.stdout + p.stderr
+    out = io.StringIO()
+    log = logging.getLogger("Flight Recorder")  # torchfrtrace's logger (its handler: the stderr of its first use)
+    handlers, log.handlers = log.handlers, [logging.StreamHandler(out)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                fr_trace.main([str(d)])
+            except Exception:  # noqa: BLE001 - its traceback is what the command would print
+                out.write(traceback.format_exc())
+    finally:
+        log.handlers = handlers
+    return out.getvalue()
 
 
 def test_a_rank_that_never_arrives_ends_within_the_timeout(tmp_path, monkeypatch, capsys):
