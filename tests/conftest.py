@@ -24,6 +24,11 @@ SHARED = REPO.parent / "shared"
 TRACES = SHARED / "traces"
 
 
+CHROMIUM_PAGES_AT_ONCE = 4
+"""How many headless Chromium processes a browser test runs at once (a page's drawing waits on
+Chromium's virtual time as much as on the cores)."""
+
+
 def shared_trace(rel: str) -> Path:
     """Path of a file or folder under ../shared/traces, or skip the test with the reason."""
     p = TRACES / rel

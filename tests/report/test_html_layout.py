@@ -10,10 +10,11 @@ import json
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import FIXTURES, TRACES
+from tests.conftest import CHROMIUM_PAGES_AT_ONCE, FIXTURES, TRACES
 from tracekit.report.html import html_data, reference_presets, render_html, run_versions, write_html_report
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
@@ -128,9 +129,11 @@ def test_overflow_measure_sees_a_wide_table(store, tmp_path):
 
 def test_no_horizontal_overflow_at_1400px(store, tmp_path):
     seen = []
-    for st, rid in _runs(store, tmp_path):
-        page = write_html_report(st, tmp_path / f"{rid}.html", run_id=rid)
-        sw, iw, over, where = _scroll(page, tmp_path)
-        assert iw == 1400 and sw <= iw and over <= 0, (rid, sw, iw, over, where)
-        seen.append(rid)
-    assert {"tp", "sweep", "3d"} <= set(seen)
+    with ThreadPoolExecutor(CHROMIUM_PAGES_AT_ONCE) as pool:  # each page drawn while the next is written
+        for st, rid in _runs(store, tmp_path):
+            page = write_html_report(st, tmp_path / f"{rid}.html", run_id=rid)
+            seen.append((rid, pool.submit(_scroll, page, tmp_path)))
+        for rid, drawn in seen:
+            sw, iw, over, where = drawn.result()
+            assert iw == 1400 and sw <= iw and over <= 0, (rid, sw, iw, over, where)
+    assert {"tp", "sweep", "3d"} <= {rid for rid, _ in seen}

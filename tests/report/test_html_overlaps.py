@@ -17,10 +17,11 @@ import json
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import FIXTURES, TRACES
+from tests.conftest import CHROMIUM_PAGES_AT_ONCE, FIXTURES, TRACES
 from tracekit.ingest import ingest_paths
 from tracekit.report.html import TITLE_CHARS, _figure_html, wrap_title, write_html_report
 from tracekit.store import Store
@@ -138,14 +139,16 @@ def _pages(tmp_path):
 
 def test_no_overlapping_text_in_figures(tmp_path):
     _chromium()
-    bad, seen = [], []
-    for page in _pages(tmp_path):
-        for width in WIDTHS:
-            pairs, kinds = overlaps(page, width, tmp_path)
+    bad, seen, probes = [], [], []
+    with ThreadPoolExecutor(CHROMIUM_PAGES_AT_ONCE) as pool:  # each page drawn while the next is written
+        for page in _pages(tmp_path):
+            probes += [(page, width, pool.submit(overlaps, page, width, tmp_path)) for width in WIDTHS]
+            seen.append(page.stem)
+        for page, width, probe in probes:
+            pairs, kinds = probe.result()
             # the probe saw the figures' parts (not a page whose plots failed to draw)
             assert kinds.get("title", 0) >= 2 and kinds.get("tick", 0) >= 20 and kinds.get("area", 0) >= 3, (page.stem, kinds)
             bad += [f"{page.stem} @{width}px: {p}" for p in pairs]
-        seen.append(page.stem)
     assert not bad, "\n".join(bad)
     assert {"ep", "sweep"} <= set(seen)
 
