@@ -148,6 +148,41 @@ def pytest_runtest_protocol(item, nextitem):
             turn.leave()
 
 
+SESSION_INPUTS = {
+    "tp": FIXTURES / "tp_2rank",
+    "hand": FIXTURES / "handmade" / "two_rank",
+    "dlrm": TRACES / "param_dlrm_8rank_v100",
+}
+"""The inputs that many test files read as a store of their own: name → path (ingested as run ``name``)."""
+
+
+@pytest.fixture(scope="session")
+def session_store(tmp_path_factory):
+    """``session_store(name)`` → the :class:`~tracekit.store.Store` of :data:`SESSION_INPUTS`'s input
+    ``name`` alone, ingested with the default options as run ``name``, once per session (per worker
+    under pytest-xdist); a shared trace that is absent skips the test. For reading only: a test that
+    ingests, replaces or damages a run makes a store of its own. When the session ends, every such
+    store is checked byte for byte against what its ingest wrote."""
+    from tracekit.ingest import ingest_paths
+    from tracekit.store import Store
+
+    built: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in built:
+            src = SESSION_INPUTS[name]
+            if not src.exists():
+                shared_trace(str(src.relative_to(TRACES)))  # skips, saying which
+            st = Store(tmp_path_factory.mktemp(f"session-{name}"))
+            ingest_paths([src], st, run_id=name)
+            built[name] = (st, store_snapshot(st.path))
+        return built[name][0]
+
+    yield get
+    changed = [name for name, (st, files) in built.items() if store_snapshot(st.path) != files]
+    assert not changed, f"a test wrote into the session stores {changed}: they are read-only (make a store of your own)"
+
+
 def view_rows(store, sql: str, run_ids, setup=None) -> list[dict]:
     """The rows of ``sql`` as dicts (column → value), on an analyses connection over ``run_ids``
     of ``store``; ``setup(con)`` runs first (e.g. reference options). The connection is closed."""

@@ -8,10 +8,7 @@ import duckdb
 import pytest
 
 import tracekit.store as store_mod
-from tracekit.ingest import ingest_paths
-from tracekit.store import AnalysisConnection, Store
-
-from conftest import FIXTURES
+from tracekit.store import AnalysisConnection
 
 _QUERIES = [
     "SELECT * FROM overlap_windows ORDER BY ALL",
@@ -21,9 +18,8 @@ _QUERIES = [
 ]
 
 
-def test_statements_that_run_out_of_memory_are_retried_with_a_larger_budget(tmp_path, monkeypatch):
-    st = Store(tmp_path / "s")
-    ingest_paths([FIXTURES / "tp_2rank"], st)
+def test_statements_that_run_out_of_memory_are_retried_with_a_larger_budget(session_store, monkeypatch):
+    st = session_store("tp")
     want = [analyses.connect(st).execute(q).fetchall() for q in _QUERIES]
     monkeypatch.setattr(store_mod, "ANALYSIS_MEMORY_LIMIT", 64 * 1024)  # too small for anything
     con = analyses.connect(st)

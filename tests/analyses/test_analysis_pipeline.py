@@ -17,19 +17,14 @@ import pytest
 from tracekit import analyses
 from tracekit.cli import main
 from tracekit.errors import BadInputError
-from tracekit.ingest import ingest_paths
-from tracekit.store import TABLES, Store
-
-from conftest import FIXTURES
+from tracekit.store import TABLES
 
 _TYPES = {"VARCHAR", "BIGINT", "INTEGER", "DOUBLE", "BOOLEAN"}
 
 
 @pytest.fixture(scope="module")
-def tp_store(tmp_path_factory):
-    st = Store(tmp_path_factory.mktemp("pipeline") / "s")
-    ingest_paths([FIXTURES / "tp_2rank"], st, run_id="tp")
-    return st
+def tp_store(session_store):
+    return session_store("tp")
 
 
 def _created(monkeypatch) -> list[str]:

@@ -335,17 +335,14 @@ def test_dlrm_8_ranks_read_as_a_performance_engineer(tmp_path):
     assert [n for _, n in on7] == [r[2] for r in rows[:7]]
 
 
-def test_big_runs_leave_the_path_out_unless_asked(tmp_path, monkeypatch):
+def test_big_runs_leave_the_path_out_unless_asked(session_store, tmp_path, monkeypatch):
     """Above CRITICAL_PATH_AUTO_EVENTS events the report and the export leave the critical path out
     (with the reason) unless asked for; asked for, it is the same as below the limit."""
     import tracekit.analyses.critical_path as cp
     from tracekit.report.perfetto import export_perfetto
-    from tracekit.ingest import ingest_paths
     from tracekit.report.data import build_report
-    from tracekit.store import Store
 
-    st = Store(tmp_path / "s")
-    ingest_paths([FIXTURES / "tp_2rank"], st, run_id="tp")
+    st = session_store("tp")
     full = build_report(st, "tp")["critical_path"]
     assert full["summary"] and "skipped" not in full
     monkeypatch.setattr(cp, "CRITICAL_PATH_AUTO_EVENTS", 10)

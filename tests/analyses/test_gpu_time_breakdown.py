@@ -103,11 +103,8 @@ def _covered(s, e, points):
     return (np.searchsorted(np.sort(s), points, side="right") - np.searchsorted(np.sort(e), points, side="right")) > 0
 
 
-def test_real_trace_parts_sum_and_match_an_independent_sweep(tmp_path):
-    src = shared_trace("param_dlrm_8rank_v100")
-    store = Store(tmp_path / "s")
-    ingest_paths([src], store, run_id="dlrm")
-    c = analyses.connect(store)
+def test_real_trace_parts_sum_and_match_an_independent_sweep(session_store):
+    c = analyses.connect(session_store("dlrm"))
     ev = c.execute(
         "SELECT rank, -1::BIGINT AS grp, class, ts_ns AS s, ts_ns + dur_ns AS e FROM events "
         "WHERE track_kind = 'gpu_stream' AND dur_ns > 0 "

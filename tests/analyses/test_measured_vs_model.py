@@ -12,10 +12,8 @@ from tracekit.store import Store
 
 
 @pytest.fixture(scope="module")
-def tp(tmp_path_factory):
-    store = Store(tmp_path_factory.mktemp("mvm"))
-    rid = ingest_paths([FIXTURES / "tp_2rank"], store)
-    return store, rid
+def tp(session_store):
+    return session_store("tp"), "tp"
 
 
 def test_tp_no_overlap_prediction_with_link(tp):

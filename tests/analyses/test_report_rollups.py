@@ -9,7 +9,6 @@ from collections import defaultdict
 import pytest
 
 from tests.analyses.test_size_buckets import _write_trace
-from tests.conftest import FIXTURES
 from tracekit import analyses
 from tracekit.ingest import ingest_paths
 from tracekit.store import Store
@@ -37,11 +36,9 @@ def test_machine_summary_by_hand(tmp_path):
                    dict(nodes=2, ranks_per_host=1, locality="inter_node", groups=1, hosts=["hA", "hB"])]
 
 
-def test_critical_path_rollups_match_the_path_rows(tmp_path):
+def test_critical_path_rollups_match_the_path_rows(session_store):
     """On fixtures/tp_2rank: the roll-ups recomputed in Python from critical_path's rows."""
-    st = Store(tmp_path / "s")
-    ingest_paths([FIXTURES / "tp_2rank"], st, run_id="tp")
-    con = analyses.connect(st)
+    con = analyses.connect(session_store("tp"))
     try:
         path = _rows(con, "SELECT rank, step, event_rank, event_id, name, class, start_ns, end_ns, on_path_ns, pos "
                           "FROM critical_path WHERE on_path_ns > 0")

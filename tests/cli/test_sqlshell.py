@@ -18,10 +18,16 @@ from tracekit.store import Store
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    s = tmp_path_factory.mktemp("sql") / "store"
-    assert main(["ingest", str(FIXTURES / "tp_2rank"), "--store", str(s), "--run-id", "tp"]) == 0
-    return s
+def store(session_store):
+    return session_store("tp").path
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """A store beside the one queried, whose files a query must not reach."""
+    o = tmp_path_factory.mktemp("sql-other") / "other"
+    assert main(["ingest", str(FIXTURES / "handmade" / "two_rank"), "--store", str(o), "--run-id", "o"]) == 0
+    return o
 
 
 def _one_line_2(rc, err):
@@ -69,9 +75,7 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("query, fragment", REFUSED, ids=[q[:40] for q, _ in REFUSED])
-def test_refused_with_one_line_and_nothing_changed(store, tmp_path, monkeypatch, capsys, query, fragment):
-    other = tmp_path / "other"
-    assert main(["ingest", str(FIXTURES / "handmade" / "two_rank"), "--store", str(other), "--run-id", "o"]) == 0
+def test_refused_with_one_line_and_nothing_changed(store, other, tmp_path, monkeypatch, capsys, query, fragment):
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.chdir(out)

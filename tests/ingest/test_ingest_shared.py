@@ -60,12 +60,10 @@ def _independent_overlap(events):
 
 
 @pytest.fixture(scope="module")
-def dlrm(tmp_path_factory):
+def dlrm(session_store):
     d = shared_trace("param_dlrm_8rank_v100")
-    store = Store(tmp_path_factory.mktemp("dlrm"))
-    rid = ingest_paths([d], store)
-    con = analyses.connect(store)
-    yield d, rid, con
+    con = analyses.connect(session_store("dlrm"))
+    yield d, "dlrm", con
     con.close()
 
 

@@ -16,7 +16,7 @@ from decimal import Decimal
 
 import pytest
 
-from tests.conftest import FIXTURES, shared_trace
+from tests.conftest import FIXTURES
 from tracekit.cli import main
 from tracekit.report.perfetto import export_perfetto, nest_lanes
 from tracekit.ingest import ingest_paths
@@ -217,11 +217,9 @@ def test_a_benchmark_log_has_nothing_to_export(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_dlrm_8_ranks_merged(tmp_path):
+def test_dlrm_8_ranks_merged(session_store, tmp_path):
     """The acceptance check on the real 8-rank PARAM DLRM traces (V100, NCCL)."""
-    src = shared_trace("param_dlrm_8rank_v100")
-    st = Store(tmp_path / "store")
-    rid = ingest_paths([src], st, run_id="dlrm")
+    st, rid = session_store("dlrm"), "dlrm"
     out = tmp_path / "merged.json"
     stats = export_perfetto(st, out, run_id=rid)
     doc = _load(out)

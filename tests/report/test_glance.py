@@ -147,9 +147,8 @@ def test_nccl_tests_sweep_budget_and_answers(a100):
     assert any("reduce" in n and "no verdict" in n for n in s["not_judged"])  # the model has no reduce
 
 
-def test_first_screen_on_the_dlrm_set_and_the_h100_fleet(tmp_path):
-    st = Store(tmp_path / "dlrm")
-    ingest_paths([_shared("param_dlrm_8rank_v100")], st, run_id="dlrm")
+def test_first_screen_on_the_dlrm_set_and_the_h100_fleet(session_store, tmp_path):
+    st = session_store("dlrm")
     p = _analyze(st)
     head = "\n".join(p.stdout.splitlines()[:40])
     _answers(head)

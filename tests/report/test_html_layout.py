@@ -98,7 +98,7 @@ def _scroll(page, tmp_path):
     return int(attrs["scroll-width"]), int(attrs["inner-width"]), int(attrs["box-overflow"]), attrs.get("box-overflow-at")
 
 
-def _runs(store, tmp_path):
+def _runs(store, session_store, tmp_path):
     yield store, "tp"
     yield store, "sweep"
     st = Store(tmp_path / "3d")  # many process groups, measured vs model per dimension
@@ -107,8 +107,7 @@ def _runs(store, tmp_path):
     st = Store(tmp_path / "two_runs")  # two benchmark runs: the per-size table's benchmark-run column
     yield st, ingest_paths([FIXTURES / "nccl_tests" / "two_runs.md"], st, run_id="two_runs")
     if (TRACES / "param_dlrm_8rank_v100").exists():
-        st = Store(tmp_path / "dlrm")
-        yield st, ingest_paths([TRACES / "param_dlrm_8rank_v100"], st, run_id="dlrm")
+        yield session_store("dlrm"), "dlrm"
     nccl = TRACES / "superbench_nccl_tests_a100x8"
     if nccl.exists():
         st = Store(tmp_path / "nccl")
@@ -127,10 +126,10 @@ def test_overflow_measure_sees_a_wide_table(store, tmp_path):
     assert over > 1000
 
 
-def test_no_horizontal_overflow_at_1400px(store, tmp_path):
+def test_no_horizontal_overflow_at_1400px(store, session_store, tmp_path):
     seen = []
     with ThreadPoolExecutor(CHROMIUM_PAGES_AT_ONCE) as pool:  # each page drawn while the next is written
-        for st, rid in _runs(store, tmp_path):
+        for st, rid in _runs(store, session_store, tmp_path):
             page = write_html_report(st, tmp_path / f"{rid}.html", run_id=rid)
             seen.append((rid, pool.submit(_scroll, page, tmp_path)))
         for rid, drawn in seen:

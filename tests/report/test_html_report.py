@@ -45,12 +45,8 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dlrm_store(tmp_path_factory):
-    if not DLRM.exists():
-        pytest.skip("../shared/traces/param_dlrm_8rank_v100 is not available (a fresh clone has no ../shared)")
-    st = Store(tmp_path_factory.mktemp("html-dlrm"))
-    ingest_paths([DLRM], st, run_id="dlrm")
-    return st
+def dlrm_store(session_store):
+    return session_store("dlrm")
 
 
 # -- data and page, no browser ------------------------------------------------------------------
@@ -232,12 +228,11 @@ def test_error_panel_catches_errors(tmp_path):
     assert m and "undefinedFunctionCall" in m.group(2) and "hidden" not in m.group(1)
 
 
-def test_report_renders_in_chromium(store, tmp_path):
+def test_report_renders_in_chromium(store, session_store, tmp_path):
     """The report of the 8-rank DLRM trace (the TP fixture when ../shared is absent) in Chromium:
     no JavaScript error, every figure drawn; the screenshot is kept in test-artifacts/."""
     if DLRM.exists():
-        st, rid, height = Store(tmp_path / "dlrm-store"), "dlrm", 4400
-        ingest_paths([DLRM], st, run_id=rid)
+        st, rid, height = session_store("dlrm"), "dlrm", 4400
     else:
         st, rid, height = store, "tp", 3300
     page = write_html_report(st, tmp_path / f"{rid}.html", run_id=rid)

@@ -42,17 +42,14 @@ def test_one_rank_of_two_bounds_the_ratio(tmp_path, capsys):
     assert "includes waiting for ranks that were not recorded" in text
 
 
-def test_references_show_nccls_per_size_values_as_a_range(tmp_path):
+def test_references_show_nccls_per_size_values_as_a_range(session_store):
     # param_dlrm_8rank_v100: the preset reference is NCCL's model, which picks a protocol per size, so
     # an all-reduce's fixed latency and D* differ between instances: the report shows their range (it
     # showed one instance's value, which one depending on DuckDB's threads), and hosts unknown are said
     from tracekit import analyses
-    from tracekit.ingest import ingest_paths
     from tracekit.report.data import build_report
-    from tracekit.store import Store
 
-    store = Store(tmp_path / "s")
-    ingest_paths([TRACES / "param_dlrm_8rank_v100"], store, run_id="dlrm")
+    store = session_store("dlrm")
     con = analyses.connect(store)
     want = {op: (lo, hi, llo, lhi) for op, lo, hi, llo, lhi in con.execute(
         "SELECT op, min(crossover_bytes), max(crossover_bytes), min(ref_alpha_term_ns), max(ref_alpha_term_ns) "

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
-from tests.conftest import FIXTURES, TRACES
+from tests.conftest import FIXTURES
 from tracekit.ingest import ingest_paths
 from tracekit.report.html import NotDrawn, html_data, locality_figure, render_html
 from tracekit.store import Store
@@ -50,12 +48,8 @@ def test_page_says_why_instead_of_an_empty_plot(tmp_path):
     assert line.startswith("Intra- vs inter-node — not drawn: the locality of every collective is unknown")
 
 
-def test_dlrm_set_has_no_locality_plot(tmp_path):
-    src = TRACES / "param_dlrm_8rank_v100"
-    if not src.exists():
-        pytest.skip("../shared/traces/param_dlrm_8rank_v100 is absent")
-    st = Store(tmp_path / "s")
-    data = html_data(st, ingest_paths([src], st, run_id="dlrm"))
+def test_dlrm_set_has_no_locality_plot(session_store):
+    data = html_data(session_store("dlrm"), "dlrm")
     assert {r["locality"] for r in data["report"]["bandwidth_by_locality"]} == {"unknown"}  # its traces name no host
     drawn, line = _locality_in_page(render_html(data))
     assert not drawn and "unknown" in line

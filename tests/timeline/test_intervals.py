@@ -19,7 +19,7 @@ from tracekit.ingest import ingest_paths
 from tracekit.timeline.intervals import UnionLengths, innermost_enclosing
 from tracekit.store import Store
 
-from conftest import FIXTURES, shared_trace
+from conftest import shared_trace
 
 
 def _arr(xs):
@@ -109,10 +109,13 @@ def _islands_lengths(con):
 
 
 @pytest.mark.parametrize("source", ["fixture:tp_2rank", "param_dlrm_8rank_v100", "hta_ddp_v100_r1of2"])
-def test_overlap_windows_equal_the_islands(source, tmp_path):
-    path = FIXTURES / source.split(":")[1] if source.startswith("fixture:") else shared_trace(source)
-    st = Store(tmp_path / "s")
-    ingest_paths([path], st)
+def test_overlap_windows_equal_the_islands(source, session_store, tmp_path):
+    session = {"fixture:tp_2rank": "tp", "param_dlrm_8rank_v100": "dlrm"}.get(source)
+    if session is not None:
+        st = session_store(session)
+    else:
+        st = Store(tmp_path / "s")
+        ingest_paths([shared_trace(source)], st)
     con = analyses.connect(st)
     got = {(r, k, g): (cm, cp, ov) for r, k, g, cm, cp, ov in con.execute(
         "SELECT run_id, rank, grp, comm_ns, compute_ns, overlap_ns FROM overlap_windows "
@@ -122,9 +125,8 @@ def test_overlap_windows_equal_the_islands(source, tmp_path):
     assert len(got) > 2
 
 
-def test_collective_instances_in_parts_equal_one_part(tmp_path, monkeypatch):
-    st = Store(tmp_path / "s")
-    ingest_paths([shared_trace("param_dlrm_8rank_v100")], st)
+def test_collective_instances_in_parts_equal_one_part(session_store, monkeypatch):
+    st = session_store("dlrm")
     q = "SELECT * FROM collective_instances ORDER BY run_id, pg_name, seq"
     monkeypatch.setattr(ci_mod, "PART_ROWS", 10**9)
     one = analyses.connect(st).execute(q).fetchall()
