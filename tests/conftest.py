@@ -150,7 +150,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 SESSION_INPUTS = {
     "tp": FIXTURES / "tp_2rank",
-    "hand": FIXTURES / "handmade" / "two_rank",
+    "two": FIXTURES / "handmade" / "two_rank",
+    "gb": FIXTURES / "handmade" / "gpu_breakdown",
     "dlrm": TRACES / "param_dlrm_8rank_v100",
 }
 """The inputs that many test files read as a store of their own: name → path (ingested as run ``name``)."""
@@ -174,7 +175,7 @@ def session_store(tmp_path_factory):
             if not src.exists():
                 shared_trace(str(src.relative_to(TRACES)))  # skips, saying which
             st = Store(tmp_path_factory.mktemp(f"session-{name}"))
-            ingest_paths([src], st, run_id=name)
+            assert ingest_paths([src], st, run_id=name) == name
             built[name] = (st, store_snapshot(st.path))
         return built[name][0]
 

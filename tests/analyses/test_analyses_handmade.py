@@ -8,17 +8,11 @@ from __future__ import annotations
 from tracekit import analyses
 import pytest
 
-from tests.conftest import FIXTURES
-from tracekit.ingest import ingest_paths
-from tracekit.store import Store
 
 
 @pytest.fixture(scope="module")
-def con(tmp_path_factory):
-    store = Store(tmp_path_factory.mktemp("store"))
-    rid = ingest_paths([FIXTURES / "handmade" / "two_rank"], store, run_id="two")
-    assert rid == "two"
-    c = analyses.connect(store)
+def con(session_store):
+    c = analyses.connect(session_store("two"))
     yield c
     c.close()
 

@@ -207,10 +207,8 @@ def _check_one_rank(con, run_id, exact):
         assert lp == path if exact else (lp[-1] == path[-1] and len(set(lp) & set(path)) >= 0.9 * len(lp))
 
 
-def test_one_rank_agrees_with_networkx_on_the_handmade_fixture(tmp_path):
-    store = Store(tmp_path / "s")
-    ingest_paths([FIXTURES / "handmade" / "gpu_breakdown"], store, run_id="gb")
-    con = analyses.connect(store)
+def test_one_rank_agrees_with_networkx_on_the_handmade_fixture(session_store):
+    con = analyses.connect(session_store("gb"))
     _check_one_rank(con, "gb", exact=True)
     (n,) = con.execute("SELECT count(*) FROM critical_path_summary").fetchone()
     assert n == 2  # two profiler steps
@@ -309,14 +307,12 @@ def test_html_strip_renders_in_chromium(two_rank, tmp_path):
 
 
 @pytest.mark.skipif(not SHARED_DLRM.is_dir(), reason="../shared/traces/param_dlrm_8rank_v100 is absent")
-def test_dlrm_8_ranks_read_as_a_performance_engineer(tmp_path):
+def test_dlrm_8_ranks_read_as_a_performance_engineer(session_store):
     """The real 8-rank DLRM step: host-bound (its kernels are µs long), and rank 7 arrived last at
     the forward all-to-all (default:1): every other rank's path crosses to rank 7 exactly there,
     as collective_instances names it the straggler, and the part of its path on rank 7 is its
     straggler time."""
-    store = Store(tmp_path / "s")
-    ingest_paths([SHARED_DLRM], store, run_id="dlrm")
-    con = analyses.connect(store)
+    con = analyses.connect(session_store("dlrm"))
     rows = con.execute("SELECT rank, length_ns, straggler_ns, launch_cpu_ns, compute_ns, other_ranks, "
                        + " + ".join(cp.PARTS) + " FROM critical_path_summary ORDER BY rank").fetchall()
     assert [r[0] for r in rows] == list(range(8))

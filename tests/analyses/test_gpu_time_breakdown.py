@@ -19,10 +19,8 @@ COLS = ("grp", "window_start_ns", "window_end_ns", "window_ns") + PARTS + (
 
 
 @pytest.fixture(scope="module")
-def con(tmp_path_factory):
-    store = Store(tmp_path_factory.mktemp("store"))
-    ingest_paths([FIXTURES / "handmade" / "gpu_breakdown"], store, run_id="gb")
-    c = analyses.connect(store)
+def con(session_store):
+    c = analyses.connect(session_store("gb"))
     yield c
     c.close()
 
@@ -216,15 +214,14 @@ def test_report_json_and_terminal_sections(con, tmp_path, capsys):
     assert row.split()[:3] == ["0", "0.067", "0.064"]
 
 
-def test_html_section_renders_in_chromium(tmp_path):
+def test_html_section_renders_in_chromium(session_store, tmp_path):
     """The GPU breakdown figure on the hand-made run: stacked parts whose heights are the windows;
     it and the kernel summary's figure drawn by plotly in headless Chromium (skips like the report
     test without chromium)."""
     from tests.report.test_html_report import _run_chromium
     from tracekit.report.html import gpu_breakdown_figure, html_data, write_html_report
 
-    store = Store(tmp_path / "s")
-    ingest_paths([FIXTURES / "handmade" / "gpu_breakdown"], store, run_id="gb")
+    store = session_store("gb")
     fig = gpu_breakdown_figure(html_data(store, "gb"))
     whole = [t for t in fig.data if t.xaxis == "x"]
     # the nine stacked parts of rank 0's whole-trace bar sum to its window, 160,000 ns = 160 µs

@@ -7,19 +7,14 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tests.conftest import FIXTURES, shared_trace
 from tracekit import analyses
-from tracekit.ingest import ingest_paths
-from tracekit.store import Store
 
 GEMM_A, NCCL = "sm90_gemm_a", "ncclDevKernel_AllReduce_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
 @pytest.fixture(scope="module")
-def con(tmp_path_factory):
-    store = Store(tmp_path_factory.mktemp("store"))
-    ingest_paths([FIXTURES / "handmade" / "gpu_breakdown"], store, run_id="gb")
-    c = analyses.connect(store)
+def con(session_store):
+    c = analyses.connect(session_store("gb"))
     yield c
     c.close()
 
@@ -64,11 +59,8 @@ def test_launchers_golden(con):
                                                                 ("cpu_op", 107_980, pytest.approx(1.0))]
 
 
-def test_dlrm_totals_and_launchers_match_pandas(tmp_path):
-    src = shared_trace("param_dlrm_8rank_v100")
-    store = Store(tmp_path / "s")
-    ingest_paths([src], store, run_id="dlrm")
-    c = analyses.connect(store)
+def test_dlrm_totals_and_launchers_match_pandas(session_store):
+    c = analyses.connect(session_store("dlrm"))
     ev = c.execute("SELECT rank, event_id, track_kind, track, category, class, name, ts_ns, dur_ns, step, "
                    "launch_event_id FROM events").df()
     gpu = ev[ev.track_kind == "gpu_stream"]
