@@ -18,7 +18,7 @@ from tracekit.collectors.pg_labels import LABEL_PREFIX, WRAPPED  # noqa: E402
 from tracekit.ingest import comm_families, pg_attribution  # noqa: E402
 
 JOB = textwrap.dedent("""
-    import json, sys, torch, torch.distributed as dist
+    import gc, json, sys, torch, torch.distributed as dist
     from torch.distributed.nn.functional import all_to_all_single
     from tracekit.collectors import pg_labels
 
@@ -44,6 +44,8 @@ JOB = textwrap.dedent("""
     prof.export_chrome_trace(sys.argv[1] + "/trace.json")
     print(json.dumps(dict(sub=sub.group_name, world=dist.group.WORLD.group_name, t=t.tolist(), xgrad=x.grad.tolist(),
                           same_grad=bool(torch.equal(model.module.weight.grad, ref.weight.grad)))))
+    del model, prof, y                           # DDP's works freed before the exit (tests/scripts/ddp_train.py)
+    gc.collect()
     dist.destroy_process_group()
 """)
 

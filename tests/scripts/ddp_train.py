@@ -9,6 +9,7 @@ after its first optimizer step.
 """
 
 import argparse
+import gc
 import os
 
 import torch
@@ -58,6 +59,13 @@ def main():
             print(f"rank {rank}: simulated crash after step 1", flush=True)
             os._exit(3)
 
+    # Let go of the model and collect before the end. At the interpreter's exit a gloo worker thread
+    # may still be freeing an all-reduce work of DDP's, whose thread-local state holds a Python
+    # object: it asks the finalizing interpreter for the GIL, is made to exit inside a destructor and
+    # the process aborts ("terminate called without an active exception", SIGABRT; torch 2.13, the
+    # more often the more the machine is loaded). Freed here, the works go while the interpreter runs.
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
