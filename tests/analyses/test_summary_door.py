@@ -16,7 +16,7 @@ from tracekit import analyses
 from tracekit.cli import main
 from tracekit.errors import StoreError
 from tracekit.ingest import ingest_paths
-from tracekit.store import SUMMARY_TABLES, Store
+from tracekit.store import CRITICAL_PATH_TABLES, SUMMARY_TABLES, Store
 
 FILES = [f"{t}.parquet" for t in SUMMARY_TABLES]
 
@@ -134,7 +134,8 @@ def test_a_run_without_a_summary_file_is_refused_in_one_line(gone, tp_store, tmp
     assert main(["sql", "SELECT count(*) AS n FROM events WHERE run_id = 'a'", "--store", str(st.path),
                  "--format", "csv"]) == 0
     assert int(capsys.readouterr().out.split()[-1]) > 0
-    view = "overlap_by_rank" if gone in ("overlap_summary", "span_overlap") else "gpu_time_breakdown"
+    view = ("overlap_by_rank" if gone in ("overlap_summary", "span_overlap") else
+            "critical_path" if gone in CRITICAL_PATH_TABLES else "gpu_time_breakdown")
     assert main(["sql", f"SELECT * FROM {view}", "--store", str(st.path), "--run", "a"]) == 2
     assert capsys.readouterr().err.splitlines() == err
     # a connection over every run: the analyses refuse it, naming the run

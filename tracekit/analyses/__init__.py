@@ -92,8 +92,10 @@ MODULES: tuple[Module, ...] = (
     Module("alltoall_imbalance", ("_a2a_cells", "_a2a_rows", "alltoall_imbalance", "alltoall_matrix",
                                   "alltoall_matrix_total"), ("__instance_calls", "collective_instances", "collectives")),
     Module("pipeline_bubbles", ("_pp_runs", "pipeline_bubbles"), ("_overlap_summary", "collectives", "runs")),
-    Module("critical_path", ("critical_path", "critical_path_summary"),  # Python: a walk over the events
-           ("_instance_calls", "collective_instances", "events", "ranks", "runs")),
+    Module("critical_path", ("_cp_walked", "_cp_walked_summary", "critical_path", "critical_path_summary"),
+           # Python: the stored paths, and the walk of the stored nodes of runs of several ranks
+           ("_instance_calls", "collective_instances", "critical_path_nodes", "rank_critical_path",
+            "rank_critical_path_summary", "rank_steps")),
     Module("critical_path_events", ("critical_path_events", "critical_path_top"),
            ("critical_path", "critical_path_summary", "events", "ranks")),  # "events", "ranks": columns' names
     Module("replay", ("replay_steps",),  # Python: the critical path's graph replayed (tracekit.model.whatif)

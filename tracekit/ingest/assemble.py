@@ -39,9 +39,10 @@ from tracekit.ingest.linkpass import CLASSES, CLIP_TOLERANCE_NS, link_rank, supp
 from tracekit.ingest.seq import number_seq
 from tracekit.ingest.staging import _BatchWriter
 from tracekit.timeline.intervals import rank_overlap_summary
-from tracekit.store import (COLLECTIVES_SCHEMA, GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA,
-                            GPU_NOT_SUMMARISED, OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, SPAN_OVERLAP_SCHEMA,
-                            glob_escape)
+from tracekit.store import (COLLECTIVES_SCHEMA, CRITICAL_PATH_NODES_SCHEMA, GPU_BREAKDOWN_SUMMARY_SCHEMA,
+                            GPU_LAUNCHER_SUMMARY_SCHEMA, GPU_NOT_SUMMARISED, OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS,
+                            RANK_CRITICAL_PATH_SCHEMA, RANK_CRITICAL_PATH_SUMMARY_SCHEMA, RANK_STEPS_SCHEMA, RANKS_SCHEMA,
+                            RUNS_SCHEMA, SPAN_OVERLAP_SCHEMA, glob_escape)
 
 
 def _sql_str(s: str) -> str:
@@ -69,6 +70,9 @@ class RankTask:
     parts: str | None = None
     """The directory receiving the rank's staged tables (:func:`part_path`): its collectives and
     summaries, written by :func:`assemble_rank` and read back by :func:`finish_run`."""
+    alone: bool = True
+    """The run has this one rank: its critical paths are final at ingest (no collective edge to
+    another rank), else its nodes are stored for the analysis (tracekit.ingest.critical_path)."""
 
 
 @dataclass
@@ -98,9 +102,16 @@ PART_TABLES = (("collectives", COLLECTIVES_SCHEMA, ("ts_ns", "issue_ts_ns")),
                ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, ("first_ns", "last_ns")),
                ("span_overlap", SPAN_OVERLAP_SCHEMA, ("ts_ns",)),
                ("gpu_breakdown_summary", GPU_BREAKDOWN_SUMMARY_SCHEMA, ("window_start_ns", "window_end_ns")),
-               ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, ()))
+               ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, ()),
+               ("rank_critical_path", RANK_CRITICAL_PATH_SCHEMA, ("start_ns", "end_ns")),
+               ("rank_critical_path_summary", RANK_CRITICAL_PATH_SUMMARY_SCHEMA, ("start_ns", "end_ns")),
+               ("critical_path_nodes", CRITICAL_PATH_NODES_SCHEMA, ("ts_ns", "end_ns")),
+               ("rank_steps", RANK_STEPS_SCHEMA, ("first_ns", "last_ns")))
 """The run tables staged per rank: (name, schema, the timestamp columns a clock offset shifts). The
-GPU summaries are the last two (a run whose GPU work could not be swept stores both empty)."""
+GPU summaries are the fourth and fifth (a run whose GPU work could not be swept stores both empty)."""
+
+GPU_PARTS = ("gpu_breakdown_summary", "gpu_launcher_summary")
+"""The PART_TABLES a run stores empty when one of its ranks' GPU work could not be swept."""
 
 
 def part_path(parts, name: str, rank: int) -> Path:
@@ -467,7 +478,11 @@ def assemble_rank(task: RankTask) -> RankResult:
     algo_proto = set(zip(table.column("algo").to_pylist(), table.column("proto").to_pylist()))
     pg_sizes = set(zip(table.column("pg_name").to_pylist(), table.column("group_size").to_pylist()))
     # the tables go to the staging area, not to the driver (its memory stays flat with the run's size)
-    for (name, schema, _), t in zip(PART_TABLES, (table, windows, spans, gpu_windows, gpu_launchers)):
+    from tracekit.ingest.critical_path import rank_tables
+
+    paths = rank_tables(Path(task.out), run_id, rank, task.alone)
+    for (name, schema, _), t in zip(PART_TABLES, (table, windows, spans, gpu_windows, gpu_launchers,
+                                                  *(paths[n] for n, _, _ in PART_TABLES[5:]))):
         if t is not None:
             _write_part(task.parts, name, schema, rank, t)
     Path(raw).unlink(missing_ok=True)
@@ -536,7 +551,7 @@ def finish_run(
     order = sorted(zip(results, ranks, raw_files), key=lambda t: t[1])
     tasks = [RankTask(rf, rank, str(Path(raw).resolve()), str((stage / "events" / f"rank={rank}.parquet").resolve()),
                       run_id, world_size, pg_config, tuple(user_kernels), _declared_world(results),
-                      _world_known(results), str(parts.resolve()))
+                      _world_known(results), str(parts.resolve()), len(order) == 1)
              for rf, rank, raw in order]
     names = [str(rf.path) for rf, _, _ in order]
     done = (engine or LocalEngine(1, False)).map(assemble_rank, tasks, names, progress)
@@ -601,8 +616,8 @@ def finish_run(
     # moves comm and compute alike). A rank whose GPU summaries could not be made (GPU_NOT_SUMMARISED
     # in its warnings): the run stores both GPU files empty, no rank's rows (sums over ranks would be
     # partial)
-    for j, (name, schema, cols) in enumerate(PART_TABLES):
-        if no_gpu and j >= 3:
+    for name, schema, cols in PART_TABLES:
+        if no_gpu and name in GPU_PARTS:
             pq.write_table(schema.empty_table(), stage / f"{name}.parquet", **PARQUET_OPTS)
             continue
         # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows or ROW_GROUP_BYTES (a row group

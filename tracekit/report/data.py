@@ -99,8 +99,8 @@ def build_report(
 ) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
-    ``critical_path``: build the critical path (True), leave it out (False), or (None) build it
-    when the run has at most CRITICAL_PATH_AUTO_EVENTS events (tracekit.analyses.critical_path).
+    ``critical_path``: build the critical path (True, or None: the default;
+    tracekit.analyses.critical_path) or leave it out (False).
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),

@@ -42,9 +42,11 @@ import pyarrow as pa
 
 from tracekit.errors import FileError, StoreError
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 """Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR. 1.1 added the Flight
-Recorder tables (fr_entries, fr_groups, fr_dumps); a 1.0 run reads them as empty."""
+Recorder tables (fr_entries, fr_groups, fr_dumps); a 1.0 run reads them as empty. 1.2 added the
+critical path's tables (CRITICAL_PATH_TABLES): the critical path of a run stored before is refused
+with "ingest it again with --replace"."""
 
 CLIP_TOLERANCE_NS = 100
 """Overlaps of consecutive GPU ops on one stream up to this are clock noise: kept and counted
@@ -142,7 +144,8 @@ COLLECTIVES_SCHEMA = pa.schema(
     ]
 )
 
-SUMMARY_TABLES = ("overlap_summary", "span_overlap", "gpu_breakdown_summary", "gpu_launcher_summary")
+SUMMARY_TABLES = ("overlap_summary", "span_overlap", "gpu_breakdown_summary", "gpu_launcher_summary",
+                  "rank_critical_path", "rank_critical_path_summary", "critical_path_nodes", "rank_steps")
 """Tables every ingest path writes for every run (empty where there is nothing to summarise:
 nccl-tests logs, Flight Recorder dumps alone, CPU-only ranks' GPU tables, and the GPU tables of a run
 whose GPU work could not be swept, with the reason in its ranks' warnings). They are computed at
@@ -215,6 +218,69 @@ GPU_LAUNCHER_SUMMARY_SCHEMA = pa.schema(
     ]
 )
 
+
+# The critical path's tables, written by each rank at ingest (tracekit.ingest.critical_path, called
+# by tracekit.ingest.assemble.assemble_rank; the walk: tracekit.timeline.critical_path). A run of one
+# rank stores its paths final (rank_critical_path, rank_critical_path_summary: the columns of the
+# critical_path and critical_path_summary views, analyses/critical_path.py, but length_ns and
+# window_ns); a run of several ranks stores its nodes instead (critical_path_nodes), which the
+# analysis walks with the collective edges across ranks. rank_steps: every run with events. Times are
+# ns on the run's common clock (shifted by the rank's clock offset like the events).
+RANK_CRITICAL_PATH_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),  # the rank whose step the path explains
+        ("step", pa.int64()),  # profiler step; null for the whole trace of a run without steps
+        ("pos", pa.int32()),  # position on the path, 0 = the earliest event
+        ("event_rank", pa.int32()),  # the rank the event ran on
+        ("event_id", pa.int64()),
+        ("name", pa.string()),
+        ("class", pa.string()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("on_path_ns", pa.int64()),  # the part of the event credited to the path
+        ("gap_ns", pa.int64()),  # the gap credited before it
+        ("edge", pa.string()),  # how the next event on the path depends on this one ('end' for the last)
+    ]
+)
+
+RANK_CRITICAL_PATH_SUMMARY_SCHEMA = pa.schema(
+    [("run_id", pa.string()), ("rank", pa.int32()), ("step", pa.int64()),
+     ("start_ns", pa.int64()), ("end_ns", pa.int64())]  # the path's first credited piece, its end
+    + [(c, pa.int64()) for c in ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sync_other_ns",
+                                 "straggler_ns", "idle_ns")]  # the composition: sums to end_ns − start_ns
+    + [("path_events", pa.int64()), ("other_ranks", pa.int32())]
+)
+
+CRITICAL_PATH_NODES_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("step", pa.int64()),  # events.step
+        ("event_id", pa.int64()),
+        ("gpu", pa.bool_()),  # on a GPU stream
+        ("tid", pa.int64()),  # the event's track (kind, device, track) as a number that sorts like it within the rank
+        ("ts_ns", pa.int64()),
+        ("end_ns", pa.int64()),  # ts_ns + dur_ns
+        ("launch_event_id", pa.int64()),  # events.launch_event_id
+        ("name", pa.string()),
+        ("class", pa.string()),  # events.class
+    ]
+)
+
+RANK_STEPS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("step", pa.int64()),  # profiler step; null: the rank's events in no step
+        ("events", pa.int64()),  # the rank's events with that step
+        ("first_ns", pa.int64()),  # first start of those with a start and a non-negative duration; null: none
+        ("last_ns", pa.int64()),  # last end of those
+    ]
+)
+
+CRITICAL_PATH_TABLES = ("rank_critical_path", "rank_critical_path_summary", "critical_path_nodes", "rank_steps")
+"""The critical path's tables of SUMMARY_TABLES."""
 
 # Flight Recorder dumps (tracekit.ingest.flight_recorder): one row per entry of each rank's ring
 # buffer, the process groups' global ranks where a dump names them, one row per dump. A run without
@@ -314,6 +380,10 @@ TABLES = {
     "span_overlap": ("span_overlap.parquet", SPAN_OVERLAP_SCHEMA),
     "gpu_breakdown_summary": ("gpu_breakdown_summary.parquet", GPU_BREAKDOWN_SUMMARY_SCHEMA),
     "gpu_launcher_summary": ("gpu_launcher_summary.parquet", GPU_LAUNCHER_SUMMARY_SCHEMA),
+    "rank_critical_path": ("rank_critical_path.parquet", RANK_CRITICAL_PATH_SCHEMA),
+    "rank_critical_path_summary": ("rank_critical_path_summary.parquet", RANK_CRITICAL_PATH_SUMMARY_SCHEMA),
+    "critical_path_nodes": ("critical_path_nodes.parquet", CRITICAL_PATH_NODES_SCHEMA),
+    "rank_steps": ("rank_steps.parquet", RANK_STEPS_SCHEMA),
     "fr_entries": ("fr_entries.parquet", FR_ENTRIES_SCHEMA),
     "fr_groups": ("fr_groups.parquet", FR_GROUPS_SCHEMA),
     "fr_dumps": ("fr_dumps.parquet", FR_DUMPS_SCHEMA),

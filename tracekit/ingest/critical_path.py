@@ -1,0 +1,262 @@
+"""One rank's critical-path tables, at ingest, from the events file its link pass wrote.
+
+The critical path (tracekit/analyses/critical_path.py documents the graph, the walk and every
+column) is walked per window (profiler step; the whole trace without steps) over the window's nodes:
+the events that do or wait for work. Every edge of the graph but one joins two nodes of one rank;
+the collective edge joins a collective span to its instance's last arrival on another rank. So:
+
+* a run of one rank has no collective edge (an instance's only call is its own last arrival): its
+  paths are final here, and the rank writes them (``rank_critical_path``,
+  ``rank_critical_path_summary``);
+* a rank of a run of several ranks writes its nodes instead (``critical_path_nodes``: what the walk
+  needs of each, with the name and class its path rows show), and the analysis walks every rank's
+  nodes of a window at once with the collective edges, reading no events.
+
+Every rank writes ``rank_steps``: per step its events and its own span (first start, last end of
+its timed events, any class), which critical_path_summary.window_ns is.
+
+The events are read back column by column, a row group at a time (no events row is held); the
+nodes are kept as numpy arrays (~50 B each) until the windows are walked one by one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tracekit.store import (CRITICAL_PATH_NODES_SCHEMA, RANK_CRITICAL_PATH_SCHEMA, RANK_CRITICAL_PATH_SUMMARY_SCHEMA,
+                            RANK_STEPS_SCHEMA)
+from tracekit.timeline import critical_path as cp
+
+_COLUMNS = ["event_id", "track_kind", "device", "track", "category", "class", "ts_ns", "dur_ns",
+            "launch_event_id", "step"]
+_STRINGS = ["track_kind", "category", "class"]
+
+
+def _ints(col) -> tuple[np.ndarray, np.ndarray]:
+    """(values with 0 for nulls, validity) of an int64 Arrow array."""
+    if col.null_count:
+        return pc.fill_null(col, 0).to_numpy(), col.is_valid().to_numpy(zero_copy_only=False)
+    return col.to_numpy(), np.ones(len(col), bool)
+
+
+def _codes(col, table: dict, default: int) -> np.ndarray:
+    """Per row of a dictionary-encoded string column: ``table[value]`` (``default`` for other
+    values and nulls), int64."""
+    lut = np.array([table.get(v, default) for v in col.dictionary.to_pylist()] + [default], np.int64)
+    idx = col.indices
+    i = pc.fill_null(idx, len(col.dictionary)).to_numpy(zero_copy_only=False) if idx.null_count else \
+        idx.to_numpy(zero_copy_only=False)
+    return lut[i]
+
+
+class _Nodes:
+    """The rank's nodes (columns kept per row group, numpy) and its steps' counts and spans."""
+
+    def __init__(self):
+        self.parts: list[dict] = []
+        self.kinds: set = set()
+        self.steps: dict = {}  # step (None: outside every step) → [events, first start, last end]
+
+    def add(self, b: pa.RecordBatch, row0: int) -> None:
+        ts, ts_ok = _ints(b.column("ts_ns"))
+        dur, dur_ok = _ints(b.column("dur_ns"))
+        step, step_ok = _ints(b.column("step"))
+        timed = ts_ok & dur_ok & (dur >= 0)
+        end = ts + dur
+        self._count(step, step_ok, timed, ts, end)
+        kind_col = b.column("track_kind")
+        cat = _codes(b.column("category"), {"gpu_user_annotation": 1, "runtime": 2}, 0)
+        cls = _codes(b.column("class"), {c: i + 1 for i, c in enumerate(cp.CLASSES)}, 0)
+        gpu = _codes(kind_col, {"gpu_stream": 1}, 0).astype(bool)
+        work = np.isin(cls, [cp.CLASSES.index(c) + 1 for c in ("compute", "comm", "sync")])
+        node = timed & ((gpu & (cat != 1)) | (cat == 2) | work)
+        if not node.any():
+            return
+        sel = np.flatnonzero(node)
+        kinds = kind_col.dictionary.to_pylist()
+        used = kind_col.indices.take(pa.array(sel))
+        self.kinds.update(kinds[i] for i in cp._distinct(used.drop_null().to_numpy()).tolist())
+        dev, dev_ok = _ints(b.column("device"))
+        trk, trk_ok = _ints(b.column("track"))
+        launch, launched = _ints(b.column("launch_event_id"))
+        self.parts.append({
+            "rid": sel + row0, "event_id": b.column("event_id").to_numpy()[sel], "gpu": gpu[sel],
+            "kind": used, "kinds": kinds, "dev": dev[sel], "no_dev": ~dev_ok[sel], "trk": trk[sel],
+            "no_trk": ~trk_ok[sel], "ts_ns": ts[sel], "end_ns": end[sel], "class": cls[sel].astype(np.int8),
+            "launch": np.where(launched[sel], launch[sel], -1), "launched": launched[sel],
+            "step": step[sel], "step_ok": step_ok[sel]})
+
+    def _count(self, step, step_ok, timed, ts, end) -> None:
+        """Per step of the batch (None for the rows of no step): events, and first start and last
+        end of the timed ones, merged into self.steps."""
+        big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+        for ok in (True, False):
+            m = np.flatnonzero(step_ok == ok)
+            if not len(m):
+                continue
+            key = step[m] if ok else np.zeros(len(m), np.int64)
+            o = m[np.argsort(key, kind="stable")]
+            k = step[o] if ok else np.zeros(len(o), np.int64)
+            first = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+            n = np.diff(np.r_[first, len(o)])
+            lo = np.minimum.reduceat(np.where(timed[o], ts[o], big), first)
+            hi = np.maximum.reduceat(np.where(timed[o], end[o], small), first)
+            for kk, c, a, z in zip(k[first].tolist(), n.tolist(), lo.tolist(), hi.tolist()):
+                s = self.steps.setdefault(kk if ok else None, [0, None, None])
+                s[0] += c
+                if a <= z:
+                    s[1] = a if s[1] is None else min(s[1], a)
+                    s[2] = z if s[2] is None else max(s[2], z)
+
+    def columns(self) -> dict:
+        """Every node's columns (module docstring of tracekit.timeline.critical_path, arrivals
+        none), concatenated, with ``rid`` (its row in the events file), ``step`` and ``step_ok``."""
+        # a track kind's position among the rank's (sorted, as DuckDB sorts VARCHAR), NULL last
+        pos = {k: i + 1 for i, k in enumerate(sorted(self.kinds))}
+        none = len(pos) + 1
+        cols = {}
+        kind = []
+        for p in self.parts:
+            lut = np.array([pos.get(k, none) for k in p["kinds"]] + [none], np.int64)
+            kind.append(lut[p["kind"].fill_null(len(p["kinds"])).to_numpy(zero_copy_only=False)])
+        names = ("rid", "event_id", "gpu", "dev", "no_dev", "trk", "no_trk", "ts_ns", "end_ns", "class", "launch",
+                 "launched", "step", "step_ok")
+        for k in names:
+            cols[k] = np.concatenate([p[k] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
+        cols["kind"] = np.concatenate(kind) if kind else np.zeros(0, np.int64)
+        self.parts = []
+        # the track as one number that sorts as (kind, device, track), NULLs last
+        key = (cols["trk"], cols["no_trk"], cols["dev"], cols["no_dev"], cols["kind"])
+        o = np.lexsort(key)
+        k = np.stack([x[o].astype(np.int64) for x in key[::-1]]) if len(o) else np.zeros((5, 0), np.int64)
+        new = np.r_[True, np.any(k[:, 1:] != k[:, :-1], axis=0)] if len(o) else np.zeros(0, bool)
+        tid = np.empty(len(o), np.int64)
+        tid[o] = np.cumsum(new)
+        n = len(o)
+        return {"rid": cols["rid"], "event_id": cols["event_id"], "gpu": cols["gpu"].astype(bool), "tid": tid,
+                "ts_ns": cols["ts_ns"], "end_ns": cols["end_ns"], "class": cols["class"].astype(np.int8),
+                "launch": cols["launch"], "launched": cols["launched"].astype(bool), "step": cols["step"],
+                "step_ok": cols["step_ok"].astype(bool), "arrived": np.zeros(n, bool),
+                "last_rank": np.full(n, -1, np.int64), "last_eid": np.full(n, -1, np.int64),
+                "last_ns": np.zeros(n, np.int64)}
+
+
+def _read(events_file: Path) -> _Nodes:
+    nodes = _Nodes()
+    f = pq.ParquetFile(str(events_file), read_dictionary=_STRINGS)
+    row0 = 0
+    for b in f.iter_batches(batch_size=1 << 16, columns=_COLUMNS, use_threads=False):
+        nodes.add(b, row0)
+        row0 += b.num_rows
+    return nodes
+
+
+def _take(events_file: Path, rid: np.ndarray, columns: list[str]) -> pa.Table:
+    """The ``columns`` of the events file's rows ``rid`` (ascending, distinct), in that order."""
+    f = pq.ParquetFile(str(events_file), read_dictionary=columns)
+    out, row0 = [], 0
+    for b in f.iter_batches(batch_size=1 << 16, columns=columns, use_threads=False):
+        lo, hi = np.searchsorted(rid, [row0, row0 + b.num_rows])
+        if hi > lo:
+            out.append(pa.Table.from_batches([b]).take(pa.array(rid[lo:hi] - row0)))
+        row0 += b.num_rows
+    if not out:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    return pa.concat_tables(out).combine_chunks()
+
+
+def rank_tables(events_file: Path, run_id: str, rank: int, final: bool) -> dict[str, pa.Table]:
+    """The critical-path tables of one rank whose events file is ``events_file``: name → table of
+    its store schema (tracekit.store): ``rank_steps`` always; with ``final`` (a run of one rank)
+    ``rank_critical_path`` and ``rank_critical_path_summary`` (its paths, final) and
+    ``critical_path_nodes`` empty; else those two empty and ``critical_path_nodes`` (the walk's
+    input). Errors of the file propagate."""
+    nodes = _read(events_file)
+    steps = nodes.steps
+    has_steps = any(k is not None for k in steps)
+    keys = sorted(steps, key=lambda k: (k is not None, k if k is not None else 0))
+    out = {"rank_steps": pa.table({
+        "run_id": pa.array([run_id] * len(keys), pa.string()), "rank": pa.array([rank] * len(keys), pa.int32()),
+        "step": pa.array(keys, pa.int64()), "events": pa.array([steps[k][0] for k in keys], pa.int64()),
+        "first_ns": pa.array([steps[k][1] for k in keys], pa.int64()),
+        "last_ns": pa.array([steps[k][2] for k in keys], pa.int64())}, schema=RANK_STEPS_SCHEMA)}
+    c = nodes.columns()
+    del nodes
+    if not final:
+        named = _take(events_file, c["rid"], ["name", "class"])
+        n = len(c["rid"])
+        out["critical_path_nodes"] = pa.table({
+            "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(np.full(n, rank), pa.int32()),
+            "step": pa.array(c["step"], pa.int64(), mask=~c["step_ok"]), "event_id": pa.array(c["event_id"], pa.int64()),
+            "gpu": pa.array(c["gpu"]), "tid": pa.array(c["tid"], pa.int64()), "ts_ns": pa.array(c["ts_ns"], pa.int64()),
+            "end_ns": pa.array(c["end_ns"], pa.int64()),
+            "launch_event_id": pa.array(c["launch"], pa.int64(), mask=~c["launched"]),
+            "name": named.column("name").cast(pa.string()), "class": named.column("class").cast(pa.string())},
+            schema=CRITICAL_PATH_NODES_SCHEMA)
+        out["rank_critical_path"] = RANK_CRITICAL_PATH_SCHEMA.empty_table()
+        out["rank_critical_path_summary"] = RANK_CRITICAL_PATH_SUMMARY_SCHEMA.empty_table()
+        return out
+    out["critical_path_nodes"] = CRITICAL_PATH_NODES_SCHEMA.empty_table()
+    rows = []
+    c["rank"] = np.full(len(c["rid"]), rank, np.int64)
+    if has_steps:
+        in_step = np.flatnonzero(c["step_ok"])
+        order = in_step[np.argsort(c["step"][in_step], kind="stable")]
+        st = c["step"][order]
+        cuts = np.flatnonzero(st[1:] != st[:-1]) + 1
+        windows = [(int(st[a]), order[a:b]) for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(order)])] if len(order) else []
+    else:
+        windows = [(None, np.arange(len(c["rid"])))] if len(c["rid"]) else []
+    for step, sel in windows:
+        w, at = cp.window({k: c[k][sel] for k in ("rank", "event_id", "gpu", "tid", "ts_ns", "end_ns", "class",
+                                                    "launch", "launched", "arrived", "last_rank", "last_eid",
+                                                    "last_ns")})
+        p = cp.paths(w)
+        rows.append((step, p, c["rid"][sel][at][p["node"]], w))
+    return out | _path_tables(events_file, run_id, rank, rows)
+
+
+def _path_tables(events_file: Path, run_id: str, rank: int, rows: list) -> dict[str, pa.Table]:
+    """rank_critical_path and rank_critical_path_summary of one rank's windows' paths (``rows``:
+    (step, tracekit.timeline.critical_path.paths of the window, each path row's events-file row,
+    the window)), the rows in (step, pos) order."""
+    if not rows:
+        return {"rank_critical_path": RANK_CRITICAL_PATH_SCHEMA.empty_table(),
+                "rank_critical_path_summary": RANK_CRITICAL_PATH_SUMMARY_SCHEMA.empty_table()}
+    rid = np.concatenate([r[2] for r in rows])
+    have = cp._distinct(rid)
+    named = _take(events_file, have, ["name", "class"])
+    at = np.searchsorted(have, rid)
+    n = len(rid)
+    step = np.concatenate([np.full(len(r[1]["pos"]), -1 if r[0] is None else r[0], np.int64) for r in rows])
+    no_step = rows[0][0] is None
+    def cat(key, f=lambda r, v: v):
+        return np.concatenate([f(r, r[1][key]) for r in rows])
+    path_rows = pa.table({
+        "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(np.full(n, rank), pa.int32()),
+        "step": pa.array(step, pa.int64(), mask=np.full(n, no_step)), "pos": pa.array(cat("pos"), pa.int32()),
+        "event_rank": pa.array(np.full(n, rank), pa.int32()),
+        "event_id": pa.array(cat("node", lambda r, v: r[3].eid[v]), pa.int64()),
+        "name": named.column("name").take(pa.array(at)).cast(pa.string()),
+        "class": named.column("class").take(pa.array(at)).cast(pa.string()),
+        "start_ns": pa.array(cat("node", lambda r, v: r[3].s[v]), pa.int64()),
+        "end_ns": pa.array(cat("node", lambda r, v: r[3].e[v]), pa.int64()),
+        "on_path_ns": pa.array(cat("on_path"), pa.int64()), "gap_ns": pa.array(cat("gap"), pa.int64()),
+        "edge": pa.DictionaryArray.from_arrays(pa.array(cat("edge").astype(np.int8)), pa.array(cp.KINDS)).cast(pa.string())},
+        schema=RANK_CRITICAL_PATH_SCHEMA)
+    k = sum(len(r[1]["lengths"]) for r in rows)
+    ksteps = np.concatenate([np.full(len(r[1]["lengths"]), -1 if r[0] is None else r[0], np.int64) for r in rows])
+    parts = np.concatenate([r[1]["parts"] for r in rows])
+    summary = pa.table({
+        "run_id": pa.array([run_id] * k, pa.string()), "rank": pa.array(np.full(k, rank), pa.int32()),
+        "step": pa.array(ksteps, pa.int64(), mask=np.full(k, no_step)),
+        "start_ns": pa.array(cat("start_ns"), pa.int64()), "end_ns": pa.array(cat("end_ns"), pa.int64()),
+        **{p: pa.array(parts[:, i], pa.int64()) for i, p in enumerate(cp.PARTS)},
+        "path_events": pa.array(cat("lengths"), pa.int64()), "other_ranks": pa.array(cat("other_ranks"), pa.int32())},
+        schema=RANK_CRITICAL_PATH_SUMMARY_SCHEMA)
+    return {"rank_critical_path": path_rows, "rank_critical_path_summary": summary}
