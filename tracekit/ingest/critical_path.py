@@ -55,11 +55,18 @@ def _codes(col, table: dict, default: int) -> np.ndarray:
 
 
 class _Nodes:
-    """The rank's nodes (columns kept per row group, numpy) and its steps' counts and spans."""
+    """The rank's nodes (numpy columns: ~50 B a node) and its steps' counts and spans. A node's track is kept as the number of its (kind, device, track) among the distinct
+    ones seen (``tracks``), renumbered in their order at the end."""
 
-    def __init__(self):
-        self.parts: list[dict] = []
-        self.kinds: set = set()
+    _DTYPES = {"rid": np.int64, "event_id": np.int64, "gpu": bool, "track": np.int32, "ts_ns": np.int64,
+               "end_ns": np.int64, "class": np.int8, "launch": np.int64, "step": np.int64, "step_ok": bool}
+
+    def __init__(self, capacity: int):
+        # one array per column for every row of the file (np.empty: memory is taken only as the
+        # nodes fill it), so no part is copied again and no freed batch leaves holes between them
+        self.cols = {k: np.empty(capacity, t) for k, t in self._DTYPES.items()}
+        self.n = 0
+        self.tracks: dict = {}  # (kind, device is null, device, track is null, track) → its number
         self.steps: dict = {}  # step (None: outside every step) → [events, first start, last end]
 
     def add(self, b: pa.RecordBatch, row0: int) -> None:
@@ -78,18 +85,23 @@ class _Nodes:
         if not node.any():
             return
         sel = np.flatnonzero(node)
-        kinds = kind_col.dictionary.to_pylist()
-        used = kind_col.indices.take(pa.array(sel))
-        self.kinds.update(kinds[i] for i in cp._distinct(used.drop_null().to_numpy()).tolist())
+        kinds = kind_col.dictionary.to_pylist() + [None]  # a null kind: the last entry
+        idx = kind_col.indices
+        kind = (pc.fill_null(idx, len(kinds) - 1) if idx.null_count else idx).to_numpy(zero_copy_only=False)[sel]
         dev, dev_ok = _ints(b.column("device"))
         trk, trk_ok = _ints(b.column("track"))
+        key = np.stack([kind.astype(np.int64), ~dev_ok[sel], dev[sel], ~trk_ok[sel], trk[sel]], axis=1)
+        uniq, inv = np.unique(key, axis=0, return_inverse=True)
+        num = np.array([self.tracks.setdefault((kinds[u[0]], bool(u[1]), int(u[2]), bool(u[3]), int(u[4])),
+                                               len(self.tracks)) for u in uniq.tolist()], np.int32)
         launch, launched = _ints(b.column("launch_event_id"))
-        self.parts.append({
-            "rid": sel + row0, "event_id": b.column("event_id").to_numpy()[sel], "gpu": gpu[sel],
-            "kind": used, "kinds": kinds, "dev": dev[sel], "no_dev": ~dev_ok[sel], "trk": trk[sel],
-            "no_trk": ~trk_ok[sel], "ts_ns": ts[sel], "end_ns": end[sel], "class": cls[sel].astype(np.int8),
-            "launch": np.where(launched[sel], launch[sel], -1), "launched": launched[sel],
-            "step": step[sel], "step_ok": step_ok[sel]})
+        got = {"rid": sel + row0, "event_id": b.column("event_id").to_numpy()[sel], "gpu": gpu[sel],
+               "track": num[inv.reshape(-1)], "ts_ns": ts[sel], "end_ns": end[sel], "class": cls[sel],
+               "launch": np.where(launched[sel], launch[sel], -1), "step": step[sel], "step_ok": step_ok[sel]}
+        a, z = self.n, self.n + len(sel)
+        for k, v in got.items():
+            self.cols[k][a:z] = v
+        self.n = z
 
     def _count(self, step, step_ok, timed, ts, end) -> None:
         """Per step of the batch (None for the rows of no step): events, and first start and last
@@ -114,43 +126,36 @@ class _Nodes:
                     s[2] = z if s[2] is None else max(s[2], z)
 
     def columns(self) -> dict:
-        """Every node's columns (module docstring of tracekit.timeline.critical_path, arrivals
-        none), concatenated, with ``rid`` (its row in the events file), ``step`` and ``step_ok``."""
-        # a track kind's position among the rank's (sorted, as DuckDB sorts VARCHAR), NULL last
-        pos = {k: i + 1 for i, k in enumerate(sorted(self.kinds))}
-        none = len(pos) + 1
-        cols = {}
-        kind = []
-        for p in self.parts:
-            lut = np.array([pos.get(k, none) for k in p["kinds"]] + [none], np.int64)
-            kind.append(lut[p["kind"].fill_null(len(p["kinds"])).to_numpy(zero_copy_only=False)])
-        names = ("rid", "event_id", "gpu", "dev", "no_dev", "trk", "no_trk", "ts_ns", "end_ns", "class", "launch",
-                 "launched", "step", "step_ok")
-        for k in names:
-            cols[k] = np.concatenate([p[k] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
-        cols["kind"] = np.concatenate(kind) if kind else np.zeros(0, np.int64)
-        self.parts = []
-        # the track as one number that sorts as (kind, device, track), NULLs last
-        key = (cols["trk"], cols["no_trk"], cols["dev"], cols["no_dev"], cols["kind"])
-        o = np.lexsort(key)
-        k = np.stack([x[o].astype(np.int64) for x in key[::-1]]) if len(o) else np.zeros((5, 0), np.int64)
-        new = np.r_[True, np.any(k[:, 1:] != k[:, :-1], axis=0)] if len(o) else np.zeros(0, bool)
-        tid = np.empty(len(o), np.int64)
-        tid[o] = np.cumsum(new)
-        n = len(o)
-        return {"rid": cols["rid"], "event_id": cols["event_id"], "gpu": cols["gpu"].astype(bool), "tid": tid,
-                "ts_ns": cols["ts_ns"], "end_ns": cols["end_ns"], "class": cols["class"].astype(np.int8),
-                "launch": cols["launch"], "launched": cols["launched"].astype(bool), "step": cols["step"],
-                "step_ok": cols["step_ok"].astype(bool), "arrived": np.zeros(n, bool),
-                "last_rank": np.full(n, -1, np.int64), "last_eid": np.full(n, -1, np.int64),
-                "last_ns": np.zeros(n, np.int64)}
+        """Every node's columns (module docstring of tracekit.timeline.critical_path, but the
+        arrivals and ``rank``), with ``rid`` (its row in the events file), ``step`` and ``step_ok``."""
+        # the tracks in (kind, device, track) order, NULLs last; a kind sorts by its position among
+        # the rank's kinds (sorted as DuckDB sorts VARCHAR), a null kind last
+        names = sorted({k[0] for k in self.tracks if k[0] is not None})
+        pos = {k: i for i, k in enumerate(names)}
+        order = sorted(self.tracks, key=lambda k: (pos.get(k[0], len(names)), k[1], k[2], k[3], k[4]))
+        tid = np.zeros(len(order), np.int64)
+        for i, k in enumerate(order):
+            tid[self.tracks[k]] = i + 1
+        out = {k: v[:self.n] for k, v in self.cols.items()}
+        self.cols = {}
+        out["tid"] = tid[out.pop("track")]
+        out["launched"] = out["launch"] >= 0
+        return out
+
+
+def _batches(events_file: Path, columns: list[str], strings: list[str]):
+    """The events file's ``columns`` (``strings`` dictionary-encoded), a row group at a time as
+    record batches, in file order (a row group's worth of memory: reading the file's batches
+    through one reader holds several row groups' buffers)."""
+    f = pq.ParquetFile(str(events_file), read_dictionary=strings)
+    for i in range(f.metadata.num_row_groups):
+        yield from f.read_row_group(i, columns=columns, use_threads=False).to_batches()
 
 
 def _read(events_file: Path) -> _Nodes:
-    nodes = _Nodes()
-    f = pq.ParquetFile(str(events_file), read_dictionary=_STRINGS)
+    nodes = _Nodes(pq.read_metadata(str(events_file)).num_rows)
     row0 = 0
-    for b in f.iter_batches(batch_size=1 << 16, columns=_COLUMNS, use_threads=False):
+    for b in _batches(events_file, _COLUMNS, _STRINGS):
         nodes.add(b, row0)
         row0 += b.num_rows
     return nodes
@@ -158,9 +163,8 @@ def _read(events_file: Path) -> _Nodes:
 
 def _take(events_file: Path, rid: np.ndarray, columns: list[str]) -> pa.Table:
     """The ``columns`` of the events file's rows ``rid`` (ascending, distinct), in that order."""
-    f = pq.ParquetFile(str(events_file), read_dictionary=columns)
     out, row0 = [], 0
-    for b in f.iter_batches(batch_size=1 << 16, columns=columns, use_threads=False):
+    for b in _batches(events_file, columns, columns):
         lo, hi = np.searchsorted(rid, [row0, row0 + b.num_rows])
         if hi > lo:
             out.append(pa.Table.from_batches([b]).take(pa.array(rid[lo:hi] - row0)))
@@ -191,7 +195,7 @@ def rank_tables(events_file: Path, run_id: str, rank: int, final: bool) -> dict[
         named = _take(events_file, c["rid"], ["name", "class"])
         n = len(c["rid"])
         out["critical_path_nodes"] = pa.table({
-            "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(np.full(n, rank), pa.int32()),
+            "run_id": pa.repeat(pa.scalar(run_id, pa.string()), n), "rank": pa.array(np.full(n, rank), pa.int32()),
             "step": pa.array(c["step"], pa.int64(), mask=~c["step_ok"]), "event_id": pa.array(c["event_id"], pa.int64()),
             "gpu": pa.array(c["gpu"]), "tid": pa.array(c["tid"], pa.int64()), "ts_ns": pa.array(c["ts_ns"], pa.int64()),
             "end_ns": pa.array(c["end_ns"], pa.int64()),
@@ -203,7 +207,6 @@ def rank_tables(events_file: Path, run_id: str, rank: int, final: bool) -> dict[
         return out
     out["critical_path_nodes"] = CRITICAL_PATH_NODES_SCHEMA.empty_table()
     rows = []
-    c["rank"] = np.full(len(c["rid"]), rank, np.int64)
     if has_steps:
         in_step = np.flatnonzero(c["step_ok"])
         order = in_step[np.argsort(c["step"][in_step], kind="stable")]
@@ -213,18 +216,26 @@ def rank_tables(events_file: Path, run_id: str, rank: int, final: bool) -> dict[
     else:
         windows = [(None, np.arange(len(c["rid"])))] if len(c["rid"]) else []
     for step, sel in windows:
-        w, at = cp.window({k: c[k][sel] for k in ("rank", "event_id", "gpu", "tid", "ts_ns", "end_ns", "class",
-                                                    "launch", "launched", "arrived", "last_rank", "last_eid",
-                                                    "last_ns")})
+        m = len(sel)
+        w, at = cp.window({**{k: c[k][sel] for k in ("event_id", "gpu", "tid", "ts_ns", "end_ns", "class", "launch",
+                                                    "launched")},
+                           "rank": np.full(m, rank, np.int64), "arrived": np.zeros(m, bool),
+                           "last_rank": np.full(m, -1, np.int64), "last_eid": np.full(m, -1, np.int64),
+                           "last_ns": np.zeros(m, np.int64)})
         p = cp.paths(w)
-        rows.append((step, p, c["rid"][sel][at][p["node"]], w))
+        node = p.pop("node")
+        p.update(event_id=w.eid[node], start_ns=w.s[node], end_ns=w.e[node], path_start_ns=p.pop("start_ns"),
+                 path_end_ns=p.pop("end_ns"))
+        rows.append((step, p, c["rid"][sel][at][node]))
+        del w, at
     return out | _path_tables(events_file, run_id, rank, rows)
 
 
 def _path_tables(events_file: Path, run_id: str, rank: int, rows: list) -> dict[str, pa.Table]:
     """rank_critical_path and rank_critical_path_summary of one rank's windows' paths (``rows``:
-    (step, tracekit.timeline.critical_path.paths of the window, each path row's events-file row,
-    the window)), the rows in (step, pos) order."""
+    (step, tracekit.timeline.critical_path.paths of the window with its nodes' event_id, start_ns
+    and end_ns in place of ``node`` and the paths' start and end as path_start_ns, path_end_ns;
+    each path row's events-file row)), the rows in (step, pos) order."""
     if not rows:
         return {"rank_critical_path": RANK_CRITICAL_PATH_SCHEMA.empty_table(),
                 "rank_critical_path_summary": RANK_CRITICAL_PATH_SUMMARY_SCHEMA.empty_table()}
@@ -235,17 +246,16 @@ def _path_tables(events_file: Path, run_id: str, rank: int, rows: list) -> dict[
     n = len(rid)
     step = np.concatenate([np.full(len(r[1]["pos"]), -1 if r[0] is None else r[0], np.int64) for r in rows])
     no_step = rows[0][0] is None
-    def cat(key, f=lambda r, v: v):
-        return np.concatenate([f(r, r[1][key]) for r in rows])
+    def cat(key):
+        return np.concatenate([r[1][key] for r in rows])
     path_rows = pa.table({
-        "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(np.full(n, rank), pa.int32()),
+        "run_id": pa.repeat(pa.scalar(run_id, pa.string()), n), "rank": pa.array(np.full(n, rank), pa.int32()),
         "step": pa.array(step, pa.int64(), mask=np.full(n, no_step)), "pos": pa.array(cat("pos"), pa.int32()),
         "event_rank": pa.array(np.full(n, rank), pa.int32()),
-        "event_id": pa.array(cat("node", lambda r, v: r[3].eid[v]), pa.int64()),
+        "event_id": pa.array(cat("event_id"), pa.int64()),
         "name": named.column("name").take(pa.array(at)).cast(pa.string()),
         "class": named.column("class").take(pa.array(at)).cast(pa.string()),
-        "start_ns": pa.array(cat("node", lambda r, v: r[3].s[v]), pa.int64()),
-        "end_ns": pa.array(cat("node", lambda r, v: r[3].e[v]), pa.int64()),
+        "start_ns": pa.array(cat("start_ns"), pa.int64()), "end_ns": pa.array(cat("end_ns"), pa.int64()),
         "on_path_ns": pa.array(cat("on_path"), pa.int64()), "gap_ns": pa.array(cat("gap"), pa.int64()),
         "edge": pa.DictionaryArray.from_arrays(pa.array(cat("edge").astype(np.int8)), pa.array(cp.KINDS)).cast(pa.string())},
         schema=RANK_CRITICAL_PATH_SCHEMA)
@@ -253,9 +263,9 @@ def _path_tables(events_file: Path, run_id: str, rank: int, rows: list) -> dict[
     ksteps = np.concatenate([np.full(len(r[1]["lengths"]), -1 if r[0] is None else r[0], np.int64) for r in rows])
     parts = np.concatenate([r[1]["parts"] for r in rows])
     summary = pa.table({
-        "run_id": pa.array([run_id] * k, pa.string()), "rank": pa.array(np.full(k, rank), pa.int32()),
+        "run_id": pa.repeat(pa.scalar(run_id, pa.string()), k), "rank": pa.array(np.full(k, rank), pa.int32()),
         "step": pa.array(ksteps, pa.int64(), mask=np.full(k, no_step)),
-        "start_ns": pa.array(cat("start_ns"), pa.int64()), "end_ns": pa.array(cat("end_ns"), pa.int64()),
+        "start_ns": pa.array(cat("path_start_ns"), pa.int64()), "end_ns": pa.array(cat("path_end_ns"), pa.int64()),
         **{p: pa.array(parts[:, i], pa.int64()) for i, p in enumerate(cp.PARTS)},
         "path_events": pa.array(cat("lengths"), pa.int64()), "other_ranks": pa.array(cat("other_ranks"), pa.int32())},
         schema=RANK_CRITICAL_PATH_SUMMARY_SCHEMA)
