@@ -22,8 +22,7 @@ SELECT rank, event_id FROM events WHERE run_id = ? AND ts_ns IS NOT NULL AND dur
 def stores(tmp_path_factory):
     st = Store(tmp_path_factory.mktemp("cpt") / "s")
     ingest_paths([FIXTURES / "tp_2rank"], st, run_id="two")
-    ingest_paths([FIXTURES / "tp_2rank" / sorted(p.name for p in (FIXTURES / "tp_2rank").glob("*.json*"))[0]],
-                 st, run_id="one")
+    ingest_paths([FIXTURES / "tp_2rank" / "rank0.pt.trace.json.gz"], st, run_id="one")
     return st
 
 
@@ -79,3 +78,17 @@ def test_rank_steps_counts_every_event(stores):
         got = _q(stores, "SELECT rank, step, events, first_ns, last_ns FROM rank_steps WHERE run_id = ? ORDER BY ALL",
                  [run])
         assert got == want and len(got) > 2
+
+
+def test_tables_written_in_small_parts_are_the_same(stores, tmp_path, monkeypatch):
+    """ROWS_PER_PART = 7: both long tables are written in many parts, with the same rows."""
+    import tracekit.ingest.critical_path as icp
+
+    monkeypatch.setattr(icp, "ROWS_PER_PART", 7)
+    small = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "tp_2rank"], small, run_id="two")
+    ingest_paths([FIXTURES / "tp_2rank" / "rank0.pt.trace.json.gz"], small, run_id="one")
+    for table in ("critical_path_nodes", "rank_critical_path", "rank_critical_path_summary", "critical_path_summary"):
+        sql = f"SELECT * FROM {table} ORDER BY ALL"
+        assert _q(small, sql, []) == _q(stores, sql, []), table
+    assert _q(small, "SELECT count(*) FROM rank_critical_path", [])[0][0] > 7

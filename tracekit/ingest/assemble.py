@@ -131,6 +131,15 @@ def _write_part(parts, name: str, schema: pa.Schema, rank: int, table: pa.Table)
     feather.write_feather(table.cast(schema), part_path(parts, name, rank), compression=PART_COMPRESSION)
 
 
+def _write_parts(parts, name: str, schema: pa.Schema, rank: int, tables) -> None:
+    """A rank's staged table ``name`` written from an iterator of tables of its schema, one after
+    the other (the file :func:`_write_part` writes, for a table too long to hold at once)."""
+    opts = pa.ipc.IpcWriteOptions(compression=PART_COMPRESSION)
+    with pa.OSFile(str(part_path(parts, name, rank)), "wb") as sink, pa.ipc.new_file(sink, schema, options=opts) as w:
+        for t in tables:
+            w.write_table(t.cast(schema))
+
+
 def _part_error(f: Path, name: str, rank: int, exc: Exception) -> FileError:
     """The one-line error for a staged table that is missing or cannot be read."""
     if isinstance(exc, FileNotFoundError):
@@ -480,11 +489,19 @@ def assemble_rank(task: RankTask) -> RankResult:
     # the tables go to the staging area, not to the driver (its memory stays flat with the run's size)
     from tracekit.ingest.critical_path import rank_tables
 
-    paths = rank_tables(Path(task.out), run_id, rank, task.alone)
-    for (name, schema, _), t in zip(PART_TABLES, (table, windows, spans, gpu_windows, gpu_launchers,
-                                                  *(paths[n] for n, _, _ in PART_TABLES[5:]))):
+    streamed: set = set()
+
+    def write(name, tables):
+        _write_parts(task.parts, name, dict((n, sc) for n, sc, _ in PART_TABLES)[name], rank, tables)
+        streamed.add(name)
+
+    paths = rank_tables(Path(task.out), run_id, rank, task.alone, write)
+    for (name, schema, _), t in zip(PART_TABLES, (table, windows, spans, gpu_windows, gpu_launchers)):
         if t is not None:
             _write_part(task.parts, name, schema, rank, t)
+    for name, schema, _ in PART_TABLES[5:]:  # the critical path's: the long one not streamed is empty
+        if name not in streamed:
+            _write_part(task.parts, name, schema, rank, paths.get(name, schema.empty_table()))
     Path(raw).unlink(missing_ok=True)
     rf.remove_meta()
     return RankResult(rank, extent, host, row, facts if any(f is not None for f in facts) else [], pg_sizes,

@@ -162,24 +162,35 @@ def _read(events_file: Path) -> _Nodes:
 
 
 def _take(events_file: Path, rid: np.ndarray, columns: list[str]) -> pa.Table:
-    """The ``columns`` of the events file's rows ``rid`` (ascending, distinct), in that order."""
+    """The ``columns`` (strings) of the events file's rows ``rid`` (ascending, distinct), in that
+    order; only the row groups holding one of them are read."""
+    f = pq.ParquetFile(str(events_file), read_dictionary=columns)
     out, row0 = [], 0
-    for b in _batches(events_file, columns, columns):
-        lo, hi = np.searchsorted(rid, [row0, row0 + b.num_rows])
+    for i in range(f.metadata.num_row_groups):
+        n = f.metadata.row_group(i).num_rows
+        lo, hi = np.searchsorted(rid, [row0, row0 + n])
         if hi > lo:
-            out.append(pa.Table.from_batches([b]).take(pa.array(rid[lo:hi] - row0)))
-        row0 += b.num_rows
+            t = f.read_row_group(i, columns=columns, use_threads=False)
+            out.append(t.take(pa.array(rid[lo:hi] - row0)))
+        row0 += n
     if not out:
         return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return pa.concat_tables(out).combine_chunks()
+    return pa.table({c: pa.concat_arrays([x.column(c).combine_chunks().cast(pa.string()) for x in out]) for c in columns})
 
 
-def rank_tables(events_file: Path, run_id: str, rank: int, final: bool) -> dict[str, pa.Table]:
-    """The critical-path tables of one rank whose events file is ``events_file``: name → table of
-    its store schema (tracekit.store): ``rank_steps`` always; with ``final`` (a run of one rank)
-    ``rank_critical_path`` and ``rank_critical_path_summary`` (its paths, final) and
-    ``critical_path_nodes`` empty; else those two empty and ``critical_path_nodes`` (the walk's
-    input). Errors of the file propagate."""
+ROWS_PER_PART = 1 << 20
+"""Rows of rank_critical_path or critical_path_nodes built and handed to ``write`` at once (the
+tables of a long trace are written in parts, not held whole)."""
+
+
+def rank_tables(events_file: Path, run_id: str, rank: int, final: bool, write) -> dict[str, pa.Table]:
+    """The critical-path tables of one rank whose events file is ``events_file``, each of its store
+    schema (tracekit.store). ``write(name, tables)`` receives the two that can be long as an
+    iterator of tables (at most ROWS_PER_PART rows each; none for an empty table): with ``final`` (a
+    run of one rank) ``rank_critical_path``, its final paths in (step, pos) order, else
+    ``critical_path_nodes``, the walk's input. Returns the others: ``rank_steps``, and
+    ``rank_critical_path_summary`` (empty unless ``final``). Memory: ~50 B per node, one window's
+    walk and one part of rows. Errors of the file propagate."""
     nodes = _read(events_file)
     steps = nodes.steps
     has_steps = any(k is not None for k in steps)
@@ -192,21 +203,9 @@ def rank_tables(events_file: Path, run_id: str, rank: int, final: bool) -> dict[
     c = nodes.columns()
     del nodes
     if not final:
-        named = _take(events_file, c["rid"], ["name", "class"])
-        n = len(c["rid"])
-        out["critical_path_nodes"] = pa.table({
-            "run_id": pa.repeat(pa.scalar(run_id, pa.string()), n), "rank": pa.array(np.full(n, rank), pa.int32()),
-            "step": pa.array(c["step"], pa.int64(), mask=~c["step_ok"]), "event_id": pa.array(c["event_id"], pa.int64()),
-            "gpu": pa.array(c["gpu"]), "tid": pa.array(c["tid"], pa.int64()), "ts_ns": pa.array(c["ts_ns"], pa.int64()),
-            "end_ns": pa.array(c["end_ns"], pa.int64()),
-            "launch_event_id": pa.array(c["launch"], pa.int64(), mask=~c["launched"]),
-            "name": named.column("name").cast(pa.string()), "class": named.column("class").cast(pa.string())},
-            schema=CRITICAL_PATH_NODES_SCHEMA)
-        out["rank_critical_path"] = RANK_CRITICAL_PATH_SCHEMA.empty_table()
+        write("critical_path_nodes", _node_parts(events_file, run_id, rank, c))
         out["rank_critical_path_summary"] = RANK_CRITICAL_PATH_SUMMARY_SCHEMA.empty_table()
         return out
-    out["critical_path_nodes"] = CRITICAL_PATH_NODES_SCHEMA.empty_table()
-    rows = []
     if has_steps:
         in_step = np.flatnonzero(c["step_ok"])
         order = in_step[np.argsort(c["step"][in_step], kind="stable")]
@@ -215,6 +214,33 @@ def rank_tables(events_file: Path, run_id: str, rank: int, final: bool) -> dict[
         windows = [(int(st[a]), order[a:b]) for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(order)])] if len(order) else []
     else:
         windows = [(None, np.arange(len(c["rid"])))] if len(c["rid"]) else []
+    sums: list = []
+    write("rank_critical_path", _path_parts(events_file, run_id, rank, c, windows, sums))
+    out["rank_critical_path_summary"] = _summary(run_id, rank, sums)
+    return out
+
+
+def _node_parts(events_file: Path, run_id: str, rank: int, c: dict):
+    """critical_path_nodes of the rank's nodes ``c`` (in file order), ROWS_PER_PART rows at a time."""
+    for a in range(0, len(c["rid"]), ROWS_PER_PART):
+        sl = slice(a, a + ROWS_PER_PART)
+        n = len(c["rid"][sl])
+        named = _take(events_file, c["rid"][sl], ["name", "class"])
+        yield pa.table({
+            "run_id": pa.repeat(pa.scalar(run_id, pa.string()), n), "rank": pa.array(np.full(n, rank), pa.int32()),
+            "step": pa.array(c["step"][sl], pa.int64(), mask=~c["step_ok"][sl]),
+            "event_id": pa.array(c["event_id"][sl], pa.int64()), "gpu": pa.array(c["gpu"][sl]),
+            "tid": pa.array(c["tid"][sl], pa.int64()), "ts_ns": pa.array(c["ts_ns"][sl], pa.int64()),
+            "end_ns": pa.array(c["end_ns"][sl], pa.int64()),
+            "launch_event_id": pa.array(c["launch"][sl], pa.int64(), mask=~c["launched"][sl]),
+            "name": named.column("name"), "class": named.column("class")}, schema=CRITICAL_PATH_NODES_SCHEMA)
+
+
+def _path_parts(events_file: Path, run_id: str, rank: int, c: dict, windows: list, sums: list):
+    """rank_critical_path of the rank's windows (step or None, the rows of ``c`` in it), in (step,
+    pos) order, in parts of about ROWS_PER_PART rows; each window's path summary is appended to
+    ``sums`` (step, tracekit.timeline.critical_path.paths' per-path arrays)."""
+    held, n = [], 0
     for step, sel in windows:
         m = len(sel)
         w, at = cp.window({**{k: c[k][sel] for k in ("event_id", "gpu", "tid", "ts_ns", "end_ns", "class", "launch",
@@ -223,50 +249,59 @@ def rank_tables(events_file: Path, run_id: str, rank: int, final: bool) -> dict[
                            "last_rank": np.full(m, -1, np.int64), "last_eid": np.full(m, -1, np.int64),
                            "last_ns": np.zeros(m, np.int64)})
         p = cp.paths(w)
-        node = p.pop("node")
-        p.update(event_id=w.eid[node], start_ns=w.s[node], end_ns=w.e[node], path_start_ns=p.pop("start_ns"),
-                 path_end_ns=p.pop("end_ns"))
-        rows.append((step, p, c["rid"][sel][at][node]))
-        del w, at
-    return out | _path_tables(events_file, run_id, rank, rows)
+        node = p["node"]
+        held.append((step, {"pos": p["pos"].astype(np.int32), "event_id": w.eid[node], "start_ns": w.s[node],
+                            "end_ns": w.e[node], "on_path": p["on_path"], "gap": p["gap"],
+                            "edge": p["edge"].astype(np.int8), "rid": c["rid"][sel][at][node]}))
+        sums.append((step, {k: p[k] for k in ("start_ns", "end_ns", "parts", "lengths", "other_ranks")}))
+        n += len(node)
+        del w, at, p
+        if n >= ROWS_PER_PART:
+            yield _rows_table(events_file, run_id, rank, held)
+            held, n = [], 0
+    if held:
+        yield _rows_table(events_file, run_id, rank, held)
 
 
-def _path_tables(events_file: Path, run_id: str, rank: int, rows: list) -> dict[str, pa.Table]:
-    """rank_critical_path and rank_critical_path_summary of one rank's windows' paths (``rows``:
-    (step, tracekit.timeline.critical_path.paths of the window with its nodes' event_id, start_ns
-    and end_ns in place of ``node`` and the paths' start and end as path_start_ns, path_end_ns;
-    each path row's events-file row)), the rows in (step, pos) order."""
-    if not rows:
-        return {"rank_critical_path": RANK_CRITICAL_PATH_SCHEMA.empty_table(),
-                "rank_critical_path_summary": RANK_CRITICAL_PATH_SUMMARY_SCHEMA.empty_table()}
-    rid = np.concatenate([r[2] for r in rows])
+def _rows_table(events_file: Path, run_id: str, rank: int, held: list) -> pa.Table:
+    """rank_critical_path rows of windows' paths (``held``: step, per path row arrays), in order."""
+    def cat(key):
+        return np.concatenate([h[key] for _, h in held])
+
+    rid = cat("rid")
     have = cp._distinct(rid)
     named = _take(events_file, have, ["name", "class"])
-    at = np.searchsorted(have, rid)
+    at = pa.array(np.searchsorted(have, rid))
     n = len(rid)
-    step = np.concatenate([np.full(len(r[1]["pos"]), -1 if r[0] is None else r[0], np.int64) for r in rows])
-    no_step = rows[0][0] is None
-    def cat(key):
-        return np.concatenate([r[1][key] for r in rows])
-    path_rows = pa.table({
+    step = np.concatenate([np.full(len(h["pos"]), 0 if s is None else s, np.int64) for s, h in held])
+    no_step = np.concatenate([np.full(len(h["pos"]), s is None) for s, h in held])
+    return pa.table({
         "run_id": pa.repeat(pa.scalar(run_id, pa.string()), n), "rank": pa.array(np.full(n, rank), pa.int32()),
-        "step": pa.array(step, pa.int64(), mask=np.full(n, no_step)), "pos": pa.array(cat("pos"), pa.int32()),
-        "event_rank": pa.array(np.full(n, rank), pa.int32()),
-        "event_id": pa.array(cat("event_id"), pa.int64()),
-        "name": named.column("name").take(pa.array(at)).cast(pa.string()),
-        "class": named.column("class").take(pa.array(at)).cast(pa.string()),
+        "step": pa.array(step, pa.int64(), mask=no_step), "pos": pa.array(cat("pos"), pa.int32()),
+        "event_rank": pa.array(np.full(n, rank), pa.int32()), "event_id": pa.array(cat("event_id"), pa.int64()),
+        "name": named.column("name").take(at), "class": named.column("class").take(at),
         "start_ns": pa.array(cat("start_ns"), pa.int64()), "end_ns": pa.array(cat("end_ns"), pa.int64()),
         "on_path_ns": pa.array(cat("on_path"), pa.int64()), "gap_ns": pa.array(cat("gap"), pa.int64()),
-        "edge": pa.DictionaryArray.from_arrays(pa.array(cat("edge").astype(np.int8)), pa.array(cp.KINDS)).cast(pa.string())},
+        "edge": pa.DictionaryArray.from_arrays(pa.array(cat("edge")), pa.array(cp.KINDS)).cast(pa.string())},
         schema=RANK_CRITICAL_PATH_SCHEMA)
-    k = sum(len(r[1]["lengths"]) for r in rows)
-    ksteps = np.concatenate([np.full(len(r[1]["lengths"]), -1 if r[0] is None else r[0], np.int64) for r in rows])
-    parts = np.concatenate([r[1]["parts"] for r in rows])
-    summary = pa.table({
+
+
+def _summary(run_id: str, rank: int, sums: list) -> pa.Table:
+    """rank_critical_path_summary of the windows' paths (``sums``: step, per path arrays)."""
+    if not sums:
+        return RANK_CRITICAL_PATH_SUMMARY_SCHEMA.empty_table()
+
+    def cat(key):
+        return np.concatenate([p[key] for _, p in sums])
+
+    k = sum(len(p["lengths"]) for _, p in sums)
+    step = np.concatenate([np.full(len(p["lengths"]), 0 if s is None else s, np.int64) for s, p in sums])
+    no_step = np.concatenate([np.full(len(p["lengths"]), s is None) for s, p in sums])
+    parts = cat("parts")
+    return pa.table({
         "run_id": pa.repeat(pa.scalar(run_id, pa.string()), k), "rank": pa.array(np.full(k, rank), pa.int32()),
-        "step": pa.array(ksteps, pa.int64(), mask=np.full(k, no_step)),
-        "start_ns": pa.array(cat("path_start_ns"), pa.int64()), "end_ns": pa.array(cat("path_end_ns"), pa.int64()),
+        "step": pa.array(step, pa.int64(), mask=no_step),
+        "start_ns": pa.array(cat("start_ns"), pa.int64()), "end_ns": pa.array(cat("end_ns"), pa.int64()),
         **{p: pa.array(parts[:, i], pa.int64()) for i, p in enumerate(cp.PARTS)},
         "path_events": pa.array(cat("lengths"), pa.int64()), "other_ranks": pa.array(cat("other_ranks"), pa.int32())},
         schema=RANK_CRITICAL_PATH_SUMMARY_SCHEMA)
-    return {"rank_critical_path": path_rows, "rank_critical_path_summary": summary}
