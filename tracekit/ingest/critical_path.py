@@ -138,8 +138,7 @@ class _Nodes:
             tid[self.tracks[k]] = i + 1
         out = {k: v[:self.n] for k, v in self.cols.items()}
         self.cols = {}
-        out["tid"] = tid[out.pop("track")]
-        out["launched"] = out["launch"] >= 0
+        out["tid"] = tid.astype(np.int32)[out.pop("track")]
         return out
 
 
@@ -178,7 +177,7 @@ def _take(events_file: Path, rid: np.ndarray, columns: list[str]) -> pa.Table:
     return pa.table({c: pa.concat_arrays([x.column(c).combine_chunks().cast(pa.string()) for x in out]) for c in columns})
 
 
-ROWS_PER_PART = 1 << 20
+ROWS_PER_PART = 1 << 18
 """Rows of rank_critical_path or critical_path_nodes built and handed to ``write`` at once (the
 tables of a long trace are written in parts, not held whole)."""
 
@@ -206,18 +205,28 @@ def rank_tables(events_file: Path, run_id: str, rank: int, final: bool, write) -
         write("critical_path_nodes", _node_parts(events_file, run_id, rank, c))
         out["rank_critical_path_summary"] = RANK_CRITICAL_PATH_SUMMARY_SCHEMA.empty_table()
         return out
-    if has_steps:
-        in_step = np.flatnonzero(c["step_ok"])
-        order = in_step[np.argsort(c["step"][in_step], kind="stable")]
-        st = c["step"][order]
-        cuts = np.flatnonzero(st[1:] != st[:-1]) + 1
-        windows = [(int(st[a]), order[a:b]) for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(order)])] if len(order) else []
-    else:
-        windows = [(None, np.arange(len(c["rid"])))] if len(c["rid"]) else []
+    windows = _windows(c) if has_steps else [(None, np.arange(len(c["rid"])))] if len(c["rid"]) else []
     sums: list = []
     write("rank_critical_path", _path_parts(events_file, run_id, rank, c, windows, sums))
     out["rank_critical_path_summary"] = _summary(run_id, rank, sums)
     return out
+
+
+def _windows(c: dict) -> list[tuple]:
+    """(step, the rows of ``c`` with that step) of every step holding nodes, in step order (the
+    nodes of no step belong to no window); the rows as int32 positions where they fit."""
+    key = c["step"].copy()
+    key[~c["step_ok"]] = np.iinfo(np.int64).max  # last, then left out
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    inside = int(np.searchsorted(key, np.iinfo(np.int64).max))
+    if len(order) < 2**31:
+        order = order.astype(np.int32)
+    key, order = key[:inside], order[:inside]
+    cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    firsts = key[np.r_[0, cuts]].tolist() if inside else []
+    del key
+    return [(s, order[a:b]) for s, a, b in zip(firsts, np.r_[0, cuts], np.r_[cuts, inside])]
 
 
 def _node_parts(events_file: Path, run_id: str, rank: int, c: dict):
@@ -230,9 +239,9 @@ def _node_parts(events_file: Path, run_id: str, rank: int, c: dict):
             "run_id": pa.repeat(pa.scalar(run_id, pa.string()), n), "rank": pa.array(np.full(n, rank), pa.int32()),
             "step": pa.array(c["step"][sl], pa.int64(), mask=~c["step_ok"][sl]),
             "event_id": pa.array(c["event_id"][sl], pa.int64()), "gpu": pa.array(c["gpu"][sl]),
-            "tid": pa.array(c["tid"][sl], pa.int64()), "ts_ns": pa.array(c["ts_ns"][sl], pa.int64()),
+            "tid": pa.array(c["tid"][sl].astype(np.int64), pa.int64()), "ts_ns": pa.array(c["ts_ns"][sl], pa.int64()),
             "end_ns": pa.array(c["end_ns"][sl], pa.int64()),
-            "launch_event_id": pa.array(c["launch"][sl], pa.int64(), mask=~c["launched"][sl]),
+            "launch_event_id": pa.array(c["launch"][sl], pa.int64(), mask=c["launch"][sl] < 0),
             "name": named.column("name"), "class": named.column("class")}, schema=CRITICAL_PATH_NODES_SCHEMA)
 
 
@@ -243,9 +252,9 @@ def _path_parts(events_file: Path, run_id: str, rank: int, c: dict, windows: lis
     held, n = [], 0
     for step, sel in windows:
         m = len(sel)
-        w, at = cp.window({**{k: c[k][sel] for k in ("event_id", "gpu", "tid", "ts_ns", "end_ns", "class", "launch",
-                                                    "launched")},
-                           "rank": np.full(m, rank, np.int64), "arrived": np.zeros(m, bool),
+        launch = c["launch"][sel]
+        w, at = cp.window({**{k: c[k][sel] for k in ("event_id", "gpu", "tid", "ts_ns", "end_ns", "class")},
+                           "launch": launch, "launched": launch >= 0, "rank": np.full(m, rank, np.int64), "arrived": np.zeros(m, bool),
                            "last_rank": np.full(m, -1, np.int64), "last_eid": np.full(m, -1, np.int64),
                            "last_ns": np.zeros(m, np.int64)})
         p = cp.paths(w)
