@@ -249,6 +249,50 @@ class AlphaBetaFit:
         }
 
 
+def _median(x: np.ndarray) -> float:
+    """``float(np.median(x))`` of a 1-d float array, bit for bit (the middle value, or the mean
+    (lower + upper) / 2 of the two middle ones, as numpy's partition-then-mean gives them), from one
+    sort: np.median's own dispatch costs more than the work on the fits' few samples. NaN anywhere
+    (np.median's answer is then NaN) or an empty array: np.median itself."""
+    m = x.size
+    if m == 0 or not np.isfinite(x).all():
+        return float(np.median(x))
+    s = np.sort(x)
+    h = m // 2
+    return float(s[h]) if m % 2 else float((s[h - 1] + s[h]) / 2)
+
+
+def _size_medians(n: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct sizes of ``n`` ascending, as np.unique gives them, and per size the median of
+    ``v`` over the samples of that size): ``np.array([np.median(v[n == s]) for s in np.unique(n)])``
+    bit for bit (each median as :func:`_median`), from one lexsort instead of a median call per
+    size. ``n``: finite sizes; a NaN in ``v`` or a zero size (np.unique's pick of 0.0 or -0.0):
+    the per-size np.median."""
+    if not n.size or not np.isfinite(v).all() or not n.all():
+        sizes = np.unique(n)
+        return sizes, np.array([np.median(v[n == sz]) for sz in sizes])
+    o = np.lexsort((v, n))
+    ns, vs = n[o], v[o]
+    first = np.empty(ns.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ns[1:], ns[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    counts = np.diff(starts, append=ns.size)
+    mid = starts + counts // 2
+    odd = (counts % 2) == 1
+    return ns[starts], np.where(odd, vs[mid], (vs[np.where(odd, mid, mid - 1)] + vs[mid]) / 2)
+
+
+def _distinct_below(x: np.ndarray, k: int) -> bool:
+    """Whether ``x`` (finite sizes) holds fewer than ``k`` distinct values: ``np.unique(x).size < k``,
+    without the sort for k <= 2."""
+    if k <= 2:
+        if k <= 0:
+            return False
+        return x.size == 0 or (k == 2 and not x.min() < x.max())
+    return np.unique(x).size < k
+
+
 def _samples(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     try:
         n = np.asarray(sizes_bytes, dtype=float).reshape(-1)
@@ -279,7 +323,7 @@ def _initial_mask(n: np.ndarray, warmup_first: bool, drop_empty: bool) -> tuple[
 
 
 def _check_enough(n: np.ndarray, mask: np.ndarray) -> None:
-    if np.unique(n[mask]).size < 2:
+    if _distinct_below(n[mask], 2):
         raise BadInputError(
             f"cannot fit α and β: {int(mask.sum())} usable samples with "
             f"{np.unique(n[mask]).size} distinct size(s); need at least 2 distinct sizes"
@@ -359,8 +403,7 @@ def _result(
     if se_a is not None and tq_a is not None:
         alpha_se = se_a / coeffs.alpha_coeff
         alpha_ci = ((a - tq_a * se_a) / coeffs.alpha_coeff, (a + tq_a * se_a) / coeffs.alpha_coeff)
-    sizes_used = np.unique(n[mask])
-    medians = np.array([np.median(t[mask & (n == sz)]) for sz in sizes_used])
+    sizes_used, medians = _size_medians(n[mask], t[mask])
     size_r = (medians - (a + b * sizes_used)) / medians
     size_spread = float(np.sqrt(np.mean(size_r**2)))
     n_outliers = sum(1 for _, why in dropped if why == "outlier")
@@ -389,8 +432,8 @@ def _result(
         residual_max_abs=float(np.max(np.abs(used_r))),
         intercept_clamped=clamped,
         dropped=tuple(sorted(dropped)),
-        used=tuple(bool(v) for v in mask),
-        residuals=tuple(float(v) for v in r),
+        used=tuple(mask.tolist()),
+        residuals=tuple(r.tolist()),
         n_sizes=int(sizes_used.size),
         min_size_bytes=float(sizes_used[0]),
         max_size_bytes=float(sizes_used[-1]),
@@ -411,10 +454,10 @@ def _result(
 def _split_ranges(n: np.ndarray, t: np.ndarray, mask: np.ndarray, a: float, b: float, clamped: bool):
     """The two-range estimate of the module docstring: (a, b, clamped, (α mask, β mask)), or None when
     the kept samples lack BETA_RANGE_MIN_SIZES sizes at or above the bound or 2 sizes below."""
-    sizes = np.unique(n[mask])
-    rate = np.array([np.median(n[mask & (n == sz)] / t[mask & (n == sz)]) for sz in sizes])
+    sizes, rate = _size_medians(n[mask], n[mask] / t[mask])
     i = sizes.size
-    while i > 0 and rate[i - 1] >= PLATEAU_WITHIN * rate.max():
+    top = PLATEAU_WITHIN * rate.max()
+    while i > 0 and rate[i - 1] >= top:
         i -= 1
     plateau_start = float(sizes[min(i, sizes.size - 1)])
     got = None
@@ -424,7 +467,7 @@ def _split_ranges(n: np.ndarray, t: np.ndarray, mask: np.ndarray, a: float, b: f
         bound = max(BETA_RANGE_CROSSOVERS * a / b, plateau_start)
         bm = mask & (n >= bound)
         am = mask & (n < bound)
-        if np.unique(n[bm]).size < BETA_RANGE_MIN_SIZES or np.unique(n[am]).size < 2:
+        if _distinct_below(n[bm], BETA_RANGE_MIN_SIZES) or _distinct_below(n[am], 2):
             return got
         if got is not None and np.array_equal(bm, got[3][1]):
             return got
@@ -551,11 +594,11 @@ def fit_alpha_beta(
     if outlier_k is not None:
         for _ in range(20):
             r = (t - (a + b * n)) / t
-            med = float(np.median(r[mask]))
-            sigma = _MAD_TO_SIGMA * float(np.median(np.abs(r[mask] - med)))
+            med = _median(r[mask])
+            sigma = _MAD_TO_SIGMA * _median(np.abs(r[mask] - med))
             threshold = max(outlier_k * sigma, outlier_floor)
             new_mask = candidates & (np.abs(r - med) <= threshold)
-            if np.array_equal(new_mask, mask) or np.unique(n[new_mask]).size < 2:
+            if np.array_equal(new_mask, mask) or _distinct_below(n[new_mask], 2):
                 break
             mask = new_mask
             a, b, clamped = _wls(n[mask], t[mask])
