@@ -535,6 +535,8 @@ def create_table_from_rows(con, name: str, schema, rows: list[dict]) -> None:
         conv = _PY_CONVERT[t]
         names.append(field.name)
         types.append(_DUCKDB_TYPES[t])
-        cols.append([None if r.get(field.name) is None else conv(r[field.name]) for r in rows])
+        vals = [r.get(field.name) for r in rows]
+        # a value of the exact type is its own conversion (conv(v) == v): only the others are converted
+        cols.append([v if v is None or type(v) is conv else conv(v) for v in vals])
     sel = ", ".join(f'unnest(?::{t}[]) AS "{n}"' for n, t in zip(names, types))
     con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT {sel}", cols)
