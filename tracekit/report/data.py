@@ -37,11 +37,26 @@ def _calibration_runs(st: Store) -> list[str]:
         con.close()
 
 
+_FLOAT_TYPES = ("DOUBLE", "FLOAT")
+"""The result types whose values DuckDB's Python client gives as floats."""
+
+
 def _rows(con, sql: str, params: list | None = None) -> list[dict]:
+    """The result of ``sql`` as one dict per row, a float that is not finite (NaN, ±inf) as None."""
     cur = con.execute(sql, params or [])
     cols = [d[0] for d in cur.description]
+    recs = cur.fetchall()
+    if len(set(cols)) == len(cols):  # only the float columns can hold a float to clear
+        fl = [(i, c) for i, (c, d) in enumerate(zip(cols, cur.description)) if str(d[1]) in _FLOAT_TYPES]
+        out = [dict(zip(cols, rec)) for rec in recs]
+        for row, rec in zip(out, recs):
+            for i, c in fl:
+                v = rec[i]
+                if v is not None and not math.isfinite(v):
+                    row[c] = None
+        return out
     out = []
-    for rec in cur.fetchall():
+    for rec in recs:
         row = {}
         for c, v in zip(cols, rec):
             if isinstance(v, float) and not math.isfinite(v):
