@@ -1,7 +1,7 @@
 """Do two checkouts of tracekit build the same stores and reports?
 
     python benchmarks/compare_checkouts.py OLD_DIR NEW_DIR [--workdir DIR] [--only SUBSTRING ...]
-        [--allow-new TABLE.parquet ...]
+        [--allow-new TABLE.parquet ...] [--ignore COLUMN ...]
 
 Each checkout ingests, with its own code (``python -m tracekit`` run by the checkout's
 ``.venv/bin/python`` when it has one, else this interpreter, with PYTHONPATH and cwd set to the
@@ -13,6 +13,8 @@ checkout), every input of the list below into a store of its own, then ``traceki
   (DuckDB ``EXCEPT ALL`` both ways), without ``created_at`` and ``source_path``; a table named in
   ``--allow-new`` may exist in NEW's store only (one NEW adds, e.g. ``span_overlap.parquet``);
 * the ``analyze --json`` documents, without the keys ``created_at``, ``source_path`` and ``store``;
+* ``--ignore``: more columns (and JSON keys) left out of both, e.g. ``schema_version`` when NEW
+  bumps the store's schema version;
 * for an input that one checkout refuses, the exit code and the error line.
 
 Inputs: ``fixtures/*_2rank``, ``fixtures/handmade/*``, ``fixtures/defects/*`` (files and
@@ -35,6 +37,7 @@ from pathlib import Path
 
 IGNORED_COLUMNS = ("created_at", "source_path")
 IGNORED_KEYS = {"created_at", "source_path", "store"}
+EXTRA_IGNORED: set = set()  # --ignore: columns and keys left out of both comparisons too
 
 
 def _python(checkout: Path) -> str:
@@ -71,7 +74,7 @@ def inputs(repo: Path, traces: Path, work: Path) -> list[tuple[str, list[Path]]]
 
 def _norm(doc):
     if isinstance(doc, dict):
-        return {k: _norm(v) for k, v in doc.items() if k not in IGNORED_KEYS}
+        return {k: _norm(v) for k, v in doc.items() if k not in IGNORED_KEYS and k not in EXTRA_IGNORED}
     if isinstance(doc, list):
         return [_norm(v) for v in doc]
     return doc
@@ -105,13 +108,13 @@ def compare_stores(a: Path, b: Path, allow_new: tuple = ()) -> list[str]:
         if cols != cols_b:
             diffs.append(f"{k}: columns differ ({sorted(set(cols) ^ set(cols_b))})")
             continue
-        keep = ", ".join(f'"{c}"' for c in cols if c not in IGNORED_COLUMNS)
+        keep = ", ".join(f'"{c}"' for c in cols if c not in IGNORED_COLUMNS and c not in EXTRA_IGNORED)
         qa, qb = f"SELECT {keep} FROM read_parquet({ta[k]})", f"SELECT {keep} FROM read_parquet({tb[k]})"
         only_a = con.execute(f"SELECT count(*) FROM ({qa} EXCEPT ALL {qb})").fetchone()[0]
         only_b = con.execute(f"SELECT count(*) FROM ({qb} EXCEPT ALL {qa})").fetchone()[0]
         if only_a or only_b:
             n = con.execute(f"SELECT count(*) FROM ({qa})").fetchone()[0]
-            bad = [c for c in cols if c not in IGNORED_COLUMNS and con.execute(
+            bad = [c for c in cols if c not in IGNORED_COLUMNS and c not in EXTRA_IGNORED and con.execute(
                 f'SELECT count(*) FROM (SELECT "{c}" FROM read_parquet({ta[k]}) EXCEPT ALL '
                 f'SELECT "{c}" FROM read_parquet({tb[k]}))').fetchone()[0]]
             diffs.append(f"{k}: {only_a} of {n} rows only in old, {only_b} only in new (columns {bad})")
@@ -167,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", type=Path, default=None, help="the shared traces (default: NEW/../shared/traces)")
     ap.add_argument("--only", nargs="*", default=None, help="only inputs whose name holds one of these")
     ap.add_argument("--allow-new", nargs="*", default=(), help="tables NEW may add (e.g. span_overlap.parquet)")
+    ap.add_argument("--ignore", nargs="*", default=(), help="columns and JSON keys compared by neither (schema_version)")
     args = ap.parse_args(argv)
+    EXTRA_IGNORED.update(args.ignore)
     old, new = args.old.resolve(), args.new.resolve()
     traces = args.traces or new.parent / "shared" / "traces"
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tracekit-compare-"))

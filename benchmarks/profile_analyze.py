@@ -1,7 +1,7 @@
 """Where `tracekit analyze --json` spends its time: each pipeline module's build and each report
 statement, wall and CPU seconds (this process), in build order.
 
-    python benchmarks/profile_analyze.py STORE [--run RUN_ID] [--top N]
+    python benchmarks/profile_analyze.py STORE [--run RUN_ID] [--top N] [--no-critical-path]
 
 Runs ``build_report`` on one ``report_connection`` (as the CLI does) with ``create_module`` and the
 connection's ``execute``/``sql`` wrapped by ``time.perf_counter``/``time.process_time``. A
@@ -20,6 +20,7 @@ def main(argv=None) -> int:
     ap.add_argument("store")
     ap.add_argument("--run", default=None)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--no-critical-path", action="store_true", help="leave the critical path out (analyze's flag)")
     args = ap.parse_args(argv)
 
     import tracekit.analyses as an
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     con.execute = lambda q, *a, **k: timed("query " + " ".join(str(q).split())[:70], lambda: ex(q, *a, **k))
     con.sql = lambda q, *a, **k: timed("query " + " ".join(str(q).split())[:70], lambda: sq(q, *a, **k))
     try:
-        build_report(args.store, rid, con=con)
+        build_report(args.store, rid, con=con, critical_path=False if args.no_critical_path else None)
     finally:
         con.close()
     w, c = time.perf_counter() - w0, time.process_time() - c0

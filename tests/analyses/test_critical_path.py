@@ -331,23 +331,20 @@ def test_dlrm_8_ranks_read_as_a_performance_engineer(session_store):
     assert [n for _, n in on7] == [r[2] for r in rows[:7]]
 
 
-def test_big_runs_leave_the_path_out_unless_asked(session_store, tmp_path, monkeypatch):
-    """Above CRITICAL_PATH_AUTO_EVENTS events the report and the export leave the critical path out
-    (with the reason) unless asked for; asked for, it is the same as below the limit."""
-    import tracekit.analyses.critical_path as cp
+def test_the_path_is_left_out_only_when_asked(session_store, tmp_path):
+    """The critical path is computed at ingest, so every report and export has it whatever the run's
+    size; --no-critical-path (critical_path=False) leaves it out, with the reason."""
     from tracekit.report.perfetto import export_perfetto
     from tracekit.report.data import build_report
 
     st = session_store("tp")
     full = build_report(st, "tp")["critical_path"]
     assert full["summary"] and "skipped" not in full
-    monkeypatch.setattr(cp, "CRITICAL_PATH_AUTO_EVENTS", 10)
-    auto = build_report(st, "tp")["critical_path"]
-    assert auto["summary"] == [] and auto["skipped"].startswith("left out: the run has ")
-    assert "(> 10)" in auto["skipped"] and "--critical-path" in auto["skipped"]
+    off = build_report(st, "tp", critical_path=False)["critical_path"]
+    assert off["summary"] == [] and off["skipped"] == "left out (--no-critical-path)"
     assert build_report(st, "tp", critical_path=True)["critical_path"] == full
-    assert export_perfetto(st, tmp_path / "a.json", "tp").path_slices == 0
-    assert export_perfetto(st, tmp_path / "b.json", "tp", critical_path=True).path_slices > 0
+    assert export_perfetto(st, tmp_path / "a.json", "tp", critical_path=False).path_slices == 0
+    assert export_perfetto(st, tmp_path / "b.json", "tp").path_slices > 0
 
 
 def test_kernels_overlapping_on_one_stream_pdl_stay_on_the_path(tmp_path):

@@ -1,4 +1,4 @@
-"""The critical path's array walk (analyses/critical_path.py, ``walks``) against the one-node-at-a-
+"""The critical path's array walk (timeline/critical_path.py, ``walks``) against the one-node-at-a-
 time walk (``walk``), which it must reproduce exactly.
 
 1. Hand-made windows (a few nodes, their predecessors written here): a path that only follows the
@@ -18,8 +18,9 @@ import pytest
 
 from conftest import FIXTURES
 from tracekit import analyses
-from tracekit.analyses import critical_path as cp
+from tracekit.analyses import replay
 from tracekit.ingest import ingest_paths
+from tracekit.timeline import critical_path as cp
 from tracekit.store import Store
 
 T, END, SYNC = cp._THREAD, cp._END, cp._EDGE_SYNC
@@ -112,21 +113,23 @@ def test_every_window_of_real_stores_walks_the_same(src, tmp_path, monkeypatch):
     ingest_paths([src], store, run_id="r")
     con = analyses.connect(store)
     con.analyses.ensure([r for r in analyses.BY_NAME["critical_path"].reads if r in analyses.DEFINED_BY])
-    con.execute(cp._ARRIVALS, ["r"])
-    con.execute(cp._EVENTS, ["r"])
+    con.execute(analyses.critical_path._ARRIVALS, ["r"])
+    con.execute(replay._EVENTS, ["r"])
     kinds = [k for (k,) in con.execute("SELECT DISTINCT track_kind FROM _cp_events WHERE node AND "
                                        "track_kind IS NOT NULL ORDER BY 1").fetchall()]
     paths = 0
-    for _, rows in cp._windows(con, kinds):
-        w = cp._window(rows)[0]
+    for _, rows in replay._windows(con, kinds):
+        w = replay._window(rows)[0]
         paths += _both(w, monkeypatch)[0][3].__len__()
     assert paths > 0
-    # the stored rows: the array walk's, then walk's alone
-    con.analyses.ensure("critical_path")
+    # the paths (stored at ingest for a run of one rank, walked by the analysis for several): the
+    # array walk's, then walk's alone
     tables = ("critical_path", "critical_path_summary")
     arrays = [con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in tables]
     con.close()
     monkeypatch.setattr(cp, "walks", lambda w: _by_walk(w))
+    store = Store(tmp_path / "by_walk")
+    ingest_paths([src], store, run_id="r")
     con = analyses.connect(store)
     assert [con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in tables] == arrays
     con.close()

@@ -1,5 +1,5 @@
-"""One door to the summary tables (tracekit.store.SUMMARY_TABLES): every ingest path writes the four
-files, the analyses read them and nothing else, and a run stored without one, or holding one
+"""One door to the summary tables (tracekit.store.SUMMARY_TABLES): every ingest path writes the
+summary files, the analyses read them and nothing else, and a run stored without one, or holding one
 damaged, is refused in one line (exit 2, no traceback) that says to ingest it again with --replace;
 the base views still answer for it, and the other runs of the store are unaffected."""
 
@@ -16,7 +16,7 @@ from tracekit import analyses
 from tracekit.cli import main
 from tracekit.errors import StoreError
 from tracekit.ingest import ingest_paths
-from tracekit.store import SUMMARY_TABLES, Store
+from tracekit.store import CRITICAL_PATH_TABLES, SUMMARY_TABLES, Store
 
 FILES = [f"{t}.parquet" for t in SUMMARY_TABLES]
 
@@ -47,7 +47,7 @@ def _analyze(store, capsys, *args):
 
 
 @pytest.mark.parametrize("source", ["kineto_gpu", "kineto_cpu_only", "nsys", "nccl_tests", "flight_recorder"])
-def test_every_ingest_path_writes_the_four_summary_files(source, tmp_path, capsys):
+def test_every_ingest_path_writes_the_summary_files(source, tmp_path, capsys):
     st = Store(tmp_path / "s")
     ingest_paths([_source(source, tmp_path)], st, run_id="r")
     d = st.run_dir("r").resolve()
@@ -73,7 +73,7 @@ def test_every_ingest_path_writes_the_four_summary_files(source, tmp_path, capsy
 
 @pytest.mark.slow  # a local Ray instance: run one at a time with the other multi-process tests (tests/conftest.py)
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'tracekit[ray]')")
-def test_the_ray_engine_writes_the_four_summary_files(tmp_path):
+def test_the_ray_engine_writes_the_summary_files(tmp_path):
     import ray
 
     st = Store(tmp_path / "s")
@@ -120,7 +120,7 @@ def _report(store, capsys, run):
 
 @pytest.mark.parametrize("gone", SUMMARY_TABLES)
 def test_a_run_without_a_summary_file_is_refused_in_one_line(gone, tp_store, tmp_path, capsys):
-    """One of the four files removed from run a: analyze a exits 2 with the one line; the base views
+    """One of the summary files removed from run a: analyze a exits 2 with the one line; the base views
     still read a; run b of the same store reports as before; ingest --replace mends a."""
     st = _copy(tp_store, tmp_path)
     before = _report(st, capsys, "b")
@@ -134,7 +134,9 @@ def test_a_run_without_a_summary_file_is_refused_in_one_line(gone, tp_store, tmp
     assert main(["sql", "SELECT count(*) AS n FROM events WHERE run_id = 'a'", "--store", str(st.path),
                  "--format", "csv"]) == 0
     assert int(capsys.readouterr().out.split()[-1]) > 0
-    view = "overlap_by_rank" if gone in ("overlap_summary", "span_overlap") else "gpu_time_breakdown"
+    view = {"overlap_summary": "overlap_by_rank", "span_overlap": "overlap_by_rank",
+            "collective_steps": "measured_vs_model", **dict.fromkeys(CRITICAL_PATH_TABLES, "critical_path")
+            }.get(gone, "gpu_time_breakdown")
     assert main(["sql", f"SELECT * FROM {view}", "--store", str(st.path), "--run", "a"]) == 2
     assert capsys.readouterr().err.splitlines() == err
     # a connection over every run: the analyses refuse it, naming the run
@@ -164,7 +166,7 @@ def test_a_damaged_summary_file_is_refused_naming_it(table, damage, tp_store, tm
 
 
 def test_an_old_nccl_tests_run_without_summary_files_blocks_no_report(tp_store, tmp_path, capsys):
-    """A store's nccl-tests log stored before every run held the four files (none of them: it has no
+    """A store's nccl-tests log stored before every run held the summary files (none of them: it has no
     events) is a calibration run of every report: run a still reports as before, and the log's own
     report works (its summaries are empty by definition)."""
     st = _copy(tp_store, tmp_path)

@@ -188,7 +188,7 @@ def test_dumps_beside_kineto_traces_of_the_same_job(tmp_path):
     assert con.execute("SELECT match_state, seq, culprit_ranks FROM hang_divergence").fetchone() == ("missing_ranks", 2, [1])
     # these hand-made dumps' times have nothing to do with the traces: no offset is claimed
     assert con.execute("SELECT timeline_ts_ns, timeline_offset_ns, timeline_pairs FROM hang_divergence").fetchone() == (None, None, 0)
-    assert con.execute("SELECT schema_version FROM runs").fetchone() == ("1.1",)
+    assert con.execute("SELECT schema_version FROM runs").fetchone() == ("1.2",)
 
 
 def test_a_run_without_dumps_has_no_hang_section(tmp_path):

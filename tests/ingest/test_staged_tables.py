@@ -97,8 +97,10 @@ def test_synth_job_offsets_and_ends_are_the_injected_ones(job, tmp_path, monkeyp
     assert not (st.run_dir("r") / "parts").exists()
     assert not (st.path / ".staging").exists()
     assert sorted(p.name for p in st.run_dir("r").iterdir()) == [
-        "collectives.parquet", "events", "gpu_breakdown_summary.parquet", "gpu_launcher_summary.parquet",
-        "overlap_summary.parquet", "ranks.parquet", "run.parquet", "span_overlap.parquet"]
+        "collective_steps.parquet", "collectives.parquet", "critical_path_nodes.parquet", "events",
+        "gpu_breakdown_summary.parquet", "gpu_launcher_summary.parquet", "gpu_op_durations.parquet",
+        "overlap_summary.parquet", "rank_critical_path.parquet", "rank_critical_path_summary.parquet",
+        "rank_steps.parquet", "ranks.parquet", "run.parquet", "span_overlap.parquet"]
 
 
 def test_a_rank_of_many_collectives_sends_the_driver_a_few_kb(tmp_path, monkeypatch):

@@ -83,17 +83,20 @@ MODULES: tuple[Module, ...] = (
            ("collectives", "fr_dumps", "fr_entries", "fr_groups", "process_groups", "ranks", "runs")),
     Module("fr_collectives", ("fr_collectives",), ("fr_entries", "ranks")),  # "ranks": a column's name
     Module("measured_vs_model", ("measured_vs_model", "measured_vs_model_by_dimension"),  # Python
-           ("collective_overlap", "collective_reference", "collective_waits", "collectives", "events",
+           ("collective_overlap", "collective_reference", "collective_steps", "collective_waits", "collectives",
             "group_machine", "overlap_by_step", "process_groups", "ranks", "runs")),
-    Module("gpu_time_breakdown", ("_gpu_breakdown_summary", "_gpu_launcher_summary", "gpu_time_breakdown"),  # Python
-           ("gpu_breakdown_summary", "gpu_launcher_summary")),
-    Module("kernel_summary", ("_gpu_ops", "gpu_time_by_launcher", "kernel_summary"),
-           ("_gpu_launcher_summary", "events", "gpu_time_breakdown", "ranks")),
+    Module("gpu_time_breakdown", ("_gpu_breakdown_summary", "_gpu_launcher_summary", "_gpu_op_durations",
+                                  "gpu_time_breakdown"),  # Python: the door to the stored GPU summaries
+           ("gpu_breakdown_summary", "gpu_launcher_summary", "gpu_op_durations")),
+    Module("kernel_summary", ("gpu_time_by_launcher", "kernel_summary"),
+           ("_gpu_launcher_summary", "_gpu_op_durations", "gpu_time_breakdown", "ranks")),  # "ranks": a column's name
     Module("alltoall_imbalance", ("_a2a_cells", "_a2a_rows", "alltoall_imbalance", "alltoall_matrix",
                                   "alltoall_matrix_total"), ("__instance_calls", "collective_instances", "collectives")),
     Module("pipeline_bubbles", ("_pp_runs", "pipeline_bubbles"), ("_overlap_summary", "collectives", "runs")),
-    Module("critical_path", ("critical_path", "critical_path_summary"),  # Python: a walk over the events
-           ("_instance_calls", "collective_instances", "events", "ranks", "runs")),
+    Module("critical_path", ("_cp_walked", "_cp_walked_summary", "critical_path", "critical_path_summary"),
+           # Python: the stored paths, and the walk of the stored nodes of runs of several ranks
+           ("_instance_calls", "collective_instances", "critical_path_nodes", "rank_critical_path",
+            "rank_critical_path_summary", "rank_steps")),
     Module("critical_path_events", ("critical_path_events", "critical_path_top"),
            ("critical_path", "critical_path_summary", "events", "ranks")),  # "events", "ranks": columns' names
     Module("replay", ("replay_steps",),  # Python: the critical path's graph replayed (tracekit.model.whatif)
@@ -279,6 +282,9 @@ def register_udfs(con) -> None:
                                                (the busbw cap; NULL for an unknown device)
     tk_size_bucket(S) → BIGINT                 power-of-two size bucket, largest 2^k <= S (a macro:
                                                tracekit.model.size_bucket, SIZE_BUCKET_SQL)
+    tk_int_mean(total, n) → DOUBLE             the mean of n integers summing to total as DuckDB's avg
+                                               of integers in a GROUP BY gives it (:func:`int_mean`);
+                                               NULL for n NULL or 0
     """
     import numpy as np
 
@@ -397,12 +403,49 @@ def register_udfs(con) -> None:
 
     con.create_function("tk_device_peak_gbps", per_distinct(device_peak_gbps, "DOUBLE"), ["VARCHAR"], "DOUBLE",
                         type="arrow", null_handling="special")
+
+    import pyarrow as pa
+
+    def int_mean_udf(total, n):
+        t, t_ok = _ints(total)
+        c, c_ok = _ints(n)
+        ok = t_ok & c_ok & (c != 0)
+        out = np.zeros(len(t))
+        out[ok] = int_mean(t[ok], c[ok])
+        return pa.array(out, type=pa.float64(), mask=~ok)
+
+    con.create_function("tk_int_mean", int_mean_udf, ["BIGINT", "BIGINT"], "DOUBLE", type="arrow",
+                        null_handling="special")
     from tracekit.model import SIZE_BUCKET_SQL
 
     con.execute(SIZE_BUCKET_SQL)
     from tracekit.analyses import _nccl_udfs  # tk_nccl_*: NCCL's pick as a preset verdict's reference (UDFs, not an analysis)
 
     _nccl_udfs.register(con)
+
+
+def int_mean(total, n):
+    """``total / n`` per element (int64 numpy arrays, n != 0) as DuckDB's ``avg`` of integers in a
+    GROUP BY computes the mean of n integers summing to ``total``: the sum and the count as C's
+    ``long double``, divided, then rounded to double (its hugeint-state average), float64 numpy.
+    On x86-64 that is the x87 80-bit format, so the answer can differ from ``total / n`` in double
+    in the last bit; numpy's longdouble is the same C type as DuckDB's on any one platform."""
+    import numpy as np
+
+    return (np.asarray(total, dtype=np.int64).astype(np.longdouble)
+            / np.asarray(n, dtype=np.int64).astype(np.longdouble)).astype(np.float64)
+
+
+def _ints(col):
+    """(int64 numpy values, validity) of an arrow integer column (0 where NULL)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return (pc.fill_null(col, 0).to_numpy(zero_copy_only=False).astype(np.int64),
+            col.is_valid().to_numpy(zero_copy_only=False))
 
 
 _ARROW_TYPES = {"DOUBLE": "float64", "VARCHAR": "string", "BIGINT": "int64", "INTEGER": "int32", "BOOLEAN": "bool_"}
@@ -494,6 +537,8 @@ def create_table_from_rows(con, name: str, schema, rows: list[dict]) -> None:
         conv = _PY_CONVERT[t]
         names.append(field.name)
         types.append(_DUCKDB_TYPES[t])
-        cols.append([None if r.get(field.name) is None else conv(r[field.name]) for r in rows])
+        vals = [r.get(field.name) for r in rows]
+        # a value of the exact type is its own conversion (conv(v) == v): only the others are converted
+        cols.append([v if v is None or type(v) is conv else conv(v) for v in vals])
     sel = ", ".join(f'unnest(?::{t}[]) AS "{n}"' for n, t in zip(names, types))
     con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT {sel}", cols)

@@ -33,16 +33,16 @@ one part). collective_waits and collective_duplicates read it instead of evaluat
 def create(con) -> None:
     """Create the table ``collective_instances`` on ``con`` (needs the view _instance_calls and the
     macro collective_instance_rows), and the temporary table CALLS it is built from."""
-    (rows,) = con.execute("SELECT count(*) FROM _instance_calls").fetchone()
+    # the view evaluated once (its window functions over the collectives), then counted
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {CALLS} AS SELECT * FROM _instance_calls")
+    (rows,) = con.execute(f"SELECT count(*) FROM {CALLS}").fetchone()
     parts = max(1, -(-rows // PART_ROWS))
     if parts > 1:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {CALLS} AS "
-            "SELECT * REPLACE (hash(run_id, pg_name, seq) % ? AS part) FROM _instance_calls ORDER BY part",
+            f"SELECT * REPLACE (hash(run_id, pg_name, seq) % ? AS part) FROM {CALLS} ORDER BY part",
             [parts],
         )
-    else:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {CALLS} AS SELECT * FROM _instance_calls")
     con.execute(f"CREATE OR REPLACE TABLE collective_instances AS SELECT * FROM collective_instance_rows('{CALLS}', 0)")
     for part in range(1, parts):
         con.execute(f"INSERT INTO collective_instances SELECT * FROM collective_instance_rows('{CALLS}', ?)", [part])

@@ -1,6 +1,7 @@
 """critical_path: the chain of dependent work that determines each rank's step length, across ranks — a Python analysis.
 
-Reads: runs, events, _instance_calls (instance_rows)
+Reads: rank_critical_path, rank_critical_path_summary, critical_path_nodes, rank_steps (stored at
+ingest), _instance_calls, collective_instances
 
 The DAG. Nodes are the events of one window (a profiler step, events.step; the whole trace when a
 run has no steps) that do or wait for work: every GPU op (kernel, memcpy, memset, GPU sync), and on
@@ -48,22 +49,21 @@ idle; a rank's several GPUs are taken as one device. A collective whose last arr
 in another window (step) is not followed. Clocks across hosts are taken as aligned
 (ranks.clock_offset_ns is already applied to the store's times).
 
-How it is computed: a run's events are read from the store once (a temporary table, which DuckDB
-spills beyond the connection's memory budget), its nodes streamed from there window by window
-(one statement per CHUNK_NODES nodes); per window, every node's candidate predecessors,
-one per edge rule, are computed for all nodes at once in numpy (sorting and searchsorted per rank,
-kind or track; the launch and last-arrival rows by one (rank, event_id) index), and so is the one
-the walk takes when nothing on the path rules it out (the usual choice). Every rank's path is then
-listed at once as arrays by following the usual choices (pointer doubling: :func:`walks`); only a
-path where the usual choice is ready after the cursor or already on the path is walked node by
-node (:func:`walk`), re-choosing among that node's candidates. The nodes are read without their
-names and classes; those are fetched for the path's events only, once per run. Memory: one
-window's nodes of every rank at a time (numpy arrays, ~0.3 kB per node with the candidates), plus
-the paths as Arrow tables until the tables are created, which are written in key order as built
-(no sort). Time per run: one read of its events, then a statement per chunk of windows, per
-window work linear in its nodes (times log2 of its longest path, for the doubling) and in its
-path events, and one statement for the path events' names (benchmarks/README.md, "Critical
-path").
+How it is computed: at ingest, per rank (tracekit.ingest.critical_path, the walk's code in
+tracekit.timeline.critical_path). Per window, every node's candidate predecessors, one per edge rule,
+are computed for all nodes at once in numpy (sorting and searchsorted per rank, kind or track; the
+launch and last-arrival rows by one (rank, event_id) index), and so is the one the walk takes when
+nothing on the path rules it out (the usual choice). Every rank's path is then listed at once as
+arrays by following the usual choices (pointer doubling: :func:`walks`); only a path where the
+usual choice is ready after the cursor or already on the path is walked node by node
+(:func:`walk`), re-choosing among that node's candidates. A run of one rank has no collective edge
+(every instance's only call is its own last arrival), so its paths are final at ingest and stored
+(rank_critical_path, rank_critical_path_summary): this module reads them. A run of several ranks
+stores each rank's nodes (critical_path_nodes); this module walks them, window by window with every
+rank's nodes of the window at once (one statement per CHUNK_NODES nodes), with the collective edges
+from _instance_calls: it reads no events. window_ns comes from the stored rank_steps. Memory: one
+window's nodes of every rank at a time (~0.3 kB per node with the candidates), plus the computed
+paths as Arrow tables until the tables are created.
 
 critical_path: one row per event on each path, in path order.
 
@@ -117,22 +117,9 @@ from __future__ import annotations
 
 import numpy as np
 
-CLASSES = ("compute", "comm", "memory", "cpu", "sync", "other")
-_SYNC = CLASSES.index("sync") + 1
-_COMPOSITION = {"compute": "compute_ns", "comm": "exposed_comm_ns", "memory": "memory_ns",
-                "cpu": "launch_cpu_ns", "sync": "sync_other_ns", "other": "sync_other_ns"}
-PARTS = ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sync_other_ns",
-         "straggler_ns", "idle_ns")
-"""The composition columns of critical_path_summary, in order; they sum to length_ns."""
-
-# edge kinds (critical_path.edge) by code, and their tie order between predecessors ready at the
-# same time: the higher wins ('end' is no edge)
-_KINDS = ("end", "stream", "thread", "launch", "sync", "collective", "cross_stream", "host")
-_PRIORITY = np.array([-1, 2, 2, 1, 3, 4, 0, 0], np.int8)
-_END, _STREAM, _THREAD, _LAUNCH, _EDGE_SYNC, _COLLECTIVE, _CROSS, _HOST = range(len(_KINDS))
-# part of PARTS an own event's time goes to, by events.class code (1-based into CLASSES; 0: none)
-_CLASS_PART = np.array([PARTS.index(_COMPOSITION[c]) for c in ("other", *CLASSES)], np.int64)
-_LAUNCH_CPU, _STRAGGLER, _IDLE = (PARTS.index(p) for p in ("launch_cpu_ns", "straggler_ns", "idle_ns"))
+from tracekit.timeline import critical_path as _tcp
+from tracekit.timeline.critical_path import (_COLLECTIVE, _COMPOSITION, _EDGE_SYNC, _END, _KINDS,  # noqa: F401
+                                             _THREAD, CLASSES, PARTS, _distinct, _Rows, _Window, walk, walks)
 
 # the last arriving span of each collective span's instance, for the spans that arrived before it
 # (lowest rank on ties, as the straggler); one row per span
@@ -144,7 +131,7 @@ SELECT rank, event_id, last_rank, last_eid, last_ns FROM (
            first(event_id ORDER BY ts_ns DESC, rank) OVER w AS last_eid,
            max(ts_ns) OVER w AS last_ns
     FROM _instance_calls c WHERE run_id = ?
-      -- a mismatched instance (collective_instances.mismatched) joins no ranks: no cross-rank edge
+      -- a mismatched instance (collective_instances.mismatched) gives no collective edge
       AND NOT EXISTS (SELECT 1 FROM collective_instances i WHERE i.run_id = c.run_id AND i.pg_name = c.pg_name
                       AND i.win = c.win AND i.seq = c.seq AND i.mismatched)
     WINDOW w AS (PARTITION BY pg_name, win, seq)
@@ -152,87 +139,38 @@ SELECT rank, event_id, last_rank, last_eid, last_ns FROM (
 QUALIFY row_number() OVER (PARTITION BY rank, event_id ORDER BY last_ns DESC, last_rank, last_eid) = 1
 """
 
-# a run's events, read once (a statement that reads the events view opens every rank's file: ~0.5
-# CPU s at 1,024 ranks, whatever it selects), for the nodes and the ranks' window spans; node: the
-# events that do or wait for work (module docstring); last_*: a collective span's last arrival
-# (_cp_arrivals)
-_EVENTS = """
-CREATE OR REPLACE TEMP TABLE _cp_events AS
-SELECT e.step, e.rank, e.event_id, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
-       coalesce(e.ts_ns IS NOT NULL AND e.dur_ns >= 0, false) AS timed,
-       timed AND coalesce((e.track_kind = 'gpu_stream' AND e.category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
-                          OR e.category = 'runtime' OR e.class IN ('compute', 'comm', 'sync'), false) AS node,
-       -- what only a node needs (NULL for the other events: a smaller table)
-       CASE WHEN node THEN e.name END AS name, CASE WHEN node THEN e.class END AS class,
-       CASE WHEN node THEN e.track_kind END AS track_kind, e.device, e.track, e.launch_event_id,
-       a.last_rank, a.last_eid, a.last_ns
-FROM events e LEFT JOIN _cp_arrivals a ON a.rank = e.rank AND a.event_id = e.event_id
-WHERE e.run_id = ?
-"""
-
-# the nodes of every window of the run in _cp_events, window by window (in step order, the nodes of
-# a window in no order): the profiler steps, or (? true: a run without steps) the whole trace. One
-# statement, streamed, not one per window (each would be bound anew: benchmarks/README.md). kind: the position of track_kind among the run's track kinds in order (NULL last),
-# so that (kind, device, track) sort as DuckDB sorts them (NULLs last); rid: the row in _cp_events,
-# to fetch the names of the path's events only (:func:`_named`) rather than sort every node's
-_NODES = """
-SELECT step, rank, event_id, rowid AS rid, track_kind = 'gpu_stream' AS gpu,
-       coalesce(list_position(?::VARCHAR[], track_kind), ?::INTEGER) AS kind, device IS NULL AS no_device,
-       coalesce(device, 0) AS device, track IS NULL AS no_track, coalesce(track, 0) AS track, ts_ns, end_ns,
-       coalesce(list_position(?::VARCHAR[], class), 0)::TINYINT AS class, coalesce(launch_event_id, -1) AS launch,
-       launch_event_id IS NOT NULL AS launched, last_rank IS NOT NULL AS arrived, coalesce(last_rank, -1) AS last_rank,
-       coalesce(last_eid, -1) AS last_eid, coalesce(last_ns, 0) AS last_ns
-FROM _cp_events WHERE node AND (step BETWEEN ? AND ? OR step IS NULL AND ?::BOOLEAN)
-ORDER BY step
-"""
-
 CHUNK_NODES = 1 << 17
 """Nodes per statement of _NODES (consecutive steps, or one bigger step): its sort stays within
 the connection's memory budget (benchmarks/README.md, "Critical path")."""
 
 
-def _distinct(a: np.ndarray) -> np.ndarray:
-    """The distinct values of `a`, sorted (np.unique's result, by one sort: cheaper than its
-    hashing on these int arrays)."""
-    a = np.sort(a)
-    return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
+# a run of several ranks: its stored nodes (critical_path_nodes) with each collective span's last
+# arrival (_cp_arrivals), read once; class: 1 + the position of events.class in CLASSES (0: none)
+_STORED_NODES = """
+CREATE OR REPLACE TEMP TABLE _cp_nodes AS
+SELECT n.step, n.rank, n.event_id, n.gpu, n.tid, n.ts_ns, n.end_ns,
+       coalesce(list_position(?::VARCHAR[], n.class), 0)::TINYINT AS class,
+       coalesce(n.launch_event_id, -1) AS launch, n.launch_event_id IS NOT NULL AS launched,
+       a.last_rank IS NOT NULL AS arrived, coalesce(a.last_rank, -1) AS last_rank,
+       coalesce(a.last_eid, -1) AS last_eid, coalesce(a.last_ns, 0) AS last_ns, n.name, n.class AS class_name
+FROM critical_path_nodes n LEFT JOIN _cp_arrivals a ON a.rank = n.rank AND a.event_id = n.event_id
+WHERE n.run_id = ?
+"""
 
+# the nodes of _cp_nodes of a chunk of windows (consecutive steps, or the whole trace of a run
+# without steps), in step order
+_STORED_CHUNK = """
+SELECT * FROM _cp_nodes WHERE step BETWEEN ? AND ? OR step IS NULL AND ?::BOOLEAN ORDER BY step
+"""
 
-class _Rows:
-    """The rows of a window by (rank, event_id), to find many pairs at once (the pairs are
-    distinct: an event_id is unique within its rank)."""
-
-    def __init__(self, rank: np.ndarray, eid: np.ndarray):
-        self._ranks, self._eids = _distinct(rank), _distinct(eid)
-        self._keys, self._rows = np.zeros(0, np.int64), np.zeros(0, np.int64)
-        if len(rank):
-            keys = self._code(rank, eid)[0]
-            self._rows = np.argsort(keys, kind="stable")
-            self._keys = keys[self._rows]
-
-    def _code(self, r: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(one int per pair: its rank's and event_id's positions among the rows' distinct ones;
-        whether both occur there). Needs a row."""
-        i = np.minimum(np.searchsorted(self._ranks, r), len(self._ranks) - 1)
-        j = np.minimum(np.searchsorted(self._eids, e), len(self._eids) - 1)
-        return i * len(self._eids) + j, (self._ranks[i] == r) & (self._eids[j] == e)
-
-    def find(self, rank: np.ndarray, eid: np.ndarray, ok: np.ndarray) -> np.ndarray:
-        """Per query k with ok[k]: the row of (rank[k], eid[k]), else -1."""
-        if not len(self._keys):
-            return np.full(len(rank), -1, np.int64)
-        q, found = self._code(rank, eid)
-        at = np.minimum(np.searchsorted(self._keys, q), len(self._keys) - 1)
-        return np.where(found & ok & (self._keys[at] == q), self._rows[at], -1)
-
-
-def _chunks(con) -> list[tuple]:
-    """(first step, last step, whole trace?) of each statement of _NODES for the run in
-    _cp_events: consecutive steps of up to CHUNK_NODES nodes, or the whole trace of a run
-    without steps."""
-    if not con.execute("SELECT count(step) FROM _cp_events").fetchall()[0][0]:  # no steps: one window
+def _chunks(con, nodes: str, steps: str, params: list | None = None) -> list[tuple]:
+    """(first step, last step, whole trace?) of each statement reading a run's nodes: consecutive
+    steps of up to CHUNK_NODES nodes, or the whole trace of a run without steps. ``nodes``: the
+    node table with the start of its WHERE clause (``T WHERE`` or ``T WHERE cond AND``);
+    ``steps``: a count (``count(...) FROM ...``) that is 0 when the run has no steps."""
+    if not con.execute(f"SELECT {steps}", params or []).fetchall()[0][0]:  # no steps: one window
         return [(None, None, True)]
-    counts = con.execute("SELECT step, count(*) FROM _cp_events WHERE node AND step IS NOT NULL "
+    counts = con.execute(f"SELECT step, count(*) FROM {nodes} step IS NOT NULL "
                          "GROUP BY step ORDER BY step").fetchall()
     if not counts:
         return []
@@ -246,22 +184,16 @@ def _chunks(con) -> list[tuple]:
     return out + [(first, last, False)]
 
 
-def _windows(con, kinds: list):
-    """The windows of the run in _cp_events (its profiler steps, or the whole trace of a run
-    without steps), one at a time in step order: (step, Arrow table of its rows of _NODES)."""
-    for lo, hi, whole in _chunks(con):
-        yield from _chunk_windows(con, [kinds, len(kinds) + 1, list(CLASSES), lo, hi, whole], whole)
-
-
-def _chunk_windows(con, params: list, whole: bool):
-    """The windows of one statement of _NODES, as :func:`_windows`."""
+def _chunk_windows(con, params: list, whole: bool, query: str):
+    """The windows of one statement ``query`` (a run's nodes of a chunk of :func:`_chunks`, in step
+    order; ``params``: its parameters), one at a time in step order: (step, Arrow table of its rows)."""
     import duckdb
     import pyarrow as pa
 
     steps = not whole
     while True:  # the sort runs before the first batch: retried as AnalysisConnection.execute
         try:
-            reader = con.sql(_NODES, params=params).to_arrow_reader(1 << 16)
+            reader = con.sql(query, params=params).to_arrow_reader(1 << 16)
             batch = reader.read_next_batch()
             break
         except StopIteration:
@@ -293,263 +225,6 @@ def _chunk_windows(con, params: list, whole: bool):
         yield window(held)
 
 
-def _window(t) -> tuple:
-    """(_Window of one window's nodes, from their rows of _NODES (an Arrow table, in no order);
-    the rid column of those rows; the position there of each _Window row)."""
-    c = {k: t.column(k).to_numpy() for k in t.column_names if k != "step"}
-    rid = c["rid"]
-    # (rank, track, end, start, event_id) order, the track as (kind, device, track)
-    order = np.lexsort(tuple(c[k] for k in ("event_id", "ts_ns", "end_ns", "track", "no_track", "device",
-                                            "no_device", "kind", "rank")))
-    c = {k: v[order] for k, v in c.items()}
-    track_of = np.stack([c[k].astype(np.int64) for k in ("rank", "kind", "no_device", "device", "no_track", "track")])
-    new = np.r_[True, np.any(track_of[:, 1:] != track_of[:, :-1], axis=0)] if len(order) else np.zeros(0, bool)
-    rows = _Rows(c["rank"], c["event_id"])
-    cols = {"rank": c["rank"].astype(np.int64), "event_id": c["event_id"], "gpu": c["gpu"], "tid": np.cumsum(new),
-            "ts_ns": c["ts_ns"], "end_ns": c["end_ns"], "class": c["class"], "last_ns": c["last_ns"],
-            "launch_row": rows.find(c["rank"], c["launch"], c["launched"]),
-            "arrival_row": rows.find(c["last_rank"], c["last_eid"], c["arrived"])}
-    return _Window(cols), rid, order
-
-
-class _Ends:
-    """Nodes grouped (by rank and kind, or by track) and, within a group, in (end, start,
-    event_id) order, to find for many nodes at once the one that ended last by a given time."""
-
-    def __init__(self, group: np.ndarray, w: "_Window"):
-        self.order = np.lexsort((w.eid, w.s, w.e, group))  # sorted position → node
-        self.at = np.empty_like(self.order)  # node → sorted position
-        self.at[self.order] = np.arange(len(self.order))
-        self.group = group[self.order]
-        # (group, end) as one sortable int: the end's rank among the window's distinct ends
-        self._values = w.ends
-        self._m = len(w.ends) + 1
-        self._keys = self.group * self._m + np.searchsorted(w.ends, w.e[self.order]) + 1
-
-    def last_by(self, group: np.ndarray, t: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
-        """Per query k: the node of group[k] ending last at or before t[k] (-1 if none); with
-        `before`, only among the nodes sorted before position before[k] (a member's own position:
-        so a zero-length node never precedes itself or a tie after it)."""
-        k = np.searchsorted(self._keys, group * self._m + np.searchsorted(self._values, t, "right"), "right")
-        if before is not None:
-            k = np.minimum(k, before)
-        found = k > np.searchsorted(self.group, group)  # some member of the group before k
-        return np.where(found, self.order[k - 1], -1)
-
-
-class _Window:
-    """Every rank's nodes of one window (the columns of _NODES as numpy arrays, a row per node)
-    and each node's predecessors: the candidates of every edge rule, and the one the walk takes
-    when nothing on the path rules it out (the latest ready, then _PRIORITY, then rule order)."""
-
-    RULES = 7  # columns of pred / ready / kind
-
-    def __init__(self, t: dict):
-        self.rank, self.eid, self.gpu = t["rank"], t["event_id"], t["gpu"]
-        self.s, self.e, self.cls = t["ts_ns"], t["end_ns"], t["class"]
-        n = len(self.s)
-        rows = np.arange(n)
-        new_rank = np.r_[True, self.rank[1:] != self.rank[:-1]] if n else np.zeros(0, bool)
-        rank_no = np.cumsum(new_rank) - 1
-        track = np.cumsum(new_rank | np.r_[True, t["tid"][1:] != t["tid"][:-1]][:n]) - 1
-        self.ends = _distinct(self.e)
-        pred = np.full((self.RULES, n), -1, np.int64)
-        kind = np.zeros((self.RULES, n), np.int8)
-        ready = np.zeros((self.RULES, n), np.int64)
-        s, e, gpu = self.s, self.e, self.gpu
-
-        def put(col, ok, j, r, k):
-            pred[col] = np.where(ok, j, -1)
-            ready[col] = np.where(ok, r, 0)
-            kind[col] = k
-
-        # inferred (cross_stream on the GPU, host on the CPU): the node of the rank's same kind
-        # (any stream / thread) that ended last at or before the start
-        kinds = _Ends(rank_no * 2 + gpu, self)
-        j = kinds.last_by(rank_no * 2 + gpu, s, kinds.at)
-        put(0, j >= 0, j, e[j], np.where(gpu, _CROSS, _HOST))
-        # thread order: the node of the CPU thread ending last at or before the start
-        tracks = _Ends(track, self)
-        j = tracks.last_by(track, s, tracks.at)
-        put(1, ~gpu & (j >= 0), j, e[j], _THREAD)
-        # stream order: the op before by start (ready at its end, or this op's start: PDL)
-        g = np.flatnonzero(gpu)
-        g = g[np.lexsort((self.eid[g], s[g], track[g]))]
-        same = track[g][1:] == track[g][:-1]
-        j = np.full(n, -1, np.int64)
-        j[g[1:][same]] = g[:-1][same]
-        put(2, j >= 0, j, np.minimum(e[j], s), _STREAM)
-        # launch: the runtime call, unless it returned only after the op ended (it waited for it)
-        k = t["launch_row"]
-        ok = gpu & (k >= 0) & (k != rows)
-        ok &= ~self._blocking(k, rows)
-        put(3, ok, k, np.minimum(e[k], s), _LAUNCH)
-        # synchronization: a sync call waits for the rank's GPU op that ended last by its end
-        j = kinds.last_by(rank_no * 2 + 1, e)
-        put(4, ~gpu & (self.cls == _SYNC) & (j >= 0) & (e[j] > s), j, e[j], _EDGE_SYNC)
-        # ... and a blocking call for its own GPU op (the one ending last, latest row on ties)
-        ops = np.flatnonzero(gpu & (k >= 0))
-        ops = ops[np.lexsort((ops, e[ops], k[ops]))]
-        last = np.r_[k[ops][1:] != k[ops][:-1], True] if len(ops) else np.zeros(0, bool)
-        j = np.full(n, -1, np.int64)
-        j[k[ops][last]] = ops[last]
-        put(5, ~gpu & (j >= 0) & self._blocking(rows, j), j, e[j], _EDGE_SYNC)
-        # collective: the last arrival's span, at its start
-        j = t["arrival_row"]
-        put(6, j >= 0, j, t["last_ns"], _COLLECTIVE)
-        self.pred, self.ready, self.kind = pred, ready, kind
-        # the walk's usual choice: latest ready, then priority; the first rule on full ties
-        best = np.zeros(n, np.int64)
-        for col in range(1, self.RULES):
-            b_ready, b_prio = ready[best, rows], _PRIORITY[kind[best, rows]]
-            c_ready, c_prio = ready[col], _PRIORITY[kind[col]]
-            better = (pred[col] >= 0) & ((pred[best, rows] < 0) | (c_ready > b_ready)
-                                         | ((c_ready == b_ready) & (c_prio > b_prio)))
-            best[better] = col
-        self.usual = (pred[best, rows], ready[best, rows], kind[best, rows])
-        self._best = None
-        # each rank's start: its node ending last (latest start, then latest row, on ties)
-        by_end = np.lexsort((rows, s, e, rank_no))
-        self.starts = by_end[np.r_[rank_no[by_end][1:] != rank_no[by_end][:-1], True]] if n else by_end
-
-    @property
-    def best(self) -> tuple[list, list, list]:
-        """The walk's usual choice per node (``usual``: predecessor, ready time, edge kind) as
-        Python lists, for :func:`walk`."""
-        if self._best is None:
-            self._best = tuple(a.tolist() for a in self.usual)
-        return self._best
-
-    def _blocking(self, call: np.ndarray, op: np.ndarray) -> np.ndarray:
-        """Whether launch call `call` returned only after its GPU op `op` ended (a blocking
-        cudaMemcpy, pageable cudaMemcpyAsync): then op → call is an edge and call → op is not.
-        Rows of -1 answer False."""
-        ok = (call >= 0) & (op >= 0)
-        c, o = np.where(ok, call, 0), np.where(ok, op, 0)
-        return ok & (self.s[c] < self.e[o]) & (self.e[o] <= self.e[c])
-
-    def choose(self, i: int, cursor: int, seen: set) -> tuple[int, int, int]:
-        """(node, ready, kind) of node i's predecessor ready latest by `cursor` and not on the
-        path yet (ties: _PRIORITY, then rule order); node -1 when none is left."""
-        best = (-1, 0, _END)
-        for col in range(self.RULES):
-            j, r, k = int(self.pred[col, i]), int(self.ready[col, i]), int(self.kind[col, i])
-            if j >= 0 and r <= cursor and j not in seen and (
-                    best[0] < 0 or (r, _PRIORITY[k]) > (best[1], _PRIORITY[best[2]])):
-                best = (j, r, k)
-        return best
-
-
-def walk(w: _Window, start: int, end: int) -> tuple[list[int], list[int], list[int]]:
-    """The critical path ending at node `start` (its end `end`), walked backward: the nodes, the
-    ready time through which each was entered from its predecessor (the cursor: the walk moves it
-    there) and the kind of that edge (_END for the first node, whose ready time is its credited
-    start, filled in by :func:`_credit`), latest node first."""
-    pred, ready, kind = w.best
-    nodes, readies, kinds = [], [], []
-    seen: set[int] = set()
-    i, cursor = start, end
-    while True:
-        seen.add(i)
-        j, r, k = pred[i], ready[i], kind[i]
-        if j >= 0 and (r > cursor or j in seen):
-            j, r, k = w.choose(i, cursor, seen)
-        nodes.append(i)
-        if j < 0:
-            readies.append(cursor)
-            kinds.append(_END)
-            return nodes, readies, kinds
-        readies.append(r)
-        kinds.append(k)
-        cursor, i = r, j
-
-
-def walks(w: _Window) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every rank's critical path of the window (one per node of ``w.starts``, in that order):
-    (nodes, ready times, edge kinds: :func:`walk`'s three lists of each path, concatenated;
-    the paths' lengths), int64 arrays.
-
-    The same paths as :func:`walk` from each start, computed as arrays where the walk only follows
-    each node's usual choice (``w.usual``): that is a chain in the graph where every node points
-    to its usual predecessor, so the chain of every start is listed at once by pointer doubling
-    (round k adds the nodes 2^k to 2^(k+1) − 1 steps back, from the 2^k-th predecessor of every
-    node, itself squared each round). The walk leaves the usual choice only where its ready time
-    is after the cursor (the ready time of the edge the walk came through; checked on the listed
-    chain, in order) or its node is on the path already (then the chain loops: a node whose
-    2^k-th predecessor still exists once 2^k ≥ the nodes is on or leads into a loop); a path
-    with either is walked by :func:`walk`. Memory: the window's nodes and the paths' nodes, a few
-    int64 each."""
-    bp, br, bk = w.usual
-    starts = np.asarray(w.starts, np.int64)
-    n, k = len(bp), len(starts)
-    if not k:
-        e = np.zeros(0, np.int64)
-        return e, e, e, e
-    jump = np.append(np.where(bp >= 0, bp, n), n)  # node → its usual predecessor; n: none (absorbing)
-    # loops: a node whose chain is still going after n steps
-    far, hops = jump, 1
-    while hops < n and np.any(far[starts] != n):
-        far, hops = far[far], hops * 2
-    loops = far[starts] != n
-    # every start's chain, by pointer doubling: (path, position, node) entries
-    path = np.flatnonzero(~loops)
-    pos, node = np.zeros(len(path), np.int64), starts[path]
-    step = jump
-    hops = 1
-    while True:
-        nxt = step[node]
-        more = nxt != n
-        if not more.any():
-            break
-        path, pos, node = np.r_[path, path[more]], np.r_[pos, pos[more] + hops], np.r_[node, nxt[more]]
-        step, hops = step[step], hops * 2
-    order = np.lexsort((pos, path))
-    path, pos, node = path[order], pos[order], node[order]
-    lengths = np.bincount(path, minlength=k).astype(np.int64)
-    first = pos == 0
-    ready = br[node]
-    # the cursor at each node: the path's end at the first, else the ready time walked through
-    cursor = np.where(first, w.e[starts[path]], np.r_[0, ready[:-1]])
-    last = np.r_[first[1:], True] if len(node) else first
-    bad = np.zeros(k, bool)
-    bad[path[(bp[node] >= 0) & (ready > cursor)]] = True
-    bad |= loops
-    readies = np.where(last, cursor, ready)
-    kinds = np.where(last, _END, bk[node]).astype(np.int64)
-    if not bad.any():
-        return node, readies, kinds, lengths
-    # the paths the walk leaves the usual choice on, walked one by one
-    cuts = np.cumsum(lengths)[:-1]
-    pieces = [list(x) for x in zip(np.split(node, cuts), np.split(readies, cuts), np.split(kinds, cuts))]
-    for i in np.flatnonzero(bad):
-        pieces[i] = [np.array(x, np.int64) for x in walk(w, int(starts[i]), int(w.e[starts[i]]))]
-        lengths[i] = len(pieces[i][0])
-    return (*(np.concatenate([p[c] for p in pieces]) for c in range(3)), lengths)
-
-
-def _credit(w: _Window, ranks: np.ndarray, nodes: np.ndarray, readies: np.ndarray, kinds: np.ndarray,
-            lengths: np.ndarray) -> dict:
-    """The paths of one window (concatenated walks, latest node first; ranks: each path's rank,
-    lengths: its nodes) credited: per node on_path_ns and gap_ns; per path the PARTS and start."""
-    first = np.cumsum(lengths) - lengths
-    path = np.repeat(np.arange(len(lengths)), lengths)
-    starts = w.e[nodes[first]]
-    # the cursor when a node is reached: the path's end, then its successor's ready time
-    cursor = np.r_[0, readies[:-1]] if len(readies) else readies.copy()
-    cursor[first] = starts
-    s = w.s[nodes]
-    seg = np.minimum(np.where(kinds == _END, s, np.maximum(s, readies)), cursor)
-    ready = np.where(kinds == _END, seg, readies)
-    on_path, gap = cursor - seg, seg - ready
-    own = w.rank[nodes] == ranks[path]
-    gap_part = np.where((kinds == _THREAD) | (kinds == _HOST), _LAUNCH_CPU, _IDLE)
-    parts = np.zeros((len(lengths), len(PARTS)), np.int64)
-    np.add.at(parts, (path, np.where(own, _CLASS_PART[w.cls[nodes]], _STRAGGLER)), on_path)
-    np.add.at(parts, (path, np.where(own, gap_part, _STRAGGLER)), gap)
-    return {"path": path, "first": first, "on_path": on_path, "gap": gap, "parts": parts,
-            "start_ns": ready[first + lengths - 1], "end_ns": starts}
-
-
 def _arrow(con, query: str, params: list):
     """The result of `query` as an Arrow table (no copy), retried with a raised memory budget as
     tracekit.store.AnalysisConnection.execute retries."""
@@ -563,47 +238,46 @@ def _arrow(con, query: str, params: list):
                 raise
 
 
+
+def _stored_windows(con, run_id: str):
+    """The windows of a run of several ranks from its stored nodes (_cp_nodes), one at a time in
+    step order: (step, Arrow table of its rows of _cp_nodes)."""
+    chunks = _chunks(con, "_cp_nodes WHERE", "count(*) FROM rank_steps WHERE run_id = ? AND step IS NOT NULL", [run_id])
+    for lo, hi, whole in chunks:
+        yield from _chunk_windows(con, [lo, hi, whole], whole, _STORED_CHUNK)
+
+
+_WINDOW_COLS = ("rank", "event_id", "gpu", "tid", "ts_ns", "end_ns", "class", "launch", "launched", "arrived",
+                "last_rank", "last_eid", "last_ns")
+
+
 def run_paths(con, run_id: str):
-    """Per window (profiler step) of the run in _cp_events (with its _cp_arrivals), in step order:
-    (path rows, summary rows) of every rank with nodes in it, as Arrow tables with the columns of
-    _PATH_COLS (but rid, the event's row in _cp_events, in place of name and class: :func:`_named`
-    adds them) and _SUMMARY_COLS (module docstring). A generator, so that one window's nodes are
-    held at a time."""
+    """Per window (profiler step) of a run of several ranks (its stored nodes in _cp_nodes, with
+    _cp_arrivals), in step order: (path rows, summary rows) of every rank with nodes in it, as
+    Arrow tables with the columns of _PATH_COLS and _SUMMARY_COLS (module docstring). A generator,
+    so that one window's nodes are held at a time."""
     import pyarrow as pa
 
-    kinds = [k for (k,) in con.execute(
-        "SELECT DISTINCT track_kind FROM _cp_events WHERE node AND track_kind IS NOT NULL ORDER BY 1").fetchall()]
-    for step, rows in _windows(con, kinds):
-        w, rid, at = _window(rows)
-        nodes, readies, kinds, lengths = walks(w)
-        ranks = w.rank[w.starts]
-        c = _credit(w, ranks, nodes, readies, kinds, lengths)
-        # rows earliest first: each walk reversed; a node's edge is the kind of its successor's
-        # edge (the node walked before it), 'end' for the last
-        path = c["path"]
-        back = np.arange(len(nodes)) - c["first"][path]  # position in the walk
-        rev = (c["first"] + lengths - 1)[path] - back
-        edge = np.where(back == 0, _END, np.r_[_END, kinds[:-1]])
-        ev = nodes[rev]
-        n, k = len(ev), len(lengths)
+    for step, t in _stored_windows(con, run_id):
+        w, at = _tcp.window({k: t.column(k).to_numpy() for k in _WINDOW_COLS})
+        p = _tcp.paths(w)
+        node = p["node"]
+        src = pa.array(at[node])
+        n, k = len(node), len(p["lengths"])
         rows = pa.table({
-            "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(ranks[path], pa.int32()),
-            "step": pa.array([step] * n, pa.int64()), "pos": pa.array(back, pa.int32()),
-            "event_rank": pa.array(w.rank[ev], pa.int32()), "event_id": pa.array(w.eid[ev]),
-            "rid": pa.array(rid[at[ev]], pa.int64()),
-            "start_ns": pa.array(w.s[ev]), "end_ns": pa.array(w.e[ev]),
-            "on_path_ns": pa.array(c["on_path"][rev]), "gap_ns": pa.array(c["gap"][rev]),
-            "edge": pa.DictionaryArray.from_arrays(pa.array(edge[rev].astype(np.int8)), pa.array(_KINDS)).cast(pa.string())})
-        ev_rank = w.rank[nodes]
-        ranks_seen = _distinct(ev_rank)  # distinct (path, event rank) pairs, as one int
-        pairs = _distinct(path * len(ranks_seen) + np.searchsorted(ranks_seen, ev_rank))
-        p_of = pairs // max(len(ranks_seen), 1)
-        others = np.bincount(p_of[ranks_seen[pairs % max(len(ranks_seen), 1)] != ranks[p_of]], minlength=k)
+            "run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array(p["rank"], pa.int32()),
+            "step": pa.array([step] * n, pa.int64()), "pos": pa.array(p["pos"], pa.int32()),
+            "event_rank": pa.array(w.rank[node], pa.int32()), "event_id": pa.array(w.eid[node]),
+            "name": t.column("name").take(src), "class": t.column("class_name").take(src),
+            "start_ns": pa.array(w.s[node]), "end_ns": pa.array(w.e[node]),
+            "on_path_ns": pa.array(p["on_path"]), "gap_ns": pa.array(p["gap"]),
+            "edge": pa.DictionaryArray.from_arrays(pa.array(p["edge"].astype(np.int8)),
+                                                   pa.array(_KINDS)).cast(pa.string())})
         summary = pa.table({
-            "run_id": pa.array([run_id] * k, pa.string()), "rank": pa.array(ranks, pa.int32()),
-            "step": pa.array([step] * k, pa.int64()), "start_ns": pa.array(c["start_ns"]),
-            "end_ns": pa.array(c["end_ns"]), **{p: pa.array(c["parts"][:, i]) for i, p in enumerate(PARTS)},
-            "path_events": pa.array(lengths), "other_ranks": pa.array(others, pa.int32())})
+            "run_id": pa.array([run_id] * k, pa.string()), "rank": pa.array(p["path_rank"], pa.int32()),
+            "step": pa.array([step] * k, pa.int64()), "start_ns": pa.array(p["start_ns"]),
+            "end_ns": pa.array(p["end_ns"]), **{c: pa.array(p["parts"][:, i]) for i, c in enumerate(PARTS)},
+            "path_events": pa.array(p["lengths"]), "other_ranks": pa.array(p["other_ranks"], pa.int32())})
         yield rows, summary
 
 
@@ -614,7 +288,6 @@ _PATH_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "pos": "
 _SUMMARY_COLS = {"run_id": "VARCHAR", "rank": "INTEGER", "step": "BIGINT", "start_ns": "BIGINT",
                  "end_ns": "BIGINT", **{p: "BIGINT" for p in PARTS}, "path_events": "BIGINT",
                  "other_ranks": "INTEGER"}
-_SPAN_COLS = {"run_id": "VARCHAR", "step": "BIGINT", "rank": "INTEGER", "window_ns": "BIGINT"}
 _ARROW = {"VARCHAR": "string", "INTEGER": "int32", "BIGINT": "int64"}
 
 
@@ -627,98 +300,75 @@ def _concat(tables: list, cols: dict[str, str]):
     return pa.table({c: pa.array([], getattr(pa, _ARROW[t])()) for c, t in cols.items()})
 
 
-def _key_order(con, tables: list):
+def _key_order(tables: list):
     """One run's path rows (the tables of :func:`run_paths`, in step order; in each, rank then
     pos order) as one Arrow table in critical_path's key order (rank, step, pos) (a stable sort
-    by rank, skipped when the rows are in that order already), named (:func:`_named`)."""
+    by rank, skipped when the rows are in that order already)."""
     import pyarrow as pa
 
     t = pa.concat_tables(tables)
     rank = t.column("rank").to_numpy()
     if len(rank) and np.any(rank[1:] < rank[:-1]):
         t = t.take(np.argsort(rank, kind="stable"))
-    return _named(con, t)
-
-
-def _named(con, t):
-    """The path rows `t` (a column rid: rows of the run's _cp_events) with the columns name and
-    class of those events in place of rid: one statement over the path's events only."""
-    import pyarrow as pa
-
-    rid = t.column("rid").to_numpy()
-    con.register("_cp_rids", pa.table({"rid": _distinct(rid)}))
-    try:
-        names = _arrow(con, "SELECT rowid AS rid, name, class FROM _cp_events "
-                            "WHERE rowid IN (SELECT rid FROM _cp_rids)", [])
-    finally:
-        con.unregister("_cp_rids")
-    have = names.column("rid").to_numpy()
-    order = np.argsort(have)
-    at = order[np.searchsorted(have, rid, sorter=order)]
-    return t.drop_columns(["rid"]).append_column("name", names.column("name").take(at)).append_column(
-        "class", names.column("class").take(at))
+    return t
 
 
 def create(con) -> None:
-    """Create the tables ``critical_path`` and ``critical_path_summary`` on ``con`` (needs the
-    view _instance_calls of instance_rows). A run's events are read from the events view once,
-    into a temporary table (spilled beyond the connection's memory budget); the paths are held as
-    Arrow tables (~60 B per path row) until every run is walked."""
-    paths, summaries, spans = [], [], []
-    for (run_id,) in con.execute("SELECT DISTINCT run_id FROM runs ORDER BY run_id").fetchall():
+    """Create the views ``critical_path`` and ``critical_path_summary`` on ``con``: the stored paths of
+    the runs of one rank, and those of the runs of several ranks walked here from their stored nodes
+    (needs the view _instance_calls of instance_rows; the paths are held as Arrow tables, ~60 B per
+    path row, until every run is walked). Reads no events."""
+    import duckdb
+
+    con.require_stored(("rank_critical_path", "rank_critical_path_summary", "critical_path_nodes", "rank_steps"))
+    paths, summaries = [], []
+    for (run_id,) in con.execute("SELECT DISTINCT run_id FROM critical_path_nodes ORDER BY run_id").fetchall():
         con.execute(_ARRIVALS, [run_id])
-        con.execute(_EVENTS, [run_id])
-        # each rank's own window span (first start to last end, any class)
-        spans.append(_arrow(con, "SELECT ? AS run_id, step, rank, max(end_ns) - min(ts_ns) AS window_ns "
-                                 "FROM _cp_events WHERE timed GROUP BY ALL", [run_id]))
+        con.execute(_STORED_NODES, [list(CLASSES), run_id])
         run_rows = []
         for rows, summary in run_paths(con, run_id):
             run_rows.append(rows)
             summaries.append(summary)
         if run_rows:
-            paths.append(_key_order(con, run_rows))
-    for name in ("_cp_events", "_cp_arrivals"):
-        con.execute(f"DROP TABLE IF EXISTS {name}")
-    for name, tables, cols in (("_cp_rows", paths, _PATH_COLS), ("_cp_summary", summaries, _SUMMARY_COLS),
-                               ("_cp_spans", spans, _SPAN_COLS)):
+            paths.append(_key_order(run_rows))
+        for name in ("_cp_nodes", "_cp_arrivals"):
+            con.execute(f"DROP TABLE IF EXISTS {name}")
+    for name, tables, cols in (("_cp_rows", paths, _PATH_COLS), ("_cp_sums", summaries, _SUMMARY_COLS)):
         con.register(name, _concat(tables, cols))
-    import duckdb
-
     keep = str(con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]).lower() in ("true", "1")
     changed = False
     try:
-        # the rows are in key order already (_key_order): kept so, not sorted again. A connection whose
-        # configuration is locked (tracekit sql) keeps its setting: the rows are the same, their
-        # order DuckDB's
+        # the rows are in key order already (_key_order): kept so. A connection whose configuration
+        # is locked (tracekit sql) keeps its setting: the rows are the same, their order DuckDB's
         if not keep:
             try:
                 con.execute("SET preserve_insertion_order = true")
                 changed = True
             except duckdb.Error:
                 pass
-        con.execute(
-            f"""
-            CREATE OR REPLACE TABLE critical_path AS
-            SELECT {", ".join(f"{c}::{t} AS {c}" for c, t in _PATH_COLS.items())}
-            FROM _cp_rows
-            """
-        )
-        con.execute(
-            f"""
-            CREATE OR REPLACE TABLE critical_path_summary AS
-            SELECT s.run_id, s.rank, s.step, s.start_ns, s.end_ns, s.end_ns - s.start_ns AS length_ns,
-                   w.window_ns::BIGINT AS window_ns, {", ".join("s." + p for p in PARTS)}, s.path_events, s.other_ranks
-            FROM _cp_summary s LEFT JOIN _cp_spans w ON w.run_id = s.run_id AND w.rank = s.rank
-                                                    AND w.step IS NOT DISTINCT FROM s.step
-            ORDER BY s.run_id, s.step, s.rank
-            """
-        )
+        con.execute(f"CREATE OR REPLACE TABLE _cp_walked AS SELECT "
+                    f"{', '.join(f'{c}::{t} AS {c}' for c, t in _PATH_COLS.items())} FROM _cp_rows")
+        con.execute(f"CREATE OR REPLACE TABLE _cp_walked_summary AS SELECT "
+                    f"{', '.join(f'{c}::{t} AS {c}' for c, t in _SUMMARY_COLS.items())} FROM _cp_sums")
     finally:
         if changed:
             con.execute("SET preserve_insertion_order = false")
-        for name in ("_cp_rows", "_cp_summary", "_cp_spans"):
+        for name in ("_cp_rows", "_cp_sums"):
             con.unregister(name)
-
+    cols = ", ".join(_PATH_COLS)
+    con.execute(f"CREATE OR REPLACE VIEW critical_path AS SELECT {cols} FROM rank_critical_path "
+                f"UNION ALL SELECT {cols} FROM _cp_walked")
+    con.execute(
+        f"""
+        CREATE OR REPLACE VIEW critical_path_summary AS
+        SELECT s.run_id, s.rank, s.step, s.start_ns, s.end_ns, s.end_ns - s.start_ns AS length_ns,
+               w.last_ns - w.first_ns AS window_ns, {", ".join("s." + p for p in PARTS)}, s.path_events, s.other_ranks
+        FROM (SELECT {", ".join(_SUMMARY_COLS)} FROM rank_critical_path_summary
+              UNION ALL SELECT {", ".join(_SUMMARY_COLS)} FROM _cp_walked_summary) s
+        LEFT JOIN rank_steps w ON w.run_id = s.run_id AND w.rank = s.rank AND w.step IS NOT DISTINCT FROM s.step
+        ORDER BY s.run_id, s.step, s.rank
+        """
+    )
 
 
 def gap_part(prev_edge: str) -> str:
@@ -759,22 +409,12 @@ def path_segments(con, run_id: str) -> list[dict]:
     return list(out.values())
 
 
-CRITICAL_PATH_AUTO_EVENTS = 1_000_000
-"""Runs with more events (ranks.events summed) leave the critical path out of the report unless it
-is asked for (``analyze --critical-path``, ``export --critical-path``): its cost grows with the
-events read and the path's length (benchmarks/README.md, "Critical path")."""
-
-
 def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str | None]:
-    """(build it?, why not): ``want`` when given, else whether the run has at most
-    CRITICAL_PATH_AUTO_EVENTS events."""
-    if want is not None:
-        return want, None if want else "left out (--no-critical-path)"
-    n = con.execute("SELECT coalesce(sum(events), 0) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
-    if n <= CRITICAL_PATH_AUTO_EVENTS:
-        return True, None
-    return False, (f"left out: the run has {n:,} events (> {CRITICAL_PATH_AUTO_EVENTS:,}); "
-                   "--critical-path builds it (slow on big traces)")
+    """(build it?, why not): ``want`` when given, else True (the paths are computed at ingest: any
+    run's report has them)."""
+    if want is False:
+        return False, "left out (--no-critical-path)"
+    return True, None
 
 
 def path_strips(con, run_id: str, first: int) -> list[dict]:

@@ -116,6 +116,8 @@ from collections import defaultdict
 
 import pyarrow as pa
 
+from tracekit.errors import TracekitError
+
 
 SCHEMA = pa.schema(
     [
@@ -162,56 +164,59 @@ def fit_rows(samples: list[tuple], localities: dict | None = None) -> list[dict]
         if s[1] == "trace":
             classes[(s[0], s[1], c, s[3], s[4])].append(s)
     order = lambda kv: tuple(str(x) for x in kv[0])  # noqa: E731
-    rows = [_fit_one(lst, op, k, dict(run_id=rid, source=src, scope="group", pg_name=pg,
-                                      locality=loc.get((rid, pg), "unknown"), groups=1))
+    todo = [(lst, op, k, dict(run_id=rid, source=src, scope="group", pg_name=pg,
+                              locality=loc.get((rid, pg), "unknown"), groups=1))
             for (rid, src, pg, op, k), lst in sorted(groups.items(), key=order)]
     for (rid, src, c, op, k), lst in sorted(classes.items(), key=order):
         n = len({s[2] for s in lst})
         if n >= 2:
-            rows.append(_fit_one(lst, op, k, dict(run_id=rid, source=src, scope="locality", pg_name=None,
-                                                  locality=c, groups=n)))
+            todo.append((lst, op, k, dict(run_id=rid, source=src, scope="locality", pg_name=None, locality=c, groups=n)))
+    return _fit_all(todo)
+
+
+def _fit_all(todo: list) -> list[dict]:
+    """The rows of alpha_beta_fit: each ``(samples, op, k, row)`` of ``todo``, ``row`` (its keys)
+    completed with the fit of the samples; the fits in one :func:`tracekit.model.fit_alpha_beta_many`
+    (the same fits as one by one)."""
+    from tracekit.model import ALGORITHMS
+    from tracekit.model import fit_alpha_beta_many
+
+    rows, problems, fitted = [], [], []
+    for lst, op, k, row in todo:
+        # a total order (group, seq, then size and time): the regression's float sums must not depend on row order
+        lst = sorted(lst, key=lambda s: (str(s[2]), s[9] if s[9] is not None else 0, s[6] if s[6] is not None else 0,
+                                         s[7] or 0))
+        use = [s for s in lst if not s[8]]
+        algos = ALGORITHMS.get(op)
+        algo = algos[0] if algos else None
+        sizes = [s[6] for s in use]
+        row.update(op=op, group_size=k, algo=algo, n_samples=len(use), n_used=0, n_dropped=0,
+                   n_warmup=len(lst) - len(use), n_sizes=len(set(sizes)), min_size_bytes=min(sizes, default=None),
+                   max_size_bytes=max(sizes, default=None))
+        rows.append(row)
+        if algo is None:
+            row.update(status="insufficient", status_reason=f"no model for {op}")
+        elif k == 1:
+            row.update(status="insufficient", status_reason="1 rank: the collective moves no data between ranks")
+        else:
+            problems.append(([float(x) for x in sizes], [s[7] * 1e-9 for s in use], op, int(k), algo))
+            fitted.append(row)
+    for row, f in zip(fitted, fit_alpha_beta_many(problems, warmup_first=False)):
+        if isinstance(f, TracekitError):
+            row.update(status="insufficient", status_reason=str(f))
+            continue
+        row.update(n_used=f.n_used, n_dropped=f.n_dropped, n_sizes=f.n_sizes, alpha_s=f.alpha_s,
+                   alpha_se_s=f.alpha_se_s, alpha_lo_s=f.alpha_ci_s[0], alpha_hi_s=f.alpha_ci_s[1],
+                   fixed_latency_s=f.a_s, beta_Bps=f.beta_Bps, beta_gbps=f.beta_Bps / 1e9,
+                   beta_se_Bps=f.beta_se_Bps, beta_lo_Bps=f.beta_ci_Bps[0], beta_hi_Bps=f.beta_ci_Bps[1],
+                   n_half_bytes=f.n_half_bytes, crossover_bytes=f.crossover_bytes, a_s=f.a_s,
+                   b_s_per_byte=f.b_s_per_byte, residual_spread=f.residual_spread,
+                   size_spread=f.size_spread, residual_max_abs=f.residual_max_abs,
+                   min_size_bytes=f.min_size_bytes, max_size_bytes=f.max_size_bytes,
+                   status=f.status, status_reason=f.status_reason or None, split=f.split,
+                   alpha_range_min_bytes=f.alpha_range_bytes[0], alpha_range_max_bytes=f.alpha_range_bytes[1],
+                   beta_range_min_bytes=f.beta_range_bytes[0], beta_range_max_bytes=f.beta_range_bytes[1])
     return rows
-
-
-def _fit_one(lst: list[tuple], op: str, k: int, row: dict) -> dict:
-    """One row of alpha_beta_fit: ``row`` (its keys) completed with the fit of the samples ``lst``."""
-    from tracekit.errors import TracekitError
-    from tracekit.model import ALGORITHMS, fit_alpha_beta
-
-    # a total order (group, seq, then size and time): the regression's float sums must not depend on row order
-    lst = sorted(lst, key=lambda s: (str(s[2]), s[9] if s[9] is not None else 0, s[6] if s[6] is not None else 0,
-                                     s[7] or 0))
-    warm = [s for s in lst if s[8]]
-    use = [s for s in lst if not s[8]]
-    algos = ALGORITHMS.get(op)
-    algo = algos[0] if algos else None
-    row.update(op=op, group_size=k, algo=algo, n_samples=len(use), n_used=0, n_dropped=0, n_warmup=len(warm),
-               n_sizes=len({s[6] for s in use}), min_size_bytes=min((s[6] for s in use), default=None),
-               max_size_bytes=max((s[6] for s in use), default=None))
-    if algo is None:
-        row.update(status="insufficient", status_reason=f"no model for {op}")
-        return row
-    if k == 1:
-        row.update(status="insufficient", status_reason="1 rank: the collective moves no data between ranks")
-        return row
-    try:
-        f = fit_alpha_beta([float(s[6]) for s in use], [s[7] * 1e-9 for s in use], op, int(k),
-                           algo=algo, warmup_first=False)
-    except TracekitError as exc:
-        row.update(status="insufficient", status_reason=str(exc))
-        return row
-    row.update(n_used=f.n_used, n_dropped=f.n_dropped, n_sizes=f.n_sizes, alpha_s=f.alpha_s,
-               alpha_se_s=f.alpha_se_s, alpha_lo_s=f.alpha_ci_s[0], alpha_hi_s=f.alpha_ci_s[1],
-               fixed_latency_s=f.a_s, beta_Bps=f.beta_Bps, beta_gbps=f.beta_Bps / 1e9,
-               beta_se_Bps=f.beta_se_Bps, beta_lo_Bps=f.beta_ci_Bps[0], beta_hi_Bps=f.beta_ci_Bps[1],
-               n_half_bytes=f.n_half_bytes, crossover_bytes=f.crossover_bytes, a_s=f.a_s,
-               b_s_per_byte=f.b_s_per_byte, residual_spread=f.residual_spread,
-               size_spread=f.size_spread, residual_max_abs=f.residual_max_abs,
-               min_size_bytes=f.min_size_bytes, max_size_bytes=f.max_size_bytes,
-               status=f.status, status_reason=f.status_reason or None, split=f.split,
-               alpha_range_min_bytes=f.alpha_range_bytes[0], alpha_range_max_bytes=f.alpha_range_bytes[1],
-               beta_range_min_bytes=f.beta_range_bytes[0], beta_range_max_bytes=f.beta_range_bytes[1])
-    return row
 
 
 def _var(con, name: str):

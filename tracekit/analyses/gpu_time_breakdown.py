@@ -1,7 +1,7 @@
 """gpu_time_breakdown: where each rank's GPU time goes, per whole trace and per profiler step, as
 parts that sum exactly to the window — a Python analysis.
 
-Reads: gpu_breakdown_summary, gpu_launcher_summary
+Reads: gpu_breakdown_summary, gpu_launcher_summary, gpu_op_durations
 
 The definitions (GPU work, windows, the seven labels of the sweep and their rules, the three idle
 classes after HTA's idle-time breakdown, the launchers of a GPU op) and the numpy that computes them
@@ -17,10 +17,12 @@ is refused with one line, "ingest it again with --replace"
 (:meth:`tracekit.store.AnalysisConnection.require_stored`). The per-op tables gpu_launchers and
 gpu_idle_gaps are analyses/gpu_launchers.py (from the events, built only when a statement names them).
 
-_gpu_breakdown_summary, _gpu_launcher_summary (views): the stored rows of those tables, defined once
-every run of the connection is checked to hold both files; the columns of
-tracekit.store.GPU_BREAKDOWN_SUMMARY_SCHEMA / GPU_LAUNCHER_SUMMARY_SCHEMA (gpu_time_by_launcher in
-kernel_summary.sql sums the second over ranks).
+_gpu_breakdown_summary, _gpu_launcher_summary, _gpu_op_durations (views): the stored rows of those
+tables, defined once every run of the connection is checked to hold the three files; the columns of
+tracekit.store.GPU_BREAKDOWN_SUMMARY_SCHEMA / GPU_LAUNCHER_SUMMARY_SCHEMA / GPU_OP_DURATIONS_SCHEMA
+(kernel_summary.sql sums the second and third over ranks: gpu_time_by_launcher and kernel_summary).
+gpu_op_durations (the rank's GPU ops counted per class, name and duration) is no part of the sweep:
+it holds the rows of a run whose GPU time could not be broken down too.
 
 gpu_time_breakdown: one row per rank and window; the seven parts before idle_host_wait_ns sum to
 window_ns, and the three idle classes sum to idle_ns.
@@ -49,12 +51,12 @@ from __future__ import annotations
 
 def create(con) -> None:
     """Create the table ``gpu_time_breakdown`` and the views ``_gpu_breakdown_summary``,
-    ``_gpu_launcher_summary`` on ``con`` (an :class:`tracekit.store.AnalysisConnection`) from the
-    store's GPU summaries. Raises StoreError (one line) for a run stored without them or with one
-    damaged (module docstring)."""
-    both = ("gpu_breakdown_summary", "gpu_launcher_summary")
-    con.require_stored(both)
-    for stored in both:
+    ``_gpu_launcher_summary``, ``_gpu_op_durations`` on ``con`` (an
+    :class:`tracekit.store.AnalysisConnection`) from the store's GPU summaries. Raises StoreError (one
+    line) for a run stored without them or with one damaged (module docstring)."""
+    stored_tables = ("gpu_breakdown_summary", "gpu_launcher_summary", "gpu_op_durations")
+    con.require_stored(stored_tables)
+    for stored in stored_tables:
         con.execute(f"CREATE OR REPLACE VIEW _{stored} AS SELECT * FROM {stored}")
     con.execute("""
         CREATE OR REPLACE TABLE gpu_time_breakdown AS

@@ -1,7 +1,7 @@
 """measured_vs_model: per run and rank, the measured overlap against what the α–β model predicts.
 
-Reads: overlap_by_step, collectives, events, runs, alpha_beta_fit, collective_reference, collective_waits,
-process_groups, collective_overlap, group_machine
+Reads: overlap_by_step, collectives, collective_steps, runs, alpha_beta_fit, collective_reference,
+collective_waits, process_groups, collective_overlap, group_machine
 
 For every rank of every run, over the profiler steps that hold communication:
 measured compute, communication, overlap and exposed communication (means per
@@ -521,29 +521,20 @@ def dimension_rows(con, link: str | None) -> list[dict]:
     return out
 
 
-CALL_STEPS = "__mvm_call_steps"
-"""Temporary table, while :func:`create` runs: (run_id, rank, event_id, step, comm) of each
-collectives row's event that has a profiler step; comm: the event's class is 'comm'. The waits,
-the calls and the per-dimension calls join it instead of scanning the events three times (at
-1,024 ranks each scan opens 1,024 Parquet files)."""
+CALL_STEPS = "collective_steps"
+"""The stored per-rank table (tracekit.store.COLLECTIVE_STEPS_SCHEMA, written at ingest): (run_id,
+rank, event_id, step, comm) of each collectives row's event that has a profiler step; comm: the
+event's class is 'comm'. The waits, the calls and the per-dimension calls join it; no events are
+read (at 1,024 ranks a scan of them opens 1,024 Parquet files)."""
 
 
 def create(con) -> None:
-    """Create the tables ``measured_vs_model`` and ``measured_vs_model_by_dimension`` on ``con``."""
+    """Create the tables ``measured_vs_model`` and ``measured_vs_model_by_dimension`` on ``con``.
+    Raises StoreError (one line, "ingest it again with --replace") for a run stored without
+    collective_steps or with it damaged (:meth:`tracekit.store.AnalysisConnection.require_stored`)."""
+    con.require_stored((CALL_STEPS,))
     link = con.execute("SELECT getvariable('tk_link')").fetchone()[0]
     from tracekit.analyses import create_table_from_rows
 
-    # the events whose event_id some collectives row has (one BIGINT key: a cheap filter over every
-    # event), then the exact (run, rank, event) match on those few (a three-key join probed by every
-    # event cost twice as much at ×16)
-    con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {CALL_STEPS} AS SELECT e.run_id, e.rank, e.event_id, e.step, e.class = 'comm' AS comm "
-        "FROM (SELECT run_id, rank, event_id, step, class FROM events "
-        "      WHERE step IS NOT NULL AND event_id IN (SELECT event_id FROM collectives)) e "
-        "SEMI JOIN collectives c USING (run_id, rank, event_id)"
-    )
-    try:
-        create_table_from_rows(con, "measured_vs_model", SCHEMA, rows_for(con, link))
-        create_table_from_rows(con, "measured_vs_model_by_dimension", DIM_SCHEMA, dimension_rows(con, link))
-    finally:
-        con.execute(f"DROP TABLE IF EXISTS {CALL_STEPS}")
+    create_table_from_rows(con, "measured_vs_model", SCHEMA, rows_for(con, link))
+    create_table_from_rows(con, "measured_vs_model_by_dimension", DIM_SCHEMA, dimension_rows(con, link))

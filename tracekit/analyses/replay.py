@@ -43,6 +43,70 @@ import numpy as np
 
 from tracekit.analyses import critical_path as cp
 from tracekit.model import whatif as wf
+from tracekit.timeline import critical_path as tcp
+
+# The critical path's graph of each window, from the events (the stored paths and nodes hold no
+# nesting and no names of every node, which the replay needs):
+
+# a run's events, read once (a statement that reads the events view opens every rank's file: ~0.5
+# CPU s at 1,024 ranks, whatever it selects), for the nodes and the ranks' window spans; node: the
+# events that do or wait for work (module docstring); last_*: a collective span's last arrival
+# (_cp_arrivals)
+_EVENTS = """
+CREATE OR REPLACE TEMP TABLE _cp_events AS
+SELECT e.step, e.rank, e.event_id, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
+       coalesce(e.ts_ns IS NOT NULL AND e.dur_ns >= 0, false) AS timed,
+       timed AND coalesce((e.track_kind = 'gpu_stream' AND e.category IS DISTINCT FROM 'gpu_user_annotation')  -- a label, not work
+                          OR e.category = 'runtime' OR e.class IN ('compute', 'comm', 'sync'), false) AS node,
+       -- what only a node needs (NULL for the other events: a smaller table)
+       CASE WHEN node THEN e.name END AS name, CASE WHEN node THEN e.class END AS class,
+       CASE WHEN node THEN e.track_kind END AS track_kind, e.device, e.track, e.launch_event_id,
+       a.last_rank, a.last_eid, a.last_ns
+FROM events e LEFT JOIN _cp_arrivals a ON a.rank = e.rank AND a.event_id = e.event_id
+WHERE e.run_id = ?
+"""
+
+# the nodes of every window of the run in _cp_events, window by window (in step order, the nodes of
+# a window in no order): the profiler steps, or (? true: a run without steps) the whole trace. One
+# statement, streamed, not one per window (each would be bound anew: benchmarks/README.md). kind: the position of track_kind among the run's track kinds in order (NULL last),
+# so that (kind, device, track) sort as DuckDB sorts them (NULLs last); rid: the row in _cp_events,
+# to fetch the names of the path's events only rather than sort every node's
+_NODES = """
+SELECT step, rank, event_id, rowid AS rid, track_kind = 'gpu_stream' AS gpu,
+       coalesce(list_position(?::VARCHAR[], track_kind), ?::INTEGER) AS kind, device IS NULL AS no_device,
+       coalesce(device, 0) AS device, track IS NULL AS no_track, coalesce(track, 0) AS track, ts_ns, end_ns,
+       coalesce(list_position(?::VARCHAR[], class), 0)::TINYINT AS class, coalesce(launch_event_id, -1) AS launch,
+       launch_event_id IS NOT NULL AS launched, last_rank IS NOT NULL AS arrived, coalesce(last_rank, -1) AS last_rank,
+       coalesce(last_eid, -1) AS last_eid, coalesce(last_ns, 0) AS last_ns
+FROM _cp_events WHERE node AND (step BETWEEN ? AND ? OR step IS NULL AND ?::BOOLEAN)
+ORDER BY step
+"""
+
+
+def _windows(con, kinds: list):
+    """The windows of the run in _cp_events (its profiler steps, or the whole trace of a run
+    without steps), one at a time in step order: (step, Arrow table of its rows of _NODES)."""
+    for lo, hi, whole in cp._chunks(con, "_cp_events WHERE node AND", "count(step) FROM _cp_events"):
+        yield from cp._chunk_windows(con, [kinds, len(kinds) + 1, list(cp.CLASSES), lo, hi, whole], whole, _NODES)
+
+
+def _window(t) -> tuple:
+    """(_Window of one window's nodes, from their rows of _NODES (an Arrow table, in no order);
+    the rid column of those rows; the position there of each _Window row)."""
+    c = {k: t.column(k).to_numpy() for k in t.column_names if k != "step"}
+    rid = c["rid"]
+    # (rank, track, end, start, event_id) order, the track as (kind, device, track)
+    order = np.lexsort(tuple(c[k] for k in ("event_id", "ts_ns", "end_ns", "track", "no_track", "device",
+                                            "no_device", "kind", "rank")))
+    c = {k: v[order] for k, v in c.items()}
+    track_of = np.stack([c[k].astype(np.int64) for k in ("rank", "kind", "no_device", "device", "no_track", "track")])
+    new = np.r_[True, np.any(track_of[:, 1:] != track_of[:, :-1], axis=0)] if len(order) else np.zeros(0, bool)
+    rows = tcp._Rows(c["rank"], c["event_id"])
+    cols = {"rank": c["rank"].astype(np.int64), "event_id": c["event_id"], "gpu": c["gpu"], "tid": np.cumsum(new),
+            "ts_ns": c["ts_ns"], "end_ns": c["end_ns"], "class": c["class"], "last_ns": c["last_ns"],
+            "launch_row": rows.find(c["rank"], c["launch"], c["launched"]),
+            "arrival_row": rows.find(c["last_rank"], c["last_eid"], c["arrived"])}
+    return tcp._Window(cols), rid, order
 
 _START_COLS = (0, 1, 2, 3)  # inferred (cross_stream / host), thread, stream, launch
 _END_COLS = (4, 5, 6)  # sync, blocking call, collective
@@ -186,7 +250,7 @@ def graphs(con, run_id: str):
     if getattr(con, "analyses", None) is not None:  # else (create): the builder built them first
         con.analyses.ensure(["_instance_calls", "collective_instances"])
     con.execute(cp._ARRIVALS, [run_id])
-    con.execute(cp._EVENTS, [run_id])
+    con.execute(_EVENTS, [run_id])
     try:
         names = dict(con.execute("SELECT rowid, name FROM _cp_events WHERE node").fetchall())
         instances, inst_of = [], {}
@@ -199,8 +263,8 @@ def graphs(con, run_id: str):
             inst_of[(rank, eid)] = key_of[key]
         kinds = [k for (k,) in con.execute("SELECT DISTINCT track_kind FROM _cp_events WHERE node AND "
                                            "track_kind IS NOT NULL ORDER BY 1").fetchall()]
-        for step, rows in cp._windows(con, kinds):
-            w, rid, order = cp._window(rows)
+        for step, rows in _windows(con, kinds):
+            w, rid, order = _window(rows)
             g = _graph(w, rid, order, names, inst_of, step, rows)
             g.instances = instances
             yield g

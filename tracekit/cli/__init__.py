@@ -138,5 +138,38 @@ def _usage_error(exc: Exception) -> int | None:
     return int(getattr(exc, "exit_code", 2) or 2)
 
 
+PANDAS_FREE = frozenset({"ingest", "analyze", "runs", "sql", "export", "diff", "whatif", "baseline"})
+"""The commands that build Arrow arrays but never hand pandas objects to pyarrow
+(:func:`pyarrow_without_pandas`)."""
+
+
+def pyarrow_without_pandas() -> None:
+    """Spare the process pandas' import where nothing asks for it. pyarrow imports pandas the first
+    time it builds an array from Python or numpy objects, only to ask whether they are pandas
+    objects, and its answer is kept for the process; asked here once with pandas hidden, it answers
+    no without importing it. pandas itself still imports wherever it is asked for by name
+    (``Table.to_pandas``, DuckDB's ``.df()``), and works."""
+    import importlib.abc
+
+    class _Hidden(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "pandas" or name.startswith("pandas."):
+                raise ImportError("pandas hidden while pyarrow asks for it")
+            return None
+
+    if "pandas" in sys.modules:
+        return
+    import pyarrow as pa
+
+    hidden = _Hidden()
+    sys.meta_path.insert(0, hidden)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(hidden)
+
+
 def entry() -> None:  # pragma: no cover - thin wrapper for console scripts
+    if len(sys.argv) > 1 and sys.argv[1] in PANDAS_FREE:
+        pyarrow_without_pandas()
     sys.exit(main())

@@ -156,7 +156,7 @@ def analyze(
     nics_per_node: Optional[int] = typer.Option(None, "--nics-per-node", help="NICs per node shared by its GPUs, for groups across hosts (default one per GPU)."),
     critical_path: Optional[bool] = typer.Option(
         None, "--critical-path/--no-critical-path",
-        help="Build the cross-rank critical path (default: only for runs of at most 1,000,000 events; slow on big traces)."),
+        help="The cross-rank critical path per step and rank (default: on; computed at ingest)."),
     detail: bool = typer.Option(False, "--detail", help="Also print the long tables: per size, the fits, the references."),
     section: Optional[list[str]] = typer.Option(
         None, "--section", metavar="NAME",

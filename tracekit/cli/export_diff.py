@@ -21,7 +21,7 @@ def export(
     store: Optional[Path] = typer.Option(None, "--store", help=_STORE_HELP),
     critical_path: Optional[bool] = typer.Option(
         None, "--critical-path/--no-critical-path",
-        help="Add the critical paths as a process (default: only for runs of at most 1,000,000 events)."),
+        help="Add the critical paths as a process (default: on)."),
 ) -> None:
     """Export a run as one Perfetto / chrome://tracing JSON: a process per rank, collectives linked across ranks."""
     from tracekit.report.perfetto import export_perfetto

@@ -39,9 +39,11 @@ from tracekit.ingest.linkpass import CLASSES, CLIP_TOLERANCE_NS, link_rank, supp
 from tracekit.ingest.seq import number_seq
 from tracekit.ingest.staging import _BatchWriter
 from tracekit.timeline.intervals import rank_overlap_summary
-from tracekit.store import (COLLECTIVES_SCHEMA, GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA,
-                            GPU_NOT_SUMMARISED, OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS, RANKS_SCHEMA, RUNS_SCHEMA, SPAN_OVERLAP_SCHEMA,
-                            glob_escape)
+from tracekit.store import (COLLECTIVE_STEPS_SCHEMA, COLLECTIVES_SCHEMA, CRITICAL_PATH_NODES_SCHEMA,
+                            CRITICAL_PATH_TABLES, GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA,
+                            GPU_NOT_SUMMARISED, GPU_OP_DURATIONS_SCHEMA, OVERLAP_SUMMARY_SCHEMA, PARQUET_OPTS,
+                            RANK_CRITICAL_PATH_SCHEMA, RANK_CRITICAL_PATH_SUMMARY_SCHEMA, RANK_STEPS_SCHEMA, RANKS_SCHEMA,
+                            RUNS_SCHEMA, SPAN_OVERLAP_SCHEMA, glob_escape)
 
 
 def _sql_str(s: str) -> str:
@@ -69,6 +71,9 @@ class RankTask:
     parts: str | None = None
     """The directory receiving the rank's staged tables (:func:`part_path`): its collectives and
     summaries, written by :func:`assemble_rank` and read back by :func:`finish_run`."""
+    alone: bool = True
+    """The run has this one rank: its critical paths are final at ingest (no collective edge to
+    another rank), else its nodes are stored for the analysis (tracekit.ingest.critical_path)."""
 
 
 @dataclass
@@ -98,9 +103,19 @@ PART_TABLES = (("collectives", COLLECTIVES_SCHEMA, ("ts_ns", "issue_ts_ns")),
                ("overlap_summary", OVERLAP_SUMMARY_SCHEMA, ("first_ns", "last_ns")),
                ("span_overlap", SPAN_OVERLAP_SCHEMA, ("ts_ns",)),
                ("gpu_breakdown_summary", GPU_BREAKDOWN_SUMMARY_SCHEMA, ("window_start_ns", "window_end_ns")),
-               ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, ()))
-"""The run tables staged per rank: (name, schema, the timestamp columns a clock offset shifts). The
-GPU summaries are the last two (a run whose GPU work could not be swept stores both empty)."""
+               ("gpu_launcher_summary", GPU_LAUNCHER_SUMMARY_SCHEMA, ()),
+               ("gpu_op_durations", GPU_OP_DURATIONS_SCHEMA, ()),
+               ("collective_steps", COLLECTIVE_STEPS_SCHEMA, ()),
+               ("rank_critical_path", RANK_CRITICAL_PATH_SCHEMA, ("start_ns", "end_ns")),
+               ("rank_critical_path_summary", RANK_CRITICAL_PATH_SUMMARY_SCHEMA, ("start_ns", "end_ns")),
+               ("critical_path_nodes", CRITICAL_PATH_NODES_SCHEMA, ("ts_ns", "end_ns")),
+               ("rank_steps", RANK_STEPS_SCHEMA, ("first_ns", "last_ns")))
+"""The run tables staged per rank: (name, schema, the timestamp columns a clock offset shifts). A run
+whose GPU work could not be swept stores the GPU_SWEPT_TABLES empty."""
+
+GPU_SWEPT_TABLES = ("gpu_breakdown_summary", "gpu_launcher_summary")
+"""The tables of the GPU sweep (tracekit.timeline.gpu): all ranks' rows or, when one rank's GPU work
+could not be swept (GPU_NOT_SUMMARISED), none (sums over ranks would be partial)."""
 
 
 def part_path(parts, name: str, rank: int) -> Path:
@@ -118,6 +133,15 @@ page decoding dominate at that size: benchmarks/README.md)."""
 
 def _write_part(parts, name: str, schema: pa.Schema, rank: int, table: pa.Table) -> None:
     feather.write_feather(table.cast(schema), part_path(parts, name, rank), compression=PART_COMPRESSION)
+
+
+def _write_parts(parts, name: str, schema: pa.Schema, rank: int, tables) -> None:
+    """A rank's staged table ``name`` written from an iterator of tables of its schema, one after
+    the other (the file :func:`_write_part` writes, for a table too long to hold at once)."""
+    opts = pa.ipc.IpcWriteOptions(compression=PART_COMPRESSION)
+    with pa.OSFile(str(part_path(parts, name, rank)), "wb") as sink, pa.ipc.new_file(sink, schema, options=opts) as w:
+        for t in tables:
+            w.write_table(t.cast(schema))
 
 
 def _part_error(f: Path, name: str, rank: int, exc: Exception) -> FileError:
@@ -209,18 +233,60 @@ class _SummaryTap:
         self.gpu.write(batch)
         self._w.write(batch)
 
-    def summaries(self, run_id: str, rank: int, recv_ids: np.ndarray) -> tuple[pa.Table, pa.Table]:
-        """(OVERLAP_SUMMARY_SCHEMA, SPAN_OVERLAP_SCHEMA) tables of the rows kept."""
-        cols = {}
+    def summaries(self, run_id: str, rank: int, recv_ids: np.ndarray, call_ids: np.ndarray,
+                  events_file) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """(OVERLAP_SUMMARY_SCHEMA, SPAN_OVERLAP_SCHEMA, COLLECTIVE_STEPS_SCHEMA) tables of the rows
+        kept; ``call_ids``: the event_id of each of the rank's collectives rows (:func:`call_steps`)."""
+        cols, raw = {}, {}
         for j, c in enumerate(_TAP_COLUMNS):
             v = np.concatenate([p[j][0] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
             ok = np.concatenate([p[j][1] for p in self.parts]) if self.parts else np.ones(0, bool)
+            raw[c] = (v, ok)
             cols[c] = pa.array(v, pa.int64(), mask=None if ok.all() else ~ok)
         ev = pa.table(cols)
         is_comm = np.concatenate(self.comm) if self.comm else np.zeros(0, dtype=bool)
         names = pa.chunked_array(self.names, pa.string())
         self.parts, self.comm, self.names = [], [], []
-        return tuple(rank_overlap_summary(run_id, rank, ev, is_comm, names, recv_ids))
+        steps = call_steps(run_id, rank, call_ids, raw["event_id"], raw["step"], is_comm, events_file)
+        return (*rank_overlap_summary(run_id, rank, ev, is_comm, names, recv_ids), steps)
+
+
+def call_steps(run_id: str, rank: int, call_ids: np.ndarray, eid: tuple, step: tuple, is_comm: np.ndarray,
+               events_file) -> pa.Table:
+    """The rank's COLLECTIVE_STEPS_SCHEMA table: per distinct event of ``call_ids`` (its collectives
+    rows' event_id, an int64 array; NULLs left out by the caller) that lies in a profiler step, that
+    step and whether the event's class is comm, ascending by event_id.
+
+    ``eid``, ``step``: (values, validity) of the comm and compute rows the link pass wrote (the tap's),
+    ``is_comm``: which of them are comm. A collective's span is a comm row (its class: the link
+    pass's, from the same spans the collectives are built on), so its step is found there; an event
+    that is not (none known) is looked up in ``events_file``, the rank's events file just written
+    (event_id, class, step), so the table holds exactly what the events say."""
+    ids = np.unique(np.asarray(call_ids, dtype=np.int64))
+    ce, (cs, cs_ok) = eid[0][is_comm], (step[0][is_comm], step[1][is_comm])
+    o = np.argsort(ce, kind="stable")
+    ce, cs, cs_ok = ce[o], cs[o], cs_ok[o]
+    i = np.minimum(np.searchsorted(ce, ids), max(len(ce) - 1, 0))
+    hit = (ce[i] == ids) if len(ce) else np.zeros(len(ids), dtype=bool)
+    out_id, out_step = ids[hit], cs[i[hit]]
+    keep = cs_ok[i[hit]]
+    out_id, out_step, out_comm = out_id[keep], out_step[keep], np.ones(int(keep.sum()), dtype=bool)
+    if not hit.all():  # not comm rows: read from the events file (their class and step)
+        import pyarrow.parquet as pq
+
+        rest = pq.ParquetFile(events_file).read(columns=["event_id", "class", "step"])
+        rest = rest.filter(pc.and_(pc.is_in(rest.column("event_id"), pa.array(ids[~hit])),
+                                   pc.is_valid(rest.column("step"))))
+        out_id = np.concatenate([out_id, rest.column("event_id").to_numpy()])
+        out_step = np.concatenate([out_step, rest.column("step").to_numpy()])
+        out_comm = np.concatenate([out_comm, pc.equal(rest.column("class").cast(pa.string()), "comm")
+                                   .to_numpy(zero_copy_only=False)])
+        o = np.argsort(out_id, kind="stable")
+        out_id, out_step, out_comm = out_id[o], out_step[o], out_comm[o]
+    n = len(out_id)
+    return pa.table([pa.array([run_id] * n, pa.string()), pa.array(np.full(n, rank, np.int32)),
+                     pa.array(out_id, pa.int64()), pa.array(out_step, pa.int64()), pa.array(out_comm, pa.bool_())],
+                    schema=COLLECTIVE_STEPS_SCHEMA)
 
 
 # linkpass CLASSES code → tracekit.timeline.gpu's class code (compute 0, comm 1, memory 2, sync 3, other 4)
@@ -245,7 +311,9 @@ class _GpuTap:
     duration, class, step, launch call; ~45 B each), the candidate launchers (cpu_thread cpu_op and
     user_annotation ranges of positive length other than ProfilerStep#N: thread, start, duration,
     kind, name; ~30 B each) and the launch calls (runtime / driver rows: event_id, thread, start,
-    duration; ~35 B each), so the rank's GPU summaries come from the rows as written."""
+    duration; ~35 B each), so the rank's GPU summaries come from the rows as written; and, for
+    gpu_op_durations (:meth:`op_durations`), each GPU op's class, name and whether it lies in a
+    profiler step (~6 B more each; its duration is the one kept for the sweep)."""
 
     def __init__(self):
         self.ops: list = []
@@ -253,11 +321,15 @@ class _GpuTap:
         self.range_names: list = []  # per batch, the ranges' codes into self.names (−1: a null name)
         self.names: dict = {}  # name → code, in order of first use
         self.calls: list = []
+        self.kinds: list = []  # per batch, the GPU ops' class (CLASSES code), name code, dur_ns, in a step
+        self.op_names: dict = {}  # the GPU ops' names → code (their own: the ranges' stay apart)
 
-    def _name_codes(self, col, sel: np.ndarray) -> np.ndarray:
-        """Codes (int32, into ``self.names``) of the names of the rows ``sel`` of a dictionary-encoded
-        column: only the dictionary entries used are looked up (a batch's dictionary holds every
-        name of the batch, kernel names included: kept per batch they were most of the tap)."""
+    def _name_codes(self, col, sel: np.ndarray, names: dict | None = None) -> np.ndarray:
+        """Codes (int32, into ``names``, default ``self.names``) of the names of the rows ``sel`` of a
+        dictionary-encoded column: only the dictionary entries used are looked up (a batch's
+        dictionary holds every name of the batch, kernel names included: kept per batch they were
+        most of the tap)."""
+        names = self.names if names is None else names
         idx = col.indices.filter(pa.array(sel))
         ok = idx.is_valid().to_numpy(zero_copy_only=False) if idx.null_count else None
         i = pc.fill_null(idx, 0).to_numpy(zero_copy_only=False) if idx.null_count else idx.to_numpy(zero_copy_only=False)
@@ -265,7 +337,7 @@ class _GpuTap:
             return np.zeros(0, np.int32)
         used = np.flatnonzero(np.bincount(i, minlength=len(col.dictionary)))  # no sort: O(rows + entries)
         lut = np.full(len(col.dictionary), -1, dtype=np.int32)
-        lut[used] = [self.names.setdefault(w, len(self.names)) for w in col.dictionary.take(pa.array(used)).to_pylist()]
+        lut[used] = [names.setdefault(w, len(names)) for w in col.dictionary.take(pa.array(used)).to_pylist()]
         out = lut[i]
         return out if ok is None else np.where(ok, out, -1).astype(np.int32)
 
@@ -276,8 +348,11 @@ class _GpuTap:
         gpu = (kind == 1) & (cat != 4)
         if gpu.any():
             code = batch.column("class").indices.to_numpy(zero_copy_only=False)[gpu]
-            self.ops.append([_picked(ts, gpu)[0], _picked(batch.column("dur_ns"), gpu)[0], _GPU_K[code],
-                             *_picked(batch.column("step"), gpu), *_picked(batch.column("launch_event_id"), gpu)])
+            dur, step_ok = _picked(batch.column("dur_ns"), gpu)[0], _picked(batch.column("step"), gpu)
+            self.ops.append([_picked(ts, gpu)[0], dur, _GPU_K[code], *step_ok,
+                             *_picked(batch.column("launch_event_id"), gpu)])
+            self.kinds.append([code.astype(np.int8), self._name_codes(batch.column("name"), gpu, self.op_names),
+                               dur, step_ok[1]])
         rng = (kind == 2) & ((cat == 1) | (cat == 2))
         if rng.any():
             # positive length, a start, and an annotation's name not ProfilerStep#N (NULL LIKE ... is not true)
@@ -299,6 +374,31 @@ class _GpuTap:
         if call.any():
             self.calls.append([_picked(batch.column("event_id"), call)[0], *_picked(batch.column("track"), call),
                                *_picked(ts, call), _picked(batch.column("dur_ns"), call)[0]])
+
+    def op_durations(self, run_id: str, rank: int) -> pa.Table:
+        """The rank's GPU_OP_DURATIONS_SCHEMA table: its GPU ops counted per (class, name, dur_ns),
+        with how many of them lie in a profiler step; ordered by class, name (first use) and
+        duration. Empty without GPU ops. Lets go of what it read."""
+        if not self.kinds:
+            return GPU_OP_DURATIONS_SCHEMA.empty_table()
+        cls, name, dur, in_step = _columns(self.kinds, 4)
+        names = list(self.op_names)
+        self.op_names = {}
+        o = np.lexsort((dur, name, cls))
+        cls, name, dur, in_step = cls[o], name[o], dur[o], in_step[o]
+        first = np.ones(len(o), dtype=bool)
+        first[1:] = (cls[1:] != cls[:-1]) | (name[1:] != name[:-1]) | (dur[1:] != dur[:-1])
+        starts = np.flatnonzero(first)
+        ops = np.diff(starts, append=len(o))
+        step_ops = np.add.reduceat(in_step.astype(np.int64), starts)
+        cls, name, dur = cls[starts], name[starts], dur[starts]
+        n = len(starts)
+        return pa.table([pa.array([run_id] * n, pa.string()), pa.array(np.full(n, rank, np.int32)),
+                         pa.array(np.array(CLASSES, dtype=object)[cls], pa.string()),
+                         pa.DictionaryArray.from_arrays(pa.array(name, mask=name < 0), pa.array(names, pa.string()))
+                         .cast(pa.string()),
+                         pa.array(dur, pa.int64()), pa.array(ops, pa.int64()), pa.array(step_ops, pa.int64())],
+                        schema=GPU_OP_DURATIONS_SCHEMA)
 
     def summaries(self, run_id: str, rank: int) -> tuple[pa.Table, pa.Table]:
         """(GPU_BREAKDOWN_SUMMARY_SCHEMA, GPU_LAUNCHER_SUMMARY_SCHEMA) tables of the rows kept;
@@ -378,12 +478,14 @@ def assemble_rank(task: RankTask) -> RankResult:
     """Phase two of one rank's ingest, in a worker or the driver (tracekit.ingest.engine): write
     ``task.out`` (events: link pass, classes, steps; :func:`tracekit.ingest.linkpass.link_rank`)
     from the staging file, build the rank's collectives (:func:`tracekit.ingest.attribute.build_collectives`,
-    seq via :func:`rank_collectives`), its warnings and its overlap summaries
+    seq via :func:`rank_collectives`), its warnings and its summaries: overlap
     (:func:`tracekit.timeline.intervals.rank_overlap_summary` on the comm and compute rows the link pass
     writes, kept by :class:`_SummaryTap`; the driver later shifts their timestamps by the rank's
-    clock offset, which leaves every length as it is); then delete the staging file and the
-    comm-metadata table. Memory: one rank's link pass, plus ~37 B per comm or compute row for the
-    summaries. Errors of the staging file propagate."""
+    clock offset, which leaves every length as it is), GPU time (:class:`_GpuTap`), GPU ops per
+    class, name and duration (:meth:`_GpuTap.op_durations`) and the step of each collective's event
+    (:func:`call_steps`); then delete the staging file and the comm-metadata table. Memory: one
+    rank's link pass, plus ~37 B per comm or compute row and ~50 B per GPU op for the summaries.
+    Errors of the staging file propagate."""
     from tracekit.ingest.comm_families import user_families
 
     rf, rank, raw, run_id = task.rf, task.rank, task.raw, task.run_id
@@ -393,6 +495,7 @@ def assemble_rank(task: RankTask) -> RankResult:
         lk = link_rank(raw, Path(task.out), run_id, rank, cpu_only, rf.steps, writer_cls=tap.open,
                        pdl=supports_pdl(rf.meta.get("deviceProperties")))
         # first, while the collectives' metadata is not loaded yet (the peak of memory is here)
+        op_durations = tap.gpu.op_durations(run_id, rank)
         try:
             gpu_windows, gpu_launchers = tap.gpu.summaries(run_id, rank)
             gpu_note = None
@@ -418,7 +521,9 @@ def assemble_rank(task: RankTask) -> RankResult:
             DECLARED_WORLD.reset(w_token)
     # the recv collectives' spans (an unattributed row, op NULL, is none)
     recv = pc.fill_null(pc.equal(table.column("op"), "recv"), False).to_numpy(zero_copy_only=False)
-    windows, spans = tap.summaries(run_id, rank, table.column("event_id").to_numpy(zero_copy_only=False)[recv])
+    eids = table.column("event_id")
+    windows, spans, steps = tap.summaries(run_id, rank, eids.to_numpy(zero_copy_only=False)[recv],
+                                          pc.drop_null(eids).to_numpy(zero_copy_only=False), task.out)
     del tap
     n_clipped, max_clip, n_skew, max_skew = lk.n_clipped, lk.max_clip_ns, lk.n_skew, lk.max_skew_ns
     gpu_events, same_stream = lk.gpu_events, lk.same_stream_overlaps
@@ -467,9 +572,22 @@ def assemble_rank(task: RankTask) -> RankResult:
     algo_proto = set(zip(table.column("algo").to_pylist(), table.column("proto").to_pylist()))
     pg_sizes = set(zip(table.column("pg_name").to_pylist(), table.column("group_size").to_pylist()))
     # the tables go to the staging area, not to the driver (its memory stays flat with the run's size)
-    for (name, schema, _), t in zip(PART_TABLES, (table, windows, spans, gpu_windows, gpu_launchers)):
+    from tracekit.ingest.critical_path import rank_tables
+
+    streamed: set = set()
+
+    def write(name, tables):
+        _write_parts(task.parts, name, dict((n, sc) for n, sc, _ in PART_TABLES)[name], rank, tables)
+        streamed.add(name)
+
+    paths = rank_tables(Path(task.out), run_id, rank, task.alone, write)
+    for (name, schema, _), t in zip(PART_TABLES, (table, windows, spans, gpu_windows, gpu_launchers, op_durations,
+                                                  steps)):
         if t is not None:
             _write_part(task.parts, name, schema, rank, t)
+    for name, schema, _ in (p for p in PART_TABLES if p[0] in CRITICAL_PATH_TABLES):  # the long one not streamed: empty
+        if name not in streamed:
+            _write_part(task.parts, name, schema, rank, paths.get(name, schema.empty_table()))
     Path(raw).unlink(missing_ok=True)
     rf.remove_meta()
     return RankResult(rank, extent, host, row, facts if any(f is not None for f in facts) else [], pg_sizes,
@@ -501,9 +619,9 @@ def finish_run(
     stage: Path, run_id, results, ranks, raw_files, *, workload, config, source, align: str | None = None,
     engine=None, user_kernels=(), progress=None,
 ) -> None:
-    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet and the four
-    summary tables (tracekit.store.SUMMARY_TABLES: overlap_summary, span_overlap, gpu_breakdown_summary,
-    gpu_launcher_summary; every run holds all four) into ``stage``.
+    """Write run.parquet, ranks.parquet, events/rank=R.parquet, collectives.parquet and the summary
+    tables (tracekit.store.SUMMARY_TABLES: overlap_summary, span_overlap, gpu_breakdown_summary,
+    gpu_launcher_summary, gpu_op_durations, collective_steps; every run holds them all) into ``stage``.
 
     Each rank's task (:func:`assemble_rank`, run by ``engine``) writes its collectives and summaries
     to ``stage/parts`` (:func:`part_path`) and returns a small :class:`RankResult`. The driver then
@@ -536,7 +654,7 @@ def finish_run(
     order = sorted(zip(results, ranks, raw_files), key=lambda t: t[1])
     tasks = [RankTask(rf, rank, str(Path(raw).resolve()), str((stage / "events" / f"rank={rank}.parquet").resolve()),
                       run_id, world_size, pg_config, tuple(user_kernels), _declared_world(results),
-                      _world_known(results), str(parts.resolve()))
+                      _world_known(results), str(parts.resolve()), len(order) == 1)
              for rf, rank, raw in order]
     names = [str(rf.path) for rf, _, _ in order]
     done = (engine or LocalEngine(1, False)).map(assemble_rank, tasks, names, progress)
@@ -601,8 +719,8 @@ def finish_run(
     # moves comm and compute alike). A rank whose GPU summaries could not be made (GPU_NOT_SUMMARISED
     # in its warnings): the run stores both GPU files empty, no rank's rows (sums over ranks would be
     # partial)
-    for j, (name, schema, cols) in enumerate(PART_TABLES):
-        if no_gpu and j >= 3:
+    for name, schema, cols in PART_TABLES:
+        if no_gpu and name in GPU_SWEPT_TABLES:
             pq.write_table(schema.empty_table(), stage / f"{name}.parquet", **PARQUET_OPTS)
             continue
         # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows or ROW_GROUP_BYTES (a row group

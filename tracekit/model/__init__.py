@@ -53,7 +53,7 @@ from tracekit.model.collectives import (
     tree_broadcast_time,
     verdict,
 )
-from tracekit.model.fit import AlphaBetaFit, fit_alpha_beta, fit_unweighted
+from tracekit.model.fit import AlphaBetaFit, fit_alpha_beta, fit_alpha_beta_many, fit_unweighted
 from tracekit.model.links import (
     DEFAULT_EFFICIENCY,
     DEVICE_PRESETS,
@@ -128,6 +128,7 @@ __all__ = [
     "double_binary_tree_all_reduce_time",
     "fixed_latency",
     "fit_alpha_beta",
+    "fit_alpha_beta_many",
     "fit_unweighted",
     "format_bandwidth",
     "format_bytes",

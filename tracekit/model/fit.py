@@ -59,6 +59,11 @@ intervals are a ± t·se(a), b ± t·se(b) mapped through α = a/A, β = B/b
 when b − t·se(b) <= 0). The fit's own crossover size is D* = a/b (= A·α·β/B,
 where its α and β terms are equal).
 
+Many fits at once: :func:`fit_alpha_beta_many` (the analyses fit every process group in one call);
+:func:`fit_alpha_beta` is it on one problem, so a fit is the same to the last bit alone or in any
+batch (the batch shares the elementwise work and the sorts; each problem's sums, lstsq and
+standard errors run on its own arrays).
+
 ``status`` (:func:`judge_fit`):
 - ``insufficient`` — fewer than ``MIN_SIZES`` = 3 distinct sizes kept, or the
   kept sizes do not span the fit's D* (none below it: the α term was never
@@ -89,7 +94,7 @@ from tracekit.errors import BadInputError
 from tracekit.model.collectives import algorithm_coefficients, _check_model_op, _check_algo
 from tracekit.model.links import Link, custom_link
 
-__all__ = ["AlphaBetaFit", "fit_alpha_beta", "fit_unweighted", "judge_fit", "MIN_SIZES", "MAX_SPREAD",
+__all__ = ["AlphaBetaFit", "fit_alpha_beta", "fit_alpha_beta_many", "fit_unweighted", "judge_fit", "MIN_SIZES", "MAX_SPREAD",
            "MAX_OUTLIER_FRACTION"]
 
 _MAD_TO_SIGMA = 1.4826
@@ -249,6 +254,50 @@ class AlphaBetaFit:
         }
 
 
+def _median(x: np.ndarray) -> float:
+    """``float(np.median(x))`` of a 1-d float array, bit for bit (the middle value, or the mean
+    (lower + upper) / 2 of the two middle ones, as numpy's partition-then-mean gives them), from one
+    sort: np.median's own dispatch costs more than the work on the fits' few samples. NaN anywhere
+    (np.median's answer is then NaN) or an empty array: np.median itself."""
+    m = x.size
+    if m == 0 or not np.isfinite(x).all():
+        return float(np.median(x))
+    s = np.sort(x)
+    h = m // 2
+    return float(s[h]) if m % 2 else float((s[h - 1] + s[h]) / 2)
+
+
+def _size_medians(n: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct sizes of ``n`` ascending, as np.unique gives them, and per size the median of
+    ``v`` over the samples of that size): ``np.array([np.median(v[n == s]) for s in np.unique(n)])``
+    bit for bit (each median as :func:`_median`), from one lexsort instead of a median call per
+    size. ``n``: finite sizes; a NaN in ``v`` or a zero size (np.unique's pick of 0.0 or -0.0):
+    the per-size np.median."""
+    if not n.size or not np.isfinite(v).all() or not n.all():
+        sizes = np.unique(n)
+        return sizes, np.array([np.median(v[n == sz]) for sz in sizes])
+    o = np.lexsort((v, n))
+    ns, vs = n[o], v[o]
+    first = np.empty(ns.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ns[1:], ns[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    counts = np.diff(starts, append=ns.size)
+    mid = starts + counts // 2
+    odd = (counts % 2) == 1
+    return ns[starts], np.where(odd, vs[mid], (vs[np.where(odd, mid, mid - 1)] + vs[mid]) / 2)
+
+
+def _distinct_below(x: np.ndarray, k: int) -> bool:
+    """Whether ``x`` (finite sizes) holds fewer than ``k`` distinct values: ``np.unique(x).size < k``,
+    without the sort for k <= 2."""
+    if k <= 2:
+        if k <= 0:
+            return False
+        return x.size == 0 or (k == 2 and not x.min() < x.max())
+    return np.unique(x).size < k
+
+
 def _samples(sizes_bytes: Sequence[float], times_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     try:
         n = np.asarray(sizes_bytes, dtype=float).reshape(-1)
@@ -279,7 +328,7 @@ def _initial_mask(n: np.ndarray, warmup_first: bool, drop_empty: bool) -> tuple[
 
 
 def _check_enough(n: np.ndarray, mask: np.ndarray) -> None:
-    if np.unique(n[mask]).size < 2:
+    if _distinct_below(n[mask], 2):
         raise BadInputError(
             f"cannot fit α and β: {int(mask.sum())} usable samples with "
             f"{np.unique(n[mask]).size} distinct size(s); need at least 2 distinct sizes"
@@ -323,8 +372,11 @@ def _result(
     b: float,
     clamped: bool,
     split: tuple[np.ndarray, np.ndarray] | None = None,
+    pre: tuple | None = None,
 ) -> AlphaBetaFit:
-    """The fit's record; ``split``: (α-range mask, β-range mask) when the two-range estimate applied."""
+    """The fit's record; ``split``: (α-range mask, β-range mask) when the two-range estimate applied;
+    ``pre``: (r, sizes used, their median times) computed already (:func:`fit_alpha_beta_many`: the
+    residuals ``(t − (a + b·n))/t`` and ``_size_medians(n[mask], t[mask])``, the same numbers)."""
     coeffs = algorithm_coefficients(op, algo, k)
     if not b > 0:
         raise BadInputError(
@@ -333,7 +385,7 @@ def _result(
         )
     alpha = a / coeffs.alpha_coeff
     beta = coeffs.beta_coeff / b
-    r = (t - (a + b * n)) / t
+    r = (t - (a + b * n)) / t if pre is None else pre[0]
     used_r = r[mask]
     if split is None:
         se_a, se_b, dof = _standard_errors(n[mask], t[mask], used_r, clamped, method)
@@ -359,8 +411,7 @@ def _result(
     if se_a is not None and tq_a is not None:
         alpha_se = se_a / coeffs.alpha_coeff
         alpha_ci = ((a - tq_a * se_a) / coeffs.alpha_coeff, (a + tq_a * se_a) / coeffs.alpha_coeff)
-    sizes_used = np.unique(n[mask])
-    medians = np.array([np.median(t[mask & (n == sz)]) for sz in sizes_used])
+    sizes_used, medians = _size_medians(n[mask], t[mask]) if pre is None else pre[1:]
     size_r = (medians - (a + b * sizes_used)) / medians
     size_spread = float(np.sqrt(np.mean(size_r**2)))
     n_outliers = sum(1 for _, why in dropped if why == "outlier")
@@ -389,8 +440,8 @@ def _result(
         residual_max_abs=float(np.max(np.abs(used_r))),
         intercept_clamped=clamped,
         dropped=tuple(sorted(dropped)),
-        used=tuple(bool(v) for v in mask),
-        residuals=tuple(float(v) for v in r),
+        used=tuple(mask.tolist()),
+        residuals=tuple(r.tolist()),
         n_sizes=int(sizes_used.size),
         min_size_bytes=float(sizes_used[0]),
         max_size_bytes=float(sizes_used[-1]),
@@ -408,13 +459,18 @@ def _result(
     )
 
 
-def _split_ranges(n: np.ndarray, t: np.ndarray, mask: np.ndarray, a: float, b: float, clamped: bool):
+def _split_ranges(n: np.ndarray, t: np.ndarray, mask: np.ndarray, a: float, b: float, clamped: bool,
+                  rates: tuple | None = None):
     """The two-range estimate of the module docstring: (a, b, clamped, (α mask, β mask)), or None when
-    the kept samples lack BETA_RANGE_MIN_SIZES sizes at or above the bound or 2 sizes below."""
-    sizes = np.unique(n[mask])
-    rate = np.array([np.median(n[mask & (n == sz)] / t[mask & (n == sz)]) for sz in sizes])
+    the kept samples lack BETA_RANGE_MIN_SIZES sizes at or above the bound or 2 sizes below (or the
+    line's a or b is not positive). ``rates``: ``_size_medians(n[mask], n[mask] / t[mask])`` computed
+    already."""
+    if not (a > 0 and b > 0):
+        return None
+    sizes, rate = _size_medians(n[mask], n[mask] / t[mask]) if rates is None else rates
     i = sizes.size
-    while i > 0 and rate[i - 1] >= PLATEAU_WITHIN * rate.max():
+    top = PLATEAU_WITHIN * rate.max()
+    while i > 0 and rate[i - 1] >= top:
         i -= 1
     plateau_start = float(sizes[min(i, sizes.size - 1)])
     got = None
@@ -424,7 +480,7 @@ def _split_ranges(n: np.ndarray, t: np.ndarray, mask: np.ndarray, a: float, b: f
         bound = max(BETA_RANGE_CROSSOVERS * a / b, plateau_start)
         bm = mask & (n >= bound)
         am = mask & (n < bound)
-        if np.unique(n[bm]).size < BETA_RANGE_MIN_SIZES or np.unique(n[am]).size < 2:
+        if _distinct_below(n[bm], BETA_RANGE_MIN_SIZES) or _distinct_below(n[am], 2):
             return got
         if got is not None and np.array_equal(bm, got[3][1]):
             return got
@@ -536,35 +592,218 @@ def fit_alpha_beta(
     samples, fewer than 2 distinct sizes left, a non-positive fitted slope,
     an unknown op/algo, or a group size the algorithm cannot run on.
     """
-    canon = _check_model_op(op)
-    a_name = _check_algo(canon, algo)
-    algorithm_coefficients(canon, a_name, group_size)  # validate k before any work
-    k = int(group_size)
-    n, t = _samples(sizes_bytes, times_s)
-    candidates, dropped = _initial_mask(n, warmup_first, drop_empty)
-    _check_enough(n, candidates)
-    if outlier_k is not None and (not math.isfinite(outlier_k) or outlier_k <= 0):
-        raise BadInputError(f"bad outlier_k {outlier_k!r}: expected a positive number or None")
+    got = fit_alpha_beta_many([(sizes_bytes, times_s, op, group_size, algo)], warmup_first=warmup_first,
+                              drop_empty=drop_empty, outlier_k=outlier_k, outlier_floor=outlier_floor,
+                              split_ranges=split_ranges)[0]
+    if isinstance(got, BadInputError):
+        raise got
+    return got
 
-    mask = candidates.copy()
-    a, b, clamped = _wls(n[mask], t[mask])
-    if outlier_k is not None:
+
+def _group_medians(gid: np.ndarray, v: np.ndarray, ngroups: int) -> np.ndarray:
+    """Per group 0..ngroups−1 of ``gid``, :func:`_median` of the values ``v`` of its elements (in
+    their order), from one lexsort over every group; NaN for a group without elements."""
+    o = np.lexsort((v, gid))
+    vs = v[o]
+    counts = np.bincount(gid, minlength=ngroups)
+    starts = np.cumsum(counts) - counts
+    mid = starts + counts // 2
+    odd = (counts % 2) == 1
+    some = counts > 0
+    med = np.full(ngroups, np.nan)
+    m, od = mid[some], odd[some]
+    med[some] = np.where(od, vs[m], (vs[np.where(od, m, m - 1)] + vs[m]) / 2)
+    bad = np.bincount(gid, weights=~np.isfinite(v), minlength=ngroups) > 0
+    for g in np.flatnonzero(bad):  # np.median's own answer (NaN, or what infinities make)
+        med[g] = _median(v[gid == g])
+    return med
+
+
+def _group_size_medians(gid: np.ndarray, n: np.ndarray, v: np.ndarray, ngroups: int) -> list:
+    """Per group 0..ngroups−1 of ``gid``, :func:`_size_medians` of its elements' sizes ``n`` and values
+    ``v`` (distinct sizes ascending, each size's median value), from one lexsort over every group."""
+    o = np.lexsort((v, n, gid))
+    gs, ns, vs = gid[o], n[o], v[o]
+    first = np.ones(ns.size, dtype=bool)
+    first[1:] = (ns[1:] != ns[:-1]) | (gs[1:] != gs[:-1])
+    starts = np.flatnonzero(first)
+    counts = np.diff(starts, append=ns.size)
+    mid = starts + counts // 2
+    odd = (counts % 2) == 1
+    sizes, meds = ns[starts], np.where(odd, vs[mid], (vs[np.where(odd, mid, mid - 1)] + vs[mid]) / 2)
+    runs = np.bincount(gs[starts], minlength=ngroups)
+    ends = np.cumsum(runs)
+    out = [(sizes[e - r:e], meds[e - r:e]) for r, e in zip(runs.tolist(), ends.tolist())]
+    bad = np.bincount(gid, weights=~np.isfinite(v) | (n == 0), minlength=ngroups) > 0
+    for g in np.flatnonzero(bad):  # _size_medians' own way (np.unique, np.median per size)
+        sel = gid == g
+        out[g] = _size_medians(n[sel], v[sel])
+    return out
+
+
+def _spec(op, algo, group_size, memo: dict):
+    """(canonical op, algorithm, k) after fit_alpha_beta's checks of them, or the BadInputError they
+    raise; remembered per (op, algo, group size and its type)."""
+    try:
+        key = (op, algo, type(group_size), group_size)
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in memo:
+        return memo[key]
+    try:
+        canon = _check_model_op(op)
+        a_name = _check_algo(canon, algo)
+        algorithm_coefficients(canon, a_name, group_size)  # validate k before any work
+        got = (canon, a_name, int(group_size))
+    except BadInputError as exc:
+        got = exc
+    if key is not None:
+        memo[key] = got
+    return got
+
+
+def fit_alpha_beta_many(
+    problems: Sequence[tuple],
+    warmup_first: bool = True,
+    drop_empty: bool = True,
+    outlier_k: float | None = 5.0,
+    outlier_floor: float = 0.02,
+    split_ranges: bool = True,
+) -> list:
+    """:func:`fit_alpha_beta` of each problem ``(sizes_bytes, times_s, op, group_size, algo)``, with
+    the same options for all: per problem its AlphaBetaFit, or the BadInputError fit_alpha_beta
+    raises for it (returned, not raised). fit_alpha_beta is this function on one problem, so the
+    fits are the same bit for bit however the problems are batched: what is computed for all
+    problems at once (the masks, the residuals and the other elementwise arithmetic, the medians by
+    one sort) gives each problem the numbers its own arrays would, and what could differ in the
+    last bit when batched (sums, dot products, norms, lstsq, inverses: numpy's and BLAS's summation
+    orders) runs per problem on its own arrays."""
+    out: list = [None] * len(problems)
+    memo: dict = {}
+    ok = []  # (problem index, canonical op, algorithm, k, sizes, times)
+    for i, (sizes_bytes, times_s, op, group_size, algo) in enumerate(problems):
+        got = _spec(op, algo, group_size, memo)
+        if isinstance(got, BadInputError):
+            out[i] = got
+            continue
+        try:
+            n, t = _samples(sizes_bytes, times_s)
+        except BadInputError as exc:
+            out[i] = exc
+            continue
+        ok.append((i, *got, n, t))
+    if not ok:
+        return out
+    P = len(ok)
+    lens = np.array([len(p[4]) for p in ok], dtype=np.int64)
+    offs = np.cumsum(lens) - lens
+    N = np.concatenate([p[4] for p in ok])
+    T = np.concatenate([p[5] for p in ok])
+    G = np.repeat(np.arange(P), lens)
+    # candidates: the warm-up sample and the empty ones out (_initial_mask)
+    cand = np.ones(N.size, dtype=bool)
+    dropped: list = [[] for _ in range(P)]
+    if warmup_first:
+        for g in np.flatnonzero(lens > 0).tolist():
+            cand[offs[g]] = False
+            dropped[g].append((0, "warmup"))
+    if drop_empty:
+        empty = cand & (N == 0)
+        for j in np.flatnonzero(empty).tolist():
+            dropped[G[j]].append((j - int(offs[G[j]]), "empty"))
+        cand &= ~empty
+    # enough distinct sizes (_check_enough)
+    idx = np.flatnonzero(cand)
+    usable = np.bincount(G[idx], minlength=P)
+    distinct = _group_distinct(G[idx], N[idx], P)
+    active = []
+    bad_k = outlier_k is not None and (not math.isfinite(outlier_k) or outlier_k <= 0)
+    for g in range(P):
+        if distinct[g] < 2:
+            out[ok[g][0]] = BadInputError(
+                f"cannot fit α and β: {int(usable[g])} usable samples with "
+                f"{int(distinct[g])} distinct size(s); need at least 2 distinct sizes")
+        elif bad_k:
+            out[ok[g][0]] = BadInputError(f"bad outlier_k {outlier_k!r}: expected a positive number or None")
+        else:
+            active.append(g)
+    if not active:
+        return out
+    seg = [(int(offs[g]), int(offs[g] + lens[g])) for g in range(P)]
+    mask = cand.copy()
+    A, B = np.zeros(P), np.zeros(P)
+    CL = [False] * P
+
+    def refit(g):
+        s, e = seg[g]
+        m = mask[s:e]
+        A[g], B[g], CL[g] = _wls(N[s:e][m], T[s:e][m])
+
+    for g in active:
+        refit(g)
+    if outlier_k is not None:  # the robust rule, round by round for the fits still changing
+        looping = np.zeros(P, dtype=bool)
+        looping[active] = True
         for _ in range(20):
-            r = (t - (a + b * n)) / t
-            med = float(np.median(r[mask]))
-            sigma = _MAD_TO_SIGMA * float(np.median(np.abs(r[mask] - med)))
-            threshold = max(outlier_k * sigma, outlier_floor)
-            new_mask = candidates & (np.abs(r - med) <= threshold)
-            if np.array_equal(new_mask, mask) or np.unique(n[new_mask]).size < 2:
+            if not looping.any():
                 break
-            mask = new_mask
-            a, b, clamped = _wls(n[mask], t[mask])
-        dropped = dropped + [(int(i), "outlier") for i in np.flatnonzero(candidates & ~mask)]
-    two = _split_ranges(n, t, mask, a, b, clamped) if split_ranges else None
-    if two is not None:
-        a, b, clamped, ranges = two
-        return _result(canon, a_name, k, "relative_wls", n, t, mask, dropped, a, b, clamped, split=ranges)
-    return _result(canon, a_name, k, "relative_wls", n, t, mask, dropped, a, b, clamped)
+            r = (T - (A[G] + B[G] * N)) / T
+            sel = mask & looping[G]
+            med = _group_medians(G[sel], r[sel], P)
+            dev = np.abs(r - med[G])
+            sigma = _MAD_TO_SIGMA * _group_medians(G[sel], dev[sel], P)
+            threshold = outlier_k * sigma
+            threshold = np.where(outlier_floor > threshold, outlier_floor, threshold)  # max(x, floor)
+            new_mask = cand & (dev <= threshold[G])
+            changed = np.bincount(G, weights=(new_mask != mask) & looping[G], minlength=P) > 0
+            ni = np.flatnonzero(new_mask & looping[G])
+            enough = _group_distinct(G[ni], N[ni], P) >= 2
+            go = looping & changed & enough
+            looping = go
+            for g in np.flatnonzero(go).tolist():
+                s, e = seg[g]
+                mask[s:e] = new_mask[s:e]
+                refit(g)
+        for j in np.flatnonzero(cand & ~mask).tolist():
+            dropped[G[j]].append((j - int(offs[G[j]]), "outlier"))
+    splits: dict = {}
+    if split_ranges:
+        want = [g for g in active if A[g] > 0 and B[g] > 0]
+        if want:
+            kept = mask & np.isin(G, want)
+            ki = np.flatnonzero(kept)
+            rates = _group_size_medians(G[ki], N[ki], N[ki] / T[ki], P)
+            for g in want:
+                s, e = seg[g]
+                two = _split_ranges(N[s:e], T[s:e], mask[s:e], float(A[g]), float(B[g]), CL[g], rates=rates[g])
+                if two is not None:
+                    A[g], B[g], CL[g] = two[0], two[1], two[2]
+                    splits[g] = two[3]
+    r = (T - (A[G] + B[G] * N)) / T
+    ki = np.flatnonzero(mask)
+    meds = _group_size_medians(G[ki], N[ki], T[ki], P)
+    for g in active:
+        i, canon, a_name, k = ok[g][:4]
+        s, e = seg[g]
+        try:
+            out[i] = _result(canon, a_name, k, "relative_wls", N[s:e], T[s:e], mask[s:e], dropped[g], float(A[g]),
+                             float(B[g]), CL[g], split=splits.get(g), pre=(r[s:e], *meds[g]))
+        except BadInputError as exc:
+            out[i] = exc
+    return out
+
+
+def _group_distinct(gid: np.ndarray, n: np.ndarray, ngroups: int) -> np.ndarray:
+    """Per group 0..ngroups−1 of ``gid``, how many distinct values ``n`` (finite) its elements hold
+    (np.unique's count: 0.0 and -0.0 are one)."""
+    if not gid.size:
+        return np.zeros(ngroups, dtype=np.int64)
+    o = np.lexsort((n, gid))
+    gs, ns = gid[o], n[o]
+    first = np.ones(ns.size, dtype=bool)
+    first[1:] = (ns[1:] != ns[:-1]) | (gs[1:] != gs[:-1])
+    return np.bincount(gs[first], minlength=ngroups)
 
 
 def fit_unweighted(

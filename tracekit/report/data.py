@@ -37,11 +37,26 @@ def _calibration_runs(st: Store) -> list[str]:
         con.close()
 
 
+_FLOAT_TYPES = ("DOUBLE", "FLOAT")
+"""The result types whose values DuckDB's Python client gives as floats."""
+
+
 def _rows(con, sql: str, params: list | None = None) -> list[dict]:
+    """The result of ``sql`` as one dict per row, a float that is not finite (NaN, ±inf) as None."""
     cur = con.execute(sql, params or [])
     cols = [d[0] for d in cur.description]
+    recs = cur.fetchall()
+    if len(set(cols)) == len(cols):  # only the float columns can hold a float to clear
+        fl = [(i, c) for i, (c, d) in enumerate(zip(cols, cur.description)) if str(d[1]) in _FLOAT_TYPES]
+        out = [dict(zip(cols, rec)) for rec in recs]
+        for row, rec in zip(out, recs):
+            for i, c in fl:
+                v = rec[i]
+                if v is not None and not math.isfinite(v):
+                    row[c] = None
+        return out
     out = []
-    for rec in cur.fetchall():
+    for rec in recs:
         row = {}
         for c, v in zip(cols, rec):
             if isinstance(v, float) and not math.isfinite(v):
@@ -99,8 +114,8 @@ def build_report(
 ) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
-    ``critical_path``: build the critical path (True), leave it out (False), or (None) build it
-    when the run has at most CRITICAL_PATH_AUTO_EVENTS events (tracekit.analyses.critical_path).
+    ``critical_path``: build the critical path (True, or None: the default;
+    tracekit.analyses.critical_path) or leave it out (False).
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),

@@ -185,8 +185,7 @@ def export_perfetto(
 ) -> ExportStats:
     """Write run ``run_id`` (default: the newest) as one Chrome/Perfetto JSON file at ``out_path``.
 
-    ``critical_path``: add the critical-path process (True), not (False), or (None) when the run has
-    at most tracekit.analyses.critical_path.CRITICAL_PATH_AUTO_EVENTS events.
+    ``critical_path``: add the critical-path process (True, or None: the default) or not (False).
 
     The file is written to a temporary name beside ``out_path`` and renamed, so a failure leaves
     no half-written file. Returns :class:`ExportStats`. Raises StoreError for an empty store or an

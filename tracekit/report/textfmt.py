@@ -156,6 +156,17 @@ def short_kernel_name(name: str | None, limit: int = 120) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
+def _cell_lens(texts: list[str]) -> list[int]:
+    """rich's ``cell_len`` of each string (the cells it takes on a terminal): ``len`` for them all when
+    together they are printable ASCII (one cell a character), checked once for the lot; else
+    cell_len each (the tables measure every cell and every word)."""
+    if "".join(texts).isascii() and "".join(texts).isprintable():
+        return [len(t) for t in texts]
+    from rich.cells import cell_len
+
+    return [cell_len(t) for t in texts]
+
+
 FOLD_FLOOR = 12
 """The narrowest a column of long names (kernels, launchers) is folded to when its words cannot
 all fit whole (:func:`fit_table`)."""
@@ -175,16 +186,14 @@ def fit_table(table, width: int) -> list[int]:
     an ellipsis, so each character of each cell is printed. Returns the widths (cells, without
     padding); ``table.tk_widths`` keeps them for tests.
     """
-    from rich.cells import cell_len
-
     cols = table.columns
     n = len(cols)
     if not n:
         return []
     lines = [[ln for c in [str(col.header)] + [str(c) for c in col._cells] for ln in (c.splitlines() or [""])]
              for col in cols]
-    longest = [max([cell_len(ln) for ln in ls] + [1]) for ls in lines]
-    word = [max([cell_len(w) for ln in ls for w in ln.split()] + [1]) for ls in lines]
+    longest = [max(_cell_lens(ls) + [1]) for ls in lines]
+    word = [max(_cell_lens([w for ln in ls for w in ln.split()]) + [1]) for ls in lines]
     avail = width - table._extra_width - sum(table._get_padding_width(i) for i in range(n))
     widths = list(longest)
     for floors in (word, [min(w, FOLD_FLOOR) for w in word], [1] * n):
@@ -257,7 +266,6 @@ def plain_table(table, console):
     header is ``─`` across the same width. Returns a renderable for ``console.print``. Checked
     against rich's own rendering in tests/report/test_plain_table.py."""
     from rich import box
-    from rich.cells import cell_len
 
     if not _is_literal(console) or console.color_system is not None or console.record or table.box is not box.SIMPLE_HEAD:
         return None
@@ -282,12 +290,13 @@ def plain_table(table, console):
         if not all(type(c) is str for c in cells):
             return None
         texts = [literal(c) for c in cells]
-        if any("\n" in s or cell_len(s) > w for s in texts):
+        lens = _cell_lens(texts)
+        if max(lens) > w or any("\n" in s for s in texts):
             return None
         if col.justify == "right":
-            columns.append([" " * (w - cell_len(s)) + s for s in texts])
+            columns.append([" " * (w - m) + s for s, m in zip(texts, lens)])
         else:
-            columns.append([s + " " * (w - cell_len(s)) for s in texts])
+            columns.append([s + " " * (w - m) for s, m in zip(texts, lens)])
     total = sum(widths) + 2 * (n - 1)
     if total > console.width:
         return None

@@ -11,7 +11,13 @@ Layout (``<store>`` defaults to ``./tracekit-store``; ``--store`` or the
     <store>/runs/<run_id>/overlap_summary.parquet  1 row per rank and window (whole trace, steps)
     <store>/runs/<run_id>/span_overlap.parquet     1 row per comm event: its overlap with compute
     <store>/runs/<run_id>/gpu_breakdown_summary.parquet, gpu_launcher_summary.parquet   GPU time per rank
-                                               (these four in every run, SUMMARY_TABLES; maybe empty)
+    <store>/runs/<run_id>/gpu_op_durations.parquet  per rank: GPU ops counted per class, name and duration
+    <store>/runs/<run_id>/collective_steps.parquet  per rank: the profiler step of each collective call's event
+    <store>/runs/<run_id>/rank_critical_path.parquet, rank_critical_path_summary.parquet   a run of one rank: its
+                                               critical paths (CRITICAL_PATH_TABLES)
+    <store>/runs/<run_id>/critical_path_nodes.parquet  a run of several ranks: the critical path's nodes
+    <store>/runs/<run_id>/rank_steps.parquet   per rank and profiler step: events, first start, last end
+                                               (these ten in every run, SUMMARY_TABLES; maybe empty)
     <store>/runs/<run_id>/fr_entries.parquet   Flight Recorder entries (fr_groups, fr_dumps beside it); only runs with dumps
     <store>/versions/<run_id>@<n>/             the version directories (runs/* holds only the current ones)
     <store>/.staging/                          private to writers
@@ -42,9 +48,12 @@ import pyarrow as pa
 
 from tracekit.errors import FileError, StoreError
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 """Store schema version, ``MAJOR.MINOR``; a reader refuses a newer MAJOR. 1.1 added the Flight
-Recorder tables (fr_entries, fr_groups, fr_dumps); a 1.0 run reads them as empty."""
+Recorder tables (fr_entries, fr_groups, fr_dumps); a 1.0 run reads them as empty. 1.2 added the
+summary tables gpu_op_durations and collective_steps, and the critical path's tables
+(CRITICAL_PATH_TABLES); the analyses refuse a run with events stored without them ("ingest it again
+with --replace", :meth:`AnalysisConnection.require_stored`)."""
 
 CLIP_TOLERANCE_NS = 100
 """Overlaps of consecutive GPU ops on one stream up to this are clock noise: kept and counted
@@ -142,12 +151,15 @@ COLLECTIVES_SCHEMA = pa.schema(
     ]
 )
 
-SUMMARY_TABLES = ("overlap_summary", "span_overlap", "gpu_breakdown_summary", "gpu_launcher_summary")
+SUMMARY_TABLES = ("overlap_summary", "span_overlap", "gpu_breakdown_summary", "gpu_launcher_summary",
+                  "gpu_op_durations", "collective_steps", "rank_critical_path", "rank_critical_path_summary",
+                  "critical_path_nodes", "rank_steps")
 """Tables every ingest path writes for every run (empty where there is nothing to summarise:
-nccl-tests logs, Flight Recorder dumps alone, CPU-only ranks' GPU tables, and the GPU tables of a run
-whose GPU work could not be swept, with the reason in its ranks' warnings). They are computed at
-ingest only: the analyses read them and nothing else (:meth:`AnalysisConnection.require_stored`
-refuses a run lacking one, or holding it damaged, with "ingest it again with --replace")."""
+nccl-tests logs, Flight Recorder dumps alone, CPU-only ranks' GPU tables, and the GPU breakdown
+tables (gpu_breakdown_summary, gpu_launcher_summary) of a run whose GPU work could not be swept,
+with the reason in its ranks' warnings). They are computed at ingest only: the analyses read them
+and nothing else (:meth:`AnalysisConnection.require_stored` refuses a run lacking one, or holding it
+damaged, with "ingest it again with --replace")."""
 
 # Per-rank overlap summaries, computed at ingest (tracekit.timeline.intervals.rank_overlap_summary, called by
 # tracekit.ingest.assemble.assemble_rank) so that analyze need not scan the events for overlap.
@@ -215,6 +227,105 @@ GPU_LAUNCHER_SUMMARY_SCHEMA = pa.schema(
     ]
 )
 
+
+# Per-rank summaries of the events the report would otherwise scan, computed at ingest from the rows
+# the link pass writes (tracekit.ingest.assemble.assemble_rank), so that analyze opens no rank's
+# events file. Empty for runs without events. Neither holds a timestamp (no clock shift applies).
+#
+# gpu_op_durations: the rank's GPU ops (events on GPU tracks, track_kind 'gpu_stream', other than
+# Kineto's gpu_user_annotation ranges; durations as stored, after the ingest's stream clipping)
+# counted per (class, name, duration): a histogram that merges exactly over ranks, so the kernel
+# summary's counts, sums, means, exact quantiles and maxima over all ranks come from it
+# (analyses/kernel_summary.sql). One row per distinct (class, name, dur_ns) of the rank.
+GPU_OP_DURATIONS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("class", pa.string()),  # events.class of the ops (compute / comm / memory / sync / other)
+        ("name", pa.string()),  # events.name (kernel name, "Memcpy HtoD ..."); null for ops without one
+        ("dur_ns", pa.int64()),  # their duration, ns (events.dur_ns)
+        ("ops", pa.int64()),  # the rank's GPU ops of this class, name and duration
+        ("step_ops", pa.int64()),  # those of them in a profiler step (events.step not null)
+    ]
+)
+
+# collective_steps: per collectives row's event (collectives.event_id) that lies in a profiler step,
+# that step and whether the event is communication; one row per such event of the rank (an event
+# without a step has none). measured_vs_model joins the calls on it instead of the events.
+COLLECTIVE_STEPS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("event_id", pa.int64()),  # the collective's span (collectives.event_id = events.event_id)
+        ("step", pa.int64()),  # events.step of that event: its profiler step number
+        ("comm", pa.bool_()),  # events.class = 'comm' for that event
+    ]
+)
+
+
+
+# The critical path's tables, written by each rank at ingest (tracekit.ingest.critical_path, called
+# by tracekit.ingest.assemble.assemble_rank; the walk: tracekit.timeline.critical_path). A run of one
+# rank stores its paths final (rank_critical_path, rank_critical_path_summary: the columns of the
+# critical_path and critical_path_summary views, analyses/critical_path.py, but length_ns and
+# window_ns); a run of several ranks stores its nodes instead (critical_path_nodes), which the
+# analysis walks with the collective edges across ranks. rank_steps: every run with events. Times are
+# ns on the run's common clock (shifted by the rank's clock offset like the events).
+RANK_CRITICAL_PATH_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),  # the rank whose step the path explains
+        ("step", pa.int64()),  # profiler step; null for the whole trace of a run without steps
+        ("pos", pa.int32()),  # position on the path, 0 = the earliest event
+        ("event_rank", pa.int32()),  # the rank the event ran on
+        ("event_id", pa.int64()),
+        ("name", pa.string()),
+        ("class", pa.string()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("on_path_ns", pa.int64()),  # the part of the event credited to the path
+        ("gap_ns", pa.int64()),  # the gap credited before it
+        ("edge", pa.string()),  # how the next event on the path depends on this one ('end' for the last)
+    ]
+)
+
+RANK_CRITICAL_PATH_SUMMARY_SCHEMA = pa.schema(
+    [("run_id", pa.string()), ("rank", pa.int32()), ("step", pa.int64()),
+     ("start_ns", pa.int64()), ("end_ns", pa.int64())]  # the path's first credited piece, its end
+    + [(c, pa.int64()) for c in ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sync_other_ns",
+                                 "straggler_ns", "idle_ns")]  # the composition: sums to end_ns − start_ns
+    + [("path_events", pa.int64()), ("other_ranks", pa.int32())]
+)
+
+CRITICAL_PATH_NODES_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("step", pa.int64()),  # events.step
+        ("event_id", pa.int64()),
+        ("gpu", pa.bool_()),  # on a GPU stream
+        ("tid", pa.int64()),  # the event's track (kind, device, track) as a number that sorts like it within the rank
+        ("ts_ns", pa.int64()),
+        ("end_ns", pa.int64()),  # ts_ns + dur_ns
+        ("launch_event_id", pa.int64()),  # events.launch_event_id
+        ("name", pa.string()),
+        ("class", pa.string()),  # events.class
+    ]
+)
+
+RANK_STEPS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("rank", pa.int32()),
+        ("step", pa.int64()),  # profiler step; null: the rank's events in no step
+        ("events", pa.int64()),  # the rank's events with that step
+        ("first_ns", pa.int64()),  # first start of those with a start and a non-negative duration; null: none
+        ("last_ns", pa.int64()),  # last end of those
+    ]
+)
+
+CRITICAL_PATH_TABLES = ("rank_critical_path", "rank_critical_path_summary", "critical_path_nodes", "rank_steps")
+"""The critical path's tables of SUMMARY_TABLES."""
 
 # Flight Recorder dumps (tracekit.ingest.flight_recorder): one row per entry of each rank's ring
 # buffer, the process groups' global ranks where a dump names them, one row per dump. A run without
@@ -314,9 +425,15 @@ TABLES = {
     "span_overlap": ("span_overlap.parquet", SPAN_OVERLAP_SCHEMA),
     "gpu_breakdown_summary": ("gpu_breakdown_summary.parquet", GPU_BREAKDOWN_SUMMARY_SCHEMA),
     "gpu_launcher_summary": ("gpu_launcher_summary.parquet", GPU_LAUNCHER_SUMMARY_SCHEMA),
+    "rank_critical_path": ("rank_critical_path.parquet", RANK_CRITICAL_PATH_SCHEMA),
+    "rank_critical_path_summary": ("rank_critical_path_summary.parquet", RANK_CRITICAL_PATH_SUMMARY_SCHEMA),
+    "critical_path_nodes": ("critical_path_nodes.parquet", CRITICAL_PATH_NODES_SCHEMA),
+    "rank_steps": ("rank_steps.parquet", RANK_STEPS_SCHEMA),
     "fr_entries": ("fr_entries.parquet", FR_ENTRIES_SCHEMA),
     "fr_groups": ("fr_groups.parquet", FR_GROUPS_SCHEMA),
     "fr_dumps": ("fr_dumps.parquet", FR_DUMPS_SCHEMA),
+    "gpu_op_durations": ("gpu_op_durations.parquet", GPU_OP_DURATIONS_SCHEMA),
+    "collective_steps": ("collective_steps.parquet", COLLECTIVE_STEPS_SCHEMA),
 }
 
 PARQUET_OPTS = dict(compression="zstd", compression_level=3)
@@ -363,7 +480,7 @@ class AnalysisConnection:
         (T.parquet): ingest it again with --replace") or holds it damaged (the file and what is
         wrong with it, the same advice), naming the run's traces (:meth:`_sources`). A run without
         events (ranks.events = 0: an nccl-tests log, Flight Recorder dumps alone, also as stored before
-        every run held the four files) is not checked: its summaries are empty whatever its files, so a store's old
+        every run held the summary files) is not checked: its summaries are empty whatever its files, so a store's old
         calibration logs never block another run's report."""
         with_events = self._runs_with_events()
         for rid in sorted(set(self.run_tables) - set(self.damaged_runs)):
@@ -632,8 +749,9 @@ class Store:
         """A DuckDB connection (:class:`AnalysisConnection`) with the store's tables as views.
 
         Views ``runs``, ``ranks``, ``events``, ``collectives``, ``overlap_summary``, ``span_overlap``,
-        ``gpu_breakdown_summary``, ``gpu_launcher_summary`` (the last four: the stored per-rank
-        summaries; a file of theirs that is damaged is not read, and ``con.damaged_summaries`` says
+        ``gpu_breakdown_summary``, ``gpu_launcher_summary``, ``gpu_op_durations``,
+        ``collective_steps``, ``rank_critical_path``, ``rank_critical_path_summary``,
+        ``critical_path_nodes``, ``rank_steps`` (the last ten: the stored per-rank summaries, SUMMARY_TABLES; a file of theirs that is damaged is not read, and ``con.damaged_summaries`` says
         why: :meth:`AnalysisConnection.require_stored`) read the Parquet
         files of every run, or only of ``run_ids`` (faster for one run's report);
         when there is no run they are empty with the right columns. The files are a literal

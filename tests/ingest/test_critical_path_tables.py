@@ -1,0 +1,94 @@
+"""The critical path's tables written at ingest (tracekit.ingest.critical_path): which a run stores,
+and what they hold, against SQL over the stored events (an independent computation)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import FIXTURES
+from tracekit import analyses
+from tracekit.ingest import ingest_paths
+from tracekit.store import Store
+
+# the nodes of the walk, as analyses/critical_path.py's header defines them, in SQL over the events
+_NODES = """
+SELECT rank, event_id FROM events WHERE run_id = ? AND ts_ns IS NOT NULL AND dur_ns >= 0
+  AND ((track_kind = 'gpu_stream' AND category IS DISTINCT FROM 'gpu_user_annotation')
+       OR category = 'runtime' OR class IN ('compute', 'comm', 'sync'))
+"""
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    st = Store(tmp_path_factory.mktemp("cpt") / "s")
+    ingest_paths([FIXTURES / "tp_2rank"], st, run_id="two")
+    ingest_paths([FIXTURES / "tp_2rank" / "rank0.pt.trace.json.gz"], st, run_id="one")
+    return st
+
+
+def _q(st, sql, params):
+    con = analyses.connect(st)
+    try:
+        return con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_run_of_several_ranks_stores_its_nodes_not_paths(stores):
+    assert _q(stores, "SELECT count(*) FROM rank_critical_path WHERE run_id = ?", ["two"]) == [(0,)]
+    assert _q(stores, "SELECT count(*) FROM rank_critical_path_summary WHERE run_id = ?", ["two"]) == [(0,)]
+    got = _q(stores, "SELECT rank, event_id FROM critical_path_nodes WHERE run_id = ? ORDER BY ALL", ["two"])
+    assert got and got == _q(stores, _NODES + " ORDER BY ALL", ["two"])
+    # each node's times, launch, name and class are its event's
+    assert _q(stores, """SELECT count(*) FROM critical_path_nodes n JOIN events e USING (run_id, rank, event_id)
+                         WHERE n.run_id = ? AND (n.ts_ns IS DISTINCT FROM e.ts_ns OR n.end_ns IS DISTINCT FROM e.ts_ns + e.dur_ns
+                           OR n.launch_event_id IS DISTINCT FROM e.launch_event_id OR n.name IS DISTINCT FROM e.name
+                           OR n.class IS DISTINCT FROM e.class OR n.step IS DISTINCT FROM e.step
+                           OR n.gpu IS DISTINCT FROM (e.track_kind = 'gpu_stream'))""", ["two"]) == [(0,)]
+
+
+def test_tid_numbers_tracks_in_their_order(stores):
+    """Equal tracks, equal tid; tids sort like (kind, device, track) within a rank."""
+    rows = _q(stores, """SELECT DISTINCT n.rank, n.tid, e.track_kind, e.device, e.track FROM critical_path_nodes n
+                         JOIN events e USING (run_id, rank, event_id) WHERE n.run_id = ?
+                         ORDER BY n.rank, n.tid""", ["two"])
+    for r in {x[0] for x in rows}:
+        mine = [x[1:] for x in rows if x[0] == r]
+        assert len({t for t, *_ in mine}) == len(mine) == len({tuple(x[1:]) for x in mine})
+        assert [x[1:] for x in mine] == sorted((x[1:] for x in mine), key=lambda k: tuple((v is None, v) for v in k))
+
+
+def test_a_run_of_one_rank_stores_its_final_paths(stores):
+    assert _q(stores, "SELECT count(*) FROM critical_path_nodes WHERE run_id = ?", ["one"]) == [(0,)]
+    n = _q(stores, "SELECT count(*) FROM rank_critical_path WHERE run_id = ?", ["one"])[0][0]
+    assert n > 0
+    # the view is the stored rows, and its summary's window_ns is the rank's own step span
+    assert _q(stores, "SELECT count(*) FROM critical_path WHERE run_id = ?", ["one"]) == [(n,)]
+    spans = dict(((s,), w) for s, w in _q(stores, """SELECT step, max(ts_ns + dur_ns) - min(ts_ns) FROM events
+        WHERE run_id = ? AND ts_ns IS NOT NULL AND dur_ns >= 0 GROUP BY step""", ["one"]))
+    for step, window in _q(stores, "SELECT step, window_ns FROM critical_path_summary WHERE run_id = ?", ["one"]):
+        assert window == spans[(step,)]
+
+
+def test_rank_steps_counts_every_event(stores):
+    for run in ("one", "two"):
+        want = _q(stores, """SELECT rank, step, count(*), min(ts_ns) FILTER (WHERE dur_ns >= 0),
+                                    max(ts_ns + dur_ns) FILTER (WHERE dur_ns >= 0)
+                             FROM events WHERE run_id = ? GROUP BY ALL ORDER BY ALL""", [run])
+        got = _q(stores, "SELECT rank, step, events, first_ns, last_ns FROM rank_steps WHERE run_id = ? ORDER BY ALL",
+                 [run])
+        assert got == want and len(got) > 2
+
+
+def test_tables_written_in_small_parts_are_the_same(stores, tmp_path, monkeypatch):
+    """ROWS_PER_PART = 7: both long tables are written in many parts, with the same rows."""
+    import tracekit.ingest.critical_path as icp
+
+    monkeypatch.setattr(icp, "ROWS_PER_PART", 7)
+    small = Store(tmp_path / "s")
+    ingest_paths([FIXTURES / "tp_2rank"], small, run_id="two")
+    ingest_paths([FIXTURES / "tp_2rank" / "rank0.pt.trace.json.gz"], small, run_id="one")
+    for table in ("critical_path_nodes", "rank_critical_path", "rank_critical_path_summary", "critical_path_summary"):
+        sql = f"SELECT * FROM {table} ORDER BY ALL"
+        assert _q(small, sql, []) == _q(stores, sql, []), table
+    assert _q(small, "SELECT count(*) FROM rank_critical_path", [])[0][0] > 7
