@@ -36,20 +36,23 @@ def _session(sid: int) -> list[tuple[int, str]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    """Four rank files that take the workers a few seconds each (400,000 events, 0.4 MB gzip)."""
-    d = tmp_path_factory.mktemp("big")
+def _rank_files(d: Path, ranks: int) -> Path:
+    """``ranks`` rank files in ``d`` of 400,001 events each (0.4 MB gzip; ~1.2 CPU s of ingest each):
+    one gzip member for each file's header, the events' member compressed once and shared."""
+    d.mkdir()
     ev = json.dumps({"ph": "X", "cat": "kernel", "name": "sm90_gemm", "pid": 0, "tid": 7, "ts": 1000.5, "dur": 5,
                      "args": {"correlation": 1, "stream": 7, "device": 0}})
-    body = (",".join([ev] * 1000) + ",").encode()
-    for r in range(4):
-        with gzip.open(d / f"rank{r}.json.gz", "wb", compresslevel=1) as f:
-            f.write(b'{"distributedInfo":{"rank":%d,"world_size":4},"traceEvents":[' % r)
-            for _ in range(400):
-                f.write(body)
-            f.write(ev.encode() + b"]}")
+    body = gzip.compress((",".join([ev] * 1000) + ",").encode() * 400 + ev.encode() + b"]}", compresslevel=1)
+    for r in range(ranks):
+        head = b'{"distributedInfo":{"rank":%d,"world_size":%d},"traceEvents":[' % (r, ranks)
+        (d / f"rank{r}.json.gz").write_bytes(gzip.compress(head) + body)
     return d
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """Four rank files that take the workers a few seconds each (:func:`_rank_files`)."""
+    return _rank_files(tmp_path_factory.mktemp("big") / "traces", 4)
 
 
 def _kill_and_count(traces: Path, store: Path, sig: int) -> tuple[int, list]:
@@ -141,14 +144,18 @@ def test_address_auto_that_finds_a_dead_cluster_fails_in_seconds(tmp_path, liste
 
 
 @pytest.mark.skipif(not _ray(), reason="Ray is not installed")
-def test_ray_instance_of_our_own_dies_with_the_command(traces, tmp_path):
+def test_ray_instance_of_our_own_dies_with_the_command(tmp_path):
     """--engine ray with no --address starts a local Ray instance; kill -9 of the command: its GCS,
     raylet, dashboard and runtime-env agents, log monitor and workers are gone 5 s later (a reaper
-    notes them as they start and kills them once the command has ended)."""
+    notes them as they start and kills them once the command has ended). Twelve rank files (~15 CPU
+    s of work for Ray's two workers), so that the ingest is still running when it is killed."""
+    traces = _rank_files(tmp_path / "traces", 12)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    p = subprocess.Popen([sys.executable, "-m", "tracekit", "ingest", str(traces), "--store", str(tmp_path / "s"),
-                          "--engine", "ray", "--jobs", "2"],
-                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    err = tmp_path / "stderr"
+    with open(err, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "tracekit", "ingest", str(traces), "--store", str(tmp_path / "s"),
+                              "--engine", "ray", "--jobs", "2"],
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=f, env=env)
     try:
         t0 = time.monotonic()
         while time.monotonic() - t0 < 120 and p.poll() is None:
@@ -157,6 +164,7 @@ def test_ray_instance_of_our_own_dies_with_the_command(traces, tmp_path):
             time.sleep(0.2)
         before = len(_session(p.pid))
         time.sleep(2)
+        assert p.poll() is None, f"the command ended before it was killed (exit {p.returncode}): {err.read_text()[-2000:]}"
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
         t1 = time.monotonic()
