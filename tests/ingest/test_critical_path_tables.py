@@ -92,3 +92,22 @@ def test_tables_written_in_small_parts_are_the_same(stores, tmp_path, monkeypatc
         sql = f"SELECT * FROM {table} ORDER BY ALL"
         assert _q(small, sql, []) == _q(stores, sql, []), table
     assert _q(small, "SELECT count(*) FROM rank_critical_path", [])[0][0] > 7
+
+
+def test_distinct_rows_match_a_python_set():
+    """_distinct_rows on random int64 columns (negative values and ties included): each row's number
+    names a row equal to it, the representatives are distinct and in lexicographic (numeric) order,
+    and there are as many as a Python set of the row tuples holds."""
+    import numpy as np
+
+    from tracekit.ingest.critical_path import _distinct_rows
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 50, 2000):
+        cols = [rng.integers(-3, 3, n), rng.integers(0, 2, n), rng.integers(-2**40, 2**40, n) // 2**38,
+                rng.integers(0, 2, n), rng.integers(-5, 5, n)]
+        first, inv = _distinct_rows(cols)
+        rows = list(zip(*(c.tolist() for c in cols)))
+        reps = [rows[i] for i in first.tolist()]
+        assert reps == sorted(set(rows))
+        assert [reps[j] for j in inv.tolist()] == rows
