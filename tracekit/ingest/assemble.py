@@ -118,6 +118,13 @@ GPU_SWEPT_TABLES = ("gpu_breakdown_summary", "gpu_launcher_summary")
 could not be swept (GPU_NOT_SUMMARISED), none (sums over ranks would be partial)."""
 
 
+def unstaged(alone: bool) -> frozenset:
+    """The critical-path tables that a run of one rank (``alone``) or of several never fills
+    (tracekit.ingest.critical_path.rank_tables: final paths for one rank, nodes for several): not
+    staged per rank; the run stores them empty."""
+    return frozenset({"critical_path_nodes"}) if alone else frozenset({"rank_critical_path", "rank_critical_path_summary"})
+
+
 def part_path(parts, name: str, rank: int) -> Path:
     """Where a rank's staged table ``name`` (one of PART_TABLES) lies under ``parts``:
     ``parts/<name>/rank=<rank>.arrow`` (an Arrow IPC file of the table's schema, LZ4-compressed;
@@ -586,7 +593,7 @@ def assemble_rank(task: RankTask) -> RankResult:
         if t is not None:
             _write_part(task.parts, name, schema, rank, t)
     for name, schema, _ in (p for p in PART_TABLES if p[0] in CRITICAL_PATH_TABLES):  # the long one not streamed: empty
-        if name not in streamed:
+        if name not in streamed and name not in unstaged(task.alone):
             _write_part(task.parts, name, schema, rank, paths.get(name, schema.empty_table()))
     Path(raw).unlink(missing_ok=True)
     rf.remove_meta()
@@ -720,7 +727,7 @@ def finish_run(
     # in its warnings): the run stores both GPU files empty, no rank's rows (sums over ranks would be
     # partial)
     for name, schema, cols in PART_TABLES:
-        if no_gpu and name in GPU_SWEPT_TABLES:
+        if (no_gpu and name in GPU_SWEPT_TABLES) or name in unstaged(len(rank_order) == 1):
             pq.write_table(schema.empty_table(), stage / f"{name}.parquet", **PARQUET_OPTS)
             continue
         # ranks gathered into row groups of COLLECTIVES_ROW_GROUP rows or ROW_GROUP_BYTES (a row group
