@@ -284,6 +284,24 @@ def test_unreachable_address_is_one_line(tmp_path):
 
 
 @needs_ray
+def test_no_address_starts_an_instance_of_its_own_whatever_ray_address_says(tmp_path):
+    """Without --address the ingest starts a Ray instance of its own, even where the environment
+    names a cluster (RAY_ADDRESS; Ray's ray.init would also take the latest `ray start` cluster of
+    the machine, dead or alive): here a port nothing listens on. Before, ray.init tried to join it
+    (and refused the instance's num_cpus there). The run is the local engine's, collective for
+    collective."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(REPO), RAY_ADDRESS="127.0.0.1:1")
+    p = subprocess.run([sys.executable, "-m", "tracekit", "ingest", str(FIXTURES / "tp_2rank"), "--store",
+                        str(tmp_path / "s"), "--engine", "ray", "--jobs", "1", "--run-id", "r"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = duckdb.sql(f"SELECT count(*) FROM '{tmp_path / 's'}/runs/r/collectives.parquet'").fetchall()[0][0]
+    # fixtures/tp_2rank: 2 all-reduces per layer per active step, 2 layers, 2 steps, on 2 ranks
+    assert got == 16
+
+
+@needs_ray
 def test_address_of_another_service_fails_in_seconds(tmp_path):
     """A port that accepts TCP but is not a Ray head (here a socket that accepts and says nothing):
     one line naming the address, the store untouched. Ray's join timeouts are shortened in the

@@ -113,7 +113,7 @@ class RayEngine:
     """Each task is one Ray task (``max_retries`` = :data:`RAY_MAX_RETRIES` for lost workers).
 
     ``address``: None starts a local Ray instance for this ingest (``num_cpus`` = ``workers`` when
-    given) and stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster (a HOST:PORT,
+    given; whatever ``RAY_ADDRESS`` says) and stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster (a HOST:PORT,
     or the one ``auto`` finds, that refuses a TCP connection fails at once; one that accepts but
     does not answer as a Ray head fails within Ray's join timeouts, :data:`RAY_JOIN_TIMEOUTS`). A process already connected to Ray (``ray.init``
     in a notebook) keeps its connection, whatever ``address`` says.
@@ -140,7 +140,9 @@ class RayEngine:
             kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                       configure_logging=True)
             if self.address is None:
-                kw["num_cpus"] = self.workers
+                # "local": an instance of our own even where RAY_ADDRESS names a cluster (ray.init
+                # would join that one, and refuse num_cpus there)
+                kw.update(address="local", num_cpus=self.workers)
             else:
                 if self.address != "auto":
                     _check_reachable(self.address)
