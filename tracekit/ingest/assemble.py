@@ -73,7 +73,8 @@ class RankTask:
     summaries, written by :func:`assemble_rank` and read back by :func:`finish_run`."""
     alone: bool = True
     """The run has this one rank: its critical paths are final at ingest (no collective edge to
-    another rank), else its nodes are stored for the analysis (tracekit.ingest.critical_path)."""
+    another rank) unless its own calls may meet in one instance (:func:`_may_meet_itself`), else
+    its nodes are stored for the analysis (tracekit.ingest.critical_path)."""
 
 
 @dataclass
@@ -119,10 +120,23 @@ could not be swept (GPU_NOT_SUMMARISED), none (sums over ranks would be partial)
 
 
 def unstaged(alone: bool) -> frozenset:
-    """The critical-path tables that a run of one rank (``alone``) or of several never fills
-    (tracekit.ingest.critical_path.rank_tables: final paths for one rank, nodes for several): not
-    staged per rank; the run stores them empty."""
-    return frozenset({"critical_path_nodes"}) if alone else frozenset({"rank_critical_path", "rank_critical_path_summary"})
+    """The critical-path tables that a run of several ranks never fills (its final paths:
+    tracekit.ingest.critical_path.rank_tables): not staged per rank; the run stores them empty. A
+    run of one rank (``alone``) stages all three: its final paths, or its nodes where its own calls
+    may meet in one collective instance (:func:`_may_meet_itself`)."""
+    return frozenset() if alone else frozenset({"rank_critical_path", "rank_critical_path_summary"})
+
+
+def _may_meet_itself(table: pa.Table, facts: list) -> bool:
+    """Whether two of a rank's calls (its collectives ``table``) may be one collective instance:
+    two with one (pg_name, seq), or calls whose process group is attributed later (``facts`` of
+    unnamed gloo calls, :func:`finish_run`). Such a rank's critical path can have a collective edge
+    to its own later call, so even alone in its run it is walked at analyze time from its nodes,
+    with the instances' last arrivals (tracekit.analyses.critical_path)."""
+    if any(f and f["unnamed"] for f in facts):
+        return True
+    keyed = table.select(["pg_name", "seq"]).filter(pc.is_valid(table.column("seq")))
+    return keyed.group_by(["pg_name", "seq"]).aggregate([]).num_rows < keyed.num_rows
 
 
 def part_path(parts, name: str, rank: int) -> Path:
@@ -587,7 +601,7 @@ def assemble_rank(task: RankTask) -> RankResult:
         _write_parts(task.parts, name, dict((n, sc) for n, sc, _ in PART_TABLES)[name], rank, tables)
         streamed.add(name)
 
-    paths = rank_tables(Path(task.out), run_id, rank, task.alone, write)
+    paths = rank_tables(Path(task.out), run_id, rank, task.alone and not _may_meet_itself(table, facts), write)
     for (name, schema, _), t in zip(PART_TABLES, (table, windows, spans, gpu_windows, gpu_launchers, op_durations,
                                                   steps)):
         if t is not None:

@@ -57,7 +57,7 @@ def _codes(col, table: dict, default: int) -> np.ndarray:
 def _distinct_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The distinct rows of equal-length int64 columns ``cols``: (a row index of each, in the rows'
     lexicographic order; per row, the number of its distinct row in that order). One ``lexsort``,
-    where ``np.unique(..., axis=0)`` sorts the rows as byte strings (several times slower)."""
+    where ``np.unique(..., axis=0)`` would sort the rows as byte strings."""
     order = np.lexsort(cols[::-1])
     new = np.ones(len(order), bool)
     if len(order) > 1:
@@ -202,8 +202,9 @@ tables of a long trace are written in parts, not held whole)."""
 def rank_tables(events_file: Path, run_id: str, rank: int, final: bool, write) -> dict[str, pa.Table]:
     """The critical-path tables of one rank whose events file is ``events_file``, each of its store
     schema (tracekit.store). ``write(name, tables)`` receives the two that can be long as an
-    iterator of tables (at most ROWS_PER_PART rows each; none for an empty table): with ``final`` (a
-    run of one rank) ``rank_critical_path``, its final paths in (step, pos) order, else
+    iterator of tables (about ROWS_PER_PART rows each, whole windows; none for an empty table): with
+    ``final`` (a run of one rank whose calls cannot meet in one instance: no collective edge)
+    ``rank_critical_path``, its final paths in (step, pos) order, else
     ``critical_path_nodes``, the walk's input. Returns the others: ``rank_steps``, and
     ``rank_critical_path_summary`` (empty unless ``final``). Memory: ~50 B per node, one window's
     walk and one part of rows. Errors of the file propagate."""
