@@ -54,12 +54,14 @@ tracekit.timeline.critical_path). Per window, every node's candidate predecessor
 are computed for all nodes at once in numpy (sorting and searchsorted per rank, kind or track; the
 launch and last-arrival rows by one (rank, event_id) index), and so is the one the walk takes when
 nothing on the path rules it out (the usual choice). Every rank's path is then listed at once as
-arrays by following the usual choices (pointer doubling: :func:`walks`); only a path where the
-usual choice is ready after the cursor or already on the path is walked node by node
-(:func:`walk`), re-choosing among that node's candidates. A run of one rank has no collective edge
-(every instance's only call is its own last arrival), so its paths are final at ingest and stored
-(rank_critical_path, rank_critical_path_summary): this module reads them. A run of several ranks
-stores each rank's nodes (critical_path_nodes); this module walks them, window by window with every
+arrays by following the usual choices (pointer doubling:
+:func:`tracekit.timeline.critical_path.walks`); only a path where the usual choice is ready after
+the cursor or already on the path is walked node by node (:func:`tracekit.timeline.critical_path.walk`),
+re-choosing among that node's candidates. A run of one rank whose calls cannot meet in one instance
+has no collective edge, so its paths are final at ingest and stored (rank_critical_path,
+rank_critical_path_summary): this module reads them. A run of several ranks, or a lone rank whose
+calls may meet (tracekit.ingest.assemble._may_meet_itself), stores each rank's nodes
+(critical_path_nodes); this module walks them, window by window with every
 rank's nodes of the window at once (one statement per CHUNK_NODES nodes), with the collective edges
 from _instance_calls: it reads no events. window_ns comes from the stored rank_steps. Memory: one
 window's nodes of every rank at a time (~0.3 kB per node with the candidates), plus the computed
@@ -118,8 +120,7 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.timeline import critical_path as _tcp
-from tracekit.timeline.critical_path import (_COLLECTIVE, _COMPOSITION, _EDGE_SYNC, _END, _KINDS,  # noqa: F401
-                                             _THREAD, CLASSES, PARTS, _distinct, _Rows, _Window, walk, walks)
+from tracekit.timeline.critical_path import _COMPOSITION, _KINDS, CLASSES, PARTS  # noqa: F401  (CLASSES, PARTS: this module's API too)
 
 # the last arriving span of each collective span's instance, for the spans that arrived before it
 # (lowest rank on ties, as the straggler); one row per span
@@ -223,20 +224,6 @@ def _chunk_windows(con, params: list, whole: bool, query: str):
             break
     if held:
         yield window(held)
-
-
-def _arrow(con, query: str, params: list):
-    """The result of `query` as an Arrow table (no copy), retried with a raised memory budget as
-    tracekit.store.AnalysisConnection.execute retries."""
-    import duckdb
-
-    while True:
-        try:
-            return con.sql(query, params=params).to_arrow_table()
-        except duckdb.OutOfMemoryException:
-            if not getattr(con, "raise_budget", lambda: False)():
-                raise
-
 
 
 def _stored_windows(con, run_id: str):
@@ -409,9 +396,9 @@ def path_segments(con, run_id: str) -> list[dict]:
     return list(out.values())
 
 
-def critical_path_wanted(con, run_id: str, want: bool | None) -> tuple[bool, str | None]:
+def critical_path_wanted(want: bool | None) -> tuple[bool, str | None]:
     """(build it?, why not): ``want`` when given, else True (the paths are computed at ingest: any
-    run's report has them)."""
+    run's report has them, whatever its size)."""
     if want is False:
         return False, "left out (--no-critical-path)"
     return True, None

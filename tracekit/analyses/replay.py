@@ -87,7 +87,7 @@ def _windows(con, kinds: list):
     """The windows of the run in _cp_events (its profiler steps, or the whole trace of a run
     without steps), one at a time in step order: (step, Arrow table of its rows of _NODES)."""
     for lo, hi, whole in cp._chunks(con, "_cp_events WHERE node AND", "count(step) FROM _cp_events"):
-        yield from cp._chunk_windows(con, [kinds, len(kinds) + 1, list(cp.CLASSES), lo, hi, whole], whole, _NODES)
+        yield from cp._chunk_windows(con, [kinds, len(kinds) + 1, list(tcp.CLASSES), lo, hi, whole], whole, _NODES)
 
 
 def _window(t) -> tuple:
@@ -181,7 +181,7 @@ def _graph(w, rid, order, names: dict, inst_of: dict, step, rows_table=None) -> 
     for col in _START_COLS[1:]:
         ok = w.pred[col] >= 0
         rec_ready[ok] = np.maximum(rec_ready[ok], w.ready[col][ok])
-    for col in range(cp._Window.RULES):
+    for col in range(tcp._Window.RULES):
         ok = w.pred[col] >= 0
         if col == 0:  # inferred: only where nothing recorded is ready as late
             ok &= w.ready[col] > rec_ready
@@ -190,11 +190,11 @@ def _graph(w, rid, order, names: dict, inst_of: dict, step, rows_table=None) -> 
         rdy.append(w.ready[col][ok])
         kind.append(w.kind[col][ok])
     src, dst, rdy, kind = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (src, dst, rdy, kind))
-    side = np.where(np.isin(kind, [cp._EDGE_SYNC, cp._COLLECTIVE]), wf.END, wf.START).astype(np.int64)
+    side = np.where(np.isin(kind, [tcp._EDGE_SYNC, tcp._COLLECTIVE]), wf.END, wf.START).astype(np.int64)
     # a blocking call's own op (rule 5) is a sync edge too: both hold the call's end
     anchor = np.where(rdy >= w.e[src], wf.END, wf.START).astype(np.int64)
     offset = rdy - np.where(anchor == wf.END, w.e[src], w.s[src])
-    names_k = [cp._KINDS[k] for k in kind]
+    names_k = [tcp._KINDS[k] for k in kind]
     name = np.array([names.get(int(r)) for r in rid[order]], object)
     track = np.zeros(n, np.int64)
     if rows_table is not None and n:

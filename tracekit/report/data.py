@@ -1083,7 +1083,7 @@ def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[st
     a run without events."""
     from tracekit.analyses.critical_path import critical_path_wanted
 
-    build, why = critical_path_wanted(con, run_id, want)
+    build, why = critical_path_wanted(want)
     if not build:
         return {"summary": [], "top_events": [], "top_by_path": [], "paths": [], "skipped": why}
     summary = _rows(con, "SELECT * EXCLUDE (run_id) FROM critical_path_summary WHERE run_id = ? "

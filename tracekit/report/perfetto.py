@@ -255,7 +255,7 @@ def _write(con, run_id: str, out: Path, critical_path: bool | None = None) -> Ex
             stats.processes += 1
             next_tid = _write_rank(con, run_id, pid, origin, coll, where, emit, stats, next_tid)
         pid = max([int(r[0]) for r in ranks], default=-1) + 1
-        if critical_path_wanted(con, run_id, critical_path)[0]:
+        if critical_path_wanted(critical_path)[0]:
             next_tid = _write_critical_path(con, run_id, pid, origin, emit, stats, next_tid)
         for inst, calls in _instances(con, run_id):
             # chain by the start of each rank's slice (normally the arrival order), so that no
