@@ -245,7 +245,7 @@ def connect(store, run_ids: list[str] | None = None, link: str | None = None):
     available, each built when a statement first names it (``con.analyses``, a :class:`Builder`).
 
     ``link``: the preset the verdicts and measured_vs_model compare with (the DuckDB variable
-    ``tk_link``). Raises BadInputError for an unknown preset, StoreError as ``Store.connect``.
+    ``tk_link``). DuckDB runs on :func:`analysis_threads` threads for the runs' stored events. Raises BadInputError for an unknown preset, StoreError as ``Store.connect``.
     """
     if link is not None:
         from tracekit.model import link_from_preset
@@ -253,9 +253,26 @@ def connect(store, run_ids: list[str] | None = None, link: str | None = None):
         link_from_preset(link)  # validates, one-line BadInputError otherwise
     con = store.connect(run_ids=run_ids)
     con.execute("SET VARIABLE tk_link = ?", [link])
+    (events,) = con.execute("SELECT coalesce(sum(events), 0) FROM ranks").fetchone()
+    (cores,) = con.execute("SELECT current_setting('threads')").fetchone()
+    con.execute(f"SET threads = {analysis_threads(int(events), int(cores))}")
     register_udfs(con)
     con.analyses = Builder(con)
     return con
+
+
+EVENTS_PER_THREAD = 4_000_000
+"""Stored events per DuckDB thread of an analysis connection (:func:`analysis_threads`)."""
+
+
+def analysis_threads(events: int, cores: int) -> int:
+    """DuckDB threads for analysing runs of ``events`` stored events in all (the ``ranks`` table's
+    sum) on ``cores`` threads (DuckDB's default): one per :data:`EVENTS_PER_THREAD` events, at
+    least 1, at most ``cores``. Most report statements read the stored summaries, a few thousand
+    rows, where a second thread costs more CPU time in starting and joining than it saves in wall
+    time; only the scans of a large run's events gain from every core (the measurements:
+    benchmarks/README.md, "DuckDB threads of an analysis")."""
+    return max(1, min(cores, -(-events // EVENTS_PER_THREAD)))
 
 
 # NCCL's TREE kernels run the pipelined double binary tree (tracekit.model.collectives)
