@@ -5,6 +5,7 @@ either of plotly's JSON engines."""
 from __future__ import annotations
 
 import copy
+import json
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -41,3 +42,19 @@ def test_placeholder_must_occur_once():
     fig = spliced_figure(figure_dict(_figure(), {0: dict(z=_SPLICE.format(0))}), {_SPLICE.format(1): [[1.0]]})
     with pytest.raises(AssertionError):
         _figure_html(fig, "w")
+
+
+def test_the_page_template_is_plotly_white_in_plotlys_key_order():
+    """A figure laid out by _layout (template "none") is written with plotly_white, the very dict (and
+    key order) plotly writes for a figure given template="plotly_white"; another template is kept."""
+    from tracekit.report.html import _layout, _white_template
+
+    fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))
+    _layout(fig, "title", 400)
+    want = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))
+    want.update_layout(title=dict(text="title", x=0.01, xanchor="left", font=dict(size=18)), template="plotly_white")
+    got = _white_template(fig.to_dict())["layout"]["template"]
+    assert json.dumps(got) == json.dumps(want.to_dict()["layout"]["template"])  # the same keys in the same order
+    other = go.Figure(layout=dict(template="ggplot2")).to_dict()
+    assert _white_template(copy.deepcopy(other)) == other
+    assert got["layout"]["paper_bgcolor"] == "white" and got["layout"]["plot_bgcolor"] == "white"

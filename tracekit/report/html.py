@@ -18,6 +18,7 @@ decimal prefixes (kB = 10³ B, MB = 10⁶ B). The page records any JavaScript er
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
@@ -438,11 +439,14 @@ def _time_unit(span_ns: float) -> tuple[str, float]:
 
 
 def _layout(fig, title: str, height: int, **kw) -> None:
+    """The page's title, font, height and margins on ``fig``, and the empty template ``"none"``: the
+    page's template, plotly_white, goes into the figure's dict where it is written
+    (:func:`_white_template`), not through plotly's validation (a copy of it per figure)."""
     fig.update_layout(
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=18)),
         font=FONT,
         height=height,
-        template="plotly_white",
+        template="none",
         margin=dict(l=90, r=30, t=80, b=70),
         hoverlabel=dict(font_size=13),
         **kw,
@@ -783,7 +787,7 @@ def figure_dict(fig, cells: dict[int, dict]) -> dict:
     """``fig.to_dict()`` with trace i's keys replaced by ``cells[i]`` (each key present in the trace
     already, so the JSON keeps plotly's key order): large arrays of plain numbers, strings and None
     that need no validation. :func:`_figure_html` writes the dict as plotly writes the figure."""
-    d = fig.to_dict()
+    d = _white_template(fig.to_dict())
     for i, keys in cells.items():
         assert keys.keys() <= d["data"][i].keys(), "a replaced key must exist in the validated trace"
         d["data"][i].update(keys)
@@ -1377,16 +1381,44 @@ def _wrap_figure_title(fig) -> None:
                           title_y=1 - TITLE_TOP_PX / height)
 
 
+@functools.cache
+def _white_json() -> dict:
+    """plotly's ``plotly_white`` template as the plain dict a figure's ``to_dict()`` holds, in its
+    key order (built once)."""
+    import plotly.graph_objects as go
+
+    return go.Figure(layout=dict(template="plotly_white")).to_dict()["layout"]["template"]
+
+
+@functools.cache
+def _none_json() -> dict:
+    """plotly's empty ``"none"`` template as a figure's ``to_dict()`` holds it."""
+    import plotly.graph_objects as go
+
+    return go.Figure(layout=dict(template="none")).to_dict()["layout"]["template"]
+
+
+def _white_template(d: dict) -> dict:
+    """A figure dict ``d`` whose layout has the empty template :func:`_layout` set, given plotly_white
+    in its place (the same key, so the JSON keeps plotly's key order); another template is left as it is."""
+    if d.get("layout", {}).get("template") == _none_json():
+        d["layout"]["template"] = _white_json()
+    return d
+
+
 def _figure_html(fig, name: str) -> str:
     """A figure (or a figure's dict from :func:`figure_dict`, written unvalidated) as an HTML div;
-    a go.Figure's title is wrapped to the page (:func:`_wrap_figure_title`)."""
+    a go.Figure's title is wrapped to the page (:func:`_wrap_figure_title`), and either is given the
+    page's template (:func:`_white_template`)."""
     import plotly.io as pio
 
     if not isinstance(fig, dict):
         _wrap_figure_title(fig)
+        fig = fig.to_dict()  # validated as it was built
+    _white_template(fig)
 
     page = pio.to_html(
-        fig, validate=not isinstance(fig, dict), full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
+        fig, validate=False, full_html=False, include_plotlyjs=False, div_id=f"tk-fig-{name}",
         config={"displaylogo": False, "responsive": True, "toImageButtonOptions": {"filename": f"tracekit-{name}"}},
     )
     return _splice_rows(page, fig.splices) if isinstance(fig, SplicedFigure) else page
