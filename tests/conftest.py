@@ -88,6 +88,19 @@ def pytest_collection_modifyitems(config, items):
     items[:] = jobs + rest + alone
 
 
+def pytest_xdist_node_collection_finished(node, ids):
+    """Stop a run whose groups were lost: pytest-xdist's loadgroup passes each test's group to the
+    scheduler as a suffix of its node id (``...::test@group``), and pytest 9.2 no longer keeps that
+    suffix (pytest-dev/pytest-xdist#1386), so that every test would run as a group of its own, the
+    multi-process jobs beside each other and each module's store built on both workers."""
+    if node.config.getoption("dist", None) == "loadgroup":
+        lost = [i for i in ids if "@" not in i.rsplit("]", 1)[-1]]
+        if lost:
+            pytest.exit(f"pytest-xdist lost the test groups of {len(lost)} tests (e.g. {lost[0]}; "
+                        "pytest-dev/pytest-xdist#1386): install the versions pyproject.toml's test extra names",
+                        returncode=4)
+
+
 class _Alone:
     """A readers-writer lock shared by the workers of one run (two files locked with ``flock``): every test
     holds the room shared while it runs, a ``serial`` test holds it alone, so that no other test runs on
