@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import sys
 
@@ -52,6 +53,11 @@ def main(argv=None) -> int:
         step_collective(buf, faults, rank, i)
         step()
     dist.barrier()
+    # Let go of the tensors and collect while the interpreter runs: a gloo worker thread still
+    # freeing a collective's work at the interpreter's exit can abort the process ("terminate called
+    # without an active exception", as tests/scripts/ddp_train.py says; seen here after a size fault).
+    del a, buf
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
