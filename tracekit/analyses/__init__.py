@@ -245,7 +245,8 @@ def connect(store, run_ids: list[str] | None = None, link: str | None = None):
     available, each built when a statement first names it (``con.analyses``, a :class:`Builder`).
 
     ``link``: the preset the verdicts and measured_vs_model compare with (the DuckDB variable
-    ``tk_link``). DuckDB runs on :func:`analysis_threads` threads for the runs' stored events. Raises BadInputError for an unknown preset, StoreError as ``Store.connect``.
+    ``tk_link``). DuckDB runs on :func:`analysis_threads` threads for the runs' stored events.
+    Raises BadInputError for an unknown preset, StoreError as ``Store.connect``.
     """
     if link is not None:
         from tracekit.model import link_from_preset
@@ -253,8 +254,7 @@ def connect(store, run_ids: list[str] | None = None, link: str | None = None):
         link_from_preset(link)  # validates, one-line BadInputError otherwise
     con = store.connect(run_ids=run_ids)
     con.execute("SET VARIABLE tk_link = ?", [link])
-    (events,) = con.execute("SELECT coalesce(sum(events), 0) FROM ranks").fetchone()
-    (cores,) = con.execute("SELECT current_setting('threads')").fetchone()
+    events, cores = con.execute("SELECT coalesce(sum(events), 0), current_setting('threads') FROM ranks").fetchone()
     con.execute(f"SET threads = {analysis_threads(int(events), int(cores))}")
     register_udfs(con)
     con.analyses = Builder(con)
@@ -271,7 +271,7 @@ def analysis_threads(events: int, cores: int) -> int:
     least 1, at most ``cores``. Most report statements read the stored summaries, a few thousand
     rows, where a second thread costs more CPU time in starting and joining than it saves in wall
     time; only the scans of a large run's events gain from every core (the measurements:
-    benchmarks/README.md, "DuckDB threads of an analysis")."""
+    benchmarks/README.md, "Analyze on one DuckDB thread, the page's template built once")."""
     return max(1, min(cores, -(-events // EVENTS_PER_THREAD)))
 
 

@@ -787,7 +787,7 @@ def figure_dict(fig, cells: dict[int, dict]) -> dict:
     """``fig.to_dict()`` with trace i's keys replaced by ``cells[i]`` (each key present in the trace
     already, so the JSON keeps plotly's key order): large arrays of plain numbers, strings and None
     that need no validation. :func:`_figure_html` writes the dict as plotly writes the figure."""
-    d = _white_template(fig.to_dict())
+    d = fig.to_dict()
     for i, keys in cells.items():
         assert keys.keys() <= d["data"][i].keys(), "a replaced key must exist in the validated trace"
         d["data"][i].update(keys)
