@@ -5,7 +5,9 @@
 Each step: a forward on a random batch, cross-entropy, backward (DDP all-reduces
 the gradients: one bucket for this small model), SGD step. ``--crash-rank R``
 makes rank R die hard (``os._exit``, as a segfault or an OOM kill would) right
-after its first optimizer step.
+after its second optimizer step: by then every other rank has ended its first step (its share of
+the second step's all-reduce came after it), so a profiler with one warm-up step is recording on
+each of them when the launcher stops them, however loaded the machine.
 """
 
 import argparse
@@ -55,8 +57,8 @@ def main():
         opt.step()
         if rank == 0 and step % 4 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
-        if args.crash_rank == rank and step == 0:
-            print(f"rank {rank}: simulated crash after step 1", flush=True)
+        if args.crash_rank == rank and step == 1:
+            print(f"rank {rank}: simulated crash after step 2", flush=True)
             os._exit(3)
 
     # Let go of the model and collect before the end. At the interpreter's exit a gloo worker thread
