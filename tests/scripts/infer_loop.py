@@ -6,6 +6,7 @@ batch and all-reduce the mean prediction (a toy ensemble); ``tracekit.step()`` m
 """
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,7 @@ def main():
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128)).eval()
+    x = y = None
     with torch.inference_mode():
         for _ in range(args.steps):
             x = torch.randn(16, 128)
@@ -31,6 +33,8 @@ def main():
             dist.all_reduce(y)
             y /= world
             tracekit.step()
+    del model, x, y  # freed and collected while the interpreter runs (see ddp_train.py's end)
+    gc.collect()
     dist.destroy_process_group()
 
 

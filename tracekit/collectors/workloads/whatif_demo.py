@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import sys
 import time
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     a = torch.randn(args.dim, args.dim) / args.dim ** 0.5
     buf = torch.ones(args.numel)
+    x = None
     for i in range(args.steps):
         x = a
         for _ in range(args.ops):
@@ -62,6 +64,11 @@ def main(argv=None) -> int:
         step_collective(buf, faults, rank, i)
         step()
     dist.barrier()
+    # Let go of the tensors and collect while the interpreter runs (as fr_demo does, for the same
+    # reason: a gloo worker thread still freeing a collective's work at the interpreter's exit can
+    # abort the process; seen here once, rank 0 with SIGABRT after its last step, in a loaded suite).
+    del a, x, buf
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
