@@ -245,17 +245,20 @@ def _store_rows(path: Path) -> dict:
     return out
 
 
-@pytest.mark.parametrize("rel", ["fixtures/tp_2rank", "traces/param_dlrm_8rank_v100", "traces/hta_ddp_v100_r1of2"])
-def test_collectives_built_in_small_chunks_give_the_same_store(rel, tmp_path, monkeypatch):
+@pytest.mark.parametrize("rel, chunk, row_group", [
+    ("fixtures/tp_2rank", 3, 5), ("traces/param_dlrm_8rank_v100", 3, 5),
+    ("traces/hta_ddp_v100_r1of2", 37, 41),  # 2,020 collectives: 55 chunks, 50 row groups (3 and 5: 8.6 CPU s)
+])
+def test_collectives_built_in_small_chunks_give_the_same_store(rel, chunk, row_group, tmp_path, monkeypatch):
     # Each rank's collectives become Arrow tables COLLECTIVES_CHUNK rows at a time, numbered
-    # (seq) as one table, and go out in row groups of COLLECTIVES_ROW_GROUP: tiny chunks (seq
+    # (seq) as one table, and go out in row groups of COLLECTIVES_ROW_GROUP: small chunks (seq
     # numbered across chunk boundaries) must give the store the default ones give.
     src = (FIXTURES.parent / rel) if rel.startswith("fixtures/") else TRACES / rel[len("traces/"):]
     if not src.exists():
         pytest.skip(f"../shared/{rel} is not available")
     ingest_paths([src], tmp_path / "a")
-    monkeypatch.setattr(assemble, "COLLECTIVES_CHUNK", 3)
-    monkeypatch.setattr(assemble, "COLLECTIVES_ROW_GROUP", 5)
+    monkeypatch.setattr(assemble, "COLLECTIVES_CHUNK", chunk)
+    monkeypatch.setattr(assemble, "COLLECTIVES_ROW_GROUP", row_group)
     ingest_paths([src], tmp_path / "b")
     a, b = _store_rows(tmp_path / "a"), _store_rows(tmp_path / "b")
     assert len(a["collectives.parquet"]) > 10
