@@ -17,6 +17,7 @@ from tracekit import analyses
 from tracekit.cli import main
 from tracekit.errors import StoreError
 from tracekit.ingest import ingest_paths
+from tracekit.report.data import build_report, report_connection
 from tracekit.store import CRITICAL_PATH_TABLES, SUMMARY_TABLES, Store
 
 FILES = [f"{t}.parquet" for t in SUMMARY_TABLES]
@@ -154,6 +155,12 @@ def test_a_run_without_a_summary_file_is_refused_in_one_line(gone, tp_store, b_r
             }.get(gone, "gpu_time_breakdown")
     assert main(["sql", f"SELECT * FROM {view}", "--store", str(st.path), "--run", "a"]) == 2
     assert capsys.readouterr().err.splitlines() == err
+    # the report refuses it before building any analysis (not after most of the report)
+    rid, rcon = report_connection(st, "a")
+    with pytest.raises(StoreError, match=f"^run 'a' was stored without {gone} "):
+        build_report(st, rid, con=rcon)
+    assert rcon.analyses.built == []
+    rcon.close()
     # a connection over every run: the analyses refuse it, naming the run
     con = analyses.connect(st)
     with pytest.raises(StoreError, match=f"^run 'a' was stored without {gone} "):

@@ -20,7 +20,7 @@ import json
 import math
 from typing import Any
 
-from tracekit.store import Store
+from tracekit.store import CRITICAL_PATH_TABLES, SUMMARY_TABLES, Store
 from tracekit.report.textfmt import (PARAMS_DROPPED, fit_table, fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_size, fmt_us,
                                      plain_table, terminal_kernel_name)
 
@@ -154,7 +154,9 @@ def build_report(
     ``alpha_s`` and ``beta_Bps`` (both, seconds and bytes/s) are the user's own α/β, used as the
     reference for every verdict; ``nics_per_node`` shares a node's NICs among its GPUs for groups
     across hosts (collective_reference).
-    Raises StoreError when the store is empty or the run is unknown; BadInputError for a bad
+    Raises StoreError when the store is empty or the run is unknown, or when a run of the
+    connection was stored without a summary table the report reads or holds one damaged
+    (``AnalysisConnection.require_stored``, before any analysis is built); BadInputError for a bad
     α/β or NIC count.
     ``con``: a connection from :func:`report_connection` for this ``run_id`` and ``link`` (kept
     open for the caller); without it the report opens and closes its own.
@@ -168,6 +170,12 @@ def build_report(
             con.close()
     st = store if isinstance(store, Store) else Store(store)
     apply_reference_options(con, **options)
+    from tracekit.analyses.critical_path import critical_path_wanted
+
+    # every stored summary the report reads, checked before any analysis is built: a run stored
+    # without one (or holding one damaged) is refused at once, not after most of the report
+    con.require_stored([t for t in SUMMARY_TABLES
+                        if t not in CRITICAL_PATH_TABLES or critical_path_wanted(critical_path)[0]])
     p = [run_id]
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
     try:
