@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import duckdb
@@ -302,23 +303,64 @@ def test_no_address_starts_an_instance_of_its_own_whatever_ray_address_says(tmp_
 
 
 @needs_ray
-def test_address_of_another_service_fails_in_seconds(tmp_path):
-    """A port that accepts TCP but is not a Ray head (here a socket that accepts and says nothing):
-    one line naming the address, the store untouched. Ray's join timeouts are shortened in the
-    environment, where a value the user set is kept (engine.RAY_JOIN_TIMEOUTS); that tracekit's own
-    values bound the wait, where Ray's defaults retry for ~2 minutes, is
-    tests/ingest/test_bounded_procs.py's test_address_auto_that_finds_a_dead_cluster_fails_in_seconds."""
+def _server(answer):
+    """(listening socket, its HOST:PORT): each connection accepted is sent ``answer`` (bytes, once),
+    b"": closed at once, None: held open and never written to."""
     import socket
     import threading
-
-    from tracekit.ingest.engine import RAY_JOIN_TIMEOUTS
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(64)
     held = []
-    threading.Thread(target=lambda: [held.append(srv.accept()) for _ in iter(int, 1)], daemon=True).start()
-    addr = f"127.0.0.1:{srv.getsockname()[1]}"
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:  # closed
+                return
+            held.append(c)
+            if answer == b"":
+                c.close()
+            elif answer is not None:
+                c.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, f"127.0.0.1:{srv.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("answer, why", [
+    (None, "the port accepts TCP connections but sent nothing in 3 s (not a Ray head's GCS port?)"),
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "the port answered, but not as a gRPC (HTTP/2) server (not a Ray head's GCS port?)"),
+    (b"", "the port closed the connection on the HTTP/2 preface (not a Ray head's GCS port?)"),
+], ids=["silent", "http1", "closes"])
+def test_a_port_that_is_no_grpc_server_is_refused_before_ray_joins(answer, why):
+    """--address at a port that accepts TCP but does not answer the HTTP/2 preface with a SETTINGS
+    frame, as a Ray head's GCS does (a gRPC server): one line naming it, in seconds, before Ray's
+    join (engine._check_reachable; the real GCS of this file's cluster passes it in the tests above)."""
+    from tracekit.errors import BadInputError
+    from tracekit.ingest.engine import _check_reachable
+
+    srv, addr = _server(answer)
+    t0 = time.monotonic()
+    with pytest.raises(BadInputError) as e:
+        _check_reachable(addr)
+    srv.close()
+    assert str(e.value) == f"cannot join a Ray cluster at {addr}: {why}"
+    assert time.monotonic() - t0 < 3 + 2
+
+
+def test_address_of_another_service_fails_in_seconds(tmp_path):
+    """A port that accepts TCP and answers as an HTTP/2 server but is not a Ray head (here a socket
+    that sends an empty SETTINGS frame, then nothing): Ray's join fails, one line naming the
+    address, the store untouched. Ray's join timeouts are shortened in the environment, where a
+    value the user set is kept (engine.RAY_JOIN_TIMEOUTS; "1" here); a port that says nothing is
+    refused before Ray joins (test_a_port_that_is_no_grpc_server_is_refused_before_ray_joins,
+    tests/ingest/test_bounded_procs.py's test_address_auto_that_finds_a_dead_cluster_fails_in_seconds)."""
+    from tracekit.ingest.engine import RAY_JOIN_TIMEOUTS
+
+    srv, addr = _server(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
     env = dict(os.environ, **dict.fromkeys(RAY_JOIN_TIMEOUTS, "1"))
     p = subprocess.run([sys.executable, "-m", "tracekit", "ingest", str(FIXTURES / "tp_2rank"), "--store",
                         str(tmp_path / "s"), "--engine", "ray", "--address", addr],

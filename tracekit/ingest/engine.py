@@ -233,6 +233,14 @@ class RayEngine:
 RAY_CONNECT_TIMEOUT_S = 10.0
 """How long ``--address HOST:PORT`` may take to accept a TCP connection (Ray itself retries for minutes)."""
 
+RAY_ANSWER_TIMEOUT_S = 3.0
+"""How long a port that accepted the TCP connection may take to answer the HTTP/2 connection preface
+(a Ray head's GCS and Ray Client ports are gRPC servers, which answer with their SETTINGS frame)."""
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""The HTTP/2 client connection preface followed by an empty SETTINGS frame (RFC 9113, sections 3.4
+and 6.5: a 9-byte frame header of length 0, type 0x4, no flags, stream 0)."""
+
 
 RAY_JOIN_TIMEOUTS = {
     "RAY_gcs_server_port_wait_time_s": "2",      # attempts to reach the GCS (Ray's default: 20)
@@ -301,19 +309,57 @@ def _auto_address() -> str | None:
 
 def _check_reachable(address: str, given: str | None = None) -> None:
     """BadInputError unless ``HOST:PORT`` (a Ray head's GCS port, ``ray://`` for Ray Client) accepts a
-    TCP connection within RAY_CONNECT_TIMEOUT_S (``given``: what the user wrote, when ``address``
-    was found from it)."""
+    TCP connection within RAY_CONNECT_TIMEOUT_S and answers the HTTP/2 connection preface with a
+    SETTINGS frame within RAY_ANSWER_TIMEOUT_S, as a gRPC server does (not checked when
+    ``RAY_USE_TLS`` is set: that port expects TLS first). ``given``: what the user wrote, when
+    ``address`` was found from it. A port that accepts and says nothing thus fails in seconds
+    rather than after Ray's join retries (RAY_JOIN_TIMEOUTS)."""
     import socket
 
     hostport = address.split("://", 1)[-1]
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise BadInputError(f"--address must be auto or HOST:PORT, got {address!r}")
+    via = f" (--address {given})" if given else ""
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S)
     except OSError as exc:
-        via = f" (--address {given})" if given else ""
         raise BadInputError(f"cannot reach a Ray cluster at {address}{via} ({exc.strerror or exc})") from None
+    with sock:
+        if os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true"):
+            return  # a TLS cluster's port expects a TLS handshake first: Ray's own join says what fails
+        answer = _h2_answer(sock)
+    if answer is None:
+        raise BadInputError(f"cannot join a Ray cluster at {address}{via}: the port accepts TCP connections but "
+                            f"sent nothing in {RAY_ANSWER_TIMEOUT_S:g} s (not a Ray head's GCS port?)")
+    if not answer:
+        raise BadInputError(f"cannot join a Ray cluster at {address}{via}: the port closed the connection on the "
+                            "HTTP/2 preface (not a Ray head's GCS port?)")
+    if len(answer) < 4 or answer[3] != 4:  # not an HTTP/2 SETTINGS frame's header
+        raise BadInputError(f"cannot join a Ray cluster at {address}{via}: the port answered, but not as a gRPC "
+                            "(HTTP/2) server (not a Ray head's GCS port?)")
+
+
+def _h2_answer(sock) -> bytes | None:
+    """The first bytes (up to a frame header, 9) that the server on ``sock`` sends after the HTTP/2
+    connection preface (:data:`_H2_PREFACE`), b"" when it closes the connection, None when it sends
+    nothing within RAY_ANSWER_TIMEOUT_S."""
+    import socket
+
+    sock.settimeout(RAY_ANSWER_TIMEOUT_S)
+    got = b""
+    try:
+        sock.sendall(_H2_PREFACE)
+        while len(got) < 9:
+            part = sock.recv(9 - len(got))
+            if not part:
+                break
+            got += part
+    except socket.timeout:
+        return got or None
+    except OSError:  # reset by the peer
+        pass
+    return got
 
 
 def _ray_result(ray, ref, name: str):
