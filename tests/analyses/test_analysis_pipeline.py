@@ -163,6 +163,27 @@ def test_the_terminal_report_builds_no_island_or_gpu_op_table(tp_store, monkeypa
     assert json.loads(capsys.readouterr().out)[0]["n"] >= 0 and made == ["intervals", "overlap_islands"]
 
 
+def test_only_json_and_html_reports_compute_the_path_strips(tp_store, monkeypatch, capsys):
+    """critical_path.paths (the HTML page's strips) is computed for --json and --html, not for the
+    terminal report, which does not draw them (and prints the same with or without them)."""
+    from tracekit.analyses import critical_path
+
+    calls = []
+    real = critical_path.path_strips
+    monkeypatch.setattr(critical_path, "path_strips", lambda *a: calls.append(a) or real(*a))
+    assert main(["analyze", "--store", str(tp_store.path)]) == 0
+    terminal = capsys.readouterr().out
+    assert calls == [] and "Critical path per step and rank" in terminal
+    assert main(["analyze", "--store", str(tp_store.path), "--json"]) == 0
+    paths = json.loads(capsys.readouterr().out)["critical_path"]["paths"]
+    assert len(calls) == 1 and len(paths) == 4  # tp_2rank: 2 ranks × 2 steps
+    from tracekit.report.data import build_report, print_report
+
+    for strips in (True, False):  # the terminal's text is the same either way
+        print_report(build_report(tp_store, path_strips=strips))
+        assert capsys.readouterr().out == terminal
+
+
 def _named_in_source(name: str) -> set[str]:
     """The names a module's statements hold: SQL tokens but comments (statement_names), or for a
     Python module those of every string constant but docstrings (its SQL)."""

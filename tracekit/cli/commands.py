@@ -177,7 +177,8 @@ def analyze(
         rep = build_report(st, rid, link, con=con,
                            alpha_s=None if alpha is None else parse_time(alpha),
                            beta_Bps=None if beta is None else parse_bandwidth(beta), nics_per_node=nics_per_node,
-                           critical_path=critical_path)
+                           critical_path=critical_path,
+                           path_strips=json_out or html_out is not None)  # the terminal draws no strips
         if html_out is not None:
             from tracekit.report.html import write_html_report
 

@@ -110,12 +110,14 @@ def report_connection(store: Store | str | None = None, run_id: str | None = Non
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
     alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None, con=None,
-    critical_path: bool | None = None,
+    critical_path: bool | None = None, path_strips: bool = True,
 ) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
     ``critical_path``: build the critical path (True, or None: the default;
-    tracekit.analyses.critical_path) or leave it out (False).
+    tracekit.analyses.critical_path) or leave it out (False). ``path_strips``: False leaves
+    ``critical_path.paths`` (the HTML page's strips, in ``--json`` too) an empty list, for a report
+    printed only to the terminal, which does not draw them.
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),
@@ -165,7 +167,8 @@ def build_report(
     if con is None:
         run_id, con = report_connection(store, run_id, link)
         try:
-            return build_report(store, run_id, link, con=con, critical_path=critical_path, **options)
+            return build_report(store, run_id, link, con=con, critical_path=critical_path, path_strips=path_strips,
+                                **options)
         finally:
             con.close()
     st = store if isinstance(store, Store) else Store(store)
@@ -349,7 +352,7 @@ def build_report(
                                          "ORDER BY op, locality, bucket_bytes", [run_id]),
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
-        critical_path=critical_path_section(con, run_id, critical_path),
+        critical_path=critical_path_section(con, run_id, critical_path, strips=path_strips),
         mismatched=mismatched,
         null_reasons=null_reasons,
         machine=machine_section(con, run_id),
@@ -1082,13 +1085,14 @@ PATH_PARTS = ("compute_ns", "exposed_comm_ns", "memory_ns", "launch_cpu_ns", "sy
 """critical_path_summary's composition columns (they sum to length_ns), in display order."""
 
 
-def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[str, Any]:
+def critical_path_section(con, run_id: str, want: bool | None = None, strips: bool = True) -> dict[str, Any]:
     """The report's ``critical_path`` (``want``: see :func:`critical_path_wanted`; when it is not
     built: empty lists and ``skipped``, the reason): ``summary`` (the columns of ``critical_path_summary`` per rank
     and step, ns), ``top_events`` (the TOP_PATH_EVENTS (name, class) with the most time on the run's
-    paths: events, ranks, on_path_ns, share = on_path_ns / the paths' summed length) and
-    ``top_by_path`` (per rank and step, its 3 events with the most time on its path). Empty lists for
-    a run without events."""
+    paths: events, ranks, on_path_ns, share = on_path_ns / the paths' summed length),
+    ``top_by_path`` (per rank and step, its 3 events with the most time on its path) and ``paths``
+    (:func:`path_strips`; an empty list when ``strips`` is False). Empty lists for a run without
+    events."""
     from tracekit.analyses.critical_path import critical_path_wanted
 
     build, why = critical_path_wanted(want)
@@ -1103,7 +1107,8 @@ def critical_path_section(con, run_id: str, want: bool | None = None) -> dict[st
                      "ORDER BY on_path_ns DESC, name LIMIT ?", [run_id, TOP_PATH_EVENTS])
     by_path = _rows(con, "SELECT * EXCLUDE (run_id, pos) FROM critical_path_top WHERE run_id = ? "
                          "ORDER BY step, rank, on_path_ns DESC, pos", [run_id])
-    return {"summary": summary, "top_events": top, "top_by_path": by_path, "paths": path_strips(con, run_id)}
+    return {"summary": summary, "top_events": top, "top_by_path": by_path,
+            "paths": path_strips(con, run_id) if strips else []}
 
 
 MAX_PATH_STRIPS = 16
