@@ -164,8 +164,9 @@ def test_the_terminal_report_builds_no_island_or_gpu_op_table(tp_store, monkeypa
 
 
 def test_only_json_and_html_reports_compute_the_path_strips(tp_store, monkeypatch, capsys):
-    """critical_path.paths (the HTML page's strips) is computed for --json and --html, not for the
-    terminal report, which does not draw them (and prints the same with or without them)."""
+    """critical_path.paths (the HTML page's strips) is computed for --json (and --html, on the same
+    report), not for the terminal report, which does not draw them and prints the same either way;
+    ``ingest --analyze`` prints it the terminal's way (print_run_report)."""
     from tracekit.analyses import critical_path
 
     calls = []
@@ -177,11 +178,14 @@ def test_only_json_and_html_reports_compute_the_path_strips(tp_store, monkeypatc
     assert main(["analyze", "--store", str(tp_store.path), "--json"]) == 0
     paths = json.loads(capsys.readouterr().out)["critical_path"]["paths"]
     assert len(calls) == 1 and len(paths) == 4  # tp_2rank: 2 ranks × 2 steps
-    from tracekit.report.data import build_report, print_report
+    from tracekit.report.data import build_report, print_report, print_run_report
 
     for strips in (True, False):  # the terminal's text is the same either way
-        print_report(build_report(tp_store, path_strips=strips))
+        print_report(build_report(tp_store, strips=strips))
         assert capsys.readouterr().out == terminal
+    calls.clear()
+    print_run_report(tp_store, tp_store.resolve_run())  # the newest run, as analyze's default
+    assert calls == [] and capsys.readouterr().out == terminal
 
 
 def _named_in_source(name: str) -> set[str]:

@@ -157,10 +157,12 @@ def test_a_run_without_a_summary_file_is_refused_in_one_line(gone, tp_store, b_r
     assert capsys.readouterr().err.splitlines() == err
     # the report refuses it before building any analysis (not after most of the report)
     rid, rcon = report_connection(st, "a")
-    with pytest.raises(StoreError, match=f"^run 'a' was stored without {gone} "):
-        build_report(st, rid, con=rcon)
-    assert rcon.analyses.built == []
-    rcon.close()
+    try:
+        with pytest.raises(StoreError, match=f"^run 'a' was stored without {gone} "):
+            build_report(st, rid, con=rcon)
+        assert rcon.analyses.built == []
+    finally:
+        rcon.close()
     # a connection over every run: the analyses refuse it, naming the run
     con = analyses.connect(st)
     with pytest.raises(StoreError, match=f"^run 'a' was stored without {gone} "):

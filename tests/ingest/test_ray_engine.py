@@ -72,6 +72,21 @@ def test_cluster_has_two_nodes_of_one_cpu(cluster):
 
 
 @needs_ray
+def test_the_clusters_gcs_answers_the_probe(cluster):
+    """A real Ray head's GCS port answers the HTTP/2 preface with a SETTINGS frame (type 0x4) at
+    once: engine._check_reachable lets it through."""
+    import socket
+
+    from tracekit.ingest.engine import _check_reachable, _h2_answer
+
+    host, port = cluster.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        head = _h2_answer(sock)
+    assert len(head) == 9 and head[3] == 4
+    _check_reachable(cluster.address)
+
+
+@needs_ray
 def test_dlrm_8_ranks_ray_equals_local(cluster, tmp_path):
     st = _same_stores(tmp_path, shared_trace("param_dlrm_8rank_v100"))
     assert _count(st, "ranks.parquet") == 8
@@ -228,8 +243,6 @@ def _gone(pid: int) -> bool:
 
 
 def _poll(cond, limit_s: float) -> bool:
-    import time
-
     end = time.monotonic() + limit_s
     while not cond():
         if time.monotonic() > end:
@@ -302,7 +315,6 @@ def test_no_address_starts_an_instance_of_its_own_whatever_ray_address_says(tmp_
     assert got == 16
 
 
-@needs_ray
 def _server(answer):
     """(listening socket, its HOST:PORT): each connection accepted is sent ``answer`` (bytes, once),
     b"": closed at once, None: held open and never written to."""
@@ -330,12 +342,14 @@ def _server(answer):
     return srv, f"127.0.0.1:{srv.getsockname()[1]}"
 
 
-@pytest.mark.parametrize("answer, why", [
-    (None, "the port accepts TCP connections but sent nothing in 3 s (not a Ray head's GCS port?)"),
-    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "the port answered, but not as a gRPC (HTTP/2) server (not a Ray head's GCS port?)"),
-    (b"", "the port closed the connection on the HTTP/2 preface (not a Ray head's GCS port?)"),
-], ids=["silent", "http1", "closes"])
-def test_a_port_that_is_no_grpc_server_is_refused_before_ray_joins(answer, why):
+@pytest.mark.parametrize("answer, scheme, why", [
+    (None, "", "the port accepts TCP connections but sent nothing in 3 s (not a Ray head's GCS port?)"),
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "", "the port answered, but not as a gRPC (HTTP/2) server (not a Ray head's GCS port?)"),
+    (b"", "", "the port closed the connection on the HTTP/2 preface (not a Ray head's GCS port?)"),
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "ray://",
+     "the port answered, but not as a gRPC (HTTP/2) server (not a Ray Client server's port?)"),
+], ids=["silent", "http1", "closes", "ray-client-http1"])
+def test_a_port_that_is_no_grpc_server_is_refused_before_ray_joins(answer, scheme, why):
     """--address at a port that accepts TCP but does not answer the HTTP/2 preface with a SETTINGS
     frame, as a Ray head's GCS does (a gRPC server): one line naming it, in seconds, before Ray's
     join (engine._check_reachable; the real GCS of this file's cluster passes it in the tests above)."""
@@ -343,6 +357,7 @@ def test_a_port_that_is_no_grpc_server_is_refused_before_ray_joins(answer, why):
     from tracekit.ingest.engine import _check_reachable
 
     srv, addr = _server(answer)
+    addr = scheme + addr
     t0 = time.monotonic()
     with pytest.raises(BadInputError) as e:
         _check_reachable(addr)
@@ -351,6 +366,7 @@ def test_a_port_that_is_no_grpc_server_is_refused_before_ray_joins(answer, why):
     assert time.monotonic() - t0 < 3 + 2
 
 
+@needs_ray
 def test_address_of_another_service_fails_in_seconds(tmp_path):
     """A port that accepts TCP and answers as an HTTP/2 server but is not a Ray head (here a socket
     that sends an empty SETTINGS frame, then nothing): Ray's join fails, one line naming the
@@ -362,11 +378,30 @@ def test_address_of_another_service_fails_in_seconds(tmp_path):
 
     srv, addr = _server(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
     env = dict(os.environ, **dict.fromkeys(RAY_JOIN_TIMEOUTS, "1"))
+    t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "tracekit", "ingest", str(FIXTURES / "tp_2rank"), "--store",
                         str(tmp_path / "s"), "--engine", "ray", "--address", addr],
                        capture_output=True, text=True, timeout=90, env=env)
+    took = time.monotonic() - t0
     srv.close()
     assert p.returncode == 2
     (line,) = p.stderr.strip().splitlines()
     assert line.startswith(f"tracekit: cannot start or join Ray cluster at {addr!r}: ") and "Failed to connect" in line
     assert not (tmp_path / "s").exists()
+    assert took < 60, took  # ~5 s here; Ray's own defaults retried for ~2 minutes
+
+
+def test_join_timeouts_are_ours_where_the_user_set_none(monkeypatch):
+    """engine._join_timeouts: RAY_JOIN_TIMEOUTS in the environment while Ray joins, a value the user
+    set kept, and the environment as it was afterwards."""
+    from tracekit.ingest.engine import RAY_JOIN_TIMEOUTS, _join_timeouts
+
+    mine, *ours = list(RAY_JOIN_TIMEOUTS)
+    for k in RAY_JOIN_TIMEOUTS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv(mine, "7")
+    with _join_timeouts(True):
+        assert [os.environ.get(k) for k in RAY_JOIN_TIMEOUTS] == ["7"] + [RAY_JOIN_TIMEOUTS[k] for k in ours]
+    assert [os.environ.get(k) for k in RAY_JOIN_TIMEOUTS] == ["7"] + [None] * len(ours)
+    with _join_timeouts(False):  # a local instance of our own: Ray's defaults
+        assert [os.environ.get(k) for k in ours] == [None] * len(ours)

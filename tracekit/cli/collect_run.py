@@ -86,12 +86,12 @@ def run_workload(job, title: str) -> tuple[Path, dict]:
 def ingest_and_report(run_dir: Path, workload: str, config_dict: dict, store: Optional[str]) -> None:
     """Ingest `run_dir` into `store` (default: the store's default path) and print the report."""
     from tracekit.ingest import ingest_paths
-    from tracekit.report.data import build_report, print_report
+    from tracekit.report.data import print_run_report
     from tracekit.store import default_store_path
 
     store = store or str(default_store_path())
     run_id = ingest_paths([str(run_dir)], store=store, workload=workload, config=config_dict, run_id=run_dir.name)
-    print_report(build_report(store, run_id))
+    print_run_report(store, run_id)
 
 
 def _run_with_status(job, title: str):

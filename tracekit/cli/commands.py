@@ -133,9 +133,9 @@ def ingest(
     _print_ingest_summary(st, rid, store)
     _print_rank_warnings(st, rid)
     if analyze:
-        from tracekit.report.data import build_report, print_report
+        from tracekit.report.data import print_run_report
 
-        print_report(build_report(st, rid))
+        print_run_report(st, rid)
     if skipped:
         if rid in before and not replace:  # the stored run's warnings may predate these failures
             for line in skipped:
@@ -178,7 +178,7 @@ def analyze(
                            alpha_s=None if alpha is None else parse_time(alpha),
                            beta_Bps=None if beta is None else parse_bandwidth(beta), nics_per_node=nics_per_node,
                            critical_path=critical_path,
-                           path_strips=json_out or html_out is not None)  # the terminal draws no strips
+                           strips=json_out or html_out is not None)  # the terminal draws no strips
         if html_out is not None:
             from tracekit.report.html import write_html_report
 

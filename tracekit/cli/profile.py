@@ -133,9 +133,9 @@ def profile(
             raise JobFailedError(f"the job on node {node.index} exited with code {result.exit_code}", result.exit_code)
         return
     if rid is not None:
-        from tracekit.report.data import build_report, print_report
+        from tracekit.report.data import print_run_report
 
-        print_report(build_report(st, rid))
+        print_run_report(st, rid)
         overhead = cfg.get("profiler_overhead_pct")
         from tracekit.cli.conventions import overhead_text
 

@@ -115,7 +115,9 @@ class RayEngine:
     ``address``: None starts a local Ray instance for this ingest (``num_cpus`` = ``workers`` when
     given; whatever ``RAY_ADDRESS`` says) and stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster (a HOST:PORT,
     or the one ``auto`` finds, that refuses a TCP connection fails at once; one that accepts but
-    does not answer as a Ray head fails within Ray's join timeouts, :data:`RAY_JOIN_TIMEOUTS`). A process already connected to Ray (``ray.init``
+    does not answer the HTTP/2 preface as a gRPC server fails within :data:`RAY_ANSWER_TIMEOUT_S`,
+    :func:`_check_reachable`; a gRPC server that is no Ray head, or any port when ``RAY_USE_TLS``
+    is set, within Ray's join timeouts, :data:`RAY_JOIN_TIMEOUTS`). A process already connected to Ray (``ray.init``
     in a notebook) keeps its connection, whatever ``address`` says.
     Raises BadInputError when Ray is not installed or the cluster cannot be reached or joined.
     """
@@ -330,27 +332,34 @@ def _check_reachable(address: str, given: str | None = None) -> None:
             return  # a TLS cluster's port expects a TLS handshake first: Ray's own join says what fails
         answer = _h2_answer(sock)
     if answer is None:
-        raise BadInputError(f"cannot join a Ray cluster at {address}{via}: the port accepts TCP connections but "
-                            f"sent nothing in {RAY_ANSWER_TIMEOUT_S:g} s (not a Ray head's GCS port?)")
-    if not answer:
-        raise BadInputError(f"cannot join a Ray cluster at {address}{via}: the port closed the connection on the "
-                            "HTTP/2 preface (not a Ray head's GCS port?)")
-    if len(answer) < 4 or answer[3] != 4:  # not an HTTP/2 SETTINGS frame's header
-        raise BadInputError(f"cannot join a Ray cluster at {address}{via}: the port answered, but not as a gRPC "
-                            "(HTTP/2) server (not a Ray head's GCS port?)")
+        why = f"accepts TCP connections but sent nothing in {RAY_ANSWER_TIMEOUT_S:g} s"
+    elif not answer:
+        why = "closed the connection on the HTTP/2 preface"
+    elif len(answer) < 4 or answer[3] != 4:  # not an HTTP/2 SETTINGS frame's header
+        why = "answered, but not as a gRPC (HTTP/2) server"
+    else:
+        return
+    port_kind = "Ray Client server's port" if address.startswith("ray://") else "Ray head's GCS port"
+    raise BadInputError(f"cannot join a Ray cluster at {address}{via}: the port {why} (not a {port_kind}?)")
 
 
 def _h2_answer(sock) -> bytes | None:
     """The first bytes (up to a frame header, 9) that the server on ``sock`` sends after the HTTP/2
-    connection preface (:data:`_H2_PREFACE`), b"" when it closes the connection, None when it sends
-    nothing within RAY_ANSWER_TIMEOUT_S."""
+    connection preface (:data:`_H2_PREFACE`) within RAY_ANSWER_TIMEOUT_S in all, b"" when it closes
+    (or resets) the connection first, None when it sends nothing in that time."""
     import socket
+    import time
 
-    sock.settimeout(RAY_ANSWER_TIMEOUT_S)
+    deadline = time.monotonic() + RAY_ANSWER_TIMEOUT_S  # for the whole answer, not each recv
     got = b""
     try:
+        sock.settimeout(RAY_ANSWER_TIMEOUT_S)
         sock.sendall(_H2_PREFACE)
         while len(got) < 9:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout
+            sock.settimeout(left)
             part = sock.recv(9 - len(got))
             if not part:
                 break

@@ -110,14 +110,14 @@ def report_connection(store: Store | str | None = None, run_id: str | None = Non
 def build_report(
     store: Store | str | None = None, run_id: str | None = None, link: str | None = None,
     alpha_s: float | None = None, beta_Bps: float | None = None, nics_per_node: int | None = None, con=None,
-    critical_path: bool | None = None, path_strips: bool = True,
+    critical_path: bool | None = None, strips: bool = True,
 ) -> dict[str, Any]:
     """Everything ``tracekit analyze`` shows for ``run_id`` (default: the newest run).
 
     ``critical_path``: build the critical path (True, or None: the default;
-    tracekit.analyses.critical_path) or leave it out (False). ``path_strips``: False leaves
+    tracekit.analyses.critical_path) or leave it out (False). ``strips``: False leaves
     ``critical_path.paths`` (the HTML page's strips, in ``--json`` too) an empty list, for a report
-    printed only to the terminal, which does not draw them.
+    printed only to the terminal, which does not draw them (:func:`print_run_report`).
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),
@@ -167,7 +167,7 @@ def build_report(
     if con is None:
         run_id, con = report_connection(store, run_id, link)
         try:
-            return build_report(store, run_id, link, con=con, critical_path=critical_path, path_strips=path_strips,
+            return build_report(store, run_id, link, con=con, critical_path=critical_path, strips=strips,
                                 **options)
         finally:
             con.close()
@@ -177,8 +177,8 @@ def build_report(
 
     # every stored summary the report reads, checked before any analysis is built: a run stored
     # without one (or holding one damaged) is refused at once, not after most of the report
-    con.require_stored([t for t in SUMMARY_TABLES
-                        if t not in CRITICAL_PATH_TABLES or critical_path_wanted(critical_path)[0]])
+    with_path = critical_path_wanted(critical_path)[0]
+    con.require_stored([t for t in SUMMARY_TABLES if with_path or t not in CRITICAL_PATH_TABLES])
     p = [run_id]
     run = _rows(con, "SELECT * FROM runs WHERE run_id = ?", p)[0]
     try:
@@ -352,7 +352,7 @@ def build_report(
                                          "ORDER BY op, locality, bucket_bytes", [run_id]),
         pipeline_bubbles=_rows(con, "SELECT * EXCLUDE (run_id) FROM pipeline_bubbles WHERE run_id = ? "
                                     "ORDER BY step, rank", [run_id]),
-        critical_path=critical_path_section(con, run_id, critical_path, strips=path_strips),
+        critical_path=critical_path_section(con, run_id, critical_path, strips=strips),
         mismatched=mismatched,
         null_reasons=null_reasons,
         machine=machine_section(con, run_id),
@@ -823,6 +823,13 @@ def print_report(report: dict, console=None, detail: bool = False, sections=None
             show(report, console)
     for w in report["warnings"] if want("warnings") else ():
         console.print(Text.assemble(("warning:", "yellow"), " " + literal(str(w))))
+
+
+def print_run_report(store: Store | str | None, run_id: str) -> None:
+    """Build the report of ``run_id`` in ``store`` and print it to the terminal (:func:`print_report`),
+    without what only ``--json`` and ``--html`` show (``build_report(strips=False)``). Raises as
+    :func:`build_report`."""
+    print_report(build_report(store, run_id, strips=False))
 
 
 # -- CPU-only ranks, CPU-side collectives, same-stream overlaps (tracekit.ingest.linkpass) ---------

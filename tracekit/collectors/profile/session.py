@@ -247,6 +247,6 @@ class profile:
         st = self.store if isinstance(self.store, Store) else Store(self.store)
         self.run_id = ingest_paths([str(self.run_dir)], store=st, workload="external", config=config, run_id=self.run_id)
         if self.report:
-            from tracekit.report.data import build_report, print_report
+            from tracekit.report.data import print_run_report
 
-            print_report(build_report(st, self.run_id))
+            print_run_report(st, self.run_id)
