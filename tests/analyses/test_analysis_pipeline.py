@@ -163,7 +163,7 @@ def test_the_terminal_report_builds_no_island_or_gpu_op_table(tp_store, monkeypa
     assert json.loads(capsys.readouterr().out)[0]["n"] >= 0 and made == ["intervals", "overlap_islands"]
 
 
-def test_only_json_and_html_reports_compute_the_path_strips(tp_store, monkeypatch, capsys):
+def test_only_json_and_html_reports_compute_the_path_strips(tp_store, monkeypatch, capsys, tmp_path):
     """critical_path.paths (the HTML page's strips) is computed for --json (and --html, on the same
     report), not for the terminal report, which does not draw them and prints the same either way;
     ``ingest --analyze`` prints it the terminal's way (print_run_report)."""
@@ -181,8 +181,15 @@ def test_only_json_and_html_reports_compute_the_path_strips(tp_store, monkeypatc
     from tracekit.report.data import build_report, print_report, print_run_report
 
     for strips in (True, False):  # the terminal's text is the same either way
-        print_report(build_report(tp_store, strips=strips))
+        rep = build_report(tp_store, strips=strips)
+        assert (rep["critical_path"]["paths"] is None) == (not strips)
+        print_report(rep)
         assert capsys.readouterr().out == terminal
+    from tracekit.report.html import write_html_report
+
+    with pytest.raises(ValueError, match="strips=False"):  # the page would draw no strips
+        write_html_report(tp_store, tmp_path / "page.html", report=rep)
+    assert not (tmp_path / "page.html").exists()
     calls.clear()
     print_run_report(tp_store, tp_store.resolve_run())  # the newest run, as analyze's default
     assert calls == [] and capsys.readouterr().out == terminal

@@ -116,8 +116,9 @@ def build_report(
 
     ``critical_path``: build the critical path (True, or None: the default;
     tracekit.analyses.critical_path) or leave it out (False). ``strips``: False leaves
-    ``critical_path.paths`` (the HTML page's strips, in ``--json`` too) an empty list, for a report
-    printed only to the terminal, which does not draw them (:func:`print_run_report`).
+    ``critical_path.paths`` (the HTML page's strips, in ``--json`` too) None, not computed, for a
+    report printed only to the terminal, which does not draw them (:func:`print_run_report`); the
+    HTML page refuses such a report (ValueError).
 
     Keys: ``run`` (metadata), ``ranks`` (per-rank facts and warnings; ``gpu_events`` 0 for a
     CPU-only rank, ``same_stream_overlaps``), ``cpu_side`` (:func:`cpu_side_section`),
@@ -1098,8 +1099,8 @@ def critical_path_section(con, run_id: str, want: bool | None = None, strips: bo
     and step, ns), ``top_events`` (the TOP_PATH_EVENTS (name, class) with the most time on the run's
     paths: events, ranks, on_path_ns, share = on_path_ns / the paths' summed length),
     ``top_by_path`` (per rank and step, its 3 events with the most time on its path) and ``paths``
-    (:func:`path_strips`; an empty list when ``strips`` is False). Empty lists for a run without
-    events."""
+    (:func:`path_strips`; None, not computed, when ``strips`` is False). Empty lists for a run
+    without events."""
     from tracekit.analyses.critical_path import critical_path_wanted
 
     build, why = critical_path_wanted(want)
@@ -1115,7 +1116,7 @@ def critical_path_section(con, run_id: str, want: bool | None = None, strips: bo
     by_path = _rows(con, "SELECT * EXCLUDE (run_id, pos) FROM critical_path_top WHERE run_id = ? "
                          "ORDER BY step, rank, on_path_ns DESC, pos", [run_id])
     return {"summary": summary, "top_events": top, "top_by_path": by_path,
-            "paths": path_strips(con, run_id) if strips else []}
+            "paths": path_strips(con, run_id) if strips else None}
 
 
 MAX_PATH_STRIPS = 16

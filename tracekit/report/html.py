@@ -157,11 +157,15 @@ def html_data(
     timeline shows (the first ones); ``report``: an already built report of the run (saves
     building it again; ``run_id`` and ``link`` are then taken from it); ``con``: the connection
     that report was built on (:func:`tracekit.report.data.report_connection`; kept open), so that
-    no analysis is built twice. Raises StoreError for an empty store or unknown run.
+    no analysis is built twice. Raises StoreError for an empty store or unknown run, ValueError
+    for a report built without its path strips (``build_report(strips=False)``: the terminal's).
     """
     from tracekit.report.data import build_report, report_connection
 
     if report is not None:
+        if (report.get("critical_path") or {}).get("paths", []) is None:
+            raise ValueError("the report was built with strips=False (for the terminal): the page draws the "
+                             "critical path's strips; build it with strips=True")
         link = report.get("link")
         run_id = report["run"]["run_id"]
     own = con is None
