@@ -155,6 +155,9 @@ def test_a_run_without_a_summary_file_is_refused_in_one_line(gone, tp_store, b_r
             }.get(gone, "gpu_time_breakdown")
     assert main(["sql", f"SELECT * FROM {view}", "--store", str(st.path), "--run", "a"]) == 2
     assert capsys.readouterr().err.splitlines() == err
+    if gone in CRITICAL_PATH_TABLES:  # a report without the critical path reads none of its tables
+        rc, out, _ = _analyze(st.path, capsys, "--run", "a", "--no-critical-path")
+        assert rc == 0 and json.loads(out)["critical_path"]["skipped"] == "left out (--no-critical-path)"
     # the report refuses it before building any analysis (not after most of the report)
     rid, rcon = report_connection(st, "a")
     try:
