@@ -51,9 +51,9 @@ def test_core_install_without_torch(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py, tk = venv / "bin" / "python", venv / "bin" / "tracekit"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    # --no-compile: what is installed is the same; pip's bytecode pass over the ~5,300 files of the
-    # dependencies (plotly's and pandas' ~1,500 each) was half of the install's ~20 CPU s, more than
-    # the five commands below spend compiling the modules they import
+    # --no-compile: what is installed is the same, without pip's bytecode pass over every file of the
+    # dependencies, which costs more than the five commands below spend compiling the modules they
+    # import (benchmarks/README.md)
     p = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", str(src)], capture_output=True,
                        text=True, timeout=1500, env=env)
     assert p.returncode == 0, p.stderr[-3000:]

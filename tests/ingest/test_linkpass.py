@@ -247,7 +247,7 @@ def _store_rows(path: Path) -> dict:
 
 @pytest.mark.parametrize("rel, chunk, row_group", [
     ("fixtures/tp_2rank", 3, 5), ("traces/param_dlrm_8rank_v100", 3, 5),
-    ("traces/hta_ddp_v100_r1of2", 37, 41),  # 2,020 collectives: 55 chunks, 50 row groups (3 and 5: 8.6 CPU s)
+    ("traces/hta_ddp_v100_r1of2", 37, 41),  # 2,020 collectives: 55 chunks, 50 row groups (3 would make 674)
 ])
 def test_collectives_built_in_small_chunks_give_the_same_store(rel, chunk, row_group, tmp_path, monkeypatch):
     # Each rank's collectives become Arrow tables COLLECTIVES_CHUNK rows at a time, numbered

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     dist.barrier()
     # Let go of the tensors and collect while the interpreter runs (as fr_demo does, for the same
     # reason: a gloo worker thread still freeing a collective's work at the interpreter's exit can
-    # abort the process; seen here once, rank 0 with SIGABRT after its last step, in a loaded suite).
+    # abort the process with SIGABRT).
     del a, x, buf
     gc.collect()
     dist.destroy_process_group()
